@@ -1,0 +1,31 @@
+# make run   - create .venv if missing, run the whole DAG on the embedded default config
+# make test  - create .venv if missing, run the test suite (what CI runs)
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CORES ?= 2
+STAMP := $(VENV)/.tula-installed
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: run test lint clean-results
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing Tula and its dependencies into $(VENV) (torch pinned by constraints.txt) ..."
+	@$(PY) -m pip install -q -c constraints.txt -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+	@touch $(STAMP)
+
+run: $(STAMP)
+	snakemake --cores $(CORES)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	snakemake --lint
+	snakefmt --check Snakefile rules/
+
+clean-results:
+	rm -rf results/probes results/model results/plots results/train results/logs results/benchmarks \
+	  results/*.csv results/*.json results/report.html

@@ -1,0 +1,258 @@
+"""Typed Tula configuration, loaded and validated once.
+
+The JSON schema (``config.schema.yaml`` beside this file; ``workflow/config.schema.yaml``
+links to it) holds every key, its default and its bounds. :func:`load` validates a YAML
+file against it, fills defaults, applies the checks a schema cannot express (B divisible
+by N, powers of two) and returns a frozen :class:`Config`. Every error names the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config; the message names the key and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    dataset: str
+    mnist1d_samples: int
+    epochs: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    nodes: tuple[int, ...]
+    batch_min: int
+    batch_max: int
+    workers_per_node: int
+
+
+@dataclass(frozen=True)
+class Constraints:
+    min_nodes: int | None
+    max_nodes: int | None
+    min_batch: int | None
+    max_batch: int | None
+
+
+@dataclass(frozen=True)
+class Pricing:
+    model: str
+    per_node_hour: float
+    per_gb_hour: float
+    currency: str
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: str
+    backend: str
+    collective: str
+    threads_per_worker: int
+    device_memory_gb: float | None
+    memory_margin: float
+
+    @property
+    def memory_budget_bytes(self) -> float | None:
+        """Usable bytes per worker: device_memory_gb minus the safety margin."""
+        if self.device_memory_gb is None:
+            return None
+        return self.device_memory_gb * 1e9 * (1.0 - self.memory_margin)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    warmup_steps: int
+    timed_steps: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    lr_decay_epochs: tuple[int, ...]
+    lr_decay_factor: float
+
+
+@dataclass(frozen=True)
+class Config:
+    workload: Workload
+    grid: Grid
+    search: str
+    objective: str
+    constraints: Constraints
+    pricing: Pricing
+    hardware: Hardware
+    probe: ProbeSettings
+    train: TrainSettings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, not tuples) that validates against the schema."""
+        return json.loads(json.dumps(asdict(self)))
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _validator_with_defaults():
+    """Draft 2020-12 validator that fills ``default`` values while validating."""
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, sub_schema):
+        if isinstance(instance, dict):
+            for name, prop in properties.items():
+                if "default" in prop:
+                    instance.setdefault(name, copy.deepcopy(prop["default"]))
+        yield from validate_properties(validator, properties, instance, sub_schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
+
+
+def _key(error: jsonschema.ValidationError) -> str:
+    path = ".".join(str(p) for p in error.absolute_path)
+    return path or "<top level>"
+
+
+def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
+    """Validate ``raw`` against the schema; return a copy with every default filled."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(raw).__name__}")
+    data = copy.deepcopy(raw)
+    validator = _validator_with_defaults()(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"  - config key '{_key(e)}': {e.message}" for e in errors]
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
+    _check_semantics(data, source)
+    return data
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def _check_semantics(d: dict[str, Any], source: str) -> None:
+    """Checks the schema cannot express; each names its key."""
+    g = d["grid"]
+    problems: list[str] = []
+    for key in ("batch_min", "batch_max"):
+        if not _is_pow2(g[key]):
+            problems.append(f"config key 'grid.{key}': {g[key]} is not a power of two")
+    if g["batch_min"] > g["batch_max"]:
+        problems.append(
+            f"config key 'grid.batch_min': {g['batch_min']} is larger than grid.batch_max={g['batch_max']}"
+        )
+    for n in g["nodes"]:
+        if g["batch_min"] % n:
+            problems.append(
+                f"config key 'grid.nodes': N={n} does not divide the global batch "
+                f"B={g['batch_min']} (grid.batch_min); every B must split evenly over N workers"
+            )
+    c = d["constraints"]
+    for lo, hi in (("min_nodes", "max_nodes"), ("min_batch", "max_batch")):
+        if c[lo] is not None and c[hi] is not None and c[lo] > c[hi]:
+            problems.append(f"config key 'constraints.{lo}': {c[lo]} is larger than constraints.{hi}={c[hi]}")
+    hw = d["hardware"]
+    if hw["backend"] == "nccl" and hw["device"] == "cpu":
+        problems.append("config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu")
+    if problems:
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
+    d = validate(raw, source)
+    g, t = d["grid"], d["train"]
+    return Config(
+        workload=Workload(**d["workload"]),
+        grid=Grid(
+            nodes=tuple(sorted(g["nodes"])),
+            batch_min=g["batch_min"],
+            batch_max=g["batch_max"],
+            workers_per_node=g["workers_per_node"],
+        ),
+        search=d["search"],
+        objective=d["objective"],
+        constraints=Constraints(**d["constraints"]),
+        pricing=Pricing(**d["pricing"]),
+        hardware=Hardware(**d["hardware"]),
+        probe=ProbeSettings(**d["probe"]),
+        train=TrainSettings(**{**t, "lr_decay_epochs": tuple(t["lr_decay_epochs"])}),
+    )
+
+
+def load(path: str | os.PathLike) -> Config:
+    """Read, validate and type a YAML (or JSON) config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+    return from_dict(raw, source=str(p))
+
+
+def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write the validated, defaults-filled config to ``path`` (only when it changed).
+
+    Snakemake merges configfiles and ``--config`` overrides in memory; the jobs it starts
+    (locally or on SLURM nodes) read this file, so they see exactly that merged config.
+    Written atomically and only on change, so re-parsing the Snakefile is harmless.
+    """
+    from tula.io import atomic_write
+
+    text = json.dumps(validate(raw), indent=2, sort_keys=True) + "\n"
+    p = Path(path)
+    if not p.exists() or p.read_text() != text:
+        with atomic_write(p) as fh:
+            fh.write(text)
+    return p
+
+
+# Which config keys each stage's output depends on. Snakemake re-runs a rule when these
+# change (params rerun trigger), and only then: a new price re-runs select, not probes.
+_STAGE_KEYS: dict[str, tuple[str, ...]] = {
+    "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed",
+              "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train"),
+    "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
+    "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
+    "select": ("objective", "constraints", "pricing"),
+    "train": ("workload", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
+}  # fmt: skip
+
+
+def stage_settings(cfg: Config, stage: str) -> str:
+    """The config values ``stage`` depends on, as a stable JSON string."""
+    d = cfg.to_dict()
+    picked: dict[str, Any] = {}
+    for key in _STAGE_KEYS[stage]:
+        section, _, name = key.partition(".")
+        picked[key] = d[section][name] if name else d[section]
+    return json.dumps(picked, sort_keys=True)

@@ -1,0 +1,49 @@
+import copy
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A config small enough for real multi-process runs on a 2-core machine.
+TINY = {
+    "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
+    "grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 128},
+    "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120},
+    "train": {"lr_decay_epochs": []},
+}
+
+
+@pytest.fixture
+def tiny_raw():
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def tiny_config_file(tmp_path, tiny_raw):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw))
+    return path
+
+
+@pytest.fixture
+def venv_path(monkeypatch):
+    """Put this interpreter's bin/ first on PATH, so `tula`, `snakemake`, `torchrun` resolve."""
+    import sys
+
+    bindir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", bindir + os.pathsep + os.environ.get("PATH", ""))
+    return bindir
+
+
+def copy_workflow(dest: Path) -> None:
+    """Copy the Snakemake workflow (not results) into dest, resolving the schema link."""
+    shutil.copy(ROOT / "Snakefile", dest / "Snakefile")
+    shutil.copytree(ROOT / "rules", dest / "rules")
+    shutil.copytree(ROOT / "envs", dest / "envs")
+    (dest / "workflow").mkdir()
+    shutil.copytree(ROOT / "workflow" / "report", dest / "workflow" / "report")
+    shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
