@@ -1,0 +1,197 @@
+"""Process groups for data-parallel workers, under torchrun or under SLURM's srun.
+
+One ``tula`` worker command runs unchanged in both places:
+
+- torchrun (the embedded default) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT;
+- srun sets SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST: the master
+  is the first host of the job's node list and the port is derived from the job id, so
+  every task of one job agrees on it without talking first.
+
+Backend: NCCL on CUDA devices (ring all-reduce when NCCL_ALGO=Ring), gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.distributed as torch_dist
+
+from tula.config import Hardware
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" | "slurm" | "single"
+
+
+def slurm_master_addr(nodelist: str) -> str:
+    """First host of a SLURM node list (``node[01-04],gpu7`` -> ``node01``)."""
+    if shutil.which("scontrol"):
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if out:
+            return out[0]
+    # Fallback parser for the common forms when scontrol is not on PATH.
+    first = nodelist.split(",")[0]
+    if "[" in first:
+        prefix, rest = first.split("[", 1)
+        first = prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return first
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A port every task of one job derives alike: 15000 + (job id mod 20000)."""
+    return 15000 + int(job_id) % 20000
+
+
+def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
+    """Rank and rendezvous of this process, from torchrun's or SLURM's variables."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return WorkerEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return WorkerEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            master_addr=env.get("MASTER_ADDR") or slurm_master_addr(env["SLURM_JOB_NODELIST"]),
+            master_port=int(env.get("MASTER_PORT") or slurm_master_port(env["SLURM_JOB_ID"])),
+            launcher="slurm",
+        )
+    return WorkerEnv(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def resolve_device(hw: Hardware, local_rank: int = 0) -> torch.device:
+    if hw.device == "cuda" or (hw.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("config key 'hardware.device' is cuda but no CUDA device is visible")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_backend(hw: Hardware, device: torch.device) -> str:
+    if hw.backend != "auto":
+        return hw.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.device, str]:
+    """Join the process group described by the environment; return (env, device, backend)."""
+    wenv = worker_env()
+    torch.set_num_threads(hw.threads_per_worker)
+    device = resolve_device(hw, wenv.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = resolve_backend(hw, device)
+    if not torch_dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(wenv.master_port or _free_port()))
+        torch_dist.init_process_group(
+            backend=backend,
+            rank=wenv.rank,
+            world_size=wenv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return wenv, device, backend
+
+
+def shutdown() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    timed_out: bool
+    wall_s: float
+
+
+def run_torchrun(
+    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float, cwd: str | None = None
+) -> LaunchResult:
+    """Run ``python -m <module_args>`` in ``nproc`` local processes under torchrun.
+
+    This is ``torchrun --standalone --nproc-per-node N -m ...`` (through this Python, so
+    the same virtual environment is used). Output streams to our stdout/stderr, so a
+    Snakemake rule's log shows the workers' progress. Past ``timeout_s`` the whole
+    process group is killed and ``timed_out`` is set.
+    """
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", *module_args,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+        return LaunchResult(rc, False, time.perf_counter() - t0)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return LaunchResult(proc.returncode if proc.returncode is not None else -9, True, time.perf_counter() - t0)
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def parse_worker_args(prog: str, out_flag: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """Arguments of a worker entry point (``python -m tula.probe`` / ``tula.train``)."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description="One worker, started by torchrun or srun.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument(out_flag, required=True)
+    return p.parse_args(argv)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def result_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.json"

@@ -1,0 +1,179 @@
+"""Model registry: the paper's four CNN families at CPU size, for 1-D and 2-D inputs.
+
+Each builder takes the sample shape (C, L) or (C, H, W) and the class count, and picks
+Conv1d/Conv2d accordingly, so one name works on mnist1d signals and on digit images.
+
+- ``small_cnn``: three conv layers, batch norm, global pooling (the embedded default).
+- ``resnet_tiny``: residual network (ResNet basic blocks, 3 stages).
+- ``vgg_tiny``: VGG-style stacks of 3x3 conv + BN + ReLU with max pooling.
+- ``alexnet_tiny``: AlexNet-style: large first kernel, no batch norm, dropout classifier.
+- ``mobilenet_tiny``: MobileNetV3-style inverted residuals with depthwise conv,
+  squeeze-excite and hard-swish.
+
+On a cluster where torchvision imports, ``tv_resnet50``, ``tv_vgg11``, ``tv_alexnet`` and
+``tv_mobilenet_v3_large`` are available for 3-channel images as well.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class _Ops:
+    """Layer constructors for 1-D or 2-D inputs."""
+
+    def __init__(self, dim: int):
+        if dim not in (1, 2):
+            raise ValueError(f"inputs must be (C, L) or (C, H, W); got {dim} spatial dims")
+        self.conv = nn.Conv1d if dim == 1 else nn.Conv2d
+        self.bn = nn.BatchNorm1d if dim == 1 else nn.BatchNorm2d
+        self.maxpool = nn.MaxPool1d if dim == 1 else nn.MaxPool2d
+        self.avgpool = nn.AdaptiveAvgPool1d if dim == 1 else nn.AdaptiveAvgPool2d
+
+
+def small_cnn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    o = _Ops(len(in_shape) - 1)
+    c = in_shape[0]
+    return nn.Sequential(
+        o.conv(c, 32, 3, padding=1), o.bn(32), nn.ReLU(inplace=True),
+        o.conv(32, 64, 3, padding=1), o.bn(64), nn.ReLU(inplace=True), o.maxpool(2),
+        o.conv(64, 64, 3, padding=1), o.bn(64), nn.ReLU(inplace=True),
+        o.avgpool(1), nn.Flatten(), nn.Linear(64, num_classes),
+    )  # fmt: skip
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, o: _Ops, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            o.conv(cin, cout, 3, stride, 1, bias=False), o.bn(cout), nn.ReLU(inplace=True),
+            o.conv(cout, cout, 3, 1, 1, bias=False), o.bn(cout),
+        )  # fmt: skip
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(o.conv(cin, cout, 1, stride, bias=False), o.bn(cout))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+def resnet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    o = _Ops(len(in_shape) - 1)
+    return nn.Sequential(
+        o.conv(in_shape[0], 16, 3, 1, 1, bias=False), o.bn(16), nn.ReLU(inplace=True),
+        _BasicBlock(o, 16, 16, 1), _BasicBlock(o, 16, 32, 2), _BasicBlock(o, 32, 64, 2),
+        o.avgpool(1), nn.Flatten(), nn.Linear(64, num_classes),
+    )  # fmt: skip
+
+
+def vgg_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    o = _Ops(len(in_shape) - 1)
+    layers: list[nn.Module] = []
+    c = in_shape[0]
+    for v in (32, "M", 64, "M", 128, 128):
+        if v == "M":
+            layers.append(o.maxpool(2))
+        else:
+            layers += [o.conv(c, v, 3, padding=1), o.bn(v), nn.ReLU(inplace=True)]
+            c = v
+    layers += [o.avgpool(1), nn.Flatten(), nn.Linear(c, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def alexnet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    o = _Ops(len(in_shape) - 1)
+    pooled = 2 ** (len(in_shape) - 1)  # 2 (1-D) or 2x2 (2-D) cells after adaptive pooling
+    return nn.Sequential(
+        o.conv(in_shape[0], 32, 5, padding=2), nn.ReLU(inplace=True), o.maxpool(2),
+        o.conv(32, 64, 3, padding=1), nn.ReLU(inplace=True),
+        o.conv(64, 64, 3, padding=1), nn.ReLU(inplace=True), o.avgpool(2), nn.Flatten(),
+        nn.Dropout(0.5), nn.Linear(64 * pooled, 128), nn.ReLU(inplace=True),
+        nn.Dropout(0.5), nn.Linear(128, num_classes),
+    )  # fmt: skip
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, o: _Ops, c: int, reduce: int = 4):
+        super().__init__()
+        self.pool = o.avgpool(1)
+        self.fc = nn.Sequential(o.conv(c, c // reduce, 1), nn.ReLU(inplace=True), o.conv(c // reduce, c, 1), nn.Hardsigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.fc(self.pool(x))
+
+
+class _InvertedResidual(nn.Module):
+    def __init__(self, o: _Ops, cin: int, expand: int, cout: int, stride: int):
+        super().__init__()
+        self.residual = stride == 1 and cin == cout
+        self.body = nn.Sequential(
+            o.conv(cin, expand, 1, bias=False), o.bn(expand), nn.Hardswish(),
+            o.conv(expand, expand, 3, stride, 1, groups=expand, bias=False), o.bn(expand), nn.Hardswish(),
+            _SqueezeExcite(o, expand),
+            o.conv(expand, cout, 1, bias=False), o.bn(cout),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+def mobilenet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    o = _Ops(len(in_shape) - 1)
+    return nn.Sequential(
+        o.conv(in_shape[0], 16, 3, 1, 1, bias=False), o.bn(16), nn.Hardswish(),
+        _InvertedResidual(o, 16, 32, 16, 1), _InvertedResidual(o, 16, 48, 24, 2),
+        _InvertedResidual(o, 24, 72, 24, 1), _InvertedResidual(o, 24, 96, 40, 2),
+        o.conv(40, 128, 1, bias=False), o.bn(128), nn.Hardswish(),
+        o.avgpool(1), nn.Flatten(), nn.Linear(128, num_classes),
+    )  # fmt: skip
+
+
+Builder = Callable[[tuple[int, ...], int], nn.Module]
+
+MODELS: dict[str, Builder] = {
+    "small_cnn": small_cnn,
+    "resnet_tiny": resnet_tiny,
+    "vgg_tiny": vgg_tiny,
+    "alexnet_tiny": alexnet_tiny,
+    "mobilenet_tiny": mobilenet_tiny,
+}
+
+
+def _torchvision_models() -> dict[str, Builder]:
+    """torchvision's full-size models, when torchvision imports (not on the CPU build here)."""
+    try:
+        import torchvision.models as tvm
+    except Exception:  # ImportError, or a binary mismatch with this torch build
+        return {}
+
+    def wrap(fn):
+        def build(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+            if len(in_shape) != 3 or in_shape[0] != 3:
+                raise ValueError(f"torchvision models need 3-channel images; got sample shape {in_shape}")
+            return fn(num_classes=num_classes)
+
+        return build
+
+    return {
+        "tv_resnet50": wrap(tvm.resnet50),
+        "tv_vgg11": wrap(tvm.vgg11_bn),
+        "tv_alexnet": wrap(tvm.alexnet),
+        "tv_mobilenet_v3_large": wrap(tvm.mobilenet_v3_large),
+    }
+
+
+def available() -> dict[str, Builder]:
+    return {**MODELS, **_torchvision_models()}
+
+
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    models = available()
+    if name not in models:
+        raise ValueError(f"config key 'workload.model': unknown model {name!r}; available: {', '.join(models)}")
+    return models[name](tuple(in_shape), num_classes)

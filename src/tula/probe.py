@@ -1,0 +1,261 @@
+"""Probe: a short DDP run at one (N, B) that measures step time and memory.
+
+``tula probe`` (the parent) launches N workers -- under torchrun on one machine, or as
+the N tasks of a SLURM job step -- and always writes ``results/probes/N{n}_B{b}.json``,
+also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
+point is recorded and the DAG goes on.
+
+How compute and sync are separated: timed steps come in pairs. A synced step is a normal
+DDP step (forward, backward with DDP's bucketed all-reduce, optimizer step); a
+compute-only step does the same work under ``DDP.no_sync()``, so no gradient is
+communicated. compute_time = median compute-only step; step_time = median synced step;
+sync_time = step_time - compute_time: the communication time a step actually pays,
+after DDP overlaps what it can with the backward pass. Each step is timed from a
+barrier, per rank, and the per-step time is the slowest rank's (a step ends when the
+last worker is done).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tula import config as config_mod
+from tula import dist
+from tula.data import load_dataset
+from tula.grid import Point
+from tula.io import read_json, write_json
+from tula.memory import measure_step
+from tula.models import build_model
+from tula.progress import Progress
+from tula.train import make_optimizer
+
+SCHEMA = "tula.probe/1"
+STATUSES = ("ok", "oom", "error", "timeout")
+
+# Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
+# probe raise a real torch.OutOfMemoryError; "=error" raises RuntimeError. Several
+# points are separated by commas.
+FAULT_ENV = "TULA_INJECT_PROBE_FAULT"
+
+
+def _inject_fault(point: Point, rank: int, world_size: int) -> None:
+    spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
+    kind = spec.get(point.name)
+    if kind is None or rank != world_size - 1:
+        return
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at {point.name}")
+    raise RuntimeError(f"injected by {FAULT_ENV} at {point.name}")
+
+
+def _sync_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _quantiles(xs: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    med = statistics.median(xs)
+    mean = statistics.fmean(xs)
+    cv = statistics.pstdev(xs) / mean if mean > 0 else float("nan")
+    return {"median": med, "iqr": q[2] - q[0], "cv": cv}
+
+
+def _env_info(device: torch.device, backend: str, wenv: dist.WorkerEnv, hosts: list[str], threads: int) -> dict:
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "backend": backend,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "world_size": wenv.world_size,
+        "launcher": wenv.launcher,
+        "hostnames": hosts,
+        "threads_per_worker": threads,
+    }
+
+
+def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
+    """Body of one worker process (rank r of N). Writes result_dir/rank{r}.json."""
+    wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
+    rank = wenv.rank
+    out: dict[str, Any] = {"rank": rank, "status": "ok"}
+    try:
+        if wenv.world_size != point.nodes:
+            raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
+        ds = load_dataset(cfg.workload.dataset, mnist1d_samples=cfg.workload.mnist1d_samples, seed=cfg.workload.seed)
+        torch.manual_seed(cfg.workload.seed)
+        model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = make_optimizer(cfg.train, ddp.parameters())
+        loss_fn = torch.nn.CrossEntropyLoss()
+        _inject_fault(point, rank, wenv.world_size)
+        b = point.local_batch
+        gen = torch.Generator().manual_seed(cfg.workload.seed * 1000 + rank)
+        x_all, y_all = ds.x_train.to(device), ds.y_train.to(device)
+
+        def batch() -> tuple[torch.Tensor, torch.Tensor]:
+            idx = torch.randint(0, x_all.shape[0], (b,), generator=gen).to(device)
+            return x_all[idx], y_all[idx]
+
+        def step(sync: bool) -> float:
+            torch_dist.barrier()
+            _sync_device(device)
+            t0 = time.perf_counter()
+            x, y = batch()
+            opt.zero_grad(set_to_none=True)
+            if sync:
+                loss_fn(ddp(x), y).backward()
+            else:
+                with ddp.no_sync():
+                    loss_fn(ddp(x), y).backward()
+            opt.step()
+            _sync_device(device)
+            return time.perf_counter() - t0
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        mem = measure_step(ddp, opt, loss_fn, *batch())
+        total = 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps)
+        progress = Progress(f"probe {point.name}", total, enabled=rank == 0)
+        done = 0
+        for _ in range(cfg.probe.warmup_steps):  # warm both kinds of step
+            step(sync=True)
+            step(sync=False)
+            done += 2
+            progress.update(done, "warm-up ")
+        step_times, compute_times = [], []
+        for _ in range(cfg.probe.timed_steps):
+            step_times.append(step(sync=True))
+            compute_times.append(step(sync=False))
+            done += 2
+            progress.update(done, "timed ")
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else mem.total_bytes
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        gathered: list[Any] = [None] * wenv.world_size
+        torch_dist.all_gather_object(
+            gathered, {"host": dist.hostname(), "step": step_times, "compute": compute_times, "peak": peak, "rss": rss}
+        )
+        if rank == 0:
+            step_max = [max(g["step"][i] for g in gathered) for i in range(len(step_times))]
+            comp_max = [max(g["compute"][i] for g in gathered) for i in range(len(compute_times))]
+            s, c = _quantiles(step_max), _quantiles(comp_max)
+            out.update(
+                step_time_s=s["median"],
+                compute_time_s=c["median"],
+                sync_time_s=max(s["median"] - c["median"], 0.0),
+                step_time_iqr_s=s["iqr"],
+                compute_time_iqr_s=c["iqr"],
+                step_time_cv=s["cv"],
+                step_times_s=step_max,
+                compute_times_s=comp_max,
+                peak_mem_bytes=int(max(g["peak"] for g in gathered)),
+                rss_peak_bytes=int(max(g["rss"] for g in gathered)),
+                grad_bytes_per_step=mem.grad_bytes,
+                memory=mem.to_dict(),
+                train_samples=ds.train_size,
+                env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg.hardware.threads_per_worker),
+            )
+    except torch.OutOfMemoryError as exc:
+        out.update(status="oom", error=f"out of memory on rank {rank}: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # recorded, never silently dropped
+        out.update(status="error", error=f"rank {rank}: {type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    write_json(dist.result_path(result_dir, rank), out)
+    dist.shutdown()
+    if out["status"] != "ok":
+        sys.exit(1)
+
+
+def _combine(point: Point, rank_results: list[dict], launch: dist.LaunchResult | None, cfg: config_mod.Config) -> dict:
+    """Merge the per-rank files (and how the launch ended) into one probe record."""
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "nodes": point.nodes,
+        "global_batch": point.global_batch,
+        "local_batch": point.local_batch,
+        "model": cfg.workload.model,
+        "dataset": cfg.workload.dataset,
+        "warmup_steps": cfg.probe.warmup_steps,
+        "timed_steps": cfg.probe.timed_steps,
+    }
+    failed = [r for r in rank_results if r.get("status") != "ok"]
+    rank0 = next((r for r in rank_results if r.get("rank") == 0 and r.get("status") == "ok"), None)
+    if launch is not None and launch.timed_out:
+        record.update(status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s")
+    elif failed:
+        oom = [r for r in failed if r["status"] == "oom"]
+        first = (oom or failed)[0]
+        record.update(status=first["status"], error=first.get("error", "unknown error"))
+        if "traceback" in first:
+            record["traceback"] = first["traceback"]
+    elif rank0 is None or "step_time_s" not in rank0:
+        code = launch.returncode if launch else "?"
+        record.update(status="error", error=f"workers exited (code {code}) before reporting a measurement")
+    else:
+        record["status"] = "ok"
+        record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
+    if launch is not None:
+        record["wall_s"] = launch.wall_s
+    return record
+
+
+def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path) -> dict:
+    """Launch the N workers of one probe, then write ``out``; returns the record."""
+    cfg = config_mod.load(cfg_path)
+    if global_batch % nodes:
+        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
+    point = Point(nodes, global_batch)
+    out = Path(out)
+    work = out.parent / f".{out.stem}.ranks"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    print(f"[probe {point.name}] N={nodes} B={global_batch} (b={point.local_batch} per worker), "
+          f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
+    worker_args = ["tula.probe", "--config", str(cfg_path), "--nodes", str(nodes),
+                   "--global-batch", str(global_batch), "--result-dir", str(work)]  # fmt: skip
+    launch = dist.run_torchrun(
+        nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
+    )
+    ranks = []
+    for r in range(nodes):
+        p = dist.result_path(work, r)
+        if p.exists():
+            try:
+                ranks.append(read_json(p))
+            except ValueError:
+                pass
+    record = _combine(point, ranks, launch, cfg)
+    record["started_at"] = started
+    write_json(out, record)
+    shutil.rmtree(work, ignore_errors=True)
+    if record["status"] == "ok":
+        print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
+              f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
+              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB -> {out}", flush=True)  # fmt: skip
+    else:
+        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')} (recorded in {out})", flush=True)
+    return record
+
+
+def _worker_main(argv: list[str] | None = None) -> None:
+    a = dist.parse_worker_args("tula.probe", "--result-dir", argv)
+    run_worker(config_mod.load(a.config), Point(a.nodes, a.global_batch), Path(a.result_dir))
+
+
+if __name__ == "__main__":
+    _worker_main()
