@@ -1,0 +1,70 @@
+import json
+
+import pandas as pd
+import pytest
+
+from tula import measurements
+from tula.io import atomic_write, write_json
+
+
+def probe_record(n, b, status="ok", **kw):
+    rec = dict(nodes=n, global_batch=b, local_batch=b // n, status=status)
+    if status == "ok":
+        rec.update(step_time_s=0.02, compute_time_s=0.015, sync_time_s=0.005, peak_mem_bytes=1000,
+                   memory={"param_bytes": 10, "grad_bytes": 10, "opt_bytes": 10, "act_bytes": 900, "batch_bytes": 70},
+                   env={"device": "cpu", "backend": "gloo"})  # fmt: skip
+    rec.update(kw)
+    return rec
+
+
+def test_aggregate_keeps_failed_probes(tmp_path):
+    files = []
+    for rec in (probe_record(2, 64), probe_record(1, 32), probe_record(2, 128, "oom", error="out of memory")):
+        f = tmp_path / f"N{rec['nodes']}_B{rec['global_batch']}.json"
+        write_json(f, rec)
+        files.append(f)
+    df = measurements.aggregate(files, tmp_path / "m.csv")
+    assert list(zip(df["nodes"], df["global_batch"])) == [(1, 32), (2, 64), (2, 128)]
+    back = measurements.load(tmp_path / "m.csv")
+    assert list(back["status"]) == ["ok", "ok", "oom"]
+    assert back.loc[0, "act_bytes"] == 900 and back.loc[0, "backend"] == "gloo"
+
+
+def test_external_measurements_contract(tmp_path):
+    p = tmp_path / "ext.csv"
+    pd.DataFrame([dict(nodes=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
+                       sync_time_s=0.1, peak_mem_bytes=5e9, status="ok")]).to_csv(p, index=False)  # fmt: skip
+    assert len(measurements.load(p)) == 1
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.drop(columns=["sync_time_s"]), "missing column.*sync_time_s"),
+        (lambda d: d.assign(step_time_s=["fast"]), "column step_time_s"),
+        (lambda d: d.assign(local_batch=[32]), "local_batch x nodes"),
+    ],
+)
+def test_bad_measurements_name_file_and_column(tmp_path, change, message):
+    p = tmp_path / "bad.csv"
+    base = pd.DataFrame([dict(nodes=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
+                              sync_time_s=0.1, peak_mem_bytes=5e9, status="ok")])  # fmt: skip
+    change(base).to_csv(p, index=False)
+    with pytest.raises(ValueError, match=message):
+        measurements.load(p)
+
+
+def test_atomic_write_keeps_old_file_on_error(tmp_path):
+    target = tmp_path / "selection.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_write(target) as fh:
+            fh.write('{"v": 2, "half')
+            raise RuntimeError("crash mid-write")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["selection.json"]
+
+
+def test_write_json_nan_becomes_null(tmp_path):
+    write_json(tmp_path / "x.json", {"a": float("nan")})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": None}

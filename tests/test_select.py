@@ -1,0 +1,90 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from tula import config
+from tula.pricing import memory_cost, node_cost
+from tula.select import NoFeasibleConfiguration, knee_of, select
+
+
+def table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
+    rows = []
+    for (n, b), t in times.items():
+        rows.append(dict(nodes=n, global_batch=b, local_batch=b // n, step_time_s=t / 10, train_time_s=t,
+                         cost=t * n, mem_bytes=1e6, feasible=True, probe_status=""))  # fmt: skip
+    df = pd.DataFrame(rows)
+    if feasible is not None:
+        df["feasible"] = [feasible.get((r.nodes, r.global_batch), True) for r in df.itertuples()]
+    return df
+
+
+CURVE = {b: 1000 / b * (1 + b / 2048) for b in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}
+
+
+def test_knee_of_l_shaped_curve_is_the_corner():
+    # time halves with each doubling up to B=512, then barely moves: the knee is 512
+    b = np.array([32, 64, 128, 256, 512, 1024, 2048, 4096])
+    t = np.array([100, 50, 25, 12.5, 6.25, 6.0, 5.9, 5.8])
+    assert knee_of(b, t) == 512
+
+
+def test_knee_of_paper_shaped_curve_is_where_it_flattens():
+    # T = a/B * (1 + B/2048) saturates around B0 = 2048; the knee lies in the bend
+    b = np.array(sorted(CURVE))
+    assert 512 <= knee_of(b, np.array([CURVE[x] for x in b])) <= 2048
+
+
+@pytest.mark.parametrize("times", [[5.0, 5.0, 5.0, 5.0], [3.0, 2.0]], ids=["flat", "two-points"])
+def test_no_knee_cases(times):
+    b = np.array([32, 64, 128, 256][: len(times)])
+    assert knee_of(b, np.array(times)) is None
+
+
+def test_knee_objective_picks_knee_and_explains():
+    cfg = config.from_dict({"objective": "knee"})
+    sel = select(table({(2, b): t for b, t in CURVE.items()}), cfg)
+    knee = sel["knee"]["global_batch"]
+    assert sel["knee"]["found"] and sel["selected"]["global_batch"] == knee
+    assert sel["runner_up"]["global_batch"] == 2 * knee
+    assert f"knee of T vs B at B={knee}" in sel["reason"] and "saves only" in sel["reason"]
+
+
+def test_knee_falls_back_to_fastest_when_flat():
+    cfg = config.from_dict({"objective": "knee"})
+    sel = select(table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0}), cfg)
+    assert not sel["knee"]["found"] and "no knee" in sel["reason"]
+
+
+def test_knee_uses_fastest_n_per_batch():
+    times = {(1, b): 2 * t for b, t in CURVE.items()} | {(2, b): t for b, t in CURVE.items()}
+    sel = select(table(times), config.from_dict({"objective": "knee"}))
+    assert sel["selected"]["nodes"] == 2
+    assert all(p["nodes"] == 2 for p in sel["knee"]["envelope"])
+
+
+def test_time_and_cost_objectives_differ():
+    t = {(1, 64): 10.0, (4, 64): 4.0}  # 4 nodes: faster (4 s) but dearer (16 node-s vs 10)
+    assert select(table(t), config.from_dict({"objective": "time"}))["selected"]["nodes"] == 4
+    sel = select(table(t), config.from_dict({"objective": "cost"}))
+    assert sel["selected"]["nodes"] == 1 and sel["runner_up"]["nodes"] == 4
+
+
+def test_constraints_and_infeasible_points_are_excluded():
+    t = {(1, 64): 10.0, (2, 64): 6.0, (4, 64): 4.0, (4, 128): 2.0}
+    cfg = config.from_dict({"objective": "time", "constraints": {"max_nodes": 2}})
+    assert select(table(t), cfg)["selected"]["nodes"] == 2
+    sel = select(table(t, feasible={(4, 128): False}), config.from_dict({"objective": "time"}))
+    assert (sel["selected"]["nodes"], sel["selected"]["global_batch"]) == (4, 64)
+    assert sel["excluded"]["infeasible_memory_or_oom"] == 1
+
+
+def test_nothing_feasible_is_a_clear_error():
+    cfg = config.from_dict({"objective": "time", "constraints": {"min_batch": 4096}})
+    with pytest.raises(NoFeasibleConfiguration, match="above_max_batch|below_min_batch"):
+        select(table({(1, 64): 1.0}), cfg)
+
+
+def test_pricing_arithmetic():
+    # 2 hours on 4 nodes at 2.5 per node-hour = 20; memory: 2 h * 4 * 8 GB * 0.15 = 9.6
+    assert node_cost(7200, 4, 2.5) == pytest.approx(20.0)
+    assert memory_cost(7200, 4, 8e9, 0.15) == pytest.approx(9.6)
