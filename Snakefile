@@ -1,0 +1,32 @@
+# Tula: pick (N, B) for data-parallel training, then train there.
+# Entry point only; the stages live in rules/*.smk and the logic in src/tula.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "workflow/config.yaml"
+
+
+validate(config, schema="workflow/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/probe.smk"
+include: "rules/aggregate.smk"
+include: "rules/fit.smk"
+include: "rules/predict.smk"
+include: "rules/select.smk"
+include: "rules/plot.smk"
+include: "rules/train.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/selection.json",
+        SELECTION_PLOTS,
+        "results/plots/training.png",
+        "results/train/final.json",
+        "results/report.html",

@@ -1,0 +1,47 @@
+# Grid expansion, the config snapshot the jobs read, and input/param functions.
+from snakemake.exceptions import WorkflowError
+
+from tula import config as tula_config
+from tula.grid import search_set
+
+try:
+    TULA = tula_config.from_dict(
+        config, source="workflow/config.yaml (+ --config overrides)"
+    )
+except tula_config.ConfigError as err:
+    raise WorkflowError(str(err))
+
+# Jobs read this merged, validated copy of the config (also on SLURM nodes).
+CONFIG = str(tula_config.snapshot(config, ".snakemake/tula/config.json"))
+
+PROBE_POINTS = search_set(TULA)
+
+SELECTION_PLOTS = [
+    "results/plots/time_vs_batch.png",
+    "results/plots/cost_vs_batch.png",
+    "results/plots/memory_vs_batch.png",
+]
+
+
+wildcard_constraints:
+    n=r"\d+",
+    b=r"\d+",
+
+
+def probe_files(wildcards):
+    """The probe records of the search set (full grid or its corners)."""
+    return [f"results/probes/{p.name}.json" for p in PROBE_POINTS]
+
+
+def settings(stage):
+    """Param function: the config values a stage depends on (its rerun trigger)."""
+
+    def _settings(wildcards):
+        return tula_config.stage_settings(TULA, stage)
+
+    return _settings
+
+
+def whole_machine(wildcards):
+    """Locally, a probe or training run takes every core: timings must not share the CPU."""
+    return workflow.cores

@@ -1,0 +1,16 @@
+rule probe:
+    output:
+        "results/probes/N{n}_B{b}.json",
+    log:
+        "results/logs/probe/N{n}_B{b}.log",
+    benchmark:
+        "results/benchmarks/probe/N{n}_B{b}.tsv"
+    conda:
+        "../envs/tula.yaml"
+    threads: whole_machine
+    params:
+        config=CONFIG,
+        settings=settings("probe"),
+    shell:
+        "tula probe --config {params.config} --nodes {wildcards.n} --global-batch {wildcards.b}"
+        " --out {output} > {log} 2>&1"

@@ -1,0 +1,18 @@
+localrules:
+    select,
+
+
+rule select:
+    input:
+        "results/predictions.csv",
+    output:
+        "results/selection.json",
+    log:
+        "results/logs/select.log",
+    conda:
+        "../envs/tula.yaml"
+    params:
+        config=CONFIG,
+        settings=settings("select"),
+    shell:
+        "tula select --config {params.config} --predictions {input} --out {output} > {log} 2>&1"

@@ -1,0 +1,122 @@
+"""Figures from results/*.csv and *.json; nothing is recomputed here."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from tula.io import write_bytes  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    write_bytes(path, buf.getvalue())
+
+
+def _fmt_time(s: float) -> str:
+    if s < 10:
+        return f"{s:.2g} s"
+    return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
+
+
+def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str | None, ylabel: str, title: str, path) -> None:
+    """One line per N of ``y`` against B (log2 axis); probes as points; the choice starred."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (n, g) in enumerate(pred.sort_values("global_batch").groupby("nodes")):
+        c = colors[i % len(colors)]
+        ax.plot(g["global_batch"], g[y], "-", color=c, label=f"N={n} predicted")
+        bad = g[~g["feasible"].astype(bool)]
+        if len(bad):
+            ax.plot(bad["global_batch"], bad[y], "x", color=c, ms=9, label=f"N={n} infeasible")
+        if measured_y is not None:
+            m = g[g["probe_status"] == "ok"]
+            if len(m):
+                ax.plot(m["global_batch"], m[measured_y], "o", color=c, mfc="none", ms=8, label=f"N={n} probed")
+    sel = selection["selected"]
+    row = pred[(pred["nodes"] == sel["nodes"]) & (pred["global_batch"] == sel["global_batch"])]
+    if len(row):
+        ax.plot(row["global_batch"], row[y], "*", color="crimson", ms=18, zorder=5,
+                label=f"selected ({selection['objective']}): N={sel['nodes']}, B={sel['global_batch']}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(pred["global_batch"].unique()))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("global batch size B")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
+    sel = selection["selected"]
+    curve_vs_batch(pred, selection, "train_time_s", "measured_train_time_s", "training time T (s)",
+                   f"Training time vs batch — selected N={sel['nodes']}, B={sel['global_batch']}: "
+                   f"{_fmt_time(sel['train_time_s'])}", path)  # fmt: skip
+
+
+def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
+    pred = pred.copy()
+    pr = selection["pricing"]
+    col = "cost_memory" if pr["model"] == "memory" else "cost_node"
+    scale = (pred[col] / pred["train_time_s"]).where(pred["train_time_s"] > 0, 0.0)
+    pred["measured_cost"] = pred["measured_train_time_s"] * scale
+    sel = selection["selected"]
+    unit = "node-hour" if pr["model"] == "node" else "GB-hour"
+    curve_vs_batch(pred, selection, col, "measured_cost", f"cost C ({pr['currency']}, per {unit} pricing)",
+                   f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}", path)  # fmt: skip
+
+
+def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: dict, path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lb = np.sort(pred["local_batch"].unique())
+    fit = memory_model["fit"]
+    xs = np.linspace(lb.min(), lb.max(), 100)
+    ax.plot(xs, (fit["intercept"] + fit["slope"] * xs) / 2**20, "-", label="Eq. 3 model (linear in b)")
+    ok = measured[measured["status"] == "ok"]
+    ax.plot(ok["local_batch"], ok["peak_mem_bytes"] / 2**20, "o", mfc="none", ms=8, label="probed")
+    oom = measured[measured["status"] == "oom"]
+    if len(oom):
+        ax.plot(oom["local_batch"], np.full(len(oom), ax.get_ylim()[1]), "rx", ms=10, label="probe OOM")
+    if memory_model.get("budget_bytes"):
+        budget = memory_model["budget_bytes"] / 2**20
+        if budget < 4 * ax.get_ylim()[1]:
+            ax.axhline(budget, color="crimson", ls="--", label="memory budget")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("local batch b = B / N")
+    ax.set_ylabel("peak memory per worker (MiB)")
+    mx = memory_model.get("max_local_batch")
+    ax.set_title(f"Memory vs local batch — largest feasible b: {mx if mx is not None else 'unbounded'}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def training_curve(metrics: pd.DataFrame, final: dict, path) -> None:
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.plot(metrics["epoch"], metrics["train_loss"], "-o", ms=3, label="train")
+    a1.plot(metrics["epoch"], metrics["test_loss"], "-o", ms=3, label="test")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("cross-entropy loss")
+    a1.legend()
+    a1.grid(alpha=0.3)
+    a2.plot(metrics["epoch"], 100 * metrics["train_acc"], "-o", ms=3, label="train")
+    a2.plot(metrics["epoch"], 100 * metrics["test_acc"], "-o", ms=3, label="test")
+    a2.set_xlabel("epoch")
+    a2.set_ylabel("accuracy (%)")
+    a2.legend()
+    a2.grid(alpha=0.3)
+    fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
+                 f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
+    _save(fig, path)

@@ -1,0 +1,85 @@
+"""``results/report.html``: the page a user opens first. One self-contained file
+(plots embedded), rendered from the results files only."""
+
+from __future__ import annotations
+
+import base64
+import html
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from tula.io import atomic_write
+from tula.progress import fmt_duration
+
+CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} .sub{color:#666;margin-top:0}
+.card{background:#f6f8fa;border:1px solid #d0d7de;border-radius:8px;padding:1em 1.4em;margin:1em 0}
+.big{font-size:1.6em;font-weight:600} table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:right} th{background:#eef}
+tr.sel td{background:#ffe9e9;font-weight:600} .bad{color:#b00} img{max-width:100%}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:1em}
+"""
+
+
+def _img(path: Path) -> str:
+    if not path.exists():
+        return f"<p class=bad>missing figure {html.escape(str(path))}</p>"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _table(df: pd.DataFrame, highlight: tuple[int, int] | None = None) -> str:
+    cols = list(df.columns)
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"]
+    for _, r in df.iterrows():
+        sel = highlight and (int(r["nodes"]), int(r["global_batch"])) == highlight
+        cells = []
+        for c in cols:
+            v = r[c]
+            if isinstance(v, float):
+                v = f"{v:.4g}"
+            cells.append(f"<td>{html.escape(str(v))}</td>")
+        out.append(f"<tr{' class=sel' if sel else ''}>" + "".join(cells) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
+           plots: list[Path], out: str | Path, title: str = "Tula report") -> None:  # fmt: skip
+    s = selection["selected"]
+    cur = s["currency"]
+    failed = measurements[measurements["status"] != "ok"]
+    pred_cols = ["nodes", "global_batch", "local_batch", "step_time_s", "train_time_s", "cost", "mem_bytes",
+                 "feasible", "probe_status", "measured_step_time_s"]  # fmt: skip
+    meas_cols = [c for c in ["nodes", "global_batch", "local_batch", "status", "step_time_s", "compute_time_s",
+                             "sync_time_s", "step_time_cv", "peak_mem_bytes", "error"] if c in measurements.columns]  # fmt: skip
+    parts = [
+        f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p class=sub>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} "
+        f"from results/ — objective <b>{html.escape(selection['objective'])}</b></p>",
+        "<div class=card><div class=big>Use N = {n} workers, global batch B = {b} ({lb} per worker)</div>"
+        "<p>Predicted training time {t} ({ts:.4g} s), cost {c:.4g} {cur}, memory {m:.1f} MiB per worker.</p>"
+        "<p>{reason}</p></div>".format(n=s["nodes"], b=s["global_batch"], lb=s["local_batch"],
+                                      t=fmt_duration(s["train_time_s"]), ts=s["train_time_s"], c=s["cost"], cur=cur,
+                                      m=s["mem_bytes"] / 2**20, reason=html.escape(selection["reason"])),  # fmt: skip
+        "<div class=card><b>Training at the selected point</b>: {e} epochs, {st} steps, final test accuracy "
+        "<b>{a:.2f} %</b> (best {ba:.2f} %), wall time {w}.</div>".format(
+            e=final["epochs"], st=final["steps"], a=100 * final["final_test_acc"], ba=100 * final["best_test_acc"],
+            w=fmt_duration(final["train_time_s"])),  # fmt: skip
+        "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots) + "</div>",
+    ]
+    if len(failed):
+        parts.append(f"<h2 class=bad>{len(failed)} probe(s) did not succeed</h2>" + _table(failed[meas_cols]))
+    parts += [
+        "<h2>Predictions for every grid point</h2>",
+        _table(predictions[pred_cols], (s["nodes"], s["global_batch"])),
+        "<h2>Probe measurements</h2>",
+        _table(measurements[meas_cols]),
+        "<p class=sub>Files: results/measurements.csv, results/model/{memory,perf}.json, results/predictions.csv, "
+        "results/selection.json, results/train/metrics.csv, results/train/final.json — see results/README.md.</p>",
+        "</body></html>",
+    ]
+    with atomic_write(out) as fh:
+        fh.write("\n".join(parts))

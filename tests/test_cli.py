@@ -1,0 +1,49 @@
+import subprocess
+import sys
+
+import pytest
+
+from tula.cli import build_parser, main
+
+STAGES = ["probe", "aggregate", "fit", "predict", "select", "plot", "train", "report"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_has_help(stage, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([stage, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--" in out and "usage: tula " + stage in out
+
+
+def test_every_data_flow_arrow_is_a_subcommand():
+    sub = next(a for a in build_parser()._actions if a.dest == "stage")
+    assert set(STAGES) <= set(sub.choices)
+
+
+def test_console_script_runs():
+    r = subprocess.run([sys.executable, "-m", "tula.cli", "models"], capture_output=True, text=True)
+    assert r.returncode == 0 and "small_cnn" in r.stdout.split()
+
+
+def test_user_error_is_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("grid:\n  nodes: [0]\n")
+    assert main(["check", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'grid.nodes.0'" in err and "Traceback" not in err
+
+
+def test_fit_on_all_failed_probes_says_so(tmp_path, capsys, tiny_config_file):
+    m = tmp_path / "m.csv"
+    m.write_text("nodes,global_batch,local_batch,step_time_s,compute_time_s,sync_time_s,peak_mem_bytes,status\n"
+                 "1,32,32,,,,,oom\n")  # fmt: skip
+    assert main(["fit", "--config", str(tiny_config_file), "--measurements", str(m), "--out-dir", str(tmp_path)]) == 2
+    assert "no probe succeeded" in capsys.readouterr().err
+    assert not (tmp_path / "perf.json").exists()
+
+
+def test_check_lists_the_search_set(tiny_config_file, capsys):
+    assert main(["check", "--config", str(tiny_config_file)]) == 0
+    assert "N1_B32, N1_B128, N2_B32, N2_B128" in capsys.readouterr().out

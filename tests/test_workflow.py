@@ -1,0 +1,90 @@
+"""The whole DAG through Snakemake, on a tiny config in a temporary directory."""
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT, copy_workflow
+from tula.probe import FAULT_ENV
+
+
+def snakemake(workdir, *args, env=None, timeout=900):
+    cmd = ["timeout", "-s", "INT", str(timeout), "snakemake", "--cores", "2", *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    import os
+    import sys
+    from pathlib import Path
+
+    from conftest import TINY
+
+    wd = tmp_path_factory.mktemp("dag")
+    copy_workflow(wd)
+    (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    (wd / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env[FAULT_ENV] = "N2_B128=oom"  # one probe fails for real; the DAG must still finish
+    r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return wd, env
+
+
+def test_every_output_exists_and_parses(finished_run):
+    wd, _ = finished_run
+    res = wd / "results"
+    probes = sorted(p.name for p in (res / "probes").glob("*.json"))
+    assert probes == ["N1_B128.json", "N1_B32.json", "N2_B128.json", "N2_B32.json"]  # partial: 4 corners
+    m = pd.read_csv(res / "measurements.csv")
+    assert dict(zip(m["nodes"].astype(str) + "_" + m["global_batch"].astype(str), m["status"])) == {
+        "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_128": "oom"}  # fmt: skip
+    for f in ("memory.json", "perf.json"):
+        assert "fit" in json.loads((res / "model" / f).read_text()) or "compute" in json.loads((res / "model" / f).read_text())
+    pred = pd.read_csv(res / "predictions.csv")
+    assert len(pred) == 6  # N in {1,2} x B in {32,64,128}, probed or not
+    assert not pred.query("nodes == 2 and global_batch == 128")["feasible"].item()  # the OOM point
+    sel = json.loads((res / "selection.json").read_text())
+    assert sel["objective"] == "knee" and (sel["selected"]["nodes"], sel["selected"]["global_batch"]) != (2, 128)
+    final = json.loads((res / "train" / "final.json").read_text())
+    assert (final["nodes"], final["global_batch"]) == (sel["selected"]["nodes"], sel["selected"]["global_batch"])
+    assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
+    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "training"):
+        assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (res / "report.html").read_text()
+    assert "Use N = " in html and html.count("data:image/png;base64,") == 4 and "did not succeed" in html
+    assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
+    assert (res / "benchmarks" / "train.tsv").exists()
+
+
+def test_a_pricing_change_reruns_selection_not_probes(finished_run):
+    wd, env = finished_run
+    r = snakemake(wd, "--configfile", "tiny.yaml", "-n", "--config", "objective=time", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = r.stdout + r.stderr
+    assert "select" in jobs and "rule probe" not in jobs and "probe " not in jobs.split("Job stats")[-1]
+
+
+def test_nothing_to_do_after_a_finished_run(finished_run):
+    wd, env = finished_run
+    r = snakemake(wd, "--configfile", "tiny.yaml", "-n", env=env)
+    assert "Nothing to be done" in r.stdout + r.stderr
+
+
+def test_bad_config_stops_before_any_job(tmp_path, venv_path):
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text("grid:\n  nodes: [1, 3]\n  batch_min: 32\n")
+    r = snakemake(tmp_path, "-n")
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "config key 'grid.nodes'" in out and "does not divide" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_lint_is_clean(venv_path):
+    r = subprocess.run(["snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "good condition" in r.stdout + r.stderr, r.stdout + r.stderr
