@@ -50,6 +50,7 @@ def test_worker_error_is_recorded(tiny_raw, tmp_path, venv_path):
     cfg.write_text(yaml.safe_dump(tiny_raw))
     rec = probe.run(cfg, 1, 32, tmp_path / "N1_B32.json")
     assert rec["status"] == "error"
+    assert "hardware.device" in rec["error"] and "no CUDA device" in rec["error"]
     assert json.loads((tmp_path / "N1_B32.json").read_text())["status"] == "error"
 
 
@@ -72,6 +73,8 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     cfg.write_text(yaml.safe_dump(tiny_raw))
     sel = tmp_path / "selection.json"
     write_json(sel, {"selected": {"nodes": 1, "global_batch": 32}})
+    previous = tmp_path / "train" / "final.json"
+    write_json(previous, {"from": "an earlier good run"})
     with pytest.raises(RuntimeError, match="training at N=1 B=32 failed"):
         train.run(cfg, sel, tmp_path / "train")
-    assert not (tmp_path / "train" / "final.json").exists()
+    assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

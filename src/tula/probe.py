@@ -91,10 +91,10 @@ def _env_info(device: torch.device, backend: str, wenv: dist.WorkerEnv, hosts: l
 
 def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
     """Body of one worker process (rank r of N). Writes result_dir/rank{r}.json."""
-    wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
-    rank = wenv.rank
+    rank = dist.worker_env().rank
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
     try:
+        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
         if wenv.world_size != point.nodes:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
         ds = load_dataset(cfg.workload.dataset, mnist1d_samples=cfg.workload.mnist1d_samples, seed=cfg.workload.seed)
