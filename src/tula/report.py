@@ -31,17 +31,22 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+def _cell(column: str, v) -> str:
+    """Readable cell: blanks for missing values, MiB for byte counts."""
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if column.endswith("_bytes"):
+        return f"{float(v) / 2**20:.2f}"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def _table(df: pd.DataFrame, highlight: tuple[int, int] | None = None) -> str:
     cols = list(df.columns)
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"]
+    heads = [c.replace("_bytes", " (MiB)") for c in cols]
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"]
     for _, r in df.iterrows():
         sel = highlight and (int(r["nodes"]), int(r["global_batch"])) == highlight
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, float):
-                v = f"{v:.4g}"
-            cells.append(f"<td>{html.escape(str(v))}</td>")
+        cells = [f"<td>{html.escape(_cell(c, r[c]))}</td>" for c in cols]
         out.append(f"<tr{' class=sel' if sel else ''}>" + "".join(cells) + "</tr>")
     return "\n".join(out) + "</table>"
 
