@@ -31,3 +31,11 @@ def test_backend_follows_device():
 
     assert dist.resolve_backend(hw, torch.device("cpu")) == "gloo"
     assert dist.resolve_backend(hw, torch.device("cuda", 0)) == "nccl"
+
+
+def test_launcher_choice_follows_the_allocation():
+    job = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}
+    assert dist.in_slurm_allocation(2, job)  # inside sbatch -n 2: srun the workers
+    assert not dist.in_slurm_allocation(4, job)  # too few tasks: torchrun on this node
+    assert not dist.in_slurm_allocation(2, {**job, "SLURM_STEP_ID": "0"})  # already a job step
+    assert not dist.in_slurm_allocation(1, {})  # no SLURM at all

@@ -153,6 +153,11 @@ def run_torchrun(
         f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", *module_args,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
+    return _run(cmd, env, timeout_s, cwd)
+
+
+def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
+    """Run a launcher in its own process group; kill the whole group past ``timeout_s``."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
     try:
@@ -164,6 +169,34 @@ def run_torchrun(
     except BaseException:
         _kill_group(proc)
         raise
+
+
+def in_slurm_allocation(nproc: int, environ: os._Environ | dict | None = None) -> bool:
+    """True inside a SLURM job (sbatch/salloc, not yet a job step) with at least nproc tasks."""
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
+        return False
+    return int(env.get("SLURM_NTASKS", "1")) >= nproc
+
+
+def run_srun(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+    """Run ``python -m <module_args>`` as ``nproc`` tasks of a job step: ``srun -n N``.
+
+    Each task finds its rank, the master (first host of the job) and the port (from the
+    job id) in SLURM's variables (:func:`worker_env`). ``--kill-on-bad-exit`` ends every
+    task when one fails, as torchrun does.
+    """
+    cmd = ["srun", f"--ntasks={nproc}", f"--cpus-per-task={threads_per_worker}", "--kill-on-bad-exit=1",
+           sys.executable, "-m", *module_args]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
+    return _run(cmd, env, timeout_s)
+
+
+def launch(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+    """Start the workers: ``srun`` inside a SLURM allocation with enough tasks, else torchrun."""
+    if in_slurm_allocation(nproc):
+        return run_srun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
+    return run_torchrun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -228,7 +228,7 @@ def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path) ->
           f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
     worker_args = ["tula.probe", "--config", str(cfg_path), "--nodes", str(nodes),
                    "--global-batch", str(global_batch), "--result-dir", str(work)]  # fmt: skip
-    launch = dist.run_torchrun(
+    launch = dist.launch(
         nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
     )
     ranks = []

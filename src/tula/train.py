@@ -155,7 +155,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path) -> dic
     started = time.time()  # a previous final.json stays until this run replaces it
     args = ["tula.train", "--config", str(cfg_path), "--nodes", str(nodes),
             "--global-batch", str(global_batch), "--out-dir", str(out)]  # fmt: skip
-    res = dist.run_torchrun(nodes, args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=7 * 24 * 3600)
+    res = dist.launch(nodes, args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=7 * 24 * 3600)
     if res.returncode != 0 or not final.exists() or final.stat().st_mtime < started:
         raise RuntimeError(f"training at N={nodes} B={global_batch} failed (workers exited with code {res.returncode}); "
                            f"see the log above")  # fmt: skip
