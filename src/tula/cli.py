@@ -75,9 +75,9 @@ def _train_samples(a, cfg, df: pd.DataFrame) -> int:
         return a.train_samples
     if "train_samples" in df.columns and df["train_samples"].notna().any():
         return int(df["train_samples"].dropna().iloc[0])
-    from tula.data import load_dataset
+    from tula.data import load_workload_dataset
 
-    return load_dataset(cfg.workload.dataset, mnist1d_samples=cfg.workload.mnist1d_samples, seed=cfg.workload.seed).train_size
+    return load_workload_dataset(cfg.workload).train_size
 
 
 def cmd_predict(a) -> None:

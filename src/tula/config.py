@@ -9,7 +9,6 @@ by N, powers of two) and returns a frozen :class:`Config`. Every error names the
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tula.config import ConfigError
+from tula.config import ConfigError, Workload
 
 
 @dataclass
@@ -118,3 +118,8 @@ def load_dataset(spec: str, *, mnist1d_samples: int = 4000, seed: int = 0) -> Da
         y_test=torch.from_numpy(y_te),
         num_classes=num_classes,
     )
+
+
+def load_workload_dataset(w: Workload) -> Dataset:
+    """The dataset of the config's ``workload`` section."""
+    return load_dataset(w.dataset, mnist1d_samples=w.mnist1d_samples, seed=w.seed)

@@ -120,23 +120,3 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     df["feasible"] = df["feasible"].astype(bool)
     return df
 
-
-PREDICTION_COLUMNS = """
-nodes                  N
-global_batch           B
-local_batch            b = B / N
-compute_time_s         predicted t_compute(b) (s)
-sync_time_s            predicted t_sync(N) (s)
-step_time_s            predicted t_step = compute + sync (s)
-steps_per_epoch        ceil(D / B)
-epochs                 E
-train_time_s           T = E * steps_per_epoch * step_time_s (s)
-mem_bytes              predicted peak memory per worker (bytes)
-cost_node              T[h] * N * pricing.per_node_hour
-cost_memory            T[h] * N * mem_GB * pricing.per_gb_hour
-cost                   the one of the two that pricing.model selects
-feasible               predicted memory within the budget and no OOM probe
-probe_status           ok | oom | error | timeout where probed, empty otherwise
-measured_step_time_s   the probe's median step time where probed ok (s)
-measured_train_time_s  T computed from the measured step time (s)
-"""

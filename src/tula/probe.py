@@ -31,20 +31,16 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import config as config_mod
 from tula import dist
-from tula.data import load_dataset
 from tula.grid import Point
 from tula.io import read_json, write_json
 from tula.memory import measure_step
-from tula.models import build_model
 from tula.progress import Progress
-from tula.train import make_optimizer
+from tula.train import build_replica
 
 SCHEMA = "tula.probe/1"
-STATUSES = ("ok", "oom", "error", "timeout")
 
 # Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
 # probe raise a real torch.OutOfMemoryError; "=error" raises RuntimeError. Several
@@ -97,11 +93,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
         if wenv.world_size != point.nodes:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
-        ds = load_dataset(cfg.workload.dataset, mnist1d_samples=cfg.workload.mnist1d_samples, seed=cfg.workload.seed)
-        torch.manual_seed(cfg.workload.seed)
-        model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        opt = make_optimizer(cfg.train, ddp.parameters())
+        ds, ddp, opt = build_replica(cfg, device)
         loss_fn = torch.nn.CrossEntropyLoss()
         _inject_fault(point, rank, wenv.world_size)
         b = point.local_batch

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula import config as config_mod
 from tula import dist
 from tula.config import TrainSettings
-from tula.data import Dataset, load_dataset
+from tula.data import Dataset, load_workload_dataset
 from tula.io import read_json, write_csv, write_json
 from tula.models import build_model
 from tula.progress import Progress, fmt_duration
@@ -38,6 +38,15 @@ def make_optimizer(t: TrainSettings, params: Iterable[torch.nn.Parameter]) -> to
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     raise config_mod.ConfigError(f"config key 'train.optimizer': unknown optimizer {t.optimizer!r}")
+
+
+def build_replica(cfg: config_mod.Config, device: torch.device) -> tuple[Dataset, DDP, torch.optim.Optimizer]:
+    """Dataset, DDP-wrapped model (same seed on every rank) and optimizer of one worker."""
+    ds = load_workload_dataset(cfg.workload)
+    torch.manual_seed(cfg.workload.seed)
+    model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return ds, ddp, make_optimizer(cfg.train, ddp.parameters())
 
 
 def steps_per_epoch(train_samples: int, global_batch: int) -> int:
@@ -66,11 +75,7 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
     rank, world = wenv.rank, wenv.world_size
     if world != nodes:
         raise RuntimeError(f"launched {world} workers for training at N={nodes}")
-    ds = load_dataset(cfg.workload.dataset, mnist1d_samples=cfg.workload.mnist1d_samples, seed=cfg.workload.seed)
-    torch.manual_seed(cfg.workload.seed)
-    model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = make_optimizer(cfg.train, ddp.parameters())
+    ds, ddp, opt = build_replica(cfg, device)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(cfg.train.lr_decay_epochs), gamma=cfg.train.lr_decay_factor)
     loss_fn = torch.nn.CrossEntropyLoss()
     epochs, D = cfg.workload.epochs, ds.train_size
