@@ -19,8 +19,16 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	snakemake --cores $(CORES)
 
+# Under CI=true the tests also get a real one-node SLURM cluster (scripts/slurm-cluster.sh,
+# needs root), stopped again however the tests end.
 test: $(STAMP)
-	$(PY) -m pytest
+	@if [ "$${CI:-}" = true ]; then \
+	  trap 'bash scripts/slurm-cluster.sh down' EXIT; \
+	  bash scripts/slurm-cluster.sh up; \
+	  TULA_REQUIRE_SLURM=1 $(PY) -m pytest; \
+	else \
+	  $(PY) -m pytest; \
+	fi
 
 lint: $(STAMP)
 	snakemake --lint

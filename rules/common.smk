@@ -2,7 +2,9 @@
 from snakemake.exceptions import WorkflowError
 
 from tula import config as tula_config
+from tula import dist as tula_dist
 from tula.grid import search_set
+from tula.select import selected_point
 
 try:
     TULA = tula_config.from_dict(
@@ -43,5 +45,31 @@ def settings(stage):
 
 
 def whole_machine(wildcards):
-    """Locally, a probe or training run takes every core: timings must not share the CPU."""
+    """Locally, a probe or training run takes every core: timings must not share the CPU.
+    On a cluster each job gets its own CPUs (cpus_per_task per worker task)."""
+    if workflow.non_local_exec:
+        return TULA.hardware.threads_per_worker
     return workflow.cores
+
+
+# A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.
+PROBE_RUNTIME_MIN = int(TULA.probe.timeout_s // 60) + 5
+
+
+def probe_resource(name):
+    """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.dist.job_resources)."""
+
+    def _resource(wildcards):
+        return tula_dist.job_resources(TULA, int(wildcards.n), PROBE_RUNTIME_MIN)[name]
+
+    return _resource
+
+
+def train_resource(name):
+    """Resource function: the training job's request, for the N of selection.json (read at run time)."""
+
+    def _resource(wildcards, input):
+        nodes, _ = selected_point(input[0])
+        return tula_dist.job_resources(TULA, nodes)[name]
+
+    return _resource

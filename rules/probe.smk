@@ -8,6 +8,13 @@ rule probe:
     conda:
         "../envs/tula.yaml"
     threads: whole_machine
+    resources:
+        tasks=probe_resource("tasks"),
+        nodes=probe_resource("nodes"),
+        mpi=probe_resource("mpi"),
+        cpus_per_task=probe_resource("cpus_per_task"),
+        gres=probe_resource("gres"),
+        runtime=probe_resource("runtime"),
     params:
         config=CONFIG,
         settings=settings("probe"),

@@ -11,6 +11,12 @@ rule train:
     conda:
         "../envs/tula.yaml"
     threads: whole_machine
+    resources:
+        tasks=train_resource("tasks"),
+        nodes=train_resource("nodes"),
+        mpi=train_resource("mpi"),
+        cpus_per_task=train_resource("cpus_per_task"),
+        gres=train_resource("gres"),
     params:
         config=CONFIG,
         settings=settings("train"),

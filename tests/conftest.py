@@ -47,3 +47,22 @@ def copy_workflow(dest: Path) -> None:
     (dest / "workflow").mkdir()
     shutil.copytree(ROOT / "workflow" / "report", dest / "workflow" / "report")
     shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
+
+
+def slurm_controller_answers() -> bool:
+    import subprocess
+
+    if not shutil.which("sbatch"):
+        return False
+    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A SLURM controller to submit to. `make test` under CI=true starts one and sets
+    TULA_REQUIRE_SLURM=1: then a missing controller fails the test instead of skipping it."""
+    if slurm_controller_answers():
+        return True
+    if os.environ.get("TULA_REQUIRE_SLURM") == "1":
+        pytest.fail("TULA_REQUIRE_SLURM=1 but no SLURM controller answers (scripts/slurm-cluster.sh up failed?)")
+    pytest.skip("no SLURM controller answers (start one as root: scripts/slurm-cluster.sh up)")

@@ -39,3 +39,19 @@ def test_launcher_choice_follows_the_allocation():
     assert not dist.in_slurm_allocation(4, job)  # too few tasks: torchrun on this node
     assert not dist.in_slurm_allocation(2, {**job, "SLURM_STEP_ID": "0"})  # already a job step
     assert not dist.in_slurm_allocation(1, {})  # no SLURM at all
+
+
+def test_allocation_size_from_scontrol_when_snakemake_cleared_the_environment(monkeypatch):
+    monkeypatch.setattr(dist, "slurm_job_tasks", lambda job_id: {"42": 4}[job_id])
+    assert dist.in_slurm_allocation(4, {"SLURM_JOB_ID": "42"})
+    assert not dist.in_slurm_allocation(8, {"SLURM_JOB_ID": "42"})
+
+
+def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
+    cfg = config.from_dict({"grid": {"nodes": [1, 8], "workers_per_node": 4}, "hardware": {"device": "cuda"}})
+    r = dist.job_resources(cfg, 8, runtime_min=15)
+    assert r == {"tasks": 8, "nodes": 2, "mpi": "srun", "cpus_per_task": 1, "gres": "gpu:4", "runtime": 15}
+    one = dist.job_resources(cfg, 1, runtime_min=15)
+    assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"  # plugin: mpi needs tasks > 1
+    cpu = dist.job_resources(config.from_dict({}), 3, 5)
+    assert cpu["gres"] is None and cpu["nodes"] == 3  # paper's setup: 1 worker per node

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 import torch.distributed as torch_dist
 
-from tula.config import Hardware
+from tula.config import Config, Hardware
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.devic
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = resolve_backend(hw, device)
+    if backend == "nccl" and hw.collective == "ring":
+        os.environ.setdefault("NCCL_ALGO", "Ring")  # the collective the sync model assumes (paper §IV-B)
     if not torch_dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
         os.environ.setdefault("MASTER_PORT", str(wenv.master_port or _free_port()))
@@ -129,6 +131,37 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None) -> dict[str, int | str | None]:
+    """What one SLURM job for N workers asks for (Snakemake resources -> sbatch flags).
+
+    ============== ==================================== =========================
+    resource       value                                sbatch flag
+    ============== ==================================== =========================
+    tasks          N (one task per worker / GPU)        --ntasks=N
+    nodes          ceil(N / grid.workers_per_node)      --nodes
+    mpi            "srun" when N > 1, else unset        (the job's command is run
+                                                         as is; tula starts the N
+                                                         tasks with srun itself)
+    cpus_per_task  hardware.threads_per_worker          --cpus-per-task
+    gres           "gpu:<GPUs per node>" on CUDA        --gres
+    runtime        minutes (None: the profile's)        -t
+    ============== ==================================== =========================
+
+    A value of None leaves the resource unset. GPUs are requested when
+    ``hardware.device`` is ``cuda`` (``auto`` cannot know the cluster's nodes).
+    """
+    wpn = cfg.grid.workers_per_node
+    n_nodes = -(-nodes // wpn)
+    return {
+        "tasks": nodes,
+        "nodes": n_nodes,
+        "mpi": "srun" if nodes > 1 else None,
+        "cpus_per_task": cfg.hardware.threads_per_worker,
+        "gres": f"gpu:{min(nodes, wpn)}" if cfg.hardware.device == "cuda" else None,
+        "runtime": runtime_min,
+    }
 
 
 @dataclass
@@ -171,12 +204,29 @@ def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) ->
         raise
 
 
+def slurm_job_tasks(job_id: str) -> int:
+    """Tasks allocated to a SLURM job, from ``scontrol show job`` (NumTasks); 1 if unknown."""
+    if not shutil.which("scontrol"):
+        return 1
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+    for field in out.split():
+        if field.startswith("NumTasks="):
+            return int(field.split("=", 1)[1])
+    return 1
+
+
 def in_slurm_allocation(nproc: int, environ: os._Environ | dict | None = None) -> bool:
-    """True inside a SLURM job (sbatch/salloc, not yet a job step) with at least nproc tasks."""
+    """True inside a SLURM job (sbatch/salloc, not yet a job step) with at least nproc tasks.
+
+    Snakemake's SLURM executor clears every SLURM_* variable but SLURM_JOB_ID before it runs
+    a rule's command inside a job, so without SLURM_NTASKS the task count comes from scontrol.
+    """
     env = os.environ if environ is None else environ
     if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
         return False
-    return int(env.get("SLURM_NTASKS", "1")) >= nproc
+    if "SLURM_NTASKS" in env:
+        return int(env["SLURM_NTASKS"]) >= nproc
+    return nproc > 1 and slurm_job_tasks(env["SLURM_JOB_ID"]) >= nproc
 
 
 def run_srun(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:

@@ -134,3 +134,14 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     if not math.isfinite(out["selected"]["train_time_s"]):
         raise ValueError("selection: the selected point has no finite predicted time; check results/model/perf.json")
     return out
+
+
+def selected_point(path) -> tuple[int, int]:
+    """(nodes, global_batch) of a selection.json; the error names the file."""
+    from tula.io import read_json
+
+    sel = read_json(path)
+    try:
+        return int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: no selected.nodes / selected.global_batch; re-run `tula select`") from None

@@ -27,6 +27,7 @@ from tula.data import Dataset, load_workload_dataset
 from tula.io import read_json, write_csv, write_json
 from tula.models import build_model
 from tula.progress import Progress, fmt_duration
+from tula.select import selected_point
 
 METRIC_COLUMNS = [
     "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
@@ -149,11 +150,7 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
 def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path) -> dict:
     """Train at the (N, B) of ``selection.json``; writes metrics.csv and final.json in out_dir."""
     cfg = config_mod.load(cfg_path)
-    sel = read_json(selection)
-    try:
-        nodes, global_batch = int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{selection}: no selected.nodes / selected.global_batch; re-run `tula select`") from None
+    nodes, global_batch = selected_point(selection)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     final = out / "final.json"
