@@ -1,4 +1,6 @@
 # Grid expansion, the config snapshot the jobs read, and input/param functions.
+import os
+
 from snakemake.exceptions import WorkflowError
 
 from tula import config as tula_config
@@ -66,9 +68,12 @@ def probe_resource(name):
 
 
 def train_resource(name):
-    """Resource function: the training job's request, for the N of selection.json (read at run time)."""
+    """Resource function: the training job's request, for the N of selection.json (read at run time).
+    Before `select` has run (a dry run on a fresh checkout) N is unknown: leave it unset."""
 
     def _resource(wildcards, input):
+        if not os.path.exists(input[0]):
+            return None
         nodes, _ = selected_point(input[0])
         return tula_dist.job_resources(TULA, nodes)[name]
 

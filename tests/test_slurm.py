@@ -6,6 +6,7 @@ saying why, when no controller answers.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,10 +52,14 @@ def test_two_task_probe_under_srun(slurm_cluster, tiny_config_file, tmp_path):
     assert rec["env"]["launcher"] == "slurm" and rec["env"]["world_size"] == 2 and rec["env"]["backend"] == "gloo"
 
 
-def test_profile_mapping_reaches_sbatch(slurm_cluster):
-    """The shipped profile parses and a dry run with it builds the whole DAG."""
+def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
+    """The shipped profile parses and a dry run builds the whole DAG before anything ran
+    (needs no cluster: a dry run submits nothing)."""
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    r = subprocess.run(["snakemake", "-n", "--profile", "profiles/slurm", "--forceall"], cwd=ROOT,
+    r = subprocess.run(["snakemake", "-n", "--profile", "profiles/slurm"], cwd=tmp_path,
                        capture_output=True, text=True, env=env)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "probe" in r.stdout and "train" in r.stdout
