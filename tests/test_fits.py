@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from tula import config, memory, perfmodel
-from tula.linfit import fit_linear
+from tula.linfit import LinearFit, fit_linear
 
 
 def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
@@ -105,3 +105,27 @@ def test_measured_oom_marks_point_infeasible():
     measured = pd.DataFrame([dict(nodes=1, global_batch=64, status="oom", step_time_s=np.nan)])
     pred = perfmodel.predict(cfg, perf, mem, 100, measured)
     assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
+
+
+def test_prediction_interval_covers_new_measurements():
+    """95 % prediction intervals of the weighted fit cover ~95 % of fresh noisy measurements."""
+    rng = np.random.default_rng(7)
+    x = np.array([16, 32, 64, 128, 256, 512] * 2, dtype=float)
+    truth = lambda b: 0.004 + 0.0002 * b  # noqa: E731
+    inside = total = 0
+    for _ in range(100):
+        f = fit_linear(x, truth(x) * rng.normal(1, 0.05, x.size))
+        new_x = np.array([24.0, 96.0, 384.0])
+        lo, hi = f.predict_interval(new_x)
+        y_new = truth(new_x) * rng.normal(1, 0.05, new_x.size)
+        inside += int(((lo <= y_new) & (y_new <= hi)).sum())
+        total += new_x.size
+    assert 0.88 <= inside / total <= 0.995
+
+
+def test_interval_round_trips_through_json():
+    import json
+
+    f = fit_linear([1, 2, 3, 4], [1.1, 1.9, 3.2, 3.9])
+    g = LinearFit.from_dict(json.loads(json.dumps(f.to_dict())))
+    assert np.allclose(g.predict_interval([2.5]), f.predict_interval([2.5]))

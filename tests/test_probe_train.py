@@ -22,7 +22,8 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert mem["act_bytes"] > 0 and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
     assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter
     assert mem["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # float32 8x8 images + int64 labels
-    assert rec["peak_mem_bytes"] == mem["model_total_bytes"]
+    # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus transients
+    assert mem["model_total_bytes"] <= rec["peak_mem_bytes"] <= 1.5 * mem["model_total_bytes"]
     assert not (out.parent / ".N2_B64.ranks").exists()
 
 

@@ -49,6 +49,16 @@ def test_knee_objective_picks_knee_and_explains():
     assert f"knee of T vs B at B={knee}" in sel["reason"] and "saves only" in sel["reason"]
 
 
+def test_knee_on_cost_uses_the_cost_curve():
+    # time keeps falling to B=8192 but cost (2 nodes here) flattens at B=512
+    times = {(2, b): t for b, t in CURVE.items()}
+    df = table(times)
+    df["cost"] = [100 / b + 1 if b <= 512 else 1.19 - b / 1e6 for b in df["global_batch"]]
+    sel = select(df, config.from_dict({"objective": "knee", "knee_on": "cost"}))
+    assert sel["knee"]["y"].startswith("cost") and "knee of C vs B" in sel["reason"]
+    assert sel["selected"]["global_batch"] <= 512
+
+
 def test_knee_falls_back_to_fastest_when_flat():
     cfg = config.from_dict({"objective": "knee"})
     sel = select(table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0}), cfg)

@@ -99,6 +99,7 @@ class Config:
     grid: Grid
     search: str
     objective: str
+    knee_on: str
     constraints: Constraints
     pricing: Pricing
     hardware: Hardware
@@ -196,6 +197,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         ),
         search=d["search"],
         objective=d["objective"],
+        knee_on=d["knee_on"],
         constraints=Constraints(**d["constraints"]),
         pricing=Pricing(**d["pricing"]),
         hardware=Hardware(**d["hardware"]),
@@ -242,7 +244,7 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
               "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train"),
     "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
     "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
-    "select": ("objective", "constraints", "pricing"),
+    "select": ("objective", "knee_on", "constraints", "pricing"),
     "train": ("workload", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
 }  # fmt: skip
 

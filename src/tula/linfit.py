@@ -31,9 +31,27 @@ class LinearFit:
     r2: float
     n_points: int
     distinct_x: int
+    cov: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
+    sigma: float = 0.0  # residual scale: relative (weighted fit) or absolute (weight_floor 0)
+    weight_floor: float = 0.0  # >0: the noise of a new point is sigma * max(|yhat|, floor)
+    df_resid: float = 0.0
 
     def predict(self, x: float | np.ndarray) -> np.ndarray:
         return self.intercept + self.slope * np.asarray(x, dtype=float)
+
+    def predict_interval(self, x: float | np.ndarray, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) of the 1 - alpha prediction interval of a new measurement at x."""
+        from scipy import stats
+
+        xa = np.asarray(x, dtype=float)
+        yhat = self.predict(xa)
+        if self.df_resid <= 0:
+            return yhat, yhat
+        c = np.asarray(self.cov)
+        var_mean = c[0, 0] + 2 * c[0, 1] * xa + c[1, 1] * xa**2
+        noise = self.sigma * (np.maximum(np.abs(yhat), self.weight_floor) if self.weight_floor > 0 else 1.0)
+        half = stats.t.ppf(1 - alpha / 2, self.df_resid) * np.sqrt(np.maximum(var_mean, 0) + noise**2)
+        return yhat - half, yhat + half
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,6 +66,10 @@ class LinearFit:
             r2=float(d["r2"]) if d.get("r2") is not None else float("nan"),
             n_points=int(d["n_points"]),
             distinct_x=int(d["distinct_x"]),
+            cov=tuple(tuple(r) for r in d.get("cov", ((0.0, 0.0), (0.0, 0.0)))),
+            sigma=float(d.get("sigma", 0.0)),
+            weight_floor=float(d.get("weight_floor", 0.0)),
+            df_resid=float(d.get("df_resid", 0.0)),
         )
 
 
@@ -75,9 +97,11 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
     with warnings.catch_warnings():  # two points: an exact line, no residual degrees of freedom
         warnings.simplefilter("ignore", RuntimeWarning)
         res = sm.OLS(ya, X).fit()
+    floor = 0.0
     if len(xa) > 2 and np.abs(ya).max() > 0:
         # Relative-error weights; the floor keeps near-zero values (tiny sync times) from dominating.
-        scale = np.maximum(np.abs(res.fittedvalues), 0.05 * np.abs(ya).max())
+        floor = 0.05 * float(np.abs(ya).max())
+        scale = np.maximum(np.abs(res.fittedvalues), floor)
         res = sm.WLS(ya, X, weights=1.0 / scale**2).fit()
     if len(xa) == 2:  # exact line through two points: no residual degrees of freedom
         ci = np.array([[res.params[0]] * 2, [res.params[1]] * 2])
@@ -91,4 +115,8 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
         r2=_r2(res) if len(xa) > 2 else 1.0,
         n_points=len(xa),
         distinct_x=distinct,
+        cov=tuple(tuple(float(v) for v in row) for row in np.asarray(res.cov_params())) if len(xa) > 2 else ((0.0, 0.0), (0.0, 0.0)),
+        sigma=float(np.sqrt(res.scale)) if len(xa) > 2 else 0.0,
+        weight_floor=floor,
+        df_resid=float(res.df_resid) if len(xa) > 2 else 0.0,
     )

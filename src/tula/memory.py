@@ -91,6 +91,45 @@ def measure_step(
     )
 
 
+def cpu_step_peak_bytes(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+) -> int:
+    """Measured peak of live tensor bytes during one training step on CPU.
+
+    CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
+    inside the step (memory timeline), whose running peak is taken. Tensors that already
+    exist before the step and persist (parameters, optimizer state) are invisible to it and
+    are added, counted exactly. DDP's gradient buckets, allocated when DDP is built, are not
+    seen on CPU (a constant, independent of the batch); on CUDA the probe uses
+    ``torch.cuda.max_memory_allocated`` instead, which sees everything.
+    """
+    import json
+    import tempfile
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        x, y = batch()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA-only snapshots
+        path = f"{tmp}/timeline.json"
+        prof.export_memory_timeline(path, device="cpu")
+        with open(path) as fh:
+            _, sizes = json.load(fh)
+    transient = max((sum(s) for s in sizes), default=0)
+    persistent = sum(_nbytes(p) for p in model.parameters()) + sum(
+        _nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+    )
+    return int(transient + persistent)
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """Peak memory per worker = intercept + slope * local_batch (bytes)."""

@@ -55,6 +55,14 @@ class PerfModel:
     def step_time_s(self, nodes, local_batch) -> np.ndarray:
         return self.compute_time_s(local_batch) + self.sync_time_s(nodes)
 
+    def step_time_interval_s(self, nodes, local_batch, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+        """95 % prediction interval of a step: the compute and sync intervals added (conservative)."""
+        n = np.asarray(nodes, dtype=float)
+        c_lo, c_hi = self.compute.predict_interval(local_batch, alpha)
+        s_lo, s_hi = self.sync.predict_interval(sync_feature(self.collective, n), alpha)
+        s_lo, s_hi = np.where(n <= 1, 0.0, s_lo), np.where(n <= 1, 0.0, s_hi)
+        return np.maximum(c_lo, 0) + np.maximum(s_lo, 0), np.maximum(c_hi, 0) + np.maximum(s_hi, 0)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "equation": "step_time_s = (c0 + c1*local_batch) + (s0 + s1*x(N)), clipped at 0  (Eq. 2)",
@@ -93,9 +101,12 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     df["compute_time_s"] = perf.compute_time_s(df["local_batch"])
     df["sync_time_s"] = perf.sync_time_s(df["nodes"])
     df["step_time_s"] = df["compute_time_s"] + df["sync_time_s"]
+    df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(df["nodes"], df["local_batch"])
     df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"]).astype(int)
     df["epochs"] = cfg.workload.epochs
-    df["train_time_s"] = df["epochs"] * df["steps_per_epoch"] * df["step_time_s"]
+    steps = df["epochs"] * df["steps_per_epoch"]
+    df["train_time_s"] = steps * df["step_time_s"]
+    df["train_time_lo_s"], df["train_time_hi_s"] = steps * df["step_time_lo_s"], steps * df["step_time_hi_s"]
     df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
     df["cost_node"] = pricing_mod.node_cost(df["train_time_s"], df["nodes"], cfg.pricing.per_node_hour)
     df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["nodes"], df["mem_bytes"], cfg.pricing.per_gb_hour)

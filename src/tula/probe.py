@@ -36,7 +36,7 @@ from tula import config as config_mod
 from tula import dist
 from tula.grid import Point
 from tula.io import read_json, write_json
-from tula.memory import measure_step
+from tula.memory import cpu_step_peak_bytes, measure_step
 from tula.progress import Progress
 from tula.train import build_replica
 
@@ -136,7 +136,10 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             compute_times.append(step(sync=False))
             done += 2
             progress.update(done, "timed ")
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else mem.total_bytes
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device)
+        else:
+            peak = cpu_step_peak_bytes(ddp, opt, loss_fn, batch)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(

@@ -54,9 +54,9 @@ def knee_of(batches: np.ndarray, times: np.ndarray) -> int | None:
     return int(round(kl.knee))
 
 
-def _envelope(cand: pd.DataFrame) -> pd.DataFrame:
-    """For each B, the candidate with the smallest T."""
-    idx = cand.groupby("global_batch")["train_time_s"].idxmin()
+def _envelope(cand: pd.DataFrame, col: str) -> pd.DataFrame:
+    """For each B, the candidate with the smallest ``col`` (T or C)."""
+    idx = cand.groupby("global_batch")[col].idxmin()
     return cand.loc[idx].sort_values("global_batch")
 
 
@@ -95,36 +95,37 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
         if runner is not None:
             reason += f"; runner-up N={int(runner['nodes'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
     else:
-        env = _envelope(cand)
-        b, t = env["global_batch"].to_numpy(), env["train_time_s"].to_numpy()
-        knee_b = knee_of(b, t)
+        col, name, unit = ("cost", "C", cur) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
+        env = _envelope(cand, col)
+        b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
+        knee_b = knee_of(b, y)
         per_nodes = {}
         for n, g in cand.sort_values("global_batch").groupby("nodes"):
-            per_nodes[str(int(n))] = knee_of(g["global_batch"].to_numpy(), g["train_time_s"].to_numpy())
+            per_nodes[str(int(n))] = knee_of(g["global_batch"].to_numpy(), g[col].to_numpy())
         out["knee"] = {
             "method": "kneed.KneeLocator(curve='convex', direction='decreasing')",
             "x": "global_batch (linear axis)",
-            "y": "train_time_s (fastest N per B)",
+            "y": f"{col} (best N per B)",
             "found": knee_b is not None,
             "global_batch": knee_b,
             "per_nodes": per_nodes,
-            "envelope": [{"global_batch": int(r.global_batch), "nodes": int(r.nodes), "train_time_s": float(r.train_time_s)}
-                         for r in env.itertuples()],  # fmt: skip
+            "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col])}
+                         for _, r in env.iterrows()],  # fmt: skip
         }
         if knee_b is None:
-            best = env.sort_values("train_time_s").iloc[0]
+            best = env.sort_values(col).iloc[0]
             runner = None
-            reason = ("no knee on the T-vs-B curve (fewer than three batch sizes, or no bend); "
-                      f"fell back to the fastest point, T = {best['train_time_s']:.4g} s")  # fmt: skip
+            reason = (f"no knee on the {name}-vs-B curve (fewer than three batch sizes, or no bend); "
+                      f"fell back to the best point, {name} = {best[col]:.4g} {unit}")  # fmt: skip
         else:
             pos = int(np.flatnonzero(b == knee_b)[0])
             best = env.iloc[pos]
             runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
-            fastest = env["train_time_s"].min()
-            reason = (f"knee of T vs B at B={knee_b}: T = {best['train_time_s']:.4g} s, "
-                      f"{100 * (best['train_time_s'] / fastest - 1):.1f} % above the fastest point ({fastest:.4g} s)")  # fmt: skip
+            lowest = env[col].min()
+            reason = (f"knee of {name} vs B at B={knee_b}: {name} = {best[col]:.4g} {unit}, "
+                      f"{100 * (best[col] / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})")  # fmt: skip
             if runner is not None and runner["global_batch"] > best["global_batch"]:
-                gain = 100 * (1 - runner["train_time_s"] / best["train_time_s"])
+                gain = 100 * (1 - runner[col] / best[col])
                 reason += f"; doubling to B={int(runner['global_batch'])} saves only {gain:.1f} % more"
     out["selected"] = _summary(best, cur)
     out["runner_up"] = _summary(runner, cur) if runner is not None else None
