@@ -47,3 +47,33 @@ def test_fit_on_all_failed_probes_says_so(tmp_path, capsys, tiny_config_file):
 def test_check_lists_the_search_set(tiny_config_file, capsys):
     assert main(["check", "--config", str(tiny_config_file)]) == 0
     assert "N1_B32, N1_B128, N2_B32, N2_B128" in capsys.readouterr().out
+
+
+def test_fit_predict_select_on_measurements_taken_elsewhere(tmp_path, capsys):
+    """The measurements.csv contract: GPU-cluster numbers, no probe, no train_samples column."""
+    import json
+
+    import pandas as pd
+    import yaml
+
+    rows = []
+    for n in (2, 4, 8, 16):
+        for B in (64, 1024):  # partial search: only the extremes were measured
+            b = B // n
+            comp, sync = 0.01 + 0.0004 * b, 0.0 if n == 1 else 0.002 + 0.06 * (n - 1) / n
+            rows.append(dict(nodes=n, global_batch=B, local_batch=b, step_time_s=comp + sync, compute_time_s=comp,
+                             sync_time_s=sync, peak_mem_bytes=2e9 + 3e7 * b, status="ok"))  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "m.csv", index=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"grid": {"nodes": [2, 4, 8, 16], "batch_min": 64, "batch_max": 1024},
+                                   "hardware": {"device_memory_gb": 32}, "objective": "time"}))  # fmt: skip
+    c, m, md = str(cfg), str(tmp_path / "m.csv"), str(tmp_path / "model")
+    assert main(["fit", "--config", c, "--measurements", m, "--out-dir", md]) == 0
+    assert main(["predict", "--config", c, "--measurements", m, "--model-dir", md, "--train-samples", "50000",
+                 "--out", str(tmp_path / "p.csv")]) == 0  # fmt: skip
+    assert main(["select", "--config", c, "--predictions", str(tmp_path / "p.csv"), "--out", str(tmp_path / "s.json")]) == 0
+    pred = pd.read_csv(tmp_path / "p.csv")
+    assert len(pred) == 4 * 5 and (pred["step_time_lo_s"] <= pred["step_time_s"]).all()
+    perf = json.loads((tmp_path / "model" / "perf.json").read_text())
+    assert perf["compute"]["slope"] == pytest.approx(0.0004, rel=1e-6)  # exact data, exact recovery
+    assert json.loads((tmp_path / "s.json").read_text())["selected"]["nodes"] in (2, 4, 8, 16)
