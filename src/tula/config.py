@@ -85,12 +85,35 @@ class ProbeSettings:
 
 @dataclass(frozen=True)
 class TrainSettings:
+    method: str
     optimizer: str
     lr: float
     momentum: float
     weight_decay: float
     lr_decay_epochs: tuple[int, ...]
     lr_decay_factor: float
+    base_batch: int
+    warmup_epochs: float
+    ags_delta: float
+    ags_small_batch: int
+    ags_refresh_every_steps: int | None
+    ags_s_min: float
+    static_scale: float
+    lars_eta: float
+    lars_exclude_1d: bool
+    polo_sync_epochs: int
+    polo_averages_per_epoch: int
+
+
+# Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay
+# 1e-4 for MobileNetV3, 5e-4 for the others. small_cnn is not a paper model: 0.05 / 5e-4.
+def family_defaults(model: str) -> tuple[float, float]:
+    """(lr, weight_decay) of the paper's setup for the model's family."""
+    if "resnet" in model or model == "small_cnn":
+        return 0.05, 5e-4
+    if "mobilenet" in model:
+        return 0.01, 1e-4
+    return 0.01, 5e-4
 
 
 @dataclass(frozen=True)
@@ -202,8 +225,15 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         pricing=Pricing(**d["pricing"]),
         hardware=Hardware(**d["hardware"]),
         probe=ProbeSettings(**d["probe"]),
-        train=TrainSettings(**{**t, "lr_decay_epochs": tuple(t["lr_decay_epochs"])}),
+        train=_train_settings(t, d["workload"]["model"]),
     )
+
+
+def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
+    lr, wd = family_defaults(model)
+    return TrainSettings(**{**t, "lr": t["lr"] if t["lr"] is not None else lr,
+                            "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
+                            "lr_decay_epochs": tuple(t["lr_decay_epochs"])})  # fmt: skip
 
 
 def load(path: str | os.PathLike) -> Config:

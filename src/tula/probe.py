@@ -93,7 +93,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
         if wenv.world_size != point.nodes:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
-        ds, ddp, opt = build_replica(cfg, device)
+        ds, ddp, opt, _ = build_replica(cfg, device, point.global_batch)
         loss_fn = torch.nn.CrossEntropyLoss()
         _inject_fault(point, rank, wenv.world_size)
         b = point.local_batch

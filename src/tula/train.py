@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -26,6 +26,7 @@ from tula.config import TrainSettings
 from tula.data import Dataset, load_workload_dataset
 from tula.io import read_json, write_csv, write_json
 from tula.models import build_model
+from tula.optim import TulaOptimizer, build_method, lr_factor, refresh_scales
 from tula.progress import Progress, fmt_duration
 from tula.select import selected_point
 
@@ -34,20 +35,27 @@ METRIC_COLUMNS = [
 ]  # fmt: skip
 
 
-def make_optimizer(t: TrainSettings, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The base optimizer of the config's ``train`` section (SGD with momentum, §IV-B)."""
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    raise config_mod.ConfigError(f"config key 'train.optimizer': unknown optimizer {t.optimizer!r}")
-
-
-def build_replica(cfg: config_mod.Config, device: torch.device) -> tuple[Dataset, DDP, torch.optim.Optimizer]:
-    """Dataset, DDP-wrapped model (same seed on every rank) and optimizer of one worker."""
+def build_replica(
+    cfg: config_mod.Config, device: torch.device, global_batch: int
+) -> tuple[Dataset, DDP, torch.optim.Optimizer, int]:
+    """Dataset, DDP model (same seed on every rank), the ``train.method`` optimizer (its DDP
+    hook registered) and the steps per epoch, for one worker."""
     ds = load_workload_dataset(cfg.workload)
     torch.manual_seed(cfg.workload.seed)
     model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return ds, ddp, make_optimizer(cfg.train, ddp.parameters())
+    spe = steps_per_epoch(ds.train_size, global_batch)
+    opt, prepare_ddp = build_method(cfg.train.method, cfg.train, list(ddp.parameters()), global_batch, spe)
+    prepare_ddp(ddp)
+    return ds, ddp, opt, spe
+
+
+def refresh_due(t: TrainSettings, step_in_epoch: int, global_step: int) -> bool:
+    """AGS refreshes its factors on the first step of each epoch, or every k steps."""
+    if t.method != "ags":
+        return False
+    k = t.ags_refresh_every_steps
+    return global_step % k == 0 if k else step_in_epoch == 0
 
 
 def steps_per_epoch(train_samples: int, global_batch: int) -> int:
@@ -76,15 +84,17 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
     rank, world = wenv.rank, wenv.world_size
     if world != nodes:
         raise RuntimeError(f"launched {world} workers for training at N={nodes}")
-    ds, ddp, opt = build_replica(cfg, device)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(cfg.train.lr_decay_epochs), gamma=cfg.train.lr_decay_factor)
+    ds, ddp, opt, spe = build_replica(cfg, device, global_batch)
+    t = cfg.train
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
+        t.method, step, spe, global_batch, t.base_batch, t.warmup_epochs, t.lr_decay_epochs, t.lr_decay_factor))  # fmt: skip
     loss_fn = torch.nn.CrossEntropyLoss()
+    small_local = max(1, t.ags_small_batch // world)
     epochs, D = cfg.workload.epochs, ds.train_size
-    spe = steps_per_epoch(D, global_batch)
     label = f"train N={nodes} B={global_batch}"
     if rank == 0:
         print(f"[{label}] {cfg.workload.model} on {cfg.workload.dataset}: {D} training samples, "
-              f"{spe} steps/epoch x {epochs} epochs, backend {backend} on {device}", flush=True)  # fmt: skip
+              f"{spe} steps/epoch x {epochs} epochs, method {t.method}, backend {backend} on {device}", flush=True)  # fmt: skip
     progress = Progress(label, epochs, unit="epoch", every_s=0.0, enabled=rank == 0)
     rows: list[dict[str, Any]] = []
     step = 0
@@ -103,14 +113,16 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
             logits = ddp(x)
             loss = loss_fn(logits, y)
             loss.backward()
+            if refresh_due(t, s, step):
+                refresh_scales(ddp, opt, loss_fn, x[:small_local], y[:small_local])
             opt.step()
+            sched.step()
             step += 1
             stats += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=device)
         torch_dist.all_reduce(stats)
         epoch_time = time.perf_counter() - t0
         test_loss, test_acc = _evaluate(ddp, ds, rank, world, device)
         lr = opt.param_groups[0]["lr"]
-        sched.step()
         row = {
             "epoch": epoch, "step": step, "lr": lr,
             "train_loss": stats[0].item() / stats[2].item(), "train_acc": stats[1].item() / stats[2].item(),
@@ -130,6 +142,8 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
             "model": cfg.workload.model,
             "dataset": cfg.workload.dataset,
             "optimizer": cfg.train.optimizer,
+            "method": t.method,
+            "ags": dict(opt.counters) if isinstance(opt, TulaOptimizer) else None,
             "epochs": epochs,
             "steps": step,
             "train_samples": D,
