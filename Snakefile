@@ -20,6 +20,7 @@ include: "rules/select.smk"
 include: "rules/plot.smk"
 include: "rules/train.smk"
 include: "rules/report.smk"
+include: "rules/compare.smk"
 
 
 rule all:

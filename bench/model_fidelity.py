@@ -17,7 +17,6 @@ Writes results/fidelity/{probes/,fidelity.json} and results/plots/fidelity_*.png
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

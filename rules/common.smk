@@ -69,7 +69,8 @@ def probe_resource(name):
 
 def train_resource(name):
     """Resource function: the training job's request, for the N of selection.json (read at run time).
-    Before `select` has run (a dry run on a fresh checkout) N is unknown: leave it unset."""
+    Before `select` has run (a dry run on a fresh checkout) N is unknown: leave it unset.
+    """
 
     def _resource(wildcards, input):
         if not os.path.exists(input[0]):

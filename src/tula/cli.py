@@ -150,6 +150,14 @@ def cmd_report(a) -> None:
     print(f"[report] -> {a.out}")
 
 
+def cmd_compare(a) -> None:
+    from tula import compare
+
+    compare.run_suite(a.config, a.out_dir)
+    print(f"[compare] -> {a.out_dir}/accuracy.csv, table.md, heatmap.png")
+    print((Path(a.out_dir) / "table.md").read_text())
+
+
 def cmd_models(a) -> None:
     from tula.models import available
 
@@ -245,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plots-dir", required=True, help="directory with the PNG figures")
     s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("compare", help="generalization suite: accuracy per model x batch x method x seed",
+                       description="Train every compare.workloads x compare.batches x compare.methods x "
+                                   "compare.seeds with compare.nodes workers; write accuracy.csv, a Table-I-like "
+                                   "table.md and heatmap.png. Finished runs are reused, so it can be resumed.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--out-dir", required=True, help="directory for runs/, accuracy.csv, table.md, heatmap.png")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("models", help="list the model names usable as workload.model")
     s.set_defaults(func=cmd_models)

@@ -117,6 +117,22 @@ def family_defaults(model: str) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
+class CompareWorkload:
+    model: str
+    dataset: str
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    workloads: tuple[CompareWorkload, ...]
+    batches: tuple[int, ...]
+    methods: tuple[str, ...]
+    seeds: int
+    nodes: int
+    epochs: int
+
+
+@dataclass(frozen=True)
 class Config:
     workload: Workload
     grid: Grid
@@ -128,6 +144,7 @@ class Config:
     hardware: Hardware
     probe: ProbeSettings
     train: TrainSettings
+    compare: CompareSettings
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (lists, not tuples) that validates against the schema."""
@@ -200,6 +217,10 @@ def _check_semantics(d: dict[str, Any], source: str) -> None:
     for lo, hi in (("min_nodes", "max_nodes"), ("min_batch", "max_batch")):
         if c[lo] is not None and c[hi] is not None and c[lo] > c[hi]:
             problems.append(f"config key 'constraints.{lo}': {c[lo]} is larger than constraints.{hi}={c[hi]}")
+    cmp = d["compare"]
+    for b in cmp["batches"]:
+        if b % cmp["nodes"]:
+            problems.append(f"config key 'compare.batches': B={b} is not divisible by compare.nodes={cmp['nodes']}")
     hw = d["hardware"]
     if hw["backend"] == "nccl" and hw["device"] == "cpu":
         problems.append("config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu")
@@ -226,6 +247,14 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         hardware=Hardware(**d["hardware"]),
         probe=ProbeSettings(**d["probe"]),
         train=_train_settings(t, d["workload"]["model"]),
+        compare=CompareSettings(
+            workloads=tuple(CompareWorkload(**w) for w in d["compare"]["workloads"]),
+            batches=tuple(d["compare"]["batches"]),
+            methods=tuple(d["compare"]["methods"]),
+            seeds=d["compare"]["seeds"],
+            nodes=d["compare"]["nodes"],
+            epochs=d["compare"]["epochs"],
+        ),
     )
 
 
@@ -276,6 +305,7 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
     "select": ("objective", "knee_on", "constraints", "pricing"),
     "train": ("workload", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
+    "compare": ("compare", "workload.mnist1d_samples", "hardware", "train"),
 }  # fmt: skip
 
 
