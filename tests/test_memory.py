@@ -22,5 +22,5 @@ def test_measured_cpu_peak_covers_eq3_and_is_linear_in_batch():
     p = peaks([32, 64, 128])
     for measured, eq3 in p.values():
         assert eq3 <= measured <= 1.3 * eq3  # Eq. 3 terms plus backward's transient buffers
-    # deterministic allocations: equal steps in b give equal steps in bytes
-    assert p[128][0] - p[64][0] == pytest.approx(2 * (p[64][0] - p[32][0]), rel=1e-6)
+    # linear in b: equal steps in b give equal steps in bytes (to allocator granularity, ~512 B)
+    assert p[128][0] - p[64][0] == pytest.approx(2 * (p[64][0] - p[32][0]), rel=1e-3)

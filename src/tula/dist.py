@@ -122,9 +122,17 @@ def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.devic
     return wenv, device, backend
 
 
-def shutdown() -> None:
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+def shutdown(ok: bool = True) -> None:
+    """Leave the process group. On success all ranks meet at a barrier first: a rank that
+    tears gloo down while a peer is still working (rank 0 writing results) can abort the
+    peer ("terminate called without an active exception"). After a failure there is no
+    barrier: a peer may be stuck in a collective, and this rank must exit so that torchrun
+    or srun ends the others."""
+    if not torch_dist.is_initialized():
+        return
+    if ok:
+        torch_dist.barrier()
+    torch_dist.destroy_process_group()
 
 
 def _free_port() -> int:

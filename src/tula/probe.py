@@ -170,7 +170,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
     except Exception as exc:  # recorded, never silently dropped
         out.update(status="error", error=f"rank {rank}: {type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     write_json(dist.result_path(result_dir, rank), out)
-    dist.shutdown()
+    dist.shutdown(ok=out["status"] == "ok")
     if out["status"] != "ok":
         sys.exit(1)
 
