@@ -6,7 +6,6 @@ from snakemake.exceptions import WorkflowError
 from tula import config as tula_config
 from tula import dist as tula_dist
 from tula.grid import search_set
-from tula.select import selected_point
 
 try:
     TULA = tula_config.from_dict(
@@ -67,15 +66,16 @@ def probe_resource(name):
     return _resource
 
 
-def train_resource(name):
-    """Resource function: the training job's request, for the N of selection.json (read at run time).
-    Before `select` has run (a dry run on a fresh checkout) N is unknown: leave it unset.
-    """
-
-    def _resource(wildcards, input):
-        if not os.path.exists(input[0]):
-            return None
-        nodes, _ = selected_point(input[0])
-        return tula_dist.job_resources(TULA, nodes)[name]
-
-    return _resource
+def launch_args(wildcards, resources):
+    """`tula launch` options from Snakemake: its executor (launch.executor: auto follows it)
+    and the profile's runtime, partition and account for the train rule."""
+    args = ["--executor-hint", "slurm" if workflow.non_local_exec else "local"]
+    for flag, name in (
+        ("--timeout-min", "runtime"),
+        ("--slurm-partition", "slurm_partition"),
+        ("--slurm-account", "slurm_account"),
+    ):
+        value = getattr(resources, name, None)
+        if value not in (None, ""):
+            args += [flag, str(value)]
+    return " ".join(args)

@@ -1,9 +1,19 @@
+# `tula launch` submits the training job itself (submitit: an sbatch job under the SLURM
+# profile, local processes otherwise) and watches it, so the rule runs here, never as an
+# sbatch inside an sbatch.
+localrules:
+    train,
+
+
 rule train:
     input:
-        "results/selection.json",
+        selection="results/selection.json",
+        predictions="results/predictions.csv",
     output:
         metrics="results/train/metrics.csv",
         final="results/train/final.json",
+        model="results/train/model.pt",
+        attempts="results/train/attempts.json",
     log:
         "results/logs/train.log",
     benchmark:
@@ -11,14 +21,10 @@ rule train:
     conda:
         "../envs/tula.yaml"
     threads: whole_machine
-    resources:
-        tasks=train_resource("tasks"),
-        nodes=train_resource("nodes"),
-        mpi=train_resource("mpi"),
-        cpus_per_task=train_resource("cpus_per_task"),
-        gres=train_resource("gres"),
     params:
         config=CONFIG,
         settings=settings("train"),
+        launch=launch_args,
     shell:
-        "tula train --config {params.config} --selection {input} --out-dir results/train > {log} 2>&1"
+        "tula launch --config {params.config} --selection {input.selection}"
+        " --predictions {input.predictions} --out-dir results/train {params.launch} > {log} 2>&1"

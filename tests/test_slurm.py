@@ -85,19 +85,25 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
     r = subprocess.run(["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/test", "--configfile", "tiny.yaml"],
                        cwd=wd, capture_output=True, text=True, env=env)  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    jobs = [line.split("|") for line in sacct("-X", "-S", started, "-o", "JobID,Comment,State").splitlines() if line]
-    return wd, {comment: (job_id, state) for job_id, comment, state in jobs if comment.startswith("rule_")}
+    rows = [line.split("|") for line in sacct("-X", "-S", started, "-o", "JobID,JobName,Comment,State").splitlines() if line]
+    jobs = {comment: (job_id, state) for job_id, _, comment, state in rows if comment.startswith("rule_")}
+    jobs.update({name: (job_id, state) for job_id, name, _, state in rows if name == "tula-train"})
+    return wd, jobs
 
 
 def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     wd, jobs = dag_on_slurm
     probes = {c for c in jobs if c.startswith("rule_probe")}
     assert len(probes) == 4, jobs  # partial search: the 4 corners
-    assert any(c.startswith("rule_train") for c in jobs), jobs
+    # training: the local train rule ran `tula launch`, which submitted one submitit job (not a rule job)
+    assert "tula-train" in jobs and not any(c.startswith("rule_train") for c in jobs), jobs
     assert all(state == "COMPLETED" for _, state in jobs.values()), jobs
     assert not any(c.startswith(("rule_aggregate", "rule_fit", "rule_select")) for c in jobs)  # local rules
     for f in ("selection.json", "predictions.csv", "report.html", "train/final.json", "plots/time_vs_batch.png"):
         assert (wd / "results" / f).stat().st_size > 0
+    att = json.loads((wd / "results" / "train" / "attempts.json").read_text())
+    assert att["executor"] == "slurm" and att["attempts"][0]["job_id"] == jobs["tula-train"][0]
+    assert list((wd / "results" / "train" / "submitit").glob("*_0_log.out"))  # job folder and logs under results/train
 
 
 def test_failed_probe_under_slurm_is_recorded_and_dag_finishes(dag_on_slurm):
@@ -125,3 +131,38 @@ def test_scontrol_reports_the_allocation(slurm_cluster, tmp_path):
         assert dist.slurm_job_tasks(job) == 2
     finally:
         subprocess.run(["scancel", job], check=False)
+
+
+def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(slurm_cluster, tiny_raw, tmp_path, venv_path):
+    """`scontrol requeue` of the running training job: SLURM sends TERM, every rank checkpoints at
+    the next step boundary, SLURM runs the job again, it resumes from that checkpoint and completes."""
+    tiny_raw["workload"]["epochs"] = 12
+    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10, "poll_s": 1,
+                          "checkpoint_every_steps": 5}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    log = open(tmp_path / "launch.log", "w")
+    proc = subprocess.Popen(["tula", "launch", "--config", "config.yaml", "--selection", "selection.json",
+                             "--out-dir", "train"], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.time() + 180
+        metrics = tmp_path / "train" / "metrics.csv"
+        while not (metrics.exists() and len(pd.read_csv(metrics)) >= 2):  # two epochs done: mid-run
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "launch.log").read_text()
+            time.sleep(0.5)
+        job = json.loads((tmp_path / "train" / "attempts.json").read_text())["attempts"][0]["job_id"]
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        assert proc.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    (att,) = json.loads((tmp_path / "train" / "attempts.json").read_text())["attempts"]
+    first, second = att["segments"]
+    assert att["outcome"] == "completed" and first["outcome"] == "stopped" and "SIGTERM" in first["reason"]
+    assert 2 * 23 <= first["end_step"] < 12 * 23 and second["start_step"] == first["end_step"]
+    final = json.loads((tmp_path / "train" / "final.json").read_text())
+    assert final["steps"] == 12 * 23 and list(pd.read_csv(tmp_path / "train" / "metrics.csv")["epoch"]) == list(range(1, 13))
+    assert "REQUEUED" in sacct("-D", "-X", "-j", job, "-o", "State")  # SLURM itself ran it twice
+    assert "resumed from the checkpoint of step" in (tmp_path / "launch.log").read_text()

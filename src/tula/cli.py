@@ -6,7 +6,7 @@
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
     plot       csv/json above              -> results/plots/*.png
-    train      selection.json              -> results/train/{metrics.csv,final.json}
+    launch     selection.json              -> results/train/{metrics.csv,final.json,model.pt,attempts.json}
     report     everything above            -> results/report.html
 
 Each reads files and writes files (atomically), so any stage can be re-run alone or fed
@@ -134,10 +134,14 @@ def cmd_plot(a) -> None:
     print(f"[plot] {', '.join(made)} -> {out}/")
 
 
-def cmd_train(a) -> None:
-    from tula import train
+def cmd_launch(a) -> None:
+    from tula import launch
 
-    train.run(a.config, a.selection, a.out_dir)
+    final = launch.run(a.config, a.selection, a.out_dir, predictions=a.predictions, executor_hint=a.executor_hint,
+                       timeout_min=a.timeout_min, partition=a.slurm_partition or None,
+                       account=a.slurm_account or None, fresh=a.fresh)  # fmt: skip
+    print(f"[launch] done: N={final['nodes']} B={final['global_batch']}, test accuracy "
+          f"{100 * final['final_test_acc']:.2f}% -> {a.out_dir}/ (final.json, metrics.csv, model.pt, attempts.json)")
 
 
 def cmd_report(a) -> None:
@@ -236,13 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", required=True, help="directory for the PNG files (results/plots)")
     s.set_defaults(func=cmd_plot)
 
-    s = sub.add_parser("train", help="train at the selected (N, B) with DDP",
-                       description="Launch N workers and train the config's model for workload.epochs epochs at the "
-                                   "selected global batch; log loss and test accuracy per epoch.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
-    s.add_argument("--out-dir", required=True, help="directory for metrics.csv and final.json (results/train)")
-    s.set_defaults(func=cmd_train)
+    for name in ("launch", "train"):
+        s = sub.add_parser(name, help="submit the production training job at the selected (N, B) and watch it"
+                           + (" (alias of launch)" if name == "train" else ""),
+                           description="Submit the training job with submitit (SLURM or local processes), echo its "
+                                       "progress, requeue it on preemption/timeout from its checkpoint, and relaunch "
+                                       "it at the next smaller batch after an out-of-memory error. Writes "
+                                       "metrics.csv, final.json, model.pt, attempts.json and checkpoints/.")  # fmt: skip
+        _cfg_arg(s)
+        s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
+        s.add_argument("--out-dir", required=True, help="directory for the training results (results/train)")
+        s.add_argument("--predictions", help="predictions CSV: the memory model's order of smaller batches after an OOM")
+        s.add_argument("--executor-hint", choices=["local", "slurm"],
+                       help="what launch.executor: auto means (the train rule passes Snakemake's executor)")  # fmt: skip
+        s.add_argument("--timeout-min", type=int, help="job wall time when launch.timeout_min is null (rule runtime)")
+        s.add_argument("--slurm-partition", help="partition when launch.slurm_partition is null (profile's)")
+        s.add_argument("--slurm-account", help="account when launch.slurm_account is null (profile's)")
+        s.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start over")
+        s.set_defaults(func=cmd_launch)
 
     s = sub.add_parser("report", help="render results/report.html",
                        description="Render one self-contained HTML page from the results files.")  # fmt: skip

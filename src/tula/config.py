@@ -117,6 +117,22 @@ def family_defaults(model: str) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
+class LaunchSettings:
+    executor: str
+    slurm_partition: str | None
+    slurm_account: str | None
+    slurm_additional: dict[str, Any]
+    timeout_min: int | None
+    mem_gb: float | None
+    signal_delay_s: int
+    max_requeues: int
+    checkpoint_every_steps: int | None
+    checkpoint_every_epochs: int | None
+    keep_checkpoints: int
+    poll_s: float
+
+
+@dataclass(frozen=True)
 class CompareWorkload:
     model: str
     dataset: str
@@ -144,6 +160,7 @@ class Config:
     hardware: Hardware
     probe: ProbeSettings
     train: TrainSettings
+    launch: LaunchSettings
     compare: CompareSettings
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +241,10 @@ def _check_semantics(d: dict[str, Any], source: str) -> None:
     hw = d["hardware"]
     if hw["backend"] == "nccl" and hw["device"] == "cpu":
         problems.append("config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu")
+    ln = d["launch"]
+    if ln["checkpoint_every_steps"] is None and ln["checkpoint_every_epochs"] is None:
+        problems.append("config key 'launch.checkpoint_every_epochs': null together with launch.checkpoint_every_steps "
+                        "null means no checkpoint at all, and a preempted or OOM job would start over; set one")
     if problems:
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -247,6 +268,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         hardware=Hardware(**d["hardware"]),
         probe=ProbeSettings(**d["probe"]),
         train=_train_settings(t, d["workload"]["model"]),
+        launch=LaunchSettings(**d["launch"]),
         compare=CompareSettings(
             workloads=tuple(CompareWorkload(**w) for w in d["compare"]["workloads"]),
             batches=tuple(d["compare"]["batches"]),

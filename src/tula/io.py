@@ -3,7 +3,7 @@
 Every writer goes through :func:`atomic_write`: the bytes land in a temporary file in the
 same directory, are fsync'ed, and are renamed over the target (rename is atomic on POSIX
 file systems, including the parallel file systems of SLURM clusters for same-directory
-renames). On any error the temporary file is removed and the old target is left intact.
+renames), and the directory is fsync'ed so the rename survives a crash. On any error the temporary file is removed and the old target is left intact.
 """
 
 from __future__ import annotations
@@ -30,10 +30,25 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (best effort: not every file system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

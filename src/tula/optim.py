@@ -278,6 +278,7 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
             state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=start,
                                       post_local_gradient_allreduce=False)  # fmt: skip
             ddp.register_comm_hook(state, post_localSGD_hook)
+            ddp.tula_polo_state = state  # a resumed run sets state.iter (tula.train.set_post_local_iter)
 
         return PostLocalSGDOptimizer(base, PeriodicModelAverager(period=period, warmup_steps=start)), hook
     s_max = math.sqrt(global_batch / t.ags_small_batch)

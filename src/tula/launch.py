@@ -1,0 +1,303 @@
+"""``tula launch``: the production training job, submitted with submitit and watched to the end.
+
+Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller batches
+until a feasible configuration is found". One *attempt* is one submitit job at one global
+batch B (N is kept):
+
+- the job is a :class:`TrainJob` (``submitit.helpers.Checkpointable``): SLURM's USR2 before
+  the time limit or on preemption makes every rank checkpoint at the next step boundary,
+  and submitit requeues the job, which resumes from that checkpoint (TERM, from scancel or
+  ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
+- if a rank runs out of memory, all ranks agree, the job ends with outcome ``oom``, and
+  the next attempt resumes from the last checkpoint at the next smaller feasible B (the
+  memory model's order from predictions.csv, else B/2) until one trains or none is left.
+
+Every attempt (batch, start/end step, outcome, reason, and the requeued segments inside it)
+is written to ``results/train/attempts.json``; submitit's job folder and logs are in
+``results/train/submitit/``. The rank-0 log is echoed to the terminal while the job runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import submitit
+
+from tula import checkpoint, dist, train
+from tula import config as config_mod
+from tula.io import read_json, write_json
+from tula.select import selected_point
+
+EXECUTORS = ("local", "slurm")
+
+
+class TrainJob(submitit.helpers.Checkpointable):
+    """What each of the job's N tasks runs: join the process group that submitit describes
+    (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
+
+    def __init__(self, config: str, nodes: int, global_batch: int, out_dir: str, ckpt: train.Checkpointing):
+        self.config, self.nodes, self.global_batch, self.out_dir, self.ckpt = config, nodes, global_batch, out_dir, ckpt
+
+    def __call__(self) -> dict[str, Any]:
+        cfg = config_mod.load(self.config)
+        on_cuda = cfg.hardware.device == "cuda"
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
+        return train.run_worker(cfg, self.nodes, self.global_batch, Path(self.out_dir), self.ckpt)
+
+    # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """sbatch shape of an N-worker job: one task per GPU (worker)."""
+
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+
+
+def job_shape(cfg: config_mod.Config, n_workers: int) -> JobShape:
+    wpn = cfg.grid.workers_per_node
+    if n_workers % wpn and n_workers > wpn:  # submitit asks for the same task count on every node
+        per_node = 1
+    else:
+        per_node = min(n_workers, wpn)
+    gpus = per_node if cfg.hardware.device == "cuda" else 0
+    return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
+
+
+def resolve_executor(cfg: config_mod.Config, hint: str | None) -> str:
+    """``launch.executor``; ``auto`` follows Snakemake's executor (the --executor-hint the
+    train rule passes: slurm under profiles/slurm), else local."""
+    if cfg.launch.executor != "auto":
+        return cfg.launch.executor
+    return hint if hint in EXECUTORS else "local"
+
+
+def make_executor(cfg: config_mod.Config, kind: str, folder: Path, n_workers: int, timeout_min: int,
+                  partition: str | None = None, account: str | None = None) -> submitit.Executor:  # fmt: skip
+    """A submitit executor for one attempt's job (SLURM or local processes)."""
+    if kind == "slurm" and not shutil.which("sbatch"):
+        raise RuntimeError("config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
+                           "login node, or set launch.executor: local")  # fmt: skip
+    shape = job_shape(cfg, n_workers) if kind == "slurm" else JobShape(1, n_workers, cfg.hardware.threads_per_worker,
+                                                                       n_workers if cfg.hardware.device == "cuda" else 0)  # fmt: skip
+    ex = submitit.AutoExecutor(folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues)
+    params: dict[str, Any] = {"name": "tula-train", "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
+                              "nodes": shape.nodes, "cpus_per_task": shape.cpus_per_task}  # fmt: skip
+    if shape.gpus_per_node:
+        params["gpus_per_node"] = shape.gpus_per_node
+    if kind == "slurm":
+        L = cfg.launch
+        params.update(slurm_signal_delay_s=L.signal_delay_s, slurm_additional_parameters={**L.slurm_additional})
+        if L.slurm_partition or partition:
+            params["slurm_partition"] = L.slurm_partition or partition
+        if L.slurm_account or account:
+            params["slurm_account"] = L.slurm_account or account
+        if L.mem_gb:
+            params["mem_gb"] = L.mem_gb
+    ex.update_parameters(**params)
+    return ex
+
+
+def smaller_batches(nodes: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
+    """Global batches to try after an OOM at ``batch``, best first: the grid's batches for N
+    below ``batch`` that the memory model calls feasible, largest predicted memory first;
+    without predictions, halving. Each must split over N workers and be >= ``floor``."""
+    if predictions and Path(predictions).exists():
+        p = pd.read_csv(predictions)
+        p = p[(p["nodes"] == nodes) & (p["global_batch"] < batch) & p["feasible"].astype(bool)]
+        cands = [int(b) for b in p.sort_values("mem_bytes", ascending=False)["global_batch"]]
+    else:
+        cands, b = [], batch // 2
+        while b >= 1:
+            cands.append(b)
+            b //= 2
+    return [b for b in cands if b % nodes == 0 and b >= max(floor, nodes)]
+
+
+class Echo:
+    """Prints what a job's rank-0 log gained since the last look."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos = path, 0
+
+    def __call__(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        if data:
+            cut = data.rfind(b"\n") + 1  # whole lines only
+            self.pos += cut
+            sys.stdout.write(data[:cut].decode(errors="replace"))
+            sys.stdout.flush()
+
+
+def _segments(out: Path, attempt: int, since: int) -> list[dict[str, Any]]:
+    path = out / "segments.json"
+    segs = read_json(path) if path.exists() else []
+    return [s for s in segs[since:] if s.get("attempt") == attempt]
+
+
+def _latest_checkpoint_step(ck: Path) -> int:
+    return checkpoint.newest_intact(ck) or 0
+
+
+def _log_tail(job: submitit.Job, n: int = 30) -> str:
+    try:
+        lines = Path(job.paths.stderr).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def _wait(job: submitit.Job, echo: Echo, poll_s: float) -> None:
+    last_force = time.monotonic()
+    while True:
+        echo()
+        force = time.monotonic() - last_force > max(poll_s, 15)
+        if job.done(force_check=force):
+            break
+        if force:
+            last_force = time.monotonic()
+        time.sleep(poll_s)
+    time.sleep(0.2)
+    echo()
+
+
+def _rank0_log(job: submitit.Job) -> Path:
+    return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
+
+
+def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
+        executor_hint: str | None = None, timeout_min: int | None = None, partition: str | None = None,
+        account: str | None = None, fresh: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Train at the selected (N, B) until done; relaunch smaller after an OOM. Returns final.json."""
+    cfg = config_mod.load(cfg_path)
+    nodes, selected_batch = selected_point(selection)
+    out = Path(out_dir).resolve()
+    ck = out / "checkpoints"
+    fp = train.fingerprint(cfg, nodes, selected_batch)
+    kind = resolve_executor(cfg, executor_hint)
+    limit = cfg.launch.timeout_min or timeout_min or 1440
+    attempts_path = out / "attempts.json"
+    prior = read_json(attempts_path) if attempts_path.exists() else {}
+    resumable = (not fresh and prior.get("fingerprint") == fp and prior.get("outcome") != "completed"
+                 and checkpoint.manifests(ck))  # fmt: skip
+    if not resumable:
+        for stale in (ck, out / "oom"):
+            shutil.rmtree(stale, ignore_errors=True)
+        (out / "segments.json").unlink(missing_ok=True)
+        prior = {}
+    attempts: list[dict[str, Any]] = list(prior.get("attempts", []))
+    record = {"fingerprint": fp, "nodes": nodes, "selected_batch": selected_batch, "executor": kind,
+              "outcome": "running", "attempts": attempts}  # fmt: skip
+    batch = attempts[-1]["global_batch"] if attempts else selected_batch
+    tried = {a["global_batch"] for a in attempts if a["outcome"] == "oom"}
+    if batch in tried:
+        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
+    final = out / "final.json"
+    started = time.time()
+    print(f"[launch] training N={nodes} B={batch} with the {kind} executor; job folder {out / 'submitit'}"
+          + (f"; resuming ({len(attempts)} earlier attempt(s), checkpoint of step {_latest_checkpoint_step(ck)})"
+             if attempts else ""), flush=True)  # fmt: skip
+    while True:
+        n = len(attempts) + 1
+        ckpt = train.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
+                                   cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
+        executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account)
+        seg_count = len(read_json(out / "segments.json")) if (out / "segments.json").exists() else 0
+        job = executor.submit(TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt))
+        att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
+               "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
+               "outcome": "running", "reason": "", "segments": []}  # fmt: skip
+        attempts.append(att)
+        write_json(attempts_path, record)
+        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // nodes} per worker), "
+              f"from step {att['start_step']}", flush=True)  # fmt: skip
+        try:
+            _wait(job, Echo(_rank0_log(job)), cfg.launch.poll_s)
+        except BaseException:
+            job.cancel(check=False)  # Ctrl-C / Snakemake stopping: scancel; the workers checkpoint on TERM
+            att.update(outcome="cancelled", reason="tula launch was interrupted; the job was cancelled")
+            write_json(attempts_path, {**record, "outcome": "cancelled"})
+            raise
+        outcome, reason = _outcome(job, out, n)
+        segs = _segments(out, n, seg_count)
+        att.update(outcome=outcome, reason=reason, segments=segs, checkpoint_step=_latest_checkpoint_step(ck))
+        if segs:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
+            att.update(start_step=segs[0]["start_step"], end_step=segs[-1]["end_step"])
+        write_json(attempts_path, record)
+        resumed = max(len(segs) - 1, 0)  # each segment after the first resumed from a checkpoint
+        print(f"[launch] attempt {n} ended: {outcome}"
+              + (f" after {resumed} preemption/requeue(s), each resumed from its checkpoint" if resumed else "")
+              + (f" — {reason}" if reason and outcome != "completed" else ""), flush=True)  # fmt: skip
+        if outcome == "completed":
+            break
+        if outcome == "stopped":
+            record["outcome"] = "stopped"
+            write_json(attempts_path, record)
+            raise RuntimeError(f"the training job {job.job_id} was stopped ({reason}); its checkpoint of step "
+                               f"{att['checkpoint_step']} is kept: run the same command again to resume from it")  # fmt: skip
+        if outcome != "oom":
+            record["outcome"] = "failed"
+            write_json(attempts_path, record)
+            raise RuntimeError(f"training at N={nodes} B={batch} failed (attempt {n}, job {job.job_id}): {reason}\n"
+                               f"logs: {out / 'submitit'}\n{_log_tail(job)}")  # fmt: skip
+        tried.add(batch)
+        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
+    if not final.exists() or final.stat().st_mtime < started:
+        raise RuntimeError(f"training at N={nodes} B={batch} reported success but wrote no {final}")
+    record["outcome"] = "completed"
+    write_json(attempts_path, record)
+    return read_json(final)
+
+
+def _next_batch(nodes: int, batch: int, predictions, cfg, tried: set[int], record: dict, path: Path) -> int:
+    left = [b for b in smaller_batches(nodes, batch, predictions, cfg.grid.batch_min) if b not in tried]
+    if not left:
+        record["outcome"] = "failed"
+        write_json(path, record)
+        raise RuntimeError(f"out of memory at every global batch tried for N={nodes} ({', '.join(map(str, sorted(tried, reverse=True)))}) "
+                           f"and no smaller batch >= grid.batch_min={cfg.grid.batch_min} divides over {nodes} workers; "
+                           f"lower grid.batch_min, use more workers, or a device with more memory")  # fmt: skip
+    print(f"[launch] out of memory at B={batch}: relaunching at B={left[0]} from the last checkpoint", flush=True)
+    return left[0]
+
+
+def _error_line(text: str) -> str:
+    """The last 'SomeError: message' line of a worker's traceback."""
+    found = re.findall(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.M)
+    return found[-1].strip() if found else ""
+
+
+def _outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
+    """(outcome, reason) of a finished job: completed, oom, or failed."""
+    markers = sorted((out / "oom").glob(f"attempt{attempt}-rank*.json"))
+    segs = _segments(out, attempt, 0)
+    try:
+        results = job.results()
+    except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
+        if markers:
+            m = read_json(markers[0])
+            return "oom", f"out of memory at step {m['step']} ({markers[0].stem.split('-')[1]}): {m['message']}"
+        if segs and segs[-1]["outcome"] == "stopped":
+            return "stopped", segs[-1]["reason"]
+        return "failed", _error_line(str(exc)) or type(exc).__name__
+    r = results[0] if isinstance(results, list) else results
+    if r.get("outcome") == "oom":
+        return "oom", f"out of memory at step {r['step']} on rank(s) {r['ranks']}: {r['message']}"
+    return r.get("outcome", "failed"), "trained every epoch" if r.get("outcome") == "completed" else str(r)

@@ -1,0 +1,179 @@
+"""The production job: checkpoints, requeue, OOM relaunch at a smaller batch — nothing lost.
+
+Real runs: `tula launch` with submitit's local executor (2 processes, gloo), real signals,
+a real torch.OutOfMemoryError raised inside the model's forward (fault injection), real
+checkpoint files. The SLURM `scontrol requeue` test is in test_slurm.py.
+"""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from tula import checkpoint, faults, launch
+from tula.io import write_json
+
+D = 1437  # digits training samples
+
+
+@pytest.fixture
+def run_dir(tmp_path, tiny_raw):
+    tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    write_json(tmp_path / "selection.json", {"selected": {"nodes": 2, "global_batch": 64}})
+    return tmp_path
+
+
+def _launch(d, out="train", **kw):
+    return launch.run(d / "config.yaml", d / "selection.json", d / out, **kw)
+
+
+def _attempts(d, out="train"):
+    return json.loads((d / out / "attempts.json").read_text())
+
+
+def _params(path):
+    return torch.load(path, map_location="cpu")
+
+
+def _bitwise_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def reference(run_dir, venv_path):
+    """An uninterrupted run of the same configuration."""
+    final = _launch(run_dir, "ref")
+    return run_dir / "ref", final
+
+
+def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(run_dir, reference, monkeypatch):
+    ref_dir, ref_final = reference
+    monkeypatch.setenv(faults.ENV, "signal:step=12,sig=TERM")
+    with pytest.raises(RuntimeError, match="was stopped .*SIGTERM.*run the same command again"):
+        _launch(run_dir)
+    first = _attempts(run_dir)
+    assert first["outcome"] == "stopped" and first["attempts"][0]["segments"][0]["end_step"] == 13
+    assert not (run_dir / "train" / "final.json").exists()
+    monkeypatch.delenv(faults.ENV)
+    final = _launch(run_dir)  # the same command again: resumes from the stop checkpoint
+    att = _attempts(run_dir)["attempts"]
+    assert [a["outcome"] for a in att] == ["stopped", "completed"]
+    assert att[1]["start_step"] == 13 and att[1]["global_batch"] == 64
+    assert final["steps"] == ref_final["steps"] == 2 * math.ceil(D / 64)
+    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+    cols = ["epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc"]
+    m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
+    assert m[cols].equals(r[cols])  # the partial epoch's sums were checkpointed per rank too
+
+
+def test_usr2_checkpoints_and_submitit_requeues_within_one_launch(run_dir, reference, monkeypatch):
+    ref_dir, _ = reference
+    monkeypatch.setenv(faults.ENV, "signal:step=30,sig=USR2")
+    _launch(run_dir)
+    (att,) = _attempts(run_dir)["attempts"]
+    assert att["outcome"] == "completed"
+    assert [(s["start_step"], s["end_step"], s["outcome"]) for s in att["segments"]] == [
+        (0, 31, "requeued"), (31, 46, "completed")]  # fmt: skip
+    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+
+
+def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(run_dir, venv_path, monkeypatch):
+    monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64")
+    final = _launch(run_dir)
+    rec = _attempts(run_dir)
+    a1, a2 = rec["attempts"]
+    assert (a1["global_batch"], a1["outcome"], a1["end_step"], a1["checkpoint_step"]) == (64, "oom", 7, 5)
+    assert "rank(s) [1]" in a1["reason"] and "out of memory" in a1["reason"]
+    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", 5)
+    # Steps 0-4 at B=64 are kept, steps 5-6 (after the checkpoint) are redone at B=32 from sample 320
+    # of epoch 1: no step before the checkpoint is repeated or lost.
+    expected = 5 + math.ceil((D - 5 * 64) / 32) + math.ceil(D / 32)
+    assert final["steps"] == a2["end_step"] == expected and final["global_batch"] == 32
+    m = pd.read_csv(run_dir / "train" / "metrics.csv")
+    assert list(m["epoch"]) == [1, 2] and list(m["step"]) == [expected - math.ceil(D / 32), expected]
+    assert rec["outcome"] == "completed" and (run_dir / "train" / "oom" / "attempt1-rank1.json").exists()
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(run_dir, venv_path, monkeypatch, capsys):
+    monkeypatch.setenv(faults.ENV, "truncate:step=10;oom:step=12,rank=0,batch=64")
+    _launch(run_dir)
+    a1, a2 = _attempts(run_dir)["attempts"]
+    assert a1["outcome"] == "oom" and a2["start_step"] == 5  # not the torn step-10 checkpoint
+    assert "checkpoint of step 10 skipped" in capsys.readouterr().out
+
+
+def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch):
+    monkeypatch.setenv(faults.ENV, "oom:step=3,rank=1")  # at every batch
+    with pytest.raises(RuntimeError, match=r"out of memory at every global batch tried for N=2 \(64, 32\).*batch_min=32"):
+        _launch(run_dir)
+    rec = _attempts(run_dir)
+    assert rec["outcome"] == "failed" and [a["global_batch"] for a in rec["attempts"]] == [64, 32]
+    assert not (run_dir / "train" / "final.json").exists()
+
+
+# -- units ------------------------------------------------------------------------------
+
+
+def _state(v):
+    return {"fingerprint": "f", "epoch": 1, "offset": 0, "global_batch": 8, "w": torch.full((3,), float(v))}
+
+
+def test_checkpoints_keep_the_newest_two_and_skip_damaged_ones(tmp_path):
+    for step in (5, 10, 15):
+        checkpoint.save(tmp_path, _state(step), step, keep=2)
+    assert [s for s, _ in checkpoint.manifests(tmp_path)] == [15, 10]
+    assert not (tmp_path / "step-000000005.pt").exists()
+    checkpoint.truncate(tmp_path / "step-000000015.pt")
+    loaded, warnings = checkpoint.load_latest(tmp_path)
+    assert loaded.step == 10 and torch.equal(loaded.state["w"], torch.full((3,), 10.0))
+    assert len(warnings) == 1 and "truncated" in warnings[0]
+    assert checkpoint.newest_intact(tmp_path) == 10
+
+
+def test_checkpoint_without_manifest_or_of_another_run_is_not_used(tmp_path):
+    checkpoint.save(tmp_path, _state(1), 5)
+    checkpoint.save(tmp_path, _state(2), 10)
+    (tmp_path / "step-000000010.json").unlink()  # the write was interrupted before its manifest
+    loaded, _ = checkpoint.load_latest(tmp_path)
+    assert loaded.step == 5
+    loaded, warnings = checkpoint.load_latest(tmp_path, accept=lambda s: "other run" if s["fingerprint"] != "g" else "")
+    assert loaded is None and "other run" in warnings[0]
+    (tmp_path / "step-000000005.pt").write_bytes(b"x" * (tmp_path / "step-000000005.pt").stat().st_size)
+    loaded, warnings = checkpoint.load_latest(tmp_path)
+    assert loaded is None and "SHA-256" in warnings[0]
+
+
+def test_fault_specs_parse_and_bad_ones_name_the_problem():
+    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10")
+    assert [f.kind for f in fs] == ["oom", "signal", "truncate"] and fs[0].batch == 128 and fs[1].sig == "USR2"
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        faults.maybe_oom(fs, 12, 1, 128)
+    faults.maybe_oom(fs, 12, 1, 64)  # another batch: no fault
+    for bad, msg in [("boom:step=1", "unknown fault kind"), ("oom:rank=1", "needs step"),
+                     ("signal:step=1,sig=KILL", "sig="), ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field")]:  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            faults.parse(bad)
+
+
+def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
+    pred = tmp_path / "predictions.csv"
+    pd.DataFrame({"nodes": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
+                  "feasible": [True, True, False, True, True], "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0]}).to_csv(pred)  # fmt: skip
+    assert launch.smaller_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
+    assert launch.smaller_batches(2, 256, None, floor=32) == [128, 64, 32]
+    assert launch.smaller_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
+
+
+def test_job_shape_one_task_per_gpu(tiny_raw):
+    from tula import config
+
+    tiny_raw["grid"]["workers_per_node"] = 4
+    tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
+    cfg = config.from_dict(tiny_raw)
+    assert launch.job_shape(cfg, 8) == launch.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
+    assert launch.job_shape(cfg, 2) == launch.JobShape(1, 2, 1, 2)
+    assert launch.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
