@@ -39,6 +39,7 @@ rule plot_training:
     input:
         metrics="results/train/metrics.csv",
         final="results/train/final.json",
+        attempts="results/train/attempts.json",
     output:
         report(
             "results/plots/training.png",
@@ -51,4 +52,4 @@ rule plot_training:
         "../envs/tula.yaml"
     shell:
         "tula plot --metrics {input.metrics} --final {input.final}"
-        " --out-dir results/plots > {log} 2>&1"
+        " --attempts {input.attempts} --out-dir results/plots > {log} 2>&1"

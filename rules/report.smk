@@ -8,6 +8,7 @@ rule report_html:
         predictions="results/predictions.csv",
         measurements="results/measurements.csv",
         final="results/train/final.json",
+        attempts="results/train/attempts.json",
         plots=SELECTION_PLOTS + ["results/plots/training.png"],
     output:
         "results/report.html",
@@ -17,5 +18,5 @@ rule report_html:
         "../envs/tula.yaml"
     shell:
         "tula report --selection {input.selection} --predictions {input.predictions}"
-        " --measurements {input.measurements} --final {input.final}"
+        " --measurements {input.measurements} --final {input.final} --attempts {input.attempts}"
         " --plots-dir results/plots --out {output} > {log} 2>&1"

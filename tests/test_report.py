@@ -1,3 +1,4 @@
+import pytest
 import pandas as pd
 
 from tula.report import _cell, _table
@@ -13,3 +14,32 @@ def test_table_marks_selection_and_converts_headers():
     df = pd.DataFrame({"nodes": [1, 2], "global_batch": [64, 64], "mem_bytes": [2**20, 2**21]})
     html = _table(df, highlight=(2, 64))
     assert "<th>mem (MiB)</th>" in html and html.count("class=sel") == 1 and "nan" not in html
+
+
+ATTEMPTS = {
+    "selected_batch": 128,
+    "attempts": [
+        {"attempt": 1, "job_id": "41", "global_batch": 128, "local_batch": 64, "start_step": 0, "end_step": 40,
+         "outcome": "oom", "reason": "out of memory at step 40 on rank(s) [1]", "segments": [{"start_step": 0}]},
+        {"attempt": 2, "job_id": "42", "global_batch": 64, "local_batch": 32, "start_step": 36, "end_step": 312,
+         "outcome": "completed", "reason": "trained every epoch", "segments": [{"start_step": 36}, {"start_step": 48}]},
+    ],
+}  # fmt: skip
+
+
+def test_attempts_table_shows_batch_and_why_each_attempt_ended():
+    from tula.report import attempts_table
+
+    html = attempts_table(ATTEMPTS)
+    assert html.count("<tr>") == 3 and "relaunched from its last checkpoint at B=64" in html
+    assert "<td class=bad>oom</td>" in html and "out of memory at step 40" in html and "<td>1×</td>" in html
+    assert "not known" in attempts_table(None)
+
+
+def test_training_curve_marks_relaunches_and_requeues():
+    from tula.plots import attempt_marks
+
+    metrics = pd.DataFrame({"epoch": [1, 2, 3, 4], "step": [12, 24, 36, 60]})
+    marks = attempt_marks(metrics, ATTEMPTS)
+    assert marks == [(3.0, "B=64 (OOM at B=128)", True), (pytest.approx(3.5), "resumed", False)]
+    assert attempt_marks(metrics, None) == []

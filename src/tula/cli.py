@@ -126,7 +126,8 @@ def cmd_plot(a) -> None:
     if a.metrics:
         if not a.final:
             raise ValueError("plot: --metrics needs --final")
-        plots.training_curve(pd.read_csv(a.metrics), read_json(a.final), out / "training.png")
+        attempts = read_json(a.attempts) if a.attempts else None
+        plots.training_curve(pd.read_csv(a.metrics), read_json(a.final), out / "training.png", attempts)
         made.append("training.png")
     if not made:
         raise ValueError("plot: nothing to plot; give --selection (with --predictions, --measurements, --model-dir) "
@@ -150,7 +151,7 @@ def cmd_report(a) -> None:
 
     plots = [Path(a.plots_dir) / n for n in ("time_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png", "training.png")]
     report.render(read_json(a.selection), pd.read_csv(a.predictions), pd.read_csv(a.measurements),
-                  read_json(a.final), plots, a.out)  # fmt: skip
+                  read_json(a.final), plots, a.out, attempts=read_json(a.attempts) if a.attempts else None)  # fmt: skip
     print(f"[report] -> {a.out}")
 
 
@@ -237,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-dir", help="directory with memory.json")
     s.add_argument("--metrics", help="training metrics CSV (results/train/metrics.csv)")
     s.add_argument("--final", help="training final JSON (results/train/final.json)")
+    s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json): marks relaunches")
     s.add_argument("--out-dir", required=True, help="directory for the PNG files (results/plots)")
     s.set_defaults(func=cmd_plot)
 
@@ -265,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--predictions", required=True, help="predictions CSV")
     s.add_argument("--measurements", required=True, help="measurements CSV")
     s.add_argument("--final", required=True, help="training final JSON")
+    s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json)")
     s.add_argument("--plots-dir", required=True, help="directory with the PNG figures")
     s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
     s.set_defaults(func=cmd_report)

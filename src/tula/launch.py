@@ -19,10 +19,8 @@ is written to ``results/train/attempts.json``; submitit's job folder and logs ar
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, dist, train
+from tula import checkpoint, train
 from tula import config as config_mod
 from tula.io import read_json, write_json
 from tula.select import selected_point

@@ -103,20 +103,44 @@ def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: di
     _save(fig, path)
 
 
-def training_curve(metrics: pd.DataFrame, final: dict, path) -> None:
+def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[float, str, bool]]:
+    """(epoch position, label, is_relaunch) of every restart of the training job: a relaunch
+    at another batch after an OOM, or a requeue from a checkpoint within one attempt."""
+    if not attempts or metrics.empty:
+        return []
+    steps = np.concatenate([[0.0], metrics["step"].to_numpy(float)])
+    epochs = np.concatenate([[0.0], metrics["epoch"].to_numpy(float)])
+    marks: list[tuple[float, str, bool]] = []
+    prev = None
+    for a in attempts.get("attempts", []):
+        if prev is not None:
+            why = "OOM" if prev["outcome"] == "oom" else prev["outcome"]
+            marks.append((float(np.interp(a["start_step"], steps, epochs)),
+                          f"B={a['global_batch']} ({why} at B={prev['global_batch']})", True))  # fmt: skip
+        for seg in a.get("segments", [])[1:]:
+            marks.append((float(np.interp(seg["start_step"], steps, epochs)), "resumed", False))
+        prev = a
+    return marks
+
+
+def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None) -> None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     a1.plot(metrics["epoch"], metrics["train_loss"], "-o", ms=3, label="train")
     a1.plot(metrics["epoch"], metrics["test_loss"], "-o", ms=3, label="test")
     a1.set_xlabel("epoch")
     a1.set_ylabel("cross-entropy loss")
-    a1.legend()
-    a1.grid(alpha=0.3)
     a2.plot(metrics["epoch"], 100 * metrics["train_acc"], "-o", ms=3, label="train")
     a2.plot(metrics["epoch"], 100 * metrics["test_acc"], "-o", ms=3, label="test")
     a2.set_xlabel("epoch")
     a2.set_ylabel("accuracy (%)")
-    a2.legend()
-    a2.grid(alpha=0.3)
+    for x, label, relaunch in attempt_marks(metrics, attempts):
+        for ax in (a1, a2):
+            ax.axvline(x, color="tab:red" if relaunch else "0.6", ls="--" if relaunch else ":", lw=1.2)
+        a1.annotate(label, (x, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
+                    fontsize=8, color="tab:red" if relaunch else "0.4")  # fmt: skip
+    for ax in (a1, a2):
+        ax.legend()
+        ax.grid(alpha=0.3)
     fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
                  f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
     _save(fig, path)

@@ -51,8 +51,29 @@ def _table(df: pd.DataFrame, highlight: tuple[int, int] | None = None) -> str:
     return "\n".join(out) + "</table>"
 
 
+def attempts_table(attempts: dict | None) -> str:
+    """One row per attempt of the training job: batch, steps, how it ended and why."""
+    if not attempts or not attempts.get("attempts"):
+        return "<p class=sub>No attempts.json: the training job's attempts are not known.</p>"
+    out = ["<table><tr><th>attempt</th><th>job</th><th>global batch</th><th>per worker</th><th>steps</th>"
+           "<th>resumed</th><th>outcome</th><th style='text-align:left'>why it ended</th></tr>"]  # fmt: skip
+    for a in attempts["attempts"]:
+        resumed = max(len(a.get("segments", [])) - 1, 0)
+        cls = " class=bad" if a["outcome"] not in ("completed", "running") else ""
+        steps = f"{a['start_step']} → {a['end_step'] if a['end_step'] is not None else '?'}"
+        out.append(f"<tr><td>{a['attempt']}</td><td>{html.escape(str(a['job_id']))}</td><td>{a['global_batch']}</td>"
+                   f"<td>{a['local_batch']}</td><td>{steps}</td><td>{resumed}×</td><td{cls}>{html.escape(a['outcome'])}</td>"
+                   f"<td style='text-align:left'>{html.escape(a['reason'])}</td></tr>")  # fmt: skip
+    sel = attempts["selected_batch"]
+    last = attempts["attempts"][-1]["global_batch"]
+    note = (f"<p>Out of memory at the selected B={sel}: the job was relaunched from its last checkpoint at "
+            f"B={last}.</p>" if last != sel else "")  # fmt: skip
+    return note + "\n".join(out) + "</table><p class=sub>resumed: requeues (preemption, time limit) inside the " \
+        "attempt, each from the checkpoint written when the signal came.</p>"
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
-           plots: list[Path], out: str | Path, title: str = "Tula report") -> None:  # fmt: skip
+           plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None) -> None:  # fmt: skip
     s = selection["selected"]
     cur = s["currency"]
     failed = measurements[measurements["status"] != "ok"]
@@ -70,10 +91,15 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
                                       t=fmt_duration(s["train_time_s"]), ts=s["train_time_s"], c=s["cost"], cur=cur,
                                       m=s["mem_bytes"] / 2**20, reason=html.escape(selection["reason"])),  # fmt: skip
         "<div class=card><b>Training at the selected point</b>: {e} epochs, {st} steps, final test accuracy "
-        "<b>{a:.2f} %</b> (best {ba:.2f} %), wall time {w}.</div>".format(
+        "<b>{a:.2f} %</b> (best {ba:.2f} %), training time {w}.{relaunch}</div>".format(
             e=final["epochs"], st=final["steps"], a=100 * final["final_test_acc"], ba=100 * final["best_test_acc"],
-            w=fmt_duration(final["train_time_s"])),  # fmt: skip
-        "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots) + "</div>",
+            w=fmt_duration(final["train_time_s"]),
+            relaunch="" if final["global_batch"] == s["global_batch"] else
+            f" <span class=bad>Finished at B={final['global_batch']}: B={s['global_batch']} ran out of memory "
+            "(see Attempts below).</span>"),  # fmt: skip
+        "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name != "training.png") + "</div>",
+        "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
+        + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
     ]
     if len(failed):
         parts.append(f"<h2 class=bad>{len(failed)} probe(s) did not succeed</h2>" + _table(failed[meas_cols]))
@@ -83,7 +109,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         "<h2>Probe measurements</h2>",
         _table(measurements[meas_cols]),
         "<p class=sub>Files: results/measurements.csv, results/model/{memory,perf}.json, results/predictions.csv, "
-        "results/selection.json, results/train/metrics.csv, results/train/final.json — see results/README.md.</p>",
+        "results/selection.json, results/train/metrics.csv, results/train/final.json, results/train/attempts.json, results/train/model.pt — see results/README.md.</p>",
         "</body></html>",
     ]
     with atomic_write(out) as fh:

@@ -122,16 +122,18 @@ class StopSignals:
     scancel, ``scontrol requeue`` or a preemption without grace: checkpoint, then exit.
     """
 
-    CODES = {signal.SIGTERM: 1, signal.SIGUSR2: 2}
+    CODES = {signal.SIGTERM: 1, signal.SIGINT: 1, signal.SIGUSR2: 2}  # SIGINT: Ctrl-C on a local run
 
     def __init__(self) -> None:
-        self.code = 0
+        self.code, self.name = 0, ""
         self.previous = {sig: signal.getsignal(sig) for sig in self.CODES}
         for sig in self.CODES:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.code = max(self.code, self.CODES[signal.Signals(signum)])
+        sig = signal.Signals(signum)
+        if self.CODES[sig] >= self.code:
+            self.code, self.name = self.CODES[sig], sig.name
 
     def requeue_handler(self):
         """submitit's checkpoint-and-requeue handler, when running under submitit."""
@@ -424,7 +426,8 @@ def _stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out
           label: str) -> None:  # fmt: skip
     """After the stop checkpoint: record the segment, leave the process group, and either let
     submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
-    sig = "USR2" if code == 2 else "TERM"
+    sig = stops.name.removeprefix("SIG") if stops.name and stops.CODES[signal.Signals[stops.name]] == code else (
+        "USR2" if code == 2 else "TERM")  # this rank's own signal, else the one the peers agreed on
     requeue = stops.requeue_handler() if code == 2 else None
     if rank == 0:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
