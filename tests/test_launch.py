@@ -177,3 +177,18 @@ def test_job_shape_one_task_per_gpu(tiny_raw):
     assert launch.job_shape(cfg, 8) == launch.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
     assert launch.job_shape(cfg, 2) == launch.JobShape(1, 2, 1, 2)
     assert launch.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
+
+
+def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_path):
+    import os
+    import subprocess
+
+    prior = {"executor": "local", "attempts": [{"outcome": "running", "job_id": str(os.getpid())}]}
+    with pytest.raises(RuntimeError, match=rf"still running; .*kill {os.getpid()}"):
+        launch._still_running(prior, tmp_path, 2)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    prior["attempts"][0]["job_id"] = str(gone.pid)
+    assert launch._still_running(prior, tmp_path, 2) is None
+    prior["attempts"][0]["outcome"] = "completed"
+    assert launch._still_running(prior, tmp_path, 2) is None

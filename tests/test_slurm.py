@@ -133,9 +133,9 @@ def test_scontrol_reports_the_allocation(slurm_cluster, tmp_path):
         subprocess.run(["scancel", job], check=False)
 
 
-def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(slurm_cluster, tiny_raw, tmp_path, venv_path):
-    """`scontrol requeue` of the running training job: SLURM sends TERM, every rank checkpoints at
-    the next step boundary, SLURM runs the job again, it resumes from that checkpoint and completes."""
+def _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, interrupt: list[str]) -> str:
+    """`tula launch` on the cluster (12 epochs, N=2 on the one node); once two epochs are done,
+    run ``interrupt + [job id]``; wait for launch to finish. Returns the job id."""
     tiny_raw["workload"]["epochs"] = 12
     tiny_raw["grid"]["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10, "poll_s": 1,
@@ -152,17 +152,76 @@ def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(slurm_clu
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "launch.log").read_text()
             time.sleep(0.5)
         job = json.loads((tmp_path / "train" / "attempts.json").read_text())["attempts"][0]["job_id"]
-        subprocess.run(["scontrol", "requeue", job], check=True)
+        subprocess.run([*interrupt, job], check=True)
         assert proc.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
         log.close()
+    return job
+
+
+def _check_resumed_and_completed(tmp_path, job: str, outcome: str, signal_name: str) -> None:
     (att,) = json.loads((tmp_path / "train" / "attempts.json").read_text())["attempts"]
     first, second = att["segments"]
-    assert att["outcome"] == "completed" and first["outcome"] == "stopped" and "SIGTERM" in first["reason"]
+    assert att["outcome"] == "completed" and first["outcome"] == outcome and signal_name in first["reason"]
     assert 2 * 23 <= first["end_step"] < 12 * 23 and second["start_step"] == first["end_step"]
     final = json.loads((tmp_path / "train" / "final.json").read_text())
     assert final["steps"] == 12 * 23 and list(pd.read_csv(tmp_path / "train" / "metrics.csv")["epoch"]) == list(range(1, 13))
-    assert "REQUEUED" in sacct("-D", "-X", "-j", job, "-o", "State")  # SLURM itself ran it twice
+    assert "REQUEUED" in sacct("-D", "-X", "-j", job, "-o", "State")  # SLURM ran the same job twice
     assert "resumed from the checkpoint of step" in (tmp_path / "launch.log").read_text()
+
+
+def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(slurm_cluster, tiny_raw, tmp_path, venv_path):
+    """`scontrol requeue` of the running training job: SLURM sends TERM, every rank checkpoints at
+    the next step boundary, SLURM runs the job again, it resumes from that checkpoint and completes."""
+    job = _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, ["scontrol", "requeue"])
+    _check_resumed_and_completed(tmp_path, job, "stopped", "SIGTERM")
+
+
+def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(slurm_cluster, tiny_raw, tmp_path, venv_path):
+    """USR2, what SLURM sends before the time limit (submitit's --signal=USR2@...) or on
+    preemption: the ranks checkpoint, submitit's handler runs `scontrol requeue` from inside the
+    job, and the requeued job resumes from the checkpoint."""
+    job = _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, ["scancel", "--signal=USR2"])
+    _check_resumed_and_completed(tmp_path, job, "requeued", "SIGUSR2")
+    assert "#SBATCH --signal=USR2@120" in next((tmp_path / "train" / "submitit").glob("*_submission.sh")).read_text()
+
+
+def test_a_partition_sbatch_refuses_is_a_clear_error(slurm_cluster, tiny_raw, tmp_path, venv_path):
+    from tula import launch
+
+    tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": "no_such_partition", "slurm_account": "root"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    with pytest.raises(RuntimeError, match=r"sbatch refused the training job: .*[Pp]artition.*launch.slurm_partition"):
+        launch.run(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
+
+
+def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(slurm_cluster, tiny_raw, tmp_path, venv_path):
+    """`tula launch` killed -9 (lost login session) while its job runs: running it again watches
+    that same job to the end instead of submitting a second one."""
+    tiny_raw["workload"]["epochs"] = 12
+    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10, "poll_s": 1}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    cmd = ["tula", "launch", "--config", "config.yaml", "--selection", "selection.json", "--out-dir", "train"]
+    first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    attempts = tmp_path / "train" / "attempts.json"
+    deadline = time.time() + 120
+    while not (attempts.exists() and json.loads(attempts.read_text())["attempts"]):
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.3)
+    first.kill()  # SIGKILL: no chance to cancel the job
+    first.wait()
+    job = json.loads(attempts.read_text())["attempts"][0]["job_id"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"re-attached to job {job}" in r.stdout
+    rec = json.loads(attempts.read_text())
+    assert [a["job_id"] for a in rec["attempts"]] == [job] and rec["outcome"] == "completed"
+    assert json.loads((tmp_path / "train" / "final.json").read_text())["steps"] == 12 * 23
+    mine = [line for line in sacct("-X", "-S", "now-10minutes", "-o", "JobID,JobName,WorkDir").splitlines()
+            if "tula-train" in line and str(tmp_path) in line]  # fmt: skip
+    assert len(mine) == 1, mine  # one job, never two

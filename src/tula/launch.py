@@ -19,8 +19,10 @@ is written to ``results/train/attempts.json``; submitit's job folder and logs ar
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -144,10 +146,36 @@ class Echo:
             sys.stdout.flush()
 
 
-def _segments(out: Path, attempt: int, since: int) -> list[dict[str, Any]]:
+def _segments(out: Path, attempt: int) -> list[dict[str, Any]]:
     path = out / "segments.json"
     segs = read_json(path) if path.exists() else []
-    return [s for s in segs[since:] if s.get("attempt") == attempt]
+    return [s for s in segs if s.get("attempt") == attempt]
+
+
+def _still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job | None:
+    """The job of the last attempt when an earlier `tula launch` left it running (its login
+    session died, Snakemake was killed): a SLURM job is re-attached to, never submitted twice."""
+    last = (prior.get("attempts") or [{}])[-1]
+    if last.get("outcome") != "running":
+        return None
+    if prior.get("executor") == "slurm":
+        job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(nodes)))
+        return None if _slurm_state(last["job_id"]) in ("", "NOT_FOUND") else job
+    pid = int(last["job_id"])
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return None
+    raise RuntimeError(f"the local training job of an earlier tula launch (process {pid}) is still running; wait "
+                       f"for it to end or stop it (kill {pid}), then run this again")  # fmt: skip
+
+
+def _slurm_state(job_id: str) -> str:
+    """sacct's state of a job ('' when sacct does not know it)."""
+    if not shutil.which("sacct"):
+        return ""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    return out.stdout.split()[0] if out.stdout.split() else ""
 
 
 def _latest_checkpoint_step(ck: Path) -> int:
@@ -193,39 +221,47 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     limit = cfg.launch.timeout_min or timeout_min or 1440
     attempts_path = out / "attempts.json"
     prior = read_json(attempts_path) if attempts_path.exists() else {}
-    resumable = (not fresh and prior.get("fingerprint") == fp and prior.get("outcome") != "completed"
-                 and checkpoint.manifests(ck))  # fmt: skip
-    if not resumable:
+    same_run = not fresh and prior.get("fingerprint") == fp
+    job = _still_running(prior, out, nodes) if same_run else None
+    if not (job or (same_run and prior.get("outcome") != "completed" and checkpoint.manifests(ck))):
         for stale in (ck, out / "oom"):
             shutil.rmtree(stale, ignore_errors=True)
         (out / "segments.json").unlink(missing_ok=True)
         prior = {}
     attempts: list[dict[str, Any]] = list(prior.get("attempts", []))
-    record = {"fingerprint": fp, "nodes": nodes, "selected_batch": selected_batch, "executor": kind,
-              "outcome": "running", "attempts": attempts}  # fmt: skip
+    record = {"fingerprint": fp, "nodes": nodes, "selected_batch": selected_batch,
+              "executor": prior.get("executor", kind) if job else kind, "outcome": "running", "attempts": attempts}  # fmt: skip
+    if attempts and attempts[-1]["outcome"] == "running" and not job:  # its launcher died; the job is gone
+        attempts[-1].update(outcome="interrupted", reason="tula launch stopped while the job ran; resumed by a new "
+                                                          "attempt from the newest checkpoint")  # fmt: skip
     batch = attempts[-1]["global_batch"] if attempts else selected_batch
     tried = {a["global_batch"] for a in attempts if a["outcome"] == "oom"}
     if batch in tried:
         batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
     final = out / "final.json"
-    started = time.time()
-    print(f"[launch] training N={nodes} B={batch} with the {kind} executor; job folder {out / 'submitit'}"
-          + (f"; resuming ({len(attempts)} earlier attempt(s), checkpoint of step {_latest_checkpoint_step(ck)})"
-             if attempts else ""), flush=True)  # fmt: skip
+    started = 0.0 if job else time.time()  # a re-attached job may have written final.json already
+    print(f"[launch] training N={nodes} B={batch} with the {record['executor']} executor; job folder "
+          f"{out / 'submitit'}" + (f"; resuming ({len(attempts)} earlier attempt(s), newest checkpoint: step "
+                                  f"{_latest_checkpoint_step(ck)})" if attempts else ""), flush=True)  # fmt: skip
     while True:
-        n = len(attempts) + 1
-        ckpt = train.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
-                                   cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
-        executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account)
-        seg_count = len(read_json(out / "segments.json")) if (out / "segments.json").exists() else 0
-        job = executor.submit(TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt))
-        att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
-               "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
-               "outcome": "running", "reason": "", "segments": []}  # fmt: skip
-        attempts.append(att)
+        if job is not None:  # a job of an earlier `tula launch` of this run is still queued or running
+            att = attempts[-1]
+            n = att["attempt"]
+            print(f"[launch] attempt {n}: re-attached to job {job.job_id} (global batch {batch}), submitted by an "
+                  "earlier tula launch", flush=True)  # fmt: skip
+        else:
+            n = len(attempts) + 1
+            ckpt = train.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
+                                       cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
+            executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account)
+            job = _submit(executor, TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
+            att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
+                   "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
+                   "outcome": "running", "reason": "", "segments": []}  # fmt: skip
+            attempts.append(att)
+            print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // nodes} per worker), "
+                  f"from step {att['start_step']}", flush=True)  # fmt: skip
         write_json(attempts_path, record)
-        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // nodes} per worker), "
-              f"from step {att['start_step']}", flush=True)  # fmt: skip
         try:
             _wait(job, Echo(_rank0_log(job)), cfg.launch.poll_s)
         except BaseException:
@@ -234,7 +270,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             write_json(attempts_path, {**record, "outcome": "cancelled"})
             raise
         outcome, reason = _outcome(job, out, n)
-        segs = _segments(out, n, seg_count)
+        segs = _segments(out, n)
         att.update(outcome=outcome, reason=reason, segments=segs, checkpoint_step=_latest_checkpoint_step(ck))
         if segs:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
             att.update(start_step=segs[0]["start_step"], end_step=segs[-1]["end_step"])
@@ -255,6 +291,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             write_json(attempts_path, record)
             raise RuntimeError(f"training at N={nodes} B={batch} failed (attempt {n}, job {job.job_id}): {reason}\n"
                                f"logs: {out / 'submitit'}\n{_log_tail(job)}")  # fmt: skip
+        job = None
         tried.add(batch)
         batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
     if not final.exists() or final.stat().st_mtime < started:
@@ -262,6 +299,18 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     record["outcome"] = "completed"
     write_json(attempts_path, record)
     return read_json(final)
+
+
+def _submit(executor: submitit.Executor, fn: TrainJob, kind: str) -> submitit.Job:
+    try:
+        return executor.submit(fn)
+    except (subprocess.CalledProcessError, RuntimeError) as exc:  # submitit raises sbatch's stderr as RuntimeError
+        said = (getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)).strip()
+        said = said.decode(errors="replace") if isinstance(said, bytes) else said
+        raise RuntimeError(f"{'sbatch' if kind == 'slurm' else 'the local executor'} refused the training job: "
+                           f"{' / '.join(said.splitlines()) if said else exc}. Check launch.slurm_partition, "
+                           "launch.slurm_account and launch.slurm_additional in the config (or slurm_partition / "
+                           "slurm_account in the profile)") from None  # fmt: skip
 
 
 def _next_batch(nodes: int, batch: int, predictions, cfg, tried: set[int], record: dict, path: Path) -> int:
@@ -285,7 +334,7 @@ def _error_line(text: str) -> str:
 def _outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
     """(outcome, reason) of a finished job: completed, oom, or failed."""
     markers = sorted((out / "oom").glob(f"attempt{attempt}-rank*.json"))
-    segs = _segments(out, attempt, 0)
+    segs = _segments(out, attempt)
     try:
         results = job.results()
     except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
