@@ -58,7 +58,7 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
     data = buf.getvalue()
     pt = d / f"{_stem(step)}.pt"
     write_bytes(pt, data)
-    meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "nodes", "fingerprint") if k in state}
+    meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "nodes", "fingerprint", "complete") if k in state}
     write_json(d / f"{_stem(step)}.json", {"format": FORMAT, "step": step, **meta, "bytes": len(data),
                                            "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
     if after_write is not None:

@@ -34,6 +34,7 @@ import submitit
 
 from tula import checkpoint, train
 from tula import config as config_mod
+from tula import faults as tula_faults
 from tula.io import read_json, write_json
 from tula.select import selected_point
 
@@ -146,6 +147,37 @@ class Echo:
             sys.stdout.flush()
 
 
+class Record:
+    """attempts.json, written twice: ``results/train/attempts.json`` (what users and the report
+    read; a Snakemake output, so Snakemake deletes it when the rule fails) and a copy beside
+    the checkpoints it describes, which a re-run reads to continue the history."""
+
+    def __init__(self, out: Path):
+        self.paths = (out / "checkpoints" / "attempts.json", out / "attempts.json")
+
+    def read(self) -> dict[str, Any]:
+        for p in self.paths:
+            if p.exists():
+                return read_json(p)
+        return {}
+
+    def write(self, record: dict[str, Any]) -> None:
+        for p in self.paths:
+            write_json(p, record)
+
+
+def _resumable(ck: Path, fingerprint: str) -> bool:
+    """Is there a checkpoint of this run (same settings, N, selected B) that did not finish?"""
+    for _, manifest in checkpoint.manifests(ck):
+        try:
+            meta = read_json(manifest)
+        except ValueError:
+            continue
+        if meta.get("fingerprint") == fingerprint and not meta.get("complete"):
+            return True
+    return False
+
+
 def _segments(out: Path, attempt: int) -> list[dict[str, Any]]:
     path = out / "segments.json"
     segs = read_json(path) if path.exists() else []
@@ -214,20 +246,24 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     """Train at the selected (N, B) until done; relaunch smaller after an OOM. Returns final.json."""
     cfg = config_mod.load(cfg_path)
     nodes, selected_batch = selected_point(selection)
+    if tula_faults.from_env():  # a malformed spec fails here, naming it, not inside the job
+        print(f"[launch] fault injection is ON: {tula_faults.ENV}={os.environ[tula_faults.ENV]!r}", flush=True)
     out = Path(out_dir).resolve()
     ck = out / "checkpoints"
     fp = train.fingerprint(cfg, nodes, selected_batch)
     kind = resolve_executor(cfg, executor_hint)
     limit = cfg.launch.timeout_min or timeout_min or 1440
-    attempts_path = out / "attempts.json"
-    prior = read_json(attempts_path) if attempts_path.exists() else {}
+    history = Record(out)
+    prior = history.read()
     same_run = not fresh and prior.get("fingerprint") == fp
     job = _still_running(prior, out, nodes) if same_run else None
-    if not (job or (same_run and prior.get("outcome") != "completed" and checkpoint.manifests(ck))):
+    if not (job or (not fresh and _resumable(ck, fp))):
         for stale in (ck, out / "oom"):
             shutil.rmtree(stale, ignore_errors=True)
         (out / "segments.json").unlink(missing_ok=True)
         prior = {}
+    elif not same_run:
+        prior = {}  # the checkpoints are this run's but its record is gone: the history starts here
     attempts: list[dict[str, Any]] = list(prior.get("attempts", []))
     record = {"fingerprint": fp, "nodes": nodes, "selected_batch": selected_batch,
               "executor": prior.get("executor", kind) if job else kind, "outcome": "running", "attempts": attempts}  # fmt: skip
@@ -237,7 +273,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     batch = attempts[-1]["global_batch"] if attempts else selected_batch
     tried = {a["global_batch"] for a in attempts if a["outcome"] == "oom"}
     if batch in tried:
-        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
+        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, history)
     final = out / "final.json"
     started = 0.0 if job else time.time()  # a re-attached job may have written final.json already
     print(f"[launch] training N={nodes} B={batch} with the {record['executor']} executor; job folder "
@@ -261,20 +297,20 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             attempts.append(att)
             print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // nodes} per worker), "
                   f"from step {att['start_step']}", flush=True)  # fmt: skip
-        write_json(attempts_path, record)
+        history.write(record)
         try:
             _wait(job, Echo(_rank0_log(job)), cfg.launch.poll_s)
         except BaseException:
             job.cancel(check=False)  # Ctrl-C / Snakemake stopping: scancel; the workers checkpoint on TERM
             att.update(outcome="cancelled", reason="tula launch was interrupted; the job was cancelled")
-            write_json(attempts_path, {**record, "outcome": "cancelled"})
+            history.write({**record, "outcome": "cancelled"})
             raise
         outcome, reason = _outcome(job, out, n)
         segs = _segments(out, n)
         att.update(outcome=outcome, reason=reason, segments=segs, checkpoint_step=_latest_checkpoint_step(ck))
         if segs:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
             att.update(start_step=segs[0]["start_step"], end_step=segs[-1]["end_step"])
-        write_json(attempts_path, record)
+        history.write(record)
         resumed = max(len(segs) - 1, 0)  # each segment after the first resumed from a checkpoint
         print(f"[launch] attempt {n} ended: {outcome}"
               + (f" after {resumed} preemption/requeue(s), each resumed from its checkpoint" if resumed else "")
@@ -283,21 +319,21 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             break
         if outcome == "stopped":
             record["outcome"] = "stopped"
-            write_json(attempts_path, record)
+            history.write(record)
             raise RuntimeError(f"the training job {job.job_id} was stopped ({reason}); its checkpoint of step "
                                f"{att['checkpoint_step']} is kept: run the same command again to resume from it")  # fmt: skip
         if outcome != "oom":
             record["outcome"] = "failed"
-            write_json(attempts_path, record)
+            history.write(record)
             raise RuntimeError(f"training at N={nodes} B={batch} failed (attempt {n}, job {job.job_id}): {reason}\n"
                                f"logs: {out / 'submitit'}\n{_log_tail(job)}")  # fmt: skip
         job = None
         tried.add(batch)
-        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, attempts_path)
+        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, history)
     if not final.exists() or final.stat().st_mtime < started:
         raise RuntimeError(f"training at N={nodes} B={batch} reported success but wrote no {final}")
     record["outcome"] = "completed"
-    write_json(attempts_path, record)
+    history.write(record)
     return read_json(final)
 
 
@@ -313,11 +349,11 @@ def _submit(executor: submitit.Executor, fn: TrainJob, kind: str) -> submitit.Jo
                            "slurm_account in the profile)") from None  # fmt: skip
 
 
-def _next_batch(nodes: int, batch: int, predictions, cfg, tried: set[int], record: dict, path: Path) -> int:
+def _next_batch(nodes: int, batch: int, predictions, cfg, tried: set[int], record: dict, history: Record) -> int:
     left = [b for b in smaller_batches(nodes, batch, predictions, cfg.grid.batch_min) if b not in tried]
     if not left:
         record["outcome"] = "failed"
-        write_json(path, record)
+        history.write(record)
         raise RuntimeError(f"out of memory at every global batch tried for N={nodes} ({', '.join(map(str, sorted(tried, reverse=True)))}) "
                            f"and no smaller batch >= grid.batch_min={cfg.grid.batch_min} divides over {nodes} workers; "
                            f"lower grid.batch_min, use more workers, or a device with more memory")  # fmt: skip
