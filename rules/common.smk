@@ -50,7 +50,10 @@ def whole_machine(wildcards):
     On a cluster each job gets its own CPUs (cpus_per_task per worker task)."""
     if workflow.non_local_exec:
         return TULA.hardware.threads_per_worker
-    return workflow.cores
+    try:
+        return workflow.cores
+    except WorkflowError:  # no --cores: `snakemake --report`, `--lint`; nothing runs
+        return 1
 
 
 # A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.

@@ -194,3 +194,10 @@ def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_pa
     assert launch._still_running(prior, tmp_path, 2) is None
     prior["attempts"][0]["outcome"] = "completed"
     assert launch._still_running(prior, tmp_path, 2) is None
+
+
+def test_only_an_unfinished_newest_checkpoint_of_this_run_is_resumed(tmp_path):
+    checkpoint.save(tmp_path, {**_state(1), "complete": False}, 5)
+    assert launch._resumable(tmp_path, "f") and not launch._resumable(tmp_path, "other settings")
+    checkpoint.save(tmp_path, {**_state(2), "complete": True}, 10)  # the run finished
+    assert not launch._resumable(tmp_path, "f")  # its older step-5 checkpoint must not be resumed

@@ -88,3 +88,30 @@ def test_bad_config_stops_before_any_job(tmp_path, venv_path):
 def test_lint_is_clean(venv_path):
     r = subprocess.run(["snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and "good condition" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):
+    wd, env = finished_run
+    r = subprocess.run(["snakemake", "--report", str(tmp_path / "report.zip")], cwd=wd, capture_output=True, text=True,
+                       env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "report.zip").stat().st_size > 10_000
+
+
+def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(finished_run):
+    """The train rule, re-run with an injected OOM at the selected batch: `tula launch` relaunches
+    at the next smaller batch from the last checkpoint, and report.html shows both attempts."""
+    from tula.faults import ENV
+
+    wd, env = finished_run
+    sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
+    b = sel["global_batch"]
+    r = snakemake(wd, "--configfile", "tiny.yaml", "--forcerun", "train",
+                  env={**env, ENV: f"oom:step=30,rank=0,batch={b}"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    att = json.loads((wd / "results" / "train" / "attempts.json").read_text())["attempts"]
+    assert [a["outcome"] for a in att] == ["oom", "completed"] and att[0]["global_batch"] == b
+    assert att[1]["global_batch"] < b and att[1]["start_step"] == att[0]["checkpoint_step"]
+    html = (wd / "results" / "report.html").read_text()
+    assert f"relaunched from its last checkpoint at B={att[1]['global_batch']}" in html
+    assert "<td class=bad>oom</td>" in html and (wd / "results" / "train" / "model.pt").stat().st_size > 0

@@ -167,15 +167,16 @@ class Record:
 
 
 def _resumable(ck: Path, fingerprint: str) -> bool:
-    """Is there a checkpoint of this run (same settings, N, selected B) that did not finish?"""
-    for _, manifest in checkpoint.manifests(ck):
-        try:
-            meta = read_json(manifest)
-        except ValueError:
-            continue
-        if meta.get("fingerprint") == fingerprint and not meta.get("complete"):
-            return True
-    return False
+    """Is the newest checkpoint one of this run (same settings, N, selected B) that did not
+    finish? (Older ones of a finished run must never be resumed.)"""
+    found = checkpoint.manifests(ck)
+    if not found:
+        return False
+    try:
+        meta = read_json(found[0][1])
+    except ValueError:
+        return len(found) > 1  # a damaged newest manifest: the worker falls back to the previous one
+    return meta.get("fingerprint") == fingerprint and not meta.get("complete")
 
 
 def _segments(out: Path, attempt: int) -> list[dict[str, Any]]:
