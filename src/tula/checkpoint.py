@@ -53,9 +53,7 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
     are in place, before pruning.
     """
     d = Path(directory)
-    buf = io.BytesIO()
-    torch.save({**state, "format": FORMAT, "step": step}, buf)
-    data = buf.getvalue()
+    data = to_bytes({**state, "format": FORMAT, "step": step})
     pt = d / f"{_stem(step)}.pt"
     write_bytes(pt, data)
     meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "nodes", "fingerprint", "complete") if k in state}
@@ -65,6 +63,18 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
         after_write(pt)
     prune(d, keep)
     return pt
+
+
+def to_bytes(obj: Any) -> bytes:
+    """torch.save into memory (so the bytes can be checksummed, then written atomically)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> Any:
+    """Our own checkpoint (full pickle, onto the CPU): only ever files this run wrote."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def manifests(directory: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -95,7 +105,7 @@ def _check(manifest: Path) -> tuple[dict[str, Any] | None, str]:
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         return None, f"{pt.name}: SHA-256 does not match its manifest (corrupted)"
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        state = from_bytes(data)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means: not usable
         return None, f"{pt.name} does not load ({type(exc).__name__}: {exc})"
     if state.get("format") != FORMAT:

@@ -237,10 +237,6 @@ def _wait(job: submitit.Job, echo: Echo, poll_s: float) -> None:
     echo()
 
 
-def _rank0_log(job: submitit.Job) -> Path:
-    return Path(job.paths.folder) / f"{job.job_id}_0_log.out"
-
-
 def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
         executor_hint: str | None = None, timeout_min: int | None = None, partition: str | None = None,
         account: str | None = None, fresh: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -300,7 +296,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
                   f"from step {att['start_step']}", flush=True)  # fmt: skip
         history.write(record)
         try:
-            _wait(job, Echo(_rank0_log(job)), cfg.launch.poll_s)
+            _wait(job, Echo(Path(job.paths.stdout)), cfg.launch.poll_s)  # task 0's log
         except BaseException:
             job.cancel(check=False)  # Ctrl-C / Snakemake stopping: scancel; the workers checkpoint on TERM
             att.update(outcome="cancelled", reason="tula launch was interrupted; the job was cancelled")

@@ -10,7 +10,6 @@ with an all-reduce.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -251,13 +250,12 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
                 local = idx[rank::world]
                 x, y = ds.x_train[local].to(device), ds.y_train[local].to(device)
                 opt.zero_grad(set_to_none=True)
-                logits = loss = None
                 oom = ""
                 try:
                     logits = ddp(x)
                     loss = loss_fn(logits, y)
                 except torch.OutOfMemoryError as exc:
-                    oom, logits, loss = str(exc) or "CUDA out of memory", None, None
+                    oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
@@ -337,7 +335,7 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
             "backend": backend,
             "device": str(device),
         }
-        write_bytes(out_dir / "model.pt", _state_bytes(ddp.module.state_dict()))
+        write_bytes(out_dir / "model.pt", checkpoint.to_bytes(ddp.module.state_dict()))
         write_json(out_dir / "final.json", final)
         if ckpt:
             _record_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "completed", "ended": _now(),
@@ -350,12 +348,6 @@ def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: P
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _state_bytes(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
 
 
 def _backward(loss: torch.Tensor, out_dir: Path, attempt: int, rank: int, step: int) -> None:
@@ -387,7 +379,7 @@ def _load_checkpoint(ckpt: Checkpointing, rank: int) -> dict[str, Any] | None:
         state = loaded.state if loaded else None
     torch_dist.broadcast_object_list(chosen, src=0)
     if rank != 0 and chosen[0] is not None:
-        state = torch.load(chosen[0], map_location="cpu", weights_only=False)
+        state = checkpoint.from_bytes(Path(chosen[0]).read_bytes())  # rank 0 verified this file
     return state if chosen[0] is not None else None
 
 
@@ -407,7 +399,6 @@ def _follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> 
         opt.scales, opt.prev_sq_norm = None, None
     for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
         group["lr"] = base * lam(sched.last_epoch)
-    sched._last_lr = [g["lr"] for g in opt.param_groups]
     if rank == 0:
         print(f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
               + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
