@@ -12,6 +12,7 @@ validate(config, schema="workflow/config.schema.yaml")
 
 
 include: "rules/common.smk"
+include: "rules/check.smk"
 include: "rules/probe.smk"
 include: "rules/aggregate.smk"
 include: "rules/fit.smk"

@@ -1,4 +1,6 @@
 rule probe:
+    input:
+        rules.check.output,
     output:
         "results/probes/N{n}_B{b}.json",
     log:

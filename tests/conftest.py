@@ -66,3 +66,44 @@ def slurm_cluster():
     if os.environ.get("TULA_REQUIRE_SLURM") == "1":
         pytest.fail("TULA_REQUIRE_SLURM=1 but no SLURM controller answers (scripts/slurm-cluster.sh up failed?)")
     pytest.skip("no SLURM controller answers (start one as root: scripts/slurm-cluster.sh up)")
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def user_pythonpath(monkeypatch):
+    """tests/ on PYTHONPATH (for worker processes) and sys.path: `user_workload:...` imports."""
+    import sys
+
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def make_image_folder(root: Path, classes: int = 10, train_per_class: int = 12, val_per_class: int = 4,
+                      size: int = 20) -> Path:  # fmt: skip
+    """root/train/<class>/*.png and root/val/<class>/*.png: RGB PNGs written with Pillow; each
+    class has its own colour and stripe direction (learnable), plus per-image noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", train_per_class), ("val", val_per_class)):
+        for c in range(classes):
+            d = root / split / f"class_{c:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            colour = np.array([(37 * c) % 256, (91 * c + 50) % 256, (151 * c + 100) % 256], dtype=float)
+            for i in range(n):
+                img = np.tile(colour, (size, size, 1)) + rng.normal(0, 20, (size, size, 3))
+                stripes = (np.arange(size) // 2) % 2 == 0
+                if c % 2:
+                    img[stripes, :, :] *= 0.5
+                else:
+                    img[:, stripes, :] *= 0.5
+                Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(d / f"{i:03d}.png")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    return make_image_folder(tmp_path / "images")

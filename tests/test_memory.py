@@ -9,12 +9,23 @@ def peaks(batches):
     torch.manual_seed(0)
     model = build_model("small_cnn", (1, 8, 8), 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loss = torch.nn.CrossEntropyLoss()
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward_loss(x, y):
+        logits = model(x)
+        return logits, loss_fn(logits, y)
+
+    def step(b):
+        x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
+        opt.zero_grad(set_to_none=True)
+        forward_loss(x, y)[1].backward()
+        opt.step()
+
     out = {}
     for b in batches:
-        make = lambda: (torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,)))  # noqa: E731
-        eq3 = measure_step(model, opt, loss, *make()).total_bytes  # also creates the momentum buffers
-        out[b] = (cpu_step_peak_bytes(model, opt, loss, make), eq3)
+        x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
+        eq3 = measure_step(model, opt, forward_loss, x, y).total_bytes  # also creates the momentum buffers
+        out[b] = (cpu_step_peak_bytes(model, opt, lambda: step(b)), eq3)
     return out
 
 

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from tula import probe, train
+from tula import launch, probe, train
 from tula.io import write_json
 
 
@@ -18,12 +18,19 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
     assert len(rec["step_times_s"]) == 3 and rec["step_time_iqr_s"] >= 0
+    assert rec["step_time_s"] == pytest.approx(sum(rec["step_times_s"]) / 3)  # mean: T = steps x mean step
+    # The probe ran the production step: AGS (the default method) refreshed at the epoch's first
+    # step and counted every step; 1 warm-up pair + 3 timed pairs + the CPU memory step = 9 steps.
+    c = rec["optimizer_counters"]
+    assert rec["steps_run"] == 9 and c["refreshes"] == 1 and c["scaled"] + c["sensitive"] >= 9
     mem = rec["memory"]
     assert mem["act_bytes"] > 0 and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
     assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter
     assert mem["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # float32 8x8 images + int64 labels
-    # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus transients
-    assert mem["model_total_bytes"] <= rec["peak_mem_bytes"] <= 1.5 * mem["model_total_bytes"]
+    # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus transients:
+    # backward's buffers, DDP's gradient buckets and AGS's scaled gradients, which torch 2.14's profiler
+    # sees on CPU (measured 1.54x the Eq. 3 sum for small_cnn at b=32 with AGS, 1.47x with plain SGD)
+    assert mem["model_total_bytes"] <= rec["peak_mem_bytes"] <= 1.7 * mem["model_total_bytes"]
     assert not (out.parent / ".N2_B64.ranks").exists()
 
 
@@ -33,11 +40,12 @@ def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path,
     assert b == pytest.approx(2 * a, rel=0.01)
 
 
-def test_oom_on_one_rank_is_recorded_not_raised(tiny_config_file, tmp_path, venv_path, monkeypatch):
-    monkeypatch.setenv(probe.FAULT_ENV, "N2_B64=oom")
+def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(tiny_config_file, tmp_path, venv_path, monkeypatch):
+    monkeypatch.setenv(probe.FAULT_ENV, "N2_B64=oom")  # raised in rank 1's forward, inside the step
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
-    assert rec["status"] == "oom" and "rank 1" in rec["error"]
-    assert "step_time_s" not in rec
+    # rank 0 did not run out of memory, yet reports it: the step's agreement all-reduce told it
+    assert rec["status"] == "oom" and "rank(s) [1]" in rec["error"] and "injected" in rec["error"]
+    assert "step_time_s" not in rec and rec["wall_s"] < 60  # nobody waited for a collective timeout
 
 
 def test_worker_error_is_recorded(tiny_raw, tmp_path, venv_path):
@@ -58,12 +66,16 @@ def test_worker_error_is_recorded(tiny_raw, tmp_path, venv_path):
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     sel = tmp_path / "selection.json"
     write_json(sel, {"selected": {"nodes": 2, "global_batch": 64}})
-    final = train.run(tiny_config_file, sel, tmp_path / "train")
+    final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m.columns) == train.METRIC_COLUMNS
     assert final["steps"] == 2 * train.steps_per_epoch(1437, 64)
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
     assert final["final_test_acc"] > 0.5  # digits, 2 epochs: far above 10 % chance
+    # time is reported apart: training steps, evaluation, checkpoints, process start-up
+    assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / final["steps"])
+    assert all(final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
+    assert abs(m["epoch_time_s"].sum() - final["train_time_s"]) < 1e-6
 
 
 def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_path):
@@ -76,6 +88,6 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     write_json(sel, {"selected": {"nodes": 1, "global_batch": 32}})
     previous = tmp_path / "train" / "final.json"
     write_json(previous, {"from": "an earlier good run"})
-    with pytest.raises(RuntimeError, match="training at N=1 B=32 failed"):
-        train.run(cfg, sel, tmp_path / "train")
+    with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):
+        launch.run(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
 import re
@@ -25,13 +26,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-import torch
-
 from tula.io import read_json, write_bytes, write_json
 
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{9})\.json$")
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """How a training worker checkpoints (None for runs that do not)."""
+
+    directory: Path
+    fingerprint: str  # config + N + selected B: a checkpoint of another run is never resumed
+    every_steps: int | None
+    every_epochs: int | None
+    keep: int
+    attempt: int = 1
+
+
+def fingerprint(train_settings: str, nodes: int, global_batch: int) -> str:
+    """What a checkpoint must match to be resumed: the training settings (the JSON of
+    ``config.stage_settings(cfg, "train")``), N, and the B the run was launched at
+    (relaunches at a smaller B keep the launch's fingerprint)."""
+    text = json.dumps([train_settings, nodes, global_batch])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,8 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
 
 def to_bytes(obj: Any) -> bytes:
     """torch.save into memory (so the bytes can be checksummed, then written atomically)."""
+    import torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -74,6 +94,8 @@ def to_bytes(obj: Any) -> bytes:
 
 def from_bytes(data: bytes) -> Any:
     """Our own checkpoint (full pickle, onto the CPU): only ever files this run wrote."""
+    import torch
+
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
@@ -158,6 +180,9 @@ def truncate(path: str | os.PathLike) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every random generator a training step may draw from, on this process."""
+    import numpy as np
+    import torch
+
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -167,6 +192,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(s: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(s["torch"])
     if s.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])

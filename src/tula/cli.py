@@ -75,9 +75,9 @@ def _train_samples(a, cfg, df: pd.DataFrame) -> int:
         return a.train_samples
     if "train_samples" in df.columns and df["train_samples"].notna().any():
         return int(df["train_samples"].dropna().iloc[0])
-    from tula.data import load_workload_dataset
+    from tula import data
 
-    return load_workload_dataset(cfg.workload).train_size
+    return data.load_config(cfg).train_size
 
 
 def cmd_predict(a) -> None:
@@ -168,16 +168,28 @@ def cmd_models(a) -> None:
 
     for name in available():
         print(name)
+    print("tv_<name>: any other torchvision classification model; package.module:callable: your own")
 
 
 def cmd_check(a) -> None:
     from tula import config
     from tula.grid import grid, search_set
+    from tula.io import write_json
 
     cfg = config.load(a.config)
     pts = search_set(cfg)
     print(f"{a.config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes {len(pts)}: "
           + ", ".join(p.name for p in pts))  # fmt: skip
+    if a.config_only:
+        return
+    from tula.models import check_workload
+
+    w = check_workload(cfg)
+    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
+          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
+          f"forward on a sample batch ok")  # fmt: skip
+    if a.out:
+        write_json(a.out, w)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,8 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("models", help="list the model names usable as workload.model")
     s.set_defaults(func=cmd_models)
 
-    s = sub.add_parser("check", help="validate a config and list the points a search would probe")
+    s = sub.add_parser("check", help="validate a config, its dataset and model, and list the points a search would probe",
+                       description="Validate the config; load workload.dataset (files, folders, your callable, a "
+                                   "first sample) and build workload.model and run it on a batch of real samples. "
+                                   "Every mistake names its config key. Nothing is trained or queued.")  # fmt: skip
     _cfg_arg(s)
+    s.add_argument("--config-only", action="store_true", help="only validate the config (no dataset, no model)")
+    s.add_argument("--out", help="write the workload's description (samples, classes, shape, parameters) as JSON")
     s.set_defaults(func=cmd_check)
     return p
 

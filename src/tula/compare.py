@@ -1,7 +1,8 @@
 """Generalization suite (paper §IV-D, Table I): test accuracy per model x batch x method.
 
-Every run is a real training with ``compare.nodes`` workers (gloo on CPU) through
-:func:`tula.train.run`, under the config's ``train`` settings with ``train.method`` and the
+Every run is a real training with ``compare.nodes`` workers (gloo on CPU), submitted like
+the production job (:func:`tula.launch.run`, submitit's local executor) and running the same
+training step, under the config's ``train`` settings with ``train.method`` and the
 seed replaced. Runs live in ``<out>/runs/<id>/``; a run whose final.json exists is reused, so
 an interrupted suite continues where it stopped. Outputs:
 
@@ -55,13 +56,14 @@ def _run_config(raw: dict, run: Run, epochs: int) -> dict:
     d = json.loads(json.dumps(raw))
     d["workload"].update(model=run.model, dataset=run.dataset, seed=run.seed, epochs=epochs)
     d["train"]["method"] = run.method
+    d["launch"]["executor"] = "local"  # runs on this machine (or inside the compare job's allocation)
     d["train"]["lr"] = raw["train"]["lr"]  # None -> the new model's family default
     d["train"]["weight_decay"] = raw["train"]["weight_decay"]
     return d
 
 
 def run_suite(cfg_path: str | Path, out: str | Path) -> pd.DataFrame:
-    from tula import train
+    from tula import launch
 
     raw = config_mod.validate(__import__("yaml").safe_load(Path(cfg_path).read_text()), str(cfg_path))
     cfg = config_mod.from_dict(raw, str(cfg_path))
@@ -82,7 +84,7 @@ def run_suite(cfg_path: str | Path, out: str | Path) -> pd.DataFrame:
             write_json(d / "selection.json", {"selected": {"nodes": cfg.compare.nodes, "global_batch": r.global_batch}})
             t0 = time.perf_counter()
             try:
-                train.run(d / "config.json", d / "selection.json", d)
+                launch.run(d / "config.json", d / "selection.json", d, executor_hint="local")
             except (RuntimeError, ValueError) as exc:
                 row.update(status="error", error=str(exc), train_time_s=time.perf_counter() - t0)
         if final.exists():

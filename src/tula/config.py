@@ -36,6 +36,21 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Data:
+    """Input pipeline (DataLoader) and image-folder transforms."""
+
+    num_workers: int
+    pin_memory: str | bool
+    persistent_workers: bool
+    prefetch_factor: int
+    eval_batch_size: int
+    image_size: int
+    resize: int | None
+    train_augment: str
+    normalize: str
+
+
+@dataclass(frozen=True)
 class Grid:
     nodes: tuple[int, ...]
     batch_min: int
@@ -103,6 +118,8 @@ class TrainSettings:
     lars_exclude_1d: bool
     polo_sync_epochs: int
     polo_averages_per_epoch: int
+    precision: str
+    channels_last: bool
 
 
 # Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay
@@ -151,6 +168,7 @@ class CompareSettings:
 @dataclass(frozen=True)
 class Config:
     workload: Workload
+    data: Data
     grid: Grid
     search: str
     objective: str
@@ -239,6 +257,10 @@ def _check_semantics(d: dict[str, Any], source: str) -> None:
         if b % cmp["nodes"]:
             problems.append(f"config key 'compare.batches': B={b} is not divisible by compare.nodes={cmp['nodes']}")
     hw = d["hardware"]
+    dt = d["data"]
+    if dt["resize"] is not None and dt["resize"] < dt["image_size"]:
+        problems.append(f"config key 'data.resize': {dt['resize']} is smaller than data.image_size={dt['image_size']}; "
+                        "the test transform resizes, then center-crops image_size")
     if hw["backend"] == "nccl" and hw["device"] == "cpu":
         problems.append("config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu")
     ln = d["launch"]
@@ -254,6 +276,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
     g, t = d["grid"], d["train"]
     return Config(
         workload=Workload(**d["workload"]),
+        data=Data(**d["data"]),
         grid=Grid(
             nodes=tuple(sorted(g["nodes"])),
             batch_min=g["batch_min"],
@@ -321,13 +344,14 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these
 # change (params rerun trigger), and only then: a new price re-runs select, not probes.
 _STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed",
+    "check": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data"),
+    "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
               "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train"),
     "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
     "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
     "select": ("objective", "knee_on", "constraints", "pricing"),
-    "train": ("workload", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
-    "compare": ("compare", "workload.mnist1d_samples", "hardware", "train"),
+    "train": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
+    "compare": ("compare", "workload.mnist1d_samples", "data", "hardware", "train"),
 }  # fmt: skip
 
 

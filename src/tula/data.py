@@ -1,41 +1,78 @@
-"""Dataset registry: offline data only.
+"""Datasets and the input pipeline: what every probe, training run and compare run reads.
+
+Sources (config key ``workload.dataset``):
 
 - ``digits``: scikit-learn's 8x8 handwritten digits (ships inside scikit-learn), 1 x 8 x 8.
 - ``mnist1d``: the MNIST-1D benchmark generated locally by the `mnist1d` package, 1 x 40.
-- ``npz:<path>``: a user's arrays ``x_train, y_train, x_test, y_test``; x is (n, L),
-  (n, H, W), (n, C, L) or (n, C, H, W) (channels first); y holds class ids 0..K-1.
+- ``npz:<path>``: arrays ``x_train, y_train, x_test, y_test``; x is (n, L), (n, H, W),
+  (n, C, L) or (n, C, H, W) (channels first); y holds class ids 0..K-1.
+  These three are held in memory and standardised with the training set's mean and std.
+- ``imagefolder:<root>``: ``root/train/<class>/*`` and ``root/val/<class>/*`` read by
+  torchvision's ``ImageFolder``, with the ``data`` section's transforms (train: random
+  resized crop or crop + flip; test: resize + center crop; ImageNet normalisation).
+- ``package.module:callable``: your own; called with no arguments, it returns
+  ``(train_dataset, test_dataset)``, map-style torch Datasets yielding ``(tensor, int)``.
+  Give them a ``classes`` list (or ``targets``) so the class count is known without a scan.
 
-Inputs are standardised with the training set's mean and standard deviation.
+Input order (:class:`EpochBatchSampler`): every epoch draws one permutation of the training
+set (same seed on every rank); it is cut into global batches of B samples and rank r takes
+every N-th sample of each, so the N workers together see each sample exactly once per
+epoch. Where training stands is (epoch, samples consumed), independent of B: a requeue, or
+a relaunch at a smaller B, continues with the next unseen sample. Random augmentations are
+seeded per (seed, epoch, sample), so they do not depend on which loader worker ran them,
+and a resumed run sees exactly the images an uninterrupted one would.
 """
 
 from __future__ import annotations
 
+import importlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import Sampler, default_collate
 
-from tula.config import ConfigError, Workload
+from tula.config import Config, ConfigError, Data, Workload
+
+KEY = "config key 'workload.dataset'"
 
 
-@dataclass
-class Dataset:
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
+# -- in-memory sets ---------------------------------------------------------------------
+
+
+class TensorSet(TorchDataset):
+    """Samples held in memory. ``__getitems__`` hands the DataLoader a whole batch with one
+    indexing operation (the fast path for small sets); it is the same loader and step."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.x[i], int(self.y[i])
+
+    def __getitems__(self, idx: list[int]) -> "Batched":
+        t = torch.as_tensor(idx, dtype=torch.long)
+        return Batched((self.x[t], self.y[t]))
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, channels first: (C, L) or (C, H, W)."""
-        return tuple(self.x_train.shape[1:])
+    def targets(self) -> torch.Tensor:
+        return self.y
 
-    @property
-    def train_size(self) -> int:
-        return int(self.x_train.shape[0])
+
+class Batched(tuple):
+    """A batch a dataset assembled itself; :func:`collate` passes it through."""
+
+
+def collate(data: Any) -> Any:
+    return tuple(data) if isinstance(data, Batched) else default_collate(data)
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float = 0.2):
@@ -73,13 +110,15 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 def _npz(path: str):
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config key 'workload.dataset': npz file {p} not found")
-    with np.load(p) as z:
+        raise ConfigError(f"{KEY}: npz file {p} not found")
+    try:
+        z = np.load(p)
+    except Exception as exc:  # noqa: BLE001 - not an npz archive
+        raise ConfigError(f"{KEY}: {p} is not a readable .npz archive ({exc})") from None
+    with z:
         missing = [k for k in NPZ_KEYS if k not in z.files]
         if missing:
-            raise ConfigError(
-                f"{p}: missing array(s) {', '.join(missing)}; an npz dataset needs {', '.join(NPZ_KEYS)}"
-            )
+            raise ConfigError(f"{p}: missing array(s) {', '.join(missing)}; an npz dataset needs {', '.join(NPZ_KEYS)}")
         arrays = {k: z[k] for k in NPZ_KEYS}
     x_tr, x_te = (arrays[k].astype(np.float32) for k in ("x_train", "x_test"))
     y_tr, y_te = (arrays[k] for k in ("y_train", "y_test"))
@@ -98,28 +137,286 @@ def _npz(path: str):
     return x_tr, x_te, y_tr.astype(np.int64), y_te.astype(np.int64)
 
 
-def load_dataset(spec: str, *, mnist1d_samples: int = 4000, seed: int = 0) -> Dataset:
-    """Load a dataset by its config name (``workload.dataset``)."""
-    if spec == "digits":
-        x_tr, x_te, y_tr, y_te = _digits(seed)
-    elif spec == "mnist1d":
-        x_tr, x_te, y_tr, y_te = _mnist1d(mnist1d_samples, seed)
-    elif spec.startswith("npz:"):
-        x_tr, x_te, y_tr, y_te = _npz(spec[4:])
-    else:
-        raise ConfigError(f"config key 'workload.dataset': unknown dataset {spec!r} (digits, mnist1d, npz:<path>)")
+def _in_memory(x_tr, x_te, y_tr, y_te) -> tuple[TensorSet, TensorSet]:
     mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
-    num_classes = int(max(y_tr.max(), y_te.max())) + 1
-    return Dataset(
-        name=spec,
-        x_train=torch.from_numpy((x_tr - mean) / std),
-        y_train=torch.from_numpy(y_tr),
-        x_test=torch.from_numpy((x_te - mean) / std),
-        y_test=torch.from_numpy(y_te),
-        num_classes=num_classes,
-    )
+    return (TensorSet(torch.from_numpy((x_tr - mean) / std), torch.from_numpy(y_tr)),
+            TensorSet(torch.from_numpy((x_te - mean) / std), torch.from_numpy(y_te)))  # fmt: skip
 
 
-def load_workload_dataset(w: Workload) -> Dataset:
-    """The dataset of the config's ``workload`` section."""
-    return load_dataset(w.dataset, mnist1d_samples=w.mnist1d_samples, seed=w.seed)
+# -- image folders ----------------------------------------------------------------------
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def image_transforms(d: Data):
+    """(train, test) torchvision transforms of the ``data`` section."""
+    from torchvision import transforms as T
+
+    size = d.image_size
+    resize = d.resize or round(size * 8 / 7)
+    tail = [T.ToTensor()] + ([T.Normalize(IMAGENET_MEAN, IMAGENET_STD)] if d.normalize == "imagenet" else [])
+    test = T.Compose([T.Resize(resize), T.CenterCrop(size), *tail])
+    if d.train_augment == "random_resized_crop":
+        train = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *tail])
+    elif d.train_augment == "crop_flip":
+        train = T.Compose([T.Resize(size), T.CenterCrop(size), T.RandomCrop(size, padding=max(size // 8, 1)),
+                           T.RandomHorizontalFlip(), *tail])  # fmt: skip
+    else:
+        train = test
+    return train, test
+
+
+def _image_folder(root: str, d: Data):
+    r = Path(root)
+    for split in ("train", "val"):
+        sub = r / split
+        if not sub.is_dir():
+            raise ConfigError(f"{KEY}: image folder {sub} not found; imagefolder:<root> needs root/train/<class>/* "
+                              "and root/val/<class>/*")  # fmt: skip
+        classes = [c for c in sorted(sub.iterdir()) if c.is_dir()]
+        if not classes:
+            raise ConfigError(f"{KEY}: {sub} has no class folders; put each class's images in {sub}/<class>/")
+    try:
+        from torchvision.datasets import ImageFolder
+    except Exception as exc:  # noqa: BLE001 - ImportError or a binary mismatch with torch
+        raise ConfigError(f"{KEY}: imagefolder datasets need torchvision, which does not import here ({exc})") from None
+    train_tf, test_tf = image_transforms(d)
+    try:
+        train, test = ImageFolder(str(r / "train"), transform=train_tf), ImageFolder(str(r / "val"), transform=test_tf)
+    except (FileNotFoundError, RuntimeError) as exc:  # a class folder without any image file
+        raise ConfigError(f"{KEY}: {r}: {exc}") from None
+    if train.classes != test.classes:
+        only_train = sorted(set(train.classes) - set(test.classes))
+        only_val = sorted(set(test.classes) - set(train.classes))
+        raise ConfigError(f"{KEY}: {r}/train and {r}/val have different class folders (only in train: "
+                          f"{only_train or 'none'}; only in val: {only_val or 'none'})")  # fmt: skip
+    return train, test
+
+
+# -- the user's datasets ----------------------------------------------------------------
+
+
+def import_callable(spec: str, key: str):
+    """``package.module:callable`` -> the callable; every failure names ``key``."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"config key '{key}': cannot import module {module_name!r} ({exc}); install your package "
+                          "in this environment or add its directory to PYTHONPATH") from None  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
+        raise ConfigError(f"config key '{key}': importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"config key '{key}': module {module_name!r} has no attribute {attr!r}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise ConfigError(f"config key '{key}': {spec} is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def _user_datasets(spec: str):
+    fn = import_callable(spec, "workload.dataset")
+    try:
+        got = fn()
+    except Exception as exc:  # noqa: BLE001 - the user's code failed
+        raise ConfigError(f"{KEY}: {spec}() raised {type(exc).__name__}: {exc}") from None
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise ConfigError(f"{KEY}: {spec}() must return (train_dataset, test_dataset); got {type(got).__name__}")
+    for name, ds in zip(("train", "test"), got):
+        if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
+            raise ConfigError(f"{KEY}: {spec}(): the {name} dataset ({type(ds).__name__}) is not a map-style "
+                              "Dataset (it needs __getitem__ and __len__)")  # fmt: skip
+        if len(ds) == 0:
+            raise ConfigError(f"{KEY}: {spec}(): the {name} dataset is empty")
+    return got[0], got[1]
+
+
+# -- the workload's data ----------------------------------------------------------------
+
+
+@dataclass
+class WorkloadData:
+    """The training and test sets of ``workload.dataset``, with what the model needs to know."""
+
+    name: str
+    train: TorchDataset
+    test: TorchDataset
+    num_classes: int
+    input_shape: tuple[int, ...]  # one sample, channels first: (C, L) or (C, H, W)
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train)
+
+    @property
+    def test_size(self) -> int:
+        return len(self.test)
+
+    def describe(self) -> dict[str, Any]:
+        return {"dataset": self.name, "train_samples": self.train_size, "test_samples": self.test_size,
+                "num_classes": self.num_classes, "input_shape": list(self.input_shape)}  # fmt: skip
+
+
+def _sample(ds: TorchDataset, spec: str, which: str) -> tuple[torch.Tensor, int]:
+    try:
+        item = ds[0]
+    except Exception as exc:  # noqa: BLE001 - a broken file, a transform that fails
+        raise ConfigError(f"{KEY}: reading the first {which} sample of {spec} failed: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0])):
+        raise ConfigError(f"{KEY}: {spec}: a {which} sample must be (tensor, int); got "
+                          f"{type(item).__name__}" + (f" of ({', '.join(type(v).__name__ for v in item)})"
+                                                      if isinstance(item, (tuple, list)) else ""))  # fmt: skip
+    label = item[1]
+    if not (isinstance(label, (int, np.integer)) or (torch.is_tensor(label) and label.numel() == 1
+                                                   and not label.is_floating_point())):  # fmt: skip
+        raise ConfigError(f"{KEY}: {spec}: a {which} label must be an integer class id; got {label!r}")
+    return item[0], int(label)
+
+
+def _num_classes(ds: TorchDataset, spec: str) -> int:
+    if getattr(ds, "classes", None) is not None:
+        return len(ds.classes)
+    targets = getattr(ds, "targets", None)
+    if targets is None:  # scan the labels once (small sets only; give the dataset `classes`)
+        targets = [int(ds[i][1]) for i in range(len(ds))]
+    t = torch.as_tensor(targets)
+    if t.numel() == 0 or int(t.min()) < 0:
+        raise ConfigError(f"{KEY}: {spec}: labels must be class ids 0..K-1")
+    return int(t.max()) + 1
+
+
+def load(w: Workload, d: Data) -> WorkloadData:
+    """The datasets of ``workload.dataset``; a mistake raises a ConfigError naming it."""
+    spec = w.dataset
+    if spec == "digits":
+        train, test = _in_memory(*_digits(w.seed))
+    elif spec == "mnist1d":
+        train, test = _in_memory(*_mnist1d(w.mnist1d_samples, w.seed))
+    elif spec.startswith("npz:"):
+        train, test = _in_memory(*_npz(spec[4:]))
+    elif spec.startswith("imagefolder:"):
+        train, test = _image_folder(spec[len("imagefolder:"):], d)
+    elif ":" in spec:
+        train, test = _user_datasets(spec)
+    else:
+        raise ConfigError(f"{KEY}: unknown dataset {spec!r} (digits, mnist1d, npz:<path>, imagefolder:<root>, "
+                          "package.module:callable)")  # fmt: skip
+    x, _ = _sample(train, spec, "training")
+    x_test, _ = _sample(test, spec, "test")
+    if x.shape != x_test.shape:
+        raise ConfigError(f"{KEY}: {spec}: training samples are {tuple(x.shape)} but test samples "
+                          f"{tuple(x_test.shape)}; they must match")  # fmt: skip
+    if x.ndim not in (2, 3):
+        raise ConfigError(f"{KEY}: {spec}: a sample must be (C, L) or (C, H, W), channels first; got {tuple(x.shape)}")
+    k = max(_num_classes(train, spec), _num_classes(test, spec))
+    return WorkloadData(spec, train, test, k, tuple(x.shape))
+
+
+def load_config(cfg: Config) -> WorkloadData:
+    return load(cfg.workload, cfg.data)
+
+
+# -- order and position -----------------------------------------------------------------
+
+
+def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -> int:
+    """Samples the next global batch takes from ``offset``; 0 when the epoch is over (a tail
+    smaller than N cannot give every worker a sample and is left out)."""
+    n = min(global_batch, train_samples - offset)
+    return n if n >= world else 0
+
+
+def steps_per_epoch(train_samples: int, global_batch: int) -> int:
+    return math.ceil(train_samples / global_batch)
+
+
+def epoch_permutation(train_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(train_samples, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+
+
+class EpochBatchSampler(Sampler[list]):
+    """This rank's share of every global batch of an epoch, from a sample offset on.
+
+    Yields lists of ``(epoch, index)``; :class:`Seeded` uses the epoch to seed augmentations.
+    :meth:`set_position` moves it (the loader's worker processes can stay alive: sampling
+    runs in the training process)."""
+
+    def __init__(self, train_samples: int, global_batch: int, rank: int, world: int, seed: int):
+        self.n, self.batch, self.rank, self.world, self.seed = train_samples, global_batch, rank, world, seed
+        self.epoch, self.offset = 1, 0
+
+    def set_position(self, epoch: int, offset: int) -> None:
+        self.epoch, self.offset = epoch, offset
+
+    def __iter__(self) -> Iterator[list]:
+        perm = epoch_permutation(self.n, self.seed, self.epoch)
+        off = self.offset
+        while (k := next_chunk(self.n, self.batch, off, self.world)) > 0:
+            yield [(self.epoch, int(i)) for i in perm[off + self.rank : off + k : self.world]]
+            off += k
+
+    def __len__(self) -> int:
+        steps, off = 0, self.offset
+        while (k := next_chunk(self.n, self.batch, off, self.world)) > 0:
+            steps, off = steps + 1, off + k
+        return steps
+
+
+class Seeded(TorchDataset):
+    """Wraps a dataset indexed by ``(epoch, index)``: each sample's random transforms draw from
+    torch's RNG seeded by (seed, epoch, index), restored afterwards, so augmentation does not
+    depend on loader workers, their number, or where a resumed run started."""
+
+    def __init__(self, base: TorchDataset, seed: int):
+        self.base, self.seed = base, seed
+        self.batched = hasattr(base, "__getitems__")
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, i = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 2_147_483_647 + i) % 2**63)
+            return self.base[i]
+
+    def __getitems__(self, keys: list[tuple[int, int]]):
+        if self.batched:  # in memory, no transforms: one indexing operation
+            return self.base.__getitems__([i for _, i in keys])
+        return [self[k] for k in keys]
+
+
+class ShardSampler(Sampler[list]):
+    """Evaluation: rank r takes samples r, r+N, r+2N, ... in batches of ``batch``."""
+
+    def __init__(self, size: int, batch: int, rank: int, world: int):
+        self.idx = list(range(rank, size, world))
+        self.batch = batch
+
+    def __iter__(self) -> Iterator[list]:
+        for i in range(0, len(self.idx), self.batch):
+            yield [(0, j) for j in self.idx[i : i + self.batch]]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.idx) / self.batch)
+
+
+def _loader_options(d: Data, device: torch.device) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_workers": d.num_workers, "collate_fn": collate,
+                            "pin_memory": device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)}  # fmt: skip
+    if d.num_workers > 0:
+        opts.update(persistent_workers=d.persistent_workers, prefetch_factor=d.prefetch_factor)
+    return opts
+
+
+def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, world: int,
+                 device: torch.device) -> tuple[DataLoader, EpochBatchSampler]:  # fmt: skip
+    """The training DataLoader of one rank and its sampler (position it before iterating)."""
+    sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
+    loader = DataLoader(Seeded(data.train, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))
+    return loader, sampler
+
+
+def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device) -> DataLoader:
+    sampler = ShardSampler(data.test_size, cfg.data.eval_batch_size, rank, world)
+    return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))

@@ -23,12 +23,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import torch
-import torch.distributed as torch_dist
+from typing import TYPE_CHECKING, Sequence
 
 from tula.config import Config, Hardware
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that need it, so launchers (``tula probe``'s parent,
+# ``tula launch``, Snakemake parsing the workflow) do not pay its start-up time.
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
 
 
 def resolve_device(hw: Hardware, local_rank: int = 0) -> torch.device:
+    import torch
+
     if hw.device == "cuda" or (hw.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise RuntimeError("config key 'hardware.device' is cuda but no CUDA device is visible")
@@ -102,6 +107,9 @@ def resolve_backend(hw: Hardware, device: torch.device) -> str:
 
 def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.device, str]:
     """Join the process group described by the environment; return (env, device, backend)."""
+    import torch
+    import torch.distributed as torch_dist
+
     wenv = worker_env()
     torch.set_num_threads(hw.threads_per_worker)
     device = resolve_device(hw, wenv.local_rank)
@@ -128,6 +136,8 @@ def shutdown(ok: bool = True) -> None:
     peer ("terminate called without an active exception"). After a failure there is no
     barrier: a peer may be stuck in a collective, and this rank must exit so that torchrun
     or srun ends the others."""
+    import torch.distributed as torch_dist
+
     if not torch_dist.is_initialized():
         return
     if ok:
@@ -193,8 +203,15 @@ def run_torchrun(
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", *module_args,
     ]  # fmt: skip
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd)
+
+
+def worker_environment(threads_per_worker: int) -> dict[str, str]:
+    """The workers' environment: thread count, unbuffered output, and kineto (the profiler
+    behind the CPU memory measurement) quiet about the GPU a CUDA build of torch looks for."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
-    return _run(cmd, env, timeout_s, cwd)
+    env.setdefault("KINETO_LOG_LEVEL", "5")
+    return env
 
 
 def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
@@ -246,8 +263,7 @@ def run_srun(nproc: int, module_args: Sequence[str], *, threads_per_worker: int,
     """
     cmd = ["srun", f"--ntasks={nproc}", f"--cpus-per-task={threads_per_worker}", "--kill-on-bad-exit=1",
            sys.executable, "-m", *module_args]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
-    return _run(cmd, env, timeout_s)
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s)
 
 
 def launch(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:

@@ -25,8 +25,6 @@ import os
 import signal
 from dataclasses import dataclass
 
-import torch
-
 ENV = "TULA_INJECT_TRAIN_FAULT"
 KINDS = {"oom": {"step", "rank", "batch"}, "signal": {"step", "sig", "rank"}, "truncate": {"step"}}
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
@@ -76,6 +74,8 @@ def from_env() -> list[Fault]:
 
 
 def maybe_oom(faults: list[Fault], step: int, rank: int, global_batch: int) -> None:
+    import torch
+
     for f in faults:
         if f.kind == "oom" and f.step == step and f.rank in (None, rank) and f.batch in (None, global_batch):
             raise torch.OutOfMemoryError(f"injected by {ENV}: out of memory at step {step} on rank {rank} "

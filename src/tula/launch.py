@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, train
+from tula import checkpoint
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
@@ -45,14 +45,16 @@ class TrainJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
 
-    def __init__(self, config: str, nodes: int, global_batch: int, out_dir: str, ckpt: train.Checkpointing):
+    def __init__(self, config: str, nodes: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing):
         self.config, self.nodes, self.global_batch, self.out_dir, self.ckpt = config, nodes, global_batch, out_dir, ckpt
 
     def __call__(self) -> dict[str, Any]:
         cfg = config_mod.load(self.config)
         on_cuda = cfg.hardware.device == "cuda"
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
-        return train.run_worker(cfg, self.nodes, self.global_batch, Path(self.out_dir), self.ckpt)
+        from tula.train import Trainer  # torch is imported by the job's tasks, not by tula launch
+
+        return Trainer(cfg, self.nodes, self.global_batch, Path(self.out_dir), self.ckpt).run()
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
 
@@ -247,7 +249,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
         print(f"[launch] fault injection is ON: {tula_faults.ENV}={os.environ[tula_faults.ENV]!r}", flush=True)
     out = Path(out_dir).resolve()
     ck = out / "checkpoints"
-    fp = train.fingerprint(cfg, nodes, selected_batch)
+    fp = checkpoint.fingerprint(config_mod.stage_settings(cfg, "train"), nodes, selected_batch)
     kind = resolve_executor(cfg, executor_hint)
     limit = cfg.launch.timeout_min or timeout_min or 1440
     history = Record(out)
@@ -284,7 +286,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
                   "earlier tula launch", flush=True)  # fmt: skip
         else:
             n = len(attempts) + 1
-            ckpt = train.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
+            ckpt = checkpoint.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
                                        cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
             executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account)
             job = _submit(executor, TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
@@ -331,7 +333,42 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
         raise RuntimeError(f"training at N={nodes} B={batch} reported success but wrote no {final}")
     record["outcome"] = "completed"
     history.write(record)
-    return read_json(final)
+    return prediction_check(final, predictions)
+
+
+def prediction_check(final_path: Path, predictions: str | Path | None) -> dict[str, Any]:
+    """Put the prediction for the point the job trained beside what the job measured, in
+    final.json: predicted step time (with its 95 % interval) against the mean training step,
+    predicted training time against the time spent in training steps (evaluation,
+    checkpoints and start-up are reported apart: Eq. 4a does not model them)."""
+    final = read_json(final_path)
+    if not predictions or not Path(predictions).exists():
+        return final
+    p = pd.read_csv(predictions)
+    row = p[(p["nodes"] == final["nodes"]) & (p["global_batch"] == final["global_batch"])]
+    if row.empty:
+        return final
+    r = row.iloc[0]
+    pred_step, pred_T = float(r["step_time_s"]), float(r["train_time_s"])
+    final.update({
+        "predicted_step_time_s": pred_step,
+        "predicted_step_time_interval_s": [float(r["step_time_lo_s"]), float(r["step_time_hi_s"])],
+        "predicted_train_time_s": pred_T,
+        "predicted_train_time_interval_s": [float(r["train_time_lo_s"]), float(r["train_time_hi_s"])],
+        "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
+        "train_time_ratio": final["train_time_s"] / pred_T if pred_T > 0 else None,
+        "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); train_time_s counts "
+                           "training steps only; eval_time_s, checkpoint_time_s and startup_time_s are apart",
+    })  # fmt: skip
+    write_json(final_path, final)
+    lo, hi = final["predicted_step_time_interval_s"]
+    print(f"[launch] prediction check at N={final['nodes']} B={final['global_batch']}: step predicted "
+          f"{1e3 * pred_step:.2f} ms (95 % interval {1e3 * lo:.2f}-{1e3 * hi:.2f}), measured "
+          f"{1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f}); training time predicted "
+          f"{pred_T:.1f} s, measured {final['train_time_s']:.1f} s in steps (+ {final['eval_time_s']:.1f} s "
+          f"evaluation, {final['checkpoint_time_s']:.1f} s checkpoints, {final['startup_time_s']:.1f} s start-up)",
+          flush=True)  # fmt: skip
+    return final
 
 
 def _submit(executor: submitit.Executor, fn: TrainJob, kind: str) -> submitit.Job:

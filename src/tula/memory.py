@@ -67,16 +67,20 @@ def saved_activation_bytes(exclude: set[tuple[str, int]]) -> Iterator[dict[str, 
 def measure_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    forward_loss: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> MemoryBreakdown:
-    """Run one forward/backward/step and count each term of Eq. 3."""
+    """Run one forward/backward/step and count each term of Eq. 3.
+
+    ``forward_loss(x, y) -> (logits, loss)`` is the training step's own forward (its autocast
+    precision and memory format), so saved activations are counted at the dtype training
+    keeps them in."""
     params = [p for p in model.parameters()]
     param_keys = {_storage_key(p) for p in params}
     optimizer.zero_grad(set_to_none=True)
     with saved_activation_bytes(param_keys) as act:
-        loss = loss_fn(model(x), y)
+        _, loss = forward_loss(x, y)
     loss.backward()
     optimizer.step()
     opt_bytes = sum(
@@ -91,20 +95,16 @@ def measure_step(
     )
 
 
-def cpu_step_peak_bytes(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-) -> int:
+def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_step: Callable[[], Any]) -> int:
     """Measured peak of live tensor bytes during one training step on CPU.
 
     CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
-    inside the step (memory timeline), whose running peak is taken. Tensors that already
-    exist before the step and persist (parameters, optimizer state) are invisible to it and
-    are added, counted exactly. DDP's gradient buckets, allocated when DDP is built, are not
-    seen on CPU (a constant, independent of the batch); on CUDA the probe uses
-    ``torch.cuda.max_memory_allocated`` instead, which sees everything.
+    inside ``run_step`` (the training step itself, batch fetch included: memory timeline),
+    whose running peak is taken. Tensors that already exist before the step and persist
+    (parameters, optimizer state) are invisible to it and are added, counted exactly. DDP's
+    gradient buckets, allocated when DDP is built, are not seen on CPU (a constant,
+    independent of the batch); on CUDA the probe uses ``torch.cuda.max_memory_allocated``
+    instead, which sees everything.
     """
     import json
     import tempfile
@@ -113,10 +113,7 @@ def cpu_step_peak_bytes(
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        x, y = batch()
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        optimizer.step()
+        run_step()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA-only snapshots
         path = f"{tmp}/timeline.json"

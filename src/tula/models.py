@@ -10,8 +10,10 @@ Conv1d/Conv2d accordingly, so one name works on mnist1d signals and on digit ima
 - ``mobilenet_tiny``: MobileNetV3-style inverted residuals with depthwise conv,
   squeeze-excite and hard-swish.
 
-On a cluster where torchvision imports, ``tv_resnet50``, ``tv_vgg11``, ``tv_alexnet`` and
-``tv_mobilenet_v3_large`` are available for 3-channel images as well.
+``tv_<name>``: any torchvision classification model by name, untrained (``tv_resnet18``,
+``tv_resnet50``, ``tv_vgg11`` = VGG-11-BN, ``tv_alexnet``, ``tv_mobilenet_v3_large``: the
+paper's four families), for 3-channel images. ``package.module:callable``: your own model,
+a callable taking ``(input_shape, num_classes)`` and returning an ``nn.Module``.
 """
 
 from __future__ import annotations
@@ -145,35 +147,91 @@ MODELS: dict[str, Builder] = {
 }
 
 
-def _torchvision_models() -> dict[str, Builder]:
-    """torchvision's full-size models, when torchvision imports (not on the CPU build here)."""
+# tv_<name> is torchvision.models.get_model(<name>); tv_vgg11 keeps its earlier meaning, VGG-11 with
+# batch norm (the paper trains VGG11 on CIFAR-100, where the plain one does not train from scratch).
+TV_ALIASES = {"vgg11": "vgg11_bn"}
+PAPER_TORCHVISION = ("tv_resnet18", "tv_resnet50", "tv_vgg11", "tv_alexnet", "tv_mobilenet_v3_large")
+
+
+def _torchvision_builder(name: str) -> Builder:
     try:
         import torchvision.models as tvm
-    except Exception:  # ImportError, or a binary mismatch with this torch build
-        return {}
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a binary mismatch with this torch build
+        raise ValueError(f"config key 'workload.model': {name} needs torchvision, which does not import here ({exc})") from None
+    arch = TV_ALIASES.get(name[3:], name[3:])
+    if arch not in tvm.list_models(module=tvm):
+        raise ValueError(f"config key 'workload.model': torchvision has no classification model {arch!r} "
+                         f"(from {name!r}); e.g. {', '.join(PAPER_TORCHVISION)}")  # fmt: skip
 
-    def wrap(fn):
-        def build(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-            if len(in_shape) != 3 or in_shape[0] != 3:
-                raise ValueError(f"torchvision models need 3-channel images; got sample shape {in_shape}")
-            return fn(num_classes=num_classes)
+    def build(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        if len(in_shape) != 3 or in_shape[0] != 3:
+            raise ValueError(f"config key 'workload.model': torchvision's {arch} needs 3-channel images (3, H, W); "
+                             f"the dataset's samples are {tuple(in_shape)}")  # fmt: skip
+        return tvm.get_model(arch, weights=None, num_classes=num_classes)
 
-        return build
-
-    return {
-        "tv_resnet50": wrap(tvm.resnet50),
-        "tv_vgg11": wrap(tvm.vgg11_bn),
-        "tv_alexnet": wrap(tvm.alexnet),
-        "tv_mobilenet_v3_large": wrap(tvm.mobilenet_v3_large),
-    }
+    return build
 
 
-def available() -> dict[str, Builder]:
-    return {**MODELS, **_torchvision_models()}
+def available() -> list[str]:
+    """Names accepted by workload.model (besides package.module:callable)."""
+    return [*MODELS, *PAPER_TORCHVISION]
 
 
-def build_model(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    models = available()
-    if name not in models:
-        raise ValueError(f"config key 'workload.model': unknown model {name!r}; available: {', '.join(models)}")
-    return models[name](tuple(in_shape), num_classes)
+def builder(spec: str) -> Builder:
+    """The builder of a model name or ``package.module:callable``; errors name workload.model."""
+    if spec in MODELS:
+        return MODELS[spec]
+    if spec.startswith("tv_"):
+        return _torchvision_builder(spec)
+    if ":" in spec:
+        from tula.data import import_callable
+
+        return import_callable(spec, "workload.model")
+    raise ValueError(f"config key 'workload.model': unknown model {spec!r}; shipped: {', '.join(MODELS)}; "
+                     "torchvision: tv_<name> (e.g. tv_resnet18); yours: package.module:callable")  # fmt: skip
+
+
+def build_model(spec: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Build ``workload.model`` for samples of ``in_shape`` and ``num_classes`` classes."""
+    try:
+        model = builder(spec)(tuple(in_shape), num_classes)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's builder failed
+        raise ValueError(f"config key 'workload.model': {spec}{tuple(in_shape), num_classes} raised "
+                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"config key 'workload.model': {spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def check_forward(spec: str, model: nn.Module, sample: torch.Tensor, num_classes: int) -> None:
+    """One forward on a batch of two samples; the output must be (batch, num_classes)."""
+    x = torch.stack([sample, sample])
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as exc:  # noqa: BLE001 - shape mismatch, wrong channel count, ...
+        raise ValueError(f"config key 'workload.model': {spec} failed on a batch of dataset samples of shape "
+                         f"{tuple(x.shape)}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None  # fmt: skip
+    if not torch.is_tensor(out) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+        raise ValueError(f"config key 'workload.model': {spec} must return logits of shape (batch, num_classes) = "
+                         f"(2, {num_classes}) for a batch of 2; got {got}")  # fmt: skip
+
+
+def check_workload(cfg) -> dict:
+    """Everything about ``workload.model`` and ``workload.dataset`` that can be known without
+    training: the data loads (files, folders, the user's callable, a first sample), the model
+    builds and maps a batch of real samples to (batch, num_classes). Raises a ConfigError or
+    ValueError naming the key; returns a description for results/workload.json."""
+    from tula import data as data_mod
+
+    d = data_mod.load_config(cfg)
+    torch.manual_seed(cfg.workload.seed)
+    model = build_model(cfg.workload.model, d.input_shape, d.num_classes)
+    sample = d.train[0][0]
+    check_forward(cfg.workload.model, model, sample, d.num_classes)
+    params = sum(p.numel() for p in model.parameters())
+    return {**d.describe(), "model": cfg.workload.model, "parameters": params,
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip

@@ -18,6 +18,7 @@ counters), so a resumed run continues bit-identically.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
 
@@ -155,27 +156,37 @@ def refresh_scales(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     x_small: torch.Tensor,
     y_small: torch.Tensor,
-) -> None:
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+    loss_scale: float = 1.0,
+) -> bool:
     """Compute the small-batch gradient on (x_small, y_small) and refresh ``opt``'s AGS scales.
 
-    Call it after the large batch's backward (its gradient, all-reduced by DDP, is in
-    ``.grad``) and before ``opt.step()``. Each rank passes its own slice of the reference
+    Call it after the large batch's backward (its gradient, all-reduced by DDP and unscaled,
+    is in ``.grad``) and before ``opt.step()``. Each rank passes its own slice of the reference
     sub-batch; the small-batch gradient is averaged over ranks with one all-reduce of the
     gradient size, so every rank derives identical scales and the replicas stay equal. The
     large-batch gradient is restored afterwards. Cost: one forward/backward on the sub-batch
     and one all-reduce.
+
+    Mixed precision: the forward runs under ``autocast`` (the step's), and with fp16 the
+    small loss is multiplied by the GradScaler's ``loss_scale`` and its gradient divided by it
+    again, so both gradients compared are unscaled. Returns False, leaving the scales as they
+    were, when the large-batch gradient is not finite (a step the GradScaler will skip).
     """
     params = opt._params_with_grad()
+    if not math.isfinite(float(squared_global_norm([p.grad for p in params]))):
+        return False
     g_large = [p.grad.detach().clone() for p in params]
     for p in params:
         p.grad = None
-    no_sync = getattr(model, "no_sync", None)
-    if no_sync is not None:
-        with no_sync():
-            loss_fn(model(x_small), y_small).backward()
-    else:
-        loss_fn(model(x_small), y_small).backward()
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+    with no_sync():
+        with autocast():
+            loss = loss_fn(model(x_small), y_small)
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
     g_small = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    if loss_scale != 1.0:
+        torch._foreach_div_(g_small, loss_scale)
     if torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         flat = torch.cat([g.reshape(-1) for g in g_small])
         torch_dist.all_reduce(flat)
@@ -184,6 +195,7 @@ def refresh_scales(
     opt.set_scales(g_small, g_large)
     for p, g in zip(params, g_large):
         p.grad = g
+    return True
 
 
 class LARS(torch.optim.Optimizer):

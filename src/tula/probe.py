@@ -5,14 +5,17 @@ the N tasks of a SLURM job step -- and always writes ``results/probes/N{n}_B{b}.
 also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
 point is recorded and the DAG goes on.
 
-How compute and sync are separated: timed steps come in pairs. A synced step is a normal
-DDP step (forward, backward with DDP's bucketed all-reduce, optimizer step); a
-compute-only step does the same work under ``DDP.no_sync()``, so no gradient is
-communicated. compute_time = median compute-only step; step_time = median synced step;
-sync_time = step_time - compute_time: the communication time a step actually pays,
-after DDP overlaps what it can with the backward pass. Each step is timed from a
-barrier, per rank, and the per-step time is the slowest rank's (a step ends when the
-last worker is done).
+What is timed is the production step itself: :meth:`tula.train.Replica.timed_step`, with
+the configured method (AGS by default, refreshing when due), precision and input pipeline
+(the DataLoader and sampler of training), from fetching the batch to the end of the step.
+Timed steps come in pairs. A synced step is that step as training runs it; a compute-only
+step is the same call under ``DDP.no_sync()``, so no gradient is communicated.
+compute_time = mean compute-only step; step_time = mean synced step (training time is
+steps x mean step, Eq. 4a); sync_time = step_time - compute_time: the communication a step
+actually pays after DDP overlaps what it can with the backward pass. Each rank times its
+own steps and the per-step time is the slowest rank's. Medians are recorded beside them.
+
+The parent (``tula probe``) only launches and collects: it imports no torch.
 """
 
 from __future__ import annotations
@@ -29,16 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as torch_dist
-
 from tula import config as config_mod
 from tula import dist
 from tula.grid import Point
 from tula.io import read_json, write_json
-from tula.memory import cpu_step_peak_bytes, measure_step
-from tula.progress import Progress
-from tula.train import build_replica
 
 SCHEMA = "tula.probe/1"
 
@@ -48,30 +45,34 @@ SCHEMA = "tula.probe/1"
 FAULT_ENV = "TULA_INJECT_PROBE_FAULT"
 
 
-def _inject_fault(point: Point, rank: int, world_size: int) -> None:
+def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
+    """``oom``: the last rank raises a real OutOfMemoryError inside the model's forward, where
+    the step's agreement must catch it on every rank; ``error``: a RuntimeError at once."""
+    import torch
+
     spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
     kind = spec.get(point.name)
     if kind is None or rank != world_size - 1:
         return
     if kind == "oom":
-        raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at {point.name}")
+        def hook(module, args):
+            raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at {point.name}")
+
+        replica.ddp.module.register_forward_pre_hook(hook)
+        return
     raise RuntimeError(f"injected by {FAULT_ENV} at {point.name}")
 
 
-def _sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _quantiles(xs: list[float]) -> dict[str, float]:
+def _stats(xs: list[float]) -> dict[str, float]:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    med = statistics.median(xs)
     mean = statistics.fmean(xs)
     cv = statistics.pstdev(xs) / mean if mean > 0 else float("nan")
-    return {"median": med, "iqr": q[2] - q[0], "cv": cv}
+    return {"mean": mean, "median": statistics.median(xs), "iqr": q[2] - q[0], "cv": cv}
 
 
-def _env_info(device: torch.device, backend: str, wenv: dist.WorkerEnv, hosts: list[str], threads: int) -> dict:
+def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Config) -> dict:
+    import torch
+
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
@@ -81,65 +82,71 @@ def _env_info(device: torch.device, backend: str, wenv: dist.WorkerEnv, hosts: l
         "world_size": wenv.world_size,
         "launcher": wenv.launcher,
         "hostnames": hosts,
-        "threads_per_worker": threads,
+        "threads_per_worker": cfg.hardware.threads_per_worker,
+        "precision": cfg.train.precision,
+        "method": cfg.train.method,
+        "data_workers": cfg.data.num_workers,
     }
 
 
 def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
     """Body of one worker process (rank r of N). Writes result_dir/rank{r}.json."""
+    import contextlib
+
+    import torch
+    import torch.distributed as torch_dist
+
+    from tula.memory import cpu_step_peak_bytes, measure_step
+    from tula.progress import Progress
+    from tula.optim import TulaOptimizer
+    from tula.train import Replica, StepOOM
+
     rank = dist.worker_env().rank
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
     try:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
         if wenv.world_size != point.nodes:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
-        ds, ddp, opt, _ = build_replica(cfg, device, point.global_batch)
-        loss_fn = torch.nn.CrossEntropyLoss()
-        _inject_fault(point, rank, wenv.world_size)
-        b = point.local_batch
-        gen = torch.Generator().manual_seed(cfg.workload.seed * 1000 + rank)
-        x_all, y_all = ds.x_train.to(device), ds.y_train.to(device)
+        r = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
+        batches = r.epoch_batches()
 
-        def batch() -> tuple[torch.Tensor, torch.Tensor]:
-            idx = torch.randint(0, x_all.shape[0], (b,), generator=gen).to(device)
-            return x_all[idx], y_all[idx]
+        def timed(sync: bool) -> float:
+            nonlocal batches
+            with contextlib.nullcontext() if sync else r.ddp.no_sync():
+                while (got := r.timed_step(batches)) is None:  # epoch over: close it, untimed, as training does
+                    r.end_epoch()
+                    batches = r.epoch_batches()
+            return got[0]
 
-        def step(sync: bool) -> float:
-            torch_dist.barrier()
-            _sync_device(device)
-            t0 = time.perf_counter()
-            x, y = batch()
-            opt.zero_grad(set_to_none=True)
-            if sync:
-                loss_fn(ddp(x), y).backward()
-            else:
-                with ddp.no_sync():
-                    loss_fn(ddp(x), y).backward()
-            opt.step()
-            _sync_device(device)
-            return time.perf_counter() - t0
+        def next_batch():
+            nonlocal batches
+            while (b := next(batches, None)) is None:
+                r.end_epoch()
+                batches = r.epoch_batches()
+            return r.to_device(*b)
 
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        mem = measure_step(ddp, opt, loss_fn, *batch())
+        mem = measure_step(r.ddp, r.opt, r.forward_loss, *next_batch())
+        _inject_fault(point, r, rank, wenv.world_size)  # after the memory step: an OOM meets the step's agreement
         total = 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps)
         progress = Progress(f"probe {point.name}", total, enabled=rank == 0)
         done = 0
         for _ in range(cfg.probe.warmup_steps):  # warm both kinds of step
-            step(sync=True)
-            step(sync=False)
+            timed(sync=True)
+            timed(sync=False)
             done += 2
             progress.update(done, "warm-up ")
         step_times, compute_times = [], []
         for _ in range(cfg.probe.timed_steps):
-            step_times.append(step(sync=True))
-            compute_times.append(step(sync=False))
+            step_times.append(timed(sync=True))
+            compute_times.append(timed(sync=False))
             done += 2
             progress.update(done, "timed ")
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         else:
-            peak = cpu_step_peak_bytes(ddp, opt, loss_fn, batch)
+            peak = cpu_step_peak_bytes(r.ddp, r.opt, lambda: timed(sync=True))
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(
@@ -148,11 +155,13 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         if rank == 0:
             step_max = [max(g["step"][i] for g in gathered) for i in range(len(step_times))]
             comp_max = [max(g["compute"][i] for g in gathered) for i in range(len(compute_times))]
-            s, c = _quantiles(step_max), _quantiles(comp_max)
+            s, c = _stats(step_max), _stats(comp_max)
             out.update(
-                step_time_s=s["median"],
-                compute_time_s=c["median"],
-                sync_time_s=max(s["median"] - c["median"], 0.0),
+                step_time_s=s["mean"],
+                compute_time_s=c["mean"],
+                sync_time_s=max(s["mean"] - c["mean"], 0.0),
+                step_time_median_s=s["median"],
+                compute_time_median_s=c["median"],
                 step_time_iqr_s=s["iqr"],
                 compute_time_iqr_s=c["iqr"],
                 step_time_cv=s["cv"],
@@ -162,9 +171,16 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
                 rss_peak_bytes=int(max(g["rss"] for g in gathered)),
                 grad_bytes_per_step=mem.grad_bytes,
                 memory=mem.to_dict(),
-                train_samples=ds.train_size,
-                env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg.hardware.threads_per_worker),
+                train_samples=r.data.train_size,
+                steps_run=r.pos.step,
+                optimizer_counters=dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
+                env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg),
             )
+    except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
+        out.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}")
+        write_json(dist.result_path(result_dir, rank), out)
+        dist.shutdown(ok=True)
+        sys.exit(1)
     except torch.OutOfMemoryError as exc:
         out.update(status="oom", error=f"out of memory on rank {rank}: {str(exc).splitlines()[0]}")
     except Exception as exc:  # recorded, never silently dropped

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kneed import KneeLocator
 
 from tula.config import Config
 
@@ -48,6 +47,8 @@ def knee_of(batches: np.ndarray, times: np.ndarray) -> int | None:
     """Global batch at the Kneedle knee of T(B), or None when there is none."""
     if len(batches) < 3 or np.allclose(times, times[0]):
         return None
+    from kneed import KneeLocator  # imported here: `tula launch` reads selections without it
+
     kl = KneeLocator(batches.astype(float), times, curve="convex", direction="decreasing")
     if kl.knee is None:
         return None

@@ -1,17 +1,26 @@
-"""Production training at the selected (N, B): DDP, per-epoch metrics, final record.
+"""The one training step, and the small trainer around it (paper §III-C, §IV-B).
 
-Data order: every epoch draws one permutation of the training set (same seed on every
-rank); it is cut into ceil(D / B) global batches and rank r takes every N-th sample of
-each, so the N workers together see each sample exactly once per epoch. The step count
-matches Eq. 4a's I = E * ceil(D / B). Test accuracy is computed on shards and summed
-with an all-reduce.
+:class:`Replica` is one data-parallel worker: the workload's data and DataLoader, the DDP
+model, the ``train.method`` optimizer, its LR schedule, the mixed-precision autocast and
+GradScaler, and where training stands (:class:`Position`). :meth:`Replica.step` is the
+training step that the probe (``tula probe``), the production job (``tula launch``) and the
+generalization suite (``tula compare``) all run:
+
+    forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
+    -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
+    -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
+
+:meth:`Replica.timed_step` times one step from fetching its batch to the end of the step
+(device synchronised), the way the probe and the production job both time it. The probe's
+compute-only steps are the same call under ``DDP.no_sync()``.
+
+:class:`Trainer` is the production loop in named phases: restore, step, end of epoch,
+checkpoint, finish.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
+import contextlib
 import os
 import signal
 import sys
@@ -19,7 +28,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -27,34 +36,23 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import checkpoint, dist
+from tula.checkpoint import Checkpointing
 from tula import config as config_mod
+from tula import data as data_mod
 from tula import faults as tula_faults
 from tula.config import TrainSettings
-from tula.data import Dataset, load_workload_dataset
 from tula.io import read_json, write_bytes, write_csv, write_json
 from tula.models import build_model
 from tula.optim import TulaOptimizer, build_method, lr_factor, refresh_scales
 from tula.progress import Progress, fmt_duration
-from tula.select import selected_point
 
 METRIC_COLUMNS = [
     "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
 ]  # fmt: skip
 
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-def build_replica(
-    cfg: config_mod.Config, device: torch.device, global_batch: int
-) -> tuple[Dataset, DDP, torch.optim.Optimizer, int]:
-    """Dataset, DDP model (same seed on every rank), the ``train.method`` optimizer (its DDP
-    hook registered) and the steps per epoch, for one worker."""
-    ds = load_workload_dataset(cfg.workload)
-    torch.manual_seed(cfg.workload.seed)
-    model = build_model(cfg.workload.model, ds.input_shape, ds.num_classes).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    spe = steps_per_epoch(ds.train_size, global_batch)
-    opt, prepare_ddp = build_method(cfg.train.method, cfg.train, list(ddp.parameters()), global_batch, spe)
-    prepare_ddp(ddp)
-    return ds, ddp, opt, spe
+steps_per_epoch = data_mod.steps_per_epoch
 
 
 def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
@@ -63,27 +61,6 @@ def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
         return False
     k = t.ags_refresh_every_steps
     return global_step % k == 0 if k else epoch_start
-
-
-def steps_per_epoch(train_samples: int, global_batch: int) -> int:
-    return math.ceil(train_samples / global_batch)
-
-
-def _evaluate(ddp: DDP, ds: Dataset, rank: int, world: int, device: torch.device, batch: int = 1024) -> tuple[float, float]:
-    ddp.eval()
-    loss_sum = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, count
-    x, y = ds.x_test[rank::world], ds.y_test[rank::world]
-    with torch.no_grad():
-        for i in range(0, len(x), batch):
-            xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
-            logits = ddp.module(xb)
-            loss_sum[0] += torch.nn.functional.cross_entropy(logits, yb, reduction="sum").double()
-            loss_sum[1] += (logits.argmax(1) == yb).sum().double()
-            loss_sum[2] += len(yb)
-    torch_dist.all_reduce(loss_sum)
-    ddp.train()
-    n = max(loss_sum[2].item(), 1.0)
-    return loss_sum[0].item() / n, loss_sum[1].item() / n
 
 
 @dataclass
@@ -98,18 +75,6 @@ class Position:
 
     def epochs_done(self, train_samples: int) -> float:
         return (self.epoch - 1) + min(self.offset, train_samples) / train_samples
-
-
-@dataclass(frozen=True)
-class Checkpointing:
-    """How a worker checkpoints (None for runs that do not, like `tula compare`'s)."""
-
-    directory: Path
-    fingerprint: str  # config + N + selected B: a checkpoint of another run is never resumed
-    every_steps: int | None
-    every_epochs: int | None
-    keep: int
-    attempt: int = 1
 
 
 class StopSignals:
@@ -148,13 +113,6 @@ class StepOOM(Exception):
         self.ranks, self.message = ranks, message
 
 
-def fingerprint(cfg: config_mod.Config, nodes: int, global_batch: int) -> str:
-    """What a checkpoint must match to be resumed: the training settings, N, and the B the
-    run was launched at (relaunches at a smaller B keep the launch's fingerprint)."""
-    text = json.dumps([config_mod.stage_settings(cfg, "train"), nodes, global_batch])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def _record_segment(out_dir: Path, seg: dict[str, Any]) -> None:
     """Append this run's segment (start/end step, outcome) to segments.json (rank 0)."""
     path = out_dir / "segments.json"
@@ -166,199 +124,373 @@ def oom_marker(out_dir: Path, attempt: int, rank: int) -> Path:
     return out_dir / "oom" / f"attempt{attempt}-rank{rank}.json"
 
 
-def run_worker(cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: Path,
-               ckpt: Checkpointing | None = None) -> dict[str, Any]:  # fmt: skip
-    """One DDP worker of the production run. Returns ``{"outcome": "completed" | "oom", ...}``;
-    on a stop signal it checkpoints and exits (SystemExit) without returning."""
-    wenv, device, backend = dist.init(cfg.hardware)
-    rank, world = wenv.rank, wenv.world_size
-    if world != nodes:
-        raise RuntimeError(f"launched {world} workers for training at N={nodes}")
-    attempt = ckpt.attempt if ckpt else 1
-    faults = tula_faults.from_env()
-    stops = StopSignals() if ckpt else None
-    ds, ddp, opt, spe = build_replica(cfg, device, global_batch)
-    t = cfg.train
-    D = ds.train_size
-    pos = Position()
 
-    def factor(_: int) -> float:  # LR multiplier at the current position (epochs done, any batch)
-        return lr_factor(t.method, pos.epochs_done(D) * spe, spe, global_batch, t.base_batch, t.warmup_epochs,
+
+class Replica:
+    """One worker's model, optimizer, data and position, and the training step."""
+
+    def __init__(self, cfg: config_mod.Config, device: torch.device, global_batch: int, rank: int, world: int):
+        t = cfg.train
+        self.cfg, self.t, self.device, self.global_batch, self.rank, self.world = cfg, t, device, global_batch, rank, world
+        self.data = data_mod.load_config(cfg)
+        torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
+        model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
+        self.channels_last = t.channels_last and len(self.data.input_shape) == 3
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model = model.to(device)
+        self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.opt, prepare_ddp = build_method(t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch)
+        prepare_ddp(self.ddp)
+        self.pos = Position()
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda _: self._lr_factor())
+        self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
+        self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.small_local = max(1, t.ags_small_batch // world)
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of this epoch
+        self.force_refresh = False
+        self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
+        self.on_backward_oom: Callable[[str], None] | None = None  # production: leave a record
+        self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
+        self._eval_loader = None
+
+    # -- pieces of the step ------------------------------------------------------------
+    def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
+        t = self.t
+        return lr_factor(t.method, self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
+                         self.steps_per_epoch, self.global_batch, t.base_batch, t.warmup_epochs,
                          t.lr_decay_epochs, t.lr_decay_factor)  # fmt: skip
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    small_local = max(1, t.ags_small_batch // world)
-    epochs = cfg.workload.epochs
-    rows: list[dict[str, Any]] = []
-    stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of the epoch in progress
-    epoch_time = train_time = 0.0
-    force_refresh = False
-    resumed_from = 0
-    label = f"train N={nodes} B={global_batch}"
-    if ckpt:
-        state = _load_checkpoint(ckpt, rank)
-        if state:
-            ddp.module.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            checkpoint.set_rng_state(state["ranks"][rank]["rng"])
-            pos = Position(state["step"], state["epoch"], state["offset"])
-            rows, epoch_time, train_time = state["rows"], state["epoch_time_s"], state["train_time_s"]
-            stats = state["ranks"][rank]["epoch_stats"].to(device)
-            resumed_from = pos.step
-            if state["global_batch"] != global_batch:
-                force_refresh = _follow_new_batch(opt, sched, state["global_batch"], global_batch, rank)
-            set_post_local_iter(ddp, pos.step)
-            if rank == 0:
-                print(f"[{label}] resumed from the checkpoint of step {pos.step} (epoch {pos.epoch}, "
-                      f"{pos.offset}/{D} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
-    if rank == 0:
-        print(f"[{label}] {cfg.workload.model} on {cfg.workload.dataset}: {D} training samples, "
-              f"{spe} steps/epoch x {epochs} epochs, method {t.method}, backend {backend} on {device}"
-              + (f", attempt {attempt}" if ckpt else ""), flush=True)  # fmt: skip
-    if any(f.kind == "oom" for f in faults):  # inside the module's forward, where activations are allocated
-        ddp.module.register_forward_pre_hook(lambda m, a: tula_faults.maybe_oom(faults, pos.step, rank, global_batch))
-    progress = Progress(label, epochs, unit="epoch", every_s=0.0, enabled=rank == 0, start=pos.epoch - 1)
-    seg = {"attempt": attempt, "global_batch": global_batch, "start_step": pos.step, "host": dist.hostname(),
-           "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-           "started": _now()}  # fmt: skip
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def save(complete: bool = False) -> None:
-        per_rank: list[Any] = [None] * world  # RNG states and partial-epoch sums differ per rank
-        torch_dist.all_gather_object(per_rank, {"rng": checkpoint.rng_state(), "epoch_stats": stats.cpu().clone()})
-        if rank != 0:
-            return
-        state = {"fingerprint": ckpt.fingerprint, "global_batch": global_batch, "nodes": nodes, "epoch": pos.epoch,
-                 "offset": pos.offset, "complete": complete, "model": ddp.module.state_dict(),
-                 "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "ranks": per_rank, "rows": rows,
-                 "epoch_time_s": epoch_time, "train_time_s": train_time,
-                 "method": t.method, "attempt": attempt}  # fmt: skip
-        hook = checkpoint.truncate if tula_faults.truncate_due(faults, pos.step) else None
-        checkpoint.save(ckpt.directory, state, pos.step, keep=ckpt.keep, after_write=hook)
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.device, non_blocking=True)
 
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, loss) under the configured precision; x, y already on the device."""
+        with self.autocast():
+            logits = self.ddp(x)
+            return logits, self.loss_fn(logits, y)
+
+    def sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- the step ----------------------------------------------------------------------
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> int:
+        """One training step on this rank's share of the next global batch. Returns the stop
+        code every rank agreed on (0: go on); raises :class:`StepOOM` on every rank together
+        when any rank ran out of memory in the forward pass."""
+        x, y = self.to_device(x, y)
+        chunk = data_mod.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
+        self.opt.zero_grad(set_to_none=True)
+        oom = ""
+        try:
+            logits, loss = self.forward_loss(x, y)
+        except torch.OutOfMemoryError as exc:
+            oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
+        flags = torch.zeros(self.world + 1, device=self.device)
+        flags[self.rank], flags[self.world] = float(bool(oom)), float(self.stop_code())
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
+        if flags[: self.world].any():
+            raise StepOOM([r for r in range(self.world) if flags[r] > 0], oom)
+        try:
+            self.scaler.scale(loss).backward()
+        except torch.OutOfMemoryError as exc:
+            # Cannot be agreed on (the peers are inside DDP's all-reduce): record it and exit,
+            # which ends the peers' collectives (gloo at once; NCCL through its watchdog).
+            if self.on_backward_oom is not None:
+                self.on_backward_oom(str(exc))
+            raise
+        self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
+        if self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step):
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local], y[: self.small_local],
+                                  autocast=self.autocast, loss_scale=scale)  # fmt: skip
+            self.force_refresh = not done  # a non-finite gradient: try again at the next step
+        self.scaler.step(self.opt)  # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
+        self.scaler.update()
+        self.pos.step += 1
+        self.pos.offset += chunk
+        self.sched.step()
+        n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
+        self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
+        return int(flags[self.world].item())
+
+    def epoch_batches(self) -> Iterator:
+        """This rank's batches from the current position to the end of the epoch."""
+        self.sampler.set_position(self.pos.epoch, self.pos.offset)
+        return iter(self.loader)
+
+    def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
+        """Fetch the next batch and run :meth:`step`; (seconds from fetch to the end of the
+        step, stop code), or None when the epoch has no batch left."""
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        stop = self.step(*batch)
+        self.sync_device()
+        return time.perf_counter() - t0, stop
+
+    def end_epoch(self) -> tuple[float, float, int]:
+        """Close the epoch: (train loss, train accuracy, samples) over every rank; the next starts."""
+        torch_dist.all_reduce(self.stats)
+        samples = int(self.stats[2].item())
+        loss, acc = (self.stats[:2] / max(samples, 1)).tolist()
+        self.stats.zero_()
+        self.pos.epoch, self.pos.offset = self.pos.epoch + 1, 0
+        return loss, acc, samples
+
+    def evaluate(self) -> tuple[float, float]:
+        """(test loss, test accuracy) over the whole test set, sharded over the ranks."""
+        if self._eval_loader is None:
+            self._eval_loader = data_mod.eval_loader(self.cfg, self.data, self.rank, self.world, self.device)
+        self.ddp.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        with torch.no_grad():
+            for x, y in self._eval_loader:
+                x, y = self.to_device(x, y)
+                with self.autocast():
+                    logits = self.ddp.module(x)
+                sums[0] += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
+                sums[1] += (logits.argmax(1) == y).sum().double()
+                sums[2] += len(y)
+        torch_dist.all_reduce(sums)
+        self.ddp.train()
+        n = max(sums[2].item(), 1.0)
+        return sums[0].item() / n, sums[1].item() / n
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"model": self.ddp.module.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "epoch": self.pos.epoch,
+                "offset": self.pos.offset}  # fmt: skip
+
+    def load_state(self, state: dict[str, Any], step: int) -> None:
+        self.ddp.module.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.pos = Position(step, state["epoch"], state["offset"])
+        set_post_local_iter(self.ddp, step)
+
+
+
+
+def _process_started() -> float:
+    """When this process started (epoch seconds): start-up is counted from there."""
     try:
-        while pos.epoch <= epochs:
-            perm = torch.randperm(D, generator=torch.Generator().manual_seed(cfg.workload.seed * 100003 + pos.epoch))
-            while pos.offset < D:
-                t0 = time.perf_counter()
-                idx = perm[pos.offset : pos.offset + global_batch]
-                if len(idx) < world:
-                    pos.offset = D  # a tail smaller than N cannot give every worker a sample
-                    break
-                tula_faults.maybe_signal(faults, pos.step, rank, resumed_from)
-                local = idx[rank::world]
-                x, y = ds.x_train[local].to(device), ds.y_train[local].to(device)
-                opt.zero_grad(set_to_none=True)
-                oom = ""
-                try:
-                    logits = ddp(x)
-                    loss = loss_fn(logits, y)
-                except torch.OutOfMemoryError as exc:
-                    oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
-                flags = torch.zeros(world + 1, device=device)
-                flags[rank], flags[world] = float(bool(oom)), float(stops.code if stops else 0)
-                torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
-                if flags[:world].any():
-                    raise StepOOM([r for r in range(world) if flags[r] > 0], oom)
-                _backward(loss, out_dir, attempt, rank, pos.step)
-                if force_refresh or refresh_due(t, pos.offset == 0, pos.step):
-                    refresh_scales(ddp, opt, loss_fn, x[:small_local], y[:small_local])
-                    force_refresh = False
-                opt.step()
-                pos.step += 1
-                pos.offset += len(idx)
-                sched.step()
-                stats += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum().item(), len(y)],
-                                      dtype=torch.float64, device=device)  # fmt: skip
-                dt = time.perf_counter() - t0
-                epoch_time, train_time = epoch_time + dt, train_time + dt
-                stop = int(flags[world].item())
-                if ckpt and (stop or (ckpt.every_steps and pos.step % ckpt.every_steps == 0)):
-                    save()
-                if stop:
-                    _stop(stop, stops, seg, pos, out_dir, rank, label)
-            torch_dist.all_reduce(stats)
-            test_loss, test_acc = _evaluate(ddp, ds, rank, world, device)
-            row = {
-                "epoch": pos.epoch, "step": pos.step, "lr": opt.param_groups[0]["lr"],
-                "train_loss": stats[0].item() / stats[2].item(), "train_acc": stats[1].item() / stats[2].item(),
-                "test_loss": test_loss, "test_acc": test_acc,
-                "epoch_time_s": epoch_time, "samples_per_s": stats[2].item() / max(epoch_time, 1e-9),
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: count from import
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+class Trainer:
+    """The production run of one worker in named phases: :meth:`restore`, :meth:`train_epoch`
+    (steps), :meth:`end_of_epoch`, :meth:`checkpoint`, :meth:`finish`."""
+
+    def __init__(self, cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: Path,
+                 ckpt: Checkpointing | None = None):  # fmt: skip
+        self.wenv, self.device, self.backend = dist.init(cfg.hardware)
+        if self.wenv.world_size != nodes:
+            raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={nodes}")
+        self.cfg, self.nodes, self.global_batch, self.out, self.ckpt = cfg, nodes, global_batch, out_dir, ckpt
+        self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
+        self.faults = tula_faults.from_env()
+        self.stops = StopSignals() if ckpt else None
+        self.r = Replica(cfg, self.device, global_batch, self.rank, nodes)
+        if self.stops:
+            self.r.stop_code = lambda: self.stops.code
+        self.r.on_backward_oom = lambda msg: write_json(
+            oom_marker(out_dir, self.attempt, self.rank), {"step": self.r.pos.step, "message": msg, "phase": "backward"})
+        # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
+        self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0}
+        self.rows: list[dict[str, Any]] = []
+        self.epoch_time = 0.0
+        self.resumed_from = 0
+        self.label = f"train N={nodes} B={global_batch}"
+        self.seg: dict[str, Any] = {}
+
+    # -- phases ------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Continue from the newest usable checkpoint of this run, if there is one."""
+        if not self.ckpt:
+            return
+        state = _load_checkpoint(self.ckpt, self.rank)
+        if not state:
+            return
+        r = self.r
+        r.load_state(state, state["step"])
+        checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
+        r.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
+        self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
+        self.times.update({k: state.get(k, 0.0) for k in self.times})
+        self.resumed_from = r.pos.step
+        if state["global_batch"] != self.global_batch:
+            r.force_refresh = _follow_new_batch(r.opt, r.sched, state["global_batch"], self.global_batch, self.rank)
+        if self.rank == 0:
+            print(f"[{self.label}] resumed from the checkpoint of step {r.pos.step} (epoch {r.pos.epoch}, "
+                  f"{r.pos.offset}/{r.data.train_size} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
+
+    def train_epoch(self) -> None:
+        """Steps until the epoch's data is used up (or a stop is agreed on)."""
+        r = self.r
+        batches = r.epoch_batches()
+        while True:
+            tula_faults.maybe_signal(self.faults, r.pos.step, self.rank, self.resumed_from)
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+                self.times["startup_time_s"] += self.first_step_at - self.process_started
+            timed = r.timed_step(batches)
+            if timed is None:
+                return
+            dt, stop = timed
+            self.epoch_time += dt
+            self.times["train_time_s"] += dt
+            every = self.ckpt.every_steps if self.ckpt else None
+            if self.ckpt and (stop or (every and r.pos.step % every == 0)):
+                self.checkpoint()
+            if stop:
+                _stop(stop, self.stops, self.seg, r.pos, self.out, self.rank, self.label)
+
+    def end_of_epoch(self, epochs: int, progress: Progress) -> None:
+        r = self.r
+        train_loss, train_acc, samples = r.end_epoch()
+        t0 = time.perf_counter()
+        test_loss, test_acc = r.evaluate()
+        self.times["eval_time_s"] += time.perf_counter() - t0
+        row = {"epoch": r.pos.epoch - 1, "step": r.pos.step, "lr": r.opt.param_groups[0]["lr"],
+               "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
+               "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9)}  # fmt: skip
+        self.rows.append(row)
+        self.epoch_time = 0.0
+        if self.rank == 0:
+            write_csv(self.out / "metrics.csv", pd.DataFrame(self.rows, columns=METRIC_COLUMNS))
+            progress.update(row["epoch"], "epoch ", extra=f"loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  "
+                            f"{row['samples_per_s']:.0f} samples/s")  # fmt: skip
+        every = self.ckpt.every_epochs if self.ckpt else None
+        if every and row["epoch"] % every == 0 and r.pos.epoch <= epochs:
+            self.checkpoint()
+
+    def checkpoint(self, complete: bool = False) -> None:
+        """Every rank's RNG states and partial-epoch sums go to rank 0, which writes the file."""
+        t0 = time.perf_counter()
+        r = self.r
+        per_rank: list[Any] = [None] * self.nodes
+        torch_dist.all_gather_object(per_rank, {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()})
+        if self.rank == 0:
+            state = {**r.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
+                     "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
+                     "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
+                     "attempt": self.attempt}  # fmt: skip
+            hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, r.pos.step) else None
+            checkpoint.save(self.ckpt.directory, state, r.pos.step, keep=self.ckpt.keep, after_write=hook)
+        self.times["checkpoint_time_s"] += time.perf_counter() - t0
+
+    def finish(self) -> dict[str, Any]:
+        r, t = self.r, self.cfg.train
+        if self.ckpt:
+            self.checkpoint(complete=True)
+        if self.rank == 0:
+            steps = max(r.pos.step, 1)
+            final = {
+                "nodes": self.nodes, "global_batch": self.global_batch, "local_batch": self.global_batch // self.nodes,
+                "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
+                "optimizer": t.optimizer, "method": t.method, "precision": t.precision,
+                "channels_last": r.channels_last, "data_workers": self.cfg.data.num_workers,
+                "ags": dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
+                "fp16_skipped_steps": _skipped(r), "epochs": self.cfg.workload.epochs, "steps": r.pos.step,
+                "train_samples": r.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
+                "best_test_acc": max(x["test_acc"] for x in self.rows),
+                "final_train_loss": self.rows[-1]["train_loss"], **self.times,
+                "mean_step_time_s": self.times["train_time_s"] / steps,
+                "backend": self.backend, "device": str(self.device),
             }  # fmt: skip
-            rows.append(row)
-            pos.epoch, pos.offset, epoch_time = pos.epoch + 1, 0, 0.0
-            stats.zero_()
-            if rank == 0:
-                write_csv(out_dir / "metrics.csv", pd.DataFrame(rows, columns=METRIC_COLUMNS))
-                progress.update(row["epoch"], "epoch ", extra=f"loss {row['train_loss']:.4f}  test acc "
-                                f"{100 * test_acc:.2f}%  {row['samples_per_s']:.0f} samples/s")  # fmt: skip
-            if ckpt and ckpt.every_epochs and row["epoch"] % ckpt.every_epochs == 0 and pos.epoch <= epochs:
-                save()
-    except StepOOM as exc:
-        messages: list[Any] = [None] * world
+            write_bytes(self.out / "model.pt", checkpoint.to_bytes(r.ddp.module.state_dict()))
+            write_json(self.out / "final.json", final)
+            if self.ckpt:
+                _record_segment(self.out, {**self.seg, "end_step": r.pos.step, "outcome": "completed",
+                                           "ended": _now(), "reason": "trained every epoch"})  # fmt: skip
+            print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {r.pos.step} steps "
+                  f"(mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
+                  f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}; "
+                  f"test accuracy {100 * final['final_test_acc']:.2f}% (best {100 * final['best_test_acc']:.2f}%)",
+                  flush=True)  # fmt: skip
+        dist.shutdown()
+        return {"outcome": "completed", "step": r.pos.step}
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train every epoch. Returns ``{"outcome": "completed" | "oom", ...}``; on a stop
+        signal it checkpoints and exits (SystemExit) without returning."""
+        self.process_started, self.first_step_at = _process_started(), None
+        self.restore()
+        r, cfg, epochs = self.r, self.cfg, self.cfg.workload.epochs
+        if self.rank == 0:
+            print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {r.data.train_size} training "
+                  f"samples, {r.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
+                  f"{cfg.train.precision}, backend {self.backend} on {self.device}, {cfg.data.num_workers} loader "
+                  f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
+        if any(f.kind == "oom" for f in self.faults):  # inside the module's forward, where activations are allocated
+            r.ddp.module.register_forward_pre_hook(
+                lambda m, a: tula_faults.maybe_oom(self.faults, r.pos.step, self.rank, self.global_batch))
+        progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
+                            start=r.pos.epoch - 1)  # fmt: skip
+        self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": r.pos.step,
+                    "host": dist.hostname(), "started": _now(),
+                    "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}  # fmt: skip
+        try:
+            while r.pos.epoch <= epochs:
+                self.train_epoch()
+                self.end_of_epoch(epochs, progress)
+        except StepOOM as exc:
+            return self._oom(exc)
+        return self.finish()
+
+    def _oom(self, exc: StepOOM) -> dict[str, Any]:
+        messages: list[Any] = [None] * self.nodes
         torch_dist.all_gather_object(messages, exc.message)
         exc.message = next(messages[r] for r in exc.ranks)
-        if rank in exc.ranks:
-            write_json(oom_marker(out_dir, attempt, rank), {"step": pos.step, "global_batch": global_batch,
-                                                            "message": exc.message})  # fmt: skip
-        if rank == 0:
-            print(f"[{label}] out of memory at step {pos.step} on rank(s) {exc.ranks}: {exc.message}", flush=True)
-            if ckpt:
-                _record_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "oom", "ended": _now(),
-                                          "reason": f"out of memory on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
+        step = self.r.pos.step
+        if self.rank in exc.ranks:
+            write_json(oom_marker(self.out, self.attempt, self.rank), {"step": step, "global_batch": self.global_batch,
+                                                                      "message": exc.message})  # fmt: skip
+        if self.rank == 0:
+            print(f"[{self.label}] out of memory at step {step} on rank(s) {exc.ranks}: {exc.message}", flush=True)
+            if self.ckpt:
+                _record_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
+                                           "reason": f"out of memory on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
         dist.shutdown(ok=True)
-        return {"outcome": "oom", "step": pos.step, "ranks": exc.ranks, "message": exc.message}
-    if ckpt:
-        save(complete=True)
-    if rank == 0:
-        final = {
-            "nodes": nodes,
-            "global_batch": global_batch,
-            "local_batch": global_batch // nodes,
-            "model": cfg.workload.model,
-            "dataset": cfg.workload.dataset,
-            "optimizer": cfg.train.optimizer,
-            "method": t.method,
-            "ags": dict(opt.counters) if isinstance(opt, TulaOptimizer) else None,
-            "epochs": epochs,
-            "steps": pos.step,
-            "train_samples": D,
-            "final_test_acc": rows[-1]["test_acc"],
-            "best_test_acc": max(r["test_acc"] for r in rows),
-            "final_train_loss": rows[-1]["train_loss"],
-            "train_time_s": train_time,
-            "mean_step_time_s": train_time / max(pos.step, 1),
-            "backend": backend,
-            "device": str(device),
-        }
-        write_bytes(out_dir / "model.pt", checkpoint.to_bytes(ddp.module.state_dict()))
-        write_json(out_dir / "final.json", final)
-        if ckpt:
-            _record_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "completed", "ended": _now(),
-                                      "reason": "trained every epoch"})  # fmt: skip
-        print(f"[{label}] done in {fmt_duration(final['train_time_s'])}: test accuracy "
-              f"{100 * final['final_test_acc']:.2f}% (best {100 * final['best_test_acc']:.2f}%)", flush=True)  # fmt: skip
-    dist.shutdown()
-    return {"outcome": "completed", "step": pos.step}
+        return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message}
+
+
+def _skipped(r: Replica) -> int | None:
+    """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
+    if not r.scaler.is_enabled() or not isinstance(r.opt, TulaOptimizer):
+        return None
+    return r.pos.step - r.opt.counters["steps"]
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _backward(loss: torch.Tensor, out_dir: Path, attempt: int, rank: int, step: int) -> None:
-    """Backward pass. An OOM here cannot be agreed on (the other ranks are inside DDP's
-    gradient all-reduce): this rank records it and exits, which ends the peers' collectives
-    (gloo at once; NCCL through its watchdog), and the launcher reads the record."""
-    try:
-        loss.backward()
-    except torch.OutOfMemoryError as exc:
-        write_json(oom_marker(out_dir, attempt, rank), {"step": step, "message": str(exc), "phase": "backward"})
-        raise
 
 
 def _load_checkpoint(ckpt: Checkpointing, rank: int) -> dict[str, Any] | None:
@@ -432,27 +564,3 @@ def _stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out
     raise SystemExit(0 if requeue is not None else 128 + signal.SIGTERM)
 
 
-def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path) -> dict:
-    """Train at the (N, B) of ``selection.json``; writes metrics.csv and final.json in out_dir."""
-    cfg = config_mod.load(cfg_path)
-    nodes, global_batch = selected_point(selection)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    final = out / "final.json"
-    started = time.time()  # a previous final.json stays until this run replaces it
-    args = ["tula.train", "--config", str(cfg_path), "--nodes", str(nodes),
-            "--global-batch", str(global_batch), "--out-dir", str(out)]  # fmt: skip
-    res = dist.launch(nodes, args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=7 * 24 * 3600)
-    if res.returncode != 0 or not final.exists() or final.stat().st_mtime < started:
-        raise RuntimeError(f"training at N={nodes} B={global_batch} failed (workers exited with code {res.returncode}); "
-                           f"see the log above")  # fmt: skip
-    return read_json(final)
-
-
-def _worker_main(argv: list[str] | None = None) -> None:
-    a = dist.parse_worker_args("tula.train", "--out-dir", argv)
-    run_worker(config_mod.load(a.config), a.nodes, a.global_batch, Path(a.out_dir))
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main())

@@ -1,0 +1,76 @@
+"""A user's own model and dataset, given to Tula by import path (tests put tests/ on PYTHONPATH):
+
+    workload:
+      model: user_workload:make_model        # (input_shape, num_classes) -> nn.Module
+      dataset: user_workload:make_datasets   # () -> (train_dataset, test_dataset)
+
+The dataset is map-style and built lazily per item, like a real on-disk dataset would be.
+"""
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Blobs(Dataset):
+    """Three Gaussian blobs in 16-D, as (1, 16) signals; sample i is generated from its index."""
+
+    classes = ["a", "b", "c"]
+
+    def __init__(self, n: int, offset: int):
+        self.n, self.offset = n, offset
+        g = torch.Generator().manual_seed(1234)
+        self.centers = torch.randn(3, 16, generator=g) * 3
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.offset + i)
+        label = (self.offset + i) % 3
+        return (self.centers[label] + torch.randn(16, generator=g)).unsqueeze(0), label
+
+
+def make_datasets():
+    return Blobs(300, 0), Blobs(90, 10_000)
+
+
+class TinyNet(nn.Module):
+    def __init__(self, in_shape, num_classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_shape[0] * in_shape[1], 32), nn.ReLU(),
+                                 nn.Linear(32, num_classes))  # fmt: skip
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_model(in_shape, num_classes):
+    return TinyNet(in_shape, num_classes)
+
+
+# -- broken specs, for the error messages --------------------------------------------------
+NOT_CALLABLE = 42
+
+
+def returns_a_string(in_shape, num_classes):
+    return "not a module"
+
+
+def wrong_output(in_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_shape[0] * in_shape[1], num_classes + 1))
+
+
+def returns_one_dataset():
+    return Blobs(10, 0)
+
+
+def yields_dicts():
+    class D(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": torch.zeros(1, 16), "y": 0}
+
+    return D(), D()
