@@ -72,6 +72,25 @@ def attempts_table(attempts: dict | None) -> str:
         "attempt, each from the checkpoint written when the signal came.</p>"
 
 
+def prediction_check(final: dict) -> str:
+    """'predicted vs measured' for the point the job trained (from final.json)."""
+    if final.get("predicted_step_time_s") is None:
+        return "<p class=sub>No prediction for the trained point (predictions.csv has no row for it).</p>"
+    lo, hi = final["predicted_step_time_interval_s"]
+    tlo, thi = final["predicted_train_time_interval_s"]
+    ratio = final["step_time_ratio"]
+    inside = lo <= final["mean_step_time_s"] <= hi
+    verdict = ("inside the prediction's 95 % interval" if inside else
+               "<span class=bad>outside the prediction's 95 % interval</span>")  # fmt: skip
+    return (f"<p><b>Predicted vs measured</b> at N={final['nodes']}, B={final['global_batch']}: step "
+            f"predicted {1e3 * final['predicted_step_time_s']:.2f} ms ({1e3 * lo:.2f}–{1e3 * hi:.2f}), measured "
+            f"{1e3 * final['mean_step_time_s']:.2f} ms (×{ratio:.3f}, {verdict}); training time predicted "
+            f"{fmt_duration(final['predicted_train_time_s'])} ({fmt_duration(tlo)}–{fmt_duration(thi)}), measured "
+            f"{fmt_duration(final['train_time_s'])} in training steps. Not in the prediction: evaluation "
+            f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}, "
+            f"start-up {fmt_duration(final['startup_time_s'])}.</p>")
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
            plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None) -> None:  # fmt: skip
     s = selection["selected"]
@@ -96,7 +115,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
             w=fmt_duration(final["train_time_s"]),
             relaunch="" if final["global_batch"] == s["global_batch"] else
             f" <span class=bad>Finished at B={final['global_batch']}: B={s['global_batch']} ran out of memory "
-            "(see Attempts below).</span>"),  # fmt: skip
+            "(see Attempts below).</span>") + prediction_check(final),  # fmt: skip
         "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name != "training.png") + "</div>",
         "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",

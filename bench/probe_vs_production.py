@@ -1,0 +1,102 @@
+"""Does the production job confirm the prediction? Production mean step / predicted step at
+the point Tula chose and trained, for three workloads, each run through the whole DAG
+(`snakemake --cores 2`: check, probes, fit, predict, select, launch), repeats interleaved:
+
+  (a) the shipped default: workflow/config.yaml as is (digits, small_cnn, fp32);
+  (b) an image folder (Pillow PNGs, 10 classes, 3 x 32 x 32) with torchvision's ResNet-18,
+      2 DataLoader workers per training worker, crop + flip augmentation;
+  (c) mnist1d with resnet_tiny in bf16.
+
+    .venv/bin/python bench/probe_vs_production.py [REPEATS]      # default 3; ~4 min per round
+
+Prints one row per run and the median per workload: step_time_ratio (= final.json's
+mean_step_time_s / predicted_step_time_s), whether the measured mean is inside the predicted
+95 % interval, training-time ratio, the DAG's wall time and where the rest of the job's time went.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import make_image_folder  # noqa: E402  (the tests' Pillow image-folder generator)
+
+
+def workloads(scratch: Path) -> dict[str, dict]:
+    base = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
+    images = make_image_folder(scratch / "images", classes=10, train_per_class=48, val_per_class=12, size=36)
+    folder = json.loads(json.dumps(base))
+    folder["workload"].update(model="tv_resnet18", dataset=f"imagefolder:{images}", epochs=3)
+    folder["data"] = {"image_size": 32, "resize": 32, "train_augment": "crop_flip", "num_workers": 2}
+    folder["grid"].update(batch_min=32, batch_max=128)
+    folder["probe"] = {"warmup_steps": 2, "timed_steps": 8}
+    folder["train"].update(lr=0.05, lr_decay_epochs=[])
+    bf16 = json.loads(json.dumps(base))
+    bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)
+    bf16["train"].update(precision="bf16", lr_decay_epochs=[])
+    return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16}
+
+
+def one_run(workdir: Path, cfg: dict) -> dict:
+    shutil.rmtree(workdir / "results", ignore_errors=True)
+    shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
+    (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    t0 = time.perf_counter()
+    r = subprocess.run(["snakemake", "--cores", "2", "--quiet"], cwd=workdir, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"snakemake failed in {workdir}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    final = json.loads((workdir / "results/train/final.json").read_text())
+    lo, hi = final["predicted_step_time_interval_s"]
+    return {"N": final["nodes"], "B": final["global_batch"], "ratio": final["step_time_ratio"],
+            "inside": lo <= final["mean_step_time_s"] <= hi, "pred_ms": 1e3 * final["predicted_step_time_s"],
+            "meas_ms": 1e3 * final["mean_step_time_s"], "T_ratio": final["train_time_ratio"], "dag_s": wall,
+            "eval_s": final["eval_time_s"], "ckpt_s": final["checkpoint_time_s"],
+            "startup_s": final["startup_time_s"], "acc": final["final_test_acc"]}  # fmt: skip
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    with tempfile.TemporaryDirectory(prefix="tula-pvp-") as tmp:
+        scratch = Path(tmp)
+        configs = workloads(scratch)
+        dirs = {}
+        for name in configs:
+            wd = scratch / name
+            wd.mkdir()
+            for part in ("Snakefile", "rules", "envs", "workflow"):
+                src = ROOT / part
+                shutil.copytree(src, wd / part) if src.is_dir() else shutil.copy(src, wd / part)
+            dirs[name] = wd
+        rows: dict[str, list[dict]] = {n: [] for n in configs}
+        for i in range(repeats):
+            for name, cfg in configs.items():  # interleaved: round i runs every workload once
+                row = one_run(dirs[name], cfg)
+                rows[name].append(row)
+                print(f"round {i + 1} {name:28s} N={row['N']} B={row['B']:4d} predicted {row['pred_ms']:8.2f} ms "
+                      f"measured {row['meas_ms']:8.2f} ms ratio {row['ratio']:.3f} "
+                      f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio {row['T_ratio']:.3f}, "
+                      f"DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, checkpoints {row['ckpt_s']:.1f} s, "
+                      f"start-up {row['startup_s']:.1f} s), test acc {100 * row['acc']:.1f}%", flush=True)  # fmt: skip
+        print("\n| workload | median step ratio | runs (ratio) | inside 95 % interval | median DAG wall |")
+        print("|---|---|---|---|---|")
+        for name, rs in rows.items():
+            ratios = [r["ratio"] for r in rs]
+            print(f"| {name} | **{statistics.median(ratios):.3f}** | {', '.join(f'{x:.3f}' for x in ratios)} | "
+                  f"{sum(r['inside'] for r in rs)}/{len(rs)} | {statistics.median(r['dag_s'] for r in rs):.1f} s |")
+
+
+if __name__ == "__main__":
+    main()

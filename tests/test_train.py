@@ -1,0 +1,127 @@
+"""The one training step and the trainer: image folders through DataLoader workers, bitwise
+resume with loader workers and random augmentation, bf16 and fp16 with AGS on unscaled
+gradients. Real runs: `tula launch` with submitit's local executor, 2 gloo processes."""
+
+import json
+import math
+import tempfile
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as torch_dist
+import yaml
+
+from tula import config, faults, launch
+from tula.io import write_json
+from tula.optim import TulaOptimizer
+
+
+def _params(path):
+    return torch.load(path, map_location="cpu")
+
+
+def _bitwise_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _run_dir(tmp_path, raw, nodes=2, batch=32):
+    raw.setdefault("launch", {}).update(executor="local", poll_s=0.5, checkpoint_every_steps=4)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    write_json(tmp_path / "selection.json", {"selected": {"nodes": nodes, "global_batch": batch}})
+    return tmp_path
+
+
+def _launch(d, out="train"):
+    return launch.run(d / "config.yaml", d / "selection.json", d / out)
+
+
+@pytest.fixture
+def folder_run(tmp_path, image_folder, venv_path):
+    raw = {"workload": {"model": "small_cnn", "dataset": f"imagefolder:{image_folder}", "epochs": 3, "seed": 1},
+           "data": {"image_size": 16, "train_augment": "crop_flip", "num_workers": 2, "eval_batch_size": 16},
+           "train": {"lr": 0.05}}  # fmt: skip
+    return _run_dir(tmp_path, raw)
+
+
+def test_image_folder_trains_with_two_gloo_and_two_loader_workers(folder_run):
+    final = _launch(folder_run)
+    assert (final["nodes"], final["data_workers"], final["train_samples"]) == (2, 2, 120)
+    assert final["steps"] == 3 * math.ceil(120 / 32)
+    m = pd.read_csv(folder_run / "train" / "metrics.csv")
+    assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
+    assert final["best_test_acc"] > 0.3  # 10 classes of coloured stripes: chance is 0.1
+
+
+def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(folder_run, monkeypatch):
+    ref = _launch(folder_run, "ref")
+    monkeypatch.setenv(faults.ENV, "signal:step=6,sig=TERM")  # mid-epoch 2 (4 steps per epoch)
+    with pytest.raises(RuntimeError, match="was stopped"):
+        _launch(folder_run)
+    monkeypatch.delenv(faults.ENV)
+    final = _launch(folder_run)  # resumes from the step-7 stop checkpoint
+    att = json.loads((folder_run / "train" / "attempts.json").read_text())["attempts"]
+    assert [a["outcome"] for a in att] == ["stopped", "completed"] and att[1]["start_step"] == 7
+    assert final["steps"] == ref["steps"]
+    assert _bitwise_equal(_params(folder_run / "train" / "model.pt"), _params(folder_run / "ref" / "model.pt"))
+
+
+def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
+    tiny_raw["train"].update(precision="bf16")
+    d = _run_dir(tmp_path, tiny_raw, batch=64)
+    ref = _launch(d, "ref")
+    assert ref["precision"] == "bf16" and ref["final_test_acc"] > 0.5
+    monkeypatch.setenv(faults.ENV, "signal:step=9,sig=TERM")
+    with pytest.raises(RuntimeError, match="was stopped"):
+        _launch(d)
+    monkeypatch.delenv(faults.ENV)
+    final = _launch(d)
+    assert final["steps"] == ref["steps"]
+    assert _bitwise_equal(_params(d / "train" / "model.pt"), _params(d / "ref" / "model.pt"))
+
+
+# -- the step itself, in this process (a one-process gloo group) ---------------------------
+
+
+@pytest.fixture
+def one_process_group():
+    with tempfile.NamedTemporaryFile() as f:
+        torch_dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        yield
+        torch_dist.destroy_process_group()
+
+
+def _replica(precision, method="ags"):
+    from tula.train import Replica
+
+    cfg = config.from_dict({"train": {"precision": precision, "method": method, "ags_delta": 1e9}})
+    return Replica(cfg, torch.device("cpu"), 64, 0, 1)
+
+
+def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
+    """Same weights, same batch: fp16 with a loss scale of 2^16 gives AGS the Δ(G) inputs and
+    scale factors that fp32 gives, to fp16 precision, not 2^16 (or 2^32) times them."""
+    r16, r32 = _replica("fp16"), _replica("fp32")
+    assert r16.scaler.is_enabled() and r16.scaler.get_scale() == 2.0**16 and not r32.scaler.is_enabled()
+    batch = next(r32.epoch_batches())
+    for r in (r16, r32):
+        r.step(*batch)  # first step of the epoch: AGS refreshes its factors
+    o16, o32 = r16.opt, r32.opt
+    assert isinstance(o16, TulaOptimizer) and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
+    assert o16.prev_sq_norm == pytest.approx(o32.prev_sq_norm, rel=0.05)
+    s16, s32 = torch.cat([s.flatten() for s in o16.scales]), torch.cat([s.flatten() for s in o32.scales])
+    assert torch.median((s16 - s32).abs()) < 0.05 and 0 < s32.mean() < o32.s_max
+
+
+def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
+    r = _replica("fp16")
+    batches = r.epoch_batches()
+    r.step(*next(batches))
+    norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
+    r.scaler.update(new_scale=1e38)  # the next backward overflows fp16: the scaler must skip the step
+    before = {k: v.detach().clone() for k, v in r.ddp.module.named_parameters()}
+    r.step(*next(batches))
+    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm  # no Δ sample, no AGS step
+    # the weights did not move (BatchNorm's running statistics do: the forward ran)
+    assert _bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
+    assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
