@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from tula.data import load_dataset  # noqa: E402
+from tula import config, data  # noqa: E402
 from tula.models import build_model  # noqa: E402
 from tula.optim import TulaOptimizer, refresh_scales  # noqa: E402
 
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    ds = load_dataset(a.dataset, mnist1d_samples=4000)
+    ds = data.load_config(config.from_dict({"workload": {"dataset": a.dataset, "mnist1d_samples": 4000}}))
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(0)
 
@@ -46,7 +46,7 @@ def main() -> None:
         if not wrapped:
             return m, base
         opt = TulaOptimizer(base, mode="ags", delta=float("inf"), s_max=4.0)
-        x, y = ds.x_train[: a.batch], ds.y_train[: a.batch]
+        x, y = ds.train.x[: a.batch], ds.train.y[: a.batch]
         loss_fn(m(x), y).backward()
         refresh_scales(m, opt, loss_fn, x[:32], y[:32])
         return m, opt
@@ -57,10 +57,10 @@ def main() -> None:
         m, opt = arms[name]
         times = []
         for _ in range(a.steps):
-            idx = torch.randint(0, len(ds.x_train), (a.batch,), generator=gen)
+            idx = torch.randint(0, len(ds.train.x), (a.batch,), generator=gen)
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss_fn(m(ds.x_train[idx]), ds.y_train[idx]).backward()
+            loss_fn(m(ds.train.x[idx]), ds.train.y[idx]).backward()
             opt.step()
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
@@ -76,11 +76,11 @@ def main() -> None:
     m, opt = arms["ags"]
     refresh = []
     for _ in range(a.rounds):
-        idx = torch.randint(0, len(ds.x_train), (a.batch,), generator=gen)
+        idx = torch.randint(0, len(ds.train.x), (a.batch,), generator=gen)
         opt.zero_grad(set_to_none=True)
-        loss_fn(m(ds.x_train[idx]), ds.y_train[idx]).backward()
+        loss_fn(m(ds.train.x[idx]), ds.train.y[idx]).backward()
         t0 = time.perf_counter()
-        refresh_scales(m, opt, loss_fn, ds.x_train[idx[:32]], ds.y_train[idx[:32]])
+        refresh_scales(m, opt, loss_fn, ds.train.x[idx[:32]], ds.train.y[idx[:32]])
         refresh.append(time.perf_counter() - t0)
     assert opt.counters["scaled"] > 0
     print(f"{a.model} on {a.dataset}, batch {a.batch}, {a.rounds} interleaved rounds x {a.steps} steps")

@@ -1,55 +1,65 @@
 """Wall time of the whole default DAG (`make run` minus the install), from empty results.
 
 Runs `snakemake --cores 2` on the shipped workflow/config.yaml in a scratch copy of the
-workflow (so results/ is untouched), REPEATS times, and prints each wall time, the
-median, and the median time per rule (from Snakemake's benchmark files and job logs).
+workflow (so results/ is untouched), REPEATS times, and prints each wall time, the median,
+and the probes' and training's time (from Snakemake's benchmark files).
 
     .venv/bin/python bench/dag_walltime.py [REPEATS]
+
+Before/after: ``--against DIR:PYTHON`` interleaves runs of another checkout (DIR, e.g. a
+`git worktree` of an older commit) run with another environment (PYTHON, whose bin/ holds
+that checkout's `snakemake` and `tula`), and prints both medians and their ratio:
+
+    git worktree add /tmp/before a9bfaaf
+    python3 -m venv /tmp/before-venv
+    /tmp/before-venv/bin/pip install -c /tmp/before/constraints.txt -e '/tmp/before[dev]'
+    .venv/bin/python bench/dag_walltime.py 3 --against /tmp/before:/tmp/before-venv/bin/python
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from probe_vs_production import copy_workflow, run_dag  # noqa: E402
 
 
-def one_run(workdir: Path) -> float:
-    shutil.rmtree(workdir / "results", ignore_errors=True)
-    shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    t0 = time.perf_counter()
-    r = subprocess.run(["snakemake", "--cores", "2", "--quiet"], cwd=workdir, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.exit(f"snakemake failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return wall
+def rule_times(wd: Path) -> tuple[list[float], float]:
+    probe_s = [float(p.read_text().splitlines()[1].split()[0]) for p in (wd / "results/benchmarks/probe").glob("*.tsv")]
+    train_s = float((wd / "results/benchmarks/train.tsv").read_text().splitlines()[1].split()[0])
+    return probe_s, train_s
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("repeats", nargs="?", type=int, default=3)
+    ap.add_argument("--against", help="DIR:PYTHON of another checkout and environment, run interleaved")
+    a = ap.parse_args()
+    variants = {"this checkout": (ROOT, Path(sys.executable))}
+    if a.against:
+        d, py = a.against.split(":", 1)
+        variants = {"before (--against)": (Path(d), Path(py)), **variants}
     with tempfile.TemporaryDirectory(prefix="tula-bench-") as tmp:
-        wd = Path(tmp)
-        for name in ("Snakefile", "rules", "envs", "workflow"):
-            src = ROOT / name
-            (shutil.copytree(src, wd / name, symlinks=False) if src.is_dir() else shutil.copy(src, wd / name))
-        walls = []
-        for i in range(repeats):
-            walls.append(one_run(wd))
-            print(f"run {i + 1}/{repeats}: {walls[-1]:.1f} s", flush=True)
-        probe_s = [float(p.read_text().splitlines()[1].split()[0]) for p in (wd / "results/benchmarks/probe").glob("*.tsv")]
-        train_s = float((wd / "results/benchmarks/train.tsv").read_text().splitlines()[1].split()[0])
-        print(f"\nmedian DAG wall time over {repeats} runs: {statistics.median(walls):.1f} s "
-              f"(min {min(walls):.1f}, max {max(walls):.1f})")  # fmt: skip
-        print(f"last run: {len(probe_s)} probes, {sum(probe_s):.1f} s in total "
-              f"(median {statistics.median(probe_s):.1f} s each); train {train_s:.1f} s")  # fmt: skip
+        dirs = {name: copy_workflow(Path(tmp) / f"wf{i}", root) for i, (name, (root, _)) in enumerate(variants.items())}
+        walls: dict[str, list[float]] = {name: [] for name in variants}
+        for i in range(a.repeats):
+            for name, (_, py) in variants.items():  # interleaved
+                walls[name].append(run_dag(dirs[name], py))
+                probe_s, train_s = rule_times(dirs[name])
+                print(f"run {i + 1}/{a.repeats} {name}: {walls[name][-1]:.1f} s ({len(probe_s)} probes "
+                      f"{sum(probe_s):.1f} s, median {statistics.median(probe_s):.1f} s each; train {train_s:.1f} s)",
+                      flush=True)  # fmt: skip
+        for name, w in walls.items():
+            print(f"{name}: median DAG wall time over {a.repeats} runs {statistics.median(w):.1f} s "
+                  f"(min {min(w):.1f}, max {max(w):.1f})")  # fmt: skip
+        if a.against:
+            before, after = (statistics.median(w) for w in walls.values())
+            print(f"after / before: {after / before:.3f}")
 
 
 if __name__ == "__main__":

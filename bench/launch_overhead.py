@@ -31,8 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from tula import checkpoint, config  # noqa: E402
-from tula.data import load_dataset  # noqa: E402
+from tula import checkpoint, config, data  # noqa: E402
 from tula.models import build_model  # noqa: E402
 from tula.optim import build_method, refresh_scales  # noqa: E402
 
@@ -43,14 +42,14 @@ def part_a(reps: int) -> None:
     print("\n## A. Checkpoint per model (AGS state filled; digits input shape)\n")
     print("| model | parameters | checkpoint | write (median) | verified load (median) |")
     print("|---|---:|---:|---:|---:|")
-    ds = load_dataset("digits")
+    ds = data.load_config(config.from_dict({"workload": {"dataset": "digits"}}))
     cfg = config.from_dict({})
     loss_fn = torch.nn.CrossEntropyLoss()
     for name in MODELS:
         torch.manual_seed(0)
         model = build_model(name, ds.input_shape, ds.num_classes)
         opt, _ = build_method("ags", cfg.train, list(model.parameters()), 256, 6)
-        x, y = ds.x_train[:256], ds.y_train[:256]
+        x, y = ds.train.x[:256], ds.train.y[:256]
         loss_fn(model(x), y).backward()
         refresh_scales(model, opt, loss_fn, x[:32], y[:32])
         opt.step()
@@ -76,13 +75,13 @@ def _part_b_worker(rank: int, world: int, port: int, steps: int, rounds: int, q)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch_dist.init_process_group("gloo", rank=rank, world_size=world)
-    ds = load_dataset("digits")
+    ds = data.load_config(config.from_dict({"workload": {"dataset": "digits"}}))
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(build_model("small_cnn", ds.input_shape, ds.num_classes))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     b = 128 // world
-    x, y = ds.x_train[rank * b : (rank + 1) * b], ds.y_train[rank * b : (rank + 1) * b]
+    x, y = ds.train.x[rank * b : (rank + 1) * b], ds.train.y[rank * b : (rank + 1) * b]
     flags = torch.zeros(world + 1)
     step_t, agree_t = [], []
     for r in range(rounds + 1):

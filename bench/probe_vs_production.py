@@ -10,7 +10,9 @@ the point Tula chose and trained, for three workloads, each run through the whol
     .venv/bin/python bench/probe_vs_production.py [REPEATS]      # default 3; ~4 min per round
 
 Prints one row per run and the median per workload: step_time_ratio (= final.json's
-mean_step_time_s / predicted_step_time_s), whether the measured mean is inside the predicted
+mean_step_time_s / predicted_step_time_s), production / probe at the same point (after the
+DAG, `tula probe` at the trained (N, B) with the same config: is the probe's step the
+production step, apart from the fit?), whether the measured mean is inside the predicted
 95 % interval, training-time ratio, the DAG's wall time and where the rest of the job's time went.
 """
 
@@ -48,19 +50,44 @@ def workloads(scratch: Path) -> dict[str, dict]:
     return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16}
 
 
-def one_run(workdir: Path, cfg: dict) -> dict:
+def copy_workflow(dest: Path, root: Path = ROOT) -> Path:
+    """The workflow of checkout ``root`` (not its results) in a scratch directory."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in ("Snakefile", "rules", "envs", "workflow"):
+        src = root / part
+        shutil.copytree(src, dest / part) if src.is_dir() else shutil.copy(src, dest / part)
+    return dest
+
+
+def run_dag(workdir: Path, python: Path = Path(sys.executable)) -> float:
+    """`snakemake --cores 2` from empty results, with the environment of ``python``; its wall
+    time in seconds (exits on failure)."""
     shutil.rmtree(workdir / "results", ignore_errors=True)
     shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
-    (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = dict(os.environ, PATH=str(python.parent) + os.pathsep + os.environ["PATH"])
     t0 = time.perf_counter()
     r = subprocess.run(["snakemake", "--cores", "2", "--quiet"], cwd=workdir, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"snakemake failed in {workdir}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return wall
+
+
+def one_run(workdir: Path, cfg: dict) -> dict:
+    (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    wall = run_dag(workdir)
     final = json.loads((workdir / "results/train/final.json").read_text())
+    # The same point probed directly (same step, same config): separates "the probe times what
+    # production runs" from "the fit predicts a point it did not probe".
+    n, b = final["nodes"], final["global_batch"]
+    out = workdir / "results" / "direct_probe.json"
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    subprocess.run(["tula", "probe", "--config", ".snakemake/tula/config.json", "--nodes", str(n), "--global-batch",
+                    str(b), "--out", str(out)], cwd=workdir, env=env, capture_output=True, check=True)  # fmt: skip
+    direct = json.loads(out.read_text())["step_time_s"]
     lo, hi = final["predicted_step_time_interval_s"]
-    return {"N": final["nodes"], "B": final["global_batch"], "ratio": final["step_time_ratio"],
+    return {"N": n, "B": b, "ratio": final["step_time_ratio"], "direct_ratio": final["mean_step_time_s"] / direct,
+            "direct_ms": 1e3 * direct,
             "inside": lo <= final["mean_step_time_s"] <= hi, "pred_ms": 1e3 * final["predicted_step_time_s"],
             "meas_ms": 1e3 * final["mean_step_time_s"], "T_ratio": final["train_time_ratio"], "dag_s": wall,
             "eval_s": final["eval_time_s"], "ckpt_s": final["checkpoint_time_s"],
@@ -72,14 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tula-pvp-") as tmp:
         scratch = Path(tmp)
         configs = workloads(scratch)
-        dirs = {}
-        for name in configs:
-            wd = scratch / name
-            wd.mkdir()
-            for part in ("Snakefile", "rules", "envs", "workflow"):
-                src = ROOT / part
-                shutil.copytree(src, wd / part) if src.is_dir() else shutil.copy(src, wd / part)
-            dirs[name] = wd
+        dirs = {name: copy_workflow(scratch / name) for name in configs}
         rows: dict[str, list[dict]] = {n: [] for n in configs}
         for i in range(repeats):
             for name, cfg in configs.items():  # interleaved: round i runs every workload once
@@ -87,15 +107,18 @@ def main() -> None:
                 rows[name].append(row)
                 print(f"round {i + 1} {name:28s} N={row['N']} B={row['B']:4d} predicted {row['pred_ms']:8.2f} ms "
                       f"measured {row['meas_ms']:8.2f} ms ratio {row['ratio']:.3f} "
+                      f"| probed there {row['direct_ms']:8.2f} ms, production/probe {row['direct_ratio']:.3f} | "
                       f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio {row['T_ratio']:.3f}, "
                       f"DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, checkpoints {row['ckpt_s']:.1f} s, "
                       f"start-up {row['startup_s']:.1f} s), test acc {100 * row['acc']:.1f}%", flush=True)  # fmt: skip
-        print("\n| workload | median step ratio | runs (ratio) | inside 95 % interval | median DAG wall |")
-        print("|---|---|---|---|---|")
+        print("\n| workload | production / predicted (median) | runs | inside 95 % interval | production / probe "
+              "at the same point (median) | runs | median DAG wall |")
+        print("|---|---|---|---|---|---|---|")
         for name, rs in rows.items():
-            ratios = [r["ratio"] for r in rs]
+            ratios, direct = [r["ratio"] for r in rs], [r["direct_ratio"] for r in rs]
             print(f"| {name} | **{statistics.median(ratios):.3f}** | {', '.join(f'{x:.3f}' for x in ratios)} | "
-                  f"{sum(r['inside'] for r in rs)}/{len(rs)} | {statistics.median(r['dag_s'] for r in rs):.1f} s |")
+                  f"{sum(r['inside'] for r in rs)}/{len(rs)} | **{statistics.median(direct):.3f}** | "
+                  f"{', '.join(f'{x:.3f}' for x in direct)} | {statistics.median(r['dag_s'] for r in rs):.1f} s |")
 
 
 if __name__ == "__main__":

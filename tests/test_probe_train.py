@@ -18,11 +18,16 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
     assert len(rec["step_times_s"]) == 3 and rec["step_time_iqr_s"] >= 0
-    assert rec["step_time_s"] == pytest.approx(sum(rec["step_times_s"]) / 3)  # mean: T = steps x mean step
     # The probe ran the production step: AGS (the default method) refreshed at the epoch's first
-    # step and counted every step; 1 warm-up pair + 3 timed pairs + the CPU memory step = 9 steps.
+    # step (a warm-up step) and 3 more times, forced, to time refresh steps; 1 warm-up pair + 3 timed
+    # pairs + 3 refresh steps + the CPU memory step = 12 steps.
     c = rec["optimizer_counters"]
-    assert rec["steps_run"] == 9 and c["refreshes"] == 1 and c["scaled"] + c["sensitive"] >= 9
+    assert rec["steps_run"] == 12 and c["refreshes"] == 4 and len(rec["refresh_step_times_s"]) == 3
+    # step time = mean step without a refresh (none of the 3 timed ones had one) + the refresh's extra
+    # time at training's rate: once per epoch of ceil(1437 / 64) = 23 steps
+    assert rec["refreshes_per_step"] == pytest.approx(1 / 23) and rec["refresh_time_s"] >= 0
+    plain = sum(rec["step_times_s"]) / 3
+    assert rec["step_time_s"] == pytest.approx(plain + rec["refresh_time_s"] / 23)
     mem = rec["memory"]
     assert mem["act_bytes"] > 0 and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
     assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter
@@ -91,3 +96,16 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):
         launch.run(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost
+
+
+def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(tmp_path, venv_path, user_pythonpath):
+    import yaml
+
+    cfg = tmp_path / "user.yaml"
+    cfg.write_text(yaml.safe_dump({"workload": {"model": "user_workload:make_model",
+                                                "dataset": "user_workload:make_datasets"},
+                                   "probe": {"warmup_steps": 1, "timed_steps": 2}}))  # fmt: skip
+    rec = probe.run(cfg, 2, 32, tmp_path / "N2_B32.json")  # both torchrun workers import tests/user_workload.py
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["model"] == "user_workload:make_model" and rec["train_samples"] == 300
+    assert rec["memory"]["param_bytes"] == 4 * (16 * 32 + 32 + 32 * 3 + 3)

@@ -15,6 +15,14 @@ steps x mean step, Eq. 4a); sync_time = step_time - compute_time: the communicat
 actually pays after DDP overlaps what it can with the backward pass. Each rank times its
 own steps and the per-step time is the slowest rank's. Medians are recorded beside them.
 
+AGS refreshes its factors on the first step of every epoch (or every k steps), and such a
+step costs more (a forward/backward on the reference sub-batch and an all-reduce). Training
+pays that once per epoch, a probe whenever an epoch boundary happens to fall among its timed
+steps. So the means above are over steps without a refresh, the refresh steps are timed
+apart (forced after the timed steps until there are REFRESH_STEPS of them), and their extra
+time is added at training's rate: step_time = mean plain step + refresh_time / steps per
+refresh.
+
 The parent (``tula probe``) only launches and collects: it imports no torch.
 """
 
@@ -38,6 +46,8 @@ from tula.grid import Point
 from tula.io import read_json, write_json
 
 SCHEMA = "tula.probe/1"
+
+REFRESH_STEPS = 3  # AGS refresh steps timed at least (forced after the timed steps if too few fell there)
 
 # Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
 # probe raise a real torch.OutOfMemoryError; "=error" raises RuntimeError. Several
@@ -110,13 +120,14 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         r = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
         batches = r.epoch_batches()
 
-        def timed(sync: bool) -> float:
+        def timed(sync: bool) -> tuple[float, bool]:
+            """(seconds, did it refresh AGS's factors) of one training step."""
             nonlocal batches
             with contextlib.nullcontext() if sync else r.ddp.no_sync():
                 while (got := r.timed_step(batches)) is None:  # epoch over: close it, untimed, as training does
                     r.end_epoch()
                     batches = r.epoch_batches()
-            return got[0]
+            return got[0], r.refreshed
 
         def next_batch():
             nonlocal batches
@@ -137,29 +148,44 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             timed(sync=False)
             done += 2
             progress.update(done, "warm-up ")
-        step_times, compute_times = [], []
+        synced, compute = [], []
         for _ in range(cfg.probe.timed_steps):
-            step_times.append(timed(sync=True))
-            compute_times.append(timed(sync=False))
+            synced.append(timed(sync=True))
+            compute.append(timed(sync=False))
             done += 2
             progress.update(done, "timed ")
+        refresh_times = [t for t, refreshed in synced if refreshed]
+        while r.refreshes_per_step() > 0 and len(refresh_times) < REFRESH_STEPS:  # AGS: time its refresh steps too
+            r.force_refresh = True
+            refresh_times.append(timed(sync=True)[0])
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         else:
             peak = cpu_step_peak_bytes(r.ddp, r.opt, lambda: timed(sync=True))
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
-        torch_dist.all_gather_object(
-            gathered, {"host": dist.hostname(), "step": step_times, "compute": compute_times, "peak": peak, "rss": rss}
-        )
+        torch_dist.all_gather_object(gathered, {"host": dist.hostname(), "step": [t for t, _ in synced],
+                                                "compute": [t for t, _ in compute], "refresh": refresh_times,
+                                                "peak": peak, "rss": rss})  # fmt: skip
         if rank == 0:
-            step_max = [max(g["step"][i] for g in gathered) for i in range(len(step_times))]
-            comp_max = [max(g["compute"][i] for g in gathered) for i in range(len(compute_times))]
-            s, c = _stats(step_max), _stats(comp_max)
+            def slowest(key: str) -> list[float]:  # per step, the slowest rank's time
+                return [max(g[key][i] for g in gathered) for i in range(len(gathered[0][key]))]
+
+            step_max, comp_max, refresh_max = slowest("step"), slowest("compute"), slowest("refresh")
+            # Training pays AGS's refresh once per epoch (or every k steps): time steps without it,
+            # and add the refresh's extra time at training's rate, not at the rate it fell in here.
+            plain_step = [t for t, (_, refreshed) in zip(step_max, synced) if not refreshed] or step_max
+            plain_comp = [t for t, (_, refreshed) in zip(comp_max, compute) if not refreshed] or comp_max
+            s, c = _stats(plain_step), _stats(plain_comp)
+            refresh_extra = max(statistics.fmean(refresh_max) - s["mean"], 0.0) if refresh_max else 0.0
+            per_step = r.refreshes_per_step()
             out.update(
-                step_time_s=s["mean"],
-                compute_time_s=c["mean"],
+                step_time_s=s["mean"] + per_step * refresh_extra,
+                compute_time_s=c["mean"] + per_step * refresh_extra,
                 sync_time_s=max(s["mean"] - c["mean"], 0.0),
+                refresh_time_s=refresh_extra,
+                refreshes_per_step=per_step,
+                refresh_step_times_s=refresh_max,
                 step_time_median_s=s["median"],
                 compute_time_median_s=c["median"],
                 step_time_iqr_s=s["iqr"],

@@ -151,6 +151,7 @@ class Replica:
         self.small_local = max(1, t.ags_small_batch // world)
         self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of this epoch
         self.force_refresh = False
+        self.refreshed = False  # did the last step refresh AGS's factors?
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
         self.on_backward_oom: Callable[[str], None] | None = None  # production: leave a record
         self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
@@ -214,7 +215,8 @@ class Replica:
                 self.on_backward_oom(str(exc))
             raise
         self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
-        if self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step):
+        self.refreshed = self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step)
+        if self.refreshed:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
             done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local], y[: self.small_local],
                                   autocast=self.autocast, loss_scale=scale)  # fmt: skip
@@ -227,6 +229,12 @@ class Replica:
         n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
         self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
         return int(flags[self.world].item())
+
+    def refreshes_per_step(self) -> float:
+        """How often training refreshes AGS's factors: once per epoch, or every k steps."""
+        if self.t.method != "ags":
+            return 0.0
+        return 1.0 / (self.t.ags_refresh_every_steps or self.steps_per_epoch)
 
     def epoch_batches(self) -> Iterator:
         """This rank's batches from the current position to the end of the epoch."""
