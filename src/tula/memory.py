@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
-import torch
 
 from tula.linfit import LinearFit, fit_linear
+
+if TYPE_CHECKING:
+    import torch
+
+# The measurement functions import torch themselves: the model (fit, predict, select) needs none.
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
 @contextlib.contextmanager
 def saved_activation_bytes(exclude: set[tuple[str, int]]) -> Iterator[dict[str, int]]:
     """Count the bytes of unique storages autograd saves for backward inside the block."""
+    import torch
+
     seen: set[tuple[str, int]] = set(exclude)
     total = {"bytes": 0}
 
@@ -76,6 +82,8 @@ def measure_step(
     ``forward_loss(x, y) -> (logits, loss)`` is the training step's own forward (its autocast
     precision and memory format), so saved activations are counted at the dtype training
     keeps them in."""
+    import torch
+
     params = [p for p in model.parameters()]
     param_keys = {_storage_key(p) for p in params}
     optimizer.zero_grad(set_to_none=True)
@@ -110,6 +118,7 @@ def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     import tempfile
     import warnings
 
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
