@@ -18,16 +18,16 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
     assert len(rec["step_times_s"]) == 3 and rec["step_time_iqr_s"] >= 0
-    # The probe ran the production step: AGS (the default method) refreshed at the epoch's first
-    # step (a warm-up step) and 3 more times, forced, to time refresh steps; 1 warm-up pair + 3 timed
-    # pairs + 3 refresh steps + the CPU memory step = 12 steps.
+    # The probe ran the production step: AGS (the default method) refreshed at the first step of the
+    # epoch (a warm-up step) and at the first step of 3 more epochs, started to time epoch-start steps;
+    # 1 warm-up pair + 3 timed pairs + 3 epoch starts + the CPU memory step = 12 steps.
     c = rec["optimizer_counters"]
-    assert rec["steps_run"] == 12 and c["refreshes"] == 4 and len(rec["refresh_step_times_s"]) == 3
-    # step time = mean step without a refresh (none of the 3 timed ones had one) + the refresh's extra
-    # time at training's rate: once per epoch of ceil(1437 / 64) = 23 steps
-    assert rec["refreshes_per_step"] == pytest.approx(1 / 23) and rec["refresh_time_s"] >= 0
+    assert rec["steps_run"] == 12 and c["refreshes"] == 4 and len(rec["epoch_start_step_times_s"]) == 3
+    # step time = mean plain step + the epoch start's extra time at training's rate: once per epoch
+    # of ceil(1437 / 64) = 23 steps
+    assert rec["steps_per_epoch"] == 23 and rec["epoch_start_extra_s"] >= 0 and rec["refresh_extra_s"] == 0
     plain = sum(rec["step_times_s"]) / 3
-    assert rec["step_time_s"] == pytest.approx(plain + rec["refresh_time_s"] / 23)
+    assert rec["step_time_s"] == pytest.approx(plain + rec["epoch_start_extra_s"] / 23)
     mem = rec["memory"]
     assert mem["act_bytes"] > 0 and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
     assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter

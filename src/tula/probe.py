@@ -15,13 +15,14 @@ steps x mean step, Eq. 4a); sync_time = step_time - compute_time: the communicat
 actually pays after DDP overlaps what it can with the backward pass. Each rank times its
 own steps and the per-step time is the slowest rank's. Medians are recorded beside them.
 
-AGS refreshes its factors on the first step of every epoch (or every k steps), and such a
-step costs more (a forward/backward on the reference sub-batch and an all-reduce). Training
-pays that once per epoch, a probe whenever an epoch boundary happens to fall among its timed
-steps. So the means above are over steps without a refresh, the refresh steps are timed
-apart (forced after the timed steps until there are REFRESH_STEPS of them), and their extra
-time is added at training's rate: step_time = mean plain step + refresh_time / steps per
-refresh.
+The first step of an epoch costs more than the others: a new DataLoader iterator refills
+its pipeline, and AGS refreshes its factors there (a forward/backward on the reference
+sub-batch and an all-reduce). Training pays that once per epoch; a probe, whenever an epoch
+boundary happens to fall among its timed steps. So the means above are over the other
+steps; epoch-start steps are timed apart (further epochs are started until there are
+EXTRA_STEPS of them) and their extra time is added at training's rate:
+step_time = mean plain step + epoch-start extra / steps per epoch (+ mid-epoch refresh
+extra / k with ``ags_refresh_every_steps: k``).
 
 The parent (``tula probe``) only launches and collects: it imports no torch.
 """
@@ -47,7 +48,7 @@ from tula.io import read_json, write_json
 
 SCHEMA = "tula.probe/1"
 
-REFRESH_STEPS = 3  # AGS refresh steps timed at least (forced after the timed steps if too few fell there)
+EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
 
 # Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
 # probe raise a real torch.OutOfMemoryError; "=error" raises RuntimeError. Several
@@ -120,14 +121,18 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         r = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
         batches = r.epoch_batches()
 
-        def timed(sync: bool) -> tuple[float, bool]:
-            """(seconds, did it refresh AGS's factors) of one training step."""
+        def timed(sync: bool) -> tuple[float, str]:
+            """(seconds, kind) of one training step; kind: "start" (an epoch's first step),
+            "refresh" (a mid-epoch AGS refresh) or "plain"."""
             nonlocal batches
             with contextlib.nullcontext() if sync else r.ddp.no_sync():
-                while (got := r.timed_step(batches)) is None:  # epoch over: close it, untimed, as training does
-                    r.end_epoch()
+                while True:
+                    start = r.pos.offset == 0
+                    if (got := r.timed_step(batches)) is not None:
+                        break
+                    r.end_epoch()  # epoch over: close it, untimed, as training does
                     batches = r.epoch_batches()
-            return got[0], r.refreshed
+            return got[0], "start" if start else "refresh" if r.refreshed else "plain"
 
         def next_batch():
             nonlocal batches
@@ -154,10 +159,16 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             compute.append(timed(sync=False))
             done += 2
             progress.update(done, "timed ")
-        refresh_times = [t for t, refreshed in synced if refreshed]
-        while r.refreshes_per_step() > 0 and len(refresh_times) < REFRESH_STEPS:  # AGS: time its refresh steps too
+        def count(kind: str) -> int:
+            return sum(k == kind for _, k in synced)
+
+        while count("start") < EXTRA_STEPS and r.steps_per_epoch > 1:  # start further epochs to time their first step
+            r.end_epoch()
+            batches = r.epoch_batches()
+            synced.append(timed(sync=True))
+        while r.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
             r.force_refresh = True
-            refresh_times.append(timed(sync=True)[0])
+            synced.append(timed(sync=True))
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         else:
@@ -165,34 +176,36 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(gathered, {"host": dist.hostname(), "step": [t for t, _ in synced],
-                                                "compute": [t for t, _ in compute], "refresh": refresh_times,
-                                                "peak": peak, "rss": rss})  # fmt: skip
+                                                "compute": [t for t, _ in compute], "peak": peak, "rss": rss})  # fmt: skip
         if rank == 0:
             def slowest(key: str) -> list[float]:  # per step, the slowest rank's time
                 return [max(g[key][i] for g in gathered) for i in range(len(gathered[0][key]))]
 
-            step_max, comp_max, refresh_max = slowest("step"), slowest("compute"), slowest("refresh")
-            # Training pays AGS's refresh once per epoch (or every k steps): time steps without it,
-            # and add the refresh's extra time at training's rate, not at the rate it fell in here.
-            plain_step = [t for t, (_, refreshed) in zip(step_max, synced) if not refreshed] or step_max
-            plain_comp = [t for t, (_, refreshed) in zip(comp_max, compute) if not refreshed] or comp_max
-            s, c = _stats(plain_step), _stats(plain_comp)
-            refresh_extra = max(statistics.fmean(refresh_max) - s["mean"], 0.0) if refresh_max else 0.0
-            per_step = r.refreshes_per_step()
+            step_max, comp_max = slowest("step"), slowest("compute")
+            kinds = {k: [t for t, (_, kind) in zip(step_max, synced) if kind == k] for k in ("plain", "start", "refresh")}
+            plain_comp = [t for t, (_, kind) in zip(comp_max, compute) if kind == "plain"]
+            # Extra cost of an epoch's first step and of a mid-epoch refresh, added at training's rate.
+            s = _stats(kinds["plain"] or kinds["start"])
+            c = _stats(plain_comp or comp_max)
+            start_extra = max(statistics.fmean(kinds["start"]) - s["mean"], 0.0) if kinds["plain"] and kinds["start"] else 0.0
+            refresh_extra = max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
+            extra = start_extra / r.steps_per_epoch + refresh_extra * r.midepoch_refreshes_per_step()
             out.update(
-                step_time_s=s["mean"] + per_step * refresh_extra,
-                compute_time_s=c["mean"] + per_step * refresh_extra,
+                step_time_s=s["mean"] + extra,
+                compute_time_s=c["mean"] + extra,
                 sync_time_s=max(s["mean"] - c["mean"], 0.0),
-                refresh_time_s=refresh_extra,
-                refreshes_per_step=per_step,
-                refresh_step_times_s=refresh_max,
+                epoch_start_extra_s=start_extra,
+                refresh_extra_s=refresh_extra,
+                steps_per_epoch=r.steps_per_epoch,
+                epoch_start_step_times_s=kinds["start"],
+                refresh_step_times_s=kinds["refresh"],
                 step_time_median_s=s["median"],
                 compute_time_median_s=c["median"],
                 step_time_iqr_s=s["iqr"],
                 compute_time_iqr_s=c["iqr"],
                 step_time_cv=s["cv"],
-                step_times_s=step_max,
-                compute_times_s=comp_max,
+                step_times_s=kinds["plain"],
+                compute_times_s=plain_comp,
                 peak_mem_bytes=int(max(g["peak"] for g in gathered)),
                 rss_peak_bytes=int(max(g["rss"] for g in gathered)),
                 grad_bytes_per_step=mem.grad_bytes,

@@ -230,11 +230,11 @@ class Replica:
         self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
         return int(flags[self.world].item())
 
-    def refreshes_per_step(self) -> float:
-        """How often training refreshes AGS's factors: once per epoch, or every k steps."""
-        if self.t.method != "ags":
-            return 0.0
-        return 1.0 / (self.t.ags_refresh_every_steps or self.steps_per_epoch)
+    def midepoch_refreshes_per_step(self) -> float:
+        """How often training refreshes AGS's factors other than at an epoch's first step
+        (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
+        k = self.t.ags_refresh_every_steps
+        return 1.0 / k if self.t.method == "ags" and k else 0.0
 
     def epoch_batches(self) -> Iterator:
         """This rank's batches from the current position to the end of the epoch."""
