@@ -55,3 +55,11 @@ def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
     assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"  # plugin: mpi needs tasks > 1
     cpu = dist.job_resources(config.from_dict({}), 3, 5)
     assert cpu["gres"] is None and cpu["nodes"] == 3  # paper's setup: 1 worker per node
+
+
+def test_probe_and_production_workers_get_the_same_thread_environment():
+    from tula.dist import THREAD_VARIABLES, worker_environment
+
+    snakemake_like = {v: "2" for v in THREAD_VARIABLES} | {"PATH": "/bin"}  # Snakemake exports the rule's threads
+    env = worker_environment(1, snakemake_like)
+    assert all(env[v] == "1" for v in THREAD_VARIABLES) and env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"

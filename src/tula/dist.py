@@ -206,10 +206,17 @@ def run_torchrun(
     return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd)
 
 
-def worker_environment(threads_per_worker: int) -> dict[str, str]:
-    """The workers' environment: thread count, unbuffered output, and kineto (the profiler
-    behind the CPU memory measurement) quiet about the GPU a CUDA build of torch looks for."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_worker), PYTHONUNBUFFERED="1")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
+def worker_environment(threads_per_worker: int, base: dict | None = None) -> dict[str, str]:
+    """The environment of every worker, probe and production alike: the thread pools sized
+    to ``hardware.threads_per_worker`` (whatever Snakemake exported for the rule's threads),
+    unbuffered output, and kineto (the profiler behind the CPU memory measurement) quiet
+    about the GPU a CUDA build of torch looks for."""
+    env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
+    env.update({v: str(threads_per_worker) for v in THREAD_VARIABLES})
     env.setdefault("KINETO_LOG_LEVEL", "5")
     return env
 

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint
+from tula import checkpoint, dist
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
@@ -50,6 +50,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         cfg = config_mod.load(self.config)
+        os.environ.update(dist.worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
         on_cuda = cfg.hardware.device == "cuda"
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
         from tula.train import Trainer  # torch is imported by the job's tasks, not by tula launch
