@@ -1,5 +1,6 @@
 """``tula <stage>``: one subcommand per arrow of the data flow (see README, "Results files").
 
+    check      config + model + dataset    -> results/workload.json
     probe      (N, B)                      -> results/probes/N{n}_B{b}.json
     aggregate  results/probes/*.json       -> results/measurements.csv
     fit        measurements.csv            -> results/model/{memory,perf}.json
