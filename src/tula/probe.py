@@ -134,16 +134,10 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
                     batches = r.epoch_batches()
             return got[0], "start" if start else "refresh" if r.refreshed else "plain"
 
-        def next_batch():
-            nonlocal batches
-            while (b := next(batches, None)) is None:
-                r.end_epoch()
-                batches = r.epoch_batches()
-            return r.to_device(*b)
-
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        mem = measure_step(r.ddp, r.opt, r.forward_loss, *next_batch())
+        mem = measure_step(r.ddp, r.opt, r.forward_loss, *r.to_device(*next(batches)))
+        batches = r.epoch_batches()  # the memory step took a batch but no position: the epoch starts over
         _inject_fault(point, r, rank, wenv.world_size)  # after the memory step: an OOM meets the step's agreement
         total = 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps)
         progress = Progress(f"probe {point.name}", total, enabled=rank == 0)
@@ -159,6 +153,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             compute.append(timed(sync=False))
             done += 2
             progress.update(done, "timed ")
+
         def count(kind: str) -> int:
             return sum(k == kind for _, k in synced)
 
