@@ -207,11 +207,18 @@ def _still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job
 
 
 def _slurm_state(job_id: str) -> str:
-    """sacct's state of a job ('' when sacct does not know it)."""
-    if not shutil.which("sacct"):
-        return ""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-    return out.stdout.split()[0] if out.stdout.split() else ""
+    """A job's state: sacct's, else the controller's (`scontrol show job`), since accounting
+    records a job a moment after its submission; '' when neither knows it."""
+    if shutil.which("sacct"):
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        if out.stdout.split():
+            return out.stdout.split()[0]
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        for field in out.stdout.split():
+            if field.startswith("JobState="):
+                return field.split("=", 1)[1]
+    return ""
 
 
 def _latest_checkpoint_step(ck: Path) -> int:
