@@ -96,6 +96,9 @@ class ProbeSettings:
     warmup_steps: int
     timed_steps: int
     timeout_s: float
+    sweep_steps: int = 6
+    exclusive: bool = True
+    memory_batches: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,8 @@ class Config:
     train: TrainSettings
     launch: LaunchSettings
     compare: CompareSettings
+    knee_rule: str = "marginal"
+    knee_gain: float = 0.1
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (lists, not tuples) that validates against the schema."""
@@ -286,10 +291,12 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         search=d["search"],
         objective=d["objective"],
         knee_on=d["knee_on"],
+        knee_rule=d["knee_rule"],
+        knee_gain=d["knee_gain"],
         constraints=Constraints(**d["constraints"]),
         pricing=Pricing(**d["pricing"]),
         hardware=Hardware(**d["hardware"]),
-        probe=ProbeSettings(**d["probe"]),
+        probe=ProbeSettings(**{**d["probe"], "memory_batches": tuple(d["probe"]["memory_batches"] or ()) or None}),
         train=_train_settings(t, d["workload"]["model"]),
         launch=LaunchSettings(**d["launch"]),
         compare=CompareSettings(
@@ -346,10 +353,14 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
 _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "check": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data"),
     "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
-              "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train"),
+              "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train",
+              "grid"),
     "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
     "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
-    "select": ("objective", "knee_on", "constraints", "pricing"),
+    "memory_probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
+                     "hardware.device", "hardware.backend", "train.method", "train.precision", "train.channels_last",
+                     "train.optimizer", "grid", "probe.memory_batches"),
+    "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing"),
     "train": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
     "compare": ("compare", "workload.mnist1d_samples", "data", "hardware", "train"),
 }  # fmt: skip
