@@ -50,7 +50,9 @@ def test_allocation_size_from_scontrol_when_snakemake_cleared_the_environment(mo
 def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
     cfg = config.from_dict({"grid": {"nodes": [1, 8], "workers_per_node": 4}, "hardware": {"device": "cuda"}})
     r = dist.job_resources(cfg, 8, runtime_min=15)
-    assert r == {"tasks": 8, "nodes": 2, "mpi": "srun", "cpus_per_task": 1, "gres": "gpu:4", "runtime": 15}
+    assert r == {"tasks": 8, "nodes": 2, "mpi": "srun", "cpus_per_task": 1, "gres": "gpu:4", "runtime": 15,
+                 "slurm_extra": None}  # fmt: skip
+    assert dist.job_resources(cfg, 8, 15, exclusive=True)["slurm_extra"] == "--exclusive"  # probe.exclusive
     one = dist.job_resources(cfg, 1, runtime_min=15)
     assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"  # plugin: mpi needs tasks > 1
     cpu = dist.job_resources(config.from_dict({}), 3, 5)

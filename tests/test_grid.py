@@ -1,5 +1,5 @@
 from tula import config
-from tula.grid import Point, batch_sizes, grid, search_set
+from tula.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
 
 
 def test_batches_are_powers_of_two_between_bounds():
@@ -27,3 +27,36 @@ def test_partial_with_one_n_and_one_b_is_one_point():
 def test_point_names_and_local_batch():
     p = Point(4, 256)
     assert p.name == "N4_B256" and p.local_batch == 64
+
+
+def test_partial_search_never_probes_beyond_b_max():
+    # b_max = 64 per worker: N=1 fits B <= 64, N=4 fits B <= 256 (paper §III-A.2: b_max first)
+    cfg = config.from_dict({"grid": {"nodes": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"})
+    pts = search_set(cfg, max_local_batch=64)
+    assert pts == [Point(1, 32), Point(1, 64), Point(4, 32), Point(4, 256)]
+    assert all(p.local_batch <= 64 for p in pts)
+
+
+def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits():
+    cfg = config.from_dict({"grid": {"nodes": [1, 4], "batch_min": 64, "batch_max": 256}, "search": "full"})
+    assert search_set(cfg, max_local_batch=32) == [Point(4, 64), Point(4, 128)]
+    partial = config.from_dict({"grid": {"nodes": [1, 4], "batch_min": 64, "batch_max": 256}})
+    assert search_set(partial, max_local_batch=32) == [Point(4, 64), Point(4, 128)]  # N=1 has no point that fits
+
+
+def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epoch():
+    cfg = config.from_dict({"grid": {"nodes": [1, 2, 4], "batch_min": 32, "batch_max": 256}})
+    # local batches of the grid: 8 ... 256; this job runs b=64 at N=2
+    assert sweep_local_batches(cfg, 2, 64, None) == [8, 16, 32, 128, 256]
+    assert sweep_local_batches(cfg, 2, 64, 128) == [8, 16, 32, 128]  # b_max
+    assert sweep_local_batches(cfg, 2, 64, None, train_samples=300) == [8, 16, 32, 128]  # 2 x 256 > 300
+
+
+def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_corner():
+    from tula.probe import fallback_batches
+
+    cfg = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 256}})
+    assert fallback_batches(cfg, Point(2, 256), None) == [128, 64]
+    assert fallback_batches(cfg, Point(2, 32), None) == []  # the small corner has nothing below it
+    full = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 256}, "search": "full"})
+    assert fallback_batches(full, Point(2, 256), None) == []  # full search probes them anyway

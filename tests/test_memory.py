@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tula.memory import cpu_step_peak_bytes, measure_step
+from tula.memprobe import cpu_step_peak_bytes, measure_step
 from tula.models import build_model
 
 
@@ -35,3 +35,74 @@ def test_measured_cpu_peak_covers_eq3_and_is_linear_in_batch():
         assert eq3 <= measured <= 1.3 * eq3  # Eq. 3 terms plus backward's transient buffers
     # linear in b: equal steps in b give equal steps in bytes (to allocator granularity, ~512 B)
     assert p[128][0] - p[64][0] == pytest.approx(2 * (p[64][0] - p[32][0]), rel=1e-3)
+
+
+def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tmp_path, venv_path):
+    """One real worker at a few local batches; with an 8 MB device (7.2 MB after the 10 % margin)
+    small_cnn fits b=64 (6.9 MiB measured) but not b=128 (12 MiB): partial search then probes
+    N=1 at B=64 instead of B=128."""
+    import json
+
+    import yaml
+
+    from tula import config, memprobe
+    from tula.grid import Point, search_set
+    from tula.memory import MemoryModel, max_local_batch
+
+    tiny_raw["hardware"] = {"device_memory_gb": 0.008}
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump(tiny_raw))
+    out = tmp_path / "memory_probe.json"
+    rec = memprobe.run(cfg_file, out)
+    assert json.loads(out.read_text())["max_local_batch"] == rec["max_local_batch"] == max_local_batch(out)
+    pts = rec["points"]
+    assert [p["local_batch"] for p in pts] == [16, 64, 128] and all(p["status"] == "ok" for p in pts)
+    assert all(p["peak_mem_bytes"] == max(p["plain_peak_bytes"], p["refresh_peak_bytes"]) for p in pts)
+    model = MemoryModel.from_dict(rec["memory_model"])
+    bmax = rec["max_local_batch"]
+    assert 64 <= bmax < 128
+    assert model.predict_bytes(bmax) <= 0.008e9 * 0.9 < model.predict_bytes(bmax + 1)
+    cfg = config.load(cfg_file)
+    assert search_set(cfg, bmax) == [Point(1, 32), Point(1, 64), Point(2, 32), Point(2, 128)]
+    assert not list(tmp_path.glob(".*ranks"))
+
+
+def test_a_measured_oom_bounds_b_max_below_it():
+    from tula.memory import from_points
+
+    ok = [{"local_batch": 8, "peak_mem_bytes": 1000 + 100 * 8}, {"local_batch": 32, "peak_mem_bytes": 1000 + 100 * 32}]
+    assert from_points(ok, [], budget_bytes=1000 + 100 * 500).max_local_batch() == 500
+    # the device said no at 128 though the fit says 500 would fit: the measurement wins
+    bounded = from_points(ok, [{"local_batch": 128}], budget_bytes=1000 + 100 * 500)
+    assert bounded.max_local_batch() == 127 and not bounded.feasible(128) and bounded.feasible(127)
+    assert from_points(ok, [{"local_batch": 128}], budget_bytes=None).max_local_batch() == 127
+
+
+def test_an_oom_where_a_larger_local_batch_ran_bounds_nothing():
+    import pandas as pd
+
+    from tula.memory import fit, oom_bound
+
+    rows = pd.DataFrame([dict(nodes=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
+                         dict(nodes=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
+                         dict(nodes=2, local_batch=64, status="oom", peak_mem_bytes=None)])  # fmt: skip
+    assert oom_bound(rows) is None  # N=1 ran b=128: the N=2 OOM at b=64 is that point's, not a bound
+    assert fit(rows, budget_bytes=None).max_local_batch() is None
+    above = pd.concat([rows, pd.DataFrame([dict(nodes=1, local_batch=256, status="oom", peak_mem_bytes=None)])])
+    assert oom_bound(above) == 256 and fit(above, budget_bytes=None).max_local_batch() == 255
+
+
+def test_the_memory_probe_measures_at_the_b_max_it_predicts():
+    from tula import config
+    from tula.memprobe import default_batches, next_batch
+
+    cfg = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 1024},
+                            "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9}})  # fmt: skip
+    first = default_batches(cfg)
+    assert first == [16, 64, 256]
+    pts = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1000 + 100 * b} for b in first]
+    assert next_batch(cfg, pts) == 512  # the largest grid local batch under the predicted b_max = 700
+    oom = pts + [{"local_batch": 512, "status": "oom"}]
+    assert next_batch(cfg, oom) is None  # below the OOM, 256 is the largest and was measured
+    ran = pts + [{"local_batch": 512, "status": "ok", "peak_mem_bytes": 1000 + 100 * 512}]
+    assert next_batch(cfg, ran) is None

@@ -151,7 +151,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None) -> dict[str, int | str | None]:
+def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None,
+                  exclusive: bool = False) -> dict[str, int | str | None]:  # fmt: skip
     """What one SLURM job for N workers asks for (Snakemake resources -> sbatch flags).
 
     ============== ==================================== =========================
@@ -165,6 +166,9 @@ def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None) -> di
     cpus_per_task  hardware.threads_per_worker          --cpus-per-task
     gres           "gpu:<GPUs per node>" on CUDA        --gres
     runtime        minutes (None: the profile's)        -t
+    slurm_extra    "--exclusive" with ``exclusive``     --exclusive (whole nodes:
+                   (probe jobs, probe.exclusive)         no other job shares a
+                                                         timing)
     ============== ==================================== =========================
 
     A value of None leaves the resource unset. GPUs are requested when
@@ -179,6 +183,7 @@ def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None) -> di
         "cpus_per_task": cfg.hardware.threads_per_worker,
         "gres": f"gpu:{min(nodes, wpn)}" if cfg.hardware.device == "cuda" else None,
         "runtime": runtime_min,
+        "slurm_extra": "--exclusive" if exclusive else None,
     }
 
 
@@ -293,13 +298,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def parse_worker_args(prog: str, out_flag: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """Arguments of a worker entry point (``python -m tula.probe`` / ``tula.train``)."""
+def parse_worker_args(prog: str, out_flag: str, argv: list[str] | None = None, batch_list: bool = False) -> argparse.Namespace:
+    """Arguments of a worker entry point (``python -m tula.probe`` / ``tula.memprobe``);
+    ``batch_list``: --global-batch is a comma-separated list."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description="One worker, started by torchrun or srun.")
     p.add_argument("--config", required=True)
     p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--global-batch", required=True,
+                   type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int)  # fmt: skip
     p.add_argument(out_flag, required=True)
+    p.add_argument("--memory-probe", default=None, help="results/memory_probe.json: b_max for the compute sweep")
     return p.parse_args(argv)
 
 

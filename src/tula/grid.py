@@ -38,11 +38,42 @@ def grid(cfg: Config) -> list[Point]:
     return [Point(n, b) for n in cfg.grid.nodes for b in batch_sizes(cfg)]
 
 
-def search_set(cfg: Config) -> list[Point]:
-    """The points to probe: all of them (`full`) or the four corners (`partial`)."""
-    points = grid(cfg)
+def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
+    """The points to probe, never one the memory model rules out (local batch above
+    ``max_local_batch``, b_max of the memory probe; None = unbounded).
+
+    ``full``: every grid point that fits. ``partial`` (§III-A.2): min and max N, each at the
+    smallest B and at the largest B that fits there (grid.batch_max when memory allows).
+    """
+    def fits(p: Point) -> bool:
+        return max_local_batch is None or p.local_batch <= max_local_batch
+
+    points = [p for p in grid(cfg) if fits(p)]
     if cfg.search == "full":
         return points
-    ns, bs = cfg.grid.nodes, batch_sizes(cfg)
-    corners = {Point(n, b) for n in (min(ns), max(ns)) for b in (min(bs), max(bs))}
+    ns = cfg.grid.nodes
+    corners: set[Point] = set()
+    for n in {min(ns), max(ns)}:
+        at_n = sorted(p.global_batch for p in points if p.nodes == n)
+        if at_n:
+            corners |= {Point(n, at_n[0]), Point(n, at_n[-1])}
     return sorted(corners)
+
+
+def sweep_local_batches(cfg: Config, nodes: int, own_local_batch: int, max_local_batch: int | None,
+                        train_samples: int | None = None) -> list[int]:
+    """The other local batches a probe job at N=``nodes`` times compute at (issue: the
+    compute curve from every probe job): every local batch of the grid (B'/N' for each B'
+    and N'), up to b_max, whose global batch at this N fits in one epoch of data."""
+    out = set()
+    for n in cfg.grid.nodes:
+        for b in batch_sizes(cfg):
+            lb = b // n
+            if lb == own_local_batch or lb < 1:
+                continue
+            if max_local_batch is not None and lb > max_local_batch:
+                continue
+            if train_samples is not None and lb * nodes > train_samples:
+                continue
+            out.add(lb)
+    return sorted(out)
