@@ -54,6 +54,46 @@ def test_bad_measurements_name_file_and_column(tmp_path, change, message):
         measurements.load(p)
 
 
+def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
+    sweep = [{"local_batch": 16, "status": "ok", "compute_time_s": 0.01, "compute_time_cv": 0.05, "peak_mem_bytes": 600},
+             {"local_batch": 128, "status": "oom", "error": "out of memory on rank(s) [0]"}]  # fmt: skip
+    # the partial corner N2_B512 ran out of memory and fell back to B=256, which ran
+    corner = probe_record(2, 512, "oom", error="out of memory", fallbacks=[probe_record(2, 256)])
+    write_json(tmp_path / "N2_B64.json", probe_record(2, 64, sweep=sweep, train_samples=1437))
+    write_json(tmp_path / "N2_B512.json", corner)
+    write_json(tmp_path / "memory_probe.json", {"points": [
+        {"local_batch": 8, "status": "ok", "peak_mem_bytes": 500, "memory": {"act_bytes": 300}},
+        {"local_batch": 512, "status": "oom", "error": "out of memory at local batch 512"}],
+        "env": {"device": "cpu", "backend": "gloo"}})  # fmt: skip
+    measurements.aggregate([tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"], tmp_path / "m.csv",
+                           memory_probe=tmp_path / "memory_probe.json")  # fmt: skip
+    df = measurements.load(tmp_path / "m.csv")
+    key = list(zip(df["source"], df["nodes"], df["global_batch"], df["local_batch"], df["status"]))
+    assert key == [("probe", 2, 64, 32, "ok"), ("probe", 2, 256, 128, "ok"), ("probe", 2, 512, 256, "oom"),
+                   ("sweep", 2, 64, 16, "ok"), ("sweep", 2, 64, 128, "oom"),
+                   ("memory", 1, 8, 8, "ok"), ("memory", 1, 512, 512, "oom")]  # fmt: skip
+    sw = df[df["source"] == "sweep"].iloc[0]
+    assert sw["compute_time_s"] == 0.01 and pd.isna(sw["step_time_s"]) and pd.isna(sw["sync_time_s"])
+    assert sw["probe_file"].endswith("N2_B64.json") and sw["train_samples"] == 1437
+    fallback = df[(df["source"] == "probe") & (df["global_batch"] == 256)].iloc[0]
+    assert fallback["probe_file"].endswith("N2_B512.json")  # the job that measured it
+    assert len(measurements.probes(df)) == 3 and df[df["source"] == "memory"].iloc[0]["act_bytes"] == 300
+
+
+def test_source_rows_are_checked_for_what_they_must_carry(tmp_path):
+    row = dict(nodes=2, global_batch=64, local_batch=16, step_time_s=None, compute_time_s=None, sync_time_s=None,
+               peak_mem_bytes=600, status="ok", source="sweep")  # fmt: skip
+    p = tmp_path / "m.csv"
+    pd.DataFrame([row]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2, column compute_time_s"):  # a sweep row is a compute time
+        measurements.load(p)
+    pd.DataFrame([row | {"source": "memory"}]).to_csv(p, index=False)
+    assert measurements.load(p).loc[0, "peak_mem_bytes"] == 600  # a memory row needs no time
+    pd.DataFrame([row | {"source": "guess"}]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="column source: 'guess' is not one of probe, sweep, memory"):
+        measurements.load(p)
+
+
 def test_atomic_write_keeps_old_file_on_error(tmp_path):
     target = tmp_path / "selection.json"
     write_json(target, {"v": 1})

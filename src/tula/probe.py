@@ -43,11 +43,12 @@ from typing import Any
 
 from tula import config as config_mod
 from tula import dist
-from tula.grid import Point
+from tula.grid import Point, batch_sizes, sweep_local_batches
 from tula.io import read_json, write_json
 
 SCHEMA = "tula.probe/1"
 
+SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (start, short last batch aside)
 EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
 
 # Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
@@ -58,7 +59,8 @@ FAULT_ENV = "TULA_INJECT_PROBE_FAULT"
 
 def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
     """``oom``: the last rank raises a real OutOfMemoryError inside the model's forward, where
-    the step's agreement must catch it on every rank; ``error``: a RuntimeError at once."""
+    the step's agreement must catch it on every rank; ``profiler``: the last rank's first CPU
+    memory timeline fails after its step; ``error``: a RuntimeError at once."""
     import torch
 
     spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
@@ -70,6 +72,20 @@ def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
             raise torch.OutOfMemoryError(f"injected by {FAULT_ENV} at {point.name}")
 
         replica.ddp.module.register_forward_pre_hook(hook)
+        return
+    if kind == "profiler":  # the profiler's memory timeline fails once on this rank (a torch bug seen here)
+        from tula import memprobe
+
+        real, calls = memprobe.cpu_step_peak_bytes, []
+
+        def flaky(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                real(*args, **kwargs)  # the step runs, as in the real failure
+                raise AssertionError(f"version mismatch (injected by {FAULT_ENV} at {point.name})")
+            return real(*args, **kwargs)
+
+        memprobe.cpu_step_peak_bytes = flaky
         return
     raise RuntimeError(f"injected by {FAULT_ENV} at {point.name}")
 
@@ -100,44 +116,73 @@ def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Conf
     }
 
 
-def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
+def _sweep(r, cfg: config_mod.Config, point: Point, max_local_batch: int | None, start_extra_s: float) -> list[dict]:
+    """Compute-only steps (the training step under ``DDP.no_sync()``) at the other local
+    batches that fit, in this process after the probe's own measurement: the compute curve.
+
+    Each local batch gets one untimed step, then ``probe.sweep_steps`` timed ones; an epoch's
+    first step and its short last batch are left out of the mean, and the first step's extra
+    (measured at the probe's own batch) is added at that batch's rate, as for the probe's own
+    compute time. Only batches of which an epoch holds at least SWEEP_MIN_STEPS are swept.
+    Peak memory is measured on a plain step. Smallest first; the first OOM (agreed by every
+    rank) ends the sweep."""
+    import contextlib
+
+    import torch
+
+    from tula.memprobe import step_peak_bytes
+    from tula.train import StepOOM
+
+    rows: list[dict] = []
+    for lb in sweep_local_batches(cfg, point.nodes, point.local_batch, max_local_batch,
+                                  r.data.train_size // SWEEP_MIN_STEPS):  # fmt: skip
+        r.set_global_batch(lb * point.nodes)
+        row: dict[str, Any] = {"local_batch": lb}
+        try:
+            with r.ddp.no_sync():
+                r.next_timed_step()  # warm-up: the allocator and caches meet the new shape
+                times = [r.next_timed_step() for _ in range(cfg.probe.sweep_steps)]
+                peak = step_peak_bytes(r, refresh=False)["plain"]
+        except StepOOM as exc:
+            row.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
+            rows.append(row)
+            break
+        plain = [t for t, kind in times if kind == "plain"] or [t for t, _ in times]
+        row.update(status="ok", times=plain, peak=peak, extra=start_extra_s / r.steps_per_epoch)
+        rows.append(row)
+    return rows
+
+
+def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local_batch: int | None = None) -> None:
     """Body of one worker process (rank r of N). Writes result_dir/rank{r}.json."""
     import contextlib
 
     import torch
     import torch.distributed as torch_dist
 
-    from tula.memory import cpu_step_peak_bytes, measure_step
-    from tula.progress import Progress
+    from tula.memprobe import measure_step, step_peak_bytes
     from tula.optim import TulaOptimizer
+    from tula.progress import Progress
     from tula.train import Replica, StepOOM
 
     rank = dist.worker_env().rank
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
+    result = dist.result_path(result_dir, rank)
+    measured = False
     try:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
         if wenv.world_size != point.nodes:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
         r = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
-        batches = r.epoch_batches()
 
         def timed(sync: bool) -> tuple[float, str]:
-            """(seconds, kind) of one training step; kind: "start" (an epoch's first step),
-            "refresh" (a mid-epoch AGS refresh) or "plain"."""
-            nonlocal batches
+            """(seconds, kind) of one training step, synced or compute-only (no_sync)."""
             with contextlib.nullcontext() if sync else r.ddp.no_sync():
-                while True:
-                    start = r.pos.offset == 0
-                    if (got := r.timed_step(batches)) is not None:
-                        break
-                    r.end_epoch()  # epoch over: close it, untimed, as training does
-                    batches = r.epoch_batches()
-            return got[0], "start" if start else "refresh" if r.refreshed else "plain"
+                t, kind = r.next_timed_step()
+            return t, "plain" if kind == "partial" else kind  # training pays its short batches as they come
 
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        mem = measure_step(r.ddp, r.opt, r.forward_loss, *r.to_device(*next(batches)))
-        batches = r.epoch_batches()  # the memory step took a batch but no position: the epoch starts over
+        mem = measure_step(r.ddp, r.opt, r.forward_loss, *r.to_device(*next(r.epoch_batches())))
+        # the memory step took a batch but no position: the epoch's iterator starts over
         _inject_fault(point, r, rank, wenv.world_size)  # after the memory step: an OOM meets the step's agreement
         total = 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps)
         progress = Progress(f"probe {point.name}", total, enabled=rank == 0)
@@ -158,20 +203,20 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             return sum(k == kind for _, k in synced)
 
         while count("start") < EXTRA_STEPS and r.steps_per_epoch > 1:  # start further epochs to time their first step
-            r.end_epoch()
-            batches = r.epoch_batches()
+            r.restart_epoch()
             synced.append(timed(sync=True))
         while r.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
             r.force_refresh = True
             synced.append(timed(sync=True))
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device)
-        else:
-            peak = cpu_step_peak_bytes(r.ddp, r.opt, lambda: timed(sync=True))
+        peaks = step_peak_bytes(r)  # a plain step and an AGS refresh step, each measured alone
+        peak = max(peaks.values())
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(gathered, {"host": dist.hostname(), "step": [t for t, _ in synced],
-                                                "compute": [t for t, _ in compute], "peak": peak, "rss": rss})  # fmt: skip
+                                                "compute": [t for t, _ in compute], "peak": peak, "peaks": peaks,
+                                                "rss": rss})  # fmt: skip
+        steps_per_epoch = r.steps_per_epoch
+        measured = True  # from here on, a failure belongs to the sweep and the probe's own result stands
         if rank == 0:
             def slowest(key: str) -> list[float]:  # per step, the slowest rank's time
                 return [max(g[key][i] for g in gathered) for i in range(len(gathered[0][key]))]
@@ -184,14 +229,14 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
             c = _stats(plain_comp or comp_max)
             start_extra = max(statistics.fmean(kinds["start"]) - s["mean"], 0.0) if kinds["plain"] and kinds["start"] else 0.0
             refresh_extra = max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
-            extra = start_extra / r.steps_per_epoch + refresh_extra * r.midepoch_refreshes_per_step()
+            extra = start_extra / steps_per_epoch + refresh_extra * r.midepoch_refreshes_per_step()
             out.update(
                 step_time_s=s["mean"] + extra,
                 compute_time_s=c["mean"] + extra,
                 sync_time_s=max(s["mean"] - c["mean"], 0.0),
                 epoch_start_extra_s=start_extra,
                 refresh_extra_s=refresh_extra,
-                steps_per_epoch=r.steps_per_epoch,
+                steps_per_epoch=steps_per_epoch,
                 epoch_start_step_times_s=kinds["start"],
                 refresh_step_times_s=kinds["refresh"],
                 step_time_median_s=s["median"],
@@ -199,9 +244,12 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
                 step_time_iqr_s=s["iqr"],
                 compute_time_iqr_s=c["iqr"],
                 step_time_cv=s["cv"],
+                compute_time_cv=c["cv"],
                 step_times_s=kinds["plain"],
                 compute_times_s=plain_comp,
                 peak_mem_bytes=int(max(g["peak"] for g in gathered)),
+                plain_peak_bytes=int(max(g["peaks"]["plain"] for g in gathered)),  # each the largest rank's
+                refresh_peak_bytes=int(max(g["peaks"]["refresh"] for g in gathered)) if "refresh" in peaks else None,
                 rss_peak_bytes=int(max(g["rss"] for g in gathered)),
                 grad_bytes_per_step=mem.grad_bytes,
                 memory=mem.to_dict(),
@@ -209,20 +257,56 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path) -> None:
                 steps_run=r.pos.step,
                 optimizer_counters=dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
                 env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg),
+                sweep=[],
             )
+            write_json(result, out)  # the probe's own measurement stands even if the sweep fails
+        if cfg.probe.sweep_steps > 0:
+            start_extra_all: list[Any] = [out.get("epoch_start_extra_s", 0.0)]
+            torch_dist.broadcast_object_list(start_extra_all, src=0)
+            rows = _sweep(r, cfg, point, max_local_batch, float(start_extra_all[0]))
+            swept: list[Any] = [None] * wenv.world_size
+            torch_dist.all_gather_object(swept, rows)
+            if rank == 0:
+                out["sweep"] = _sweep_rows(swept)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
-        out.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}")
-        write_json(dist.result_path(result_dir, rank), out)
+        out = {"rank": rank, "status": "oom",
+               "error": f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}"}  # fmt: skip
+        write_json(result, out)
         dist.shutdown(ok=True)
         sys.exit(1)
-    except torch.OutOfMemoryError as exc:
-        out.update(status="oom", error=f"out of memory on rank {rank}: {str(exc).splitlines()[0]}")
     except Exception as exc:  # recorded, never silently dropped
-        out.update(status="error", error=f"rank {rank}: {type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-    write_json(dist.result_path(result_dir, rank), out)
-    dist.shutdown(ok=out["status"] == "ok")
+        first = (str(exc).splitlines() or [""])[0]
+        if measured:  # the sweep failed after the probe's own measurement: keep it, say so
+            out["sweep_error"] = f"rank {rank}: {type(exc).__name__}: {first}"
+        elif isinstance(exc, torch.OutOfMemoryError):
+            out = {"rank": rank, "status": "oom", "error": f"out of memory on rank {rank}: {first}"}
+        else:
+            out = {"rank": rank, "status": "error", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc(), "failed_at": time.time()}  # fmt: skip
+    write_json(result, out)
+    clean = out["status"] == "ok" and "sweep_error" not in out
+    dist.shutdown(ok=clean)
     if out["status"] != "ok":
         sys.exit(1)
+
+
+def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
+    """One row per swept local batch: the slowest rank per step, mean (+ amortised epoch-start
+    extra), median, CV; peak memory the largest of the ranks'."""
+    rows = []
+    for i, first in enumerate(per_rank[0]):
+        row = {"local_batch": first["local_batch"], "status": first["status"]}
+        if first["status"] == "ok":
+            steps = [max(rk[i]["times"][j] for rk in per_rank) for j in range(len(first["times"]))]
+            st = _stats(steps)
+            peaks = [rk[i]["peak"] for rk in per_rank if rk[i].get("peak") is not None]
+            row.update(compute_time_s=st["mean"] + first["extra"], compute_time_median_s=st["median"],
+                       compute_time_cv=st["cv"], compute_times_s=steps,
+                       peak_mem_bytes=int(max(peaks)) if peaks else None)  # fmt: skip
+        else:
+            row["error"] = first.get("error")
+        rows.append(row)
+    return rows
 
 
 def _combine(point: Point, rank_results: list[dict], launch: dist.LaunchResult | None, cfg: config_mod.Config) -> dict:
@@ -243,7 +327,8 @@ def _combine(point: Point, rank_results: list[dict], launch: dist.LaunchResult |
         record.update(status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s")
     elif failed:
         oom = [r for r in failed if r["status"] == "oom"]
-        first = (oom or failed)[0]
+        # the rank that failed first is the cause; the others lost their peer in a collective
+        first = oom[0] if oom else min(failed, key=lambda r: r.get("failed_at", float("inf")))
         record.update(status=first["status"], error=first.get("error", "unknown error"))
         if "traceback" in first:
             record["traceback"] = first["traceback"]
@@ -258,48 +343,90 @@ def _combine(point: Point, rank_results: list[dict], launch: dist.LaunchResult |
     return record
 
 
-def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path) -> dict:
-    """Launch the N workers of one probe, then write ``out``; returns the record."""
-    cfg = config_mod.load(cfg_path)
-    if global_batch % nodes:
-        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
-    point = Point(nodes, global_batch)
-    out = Path(out)
-    work = out.parent / f".{out.stem}.ranks"
+def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
+                memory_probe: str | Path | None) -> dict:  # fmt: skip
+    """Launch the N workers at one point and combine what they wrote into a record."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    print(f"[probe {point.name}] N={nodes} B={global_batch} (b={point.local_batch} per worker), "
+    print(f"[probe {point.name}] N={point.nodes} B={point.global_batch} (b={point.local_batch} per worker), "
           f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
-    worker_args = ["tula.probe", "--config", str(cfg_path), "--nodes", str(nodes),
-                   "--global-batch", str(global_batch), "--result-dir", str(work)]  # fmt: skip
+    worker_args = ["tula.probe", "--config", str(cfg_path), "--nodes", str(point.nodes),
+                   "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
+    if memory_probe:
+        worker_args += ["--memory-probe", str(memory_probe)]
     launch = dist.launch(
-        nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
+        point.nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
     )
     ranks = []
-    for r in range(nodes):
+    for r in range(point.nodes):
         p = dist.result_path(work, r)
         if p.exists():
             try:
                 ranks.append(read_json(p))
             except ValueError:
                 pass
+    shutil.rmtree(work, ignore_errors=True)
     record = _combine(point, ranks, launch, cfg)
     record["started_at"] = started
-    write_json(out, record)
-    shutil.rmtree(work, ignore_errors=True)
     if record["status"] == "ok":
         print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
               f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB -> {out}", flush=True)  # fmt: skip
+              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
+              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches", flush=True)  # fmt: skip
     else:
-        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')} (recorded in {out})", flush=True)
+        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
+    return record
+
+
+def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | Path | None) -> list[int]:
+    """Smaller global batches to try, largest first, when a partial search's largest-B corner
+    runs out of memory: down to (not including) the smallest B that fits at this N."""
+    from tula.grid import search_set
+    from tula.memory import max_local_batch
+
+    if cfg.search != "partial":
+        return []  # a full search probes every smaller batch anyway
+    bmax = max_local_batch(memory_probe) if memory_probe else None
+    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.nodes == point.nodes)
+    if not at_n or point.global_batch != at_n[-1]:
+        return []
+    return [b for b in sorted(batch_sizes(cfg), reverse=True) if at_n[0] < b < point.global_batch]
+
+
+def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
+        memory_probe: str | Path | None = None) -> dict:  # fmt: skip
+    """Launch the N workers of one probe, then write ``out``; returns the record.
+
+    ``memory_probe`` (results/memory_probe.json) bounds the compute sweep at b_max. When a
+    partial search's largest-B corner runs out of memory anyway, the next smaller batches are
+    probed in the same job until one fits; their records go under ``fallbacks``."""
+    cfg = config_mod.load(cfg_path)
+    if global_batch % nodes:
+        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
+    point = Point(nodes, global_batch)
+    out = Path(out)
+    work = out.parent / f".{out.stem}.ranks"
+    record = _probe_once(cfg, cfg_path, point, work, memory_probe)
+    if record["status"] == "oom":
+        record["fallbacks"] = []
+        for b in fallback_batches(cfg, point, memory_probe):
+            print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
+            fb = _probe_once(cfg, cfg_path, Point(nodes, b), work, memory_probe)
+            record["fallbacks"].append(fb)
+            if fb["status"] != "oom":
+                break
+    write_json(out, record)
+    print(f"[probe {point.name}] recorded in {out}", flush=True)
     return record
 
 
 def _worker_main(argv: list[str] | None = None) -> None:
+    from tula.memory import max_local_batch
+
     a = dist.parse_worker_args("tula.probe", "--result-dir", argv)
-    run_worker(config_mod.load(a.config), Point(a.nodes, a.global_batch), Path(a.result_dir))
+    bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
+    run_worker(config_mod.load(a.config), Point(a.nodes, a.global_batch), Path(a.result_dir), bmax)
 
 
 if __name__ == "__main__":

@@ -152,10 +152,12 @@ class Replica:
         self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of this epoch
         self.force_refresh = False
         self.refreshed = False  # did the last step refresh AGS's factors?
+        self.last_chunk = 0  # samples (all ranks) of the last step's batch
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
         self.on_backward_oom: Callable[[str], None] | None = None  # production: leave a record
         self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
         self._eval_loader = None
+        self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
@@ -225,10 +227,23 @@ class Replica:
         self.scaler.update()
         self.pos.step += 1
         self.pos.offset += chunk
+        self.last_chunk = chunk
         self.sched.step()
         n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
         self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
         return int(flags[self.world].item())
+
+    def set_global_batch(self, global_batch: int) -> None:
+        """Run the next steps at another global batch (the same model, optimizer and step):
+        a new loader cut into batches of ``global_batch``, from the start of an epoch. The
+        probe's compute sweep and the memory probe time and measure other local batches so."""
+        self.global_batch = global_batch
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.loader, self.sampler = data_mod.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
+                                                          self.device)  # fmt: skip
+        self.pos = Position(self.pos.step, self.pos.epoch, 0)
+        self.stats.zero_()
+        self._batches = None
 
     def midepoch_refreshes_per_step(self) -> float:
         """How often training refreshes AGS's factors other than at an epoch's first step
@@ -240,6 +255,26 @@ class Replica:
         """This rank's batches from the current position to the end of the epoch."""
         self.sampler.set_position(self.pos.epoch, self.pos.offset)
         return iter(self.loader)
+
+    def next_timed_step(self) -> tuple[float, str]:
+        """Time the next training step wherever training stands, closing an epoch (untimed, as
+        training does) when it runs out. Returns (seconds, kind); kind is "start" (an epoch's
+        first step), "refresh" (a mid-epoch AGS refresh), "partial" (an epoch's short last
+        batch) or "plain"."""
+        while True:
+            if self._batches is None:
+                self._batches = self.epoch_batches()
+            start = self.pos.offset == 0
+            got = self.timed_step(self._batches)
+            if got is not None:
+                short = self.last_chunk < self.global_batch
+                return got[0], "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
+            self.restart_epoch()
+
+    def restart_epoch(self) -> None:
+        """Close the epoch in progress; the next step starts a new one."""
+        self.end_epoch()
+        self._batches = None
 
     def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
         """Fetch the next batch and run :meth:`step`; (seconds from fetch to the end of the
