@@ -39,9 +39,10 @@ def test_fit_on_all_failed_probes_says_so(tmp_path, capsys, tiny_config_file):
     m = tmp_path / "m.csv"
     m.write_text("nodes,global_batch,local_batch,step_time_s,compute_time_s,sync_time_s,peak_mem_bytes,status\n"
                  "1,32,32,,,,,oom\n")  # fmt: skip
-    assert main(["fit", "--config", str(tiny_config_file), "--measurements", str(m), "--out-dir", str(tmp_path)]) == 2
+    assert main(["fit", "--config", str(tiny_config_file), "--measurements", str(m), "--memory-out",
+                 str(tmp_path / "memory.json"), "--perf-out", str(tmp_path / "perf.json")]) == 2  # fmt: skip
     assert "no probe succeeded" in capsys.readouterr().err
-    assert not (tmp_path / "perf.json").exists()
+    assert not (tmp_path / "perf.json").exists() and not (tmp_path / "memory.json").exists()
 
 
 def test_check_lists_the_search_set(tiny_config_file, capsys):
@@ -67,13 +68,16 @@ def test_fit_predict_select_on_measurements_taken_elsewhere(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"grid": {"nodes": [2, 4, 8, 16], "batch_min": 64, "batch_max": 1024},
                                    "hardware": {"device_memory_gb": 32}, "objective": "time"}))  # fmt: skip
-    c, m, md = str(cfg), str(tmp_path / "m.csv"), str(tmp_path / "model")
-    assert main(["fit", "--config", c, "--measurements", m, "--out-dir", md]) == 0
-    assert main(["predict", "--config", c, "--measurements", m, "--model-dir", md, "--train-samples", "50000",
-                 "--out", str(tmp_path / "p.csv")]) == 0  # fmt: skip
+    c, m, md = str(cfg), str(tmp_path / "m.csv"), tmp_path / "model"
+    mem, perf = str(md / "memory.json"), str(md / "perf.json")
+    assert main(["fit", "--config", c, "--measurements", m, "--memory-out", mem, "--perf-out", perf]) == 0
+    assert main(["predict", "--config", c, "--measurements", m, "--memory", mem, "--perf", perf,
+                 "--train-samples", "50000", "--out", str(tmp_path / "p.csv")]) == 0  # fmt: skip
     assert main(["select", "--config", c, "--predictions", str(tmp_path / "p.csv"), "--out", str(tmp_path / "s.json")]) == 0
     pred = pd.read_csv(tmp_path / "p.csv")
     assert len(pred) == 4 * 5 and (pred["step_time_lo_s"] <= pred["step_time_s"]).all()
     perf = json.loads((tmp_path / "model" / "perf.json").read_text())
-    assert perf["compute"]["slope"] == pytest.approx(0.0004, rel=1e-6)  # exact data, exact recovery
+    assert perf["compute"]["form"] == "linear"  # exact linear data: the simplest form wins
+    assert perf["compute"]["params"]["c1"] == pytest.approx(0.0004, rel=1e-6)  # exact data, exact recovery
+    assert all(abs(r["error_pct"]) < 2.0 for r in perf["residuals"])  # near every probe (the data's sync has a constant s(N) lacks)
     assert json.loads((tmp_path / "s.json").read_text())["selected"]["nodes"] in (2, 4, 8, 16)

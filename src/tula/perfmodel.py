@@ -1,35 +1,54 @@
 """Step-time model (Eq. 2) and training time (Eq. 4a) for every grid point.
 
-    t_step(N, b) = t_compute(b) + t_sync(N)
-    t_compute(b) = c0 + c1 * b                 (linear in the local batch b)
-    t_sync(N)    = s0 + s1 * x(N)              x = (N-1)/N ring | N param. server | log2 N tree
+    t_step(N, b) = t_compute(b, N) (+) t_sync(N)
     T            = E * ceil(D / B) * t_step    (Eq. 4a with whole steps per epoch)
 
-Each sub-model is fitted on its own measurement (compute_time_s, sync_time_s), so a
-partial search's four corner probes give both fits the points they need. Predictions
-are clipped at zero: a line fitted to noisy points must not predict negative time.
+Each part is a choice among candidate forms (:mod:`tula.curvefit`), made by held-out error
+on what was measured, simplest first:
+
+compute, fitted on every compute-only measurement (probe rows and the probe jobs' sweep rows):
+    linear              c0 + c1*b
+    linear_shared       (c0 + c1*b) * (1 + k*(N-1))        workers share a machine (CPU cores,
+                                                           memory bandwidth): each is slower at larger N
+    linear_shared_parts c0*(1 + k0*(N-1)) + c1*b*(1 + k1*(N-1))   the fixed and the per-sample cost
+                                                           slowed by different amounts
+    saturating          c0 + c1*max(b - b0, 0)             flat while the device is under-used, linear beyond (GPU)
+    saturating_shared   the same times (1 + k*(N-1))
+step, fitted on the multi-worker probes' step times given the compute model:
+    additive            t_compute + s(N)                   exposed sync independent of b
+    overlap             (t_compute^g + s(N)^g)^(1/g)       DDP overlaps sync with backward (AdaptDL's gamma)
+    with s(N) = s1*x(N) (bandwidth: x = (N-1)/N ring | N param. server | log2 N tree) and, when at
+    least three values of N are probed, + a*l(N) (latency: l = N-1, ring and ps; a tree's
+    latency grows as log2 N like its bandwidth term, so s1 covers both).
+
+All parameters are bounded at zero or above (gamma in [1, 8]), so compute is never negative
+nor decreasing in b. The chosen forms, their parameters with 95 % intervals and why each won
+are recorded in perf.json, with every probe's residual beside its measured noise.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from tula import pricing as pricing_mod
-from tula.config import Config
-from tula.grid import grid
-from tula.linfit import LinearFit, fit_linear
-from tula.memory import MemoryModel
+from tula import curvefit
+from tula.curvefit import Fitted, Form, Inputs
 
 COLLECTIVE_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
     "ring": ("(N-1)/N", lambda n: (n - 1.0) / n),
     "ps": ("N", lambda n: n.astype(float)),
     "tree": ("log2(N)", lambda n: np.log2(n)),
 }
+# A tree's latency term is log2(N) like its bandwidth term: one term covers both.
+LATENCY_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "ring": ("N-1", lambda n: n - 1.0),
+    "ps": ("N-1", lambda n: n - 1.0),
+    "tree": ("", lambda n: np.zeros_like(n, dtype=float)),
+}
+INF = np.inf
 
 
 def sync_feature(collective: str, nodes) -> np.ndarray:
@@ -38,96 +57,227 @@ def sync_feature(collective: str, nodes) -> np.ndarray:
     return COLLECTIVE_TERMS[collective][1](np.asarray(nodes, dtype=float))
 
 
+# -- compute forms (inputs b: local batch, n: nodes) --------------------------------------
+
+
+def _lin(th, X):
+    return th[0] + th[1] * X["b"]
+
+
+def _sat(th, X):
+    return th[0] + th[1] * np.maximum(X["b"] - th[2], 0.0)
+
+
+def _lin_parts(th, X):
+    return th[0] * (1.0 + th[2] * (X["n"] - 1.0)) + th[1] * X["b"] * (1.0 + th[3] * (X["n"] - 1.0))
+
+
+def _shared(base, k_index):
+    return lambda th, X: base(th, X) * (1.0 + th[k_index] * (X["n"] - 1.0))
+
+
+def _lin_starts(X, y):
+    A = np.stack([np.ones_like(X["b"]), X["b"]], 1)
+    c0, c1 = np.linalg.lstsq(A, y, rcond=None)[0]
+    return [np.array([max(c0, 1e-9), max(c1, 1e-12)]), np.array([y.min(), (y.max() - y.min()) / max(np.ptp(X["b"]), 1)])]
+
+
+def _sat_starts(X, y):
+    bs = np.unique(X["b"])
+    out = []
+    for b0 in bs[: max(len(bs) - 1, 1)]:
+        above = X["b"] > b0
+        slope = np.polyfit(X["b"][above], y[above], 1)[0] if above.sum() >= 2 and np.ptp(X["b"][above]) > 0 else 0.0
+        out.append(np.array([y[X["b"] <= b0].mean(), max(slope, 1e-12), b0]))
+    return out
+
+
+def _with_k(starts):
+    return lambda X, y: [np.append(s, k) for s in starts(X, y) for k in (0.0, 0.5)]
+
+
+def compute_forms(max_b: float) -> list[Form]:
+    return [
+        Form("linear", ("c0", "c1"), _lin, (0, 0), (INF, INF), _lin_starts, "c0 + c1*b"),
+        Form("linear_shared", ("c0", "c1", "k"), _shared(_lin, 2), (0, 0, 0), (INF, INF, 10), _with_k(_lin_starts),
+             "(c0 + c1*b) * (1 + k*(N-1))"),
+        Form("linear_shared_parts", ("c0", "c1", "k0", "k1"), _lin_parts, (0, 0, 0, 0), (INF, INF, 10, 10),
+             lambda X, y: [np.append(s, [k, k]) for s in _lin_starts(X, y) for k in (0.0, 0.5)],
+             "c0*(1 + k0*(N-1)) + c1*b*(1 + k1*(N-1))"),
+        Form("saturating", ("c0", "c1", "b0"), _sat, (0, 0, 0), (INF, INF, max_b), _sat_starts,
+             "c0 + c1*max(b - b0, 0)"),
+        Form("saturating_shared", ("c0", "c1", "b0", "k"), _shared(_sat, 3), (0, 0, 0, 0), (INF, INF, max_b, 10),
+             _with_k(_sat_starts), "(c0 + c1*max(b - b0, 0)) * (1 + k*(N-1))"),
+    ]  # fmt: skip
+
+
+COMPUTE_FORMS = {f.name: f for f in compute_forms(1.0)}
+
+
+# -- step forms (inputs c: predicted compute, x: bandwidth term, l: latency term) ---------
+
+
+def _s(th, X, latency: bool):
+    return th[0] * X["x"] + (th[1] * X["l"] if latency else 0.0)
+
+
+def _additive(latency: bool):
+    return lambda th, X: X["c"] + _s(th, X, latency)
+
+
+def _overlap(latency: bool):
+    def f(th, X):
+        g = th[-1]
+        s = np.maximum(_s(th, X, latency), 0.0)
+        c = np.maximum(X["c"], 1e-12)
+        m = np.maximum(c, s)
+        return m * ((c / m) ** g + (s / m) ** g) ** (1.0 / g)
+
+    return f
+
+
+def _step_starts(latency: bool, overlap: bool):
+    def starts(X, y):
+        s1 = max(float(np.mean((y - X["c"]) / np.maximum(X["x"], 1e-9))), 1e-9)
+        base = [np.array([s1, 0.0]) if latency else np.array([s1])]
+        if latency:
+            base.append(np.array([s1 / 2, s1 / 2 / max(float(X["l"].max()), 1.0)]))
+        if not overlap:
+            return base
+        return [np.append(b * f, g) for b in base for f, g in ((1.0, 1.0), (1.5, 2.0), (3.0, 4.0))]
+
+    return starts
+
+
+def step_forms(collective: str, latency: bool) -> list[Form]:
+    bw, lat = COLLECTIVE_TERMS[collective][0], LATENCY_TERMS[collective][0]
+    s = f"s1*{bw}" + (f" + a*{lat}" if latency else "")
+    names = ("s1", "a") if latency else ("s1",)
+    tag = "_latency" if latency else ""
+    return [
+        Form(f"additive{tag}", names, _additive(latency), (0,) * len(names), (INF,) * len(names),
+             _step_starts(latency, False), f"t_compute + {s}"),
+        Form(f"overlap{tag}", (*names, "gamma"), _overlap(latency), (0,) * len(names) + (1.0,),
+             (INF,) * len(names) + (8.0,), _step_starts(latency, True), f"(t_compute^gamma + ({s})^gamma)^(1/gamma)"),
+    ]  # fmt: skip
+
+
+def _step_form(name: str, collective: str) -> Form:
+    for latency in (False, True):
+        for f in step_forms(collective, latency):
+            if f.name == name:
+                return f
+    raise ValueError(f"perf.json: unknown step form {name!r}")
+
+
 @dataclass(frozen=True)
 class PerfModel:
     collective: str
-    compute: LinearFit  # compute_time_s vs local_batch
-    sync: LinearFit  # sync_time_s vs x(N)
+    compute: Fitted  # compute_time_s vs (local batch, N)
+    step: Fitted | None  # step_time_s of N > 1 given the compute model; None: no multi-worker probe
+    residuals: tuple[dict[str, Any], ...] = ()
 
-    def compute_time_s(self, local_batch) -> np.ndarray:
-        return np.maximum(self.compute.predict(local_batch), 0.0)
+    def _cx(self, nodes, local_batch) -> Inputs:
+        b = np.asarray(local_batch, dtype=float)
+        n = np.broadcast_to(np.asarray(nodes, dtype=float), b.shape).astype(float)
+        return {"b": b, "n": n}
 
-    def sync_time_s(self, nodes) -> np.ndarray:
-        n = np.asarray(nodes, dtype=float)
-        t = np.maximum(self.sync.predict(sync_feature(self.collective, n)), 0.0)
-        return np.where(n <= 1, 0.0, t)  # one worker has nothing to synchronise
+    def compute_time_s(self, nodes, local_batch) -> np.ndarray:
+        return np.maximum(self.compute.predict(self._cx(nodes, local_batch)), 0.0)
+
+    def _sx(self, nodes, local_batch) -> Inputs:
+        X = self._cx(nodes, local_batch)
+        return {"c": self.compute_time_s(nodes, local_batch), "x": sync_feature(self.collective, X["n"]),
+                "l": LATENCY_TERMS[self.collective][1](X["n"]), "n": X["n"]}  # fmt: skip
 
     def step_time_s(self, nodes, local_batch) -> np.ndarray:
-        return self.compute_time_s(local_batch) + self.sync_time_s(nodes)
+        c = self.compute_time_s(nodes, local_batch)
+        if self.step is None:
+            return c
+        X = self._sx(nodes, local_batch)
+        return np.where(X["n"] <= 1, c, np.maximum(self.step.predict(X), c))  # sync never makes a step faster
+
+    def sync_time_s(self, nodes, local_batch) -> np.ndarray:
+        return self.step_time_s(nodes, local_batch) - self.compute_time_s(nodes, local_batch)
 
     def step_time_interval_s(self, nodes, local_batch, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-        """95 % prediction interval of a step: the compute and sync intervals added (conservative)."""
-        n = np.asarray(nodes, dtype=float)
-        c_lo, c_hi = self.compute.predict_interval(local_batch, alpha)
-        s_lo, s_hi = self.sync.predict_interval(sync_feature(self.collective, n), alpha)
-        s_lo, s_hi = np.where(n <= 1, 0.0, s_lo), np.where(n <= 1, 0.0, s_hi)
-        return np.maximum(c_lo, 0) + np.maximum(s_lo, 0), np.maximum(c_hi, 0) + np.maximum(s_hi, 0)
+        """95 % prediction interval of a step: the compute and step fits' half-widths in quadrature."""
+        t = self.step_time_s(nodes, local_batch)
+        half = self.compute.half_width(self._cx(nodes, local_batch), alpha)
+        if self.step is not None:
+            X = self._sx(nodes, local_batch)
+            half = np.sqrt(half**2 + np.where(X["n"] <= 1, 0.0, self.step.half_width(X, alpha)) ** 2)
+        return np.maximum(t - half, 0.0), t + half
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "equation": "step_time_s = (c0 + c1*local_batch) + (s0 + s1*x(N)), clipped at 0  (Eq. 2)",
+            "equation": "step_time_s = compute(b, N) (+) sync(N), forms chosen by held-out error  (Eq. 2)",
             "collective": self.collective,
             "sync_term": COLLECTIVE_TERMS[self.collective][0],
             "compute": self.compute.to_dict(),
-            "sync": self.sync.to_dict(),
+            "step": self.step.to_dict() if self.step is not None else None,
+            "residuals": list(self.residuals),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PerfModel":
-        return cls(d["collective"], LinearFit.from_dict(d["compute"]), LinearFit.from_dict(d["sync"]))
+        try:
+            return cls(d["collective"], _fitted(d["compute"], COMPUTE_FORMS[d["compute"]["form"]]),
+                       _fitted(d["step"], _step_form(d["step"]["form"], d["collective"])) if d.get("step") else None,
+                       tuple(d.get("residuals", ())))  # fmt: skip
+        except KeyError as exc:
+            raise ValueError(f"perf.json: missing {exc}; re-run `tula fit`") from None
+
+
+def _fitted(d: dict[str, Any], form: Form) -> Fitted:
+    return Fitted(form, tuple(d["params"][p] for p in form.params), tuple(tuple(r) for r in d["cov"]),
+                  float(d["sigma_rel"]), int(d["dof"]), int(d["n_points"]),
+                  {k: d[k] for k in ("criterion", "cross_validation", "candidates", "why", "interval_from") if k in d})  # fmt: skip
 
 
 def fit(measurements: pd.DataFrame, collective: str) -> PerfModel:
-    """Fit compute vs local batch and sync vs the collective's N-term, on ok probes."""
+    """Choose and fit the compute and step forms on the ok rows."""
+    if collective not in COLLECTIVE_TERMS:
+        raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
     ok = measurements[measurements["status"] == "ok"]
-    multi = ok[ok["nodes"] > 1]
-    compute = fit_linear(ok["local_batch"], ok["compute_time_s"], what="step-time model (compute_time_s vs local_batch)")
+    comp = ok[np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce")) & (ok["compute_time_s"] > 0)]
+    if comp.empty:
+        raise ValueError("step-time model: no successful compute-time measurement to fit")
+    Xc = {"b": comp["local_batch"].to_numpy(float), "n": comp["nodes"].to_numpy(float)}
+    forms = compute_forms(float(Xc["b"].max()))
+    if len(np.unique(Xc["n"])) < 2:
+        forms = [f for f in forms if not f.name.endswith("_shared")]  # one N: sharing cannot be seen
+    compute = curvefit.choose(forms, Xc, comp["compute_time_s"].to_numpy(float), "compute model")
+    model = PerfModel(collective, compute, None)
+    probes = ok[(ok["source"] == "probe") if "source" in ok.columns else slice(None)]
+    probes = probes[np.isfinite(pd.to_numeric(probes["step_time_s"], errors="coerce")) & (probes["step_time_s"] > 0)]
+    multi = probes[probes["nodes"] > 1]
     if len(multi):
-        sync = fit_linear(sync_feature(collective, multi["nodes"]), multi["sync_time_s"], what="sync model")
-    else:  # only N=1 probes: no communication was observed, none is predicted
-        sync = LinearFit(0.0, 0.0, (0.0, 0.0), (0.0, 0.0), float("nan"), 0, 0)
-    return PerfModel(collective, compute, sync)
+        n = multi["nodes"].to_numpy(float)
+        X = model._sx(n, multi["local_batch"].to_numpy(float))
+        latency = probes["nodes"].nunique() >= 3 and len(np.unique(n)) >= 2 and collective != "tree"
+        forms = step_forms(collective, False) + (step_forms(collective, True) if latency else [])
+        forms.sort(key=lambda f: len(f.params))
+        noise = pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float) if "step_time_cv" in multi else None
+        step = curvefit.choose(forms, X, multi["step_time_s"].to_numpy(float), "step model", noise)
+        model = PerfModel(collective, compute, step)
+    return PerfModel(collective, compute, model.step, tuple(residuals(model, probes)))
+
+
+def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each probe's measured step time beside the model's, and its own step-to-step noise."""
+    out = []
+    pred = model.step_time_s(probes["nodes"].to_numpy(float), probes["local_batch"].to_numpy(float))
+    for (_, r), p in zip(probes.iterrows(), pred):
+        err = 100.0 * (p - r["step_time_s"]) / r["step_time_s"]
+        cv = r.get("step_time_cv")
+        noise = 100.0 * float(cv) if cv is not None and np.isfinite(cv) else None
+        out.append({"nodes": int(r["nodes"]), "global_batch": int(r["global_batch"]),
+                    "measured_step_time_s": float(r["step_time_s"]), "predicted_step_time_s": float(p),
+                    "error_pct": float(err), "noise_pct": noise,
+                    "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip
+    return out
 
 
 def steps_per_epoch(train_samples: int, global_batch) -> np.ndarray:
     return np.ceil(train_samples / np.asarray(global_batch, dtype=float))
-
-
-def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per grid point: predicted step time, T, C, memory, feasibility."""
-    pts = grid(cfg)
-    df = pd.DataFrame({"nodes": [p.nodes for p in pts], "global_batch": [p.global_batch for p in pts]})
-    df["local_batch"] = df["global_batch"] // df["nodes"]
-    df["compute_time_s"] = perf.compute_time_s(df["local_batch"])
-    df["sync_time_s"] = perf.sync_time_s(df["nodes"])
-    df["step_time_s"] = df["compute_time_s"] + df["sync_time_s"]
-    df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(df["nodes"], df["local_batch"])
-    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"]).astype(int)
-    df["epochs"] = cfg.workload.epochs
-    steps = df["epochs"] * df["steps_per_epoch"]
-    df["train_time_s"] = steps * df["step_time_s"]
-    df["train_time_lo_s"], df["train_time_hi_s"] = steps * df["step_time_lo_s"], steps * df["step_time_hi_s"]
-    df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
-    df["cost_node"] = pricing_mod.node_cost(df["train_time_s"], df["nodes"], cfg.pricing.per_node_hour)
-    df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["nodes"], df["mem_bytes"], cfg.pricing.per_gb_hour)
-    df["cost"] = df["cost_memory"] if cfg.pricing.model == "memory" else df["cost_node"]
-    df["feasible"] = mem.feasible(df["local_batch"])
-    df["probe_status"] = ""
-    df["measured_step_time_s"] = math.nan
-    df["measured_train_time_s"] = math.nan
-    if measured is not None and len(measured):
-        m = measured.set_index(["nodes", "global_batch"])
-        for i, row in df.iterrows():
-            key = (row["nodes"], row["global_batch"])
-            if key in m.index:
-                rec = m.loc[key]
-                rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
-                df.at[i, "probe_status"] = rec["status"]
-                if rec["status"] == "ok":
-                    df.at[i, "measured_step_time_s"] = rec["step_time_s"]
-                    df.at[i, "measured_train_time_s"] = row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
-                elif rec["status"] == "oom":
-                    df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
-    df["feasible"] = df["feasible"].astype(bool)
-    return df
-

@@ -1,0 +1,85 @@
+"""The predict stage: step time, T (Eq. 4a), C (Eq. 4b), memory and feasibility at every
+grid point, probed or not (``tula predict`` -> results/predictions.csv)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from tula import config as config_mod
+from tula import measurements as measurements_mod
+from tula import pricing as pricing_mod
+from tula.config import Config
+from tula.grid import grid
+from tula.io import read_json, write_csv
+from tula.memory import MemoryModel
+from tula.perfmodel import PerfModel, steps_per_epoch
+
+
+def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
+    feasibility, and the probe's measurement where there was one."""
+    pts = grid(cfg)
+    df = pd.DataFrame({"nodes": [p.nodes for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df["local_batch"] = df["global_batch"] // df["nodes"]
+    n, b = df["nodes"].to_numpy(float), df["local_batch"].to_numpy(float)
+    df["compute_time_s"] = perf.compute_time_s(n, b)
+    df["step_time_s"] = perf.step_time_s(n, b)
+    df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
+    df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
+    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"]).astype(int)
+    df["epochs"] = cfg.workload.epochs
+    steps = df["epochs"] * df["steps_per_epoch"]
+    df["train_time_s"] = steps * df["step_time_s"]
+    df["train_time_lo_s"], df["train_time_hi_s"] = steps * df["step_time_lo_s"], steps * df["step_time_hi_s"]
+    df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
+    df["cost_node"] = pricing_mod.node_cost(df["train_time_s"], df["nodes"], cfg.pricing.per_node_hour)
+    df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["nodes"], df["mem_bytes"], cfg.pricing.per_gb_hour)
+    df["cost"] = df["cost_memory"] if cfg.pricing.model == "memory" else df["cost_node"]
+    df["feasible"] = mem.feasible(df["local_batch"])
+    df["probe_status"] = ""
+    df["measured_step_time_s"] = math.nan
+    df["measured_train_time_s"] = math.nan
+    if measured is not None and len(measured):
+        m = measurements_mod.probes(measured).set_index(["nodes", "global_batch"])
+        for i, row in df.iterrows():
+            key = (row["nodes"], row["global_batch"])
+            if key in m.index:
+                rec = m.loc[key]
+                rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
+                df.at[i, "probe_status"] = rec["status"]
+                if rec["status"] == "ok":
+                    df.at[i, "measured_step_time_s"] = rec["step_time_s"]
+                    df.at[i, "measured_train_time_s"] = row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
+                elif rec["status"] == "oom":
+                    df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
+    df["feasible"] = df["feasible"].astype(bool)
+    return df
+
+
+def train_samples_of(cfg: Config, df: pd.DataFrame, given: int | None = None) -> int:
+    """D: given, else recorded by the probes, else counted from the dataset."""
+    if given:
+        return given
+    if "train_samples" in df.columns and df["train_samples"].notna().any():
+        return int(df["train_samples"].dropna().iloc[0])
+    from tula import data
+
+    return data.load_config(cfg).train_size
+
+
+def run(config: str | Path, measurements: str | Path, memory: str | Path, perf: str | Path, out: str | Path,
+        train_samples: int | None = None) -> pd.DataFrame:  # fmt: skip
+    """``tula predict``: read the config, measurements and fitted models; write ``out``."""
+    cfg = config_mod.load(config)
+    df = measurements_mod.load(measurements)
+    perf_m = PerfModel.from_dict(read_json(perf))
+    mem_m = MemoryModel.from_dict(read_json(memory))
+    D = train_samples_of(cfg, df, train_samples)
+    pred = predict(cfg, perf_m, mem_m, D, df)
+    write_csv(out, pred)
+    print(f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} samples, "
+          f"E={cfg.workload.epochs} epochs -> {out}")  # fmt: skip
+    return pred
