@@ -40,13 +40,54 @@ def test_no_knee_cases(times):
     assert knee_of(b, np.array(times)) is None
 
 
-def test_knee_objective_picks_knee_and_explains():
-    cfg = config.from_dict({"objective": "knee"})
+def hyperbola(lo=32, hi=8192, nodes=2):
+    """T = 1000/B + 1: a doubling from B saves 500/(1000+B) of T, under 10 % once B > 4000."""
+    return {(nodes, b): 1000 / b + 1 for b in 2 ** np.arange(int(np.log2(lo)), int(np.log2(hi)) + 1)}
+
+
+def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
+    sel = select(table(hyperbola()), config.from_dict({"objective": "knee"}))
+    k = sel["knee"]
+    assert k["rule"] == "marginal" and k["found"] and k["global_batch"] == 4096 == sel["selected"]["global_batch"]
+    assert k["marginal"]["global_batch"] == 4096 and k["marginal"]["flattened"] and k["kneedle"]["found"]
+    assert sel["runner_up"]["global_batch"] == 8192
+    # the sentence is true: 4096 -> 8192 saves 500/5096 = 9.8 %, 2048 -> 4096 saved 500/3048 = 16.4 %
+    assert "knee at B=4096: doubling to B=8192 saves 9.8 % of T (< 10 %)" in sel["reason"]
+    assert "the doubling from B=2048 saved 16.4 %" in sel["reason"]
+    assert f"(Kneedle would pick B={k['kneedle']['global_batch']})" in sel["reason"]
+    gains = {e["global_batch"]: e["gain_of_next_doubling"] for e in k["envelope"]}
+    assert gains[2048] == pytest.approx(500 / 3048) and gains[8192] is None
+
+
+def test_marginal_knee_does_not_move_with_the_batch_range_but_kneedle_does():
+    knees = {}
+    for hi in (8192, 16384, 65536):
+        k = select(table(hyperbola(hi=hi)), config.from_dict({"objective": "knee"}))["knee"]
+        knees[hi] = (k["marginal"]["global_batch"], k["kneedle"]["global_batch"])
+    assert {m for m, _ in knees.values()} == {4096}
+    assert len({kn for _, kn in knees.values()}) == 3  # kneed #170: the knee follows the range
+
+
+def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
+    sel = select(table(hyperbola(hi=2048)), config.from_dict({"objective": "knee"}))
+    assert sel["selected"]["global_batch"] == 2048 and not sel["knee"]["marginal"]["flattened"]
+    assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]  # 500/(1000+1024)
+    assert "raise grid.batch_max" in sel["reason"]
+
+
+def test_knee_gain_is_the_threshold():
+    sel = select(table(hyperbola()), config.from_dict({"objective": "knee", "knee_gain": 0.2}))
+    assert sel["selected"]["global_batch"] == 2048  # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
+
+
+def test_kneedle_rule_is_the_papers_knee():
+    cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
     sel = select(table({(2, b): t for b, t in CURVE.items()}), cfg)
     knee = sel["knee"]["global_batch"]
-    assert sel["knee"]["found"] and sel["selected"]["global_batch"] == knee
-    assert sel["runner_up"]["global_batch"] == 2 * knee
-    assert f"knee of T vs B at B={knee}" in sel["reason"] and "saves only" in sel["reason"]
+    assert sel["knee"]["rule"] == "kneedle" and knee == sel["knee"]["kneedle"]["global_batch"] == knee_of(
+        np.array(sorted(CURVE)), np.array([CURVE[b] for b in sorted(CURVE)]))  # fmt: skip
+    assert sel["selected"]["global_batch"] == knee and sel["runner_up"]["global_batch"] == 2 * knee
+    assert f"Kneedle knee of T vs B at B={knee}" in sel["reason"] and "would save" in sel["reason"]
 
 
 def test_knee_on_cost_uses_the_cost_curve():
@@ -55,14 +96,16 @@ def test_knee_on_cost_uses_the_cost_curve():
     df = table(times)
     df["cost"] = [100 / b + 1 if b <= 512 else 1.19 - b / 1e6 for b in df["global_batch"]]
     sel = select(df, config.from_dict({"objective": "knee", "knee_on": "cost"}))
-    assert sel["knee"]["y"].startswith("cost") and "knee of C vs B" in sel["reason"]
+    assert sel["knee"]["on"].startswith("cost") and "of C" in sel["reason"]
     assert sel["selected"]["global_batch"] <= 512
 
 
-def test_knee_falls_back_to_fastest_when_flat():
-    cfg = config.from_dict({"objective": "knee"})
-    sel = select(table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0}), cfg)
-    assert not sel["knee"]["found"] and "no knee" in sel["reason"]
+def test_flat_curve_knee_is_the_smallest_batch_or_no_kneedle_knee():
+    flat = table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0})
+    sel = select(flat, config.from_dict({"objective": "knee"}))
+    assert sel["selected"]["global_batch"] == 32 and "saves 0.0 %" in sel["reason"]  # more batch never pays
+    sel = select(flat, config.from_dict({"objective": "knee", "knee_rule": "kneedle"}))
+    assert not sel["knee"]["found"] and "no Kneedle knee" in sel["reason"]
 
 
 def test_knee_uses_fastest_n_per_batch():

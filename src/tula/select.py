@@ -3,13 +3,17 @@
 Candidates are the feasible grid points (memory model, no OOM probe) inside the user's
 constraints (min/max N, min/max B). `time` and `cost` take the minimum of T or C.
 
-`knee` runs Kneedle (the `kneed` package) on the *envelope* of the time curves: for each
-B, the fastest N; x = B on a linear axis, y = T, curve convex, direction decreasing.
-A linear x puts the knee where T(B) flattens (for T = a/B * (1 + B/B0) it lands near B0/2),
-which is the paper's "beyond this point a larger batch does not significantly reduce
-time"; on a log2(B) axis Kneedle would stop several doublings earlier.
-When Kneedle finds no knee (fewer than three batch sizes, or a curve without a bend) the
-selection falls back to the fastest point and says so.
+`knee` looks at the *envelope* of the curves: for each B, the best N. Two rules
+(config key `knee_rule`), both answers recorded in selection.json:
+
+- `marginal` (default): the smallest B beyond which every doubling of B saves less than
+  `knee_gain` (10 %) of T (or C). It reads "more batch stops paying" literally and does not
+  move when the batch range changes. When T still falls by more than knee_gain at the
+  largest B, the knee lies beyond the grid: the largest B is chosen and the reason says so.
+- `kneedle`: the paper's Kneedle (the `kneed` package) on x = B (linear axis), y = T,
+  curve convex, direction decreasing. Kneedle normalises x to [0, 1], so on T ~ a/B + c its
+  knee is set by the batch range (kneed issue #170, "by design"). When it finds no knee
+  the selection falls back to the fastest point and says so.
 """
 
 from __future__ import annotations
@@ -53,6 +57,28 @@ def knee_of(batches: np.ndarray, times: np.ndarray) -> int | None:
     if kl.knee is None:
         return None
     return int(round(kl.knee))
+
+
+def doubling_gains(batches: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Fraction of T (or C) saved per doubling of B between consecutive envelope points
+    (a gap of k doublings counts as k equal steps); negative where it grows."""
+    b, y = np.asarray(batches, float), np.asarray(values, float)
+    doublings = np.log2(b[1:] / b[:-1])
+    return 1.0 - (y[1:] / y[:-1]) ** (1.0 / doublings)
+
+
+def marginal_knee(batches: np.ndarray, values: np.ndarray, gain: float) -> tuple[int, bool]:
+    """(B, flattened): the smallest B beyond which every doubling saves less than ``gain``;
+    flattened is False when even the last doubling still saves ``gain`` or more (then B is
+    the largest batch: the knee lies beyond the grid)."""
+    b = np.asarray(batches)
+    if len(b) < 2:
+        return int(b[0]), False
+    g = doubling_gains(b, values)
+    i = len(g)
+    while i > 0 and g[i - 1] < gain:
+        i -= 1
+    return int(b[i]), i < len(g)
 
 
 def _envelope(cand: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -99,35 +125,59 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
         col, name, unit = ("cost", "C", cur) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
         env = _envelope(cand, col)
         b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
-        knee_b = knee_of(b, y)
+        kneedle_b = knee_of(b, y)
+        marginal_b, flattened = marginal_knee(b, y, cfg.knee_gain)
+        gains = doubling_gains(b, y) if len(b) > 1 else np.array([])
         per_nodes = {}
         for n, g in cand.sort_values("global_batch").groupby("nodes"):
-            per_nodes[str(int(n))] = knee_of(g["global_batch"].to_numpy(), g[col].to_numpy())
+            gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
+            per_nodes[str(int(n))] = {"marginal": marginal_knee(gb, gy, cfg.knee_gain)[0], "kneedle": knee_of(gb, gy)}
+        knee_b = marginal_b if cfg.knee_rule == "marginal" else kneedle_b
         out["knee"] = {
-            "method": "kneed.KneeLocator(curve='convex', direction='decreasing')",
-            "x": "global_batch (linear axis)",
-            "y": f"{col} (best N per B)",
-            "found": knee_b is not None,
+            "rule": cfg.knee_rule,
+            "on": f"{col} (best N per B)",
             "global_batch": knee_b,
+            "found": knee_b is not None,
+            "marginal": {"global_batch": marginal_b, "gain_threshold": cfg.knee_gain, "flattened": flattened,
+                         "rule": f"smallest B beyond which every doubling saves < {100 * cfg.knee_gain:g} % of {name}"},
+            "kneedle": {"global_batch": kneedle_b, "found": kneedle_b is not None,
+                        "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), x = B (linear axis)"},
             "per_nodes": per_nodes,
-            "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col])}
-                         for _, r in env.iterrows()],  # fmt: skip
-        }
+            "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col]),
+                          "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None}
+                         for i, (_, r) in enumerate(env.iterrows())],
+        }  # fmt: skip
+        lowest = env[col].min()
         if knee_b is None:
             best = env.sort_values(col).iloc[0]
             runner = None
-            reason = (f"no knee on the {name}-vs-B curve (fewer than three batch sizes, or no bend); "
+            reason = (f"no Kneedle knee on the {name}-vs-B curve (fewer than three batch sizes, or no bend); "
                       f"fell back to the best point, {name} = {best[col]:.4g} {unit}")  # fmt: skip
         else:
             pos = int(np.flatnonzero(b == knee_b)[0])
             best = env.iloc[pos]
             runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
-            lowest = env[col].min()
-            reason = (f"knee of {name} vs B at B={knee_b}: {name} = {best[col]:.4g} {unit}, "
-                      f"{100 * (best[col] / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})")  # fmt: skip
-            if runner is not None and runner["global_batch"] > best["global_batch"]:
-                gain = 100 * (1 - runner[col] / best[col])
-                reason += f"; doubling to B={int(runner['global_batch'])} saves only {gain:.1f} % more"
+            above = f"{100 * (best[col] / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})"
+            if cfg.knee_rule == "kneedle":
+                reason = f"Kneedle knee of {name} vs B at B={knee_b}: {name} = {best[col]:.4g} {unit}, {above}"
+                if pos < len(gains):
+                    reason += f"; doubling to B={int(b[pos + 1])} would save {100 * gains[pos]:.1f} %"
+            elif not flattened:
+                reason = (f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the last "
+                          f"doubling, to B={knee_b}: the knee lies beyond the grid, so the largest B is chosen "
+                          f"({name} = {best[col]:.4g} {unit}); raise grid.batch_max to find it") if len(gains) else (
+                          f"a single batch size: B={knee_b}, {name} = {best[col]:.4g} {unit}")  # fmt: skip
+            else:
+                reason = (f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of "
+                          f"{name} (< {100 * cfg.knee_gain:g} %)")  # fmt: skip
+                if pos + 1 < len(gains):
+                    reason += f", and no further doubling saves more than {100 * max(gains[pos + 1:].max(), 0):.1f} %"
+                if pos > 0:
+                    reason += f"; the doubling from B={int(b[pos - 1])} saved {100 * gains[pos - 1]:.1f} %"
+                reason += f". {name} = {best[col]:.4g} {unit}, {above}"
+            if kneedle_b is not None and kneedle_b != marginal_b:
+                other = "Kneedle" if cfg.knee_rule == "marginal" else "the marginal rule"
+                reason += f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
     out["selected"] = _summary(best, cur)
     out["runner_up"] = _summary(runner, cur) if runner is not None else None
     out["reason"] = reason
@@ -136,6 +186,19 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     if not math.isfinite(out["selected"]["train_time_s"]):
         raise ValueError("selection: the selected point has no finite predicted time; check results/model/perf.json")
     return out
+
+
+def run(config, predictions, out) -> dict[str, Any]:
+    """``tula select``: read the config and predictions.csv, write selection.json."""
+    from tula import config as config_mod
+    from tula.io import write_json
+
+    cfg = config_mod.load(config)
+    sel = select(pd.read_csv(predictions), cfg)
+    write_json(out, sel)
+    s = sel["selected"]
+    print(f"[select] objective {sel['objective']}: N={s['nodes']} B={s['global_batch']} — {sel['reason']} -> {out}")
+    return sel
 
 
 def selected_point(path) -> tuple[int, int]:
