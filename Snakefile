@@ -13,13 +13,14 @@ validate(config, schema="workflow/config.schema.yaml")
 
 include: "rules/common.smk"
 include: "rules/check.smk"
+include: "rules/memprobe.smk"
 include: "rules/probe.smk"
 include: "rules/aggregate.smk"
 include: "rules/fit.smk"
 include: "rules/predict.smk"
 include: "rules/select.smk"
-include: "rules/plot.smk"
 include: "rules/train.smk"
+include: "rules/plot.smk"
 include: "rules/report.smk"
 include: "rules/compare.smk"
 
@@ -27,8 +28,8 @@ include: "rules/compare.smk"
 rule all:
     default_target: True
     input:
-        "results/selection.json",
-        SELECTION_PLOTS,
-        "results/plots/training.png",
-        "results/train/final.json",
-        "results/report.html",
+        rules.select.output,
+        rules.plot_selection.output,
+        rules.plot_training.output,
+        rules.train.output.final,
+        rules.report_html.output,

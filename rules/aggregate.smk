@@ -4,7 +4,8 @@ localrules:
 
 rule aggregate:
     input:
-        probe_files,
+        probes=probe_files,
+        memory=rules.memory_probe.output,
     output:
         "results/measurements.csv",
     log:
@@ -12,4 +13,4 @@ rule aggregate:
     conda:
         "../envs/tula.yaml"
     shell:
-        "tula aggregate {input} --out {output} > {log} 2>&1"
+        "tula aggregate {input.probes} --memory-probe {input.memory} --out {output} > {log} 2>&1"

@@ -6,6 +6,7 @@ from snakemake.exceptions import WorkflowError
 from tula import config as tula_config
 from tula import dist as tula_dist
 from tula.grid import search_set
+from tula.memory import max_local_batch
 
 try:
     TULA = tula_config.from_dict(
@@ -17,13 +18,6 @@ except tula_config.ConfigError as err:
 # Jobs read this merged, validated copy of the config (also on SLURM nodes).
 CONFIG = str(tula_config.snapshot(config, ".snakemake/tula/config.json"))
 
-PROBE_POINTS = search_set(TULA)
-
-SELECTION_PLOTS = [
-    "results/plots/time_vs_batch.png",
-    "results/plots/cost_vs_batch.png",
-    "results/plots/memory_vs_batch.png",
-]
 
 
 wildcard_constraints:
@@ -32,8 +26,20 @@ wildcard_constraints:
 
 
 def probe_files(wildcards):
-    """The probe records of the search set (full grid or its corners)."""
-    return [f"results/probes/{p.name}.json" for p in PROBE_POINTS]
+    """The probe records of the search set (full grid or its corners), decided once the
+    memory probe (a checkpoint) has given b_max: no point beyond it is probed."""
+    bmax = max_local_batch(checkpoints.memory_probe.get().output[0])
+    return expand(rules.probe.output[0], zip, n=[p.nodes for p in search_set(TULA, bmax)],
+                  b=[p.global_batch for p in search_set(TULA, bmax)])
+
+
+def parent_dir(name):
+    """Param function: the directory of output ``name`` (for stages that write a folder)."""
+
+    def _dir(wildcards, output):
+        return os.path.dirname(output[name])
+
+    return _dir
 
 
 def settings(stage):
@@ -64,7 +70,8 @@ def probe_resource(name):
     """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.dist.job_resources)."""
 
     def _resource(wildcards):
-        return tula_dist.job_resources(TULA, int(wildcards.n), PROBE_RUNTIME_MIN)[name]
+        res = tula_dist.job_resources(TULA, int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive)
+        return res[name]
 
     return _resource
 

@@ -19,5 +19,6 @@ rule compare:
     params:
         config=CONFIG,
         settings=settings("compare"),
+        out_dir=parent_dir("csv"),
     shell:
-        "tula compare --config {params.config} --out-dir results/compare > {log} 2>&1"
+        "tula compare --config {params.config} --out-dir {params.out_dir} > {log} 2>&1"

@@ -4,10 +4,10 @@ localrules:
 
 rule fit:
     input:
-        "results/measurements.csv",
+        rules.aggregate.output,
     output:
-        "results/model/memory.json",
-        "results/model/perf.json",
+        memory="results/model/memory.json",
+        perf="results/model/perf.json",
     log:
         "results/logs/fit.log",
     conda:
@@ -16,4 +16,5 @@ rule fit:
         config=CONFIG,
         settings=settings("fit"),
     shell:
-        "tula fit --config {params.config} --measurements {input} --out-dir results/model > {log} 2>&1"
+        "tula fit --config {params.config} --measurements {input}"
+        " --memory-out {output.memory} --perf-out {output.perf} > {log} 2>&1"

@@ -5,24 +5,30 @@ localrules:
 
 rule plot_selection:
     input:
-        predictions="results/predictions.csv",
-        selection="results/selection.json",
-        measurements="results/measurements.csv",
-        memory="results/model/memory.json",
+        predictions=rules.predict.output[0],
+        selection=rules.select.output[0],
+        measurements=rules.aggregate.output[0],
+        memory=rules.fit.output.memory,
+        perf=rules.fit.output.perf,
     output:
-        report(
+        time=report(
             "results/plots/time_vs_batch.png",
             caption="../workflow/report/time_vs_batch.rst",
             category="Selection",
         ),
-        report(
+        cost=report(
             "results/plots/cost_vs_batch.png",
             caption="../workflow/report/cost_vs_batch.rst",
             category="Selection",
         ),
-        report(
+        memory=report(
             "results/plots/memory_vs_batch.png",
             caption="../workflow/report/memory_vs_batch.rst",
+            category="Selection",
+        ),
+        compute=report(
+            "results/plots/compute_vs_batch.png",
+            caption="../workflow/report/compute_vs_batch.rst",
             category="Selection",
         ),
     log:
@@ -31,15 +37,16 @@ rule plot_selection:
         "../envs/tula.yaml"
     shell:
         "tula plot --predictions {input.predictions} --selection {input.selection}"
-        " --measurements {input.measurements} --model-dir results/model"
-        " --out-dir results/plots > {log} 2>&1"
+        " --measurements {input.measurements} --memory {input.memory} --perf {input.perf}"
+        " --time-plot {output.time} --cost-plot {output.cost} --memory-plot {output.memory}"
+        " --compute-plot {output.compute} > {log} 2>&1"
 
 
 rule plot_training:
     input:
-        metrics="results/train/metrics.csv",
-        final="results/train/final.json",
-        attempts="results/train/attempts.json",
+        metrics=rules.train.output.metrics,
+        final=rules.train.output.final,
+        attempts=rules.train.output.attempts,
     output:
         report(
             "results/plots/training.png",
@@ -52,4 +59,4 @@ rule plot_training:
         "../envs/tula.yaml"
     shell:
         "tula plot --metrics {input.metrics} --final {input.final}"
-        " --attempts {input.attempts} --out-dir results/plots > {log} 2>&1"
+        " --attempts {input.attempts} --training-plot {output} > {log} 2>&1"

@@ -4,9 +4,9 @@ localrules:
 
 rule predict:
     input:
-        measurements="results/measurements.csv",
-        memory="results/model/memory.json",
-        perf="results/model/perf.json",
+        measurements=rules.aggregate.output[0],
+        memory=rules.fit.output.memory,
+        perf=rules.fit.output.perf,
     output:
         "results/predictions.csv",
     log:
@@ -18,4 +18,4 @@ rule predict:
         settings=settings("predict"),
     shell:
         "tula predict --config {params.config} --measurements {input.measurements}"
-        " --model-dir results/model --out {output} > {log} 2>&1"
+        " --memory {input.memory} --perf {input.perf} --out {output} > {log} 2>&1"

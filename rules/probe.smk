@@ -1,6 +1,7 @@
 rule probe:
     input:
-        rules.check.output,
+        workload=rules.check.output,
+        memory=rules.memory_probe.output,
     output:
         "results/probes/N{n}_B{b}.json",
     log:
@@ -17,9 +18,10 @@ rule probe:
         cpus_per_task=probe_resource("cpus_per_task"),
         gres=probe_resource("gres"),
         runtime=probe_resource("runtime"),
+        slurm_extra=probe_resource("slurm_extra"),
     params:
         config=CONFIG,
         settings=settings("probe"),
     shell:
         "tula probe --config {params.config} --nodes {wildcards.n} --global-batch {wildcards.b}"
-        " --out {output} > {log} 2>&1"
+        " --memory-probe {input.memory} --out {output} > {log} 2>&1"

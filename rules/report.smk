@@ -4,12 +4,13 @@ localrules:
 
 rule report_html:
     input:
-        selection="results/selection.json",
-        predictions="results/predictions.csv",
-        measurements="results/measurements.csv",
-        final="results/train/final.json",
-        attempts="results/train/attempts.json",
-        plots=SELECTION_PLOTS + ["results/plots/training.png"],
+        selection=rules.select.output[0],
+        predictions=rules.predict.output[0],
+        measurements=rules.aggregate.output[0],
+        perf=rules.fit.output.perf,
+        final=rules.train.output.final,
+        attempts=rules.train.output.attempts,
+        plots=list(rules.plot_selection.output) + list(rules.plot_training.output),
     output:
         "results/report.html",
     log:
@@ -18,5 +19,5 @@ rule report_html:
         "../envs/tula.yaml"
     shell:
         "tula report --selection {input.selection} --predictions {input.predictions}"
-        " --measurements {input.measurements} --final {input.final} --attempts {input.attempts}"
-        " --plots-dir results/plots --out {output} > {log} 2>&1"
+        " --measurements {input.measurements} --perf {input.perf} --final {input.final}"
+        " --attempts {input.attempts} --plots {input.plots} --out {output} > {log} 2>&1"

@@ -4,7 +4,7 @@ localrules:
 
 rule select:
     input:
-        "results/predictions.csv",
+        rules.predict.output,
     output:
         "results/selection.json",
     log:

@@ -7,8 +7,8 @@ localrules:
 
 rule train:
     input:
-        selection="results/selection.json",
-        predictions="results/predictions.csv",
+        selection=rules.select.output[0],
+        predictions=rules.predict.output[0],
     output:
         metrics="results/train/metrics.csv",
         final="results/train/final.json",
@@ -25,6 +25,7 @@ rule train:
         config=CONFIG,
         settings=settings("train"),
         launch=launch_args,
+        out_dir=parent_dir("final"),
     shell:
         "tula launch --config {params.config} --selection {input.selection}"
-        " --predictions {input.predictions} --out-dir results/train {params.launch} > {log} 2>&1"
+        " --predictions {input.predictions} --out-dir {params.out_dir} {params.launch} > {log} 2>&1"

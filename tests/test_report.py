@@ -58,3 +58,19 @@ def test_summary_card_shows_predicted_vs_measured():
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_check(final)
     assert "No prediction" in prediction_check({"nodes": 1})
+
+
+def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
+    from tula.report import model_section
+
+    perf = {"compute": {"form": "saturating", "equation": "c0 + c1*max(b - b0, 0)",
+                        "params": {"c0": 0.02, "c1": 3e-4, "b0": 60.0},
+                        "params_ci95": {"c0": [0.019, 0.021], "c1": [2.9e-4, 3.1e-4], "b0": [55.0, 65.0]},
+                        "why": "leave-one-out error 1.2 % RMS over 40 points; linear: 30 %"},
+            "step": None,
+            "residuals": [{"nodes": 1, "global_batch": 32, "error_pct": 1.0, "noise_pct": 3.0, "within_noise": True},
+                          {"nodes": 1, "global_batch": 512, "error_pct": -7.0, "noise_pct": 3.0, "within_noise": False}]}  # fmt: skip
+    html = model_section(perf)
+    assert "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
+    assert "within each probe's measured step-to-step noise at 1 of 2 probes" in html
+    assert "Step (sync)" not in html and model_section(None) == ""

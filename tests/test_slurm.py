@@ -95,6 +95,12 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     wd, jobs = dag_on_slurm
     probes = {c for c in jobs if c.startswith("rule_probe")}
     assert len(probes) == 4, jobs  # partial search: the 4 corners
+    assert "rule_memory_probe" in jobs, jobs  # the checkpoint the probes waited on, a job of its own
+    # probe.exclusive (default true): every probe job asked for its node alone; the memory probe did not
+    submit = dict(line.split("|", 1) for line in sacct("-X", "-o", "JobID,SubmitLine%500", "-j",
+                                                       ",".join(j for j, _ in jobs.values())).splitlines() if line)  # fmt: skip
+    assert all("--exclusive" in submit[jobs[c][0]] for c in probes), submit
+    assert "--exclusive" not in submit[jobs["rule_memory_probe"][0]]
     # training: the local train rule ran `tula launch`, which submitted one submitit job (not a rule job)
     assert "tula-train" in jobs and not any(c.startswith("rule_train") for c in jobs), jobs
     assert all(state == "COMPLETED" for _, state in jobs.values()), jobs
@@ -109,7 +115,9 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
 def test_failed_probe_under_slurm_is_recorded_and_dag_finishes(dag_on_slurm):
     wd, _ = dag_on_slurm
     m = pd.read_csv(wd / "results" / "measurements.csv")
-    assert m.query("nodes == 2 and global_batch == 128")["status"].item() == "oom"
+    assert m.query("source == 'probe' and nodes == 2 and global_batch == 128")["status"].item() == "oom"
+    # the corner fell back to the next smaller batch inside the same SLURM job
+    assert m.query("source == 'probe' and nodes == 2 and global_batch == 64")["status"].item() == "ok"
     sel = json.loads((wd / "results" / "selection.json").read_text())
     assert (sel["selected"]["nodes"], sel["selected"]["global_batch"]) != (2, 128)
 

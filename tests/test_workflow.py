@@ -40,9 +40,17 @@ def test_every_output_exists_and_parses(finished_run):
     res = wd / "results"
     probes = sorted(p.name for p in (res / "probes").glob("*.json"))
     assert probes == ["N1_B128.json", "N1_B32.json", "N2_B128.json", "N2_B32.json"]  # partial: 4 corners
+    mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
+    assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
     m = pd.read_csv(res / "measurements.csv")
-    assert dict(zip(m["nodes"].astype(str) + "_" + m["global_batch"].astype(str), m["status"])) == {
-        "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_128": "oom"}  # fmt: skip
+    pr = m[m["source"] == "probe"]
+    # N2_B128 ran out of memory (injected) and fell back to the next smaller batch, in the same job
+    assert dict(zip(pr["nodes"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])) == {
+        "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}  # fmt: skip
+    assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2_B128.json")
+    sweep = m[m["source"] == "sweep"]
+    assert len(sweep) > 0 and sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
+    assert (m["source"] == "memory").sum() == len(mp["points"])
     for f in ("memory.json", "perf.json"):
         assert "fit" in json.loads((res / "model" / f).read_text()) or "compute" in json.loads((res / "model" / f).read_text())
     pred = pd.read_csv(res / "predictions.csv")
@@ -53,11 +61,14 @@ def test_every_output_exists_and_parses(finished_run):
     final = json.loads((res / "train" / "final.json").read_text())
     assert (final["nodes"], final["global_batch"]) == (sel["selected"]["nodes"], sel["selected"]["global_batch"])
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
-    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "training"):
+    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
         assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (res / "report.html").read_text()
-    assert "Use N = " in html and html.count("data:image/png;base64,") == 4 and "did not succeed" in html
+    assert "Use N = " in html and html.count("data:image/png;base64,") == 5 and "did not succeed" in html
     assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
+    perf = json.loads((res / "model" / "perf.json").read_text())
+    assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4  # the ok probes
+    assert sel["knee"]["rule"] == "marginal" and {"marginal", "kneedle"} <= set(sel["knee"])
     assert (res / "benchmarks" / "train.tsv").exists()
 
 
@@ -73,6 +84,21 @@ def test_nothing_to_do_after_a_finished_run(finished_run):
     wd, env = finished_run
     r = snakemake(wd, "--configfile", "tiny.yaml", "-n", env=env)
     assert "Nothing to be done" in r.stdout + r.stderr
+
+
+def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
+    from conftest import TINY
+
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    r = snakemake(tmp_path, "--configfile", "tiny.yaml", "-n")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    # the probes are not known before the memory probe has run: the dry run lists the checkpoint
+    # and the jobs after it, and no probe yet
+    assert "checkpoint memory_probe" in out and "rule probe:" not in out and "alteration of the DAG" in out
+    assert "aggregate" in out and not (tmp_path / "results" / "memory_probe.json").exists()
 
 
 def test_bad_config_stops_before_any_job(tmp_path, venv_path):
@@ -104,10 +130,15 @@ def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(fi
     from tula.faults import ENV
 
     wd, env = finished_run
+    # objective time: a larger batch than the knee's (which may be grid.batch_min on this CPU), so
+    # that a smaller one is left to fall back to
+    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
     sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
     b = sel["global_batch"]
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--forcerun", "train",
-                  env={**env, ENV: f"oom:step=30,rank=0,batch={b}"})  # fmt: skip
+    assert b > 32, f"objective time chose B={b}: no smaller batch >= grid.batch_min to fall back to"
+    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--forcerun", "train",
+                  env={**env, ENV: f"oom:step={-(-1437 // b) + 2},rank=0,batch={b}"})  # in epoch 2, after a checkpoint
     assert r.returncode == 0, r.stderr[-4000:]
     att = json.loads((wd / "results" / "train" / "attempts.json").read_text())["attempts"]
     assert [a["outcome"] for a in att] == ["oom", "completed"] and att[0]["global_batch"] == b

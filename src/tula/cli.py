@@ -1,9 +1,10 @@
 """``tula <stage>``: one subcommand per arrow of the data flow (see README, "Results files").
 
     check      config + model + dataset    -> results/workload.json
+    memprobe   one worker, a few batches   -> results/memory_probe.json (b_max)
     probe      (N, B)                      -> results/probes/N{n}_B{b}.json
     aggregate  results/probes/*.json       -> results/measurements.csv
-    fit        measurements.csv            -> results/model/{memory,perf}.json
+    fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
     plot       csv/json above              -> results/plots/*.png
@@ -11,7 +12,9 @@
     report     everything above            -> results/report.html
 
 Each reads files and writes files (atomically), so any stage can be re-run alone or fed
-data that did not come from a probe.
+data that did not come from a probe. This module only parses: each stage's module owns it
+(memprobe.run, probe.run, measurements.aggregate, fit.run, predict.run, select.run,
+plots.run_selection, launch.run, report.run).
 """
 
 from __future__ import annotations
@@ -20,13 +23,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from tula.config import ConfigError
 
 EXAMPLES = """examples:
   tula probe --config workflow/config.yaml --nodes 2 --global-batch 64 --out results/probes/N2_B64.json
-  tula fit --config workflow/config.yaml --measurements results/measurements.csv --out-dir results/model
+  tula fit --config workflow/config.yaml --measurements results/measurements.csv \
+      --memory-out results/model/memory.json --perf-out results/model/perf.json
   tula select --config workflow/config.yaml --predictions results/predictions.csv --out results/selection.json
 """
 
@@ -36,104 +38,68 @@ def _cfg_arg(p: argparse.ArgumentParser) -> None:
                    help="Tula config (workflow/config.yaml, or the snapshot Snakemake passes); validated on load")  # fmt: skip
 
 
+def cmd_memprobe(a) -> None:
+    from tula import memprobe
+
+    memprobe.run(a.config, a.out)
+
+
 def cmd_probe(a) -> None:
     from tula import probe
 
-    probe.run(a.config, a.nodes, a.global_batch, a.out)
+    probe.run(a.config, a.nodes, a.global_batch, a.out, memory_probe=a.memory_probe)
 
 
 def cmd_aggregate(a) -> None:
     from tula import measurements
 
-    df = measurements.aggregate(a.probes, a.out)
-    ok = int((df["status"] == "ok").sum())
-    print(f"[aggregate] {len(df)} probes ({ok} ok, {len(df) - ok} failed) -> {a.out}")
+    df = measurements.aggregate(a.probes, a.out, memory_probe=a.memory_probe)
+    probes = df[df["source"] == "probe"]
+    ok = int((probes["status"] == "ok").sum())
+    print(f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
+          f"{int((df['source'] == 'sweep').sum())} sweep rows, {int((df['source'] == 'memory').sum())} memory rows "
+          f"-> {a.out}")  # fmt: skip
 
 
 def cmd_fit(a) -> None:
-    from tula import config, measurements, memory, perfmodel
-    from tula.io import write_json
+    from tula import fit
 
-    cfg = config.load(a.config)
-    df = measurements.load(a.measurements)
-    if not (df["status"] == "ok").any():
-        raise ValueError(f"{a.measurements}: no probe succeeded (statuses: {', '.join(sorted(set(df['status'])))}); "
-                         "nothing to fit. Look at the probe logs under logs/probe/.")  # fmt: skip
-    mem = memory.fit(df, cfg.hardware.memory_budget_bytes)
-    perf = perfmodel.fit(df, cfg.hardware.collective)
-    out = Path(a.out_dir)
-    write_json(out / "memory.json", {**mem.to_dict(), "search": cfg.search})
-    write_json(out / "perf.json", {**perf.to_dict(), "search": cfg.search, "probes_fitted": int((df["status"] == "ok").sum())})
-    c, s = perf.compute, perf.sync
-    print(f"[fit] compute_time_s = {c.intercept:.3g} + {c.slope:.3g} * b   (R^2 {c.r2:.3f}, {c.n_points} probes)")
-    print(f"[fit] sync_time_s    = {s.intercept:.3g} + {s.slope:.3g} * {perfmodel.COLLECTIVE_TERMS[perf.collective][0]}")
-    print(f"[fit] memory_bytes   = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} * b;  largest feasible b: "
-          f"{mem.max_local_batch() if mem.max_local_batch() is not None else 'unbounded'}  -> {out}/")  # fmt: skip
-
-
-def _train_samples(a, cfg, df: pd.DataFrame) -> int:
-    if a.train_samples:
-        return a.train_samples
-    if "train_samples" in df.columns and df["train_samples"].notna().any():
-        return int(df["train_samples"].dropna().iloc[0])
-    from tula import data
-
-    return data.load_config(cfg).train_size
+    fit.run(a.config, a.measurements, a.memory_out, a.perf_out)
 
 
 def cmd_predict(a) -> None:
-    from tula import config, measurements, memory, perfmodel
-    from tula.io import read_json, write_csv
+    from tula import predict
 
-    cfg = config.load(a.config)
-    df = measurements.load(a.measurements)
-    perf = perfmodel.PerfModel.from_dict(read_json(Path(a.model_dir) / "perf.json"))
-    mem = memory.MemoryModel.from_dict(read_json(Path(a.model_dir) / "memory.json"))
-    D = _train_samples(a, cfg, df)
-    pred = perfmodel.predict(cfg, perf, mem, D, df)
-    write_csv(a.out, pred)
-    print(f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} samples, "
-          f"E={cfg.workload.epochs} epochs -> {a.out}")  # fmt: skip
+    predict.run(a.config, a.measurements, a.memory, a.perf, a.out, a.train_samples)
 
 
 def cmd_select(a) -> None:
-    from tula import config
-    from tula.io import write_json
-    from tula.select import select
+    from tula import select
 
-    cfg = config.load(a.config)
-    pred = pd.read_csv(a.predictions)
-    sel = select(pred, cfg)
-    write_json(a.out, sel)
-    s = sel["selected"]
-    print(f"[select] objective {sel['objective']}: N={s['nodes']} B={s['global_batch']} — {sel['reason']} -> {a.out}")
+    select.run(a.config, a.predictions, a.out)
 
 
 def cmd_plot(a) -> None:
     from tula import plots
-    from tula.io import read_json
 
-    out = Path(a.out_dir)
     made = []
     if a.selection:
-        if not (a.predictions and a.measurements and a.model_dir):
-            raise ValueError("plot: --selection needs --predictions, --measurements and --model-dir")
-        pred, sel = pd.read_csv(a.predictions), read_json(a.selection)
-        plots.time_vs_batch(pred, sel, out / "time_vs_batch.png")
-        plots.cost_vs_batch(pred, sel, out / "cost_vs_batch.png")
-        plots.memory_vs_batch(pred, pd.read_csv(a.measurements), read_json(Path(a.model_dir) / "memory.json"),
-                              out / "memory_vs_batch.png")  # fmt: skip
-        made += ["time_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png"]
+        need = ("predictions", "measurements", "memory", "perf", "time_plot", "cost_plot", "memory_plot", "compute_plot")
+        missing = [f"--{k.replace('_', '-')}" for k in need if not getattr(a, k)]
+        if missing:
+            raise ValueError(f"plot: --selection needs {', '.join(missing)}")
+        plots.run_selection(a.predictions, a.selection, a.measurements, a.memory, a.perf, a.time_plot, a.cost_plot,
+                            a.memory_plot, a.compute_plot)  # fmt: skip
+        made += [a.time_plot, a.cost_plot, a.memory_plot, a.compute_plot]
     if a.metrics:
-        if not a.final:
-            raise ValueError("plot: --metrics needs --final")
-        attempts = read_json(a.attempts) if a.attempts else None
-        plots.training_curve(pd.read_csv(a.metrics), read_json(a.final), out / "training.png", attempts)
-        made.append("training.png")
+        if not (a.final and a.training_plot):
+            raise ValueError("plot: --metrics needs --final and --training-plot")
+        plots.run_training(a.metrics, a.final, a.attempts, a.training_plot)
+        made.append(a.training_plot)
     if not made:
-        raise ValueError("plot: nothing to plot; give --selection (with --predictions, --measurements, --model-dir) "
-                         "and/or --metrics with --final")  # fmt: skip
-    print(f"[plot] {', '.join(made)} -> {out}/")
+        raise ValueError("plot: nothing to plot; give --selection (with --predictions, --measurements, --memory, --perf "
+                         "and the four plot paths) and/or --metrics with --final and --training-plot")  # fmt: skip
+    print(f"[plot] -> {', '.join(map(str, made))}")
 
 
 def cmd_launch(a) -> None:
@@ -148,12 +114,8 @@ def cmd_launch(a) -> None:
 
 def cmd_report(a) -> None:
     from tula import report
-    from tula.io import read_json
 
-    plots = [Path(a.plots_dir) / n for n in ("time_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png", "training.png")]
-    report.render(read_json(a.selection), pd.read_csv(a.predictions), pd.read_csv(a.measurements),
-                  read_json(a.final), plots, a.out, attempts=read_json(a.attempts) if a.attempts else None)  # fmt: skip
-    print(f"[report] -> {a.out}")
+    report.run(a.selection, a.predictions, a.measurements, a.final, a.plots, a.out, attempts=a.attempts, perf=a.perf)
 
 
 def cmd_compare(a) -> None:
@@ -173,30 +135,24 @@ def cmd_models(a) -> None:
 
 
 def cmd_check(a) -> None:
-    from tula import config
-    from tula.grid import grid, search_set
-    from tula.io import write_json
+    from tula import models
 
-    cfg = config.load(a.config)
-    pts = search_set(cfg)
-    print(f"{a.config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes {len(pts)}: "
-          + ", ".join(p.name for p in pts))  # fmt: skip
-    if a.config_only:
-        return
-    from tula.models import check_workload
-
-    w = check_workload(cfg)
-    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
-          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
-          f"forward on a sample batch ok")  # fmt: skip
-    if a.out:
-        write_json(a.out, w)
+    models.run_check(a.config, a.out, config_only=a.config_only)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tula", description=__doc__, epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
+
+    s = sub.add_parser("memprobe", help="measure peak memory at a few local batches on one worker: b_max",
+                       description="Run one worker at a few local batches (probe.memory_batches), measure each "
+                                   "one's peak memory on real training steps, fit the memory model (Eq. 3) and "
+                                   "write b_max, the largest local batch that fits. Runs before any timing probe: "
+                                   "the search set never includes a point beyond b_max.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--out", required=True, help="JSON to write (results/memory_probe.json)")
+    s.set_defaults(func=cmd_memprobe)
 
     s = sub.add_parser("probe", help="run one short DDP probe at (N, B) and record step time and memory",
                        description="Launch N workers (torchrun locally), time synced and no-sync steps at local batch "
@@ -206,20 +162,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--nodes", type=int, required=True, help="N: number of data-parallel workers")
     s.add_argument("--global-batch", type=int, required=True, help="B: global batch size (divisible by N)")
     s.add_argument("--out", required=True, help="probe record to write (results/probes/N{n}_B{b}.json)")
+    s.add_argument("--memory-probe", help="results/memory_probe.json: bounds the compute sweep at b_max, and says "
+                                          "which smaller batches a partial search falls back to after an OOM")  # fmt: skip
     s.set_defaults(func=cmd_probe)
 
     s = sub.add_parser("aggregate", help="collect probe records into measurements.csv",
                        description="Collect probe JSON records into one CSV, one row per probe, failed ones included.")  # fmt: skip
     s.add_argument("probes", nargs="+", help="probe JSON files (results/probes/*.json)")
+    s.add_argument("--memory-probe", help="results/memory_probe.json: its points become `source = memory` rows")
     s.add_argument("--out", required=True, help="CSV to write (results/measurements.csv)")
     s.set_defaults(func=cmd_aggregate)
 
     s = sub.add_parser("fit", help="fit the memory (Eq. 3) and step-time (Eq. 2) models",
-                       description="Fit peak memory and compute time linear in local batch, and sync time linear in "
-                                   "the collective's N-term (statsmodels OLS), on the ok rows of a measurements CSV.")  # fmt: skip
+                       description="Fit peak memory linear in local batch (statsmodels WLS), and choose and fit the "
+                                   "compute and step forms (scipy, bounded, chosen by held-out error) on the ok rows "
+                                   "of a measurements CSV.")  # fmt: skip
     _cfg_arg(s)
     s.add_argument("--measurements", required=True, help="measurements CSV (see README for its columns)")
-    s.add_argument("--out-dir", required=True, help="directory for memory.json and perf.json (results/model)")
+    s.add_argument("--memory-out", required=True, help="memory model JSON to write (results/model/memory.json)")
+    s.add_argument("--perf-out", required=True, help="step-time model JSON to write (results/model/perf.json)")
     s.set_defaults(func=cmd_fit)
 
     s = sub.add_parser("predict", help="predict step time, T, C and memory at every grid point",
@@ -227,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "time T (Eq. 4a), cost C (Eq. 4b), memory and feasibility.")  # fmt: skip
     _cfg_arg(s)
     s.add_argument("--measurements", required=True, help="measurements CSV (to mark probed points and OOMs)")
-    s.add_argument("--model-dir", required=True, help="directory with memory.json and perf.json")
+    s.add_argument("--memory", required=True, help="memory model JSON (results/model/memory.json)")
+    s.add_argument("--perf", required=True, help="step-time model JSON (results/model/perf.json)")
     s.add_argument("--train-samples", type=int, default=None,
                    help="D, training samples per epoch (default: from the probes, else from the dataset)")  # fmt: skip
     s.add_argument("--out", required=True, help="CSV to write (results/predictions.csv)")
@@ -241,18 +203,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
     s.set_defaults(func=cmd_select)
 
-    s = sub.add_parser("plot", help="draw time/cost/memory-vs-batch and training-curve figures",
+    s = sub.add_parser("plot", help="draw time/cost/memory/compute-vs-batch and training-curve figures",
                        description="Draw figures from the results files. --selection (with --predictions, "
-                                   "--measurements, --model-dir) draws time_vs_batch, cost_vs_batch, memory_vs_batch; "
-                                   "--metrics with --final draws training.png.")  # fmt: skip
+                                   "--measurements, --memory, --perf) draws the four selection figures; "
+                                   "--metrics with --final draws the training curve.")  # fmt: skip
     s.add_argument("--predictions", help="predictions CSV")
     s.add_argument("--selection", help="selection JSON")
     s.add_argument("--measurements", help="measurements CSV")
-    s.add_argument("--model-dir", help="directory with memory.json")
+    s.add_argument("--memory", help="memory model JSON")
+    s.add_argument("--perf", help="step-time model JSON")
+    s.add_argument("--time-plot", help="PNG to write: training time vs batch")
+    s.add_argument("--cost-plot", help="PNG to write: cost vs batch")
+    s.add_argument("--memory-plot", help="PNG to write: memory vs local batch")
+    s.add_argument("--compute-plot", help="PNG to write: the compute curve (probe and sweep rows, model)")
     s.add_argument("--metrics", help="training metrics CSV (results/train/metrics.csv)")
     s.add_argument("--final", help="training final JSON (results/train/final.json)")
     s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json): marks relaunches")
-    s.add_argument("--out-dir", required=True, help="directory for the PNG files (results/plots)")
+    s.add_argument("--training-plot", help="PNG to write: the training curve")
     s.set_defaults(func=cmd_plot)
 
     for name in ("launch", "train"):
@@ -281,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measurements", required=True, help="measurements CSV")
     s.add_argument("--final", required=True, help="training final JSON")
     s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json)")
-    s.add_argument("--plots-dir", required=True, help="directory with the PNG figures")
+    s.add_argument("--perf", help="step-time model JSON: the model section (forms, why, residuals)")
+    s.add_argument("--plots", nargs="+", required=True, help="PNG figures to embed")
     s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
     s.set_defaults(func=cmd_report)
 

@@ -235,3 +235,25 @@ def check_workload(cfg) -> dict:
     params = sum(p.numel() for p in model.parameters())
     return {**d.describe(), "model": cfg.workload.model, "parameters": params,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
+
+
+def run_check(config, out=None, config_only: bool = False) -> dict | None:
+    """``tula check``: validate the config, list the search set; unless ``config_only``, load
+    the dataset and run the model on real samples, and write the workload's description."""
+    from tula import config as config_mod
+    from tula.grid import grid, search_set
+    from tula.io import write_json
+
+    cfg = config_mod.load(config)
+    pts = search_set(cfg)
+    print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
+          f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
+    if config_only:
+        return None
+    w = check_workload(cfg)
+    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
+          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
+          f"forward on a sample batch ok")  # fmt: skip
+    if out:
+        write_json(out, w)
+    return w

@@ -35,6 +35,8 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
     for i, (n, g) in enumerate(pred.sort_values("global_batch").groupby("nodes")):
         c = colors[i % len(colors)]
         ax.plot(g["global_batch"], g[y], "-", color=c, label=f"N={n} predicted")
+        if y == "train_time_s" and {"train_time_lo_s", "train_time_hi_s"} <= set(g.columns):
+            ax.fill_between(g["global_batch"], g["train_time_lo_s"], g["train_time_hi_s"], color=c, alpha=0.12, lw=0)
         bad = g[~g["feasible"].astype(bool)]
         if len(bad):
             ax.plot(bad["global_batch"], bad[y], "x", color=c, ms=9, label=f"N={n} infeasible")
@@ -77,14 +79,43 @@ def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
                    f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}", path)  # fmt: skip
 
 
+def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> None:
+    """The compute curve: every compute-only measurement (probe and sweep rows) against
+    local batch, one colour per N, with the fitted compute model through them."""
+    from tula.perfmodel import PerfModel
+
+    model = PerfModel.from_dict(perf)
+    ok = measured[(measured["status"] == "ok") & pd.to_numeric(measured["compute_time_s"], errors="coerce").notna()]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    src = ok["source"] if "source" in ok.columns else pd.Series("probe", index=ok.index)
+    for i, (n, g) in enumerate(ok.groupby("nodes")):
+        c = colors[i % len(colors)]
+        xs = np.geomspace(max(ok["local_batch"].min(), 1), ok["local_batch"].max(), 80)
+        ax.plot(xs, 1e3 * model.compute_time_s(np.full_like(xs, n), xs), "-", color=c,
+                label=f"N={n} model ({model.compute.form.name})")  # fmt: skip
+        sw = g[src.loc[g.index] == "sweep"]
+        pr = g[src.loc[g.index] != "sweep"]
+        ax.plot(sw["local_batch"], 1e3 * sw["compute_time_s"], ".", color=c, ms=7, label=f"N={n} sweep")
+        ax.plot(pr["local_batch"], 1e3 * pr["compute_time_s"], "o", color=c, mfc="none", ms=9, label=f"N={n} probe")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("local batch b")
+    ax.set_ylabel("compute-only step time (ms)")
+    ax.set_title(f"Compute curve — {model.compute.form.text}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    _save(fig, path)
+
+
 def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: dict, path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lb = np.sort(pred["local_batch"].unique())
     fit = memory_model["fit"]
     xs = np.linspace(lb.min(), lb.max(), 100)
     ax.plot(xs, (fit["intercept"] + fit["slope"] * xs) / 2**20, "-", label="Eq. 3 model (linear in b)")
-    ok = measured[measured["status"] == "ok"]
-    ax.plot(ok["local_batch"], ok["peak_mem_bytes"] / 2**20, "o", mfc="none", ms=8, label="probed")
+    ok = measured[(measured["status"] == "ok") & pd.to_numeric(measured["peak_mem_bytes"], errors="coerce").notna()]
+    ax.plot(ok["local_batch"], ok["peak_mem_bytes"] / 2**20, "o", mfc="none", ms=8, label="measured")
     oom = measured[measured["status"] == "oom"]
     if len(oom):
         ax.plot(oom["local_batch"], np.full(len(oom), ax.get_ylim()[1]), "rx", ms=10, label="probe OOM")
@@ -144,3 +175,23 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
     fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
                  f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
     _save(fig, path)
+
+
+def run_selection(predictions, selection, measurements, memory, perf, time_plot, cost_plot, memory_plot,
+                  compute_plot) -> None:  # fmt: skip
+    """``tula plot --selection ...``: the selection figures from the results files."""
+    from tula import measurements as measurements_mod
+    from tula.io import read_json
+
+    pred, sel, meas = pd.read_csv(predictions), read_json(selection), measurements_mod.load(measurements)
+    time_vs_batch(pred, sel, time_plot)
+    cost_vs_batch(pred, sel, cost_plot)
+    memory_vs_batch(pred, meas, read_json(memory), memory_plot)
+    compute_vs_batch(meas, read_json(perf), compute_plot)
+
+
+def run_training(metrics, final, attempts, training_plot) -> None:
+    """``tula plot --metrics ...``: the training curve."""
+    from tula.io import read_json
+
+    training_curve(pd.read_csv(metrics), read_json(final), training_plot, read_json(attempts) if attempts else None)

@@ -91,14 +91,36 @@ def prediction_check(final: dict) -> str:
             f"start-up {fmt_duration(final['startup_time_s'])}.</p>")
 
 
+def model_section(perf: dict | None) -> str:
+    """How the step-time model was chosen and how close it passes to each probe."""
+    if not perf:
+        return ""
+    parts = ["<h2>Step-time model</h2>"]
+    for key, label in (("compute", "Compute"), ("step", "Step (sync)")):
+        f = perf.get(key)
+        if not f:
+            continue
+        ps = ", ".join(f"{k} = {v:.4g} [{lo:.3g}, {hi:.3g}]" for (k, v), (lo, hi)
+                       in zip(f["params"].items(), f["params_ci95"].values()))  # fmt: skip
+        parts.append(f"<p><b>{label}</b>: <code>{html.escape(f['form'])}</code>: {html.escape(f['equation'])}; "
+                     f"{html.escape(ps)} (95 % intervals). Why: {html.escape(f.get('why', ''))}.</p>")  # fmt: skip
+    res = pd.DataFrame(perf.get("residuals") or [])
+    if len(res):
+        inside = int(res["within_noise"].fillna(False).astype(bool).sum())
+        parts.append(f"<p>The model passes within each probe's measured step-to-step noise at {inside} of {len(res)} "
+                     "probes:</p>" + _table(res))  # fmt: skip
+    return "\n".join(parts)
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
-           plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None) -> None:  # fmt: skip
+           plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None,
+           perf: dict | None = None) -> None:  # fmt: skip
     s = selection["selected"]
     cur = s["currency"]
     failed = measurements[measurements["status"] != "ok"]
     pred_cols = ["nodes", "global_batch", "local_batch", "step_time_s", "train_time_s", "cost", "mem_bytes",
                  "feasible", "probe_status", "measured_step_time_s"]  # fmt: skip
-    meas_cols = [c for c in ["nodes", "global_batch", "local_batch", "status", "step_time_s", "compute_time_s",
+    meas_cols = [c for c in ["source", "nodes", "global_batch", "local_batch", "status", "step_time_s", "compute_time_s",
                              "sync_time_s", "step_time_cv", "peak_mem_bytes", "error"] if c in measurements.columns]  # fmt: skip
     parts = [
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
@@ -120,8 +142,9 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
     ]
+    parts.append(model_section(perf))
     if len(failed):
-        parts.append(f"<h2 class=bad>{len(failed)} probe(s) did not succeed</h2>" + _table(failed[meas_cols]))
+        parts.append(f"<h2 class=bad>{len(failed)} measurement(s) did not succeed</h2>" + _table(failed[meas_cols]))
     parts += [
         "<h2>Predictions for every grid point</h2>",
         _table(predictions[pred_cols], (s["nodes"], s["global_batch"])),
@@ -133,3 +156,13 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
     ]
     with atomic_write(out) as fh:
         fh.write("\n".join(parts))
+
+
+def run(selection, predictions, measurements, final, plots, out, attempts=None, perf=None) -> None:
+    """``tula report``: render ``out`` from the results files (plots: the PNG paths)."""
+    from tula.io import read_json
+
+    render(read_json(selection), pd.read_csv(predictions), pd.read_csv(measurements), read_json(final),
+           [Path(p) for p in plots], out, attempts=read_json(attempts) if attempts else None,
+           perf=read_json(perf) if perf else None)  # fmt: skip
+    print(f"[report] -> {out}")

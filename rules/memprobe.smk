@@ -1,0 +1,26 @@
+# The memory probe: one worker, a few local batches, seconds. A checkpoint: which timing
+# probes run is decided from its result (b_max), so no probe is spent on a point the
+# memory model already rules out. `snakemake -n` lists it and the jobs that wait on it.
+checkpoint memory_probe:
+    input:
+        rules.check.output,
+    output:
+        "results/memory_probe.json",
+    log:
+        "results/logs/memory_probe.log",
+    benchmark:
+        "results/benchmarks/memory_probe.tsv"
+    conda:
+        "../envs/tula.yaml"
+    threads: whole_machine
+    resources:
+        tasks=1,
+        nodes=1,
+        cpus_per_task=TULA.hardware.threads_per_worker,
+        gres=tula_dist.job_resources(TULA, 1)["gres"],
+        runtime=PROBE_RUNTIME_MIN,
+    params:
+        config=CONFIG,
+        settings=settings("memory_probe"),
+    shell:
+        "tula memprobe --config {params.config} --out {output} > {log} 2>&1"
