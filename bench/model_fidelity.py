@@ -1,22 +1,44 @@
-"""Fidelity of Tula's performance, memory and cost models on this machine (issue #4).
+"""Fidelity of Tula's memory, step-time and knee models (issue #11).
 
-Probes every grid point of the shipped config REPEATS times (repeats interleaved, so slow
-drift hits every point alike); the ground truth of a point is the median over repeats.
-Then, per repeat:
-  partial: fit on that repeat's 4 corner probes; error on the held-out (non-corner) points;
-  full:    leave-one-out: fit on all other points of that repeat, predict the one left out.
-Reported: median / max absolute % error of step time, T and C (node and memory pricing),
-memory-model error, the noise floor (step-time CV within a probe, spread across repeats),
-regret of the selection vs the measured oracle for each objective, and probe cost.
+Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md):
 
-    .venv/bin/python bench/model_fidelity.py [REPEATS] [--model NAME] [--dataset NAME]
+(a) this machine: the shipped config's whole grid, probed REPEATS times with the real probe
+    (`tula probe`: its sweep rows included; repeats interleaved, so drift hits every point
+    alike). Truth of a point = median of its repeats. Noise floor = how far one measurement
+    lies from the truth, median over points and repeats (noise_floor()).
+    Held-out error, per repeat: partial = fit on the 4 corner jobs (probe + sweep rows +
+    the memory probe), error at the other points; full = leave one job out (its probe and
+    sweep rows), predict its point. Target: median held-out error <= 1.2 x noise floor.
+(b) a synthetic GPU cluster written here, in a form none of Tula's candidates has: compute
+    smoothly flat while a V100 is under-used then linear (c0 (1 + (b/b0)^4)^(1/4)), DDP-like
+    overlap (forward, then backward overlapped with all of the sync but the last bucket),
+    alpha-beta ring all-reduce of a 100 MB gradient over 10 GbE, 3 % noise on every measured
+    time, 0.5 % on memory (allocator blocks), a 32 GB memory bound (peak = 2 GB + 60 MB x b,
+    so b_max = 446 with the 10 % margin). Probe jobs are simulated with Tula's own rules:
+    memory probe (default batches, then its check at b_max), search set, sweep. Partial (with and
+    without sweep rows) and full (leave one job out); median / max held-out step-time error.
+    Targets: partial <= 5 %, full <= 2 % median.
+(c) knee stability, on (b) with a smaller model's memory (10 MB a sample: the batch range,
+    not memory, ends the curve): grid.batch_max halved (4096) and doubled (16384) around 8192;
+    the knee of the partial-search prediction for the marginal rule and Kneedle, and the
+    true T at each knee against the true minimum. Target: the marginal knee moves by at most
+    one doubling, its true T within 1.5 x the minimum.
+(d) probes spent on points the memory bound excludes, on (b): the old corners (min/max N x
+    batch_min/batch_max) against feasible-first (b_max from the memory probe), also with 3 %
+    memory noise.
+(e) production vs prediction: every final.json given (default: results/train/final.json of
+    the last `make run`) and bench/probe_vs_production.py's table when it has been run.
 
-Writes results/fidelity/{probes/,fidelity.json} and results/plots/fidelity_*.png.
+    .venv/bin/python bench/model_fidelity.py [--parts abcde] [--repeats 3] [--seeds 20]
+
+(a) takes ~10 min on 2 cores; (b)-(d) ~3 min (fits only). Writes results/fidelity/fidelity.json
+and results/plots/fidelity_*.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,10 +51,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tula import config as config_mod  # noqa: E402
-from tula import memory, perfmodel, probe  # noqa: E402
-from tula.grid import grid, search_set  # noqa: E402
+from tula import memory, perfmodel  # noqa: E402
+from tula.grid import Point, batch_sizes, grid, search_set, sweep_local_batches  # noqa: E402
 from tula.io import read_json, write_json  # noqa: E402
-from tula.measurements import row_from_probe  # noqa: E402
+from tula.measurements import rows_from_memory_probe, rows_from_probe  # noqa: E402
+from tula.predict import predict  # noqa: E402
 from tula.select import select  # noqa: E402
 
 
@@ -42,145 +65,337 @@ def pct(pred, true) -> np.ndarray:
 
 def summary(errors) -> dict:
     e = np.asarray(list(errors), float)
-    return {"median_pct": float(np.median(e)), "max_pct": float(np.max(e)), "n": int(e.size)}
+    return {"median_pct": float(np.median(e)), "max_pct": float(np.max(e)), "n": int(e.size)} if e.size else {"n": 0}
 
 
-def frame_from_truth(cfg, truth: pd.DataFrame, D: int) -> pd.DataFrame:
-    """A predictions-shaped table whose values are the measured truth (for the oracle)."""
-    t = truth.copy()
-    t["steps_per_epoch"] = np.ceil(D / t["global_batch"]).astype(int)
-    t["train_time_s"] = cfg.workload.epochs * t["steps_per_epoch"] * t["step_time_s"]
-    t["cost_node"] = t["train_time_s"] / 3600 * t["nodes"] * cfg.pricing.per_node_hour
-    t["cost_memory"] = t["train_time_s"] / 3600 * t["nodes"] * t["peak_mem_bytes"] / 1e9 * cfg.pricing.per_gb_hour
-    t["cost"] = t["cost_node"]
-    t["mem_bytes"] = t["peak_mem_bytes"]
-    t["feasible"] = True
-    t["probe_status"] = "ok"
-    return t
+def step_of(perf: perfmodel.PerfModel, points) -> np.ndarray:
+    return perf.step_time_s(np.array([p[0] for p in points], float), np.array([p[1] // p[0] for p in points], float))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("repeats", type=int, nargs="?", default=3)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--dataset", default=None)
-    ap.add_argument("--out", default=str(ROOT / "results" / "fidelity"))
-    a = ap.parse_args()
+# -- (a) this machine ---------------------------------------------------------------------
+
+
+def noise_floor(probes: pd.DataFrame) -> float:
+    """How far one measurement lies from its point's true step time, % (median): each repeat
+    against the mean of the point's other repeats, scaled by 1/sqrt(1 + 1/(k-1)) for the
+    other repeats' own noise. (|repeat - median of all| would be zero for every median
+    repeat: with 3 repeats it reads a third of the points as noiseless.)"""
+    devs = []
+    for _, g in probes.groupby(["nodes", "global_batch"]):
+        t = g["step_time_s"].to_numpy(float)
+        k = len(t)
+        if k < 2:
+            continue
+        for i in range(k):
+            devs.append(100 * abs(t[i] / np.delete(t, i).mean() - 1) / np.sqrt(1 + 1 / (k - 1)))
+    return float(np.median(devs))
+
+
+def part_a(repeats: int, out: Path) -> dict:
+    from tula import memprobe, probe
 
     raw = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
     raw["search"] = "full"
-    if a.model:
-        raw["workload"]["model"] = a.model
-    if a.dataset:
-        raw["workload"]["dataset"] = a.dataset
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     cfg = config_mod.load(cfg_path)
-    points = grid(cfg)
-    corners = set(search_set(config_mod.from_dict({**raw, "search": "partial"})))
-
-    # 1. probe everything, repeats interleaved
-    rows = []
-    t0 = time.perf_counter()
-    for r in range(a.repeats):
+    mp_path = out / "memory_probe.json"
+    mp = read_json(mp_path) if mp_path.exists() else memprobe.run(cfg_path, mp_path)
+    bmax = mp["max_local_batch"]
+    points = search_set(cfg, bmax)
+    corners = set(search_set(config_mod.from_dict({**raw, "search": "partial"}), bmax))
+    rows, t0 = [], time.perf_counter()
+    for r in range(repeats):
         for i, p in enumerate(points):
             f = out / "probes" / f"r{r}" / f"{p.name}.json"
-            rec = probe.run(cfg_path, p.nodes, p.global_batch, f) if not f.exists() else read_json(f)
+            rec = read_json(f) if f.exists() else probe.run(cfg_path, p.nodes, p.global_batch, f, memory_probe=mp_path)
             if rec["status"] != "ok":
                 sys.exit(f"probe {p.name} repeat {r} failed: {rec.get('error')}")
-            rows.append({**row_from_probe(rec, str(f)), "repeat": r})
-            print(f"[fidelity] repeat {r + 1}/{a.repeats}, point {i + 1}/{len(points)} done "
+            rows += [{**row, "repeat": r, "job": p} for row in rows_from_probe(rec, str(f))]
+            print(f"[fidelity a] repeat {r + 1}/{repeats}, point {i + 1}/{len(points)} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
     m = pd.DataFrame(rows)
-    D = int(m["train_samples"].iloc[0])
-    truth = m.groupby(["nodes", "global_batch", "local_batch"], as_index=False)[
-        ["step_time_s", "compute_time_s", "sync_time_s", "peak_mem_bytes"]].median()  # fmt: skip
-    truth_frame = frame_from_truth(cfg, truth, D)
-    key = lambda df: list(zip(df["nodes"], df["global_batch"]))  # noqa: E731
-    tmap = dict(zip(key(truth_frame), truth_frame.to_dict("records")))
-
-    # 2. noise floor
-    spread = m.groupby(["nodes", "global_batch"])["step_time_s"].agg(lambda s: (s.max() - s.min()) / s.median())
-    noise = {"median_within_probe_cv": float(m["step_time_cv"].median()),
-             "median_across_repeat_spread_pct": float(100 * spread.median())}  # fmt: skip
-
-    # 3. partial and full (leave-one-out) errors
-    errs = {k: [] for k in ("partial_step", "partial_T", "partial_C_node", "partial_C_memory", "partial_mem",
-                            "full_step", "full_T", "full_C_node", "full_mem")}  # fmt: skip
-    regret = {k: [] for k in ("time", "cost", "knee")}
-    picks = {k: [] for k in regret}
-    partial_preds = []
-    budget = cfg.hardware.memory_budget_bytes
-    for r in range(a.repeats):
+    mem_rows = pd.DataFrame(rows_from_memory_probe(mp, str(mp_path)))
+    pr = m[m["source"] == "probe"]
+    truth = pr.groupby(["nodes", "global_batch"])["step_time_s"].median()
+    floor = noise_floor(pr)
+    errs: dict[str, list[float]] = {"partial": [], "partial_without_sweep": [], "full": [], "partial_on_corners": []}
+    forms: dict[str, list[str]] = {"partial": [], "full": []}
+    for r in range(repeats):
         mr = m[m["repeat"] == r]
-        corner_rows = mr[[(n, b) in {(c.nodes, c.global_batch) for c in corners} for n, b in key(mr)]]
-        perf = perfmodel.fit(corner_rows, cfg.hardware.collective)
-        mem = memory.fit(corner_rows, budget)
-        pred = perfmodel.predict(cfg, perf, mem, D)
-        pred["repeat"] = r
-        partial_preds.append(pred)
-        held = pred[[(n, b) not in {(c.nodes, c.global_batch) for c in corners} for n, b in key(pred)]]
-        tru = pd.DataFrame([tmap[k] for k in key(held)])
-        errs["partial_step"] += list(pct(held["step_time_s"], tru["step_time_s"]))
-        errs["partial_T"] += list(pct(held["train_time_s"], tru["train_time_s"]))
-        errs["partial_C_node"] += list(pct(held["cost_node"], tru["cost_node"]))
-        errs["partial_C_memory"] += list(pct(held["cost_memory"], tru["cost_memory"]))
-        errs["partial_mem"] += list(pct(held["mem_bytes"], tru["peak_mem_bytes"]))
-        for obj in regret:
-            ocfg = config_mod.from_dict({**raw, "objective": obj})
-            col = "cost" if obj == "cost" else "train_time_s"
-            chosen = select(pred, ocfg)["selected"]
-            oracle = select(truth_frame, ocfg)["selected"]
-            got = tmap[(chosen["nodes"], chosen["global_batch"])][col]
-            best = tmap[(oracle["nodes"], oracle["global_batch"])][col]
-            regret[obj].append(100.0 * (got - best) / best)
-            picks[obj].append({"chosen": f"N{chosen['nodes']}_B{chosen['global_batch']}",
-                               "oracle": f"N{oracle['nodes']}_B{oracle['global_batch']}"})  # fmt: skip
-        for i in range(len(mr)):
-            train_rows, test = mr.drop(mr.index[i]), mr.iloc[i]
-            perf = perfmodel.fit(train_rows, cfg.hardware.collective)
-            mem = memory.fit(train_rows, budget)
-            p1 = perfmodel.predict(config_mod.from_dict({**raw, "grid": {**raw["grid"]}}), perf, mem, D)
-            row = p1[(p1["nodes"] == test["nodes"]) & (p1["global_batch"] == test["global_batch"])].iloc[0]
-            t = tmap[(test["nodes"], test["global_batch"])]
-            errs["full_step"].append(pct(row["step_time_s"], t["step_time_s"]).item())
-            errs["full_T"].append(pct(row["train_time_s"], t["train_time_s"]).item())
-            errs["full_C_node"].append(pct(row["cost_node"], t["cost_node"]).item())
-            errs["full_mem"].append(pct(row["mem_bytes"], t["peak_mem_bytes"]).item())
-
-    wall = m.groupby("repeat").apply(lambda g: pd.Series({
-        "full_s": g["wall_s"].sum(),
-        "partial_s": g[[(n, b) in {(c.nodes, c.global_batch) for c in corners} for n, b in key(g)]]["wall_s"].sum()}))  # fmt: skip
-    result = {
-        "workload": {"model": cfg.workload.model, "dataset": cfg.workload.dataset, "grid_points": len(points),
-                     "repeats": a.repeats, "train_samples": D, "epochs": cfg.workload.epochs},  # fmt: skip
-        "noise_floor": noise,
+        fit_rows = pd.concat([mr[mr["job"].isin(corners)], mem_rows], ignore_index=True)
+        perf = perfmodel.fit(fit_rows, cfg.hardware.collective)
+        forms["partial"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
+        held = [(p.nodes, p.global_batch) for p in points if p not in corners]
+        errs["partial"] += list(pct(step_of(perf, held), [truth[k] for k in held]))
+        no_sweep = perfmodel.fit(fit_rows[fit_rows["source"] != "sweep"], cfg.hardware.collective)
+        errs["partial_without_sweep"] += list(pct(step_of(no_sweep, held), [truth[k] for k in held]))
+        own = [(p.nodes, p.global_batch) for p in corners]
+        meas = [pr[(pr["repeat"] == r) & (pr["nodes"] == n) & (pr["global_batch"] == b)]["step_time_s"].item() for n, b in own]
+        errs["partial_on_corners"] += list(pct(step_of(perf, own), meas))
+        for p in points:
+            perf = perfmodel.fit(pd.concat([mr[mr["job"] != p], mem_rows], ignore_index=True), cfg.hardware.collective)
+            forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
+            errs["full"] += list(pct(step_of(perf, [(p.nodes, p.global_batch)]), [truth[(p.nodes, p.global_batch)]]))
+    res = {
+        "workload": {"model": cfg.workload.model, "dataset": cfg.workload.dataset, "points": len(points),
+                     "repeats": repeats, "max_local_batch": bmax, "sweep_rows_per_job": float(
+                         (m["source"] == "sweep").sum() / (repeats * len(points)))},  # fmt: skip
+        "noise_floor_pct": floor,
+        "within_probe_step_cv_pct": float(100 * pr["step_time_cv"].median()),
         "errors": {k: summary(v) for k, v in errs.items()},
-        "regret_pct": {k: {"median": float(np.median(v)), "max": float(np.max(v)), "picks": picks[k]}
-                       for k, v in regret.items()},
-        "probe_cost": {"partial_s": float(wall["partial_s"].median()), "full_s": float(wall["full_s"].median()),
-                       "ratio_pct": float(100 * (wall["partial_s"] / wall["full_s"]).median())},  # fmt: skip
-        "truth": truth_frame[["nodes", "global_batch", "step_time_s", "compute_time_s", "sync_time_s",
-                              "peak_mem_bytes", "train_time_s"]].to_dict("records"),  # fmt: skip
+        "ratio_to_noise_floor": {k: summary(v)["median_pct"] / floor for k, v in errs.items()},
+        "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()},
+        "truth": [{"nodes": n, "global_batch": b, "step_time_s": float(t)} for (n, b), t in truth.items()],
     }
-    write_json(out / "fidelity.json", result)
-    plots(truth_frame, m, pd.concat(partial_preds), errs, D, cfg, ROOT / "results" / "plots")
-
-    print("\n| measure | median | max |\n|---|---|---|")
-    for k, v in result["errors"].items():
-        print(f"| {k} abs. error | {v['median_pct']:.1f} % | {v['max_pct']:.1f} % |")
-    for k, v in result["regret_pct"].items():
-        print(f"| regret, objective {k} | {v['median']:.1f} % | {v['max']:.1f} % |  "
-              + ", ".join(f"{p['chosen']} vs oracle {p['oracle']}" for p in v["picks"]))  # fmt: skip
-    pc = result["probe_cost"]
-    print(f"\nprobe cost: partial {pc['partial_s']:.0f} s vs full {pc['full_s']:.0f} s = {pc['ratio_pct']:.0f} %")
-    print(f"noise floor: within-probe step CV median {100 * noise['median_within_probe_cv']:.1f} %, "
-          f"repeat-to-repeat spread median {noise['median_across_repeat_spread_pct']:.1f} %")  # fmt: skip
+    return res
 
 
-def plots(truth, m, partial, errs, D, cfg, outdir: Path) -> None:
+# -- (b) a synthetic GPU cluster ----------------------------------------------------------
+
+D_SYN = 50_000  # CIFAR-10's training set
+NOISE = 0.03  # timing: every measured mean
+MEM_NOISE = 0.005  # memory: max_memory_allocated moves by allocator blocks, not by percent
+
+
+class Cluster:
+    """V100-like ground truth (none of Tula's forms): see the module docstring."""
+
+    c0, b0 = 0.020, 64.0  # s at small b; under-used below ~64 samples
+    alpha, grad_bytes, bandwidth = 50e-6, 100e6, 1.25e9  # 10 GbE, ResNet-50-sized gradient
+    last_bucket = 0.25  # fraction of the sync after the backward ends (DDP's last bucket)
+    mem0, mem1, budget = 2e9, 60e6, 32e9 * 0.9
+
+    def compute(self, b):
+        b = np.asarray(b, float)
+        return self.c0 * (1 + (b / self.b0) ** 4) ** 0.25
+
+    def sync(self, n):
+        n = np.asarray(n, float)
+        return np.where(n > 1, 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * self.grad_bytes / self.bandwidth, 0.0)
+
+    def step(self, n, b):
+        c, s = self.compute(b), self.sync(n)
+        fwd, bwd = c / 3, 2 * c / 3
+        return np.where(np.asarray(n) > 1, fwd + np.maximum(bwd, (1 - self.last_bucket) * s) + self.last_bucket * s, c)
+
+    def mem(self, b):
+        return self.mem0 + self.mem1 * np.asarray(b, float)
+
+    def bmax(self) -> int:
+        return int((self.budget - self.mem0) // self.mem1)
+
+
+def syn_config(batch_max: int = 8192, search: str = "partial") -> config_mod.Config:
+    return config_mod.from_dict({"grid": {"nodes": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": batch_max},
+                                 "search": search, "objective": "knee",
+                                 "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
+
+
+def noisy(x, rng):
+    return float(x) * (1 + NOISE * rng.standard_normal())
+
+
+def mem_noisy(x, rng):
+    return float(x) * (1 + MEM_NOISE * rng.standard_normal())
+
+
+def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tuple[list[dict], int | None]:
+    """Tula's memory probe on the cluster: its default batches, then its b_max check (next_batch)."""
+    from tula.memprobe import default_batches, next_batch
+
+    def point(b):
+        ok = cl.mem(b) <= 32e9
+        return {"nodes": 1, "global_batch": b, "local_batch": b, "status": "ok" if ok else "oom",
+                "peak_mem_bytes": float(cl.mem(b)) * (1 + mem_noise * rng.standard_normal()) if ok else None,
+                "source": "memory"}  # fmt: skip
+
+    pts = []
+    for b in default_batches(cfg):
+        pts.append(point(b))
+        if pts[-1]["status"] != "ok":
+            break
+    while (b := next_batch(cfg, pts)) is not None:
+        pts.append(point(b))
+    ok = [p for p in pts if p["status"] == "ok"]
+    model = memory.from_points(ok, [p for p in pts if p["status"] == "oom"], cfg.hardware.memory_budget_bytes)
+    return pts, model.max_local_batch()
+
+
+def syn_job(cfg, cl: Cluster, p: Point, bmax, rng, sweep: bool = True) -> list[dict]:
+    """The rows of one simulated probe job: its probe row and (with ``sweep``) its sweep rows."""
+    b = p.local_batch
+    if cl.mem(b) > 32e9:
+        return [{"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": b, "status": "oom",
+                 "source": "probe", "job": p}]  # fmt: skip
+    comp, step = noisy(cl.compute(b), rng), noisy(cl.step(p.nodes, b), rng)
+    rows = [{"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": b, "status": "ok", "source": "probe",
+             "compute_time_s": comp, "step_time_s": step, "sync_time_s": max(step - comp, 0.0),
+             "step_time_cv": NOISE, "peak_mem_bytes": mem_noisy(cl.mem(b), rng), "job": p}]  # fmt: skip
+    if sweep:
+        for lb in sweep_local_batches(cfg, p.nodes, b, bmax, D_SYN // 4):
+            if cl.mem(lb) > 32e9:
+                rows.append({"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": lb, "status": "oom",
+                             "source": "sweep", "job": p})  # fmt: skip
+                break
+            rows.append({"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": lb, "status": "ok",
+                         "source": "sweep", "compute_time_s": noisy(cl.compute(lb), rng),
+                         "peak_mem_bytes": mem_noisy(cl.mem(lb), rng), "job": p})  # fmt: skip
+    return rows
+
+
+def syn_fit(rows) -> perfmodel.PerfModel:
+    return perfmodel.fit(pd.DataFrame(rows), "ring")
+
+
+def feasible_points(cfg, cl: Cluster) -> list[Point]:
+    return [p for p in grid(cfg) if cl.mem(p.local_batch) <= cl.budget]
+
+
+def part_b(seeds: int, full_seeds: int) -> dict:
+    cl = Cluster()
+    cfg = syn_config()
+    errs: dict[str, list[float]] = {"partial_with_sweep": [], "partial_without_sweep": [], "full": []}
+    forms: dict[str, list[str]] = {k: [] for k in errs}
+    feas = feasible_points(cfg, cl)
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        mrows, bmax = syn_memory_probe(cfg, cl, rng)
+        corners = search_set(cfg, bmax)
+        held = [p for p in feas if p not in corners]
+        truth = cl.step([p.nodes for p in held], [p.local_batch for p in held])
+        for key, sweep in (("partial_with_sweep", True), ("partial_without_sweep", False)):
+            rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng, sweep)]
+            perf = syn_fit(rows)
+            forms[key].append(f"{perf.compute.form.name}/{perf.step.form.name}")
+            errs[key] += list(pct(step_of(perf, [(p.nodes, p.global_batch) for p in held]), truth))
+    for seed in range(full_seeds):
+        rng = np.random.default_rng(1000 + seed)
+        mrows, bmax = syn_memory_probe(cfg, cl, rng)
+        jobs = {p: syn_job(cfg, cl, p, bmax, rng) for p in search_set(syn_config(search="full"), bmax)}
+        for p in jobs:
+            perf = syn_fit(mrows + [r for q, rows in jobs.items() if q != p for r in rows])
+            forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name}")
+            errs["full"] += list(pct(step_of(perf, [(p.nodes, p.global_batch)]), cl.step(p.nodes, p.local_batch)))
+        print(f"[fidelity b] full search, seed {seed + 1}/{full_seeds}", flush=True)
+    return {"cluster": {"nodes": [1, 2, 4, 8, 16], "batch": [32, 8192], "b_max_true": cl.bmax(), "noise_pct": 100 * NOISE,
+                        "feasible_points": len(feas), "seeds_partial": seeds, "seeds_full": full_seeds},
+            "errors": {k: summary(v) for k, v in errs.items()},
+            "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()}}  # fmt: skip
+
+
+# -- (c) knee stability, (d) wasted probes ------------------------------------------------
+
+
+def true_table(cfg, cl: Cluster) -> pd.DataFrame:
+    pts = grid(cfg)
+    df = pd.DataFrame({"nodes": [p.nodes for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df["local_batch"] = df["global_batch"] // df["nodes"]
+    df["step_time_s"] = cl.step(df["nodes"], df["local_batch"])
+    df["train_time_s"] = np.ceil(D_SYN / df["global_batch"]) * df["step_time_s"]
+    df["cost"] = df["train_time_s"] * df["nodes"]
+    df["mem_bytes"] = cl.mem(df["local_batch"])
+    df["feasible"] = df["mem_bytes"] <= cl.budget
+    df["probe_status"] = ""
+    return df
+
+
+def part_c(seeds: int) -> dict:
+    """Knee stability on two clusters, a smaller model's memory (10 MB a sample, b_max ~2700:
+    the batch range, not memory, ends the curve): 100 Gb/s InfiniBand, where the knee lies
+    inside every range, and (b)'s 10 GbE, where T still falls by more than 10 % a doubling
+    up to B=8192, so a grid that stops at 4096 cuts the knee off."""
+    out = {}
+    for name, bandwidth in (("infiniband_100g", 12.5e9), ("ethernet_10g", 1.25e9)):
+        cl = Cluster()
+        cl.mem1, cl.bandwidth = 10e6, bandwidth
+        out[name] = knee_runs(cl, seeds)
+    return out
+
+
+def knee_runs(cl: Cluster, seeds: int) -> dict:
+    out: dict = {"per_batch_max": {}, "true_curve": {}}
+    knees: dict[str, dict[int, list[int]]] = {"marginal": {}, "kneedle": {}}
+    for bm in (4096, 8192, 16384):
+        cfg = syn_config(bm)
+        tt = true_table(cfg, cl)
+        feas = tt[tt["feasible"]]
+        t_min = float(feas["train_time_s"].min())
+        tmap = dict(zip(zip(feas["nodes"], feas["global_batch"]), feas["train_time_s"]))
+        best_t = feas.groupby("global_batch")["train_time_s"].min()
+        true_sel = select(tt, cfg)["knee"]
+        out["true_curve"][bm] = {"marginal": true_sel["marginal"]["global_batch"], "kneedle": true_sel["kneedle"]["global_batch"]}
+        rec: dict = {"marginal": [], "kneedle": []}
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            mrows, bmax = syn_memory_probe(cfg, cl, rng)
+            rows = mrows + [r for p in search_set(cfg, bmax) for r in syn_job(cfg, cl, p, bmax, rng)]
+            perf = syn_fit(rows)
+            mem = memory.fit(pd.DataFrame(rows), cfg.hardware.memory_budget_bytes)
+            pred = predict(cfg, perf, mem, D_SYN)
+            k = select(pred, cfg)["knee"]
+            for rule in ("marginal", "kneedle"):
+                b = k[rule]["global_batch"]
+                if b is None:
+                    rec[rule].append({"knee": None})
+                    continue
+                knees[rule].setdefault(seed, []).append(b)
+                rec[rule].append({"knee": b, "true_T_over_min": float(best_t[b] / t_min)})
+        out["per_batch_max"][bm] = {rule: {"knees": pd.Series([r["knee"] for r in v]).value_counts().to_dict(),
+                                           "true_T_over_min_median": float(np.median([r["true_T_over_min"] for r in v if r["knee"]])),
+                                           "true_T_over_min_max": float(np.max([r["true_T_over_min"] for r in v if r["knee"]]))}
+                                    for rule, v in rec.items()}  # fmt: skip
+    out["max_move_doublings"] = {rule: int(max((np.ptp(np.log2(v)) for v in d.values() if len(v) == 3), default=-1))
+                                 for rule, d in knees.items()}  # fmt: skip
+    return out
+
+
+def part_d(seeds: int) -> dict:
+    cl = Cluster()
+    out = {}
+    for nodes in ([1, 2, 4, 8, 16], [2, 4, 8, 16]):
+        cfg = config_mod.from_dict({"grid": {"nodes": nodes, "batch_min": 32, "batch_max": 8192},
+                                    "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
+        old = search_set(cfg)
+        wasted_old = sum(cl.mem(p.local_batch) > 32e9 for p in old)
+        rec = {"old_corners": [p.name for p in old], "old_wasted": int(wasted_old),
+               "new_corners_seed0": [p.name for p in search_set(cfg, syn_memory_probe(cfg, cl, np.random.default_rng(0))[1])]}  # fmt: skip
+        for label, mem_noise in (("", MEM_NOISE), ("_mem_noise_3pct", 0.03)):
+            wasted, extra = [], []
+            for seed in range(seeds):
+                pts, bmax = syn_memory_probe(cfg, cl, np.random.default_rng(seed), mem_noise)
+                wasted.append(sum(cl.mem(p.local_batch) > 32e9 for p in search_set(cfg, bmax)))
+                extra.append(len(pts) - 3)
+            rec[f"new_wasted_max{label}"] = int(max(wasted))
+            rec[f"memory_probe_extra_points_max{label}"] = int(max(extra))
+        out[str(nodes)] = rec
+    return out
+
+
+# -- (e) production vs prediction ---------------------------------------------------------
+
+
+def part_e(finals: list[Path]) -> dict:
+    rows = []
+    for f in finals:
+        if not f.exists():
+            continue
+        d = read_json(f)
+        if d.get("predicted_step_time_s") is None:
+            continue
+        lo, hi = d.get("predicted_step_time_interval_s") or (None, None)
+        rows.append({"file": str(f), "nodes": d["nodes"], "global_batch": d["global_batch"],
+                     "predicted_step_time_s": d["predicted_step_time_s"], "measured_step_time_s": d["mean_step_time_s"],
+                     "interval_s": [lo, hi], "inside": lo is not None and lo <= d["mean_step_time_s"] <= hi,
+                     "ratio": d["step_time_ratio"]})  # fmt: skip
+    return {"runs": rows}
+
+
+# -- plots --------------------------------------------------------------------------------
+
+
+def plot_b(outdir: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,36 +403,59 @@ def plots(truth, m, partial, errs, D, cfg, outdir: Path) -> None:
 
     from tula.plots import _save
 
+    cl, cfg = Cluster(), syn_config()
+    rng = np.random.default_rng(0)
+    mrows, bmax = syn_memory_probe(cfg, cl, rng)
+    corners = search_set(cfg, bmax)
+    rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng)]
+    perf = syn_fit(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (n, g) in enumerate(truth.groupby("nodes")):
+    for i, n in enumerate(cfg.grid.nodes):
+        bs = np.array([b for b in batch_sizes(cfg) if b // n >= 1 and cl.mem(b // n) <= cl.budget], float)
         c = colors[i % len(colors)]
-        meas = m[m["nodes"] == n].groupby("global_batch")["step_time_s"]
-        scale = cfg.workload.epochs * np.ceil(D / g["global_batch"].to_numpy())
-        lo = (meas.min().to_numpy() * scale)
-        hi = (meas.max().to_numpy() * scale)
-        ax.errorbar(g["global_batch"], g["train_time_s"], yerr=[g["train_time_s"] - lo, hi - g["train_time_s"]],
-                    fmt="o", color=c, capsize=3, label=f"N={n} measured (median, min-max)")  # fmt: skip
-        for r, pr in partial.groupby("repeat"):
-            pg = pr[pr["nodes"] == n].sort_values("global_batch")
-            ax.plot(pg["global_batch"], pg["train_time_s"], "--", color=c, alpha=0.6,
-                    label=f"N={n} partial-search prediction" if r == 0 else None)  # fmt: skip
+        ax.plot(bs, cl.step(n, bs // n), "o", color=c, ms=4, label=f"N={n} truth")
+        ax.plot(bs, perf.step_time_s(np.full_like(bs, n), bs // n), "-", color=c, alpha=0.7)
+    for p in corners:
+        ax.plot(p.global_batch, cl.step(p.nodes, p.local_batch), "k*", ms=12)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("global batch size B")
-    ax.set_ylabel("training time T (s)")
-    ax.set_title("Measured vs predicted training time (partial search: 4 corner probes)")
+    ax.set_yscale("log")
+    ax.set_xlabel("global batch B")
+    ax.set_ylabel("step time (s)")
+    ax.set_title("Synthetic V100 cluster: truth (dots), partial-search fit (lines), probes (stars)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    _save(fig, outdir / "fidelity_time_vs_batch.png")
+    ax.legend(fontsize=7, ncol=2)
+    _save(fig, outdir / "fidelity_synthetic.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    keys = ["partial_step", "full_step", "partial_mem", "full_mem"]
-    ax.boxplot([errs[k] for k in keys], tick_labels=["step time\npartial", "step time\nfull (LOO)", "memory\npartial",
-                                                     "memory\nfull (LOO)"])  # fmt: skip
-    ax.set_ylabel("absolute error (%)")
-    ax.set_title("Prediction error on points the fit did not see")
-    ax.grid(alpha=0.3, axis="y")
-    _save(fig, outdir / "fidelity_errors.png")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="abcde")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=20, help="synthetic partial-search seeds (full: seeds / 10)")
+    ap.add_argument("--final", nargs="*", default=[str(ROOT / "results" / "train" / "final.json")])
+    ap.add_argument("--out", default=str(ROOT / "results" / "fidelity"))
+    a = ap.parse_args()
+    out = Path(a.out)
+    path = out / "fidelity.json"
+    result = read_json(path) if path.exists() else {}
+    t0 = time.perf_counter()
+    if "a" in a.parts:
+        result["a_this_machine"] = part_a(a.repeats, out)
+    if "b" in a.parts:
+        result["b_synthetic_gpu"] = part_b(a.seeds, max(a.seeds // 10, 1))
+        plot_b(ROOT / "results" / "plots")
+    if "c" in a.parts:
+        result["c_knee_stability"] = part_c(a.seeds)
+    if "d" in a.parts:
+        result["d_wasted_probes"] = part_d(a.seeds)
+    if "e" in a.parts:
+        result["e_production"] = part_e([Path(f) for f in a.final])
+    result["wall_s"] = time.perf_counter() - t0
+    write_json(path, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "a_this_machine"} | (
+        {"a_this_machine": {k: v for k, v in result["a_this_machine"].items() if k != "truth"}}
+        if "a_this_machine" in result else {}), indent=1, default=str))  # fmt: skip
 
 
 if __name__ == "__main__":
