@@ -19,7 +19,6 @@ except tula_config.ConfigError as err:
 CONFIG = str(tula_config.snapshot(config, ".snakemake/tula/config.json"))
 
 
-
 wildcard_constraints:
     n=r"\d+",
     b=r"\d+",
@@ -29,8 +28,12 @@ def probe_files(wildcards):
     """The probe records of the search set (full grid or its corners), decided once the
     memory probe (a checkpoint) has given b_max: no point beyond it is probed."""
     bmax = max_local_batch(checkpoints.memory_probe.get().output[0])
-    return expand(rules.probe.output[0], zip, n=[p.nodes for p in search_set(TULA, bmax)],
-                  b=[p.global_batch for p in search_set(TULA, bmax)])
+    return expand(
+        rules.probe.output[0],
+        zip,
+        n=[p.nodes for p in search_set(TULA, bmax)],
+        b=[p.global_batch for p in search_set(TULA, bmax)],
+    )
 
 
 def parent_dir(name):
@@ -70,7 +73,9 @@ def probe_resource(name):
     """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.dist.job_resources)."""
 
     def _resource(wildcards):
-        res = tula_dist.job_resources(TULA, int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive)
+        res = tula_dist.job_resources(
+            TULA, int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive
+        )
         return res[name]
 
     return _resource
