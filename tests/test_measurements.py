@@ -1,10 +1,8 @@
-import json
-
 import pandas as pd
 import pytest
 
 from tula import measurements
-from tula.io import atomic_write, write_json
+from tula.io import write_json
 
 
 def probe_record(n, b, status="ok", **kw):
@@ -92,19 +90,3 @@ def test_source_rows_are_checked_for_what_they_must_carry(tmp_path):
     pd.DataFrame([row | {"source": "guess"}]).to_csv(p, index=False)
     with pytest.raises(ValueError, match="column source: 'guess' is not one of probe, sweep, memory"):
         measurements.load(p)
-
-
-def test_atomic_write_keeps_old_file_on_error(tmp_path):
-    target = tmp_path / "selection.json"
-    write_json(target, {"v": 1})
-    with pytest.raises(RuntimeError):
-        with atomic_write(target) as fh:
-            fh.write('{"v": 2, "half')
-            raise RuntimeError("crash mid-write")
-    assert json.loads(target.read_text()) == {"v": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["selection.json"]
-
-
-def test_write_json_nan_becomes_null(tmp_path):
-    write_json(tmp_path / "x.json", {"a": float("nan")})
-    assert json.loads((tmp_path / "x.json").read_text()) == {"a": None}

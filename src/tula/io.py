@@ -3,7 +3,10 @@
 Every writer goes through :func:`atomic_write`: the bytes land in a temporary file in the
 same directory, are fsync'ed, and are renamed over the target (rename is atomic on POSIX
 file systems, including the parallel file systems of SLURM clusters for same-directory
-renames), and the directory is fsync'ed so the rename survives a crash. On any error the temporary file is removed and the old target is left intact.
+renames), and the directory is fsync'ed so the rename survives a crash. On any error the
+temporary file is removed and the old target is left intact. The file gets the mode a plain
+``open`` would give it (0666 less the umask: 0644 under umask 022), not mkstemp's 0600,
+so a team sharing a project directory can read the results.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; the team reads results too
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
@@ -35,6 +39,20 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (/proc on Linux; else set and restore)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:
