@@ -53,16 +53,25 @@ def test_two_task_probe_under_srun(slurm_cluster, tiny_config_file, tmp_path):
 
 
 def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
-    """The shipped profile parses and a dry run builds the whole DAG before anything ran
-    (needs no cluster: a dry run submits nothing)."""
+    """`snakemake -n --profile slurm`, the users' command, from the repository root: the short
+    name finds the root's `slurm` link to profiles/slurm (the one profile), and the dry run
+    builds the DAG up to the memory-probe checkpoint with the profile's resources (needs no
+    cluster: a dry run submits nothing)."""
+    assert os.readlink(ROOT / "slurm") == "profiles/slurm"
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
     shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    os.symlink("profiles/slurm", tmp_path / "slurm")
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    r = subprocess.run(["snakemake", "-n", "--profile", "profiles/slurm"], cwd=tmp_path,
-                       capture_output=True, text=True, env=env)  # fmt: skip
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "probe" in r.stdout and "train" in r.stdout
+    r = subprocess.run(["snakemake", "-n", "--profile", "slurm"], cwd=tmp_path, capture_output=True, text=True,
+                       env=env)  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "Using profile slurm" in out
+    job = out[out.index("checkpoint memory_probe:"):out.index("DAG of jobs will be updated")]
+    assert "mem_mb=16000" in job and "tasks=1" in job  # the profile's default-resources and the rule's own
+    assert "Shell command: tula memprobe" in job  # the profile's printshellcmds
+    assert not (tmp_path / "results").exists()
 
 
 @pytest.fixture(scope="module")

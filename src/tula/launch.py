@@ -82,7 +82,7 @@ def job_shape(cfg: config_mod.Config, n_workers: int) -> JobShape:
 
 def resolve_executor(cfg: config_mod.Config, hint: str | None) -> str:
     """``launch.executor``; ``auto`` follows Snakemake's executor (the --executor-hint the
-    train rule passes: slurm under profiles/slurm), else local."""
+    train rule passes: slurm under the slurm profile), else local."""
     if cfg.launch.executor != "auto":
         return cfg.launch.executor
     return hint if hint in EXECUTORS else "local"
