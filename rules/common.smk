@@ -12,6 +12,8 @@ try:
     TULA = tula_config.from_dict(
         config, source="workflow/config.yaml (+ --config overrides)"
     )
+    # a dataset path that does not exist stops here, before any job is queued
+    tula_config.check_dataset_paths(TULA)
 except tula_config.ConfigError as err:
     raise WorkflowError(str(err))
 

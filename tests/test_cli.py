@@ -81,3 +81,11 @@ def test_fit_predict_select_on_measurements_taken_elsewhere(tmp_path, capsys):
     assert perf["compute"]["params"]["c1"] == pytest.approx(0.0004, rel=1e-6)  # exact data, exact recovery
     assert all(abs(r["error_pct"]) < 2.0 for r in perf["residuals"])  # near every probe (the data's sync has a constant s(N) lacks)
     assert json.loads((tmp_path / "s.json").read_text())["selected"]["nodes"] in (2, 4, 8, 16)
+
+
+def test_check_config_only_stops_at_a_dataset_file_that_is_not_there(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workload:\n  dataset: npz:/no/such/file.npz\n")
+    assert main(["check", "--config", str(cfg), "--config-only"]) == 2
+    captured = capsys.readouterr()
+    assert "npz file /no/such/file.npz not found" in captured.err and "valid" not in captured.out

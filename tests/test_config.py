@@ -81,3 +81,14 @@ def test_schema_file_is_the_packaged_one():
     from conftest import ROOT
 
     assert yaml.safe_load((ROOT / "workflow" / "config.schema.yaml").read_text()) == config.schema()
+
+
+def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading(tmp_path):
+    npz = tmp_path / "d.npz"
+    with pytest.raises(ConfigError, match=f"config key 'workload.dataset': npz file {npz} not found"):
+        config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"npz:{npz}"}}))
+    npz.write_bytes(b"")
+    config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"npz:{npz}"}}))  # exists: layout is `tula check`'s
+    (tmp_path / "img" / "train").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="image folder .*img/val not found"):
+        config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}}))

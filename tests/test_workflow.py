@@ -101,13 +101,19 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
     assert "aggregate" in out and not (tmp_path / "results" / "memory_probe.json").exists()
 
 
-def test_bad_config_stops_before_any_job(tmp_path, venv_path):
+@pytest.mark.parametrize("text, message", [
+    ("grid:\n  nodes: [1, 3]\n  batch_min: 32\n", "config key 'grid.nodes': N=3 does not divide"),
+    ("workload:\n  dataset: npz:/no/such/file.npz\n",
+     "config key 'workload.dataset': npz file /no/such/file.npz not found"),
+    ("workload:\n  dataset: imagefolder:/no/such/root\n",
+     "config key 'workload.dataset': image folder /no/such/root/train not found"),
+])  # fmt: skip
+def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
     copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text("grid:\n  nodes: [1, 3]\n  batch_min: 32\n")
+    (tmp_path / "workflow" / "config.yaml").write_text(text)
     r = snakemake(tmp_path, "-n")
     assert r.returncode != 0
-    out = r.stdout + r.stderr
-    assert "config key 'grid.nodes'" in out and "does not divide" in out
+    assert message in r.stdout + r.stderr
     assert not (tmp_path / "results").exists()
 
 

@@ -317,6 +317,25 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
                             "lr_decay_epochs": tuple(t["lr_decay_epochs"])})  # fmt: skip
 
 
+def check_dataset_paths(cfg: Config) -> None:
+    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file,
+    an ``imagefolder:`` root with train/ and val/. Run where the workflow starts and by
+    ``tula check --config-only``, so a wrong path stops the run before any job is queued;
+    ``tula check`` then loads the data and checks its layout."""
+    spec = cfg.workload.dataset
+    key = "config key 'workload.dataset'"
+    if spec.startswith("npz:"):
+        path = Path(spec[4:])
+        if not path.is_file():
+            raise ConfigError(f"{key}: npz file {path} not found")
+    elif spec.startswith("imagefolder:"):
+        root = Path(spec[len("imagefolder:"):])
+        for split in ("train", "val"):
+            if not (root / split).is_dir():
+                raise ConfigError(f"{key}: image folder {root / split} not found; imagefolder:<root> needs "
+                                  "root/train/<class>/* and root/val/<class>/*")  # fmt: skip
+
+
 def load(path: str | os.PathLike) -> Config:
     """Read, validate and type a YAML (or JSON) config file."""
     p = Path(path)

@@ -245,6 +245,7 @@ def run_check(config, out=None, config_only: bool = False) -> dict | None:
     from tula.io import write_json
 
     cfg = config_mod.load(config)
+    config_mod.check_dataset_paths(cfg)
     pts = search_set(cfg)
     print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
           f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
