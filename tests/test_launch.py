@@ -117,6 +117,81 @@ def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch)
     assert not (run_dir / "train" / "final.json").exists()
 
 
+STEPS1 = math.ceil(D / 64)  # steps of epoch 1 at B=64 (23); epoch 2 starts with step 23
+
+
+def _relaunched_after(run_dir, where, step, checkpoint_step, rank=1):
+    """The attempt at B=64 ended as oom at `where` (the failing rank's record says so), the next
+    resumed at B=32 from `checkpoint_step` and completed the run."""
+    rec = _attempts(run_dir)
+    a1, a2 = rec["attempts"]
+    assert (a1["global_batch"], a1["outcome"], a1["checkpoint_step"]) == (64, "oom", checkpoint_step)
+    marker = json.loads((run_dir / "train" / "oom" / f"attempt1-rank{rank}.json").read_text())
+    assert (marker["where"], marker["step"], marker["global_batch"]) == (where, step, 64)
+    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", checkpoint_step)
+    # the resumed epoch finishes at B=32 from the checkpoint's sample (none left at the epoch's end), then epoch 2
+    assert a2["end_step"] == checkpoint_step + math.ceil((D - min(checkpoint_step * 64, D)) / 32) + math.ceil(D / 32)
+    assert rec["outcome"] == "completed" and list(pd.read_csv(run_dir / "train" / "metrics.csv")["epoch"]) == [1, 2]
+    return a1
+
+
+def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(run_dir, venv_path, monkeypatch):
+    # Rank 1 fails inside backward while rank 0 waits in DDP's all-reduce: no agreement is
+    # possible; rank 0 dies of the broken connection, rank 1's record makes the attempt an oom.
+    monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64,where=backward")
+    _launch(run_dir)
+    a1 = _relaunched_after(run_dir, "backward", 7, 5)
+    assert a1["reason"].startswith("out of memory in the backward pass of step 7 (rank1): injected")
+
+
+def test_oom_in_the_ags_refresh_is_agreed_and_relaunched(run_dir, venv_path, monkeypatch):
+    # Step 23 is epoch 2's first step, where AGS refreshes its factors (method ags, the default).
+    monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,batch=64,where=refresh")
+    _launch(run_dir)
+    a1 = _relaunched_after(run_dir, "refresh", STEPS1, STEPS1)  # the end-of-epoch checkpoint
+    assert a1["reason"].startswith(f"out of memory in AGS's factor refresh of step {STEPS1} on rank(s) [1]")
+    assert a1["segments"][0]["end_step"] == STEPS1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_oom_while_checkpointing_leaves_no_partial_checkpoint_and_relaunches(run_dir, venv_path, monkeypatch, rank):
+    monkeypatch.setenv(faults.ENV, f"oom:step=10,rank={rank},batch=64,where=checkpoint")
+    _launch(run_dir)
+    a1 = _relaunched_after(run_dir, "checkpoint", 10, 5, rank=rank)
+    assert a1["reason"].startswith(f"out of memory while writing the checkpoint of step 10 on rank(s) [{rank}]")
+
+
+def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(run_dir, reference, monkeypatch, capsys):
+    ref_dir, ref_final = reference
+    monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,where=eval")  # the evaluation after epoch 1
+    final = _launch(run_dir)
+    (att,) = _attempts(run_dir)["attempts"]
+    assert att["outcome"] == "completed" and not (run_dir / "train" / "oom").exists()
+    assert ref_final["eval_batch_size"] == 256 and ref_final["eval_oom_retries"] == []
+    (retry,) = final["eval_oom_retries"]
+    assert (retry["step"], retry["eval_batch"], retry["retry_batch"], retry["ranks"]) == (STEPS1, 256, 128, [1])
+    assert final["eval_batch_size"] == 128  # kept for the rest of the run
+    assert "out of memory in evaluation on rank(s) [1] at 256 samples per worker: evaluating again at 128" in (
+        capsys.readouterr().out)
+    m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
+    assert m["test_acc"].tolist() == r["test_acc"].tolist()  # the same evaluation, in smaller pieces
+    assert m["test_loss"].tolist() == pytest.approx(r["test_loss"].tolist(), rel=1e-6)
+    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+
+
+def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, tiny_raw, venv_path, monkeypatch):
+    tiny_raw["data"] = {"eval_batch_size": 1}
+    tiny_raw["workload"]["epochs"] = 1
+    tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    write_json(tmp_path / "selection.json", {"selected": {"nodes": 2, "global_batch": 64}})
+    monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=0,batch=64,where=eval")
+    _launch(tmp_path)
+    a1, a2 = _attempts(tmp_path)["attempts"]
+    assert a1["outcome"] == "oom" and a1["reason"].startswith(f"out of memory in evaluation after step {STEPS1} on rank(s) [0]")
+    assert (a2["global_batch"], a2["start_step"], a2["outcome"]) == (32, 20, "completed")
+
+
 # -- units ------------------------------------------------------------------------------
 
 
@@ -150,13 +225,18 @@ def test_checkpoint_without_manifest_or_of_another_run_is_not_used(tmp_path):
 
 
 def test_fault_specs_parse_and_bad_ones_name_the_problem():
-    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10")
-    assert [f.kind for f in fs] == ["oom", "signal", "truncate"] and fs[0].batch == 128 and fs[1].sig == "USR2"
-    with pytest.raises(torch.OutOfMemoryError, match="injected"):
-        faults.maybe_oom(fs, 12, 1, 128)
-    faults.maybe_oom(fs, 12, 1, 64)  # another batch: no fault
+    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10;oom:step=3,where=eval")
+    assert [f.kind for f in fs] == ["oom", "signal", "truncate", "oom"] and fs[0].batch == 128 and fs[1].sig == "USR2"
+    assert (fs[0].where, fs[3].where) == ("forward", "eval")
+    fired = set()
+    faults.maybe_oom(fs, "eval", 12, 1, 128, fired)  # another place: no fault
+    faults.maybe_oom(fs, "forward", 12, 1, 64, fired)  # another batch: no fault
+    with pytest.raises(torch.OutOfMemoryError, match="injected by .* in forward at step 12 on rank 1"):
+        faults.maybe_oom(fs, "forward", 12, 1, 128, fired)
+    faults.maybe_oom(fs, "forward", 12, 1, 128, fired)  # once per process
     for bad, msg in [("boom:step=1", "unknown fault kind"), ("oom:rank=1", "needs step"),
-                     ("signal:step=1,sig=KILL", "sig="), ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field")]:  # fmt: skip
+                     ("signal:step=1,sig=KILL", "sig="), ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field"),
+                     ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             faults.parse(bad)
 

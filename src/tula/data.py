@@ -417,6 +417,9 @@ def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, 
     return loader, sampler
 
 
-def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device) -> DataLoader:
-    sampler = ShardSampler(data.test_size, cfg.data.eval_batch_size, rank, world)
+def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device,
+                batch_size: int | None = None) -> DataLoader:  # fmt: skip
+    """The test set sharded over the ranks, ``batch_size`` (default ``data.eval_batch_size``)
+    samples per worker and batch."""
+    sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
     return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))

@@ -4,10 +4,25 @@ Set ``TULA_INJECT_TRAIN_FAULT`` in the environment of ``tula launch`` (the local
 and sbatch both pass it on to the workers). Faults are separated by ``;``, each is
 ``kind:key=value,...``, and ``step`` counts optimizer steps already taken (global):
 
-``oom:step=K,rank=R[,batch=B]``
-    rank R raises a real ``torch.OutOfMemoryError`` in the forward pass of step K (only
-    while the global batch is B, when given). The recovery path is the real one: all
-    ranks agree, the attempt ends as ``oom``, ``tula launch`` relaunches at a smaller B.
+``oom:step=K,rank=R[,batch=B][,where=W]``
+    rank R raises a real ``torch.OutOfMemoryError`` at place W of step K (only while the
+    global batch is B, when given). The recovery path is the real one (see train.py):
+
+    - ``forward`` (default): inside the model's forward pass of step K. All ranks agree,
+      the attempt ends as ``oom``, ``tula launch`` relaunches at a smaller B.
+    - ``backward``: in the backward pass of step K, while the peers are inside DDP's
+      gradient all-reduce, where no agreement is possible: rank R leaves a record in
+      ``oom/`` and exits, and the launcher classifies the attempt as ``oom`` from it.
+    - ``refresh``: in the forward of AGS's factor refresh in step K (an epoch's first
+      step, or every ``ags_refresh_every_steps``); agreed through the refresh's all-reduce.
+    - ``eval``: in the evaluation that follows the epoch ending at step K; agreed, and the
+      evaluation runs again at half the evaluation batch, without a relaunch.
+    - ``checkpoint``: while writing the checkpoint of step K; agreed, nothing half-written,
+      the attempt ends as ``oom`` and resumes from the previous checkpoint.
+
+    Each fault fires at most once in a process (so an evaluation retried at a smaller
+    batch succeeds); a relaunched attempt is a new process and meets it again unless
+    ``batch=`` names the batch that ran out of memory.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
     preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). It
@@ -26,7 +41,8 @@ import signal
 from dataclasses import dataclass
 
 ENV = "TULA_INJECT_TRAIN_FAULT"
-KINDS = {"oom": {"step", "rank", "batch"}, "signal": {"step", "sig", "rank"}, "truncate": {"step"}}
+KINDS = {"oom": {"step", "rank", "batch", "where"}, "signal": {"step", "sig", "rank"}, "truncate": {"step"}}
+WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
 
 
@@ -37,6 +53,7 @@ class Fault:
     rank: int | None = None
     batch: int | None = None
     sig: str | None = None
+    where: str = "forward"
 
 
 def parse(spec: str | None) -> list[Fault]:
@@ -61,9 +78,12 @@ def parse(spec: str | None) -> list[Fault]:
         sig = kv.get("sig")
         if kind == "signal" and sig not in SIGNALS:
             raise ValueError(f"{ENV}: {item!r} needs sig= one of {', '.join(SIGNALS)}")
+        where = kv.get("where", "forward")
+        if where not in WHERE:
+            raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
         try:
             faults.append(Fault(kind, int(kv["step"]), int(kv["rank"]) if "rank" in kv else None,
-                                int(kv["batch"]) if "batch" in kv else None, sig))  # fmt: skip
+                                int(kv["batch"]) if "batch" in kv else None, sig, where))  # fmt: skip
         except ValueError:
             raise ValueError(f"{ENV}: step, rank and batch must be integers in {item!r}") from None
     return faults
@@ -73,13 +93,17 @@ def from_env() -> list[Fault]:
     return parse(os.environ.get(ENV))
 
 
-def maybe_oom(faults: list[Fault], step: int, rank: int, global_batch: int) -> None:
+def maybe_oom(faults: list[Fault], where: str, step: int, rank: int, global_batch: int, fired: set[Fault]) -> None:
+    """Raise the ``oom`` fault due at this place, step, rank and batch, unless it fired
+    already in this process (``fired`` remembers)."""
     import torch
 
     for f in faults:
-        if f.kind == "oom" and f.step == step and f.rank in (None, rank) and f.batch in (None, global_batch):
-            raise torch.OutOfMemoryError(f"injected by {ENV}: out of memory at step {step} on rank {rank} "
-                                         f"(global batch {global_batch})")  # fmt: skip
+        if (f.kind == "oom" and f.where == where and f.step == step and f.rank in (None, rank)
+                and f.batch in (None, global_batch) and f not in fired):  # fmt: skip
+            fired.add(f)
+            raise torch.OutOfMemoryError(f"injected by {ENV}: out of memory in {where} at step {step} on rank "
+                                         f"{rank} (global batch {global_batch})")  # fmt: skip
 
 
 def maybe_signal(faults: list[Fault], step: int, rank: int, resumed_at: int) -> None:

@@ -416,13 +416,15 @@ def _outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
     try:
         results = job.results()
     except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
-        if markers:
+        if markers:  # a rank ran out of memory where the ranks cannot agree (backward) and left this record
             m = read_json(markers[0])
-            return "oom", f"out of memory at step {m['step']} ({markers[0].stem.split('-')[1]}): {m['message']}"
+            where = dist.oom_place(m.get("where", "forward"), m["step"])
+            return "oom", f"out of memory {where} ({markers[0].stem.split('-')[1]}): {m['message']}"
         if segs and segs[-1]["outcome"] == "stopped":
             return "stopped", segs[-1]["reason"]
         return "failed", _error_line(str(exc)) or type(exc).__name__
     r = results[0] if isinstance(results, list) else results
     if r.get("outcome") == "oom":
-        return "oom", f"out of memory at step {r['step']} on rank(s) {r['ranks']}: {r['message']}"
+        where = dist.oom_place(r.get("where", "forward"), r["step"])
+        return "oom", f"out of memory {where} on rank(s) {r['ranks']}: {r['message']}"
     return r.get("outcome", "failed"), "trained every epoch" if r.get("outcome") == "completed" else str(r)

@@ -25,6 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as torch_dist
 
+from tula.dist import StepOOM
+
 MODES = ("none", "static", "ags")
 
 
@@ -168,6 +170,10 @@ def refresh_scales(
     large-batch gradient is restored afterwards. Cost: one forward/backward on the sub-batch
     and one all-reduce.
 
+    Out of memory in the sub-batch's forward or backward on any rank: the ranks learn it
+    from that same all-reduce (one flag per rank rides along) and all raise
+    :class:`tula.dist.StepOOM` (``where="refresh"``), the large-batch gradient restored.
+
     Mixed precision: the forward runs under ``autocast`` (the step's), and with fp16 the
     small loss is multiplied by the GradScaler's ``loss_scale`` and its gradient divided by it
     again, so both gradients compared are unscaled. Returns False, leaving the scales as they
@@ -179,23 +185,42 @@ def refresh_scales(
     g_large = [p.grad.detach().clone() for p in params]
     for p in params:
         p.grad = None
-    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
-    with no_sync():
-        with autocast():
-            loss = loss_fn(model(x_small), y_small)
-        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-    g_small = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    oom = ""
+    try:
+        no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+        with no_sync():
+            with autocast():
+                loss = loss_fn(model(x_small), y_small)
+            (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        g_small = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    except torch.OutOfMemoryError as exc:  # agreed below, through the all-reduce every rank makes anyway
+        oom, loss = str(exc) or "out of memory", None
+        g_small = [torch.zeros_like(p) for p in params]
     if loss_scale != 1.0:
         torch._foreach_div_(g_small, loss_scale)
     if torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        flat = torch.cat([g.reshape(-1) for g in g_small])
-        torch_dist.all_reduce(flat)
-        flat /= torch_dist.get_world_size()
+        world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+        flags = torch.zeros(world, dtype=g_small[0].dtype, device=g_small[0].device)
+        flags[rank] = float(bool(oom))
+        flat = torch.cat([g.reshape(-1) for g in g_small] + [flags])
+        torch_dist.all_reduce(flat)  # the small gradient's sum, and which ranks ran out of memory
+        failed = [r for r in range(world) if flat[flat.numel() - world + r] > 0]
+        if failed:
+            _restore(params, g_large)
+            raise StepOOM(failed, oom, where="refresh")
+        flat = flat[: flat.numel() - world] / world
         g_small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in g_small]), g_small)]
+    elif oom:
+        _restore(params, g_large)
+        raise torch.OutOfMemoryError(oom)
     opt.set_scales(g_small, g_large)
-    for p, g in zip(params, g_large):
-        p.grad = g
+    _restore(params, g_large)
     return True
+
+
+def _restore(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    for p, g in zip(params, grads):
+        p.grad = g
 
 
 class LARS(torch.optim.Optimizer):

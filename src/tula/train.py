@@ -10,6 +10,11 @@ generalization suite (``tula compare``) all run:
     -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
     -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
 
+Out of memory is agreed on wherever a collective follows that every rank makes anyway (the
+step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a
+checkpoint) and raised on every rank as :class:`tula.dist.StepOOM`; in backward, where the
+peers wait inside DDP's all-reduce, the failing rank leaves a record (``oom/``) instead.
+
 :meth:`Replica.timed_step` times one step from fetching its batch to the end of the step
 (device synchronised), the way the probe and the production job both time it. The probe's
 compute-only steps are the same call under ``DDP.no_sync()``.
@@ -37,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import checkpoint, dist
 from tula.checkpoint import Checkpointing
+from tula.dist import StepOOM, oom_place
 from tula import config as config_mod
 from tula import data as data_mod
 from tula import faults as tula_faults
@@ -105,14 +111,6 @@ class StopSignals:
         return h if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler" else None
 
 
-class StepOOM(Exception):
-    """Every rank agreed that some rank ran out of memory in this step."""
-
-    def __init__(self, ranks: list[int], message: str):
-        super().__init__(message)
-        self.ranks, self.message = ranks, message
-
-
 def _record_segment(out_dir: Path, seg: dict[str, Any]) -> None:
     """Append this run's segment (start/end step, outcome) to segments.json (rank 0)."""
     path = out_dir / "segments.json"
@@ -122,8 +120,6 @@ def _record_segment(out_dir: Path, seg: dict[str, Any]) -> None:
 
 def oom_marker(out_dir: Path, attempt: int, rank: int) -> Path:
     return out_dir / "oom" / f"attempt{attempt}-rank{rank}.json"
-
-
 
 
 class Replica:
@@ -154,7 +150,10 @@ class Replica:
         self.refreshed = False  # did the last step refresh AGS's factors?
         self.last_chunk = 0  # samples (all ranks) of the last step's batch
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
-        self.on_backward_oom: Callable[[str], None] | None = None  # production: leave a record
+        self.phase = "forward"  # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
+        self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults), production only
+        self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
+        self.eval_retries: list[dict[str, Any]] = []
         self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
         self._eval_loader = None
         self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
@@ -187,42 +186,58 @@ class Replica:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def free_cached_memory(self) -> None:
+        """After an out-of-memory error: give the allocator's cached blocks back."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def inject_faults(self, inject: Callable[[str], None]) -> None:
+        """Call ``inject(place)`` where an out-of-memory error can happen: inside the model's
+        forward (training, AGS refresh, evaluation: the phase says which), at the start of
+        backward, and (Trainer) while checkpointing."""
+        self.inject = inject
+        self.ddp.module.register_forward_pre_hook(lambda m, a: inject(self.phase))
+
     # -- the step ----------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor) -> int:
         """One training step on this rank's share of the next global batch. Returns the stop
         code every rank agreed on (0: go on); raises :class:`StepOOM` on every rank together
-        when any rank ran out of memory in the forward pass."""
-        x, y = self.to_device(x, y)
+        when any rank ran out of memory moving the batch to the device, in the forward pass or
+        in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
+        are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
         chunk = data_mod.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
         self.opt.zero_grad(set_to_none=True)
-        oom = ""
+        oom, self.phase = "", "forward"
         try:
+            x, y = self.to_device(x, y)
             logits, loss = self.forward_loss(x, y)
         except torch.OutOfMemoryError as exc:
             oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+        if oom:
+            self.free_cached_memory()
         # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
         flags = torch.zeros(self.world + 1, device=self.device)
         flags[self.rank], flags[self.world] = float(bool(oom)), float(self.stop_code())
         torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
         if flags[: self.world].any():
-            raise StepOOM([r for r in range(self.world) if flags[r] > 0], oom)
-        try:
-            self.scaler.scale(loss).backward()
-        except torch.OutOfMemoryError as exc:
-            # Cannot be agreed on (the peers are inside DDP's all-reduce): record it and exit,
-            # which ends the peers' collectives (gloo at once; NCCL through its watchdog).
-            if self.on_backward_oom is not None:
-                self.on_backward_oom(str(exc))
-            raise
+            raise StepOOM([r for r in range(self.world) if flags[r] > 0], oom, where="forward")
+        self.phase = "backward"
+        if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
+            logits.register_hook(lambda grad: self.inject("backward"))
+        self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
         self.refreshed = self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step)
         if self.refreshed:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local], y[: self.small_local],
-                                  autocast=self.autocast, loss_scale=scale)  # fmt: skip
+            self.phase = "refresh"
+            try:
+                done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local],
+                                      y[: self.small_local], autocast=self.autocast, loss_scale=scale)  # fmt: skip
+            except StepOOM:
+                self.free_cached_memory()
+                raise
             self.force_refresh = not done  # a non-finite gradient: try again at the next step
+        self.phase = "forward"
         self.scaler.step(self.opt)  # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
         self.scaler.update()
         self.pos.step += 1
@@ -297,29 +312,56 @@ class Replica:
         return loss, acc, samples
 
     def evaluate(self) -> tuple[float, float]:
-        """(test loss, test accuracy) over the whole test set, sharded over the ranks."""
-        if self._eval_loader is None:
-            self._eval_loader = data_mod.eval_loader(self.cfg, self.data, self.rank, self.world, self.device)
-        self.ddp.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        with torch.no_grad():
-            for x, y in self._eval_loader:
-                x, y = self.to_device(x, y)
-                with self.autocast():
-                    logits = self.ddp.module(x)
-                sums[0] += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
-                sums[1] += (logits.argmax(1) == y).sum().double()
-                sums[2] += len(y)
-        torch_dist.all_reduce(sums)
-        self.ddp.train()
-        n = max(sums[2].item(), 1.0)
-        return sums[0].item() / n, sums[1].item() / n
+        """(test loss, test accuracy) over the whole test set, sharded over the ranks.
+
+        Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
+        (a flag per rank rides along) and evaluate again at half the evaluation batch, down
+        to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
+        while True:
+            if self._eval_loader is None:
+                self._eval_loader = data_mod.eval_loader(self.cfg, self.data, self.rank, self.world, self.device,
+                                                         batch_size=self.eval_batch)  # fmt: skip
+            t0, oom = time.perf_counter(), ""
+            sums = torch.zeros(3 + self.world, dtype=torch.float64, device=self.device)  # loss, correct, count, OOM
+            self.ddp.eval()
+            self.phase = "eval"
+            try:
+                with torch.no_grad():
+                    for x, y in self._eval_loader:
+                        x, y = self.to_device(x, y)
+                        with self.autocast():
+                            logits = self.ddp.module(x)
+                        sums[0] += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
+                        sums[1] += (logits.argmax(1) == y).sum().double()
+                        sums[2] += len(y)
+            except torch.OutOfMemoryError as exc:
+                oom = str(exc) or "out of memory"
+            finally:
+                self.ddp.train()
+                self.phase = "forward"
+            if oom:
+                self.free_cached_memory()
+            sums[3 + self.rank] = float(bool(oom))
+            torch_dist.all_reduce(sums)
+            failed = [r for r in range(self.world) if sums[3 + r] > 0]
+            if not failed:
+                n = max(sums[2].item(), 1.0)
+                return sums[0].item() / n, sums[1].item() / n
+            if self.eval_batch == 1:
+                raise StepOOM(failed, oom, where="eval")
+            smaller = self.eval_batch // 2
+            self.eval_retries.append({"step": self.pos.step, "eval_batch": self.eval_batch, "retry_batch": smaller,
+                                      "ranks": failed, "seconds_lost": time.perf_counter() - t0})  # fmt: skip
+            if self.rank == 0:
+                print(f"[train] out of memory in evaluation on rank(s) {failed} at {self.eval_batch} samples per "
+                      f"worker: evaluating again at {smaller}", flush=True)  # fmt: skip
+            self.eval_batch, self._eval_loader = smaller, None
 
     # -- state -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         return {"model": self.ddp.module.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "epoch": self.pos.epoch,
-                "offset": self.pos.offset}  # fmt: skip
+                "offset": self.pos.offset, "eval_batch": self.eval_batch, "eval_retries": self.eval_retries}  # fmt: skip
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
         self.ddp.module.load_state_dict(state["model"])
@@ -327,6 +369,8 @@ class Replica:
         self.sched.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        self.eval_batch = min(self.eval_batch, state.get("eval_batch", self.eval_batch))  # learnt: keep it
+        self.eval_retries = list(state.get("eval_retries", []))
         self.pos = Position(step, state["epoch"], state["offset"])
         set_post_local_iter(self.ddp, step)
 
@@ -362,8 +406,10 @@ class Trainer:
         self.r = Replica(cfg, self.device, global_batch, self.rank, nodes)
         if self.stops:
             self.r.stop_code = lambda: self.stops.code
-        self.r.on_backward_oom = lambda msg: write_json(
-            oom_marker(out_dir, self.attempt, self.rank), {"step": self.r.pos.step, "message": msg, "phase": "backward"})
+        self.fired: set[tula_faults.Fault] = set()  # injected faults that went off in this process
+        if any(f.kind == "oom" for f in self.faults):
+            self.r.inject_faults(lambda where: tula_faults.maybe_oom(self.faults, where, self.r.pos.step, self.rank,
+                                                                     self.global_batch, self.fired))  # fmt: skip
         # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
         self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0}
         self.rows: list[dict[str, Any]] = []
@@ -402,6 +448,7 @@ class Trainer:
             if self.first_step_at is None:
                 self.first_step_at = time.time()
                 self.times["startup_time_s"] += self.first_step_at - self.process_started
+                self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
             timed = r.timed_step(batches)
             if timed is None:
                 return
@@ -434,18 +481,39 @@ class Trainer:
             self.checkpoint()
 
     def checkpoint(self, complete: bool = False) -> None:
-        """Every rank's RNG states and partial-epoch sums go to rank 0, which writes the file."""
+        """Every rank's RNG states and partial-epoch sums go to rank 0, which writes the file.
+
+        Out of memory on any rank (device or host) while it gathers its part or while rank 0
+        serialises and writes: nothing half-written is left (the writes are atomic and the
+        manifest comes last), every rank learns it from one all-reduce after the write, and
+        all raise :class:`StepOOM` (``where="checkpoint"``)."""
         t0 = time.perf_counter()
         r = self.r
+        err, mine = "", None
+        try:
+            if r.inject is not None:
+                r.inject("checkpoint")
+            mine = {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()}
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            err = str(exc) or type(exc).__name__
         per_rank: list[Any] = [None] * self.nodes
-        torch_dist.all_gather_object(per_rank, {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()})
-        if self.rank == 0:
-            state = {**r.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
-                     "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
-                     "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
-                     "attempt": self.attempt}  # fmt: skip
-            hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, r.pos.step) else None
-            checkpoint.save(self.ckpt.directory, state, r.pos.step, keep=self.ckpt.keep, after_write=hook)
+        torch_dist.all_gather_object(per_rank, mine)
+        if self.rank == 0 and all(p is not None for p in per_rank):
+            try:
+                state = {**r.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
+                         "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
+                         "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
+                         "attempt": self.attempt}  # fmt: skip
+                hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, r.pos.step) else None
+                checkpoint.save(self.ckpt.directory, state, r.pos.step, keep=self.ckpt.keep, after_write=hook)
+            except (torch.OutOfMemoryError, MemoryError) as exc:
+                err = str(exc) or type(exc).__name__
+        failed = torch.zeros(self.nodes, device=self.device)
+        failed[self.rank] = float(bool(err))
+        torch_dist.all_reduce(failed)
+        if failed.any():
+            r.free_cached_memory()
+            raise StepOOM([i for i in range(self.nodes) if failed[i] > 0], err, where="checkpoint")
         self.times["checkpoint_time_s"] += time.perf_counter() - t0
 
     def finish(self) -> dict[str, Any]:
@@ -461,6 +529,7 @@ class Trainer:
                 "channels_last": r.channels_last, "data_workers": self.cfg.data.num_workers,
                 "ags": dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
                 "fp16_skipped_steps": _skipped(r), "epochs": self.cfg.workload.epochs, "steps": r.pos.step,
+                "eval_batch_size": r.eval_batch, "eval_oom_retries": r.eval_retries,
                 "train_samples": r.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
                 "best_test_acc": max(x["test_acc"] for x in self.rows),
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
@@ -492,9 +561,6 @@ class Trainer:
                   f"samples, {r.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
                   f"{cfg.train.precision}, backend {self.backend} on {self.device}, {cfg.data.num_workers} loader "
                   f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
-        if any(f.kind == "oom" for f in self.faults):  # inside the module's forward, where activations are allocated
-            r.ddp.module.register_forward_pre_hook(
-                lambda m, a: tula_faults.maybe_oom(self.faults, r.pos.step, self.rank, self.global_batch))
         progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
                             start=r.pos.epoch - 1)  # fmt: skip
         self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": r.pos.step,
@@ -504,9 +570,20 @@ class Trainer:
             while r.pos.epoch <= epochs:
                 self.train_epoch()
                 self.end_of_epoch(epochs, progress)
+            return self.finish()
         except StepOOM as exc:
             return self._oom(exc)
-        return self.finish()
+        except torch.OutOfMemoryError as exc:
+            # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
+            # the launcher, which classifies the attempt as out of memory from it, and fail; the
+            # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
+            self._oom_record(r.phase, str(exc) or "out of memory")
+            raise
+
+    def _oom_record(self, where: str, message: str) -> None:
+        write_json(oom_marker(self.out, self.attempt, self.rank), {
+            "step": self.r.pos.step, "global_batch": self.global_batch, "where": where, "message": message,
+            "time": time.time()})  # fmt: skip
 
     def _oom(self, exc: StepOOM) -> dict[str, Any]:
         messages: list[Any] = [None] * self.nodes
@@ -514,15 +591,15 @@ class Trainer:
         exc.message = next(messages[r] for r in exc.ranks)
         step = self.r.pos.step
         if self.rank in exc.ranks:
-            write_json(oom_marker(self.out, self.attempt, self.rank), {"step": step, "global_batch": self.global_batch,
-                                                                      "message": exc.message})  # fmt: skip
+            self._oom_record(exc.where, exc.message)
+        what = oom_place(exc.where, step)
         if self.rank == 0:
-            print(f"[{self.label}] out of memory at step {step} on rank(s) {exc.ranks}: {exc.message}", flush=True)
+            print(f"[{self.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}", flush=True)
             if self.ckpt:
                 _record_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
-                                           "reason": f"out of memory on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
+                                           "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
         dist.shutdown(ok=True)
-        return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message}
+        return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where}
 
 
 def _skipped(r: Replica) -> int | None:
