@@ -3,6 +3,7 @@ import os
 
 from snakemake.exceptions import WorkflowError
 
+from tula import cluster as tula_cluster
 from tula import config as tula_config
 from tula import dist as tula_dist
 from tula.grid import search_set
@@ -68,7 +69,7 @@ def whole_machine(wildcards):
 
 
 # A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.
-PROBE_RUNTIME_MIN = int(TULA.probe.timeout_s // 60) + 5
+PROBE_RUNTIME_MIN = tula_cluster.probe_runtime_min(TULA)
 
 
 def probe_resource(name):
@@ -96,3 +97,44 @@ def launch_args(wildcards, resources):
         if value not in (None, ""):
             args += [flag, str(value)]
     return " ".join(args)
+
+
+def profile_resource(name, rule):
+    """A resource as the profile (or the command line) gives it to `rule`'s jobs:
+    set-resources for the rule, else default-resources; None when unset or unreadable.
+    """
+    rs = workflow.resource_settings
+    for source in (rs.overwrite_resources.get(rule) or {}, rs.default_resources or {}):
+        res = source.get(name) if hasattr(source, "get") else None
+        if res is None:
+            continue
+        try:
+            value = res.evaluate(
+                {}, input=[], attempt=1, threads=1, rulename=rule, async_run=None
+            ).value
+        except Exception:  # an expression that needs the job itself
+            return None
+        return value if value not in ("", "None") else None
+    return None
+
+
+onstart:
+    # Under the SLURM executor, before anything is submitted: can the partitions run the
+    # memory probe, the probes and training? (tula.cluster; `tula check --cluster` alike)
+    if workflow.non_local_exec:
+        try:
+            report = tula_cluster.preflight(
+                TULA,
+                probe_partition=profile_resource("slurm_partition", "probe"),
+                train_partition=TULA.launch.slurm_partition
+                or profile_resource("slurm_partition", "train"),
+                train_runtime_min=TULA.launch.timeout_min
+                or profile_resource("runtime", "train"),
+            )
+            print("tula preflight: " + tula_cluster.describe(report), flush=True)
+        except tula_cluster.ClusterUnreadable as err:
+            print(f"tula preflight skipped: {err}", flush=True)
+        except tula_cluster.PreflightError as err:
+            raise WorkflowError(
+                f"{err}\n(see workflow/config.yaml and the profile)"
+            )

@@ -23,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tula.cluster import ClusterUnreadable, PreflightError
 from tula.config import ConfigError
 
 EXAMPLES = """examples:
@@ -137,7 +138,7 @@ def cmd_models(a) -> None:
 def cmd_check(a) -> None:
     from tula import models
 
-    models.run_check(a.config, a.out, config_only=a.config_only)
+    models.run_check(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Every mistake names its config key. Nothing is trained or queued.")  # fmt: skip
     _cfg_arg(s)
     s.add_argument("--config-only", action="store_true", help="only validate the config (no dataset, no model)")
+    s.add_argument("--profile", metavar="DIR", help="also read this Snakemake profile (e.g. slurm): its partitions, "
+                   "account and the training runtime")
+    s.add_argument("--cluster", action="store_true", help="also check, with sinfo/scontrol, that the partition(s) can "
+                   "run the memory probe, the probes and training (nodes, CPUs, GPUs per node, time limit)")
     s.add_argument("--out", help="write the workload's description (samples, classes, shape, parameters) as JSON")
     s.set_defaults(func=cmd_check)
     return p
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError, PreflightError, ClusterUnreadable) as exc:
         print(f"tula {args.stage}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, dist
+from tula import checkpoint, cluster, dist
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
@@ -260,6 +260,14 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     fp = checkpoint.fingerprint(config_mod.stage_settings(cfg, "train"), nodes, selected_batch)
     kind = resolve_executor(cfg, executor_hint)
     limit = cfg.launch.timeout_min or timeout_min or 1440
+    if kind == "slurm":  # the job as it will be asked for: nodes, GPUs and time the partition allows?
+        try:
+            cluster.preflight(cfg, train_partition=cfg.launch.slurm_partition or partition, train_runtime_min=limit,
+                              training_only=True)  # fmt: skip
+        except cluster.ClusterUnreadable:
+            pass  # sbatch says what is wrong
+        except cluster.PreflightError as exc:
+            raise RuntimeError(str(exc)) from None
     history = Record(out)
     prior = history.read()
     same_run = not fresh and prior.get("fingerprint") == fp

@@ -237,9 +237,12 @@ def check_workload(cfg) -> dict:
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
 
 
-def run_check(config, out=None, config_only: bool = False) -> dict | None:
-    """``tula check``: validate the config, list the search set; unless ``config_only``, load
-    the dataset and run the model on real samples, and write the workload's description."""
+def run_check(config, out=None, config_only: bool = False, profile: str | None = None,
+              cluster: bool = False) -> dict | None:  # fmt: skip
+    """``tula check``: validate the config, list the search set; with ``profile``, read the
+    Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
+    (tula.cluster); unless ``config_only``, load the dataset and run the model on real
+    samples, and write the workload's description."""
     from tula import config as config_mod
     from tula.grid import grid, search_set
     from tula.io import write_json
@@ -249,6 +252,20 @@ def run_check(config, out=None, config_only: bool = False) -> dict | None:
     pts = search_set(cfg)
     print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
           f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
+    if profile or cluster:
+        from tula import cluster as cluster_mod
+
+        prof = cluster_mod.read_profile(profile) if profile else {}
+        if profile:
+            print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
+                  f"{prof['probe_partition'] or '(cluster default)'}, training on "
+                  f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
+                  f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
+        if cluster:
+            report = cluster_mod.preflight(
+                cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
+                cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
+            print(cluster_mod.describe(report))
     if config_only:
         return None
     w = check_workload(cfg)
