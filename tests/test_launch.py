@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tula import checkpoint, faults, launch
+from tula import checkpoint, config, faults, launch
 from tula.io import write_json
 
 D = 1437  # digits training samples
@@ -190,6 +190,62 @@ def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, t
     a1, a2 = _attempts(tmp_path)["attempts"]
     assert a1["outcome"] == "oom" and a1["reason"].startswith(f"out of memory in evaluation after step {STEPS1} on rank(s) [0]")
     assert (a2["global_batch"], a2["start_step"], a2["outcome"]) == (32, 20, "completed")
+
+
+@pytest.mark.parametrize("method", ["lrs", "lars", "static", "polo"])
+def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(run_dir, monkeypatch, venv_path, method):
+    """Real 2-process training with each baseline, stopped by SIGTERM in epoch 2 and resumed:
+    the same model, bit for bit, as an uninterrupted run. Post-local SGD's stop falls in its
+    local phase (polo_sync_epochs: 1), where the two replicas differ: both are checkpointed."""
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    raw["train"].update(method=method, warmup_epochs=1, base_batch=32, polo_sync_epochs=1, polo_averages_per_epoch=4)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    ref = _launch(run_dir, "ref")
+    assert ref["method"] == method and ref["steps"] == 2 * STEPS1
+    monkeypatch.setenv(faults.ENV, f"signal:step={STEPS1 + 7},sig=TERM")  # epoch 2, between two polo averages
+    with pytest.raises(RuntimeError, match="was stopped"):
+        _launch(run_dir)
+    monkeypatch.delenv(faults.ENV)
+    for output in ("attempts.json", "metrics.csv"):
+        (run_dir / "train" / output).unlink(missing_ok=True)
+    final = _launch(run_dir)
+    assert [a["outcome"] for a in _attempts(run_dir)["attempts"]] == ["stopped", "completed"]
+    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(run_dir / "ref" / "model.pt"))
+    m = pd.read_csv(run_dir / "ref" / "metrics.csv")
+    base_lr = config.load(run_dir / "config.yaml").train.lr  # small_cnn: 0.05
+    # LR at the end of each epoch: lrs/lars warm up to k = B / base_batch = 2 over 1 epoch; polo warms up to 1
+    expected = {"lrs": 2.0, "lars": 2.0, "static": 1.0, "polo": 1.0}[method]
+    assert m["lr"].tolist() == pytest.approx([base_lr * expected] * 2, rel=1e-6)
+    assert final["final_test_acc"] == ref["final_test_acc"] > 0.2  # 10 classes: chance is 0.1
+
+
+def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, venv_path):
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    raw["train"]["ags_refresh_every_steps"] = 5
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    final = _launch(run_dir)
+    assert final["method"] == "ags" and final["steps"] == 2 * STEPS1
+    assert final["ags"]["refreshes"] == math.ceil(2 * STEPS1 / 5)  # steps 0, 5, ..., 45: every 5th, not per epoch
+
+
+@pytest.mark.parametrize("cfg_part, cfg_acct, expect", [
+    (None, None, ("profile_part", "profile_acct")),  # the profile's (passed by the train rule)
+    ("config_part", "config_acct", ("config_part", "config_acct")),  # the config's win
+    ("config_part", None, ("config_part", "profile_acct")),  # each key on its own
+])  # fmt: skip
+def test_config_partition_and_account_take_precedence_over_the_profile(tiny_raw, tmp_path, cfg_part, cfg_acct, expect):
+    import shutil
+
+    if not shutil.which("sbatch"):
+        pytest.skip("the SLURM executor needs sbatch on PATH")
+    tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": cfg_part, "slurm_account": cfg_acct}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_raw))
+    cfg = config.load(tmp_path / "c.yaml")
+    ex = launch.make_executor(cfg, "slurm", tmp_path / "submitit", 2, 30, partition="profile_part",
+                              account="profile_acct")  # fmt: skip
+    params = ex._executor.parameters  # what submitit writes as #SBATCH lines
+    assert (params["partition"], params["account"]) == expect
+    assert params["time"] == 30 and params["ntasks_per_node"] * params["nodes"] == 2
 
 
 # -- units ------------------------------------------------------------------------------

@@ -260,6 +260,12 @@ class Replica:
         self.stats.zero_()
         self._batches = None
 
+    def replicas_differ(self) -> bool:
+        """Can the ranks' models and optimizer states differ? Post-local SGD's local phase:
+        each rank steps on its own gradient between two averages, so a checkpoint keeps every
+        rank's model and optimizer state, not only rank 0's."""
+        return self.t.method == "polo"
+
     def midepoch_refreshes_per_step(self) -> float:
         """How often training refreshes AGS's factors other than at an epoch's first step
         (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
@@ -428,6 +434,10 @@ class Trainer:
             return
         r = self.r
         r.load_state(state, state["step"])
+        own = state["ranks"][self.rank].get("replica")
+        if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
+            r.ddp.module.load_state_dict(own["model"])
+            r.opt.load_state_dict(own["optimizer"])
         checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
         r.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
@@ -494,6 +504,8 @@ class Trainer:
             if r.inject is not None:
                 r.inject("checkpoint")
             mine = {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()}
+            if r.replicas_differ() and self.rank != 0:  # rank 0's model and optimizer are the file's own
+                mine["replica"] = _to_cpu({"model": r.ddp.module.state_dict(), "optimizer": r.opt.state_dict()})
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__
         per_rank: list[Any] = [None] * self.nodes
@@ -600,6 +612,17 @@ class Trainer:
                                            "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
         dist.shutdown(ok=True)
         return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where}
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A copy of a (nested) state dict with every tensor on the CPU, to send to rank 0."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 def _skipped(r: Replica) -> int | None:
