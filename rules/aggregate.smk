@@ -11,6 +11,6 @@ rule aggregate:
     log:
         "results/logs/aggregate.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     shell:
         "tula aggregate {input.probes} --memory-probe {input.memory} --out {output} > {log} 2>&1"

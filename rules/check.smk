@@ -11,7 +11,7 @@ rule check:
     log:
         "results/logs/check.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     params:
         config=CONFIG,
         settings=settings("check"),

@@ -21,6 +21,15 @@ except tula_config.ConfigError as err:
 # Jobs read this merged, validated copy of the config (also on SLURM nodes).
 CONFIG = str(tula_config.snapshot(config, ".snakemake/tula/config.json"))
 
+# --software-deployment-method conda: envs/tula.yaml with its `-e ..` made absolute, since
+# Snakemake creates environments from a copy under .snakemake/conda/.
+CONDA_ENV = str(
+    tula_config.conda_env(
+        os.path.join(workflow.basedir, "envs", "tula.yaml"),
+        ".snakemake/tula/conda-env.yaml",
+    )
+)
+
 
 wildcard_constraints:
     n=r"\d+",
@@ -131,7 +140,7 @@ onstart:
                 train_runtime_min=TULA.launch.timeout_min
                 or profile_resource("runtime", "train"),
             )
-            print("tula preflight: " + tula_cluster.describe(report), flush=True)
+            print(f"tula preflight: {tula_cluster.describe(report)}", flush=True)
         except tula_cluster.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
         except tula_cluster.PreflightError as err:

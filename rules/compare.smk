@@ -14,7 +14,7 @@ rule compare:
     benchmark:
         "results/benchmarks/compare.tsv"
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     threads: whole_machine
     params:
         config=CONFIG,

@@ -11,7 +11,7 @@ rule fit:
     log:
         "results/logs/fit.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     params:
         config=CONFIG,
         settings=settings("fit"),

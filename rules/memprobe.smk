@@ -11,7 +11,7 @@ checkpoint memory_probe:
     benchmark:
         "results/benchmarks/memory_probe.tsv"
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     threads: whole_machine
     resources:
         tasks=1,

@@ -34,7 +34,7 @@ rule plot_selection:
     log:
         "results/logs/plot_selection.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     shell:
         "tula plot --predictions {input.predictions} --selection {input.selection}"
         " --measurements {input.measurements} --memory {input.memory} --perf {input.perf}"
@@ -56,7 +56,7 @@ rule plot_training:
     log:
         "results/logs/plot_training.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     shell:
         "tula plot --metrics {input.metrics} --final {input.final}"
         " --attempts {input.attempts} --training-plot {output} > {log} 2>&1"

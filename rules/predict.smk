@@ -12,7 +12,7 @@ rule predict:
     log:
         "results/logs/predict.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     params:
         config=CONFIG,
         settings=settings("predict"),

@@ -9,7 +9,7 @@ rule probe:
     benchmark:
         "results/benchmarks/probe/N{n}_B{b}.tsv"
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     threads: whole_machine
     resources:
         tasks=probe_resource("tasks"),

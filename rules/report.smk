@@ -16,7 +16,7 @@ rule report_html:
     log:
         "results/logs/report.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     shell:
         "tula report --selection {input.selection} --predictions {input.predictions}"
         " --measurements {input.measurements} --perf {input.perf} --final {input.final}"

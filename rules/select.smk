@@ -10,7 +10,7 @@ rule select:
     log:
         "results/logs/select.log",
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     params:
         config=CONFIG,
         settings=settings("select"),

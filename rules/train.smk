@@ -19,7 +19,7 @@ rule train:
     benchmark:
         "results/benchmarks/train.tsv"
     conda:
-        "../envs/tula.yaml"
+        CONDA_ENV
     threads: whole_machine
     params:
         config=CONFIG,

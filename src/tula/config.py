@@ -317,17 +317,38 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
                             "lr_decay_epochs": tuple(t["lr_decay_epochs"])})  # fmt: skip
 
 
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def check_npz_file(path: Path) -> list[str]:
+    """An ``npz:`` dataset file exists, is an .npz archive and holds the four arrays (their
+    names only: nothing is read). Returns the archive's array names."""
+    import numpy as np
+
+    key = "config key 'workload.dataset'"
+    if not path.is_file():
+        raise ConfigError(f"{key}: npz file {path} not found")
+    try:
+        with np.load(path) as z:
+            files = list(z.files)
+    except Exception as exc:  # noqa: BLE001 - not an npz archive
+        raise ConfigError(f"{key}: {path} is not a readable .npz archive ({exc})") from None
+    missing = [k for k in NPZ_KEYS if k not in files]
+    if missing:
+        raise ConfigError(f"{key}: {path}: missing array(s) {', '.join(missing)}; an npz dataset needs "
+                          f"{', '.join(NPZ_KEYS)}")  # fmt: skip
+    return files
+
+
 def check_dataset_paths(cfg: Config) -> None:
-    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file,
-    an ``imagefolder:`` root with train/ and val/. Run where the workflow starts and by
+    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file
+    with its four arrays, an ``imagefolder:`` root with train/ and val/. Run where the workflow starts and by
     ``tula check --config-only``, so a wrong path stops the run before any job is queued;
     ``tula check`` then loads the data and checks its layout."""
     spec = cfg.workload.dataset
     key = "config key 'workload.dataset'"
     if spec.startswith("npz:"):
-        path = Path(spec[4:])
-        if not path.is_file():
-            raise ConfigError(f"{key}: npz file {path} not found")
+        check_npz_file(Path(spec[4:]))
     elif spec.startswith("imagefolder:"):
         root = Path(spec[len("imagefolder:"):])
         for split in ("train", "val"):
@@ -348,6 +369,36 @@ def load(path: str | os.PathLike) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc})") from None
     return from_dict(raw, source=str(p))
+
+
+def conda_env(template: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Write ``template`` (a conda environment file) to ``path`` with every relative pip path
+    (``-e ..``, ``./pkg``) made absolute, resolved from the template's own directory.
+
+    Snakemake copies an environment file under ``.snakemake/conda/`` before it creates the
+    environment, so a relative path in it would point elsewhere; the written file installs
+    Tula from this checkout wherever it is created. Written only on change."""
+    from tula.io import atomic_write
+
+    src = Path(template).resolve()
+    env = yaml.safe_load(src.read_text())
+    for dep in env.get("dependencies", []):
+        if isinstance(dep, dict) and "pip" in dep:
+            dep["pip"] = [_absolute_pip_path(str(req), src.parent) for req in dep["pip"]]
+    text = f"# Written from {src} (relative pip paths made absolute); edit that file instead.\n" + yaml.safe_dump(
+        env, sort_keys=False)  # fmt: skip
+    p = Path(path)
+    if not p.exists() or p.read_text() != text:
+        with atomic_write(p) as fh:
+            fh.write(text)
+    return p.resolve()
+
+
+def _absolute_pip_path(req: str, base: Path) -> str:
+    flag, _, target = req.partition(" ") if req.startswith("-e ") else ("", "", req)
+    if target.startswith((".", "/")):
+        target = str((base / target).resolve())
+    return f"{flag} {target}" if flag else target
 
 
 def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:

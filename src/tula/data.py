@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler, default_collate
 
-from tula.config import Config, ConfigError, Data, Workload
+from tula.config import NPZ_KEYS, Config, ConfigError, Data, Workload, check_npz_file
 
 KEY = "config key 'workload.dataset'"
 
@@ -104,21 +104,10 @@ def _mnist1d(samples: int, seed: int):
     )
 
 
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
 def _npz(path: str):
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{KEY}: npz file {p} not found")
-    try:
-        z = np.load(p)
-    except Exception as exc:  # noqa: BLE001 - not an npz archive
-        raise ConfigError(f"{KEY}: {p} is not a readable .npz archive ({exc})") from None
-    with z:
-        missing = [k for k in NPZ_KEYS if k not in z.files]
-        if missing:
-            raise ConfigError(f"{p}: missing array(s) {', '.join(missing)}; an npz dataset needs {', '.join(NPZ_KEYS)}")
+    check_npz_file(p)
+    with np.load(p) as z:
         arrays = {k: z[k] for k in NPZ_KEYS}
     x_tr, x_te = (arrays[k].astype(np.float32) for k in ("x_train", "x_test"))
     y_tr, y_te = (arrays[k] for k in ("y_train", "y_test"))
