@@ -1,5 +1,6 @@
 # make run   - create .venv if missing, run the whole DAG on the embedded default config
 # make test  - create .venv if missing, run the test suite (what CI runs)
+# make test-fast - the same without the `slow` end-to-end tests (quick local runs)
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
@@ -8,7 +9,7 @@ CORES ?= 2
 STAMP := $(VENV)/.tula-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: run test lint clean-results
+.PHONY: run test test-fast lint clean-results
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +30,9 @@ test: $(STAMP)
 	else \
 	  $(PY) -m pytest; \
 	fi
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
 	snakemake --lint

@@ -3,6 +3,8 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -70,6 +72,17 @@ def slurm_cluster():
 
 TESTS = Path(__file__).resolve().parent
 
+# Fixtures that only end-to-end tests use: real worker processes (tula/torchrun/snakemake on
+# PATH), the whole DAG, a SLURM cluster. A test using one is `slow`; `make test-fast` (pytest
+# -m "not slow") leaves them out for quick local runs. CI runs everything.
+SLOW_FIXTURES = {"venv_path", "finished_run", "dag_on_slurm", "slurm_cluster", "reference"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def user_pythonpath(monkeypatch):
@@ -107,3 +120,26 @@ def make_image_folder(root: Path, classes: int = 10, train_per_class: int = 12, 
 @pytest.fixture
 def image_folder(tmp_path):
     return make_image_folder(tmp_path / "images")
+
+
+def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
+    """Probe rows from compute = c0 + c1*b and exposed sync = s1*x(N) + a*l(N) (additive);
+    the known answer of the fit tests (test_perfmodel.py, test_memory.py)."""
+    from tula import perfmodel
+
+    c0, c1, s1, a = 0.004, 0.0002, 0.05, 0.002
+    rows = []
+    for n in (1, 2, 4, 8):
+        for B in (32, 64, 128, 256):
+            b = B // n
+            comp = c0 + c1 * b
+            nn = np.array([float(n)])
+            sync = 0.0 if n == 1 else float(s1 * perfmodel.sync_feature(collective, nn)[0]
+                                             + a * perfmodel.LATENCY_TERMS[collective][1](nn)[0])  # fmt: skip
+            e = rng.normal(1, noise, 2) if noise else (1, 1)
+            rows.append(dict(nodes=n, global_batch=B, local_batch=b, compute_time_s=comp * e[0],
+                             step_time_s=comp * e[0] + sync * e[1], peak_mem_bytes=1e6 + 5e4 * b, status="ok",
+                             source="probe", step_time_cv=noise or np.nan))  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
+    return df

@@ -1,3 +1,5 @@
+import json
+
 import pandas as pd
 import yaml
 
@@ -32,7 +34,13 @@ def test_compare_runs_real_training_and_resumes(tmp_path, venv_path):
                                                "batches": [128], "methods": ["lbt", "ags"], "seeds": 1,
                                                "epochs": 1}}))  # fmt: skip
     df = run_suite(cfg, tmp_path / "out")
-    assert list(df["status"]) == ["ok", "ok"] and (df["test_acc"] > 0.1).all()
+    assert list(df["status"]) == ["ok", "ok"]
+    # each row is its run's own final test accuracy, and one epoch of 12 steps learns well past chance:
+    # 0.1 +- 0.016 (one standard deviation over the 360 test samples); measured 0.39 and 0.43
+    for row in df.itertuples():
+        final = json.loads(next((tmp_path / "out" / "runs").glob(f"*{row.method}*/final.json")).read_text())
+        assert final["method"] == row.method and final["final_test_acc"] == row.test_acc
+    assert (df["test_acc"] > 0.3).all(), df["test_acc"].tolist()
     assert (tmp_path / "out" / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
     finals = sorted((tmp_path / "out" / "runs").glob("*/final.json"))
     mtimes = [f.stat().st_mtime_ns for f in finals]

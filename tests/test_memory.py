@@ -1,6 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
+from conftest import synthetic
+from tula import memory
 from tula.memprobe import cpu_step_peak_bytes, measure_step
 from tula.models import build_model
 
@@ -106,3 +109,13 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     assert next_batch(cfg, oom) is None  # below the OOM, 256 is the largest and was measured
     ran = pts + [{"local_batch": 512, "status": "ok", "peak_mem_bytes": 1000 + 100 * 512}]
     assert next_batch(cfg, ran) is None
+
+
+def test_memory_fit_and_max_feasible_batch_by_hand():
+    df = synthetic("ring", np.random.default_rng(0))
+    # budget 2e6 bytes: 1e6 + 5e4 * b <= 2e6  ->  b <= 20
+    mm = memory.fit(df, budget_bytes=2e6)
+    assert mm.fit.intercept == pytest.approx(1e6) and mm.fit.slope == pytest.approx(5e4)
+    assert mm.max_local_batch() == 20
+    assert list(mm.feasible([20, 21])) == [True, False]
+    assert memory.MemoryModel(mm.fit, None).max_local_batch() is None

@@ -69,9 +69,32 @@ def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
     assert r.returncode == 0, out[-4000:]
     assert "Using profile slurm" in out
     job = out[out.index("checkpoint memory_probe:"):out.index("DAG of jobs will be updated")]
-    assert "mem_mb=16000" in job and "tasks=1" in job  # the profile's default-resources and the rule's own
+    line = next(ln for ln in job.splitlines() if ln.strip().startswith("resources:"))
+    res = dict(kv.strip().split("=", 1) for kv in line.split(":", 1)[1].split(","))
+    # the profile's default-resources, and the rule's own (one worker, probe.timeout_s + 5 min)
+    assert {k: res.get(k) for k in ("mem_mb", "tasks", "nodes", "cpus_per_task", "runtime")} == {
+        "mem_mb": "16000", "tasks": "1", "nodes": "1", "cpus_per_task": "1", "runtime": "15"}, line  # fmt: skip
     assert "Shell command: tula memprobe" in job  # the profile's printshellcmds
     assert not (tmp_path / "results").exists()
+
+
+def test_the_profiles_partition_and_account_reach_the_training_job(tmp_path):
+    """default-resources' slurm_partition/slurm_account become `tula launch` options in the train
+    rule (the config's launch.slurm_* win over them inside tula launch: test_launch.py)."""
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"].update(slurm_partition="gpu_part", slurm_account="proj_acct")
+    (tmp_path / "prof").mkdir()
+    (tmp_path / "prof" / "config.yaml").write_text(yaml.safe_dump(profile))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    r = subprocess.run(["snakemake", "-n", "--profile", "prof"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    train = out[out.index("rule train:"):]
+    train = train[:train.index("\n\n")]
+    assert "--slurm-partition gpu_part --slurm-account proj_acct" in train, train
+    assert "--timeout-min 1440" in train  # set-resources: train: runtime
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +137,13 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     assert "tula-train" in jobs and not any(c.startswith("rule_train") for c in jobs), jobs
     assert all(state == "COMPLETED" for _, state in jobs.values()), jobs
     assert not any(c.startswith(("rule_aggregate", "rule_fit", "rule_select")) for c in jobs)  # local rules
-    for f in ("selection.json", "predictions.csv", "report.html", "train/final.json", "plots/time_vs_batch.png"):
-        assert (wd / "results" / f).stat().st_size > 0
+    res = wd / "results"
+    sel = json.loads((res / "selection.json").read_text())["selected"]
+    final = json.loads((res / "train" / "final.json").read_text())
+    assert (final["nodes"], final["global_batch"]) == (sel["nodes"], sel["global_batch"]) and final["steps"] > 0
+    assert final["backend"] == "gloo" and len(pd.read_csv(res / "predictions.csv")) == 6  # N {1,2} x B {32,64,128}
+    assert f"Use N = {sel['nodes']}" in (res / "report.html").read_text()
+    assert (res / "plots" / "time_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     att = json.loads((wd / "results" / "train" / "attempts.json").read_text())
     assert att["executor"] == "slurm" and att["attempts"][0]["job_id"] == jobs["tula-train"][0]
     assert list((wd / "results" / "train" / "submitit").glob("*_0_log.out"))  # job folder and logs under results/train

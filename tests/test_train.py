@@ -12,7 +12,7 @@ import torch
 import torch.distributed as torch_dist
 import yaml
 
-from tula import config, faults, launch
+from tula import config, faults, launch, train
 from tula.io import write_json
 from tula.optim import TulaOptimizer
 
@@ -125,3 +125,33 @@ def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
     # the weights did not move (BatchNorm's running statistics do: the forward ran)
     assert _bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
     assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
+
+
+def test_two_process_training(tiny_config_file, tmp_path, venv_path):
+    sel = tmp_path / "selection.json"
+    write_json(sel, {"selected": {"nodes": 2, "global_batch": 64}})
+    final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
+    m = pd.read_csv(tmp_path / "train" / "metrics.csv")
+    assert list(m["epoch"]) == [1, 2] and list(m.columns) == train.METRIC_COLUMNS
+    assert final["steps"] == 2 * train.steps_per_epoch(1437, 64)
+    assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
+    assert final["final_test_acc"] > 0.5  # digits, 2 epochs: far above 10 % chance
+    # time is reported apart: training steps, evaluation, checkpoints, process start-up
+    assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / final["steps"])
+    assert all(final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
+    assert abs(m["epoch_time_s"].sum() - final["train_time_s"]) < 1e-6
+
+
+def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_path):
+    import yaml
+
+    tiny_raw["workload"]["dataset"] = f"npz:{tmp_path / 'missing.npz'}"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw))
+    sel = tmp_path / "selection.json"
+    write_json(sel, {"selected": {"nodes": 1, "global_batch": 32}})
+    previous = tmp_path / "train" / "final.json"
+    write_json(previous, {"from": "an earlier good run"})
+    with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):
+        launch.run(cfg, sel, tmp_path / "train", executor_hint="local")
+    assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

@@ -2,12 +2,14 @@
 
 import json
 import subprocess
+import zipfile
 
 import pandas as pd
 import pytest
 import yaml
 
 from conftest import ROOT, copy_workflow
+from tula import perfmodel
 from tula.probe import FAULT_ENV
 
 
@@ -51,8 +53,10 @@ def test_every_output_exists_and_parses(finished_run):
     sweep = m[m["source"] == "sweep"]
     assert len(sweep) > 0 and sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
     assert (m["source"] == "memory").sum() == len(mp["points"])
-    for f in ("memory.json", "perf.json"):
-        assert "fit" in json.loads((res / "model" / f).read_text()) or "compute" in json.loads((res / "model" / f).read_text())
+    memj, perf = (json.loads((res / "model" / f).read_text()) for f in ("memory.json", "perf.json"))
+    assert memj["search"] == "partial" and memj["fit"]["slope"] > 0 and memj["fit"]["n_points"] >= len(mp["points"])
+    assert perf["rows_fitted"] == {"probe": 4, "sweep": len(sweep), "memory": len(mp["points"])}
+    assert perf["compute"]["form"] in perfmodel.COMPUTE_FORMS and perf["probes_fitted"] == 4
     pred = pd.read_csv(res / "predictions.csv")
     assert len(pred) == 6  # N in {1,2} x B in {32,64,128}, probed or not
     assert not pred.query("nodes == 2 and global_batch == 128")["feasible"].item()  # the OOM point
@@ -69,21 +73,31 @@ def test_every_output_exists_and_parses(finished_run):
     perf = json.loads((res / "model" / "perf.json").read_text())
     assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4  # the ok probes
     assert sel["knee"]["rule"] == "marginal" and {"marginal", "kneedle"} <= set(sel["knee"])
-    assert (res / "benchmarks" / "train.tsv").exists()
-
-
-def test_a_pricing_change_reruns_selection_not_probes(finished_run):
-    wd, env = finished_run
-    r = snakemake(wd, "--configfile", "tiny.yaml", "-n", "--config", "objective=time", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    jobs = r.stdout + r.stderr
-    assert "select" in jobs and "rule probe" not in jobs and "probe " not in jobs.split("Job stats")[-1]
+    bench = pd.read_csv(res / "benchmarks" / "train.tsv", sep="\t")  # Snakemake's benchmark of the train rule
+    assert len(bench) == 1 and bench["s"].item() >= final["train_time_s"] > 0
 
 
 def test_nothing_to_do_after_a_finished_run(finished_run):
     wd, env = finished_run
     r = snakemake(wd, "--configfile", "tiny.yaml", "-n", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
     assert "Nothing to be done" in r.stdout + r.stderr
+
+
+def test_a_pricing_change_reruns_selection_not_probes(finished_run):
+    """Really run up to select with another objective: selection.json changes, and no probe,
+    the memory probe or the measurements are touched."""
+    wd, env = finished_run
+    res = wd / "results"
+    kept = [*(res / "probes").glob("*.json"), res / "memory_probe.json", res / "measurements.csv",
+            res / "model" / "perf.json"]  # fmt: skip
+    before = {f: f.stat().st_mtime_ns for f in kept}
+    sel_before = (res / "selection.json").stat().st_mtime_ns
+    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert {f: f.stat().st_mtime_ns for f in kept} == before
+    assert (res / "selection.json").stat().st_mtime_ns > sel_before
+    assert json.loads((res / "selection.json").read_text())["objective"] == "time"
 
 
 def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
@@ -127,7 +141,12 @@ def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):
     r = subprocess.run(["snakemake", "--report", str(tmp_path / "report.zip")], cwd=wd, capture_output=True, text=True,
                        env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (tmp_path / "report.zip").stat().st_size > 10_000
+    with zipfile.ZipFile(tmp_path / "report.zip") as z:
+        assert z.testzip() is None  # every member's CRC checks
+        names = z.namelist()
+    assert any(n.endswith("/report.html") for n in names), names
+    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
+        assert any(n.endswith(f"{png}.png") for n in names), (png, names)  # the rules' report() outputs
 
 
 def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(finished_run):

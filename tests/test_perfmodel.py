@@ -1,0 +1,139 @@
+"""Known-answer tests of the step-time model (tula.perfmodel, tula.curvefit): fits recover the forms
+and coefficients of the model that generated the data."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import synthetic
+from tula import perfmodel
+
+
+
+def gpu_like(n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=0.0) -> pd.DataFrame:
+    """Probe jobs at (N, B) with sweep rows: compute flat below b=64 then linear (a GPU),
+    sync overlapped with compute ((c^g + s^g)^(1/g)), optional sharing slowdown."""
+
+    def comp(n, b):
+        return (0.02 + 0.0003 * max(b - 64, 0)) * (1 + shared_k * (n - 1))
+
+    def step(n, b):
+        s = 0.1 * (n - 1) / n
+        c = comp(n, b)
+        return c if n == 1 else (c**gamma + s**gamma) ** (1 / gamma)
+
+    rows = []
+    for n in n_values:
+        for B in batches:
+            b = B // n
+            e = rng.normal(1, noise, 2) if noise else (1.0, 1.0)
+            rows.append(dict(nodes=n, global_batch=B, local_batch=b, compute_time_s=comp(n, b) * e[0],
+                             step_time_s=step(n, b) * e[1], status="ok", source="probe", peak_mem_bytes=1.0,
+                             step_time_cv=max(noise, 0.01)))  # fmt: skip
+            for lb in (8, 16, 32, 64, 128, 256, 512) if sweep else ():
+                if lb != b:
+                    rows.append(dict(nodes=n, global_batch=B, local_batch=lb, status="ok", source="sweep",
+                                     compute_time_s=comp(n, lb) * (rng.normal(1, noise) if noise else 1.0),
+                                     step_time_s=np.nan, peak_mem_bytes=np.nan))  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
+    return df, comp, step
+
+
+
+@pytest.mark.parametrize("collective", ["ring", "ps", "tree"])
+def test_additive_data_recovers_forms_and_coefficients(collective):
+    m = perfmodel.fit(synthetic(collective, np.random.default_rng(0)), collective)
+    assert m.compute.form.name == "linear"
+    assert m.compute.params() == pytest.approx({"c0": 0.004, "c1": 0.0002}, rel=1e-4)
+    if collective == "tree":  # latency grows as log2 N like bandwidth: one term
+        assert m.step.form.name == "additive" and m.step.params() == pytest.approx({"s1": 0.05}, rel=1e-3)
+    else:  # four values of N: the latency term is judged, and earns its place
+        assert m.step.form.name == "additive_latency"
+        assert m.step.params() == pytest.approx({"s1": 0.05, "a": 0.002}, rel=1e-3)
+    assert m.sync_time_s([1], [64])[0] == 0.0
+
+
+def test_gpu_like_compute_is_flat_then_linear_and_overlap_is_found():
+    df, comp, step = gpu_like((1, 2, 4, 8), (64, 256, 1024, 4096), np.random.default_rng(0))
+    m = perfmodel.fit(df, "ring")
+    assert m.compute.form.name == "saturating"
+    assert m.compute.params() == pytest.approx({"c0": 0.02, "c1": 0.0003, "b0": 64}, rel=1e-3)
+    assert m.step.form.name.startswith("overlap") and m.step.params()["gamma"] == pytest.approx(2.0, rel=1e-2)
+    for n, b in ((2, 96), (8, 300), (4, 10)):
+        assert m.step_time_s([n], [b])[0] == pytest.approx(step(n, b), rel=1e-3)
+
+
+def test_shared_machine_slowdown_is_a_form_of_its_own():
+    df, comp, _ = gpu_like((1, 2), (32, 512), np.random.default_rng(0), shared_k=0.46)
+    m = perfmodel.fit(df, "ring")
+    assert m.compute.form.name.endswith("_shared")
+    assert m.compute.params()["k"] == pytest.approx(0.46, rel=1e-2)
+    assert m.compute_time_s([2], [128])[0] == pytest.approx(comp(2, 128), rel=1e-3)
+
+
+def test_a_simpler_form_wins_when_the_complex_one_does_not_earn_its_place():
+    df = synthetic("ring", np.random.default_rng(3), noise=0.03)
+    assert perfmodel.fit(df, "ring").compute.form.name == "linear"  # truth is linear; noise must not pick a bend
+
+
+def test_partial_search_with_two_multi_worker_probes_uses_the_measured_noise():
+    """Four corner jobs (N = 1, 8 at the smallest and largest B) with sweep rows: the two
+    N = 8 probes cannot judge the overlap form by held-out error; their measured noise (3 %)
+    rules out the additive form, whose residuals are far beyond it."""
+    rng = np.random.default_rng(1)
+    df, _, step = gpu_like((1, 8), (64, 4096), rng, noise=0.03)
+    m = perfmodel.fit(df, "ring")
+    assert m.step.extra["criterion"] == "aic_known_noise"
+    assert m.step.form.name == "overlap"
+    errs = [abs(m.step_time_s([n], [B // n])[0] / step(n, B // n) - 1) for n in (1, 2, 4, 8)
+            for B in (64, 256, 1024, 4096)]  # fmt: skip
+    assert np.median(errs) < 0.05
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compute_is_never_negative_nor_decreasing_in_b(seed):
+    rng = np.random.default_rng(seed)
+    df, _, _ = gpu_like((1, 2, 4), (32, 512), rng, noise=0.2)  # heavy noise: a free fit would bend anywhere
+    m = perfmodel.fit(df, "ring")
+    b = np.arange(1, 4097, dtype=float)
+    for n in (1, 2, 4, 16):
+        c = m.compute_time_s(np.full_like(b, n), b)
+        assert (c >= 0).all() and (np.diff(c) >= -1e-15).all()
+        assert (m.step_time_s(np.full_like(b, n), b) >= c - 1e-15).all()
+
+
+def test_prediction_interval_covers_new_measurements():
+    """95 % prediction intervals of the compute model cover ~95 % of fresh noisy measurements."""
+    rng = np.random.default_rng(7)
+    inside = total = 0
+    for _ in range(40):
+        df, comp, _ = gpu_like((1,), (64, 512), rng, noise=0.05)
+        m = perfmodel.fit(df, "ring")
+        b = np.array([24.0, 96.0, 384.0])
+        half = m.compute.half_width({"b": b, "n": np.ones(3)})
+        pred = m.compute_time_s(np.ones(3), b)
+        y_new = np.array([comp(1, x) for x in b]) * rng.normal(1, 0.05, 3)
+        inside += int((np.abs(y_new - pred) <= half).sum())
+        total += 3
+    assert 0.85 <= inside / total <= 0.995
+
+
+def test_perf_model_round_trips_through_json():
+    import json
+
+    df, _, _ = gpu_like((1, 2, 4), (64, 1024), np.random.default_rng(0), noise=0.02)
+    m = perfmodel.fit(df, "ring")
+    g = perfmodel.PerfModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    n, b = np.array([1.0, 2, 4, 8]), np.array([8.0, 64, 300, 1000])
+    assert np.allclose(g.step_time_s(n, b), m.step_time_s(n, b))
+    assert np.allclose(g.step_time_interval_s(n, b), m.step_time_interval_s(n, b))
+    d = m.to_dict()
+    assert d["compute"]["why"] and d["compute"]["params_ci95"] and d["residuals"]
+
+
+def test_failed_probes_are_not_fitted():
+    df = synthetic("ring", np.random.default_rng(0))
+    df.loc[0, "status"] = "oom"
+    df.loc[0, "compute_time_s"] = 99.0
+    assert perfmodel.fit(df, "ring").compute.params()["c1"] == pytest.approx(0.0002, rel=1e-4)
