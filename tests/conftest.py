@@ -143,3 +143,10 @@ def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
     return df
+
+
+def checkpoint_state(v):
+    """A small training state to checkpoint (tests of tula.checkpoint and of resuming)."""
+    import torch
+
+    return {"fingerprint": "f", "epoch": 1, "offset": 0, "global_batch": 8, "w": torch.full((3,), float(v))}

@@ -2,8 +2,7 @@
 
 Real runs: `tula launch` with submitit's local executor (2 processes, gloo), real signals,
 a real torch.OutOfMemoryError raised inside the model's forward (fault injection), real
-checkpoint files. The SLURM `scontrol requeue` test is in test_slurm.py.
-"""
+checkpoint files. The SLURM `scontrol requeue` test is in test_slurm.py."""
 
 import json
 import math
@@ -13,8 +12,10 @@ import pytest
 import torch
 import yaml
 
+from conftest import checkpoint_state
 from tula import checkpoint, config, faults, launch
 from tula.io import write_json
+
 
 D = 1437  # digits training samples
 
@@ -48,6 +49,24 @@ def reference(run_dir, venv_path):
     """An uninterrupted run of the same configuration."""
     final = _launch(run_dir, "ref")
     return run_dir / "ref", final
+
+
+STEPS1 = math.ceil(D / 64)  # steps of epoch 1 at B=64 (23); epoch 2 starts with step 23
+
+
+def _relaunched_after(run_dir, where, step, checkpoint_step, rank=1):
+    """The attempt at B=64 ended as oom at `where` (the failing rank's record says so), the next
+    resumed at B=32 from `checkpoint_step` and completed the run."""
+    rec = _attempts(run_dir)
+    a1, a2 = rec["attempts"]
+    assert (a1["global_batch"], a1["outcome"], a1["checkpoint_step"]) == (64, "oom", checkpoint_step)
+    marker = json.loads((run_dir / "train" / "oom" / f"attempt1-rank{rank}.json").read_text())
+    assert (marker["where"], marker["step"], marker["global_batch"]) == (where, step, 64)
+    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", checkpoint_step)
+    # the resumed epoch finishes at B=32 from the checkpoint's sample (none left at the epoch's end), then epoch 2
+    assert a2["end_step"] == checkpoint_step + math.ceil((D - min(checkpoint_step * 64, D)) / 32) + math.ceil(D / 32)
+    assert rec["outcome"] == "completed" and list(pd.read_csv(run_dir / "train" / "metrics.csv")["epoch"]) == [1, 2]
+    return a1
 
 
 def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(run_dir, reference, monkeypatch):
@@ -115,24 +134,6 @@ def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch)
     rec = _attempts(run_dir)
     assert rec["outcome"] == "failed" and [a["global_batch"] for a in rec["attempts"]] == [64, 32]
     assert not (run_dir / "train" / "final.json").exists()
-
-
-STEPS1 = math.ceil(D / 64)  # steps of epoch 1 at B=64 (23); epoch 2 starts with step 23
-
-
-def _relaunched_after(run_dir, where, step, checkpoint_step, rank=1):
-    """The attempt at B=64 ended as oom at `where` (the failing rank's record says so), the next
-    resumed at B=32 from `checkpoint_step` and completed the run."""
-    rec = _attempts(run_dir)
-    a1, a2 = rec["attempts"]
-    assert (a1["global_batch"], a1["outcome"], a1["checkpoint_step"]) == (64, "oom", checkpoint_step)
-    marker = json.loads((run_dir / "train" / "oom" / f"attempt1-rank{rank}.json").read_text())
-    assert (marker["where"], marker["step"], marker["global_batch"]) == (where, step, 64)
-    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", checkpoint_step)
-    # the resumed epoch finishes at B=32 from the checkpoint's sample (none left at the epoch's end), then epoch 2
-    assert a2["end_step"] == checkpoint_step + math.ceil((D - min(checkpoint_step * 64, D)) / 32) + math.ceil(D / 32)
-    assert rec["outcome"] == "completed" and list(pd.read_csv(run_dir / "train" / "metrics.csv")["epoch"]) == [1, 2]
-    return a1
 
 
 def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(run_dir, venv_path, monkeypatch):
@@ -248,55 +249,6 @@ def test_config_partition_and_account_take_precedence_over_the_profile(tiny_raw,
     assert params["time"] == 30 and params["ntasks_per_node"] * params["nodes"] == 2
 
 
-# -- units ------------------------------------------------------------------------------
-
-
-def _state(v):
-    return {"fingerprint": "f", "epoch": 1, "offset": 0, "global_batch": 8, "w": torch.full((3,), float(v))}
-
-
-def test_checkpoints_keep_the_newest_two_and_skip_damaged_ones(tmp_path):
-    for step in (5, 10, 15):
-        checkpoint.save(tmp_path, _state(step), step, keep=2)
-    assert [s for s, _ in checkpoint.manifests(tmp_path)] == [15, 10]
-    assert not (tmp_path / "step-000000005.pt").exists()
-    checkpoint.truncate(tmp_path / "step-000000015.pt")
-    loaded, warnings = checkpoint.load_latest(tmp_path)
-    assert loaded.step == 10 and torch.equal(loaded.state["w"], torch.full((3,), 10.0))
-    assert len(warnings) == 1 and "truncated" in warnings[0]
-    assert checkpoint.newest_intact(tmp_path) == 10
-
-
-def test_checkpoint_without_manifest_or_of_another_run_is_not_used(tmp_path):
-    checkpoint.save(tmp_path, _state(1), 5)
-    checkpoint.save(tmp_path, _state(2), 10)
-    (tmp_path / "step-000000010.json").unlink()  # the write was interrupted before its manifest
-    loaded, _ = checkpoint.load_latest(tmp_path)
-    assert loaded.step == 5
-    loaded, warnings = checkpoint.load_latest(tmp_path, accept=lambda s: "other run" if s["fingerprint"] != "g" else "")
-    assert loaded is None and "other run" in warnings[0]
-    (tmp_path / "step-000000005.pt").write_bytes(b"x" * (tmp_path / "step-000000005.pt").stat().st_size)
-    loaded, warnings = checkpoint.load_latest(tmp_path)
-    assert loaded is None and "SHA-256" in warnings[0]
-
-
-def test_fault_specs_parse_and_bad_ones_name_the_problem():
-    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10;oom:step=3,where=eval")
-    assert [f.kind for f in fs] == ["oom", "signal", "truncate", "oom"] and fs[0].batch == 128 and fs[1].sig == "USR2"
-    assert (fs[0].where, fs[3].where) == ("forward", "eval")
-    fired = set()
-    faults.maybe_oom(fs, "eval", 12, 1, 128, fired)  # another place: no fault
-    faults.maybe_oom(fs, "forward", 12, 1, 64, fired)  # another batch: no fault
-    with pytest.raises(torch.OutOfMemoryError, match="injected by .* in forward at step 12 on rank 1"):
-        faults.maybe_oom(fs, "forward", 12, 1, 128, fired)
-    faults.maybe_oom(fs, "forward", 12, 1, 128, fired)  # once per process
-    for bad, msg in [("boom:step=1", "unknown fault kind"), ("oom:rank=1", "needs step"),
-                     ("signal:step=1,sig=KILL", "sig="), ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field"),
-                     ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint")]:  # fmt: skip
-        with pytest.raises(ValueError, match=msg):
-            faults.parse(bad)
-
-
 def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
     pd.DataFrame({"nodes": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
@@ -333,7 +285,7 @@ def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_pa
 
 
 def test_only_an_unfinished_newest_checkpoint_of_this_run_is_resumed(tmp_path):
-    checkpoint.save(tmp_path, {**_state(1), "complete": False}, 5)
+    checkpoint.save(tmp_path, {**checkpoint_state(1), "complete": False}, 5)
     assert launch._resumable(tmp_path, "f") and not launch._resumable(tmp_path, "other settings")
-    checkpoint.save(tmp_path, {**_state(2), "complete": True}, 10)  # the run finished
+    checkpoint.save(tmp_path, {**checkpoint_state(2), "complete": True}, 10)  # the run finished
     assert not launch._resumable(tmp_path, "f")  # its older step-5 checkpoint must not be resumed
