@@ -17,7 +17,8 @@ def probe_record(n, b, status="ok", **kw):
 
 def test_aggregate_keeps_failed_probes(tmp_path):
     files = []
-    for rec in (probe_record(2, 64), probe_record(1, 32), probe_record(2, 128, "oom", error="out of memory")):
+    noisy = probe_record(2, 64, grad_noise_scale=150.0, grad_sq=0.3, grad_trace=45.0)
+    for rec in (noisy, probe_record(1, 32), probe_record(2, 128, "oom", error="out of memory")):
         f = tmp_path / f"N{rec['nodes']}_B{rec['global_batch']}.json"
         write_json(f, rec)
         files.append(f)
@@ -26,6 +27,9 @@ def test_aggregate_keeps_failed_probes(tmp_path):
     back = measurements.load(tmp_path / "m.csv")
     assert list(back["status"]) == ["ok", "ok", "oom"]
     assert back.loc[0, "act_bytes"] == 900 and back.loc[0, "backend"] == "gloo"
+    # the gradient noise scale of a multi-worker probe; none for one worker or a failed probe
+    assert (back.loc[1, "grad_noise_scale"], back.loc[1, "grad_sq"], back.loc[1, "grad_trace"]) == (150.0, 0.3, 45.0)
+    assert back.loc[[0, 2], "grad_noise_scale"].isna().all()
 
 
 def test_external_measurements_contract(tmp_path):

@@ -49,12 +49,22 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert len(sweep[0]["compute_times_s"]) == 6  # B=32: 45 steps an epoch, none left out
     peaks = [s["peak_mem_bytes"] for s in sweep]
     assert peaks[0] < rec["plain_peak_bytes"] < peaks[1] < peaks[2]
+    # the gradient noise scale: probe.noise_steps (16) untimed steps at the weights the timed steps
+    # reached, b = 32 per worker against the all-reduced B = 64; no optimizer step, no position taken
+    gn = rec["gradient_noise"]
+    assert (gn["steps"], gn["small_batch"], gn["big_batch"]) == (16, 32, 64) and gn["time_s"] > 0
+    assert rec["grad_trace"] == gn["trace"] > 0 and rec["grad_sq"] == gn["grad_sq"] > 2 * gn["grad_sq_se"]
+    assert rec["grad_noise_scale"] == pytest.approx(rec["grad_trace"] / rec["grad_sq"])
 
 
 def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path, venv_path):
-    a = probe.run(tiny_config_file, 1, 32, tmp_path / "a.json")["memory"]["act_bytes"]
+    one = probe.run(tiny_config_file, 1, 32, tmp_path / "a.json")
+    a = one["memory"]["act_bytes"]
     b = probe.run(tiny_config_file, 1, 64, tmp_path / "b.json")["memory"]["act_bytes"]
     assert b == pytest.approx(2 * a, rel=0.01)
+    # one worker has no second batch size: no noise scale, and the record says why
+    assert one["gradient_noise"] == {"b_noise": None, "why": "one worker: no second batch size to compare with"}
+    assert "grad_noise_scale" not in one
 
 
 def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(tiny_config_file, tmp_path, venv_path, monkeypatch):

@@ -97,6 +97,7 @@ class ProbeSettings:
     timed_steps: int
     timeout_s: float
     sweep_steps: int = 6
+    noise_steps: int = 16
     exclusive: bool = True
     memory_batches: tuple[int, ...] | None = None
 

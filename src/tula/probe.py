@@ -260,6 +260,13 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
                 sweep=[],
             )
             write_json(result, out)  # the probe's own measurement stands even if the sweep fails
+        after = "noise"  # what runs after the measurement, named if it fails
+        if cfg.probe.noise_steps > 0:
+            noise = _gradient_noise(r, cfg.probe.noise_steps)  # before the sweep changes the batch
+            if rank == 0:
+                out.update(noise)
+                write_json(result, out)
+        after = "sweep"
         if cfg.probe.sweep_steps > 0:
             start_extra_all: list[Any] = [out.get("epoch_start_extra_s", 0.0)]
             torch_dist.broadcast_object_list(start_extra_all, src=0)
@@ -276,18 +283,45 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
         sys.exit(1)
     except Exception as exc:  # recorded, never silently dropped
         first = (str(exc).splitlines() or [""])[0]
-        if measured:  # the sweep failed after the probe's own measurement: keep it, say so
-            out["sweep_error"] = f"rank {rank}: {type(exc).__name__}: {first}"
+        if measured:  # the noise steps or the sweep failed after the probe's own measurement: keep it, say so
+            out[f"{after}_error"] = f"rank {rank}: {type(exc).__name__}: {first}"
         elif isinstance(exc, torch.OutOfMemoryError):
             out = {"rank": rank, "status": "oom", "error": f"out of memory on rank {rank}: {first}"}
         else:
             out = {"rank": rank, "status": "error", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc(), "failed_at": time.time()}  # fmt: skip
     write_json(result, out)
-    clean = out["status"] == "ok" and "sweep_error" not in out
+    clean = out["status"] == "ok" and "sweep_error" not in out and "noise_error" not in out
     dist.shutdown(ok=clean)
     if out["status"] != "ok":
         sys.exit(1)
+
+
+def _gradient_noise(r, steps: int) -> dict[str, Any]:
+    """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached:
+    ``steps`` untimed steps of :meth:`Replica.gradient_norms` over full batches of the data
+    (every rank takes part), estimated by tula.noise. One worker has no second batch size."""
+    from tula import noise
+
+    if r.world == 1:
+        return {"gradient_noise": {"b_noise": None, "why": "one worker: no second batch size to compare with"}}
+    full = r.data.train_size // r.global_batch  # batches of the full size in an epoch
+    if full == 0:
+        return {"gradient_noise": {"b_noise": None, "why": "the training set is smaller than one global batch"}}
+    t0 = time.perf_counter()
+    small, big = [], []
+    batches = None
+    for i in range(steps):
+        if i % full == 0:  # from the epoch's start: its full batches only
+            r.sampler.set_position(r.pos.epoch, 0)
+            batches = iter(r.loader)
+        s, g = r.gradient_norms(*next(batches))
+        small.append(s)
+        big.append(g)
+    seconds = time.perf_counter() - t0
+    est = noise.estimate(small, big, r.global_batch // r.world, r.global_batch)
+    return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace,
+            "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps}}  # fmt: skip
 
 
 def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:

@@ -248,6 +248,25 @@ class Replica:
         self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
         return int(flags[self.world].item())
 
+    def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+        share of one global batch, at the current weights: forward and backward under
+        ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
+        the worker's squared norm riding along. No optimizer step; the gradients are
+        cleared. The gradient noise scale is estimated from these (tula.noise)."""
+        x, y = self.to_device(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        with self.ddp.no_sync():
+            _, loss = self.forward_loss(x, y)
+            loss.float().backward()
+        grads = [p.grad.reshape(-1).float() for p in self.ddp.parameters() if p.grad is not None]
+        flat = torch.cat(grads)
+        buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+        torch_dist.all_reduce(buf)
+        buf /= self.world
+        self.opt.zero_grad(set_to_none=True)
+        return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+
     def set_global_batch(self, global_batch: int) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step):
         a new loader cut into batches of ``global_batch``, from the start of an epoch. The
