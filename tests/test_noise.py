@@ -48,3 +48,50 @@ def test_noise_dominated_gradient_has_no_noise_scale():
     # |G_B|^2 at the expected noise floor: the |G|^2 estimate is not positive, B_noise undefined
     est = noise.estimate([10.0, 10.0], [2.4, 2.6], 8, 32)
     assert est.grad_sq <= 0 and est.b_noise is None and est.trace > 0
+
+
+def test_pool_weights_the_probes_by_their_standard_errors():
+    import pandas as pd
+
+    df = pd.DataFrame([
+        dict(nodes=2, global_batch=64, source="probe", status="ok", grad_sq=0.3, grad_sq_se=0.1, grad_trace=40.0,
+             grad_trace_se=4.0),
+        dict(nodes=2, global_batch=256, source="probe", status="ok", grad_sq=0.2, grad_sq_se=0.05, grad_trace=44.0,
+             grad_trace_se=2.0),
+        dict(nodes=1, global_batch=32, source="probe", status="ok"),  # one worker: none
+        dict(nodes=2, global_batch=512, source="probe", status="oom"),
+        dict(nodes=2, global_batch=64, local_batch=16, source="sweep", status="ok", grad_sq=9.0, grad_trace=9.0),
+    ])  # fmt: skip
+    got = noise.pool(df)
+    g2 = (0.3 / 0.01 + 0.2 / 0.0025) / (1 / 0.01 + 1 / 0.0025)  # inverse-variance weights 100 and 400
+    tr = (40 / 16 + 44 / 4) / (1 / 16 + 1 / 4)
+    assert got["grad_sq"] == pytest.approx(g2) and got["grad_trace"] == pytest.approx(tr)
+    assert got["b_noise"] == pytest.approx(tr / g2) and got["grad_sq_se"] == pytest.approx((100 + 400) ** -0.5)
+    assert [(p["nodes"], p["global_batch"]) for p in got["probes"]] == [(2, 64), (2, 256)]
+    assert noise.pool(df.iloc[2:4]) is None  # no multi-worker estimate
+    assert noise.pool(df.assign(grad_sq=-1.0)) is None  # noise-dominated: no scale
+
+
+def test_finite_population_correction_for_samples_drawn_without_replacement():
+    """Tula's sampler draws each step's B samples without replacement from D: the workers' shards
+    are disjoint. From a fixed population of D = 400 per-sample gradients, |G|^2 and tr(Sigma)
+    (population covariance with 1/(D-1)) are recovered with population=D; McCandlish's
+    infinite-population form is biased low by tr(Sigma)/D."""
+    rng = np.random.default_rng(1)
+    d, D, workers, b = 10, 400, 4, 16
+    pop = rng.standard_normal((D, d)) * 2.0 + 0.15  # mean 0.15 per coordinate
+    G = pop.mean(0)
+    true_g2, true_trace = float((G**2).sum()), float(pop.var(0, ddof=1).sum())
+    small, big = [], []
+    for _ in range(20000):
+        idx = rng.permutation(D)[: workers * b]  # one step: B samples without replacement, split over workers
+        per_worker = [pop[idx[w * b:(w + 1) * b]].mean(0) for w in range(workers)]
+        small.append(np.mean([(g**2).sum() for g in per_worker]))
+        big.append((np.mean(per_worker, axis=0) ** 2).sum())
+    fpc = noise.estimate(small, big, b, workers * b, population=D)
+    assert fpc.trace == pytest.approx(true_trace, abs=3 * fpc.trace_se)
+    assert fpc.grad_sq == pytest.approx(true_g2, abs=3 * fpc.grad_sq_se)
+    naive = noise.estimate(small, big, b, workers * b)
+    assert naive.grad_sq < true_g2 - 3 * naive.grad_sq_se  # biased low, by about tr(Sigma)/D = 0.1
+    with pytest.raises(ValueError, match="cannot be drawn from 32"):
+        noise.estimate(small, big, b, workers * b, population=32)

@@ -298,9 +298,10 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
 
 
 def _gradient_noise(r, steps: int) -> dict[str, Any]:
-    """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached:
-    ``steps`` untimed steps of :meth:`Replica.gradient_norms` over full batches of the data
-    (every rank takes part), estimated by tula.noise. One worker has no second batch size."""
+    """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
+    (rank 0's, given to every rank first): ``steps`` untimed steps of
+    :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
+    estimated by tula.noise. One worker has no second batch size."""
     from tula import noise
 
     if r.world == 1:
@@ -308,19 +309,28 @@ def _gradient_noise(r, steps: int) -> dict[str, Any]:
     full = r.data.train_size // r.global_batch  # batches of the full size in an epoch
     if full == 0:
         return {"gradient_noise": {"b_noise": None, "why": "the training set is smaller than one global batch"}}
+    import torch
+    import torch.distributed as torch_dist
+
     t0 = time.perf_counter()
+    # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
+    # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
+    with torch.no_grad():
+        for t in r.ddp.module.state_dict().values():
+            torch_dist.broadcast(t, src=0)
     small, big = [], []
     batches = None
     for i in range(steps):
-        if i % full == 0:  # from the epoch's start: its full batches only
-            r.sampler.set_position(r.pos.epoch, 0)
+        if i % full == 0:  # an epoch's full batches, then those of the next epoch's new order: no batch twice
+            r.sampler.set_position(r.pos.epoch + i // full, 0)
             batches = iter(r.loader)
         s, g = r.gradient_norms(*next(batches))
         small.append(s)
         big.append(g)
     seconds = time.perf_counter() - t0
-    est = noise.estimate(small, big, r.global_batch // r.world, r.global_batch)
+    est = noise.estimate(small, big, r.global_batch // r.world, r.global_batch, population=r.data.train_size)
     return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace,
+            "grad_sq_se": est.grad_sq_se, "grad_trace_se": est.trace_se,
             "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps}}  # fmt: skip
 
 
