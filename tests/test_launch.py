@@ -218,6 +218,7 @@ def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(run_dir, mon
     expected = {"lrs": 2.0, "lars": 2.0, "static": 1.0, "polo": 1.0}[method]
     assert m["lr"].tolist() == pytest.approx([base_lr * expected] * 2, rel=1e-6)
     assert final["final_test_acc"] == ref["final_test_acc"] > 0.2  # 10 classes: chance is 0.1
+    assert m["grad_noise_scale"].isna().all()  # no AGS refresh, no per-epoch noise scale
 
 
 def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, venv_path):

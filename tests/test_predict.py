@@ -38,3 +38,25 @@ def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
                                   compute_time_s=0.1, source="sweep")])  # fmt: skip
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 100, measured)
     assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
+
+
+def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
+    """B_noise = 100 pooled from two probes; workload.epochs = 3 reach the target at base_batch 128,
+    so B needs 3 (1 + B/100)/(1 + 128/100) epochs (McCandlish et al.)."""
+    cfg = config.from_dict({"grid": {"nodes": [2], "batch_min": 64, "batch_max": 256}, "workload": {"epochs": 3},
+                            "train": {"base_batch": 128}})  # fmt: skip
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
+    measured = pd.DataFrame([dict(nodes=2, global_batch=b, local_batch=b // 2, status="ok", step_time_s=0.1,
+                                  source="probe", grad_sq=1.0, grad_sq_se=0.1, grad_trace=100.0, grad_trace_se=5.0)
+                             for b in (64, 256)])  # fmt: skip
+    pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured)
+    assert pred["b_noise"].tolist() == pytest.approx([100.0] * 3)
+    epochs = [3 * (1 + b / 100) / 2.28 for b in (64, 128, 256)]
+    assert pred["epochs_to_accuracy"].tolist() == pytest.approx(epochs)
+    assert pred.loc[1, "epochs_to_accuracy"] == pytest.approx(3.0)  # at base_batch: the configured epochs
+    assert pred["time_to_accuracy_s"].tolist() == pytest.approx([e * s * 0.1 for e, s in zip(epochs, (16, 8, 4))])
+    assert pred["cost_to_accuracy"].tolist() == pytest.approx(
+        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_node_hour).tolist())  # fmt: skip
+    no_noise = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured.drop(columns=["grad_sq", "grad_trace"]))
+    assert no_noise["time_to_accuracy_s"].isna().all()
+

@@ -74,3 +74,16 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
     assert "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
     assert "within each probe's measured step-to-step noise at 1 of 2 probes" in html
     assert "Step (sync)" not in html and model_section(None) == ""
+
+
+def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_batch():
+    import pandas as pd
+
+    from tula.report import noise_section
+
+    pred = pd.DataFrame({"global_batch": [64, 256], "b_noise": [128.0, 128.0], "b_noise_se": [12.0, 12.0],
+                         "epochs_to_accuracy": [4.2, 7.5]})  # fmt: skip
+    html = noise_section(pred, 256)
+    assert "B_noise = <b>128</b> &plusmn; 12" in html and "B = 256 is 2.00&times; B_noise" in html
+    assert "worth 33 %" in html and "7.5 epochs" in html
+    assert "Not measured" in noise_section(pred.assign(b_noise=float("nan")), 64)

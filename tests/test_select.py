@@ -134,3 +134,38 @@ def test_nothing_feasible_is_a_clear_error():
     cfg = config.from_dict({"objective": "time", "constraints": {"min_batch": 4096}})
     with pytest.raises(NoFeasibleConfiguration, match=r"every grid point is excluded \(below_min_batch: 1\)\. Widen"):
         select(table({(1, 64): 1.0}), cfg)
+
+
+def _with_noise(df: pd.DataFrame, b_noise: float, base: int = 128, epochs: int = 10) -> pd.DataFrame:
+    df = df.copy()
+    df["b_noise"], df["b_noise_se"] = b_noise, 0.1 * b_noise
+    df["epochs_to_accuracy"] = epochs * (1 + df["global_batch"] / b_noise) / (1 + base / b_noise)
+    df["time_to_accuracy_s"] = df["train_time_s"] * df["epochs_to_accuracy"] / epochs
+    df["cost_to_accuracy"] = df["cost"] * df["epochs_to_accuracy"] / epochs
+    return df
+
+
+def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
+    """T (fixed epochs) keeps falling with B (CURVE), but past B_noise = 256 each doubling needs
+    nearly twice the epochs: time to accuracy is least near the critical batch, and the
+    objective says how the time and knee choices compare."""
+    pred = _with_noise(table({(2, b): t for b, t in CURVE.items()}), b_noise=256)
+    sel = select(pred, config.from_dict({"objective": "time_to_accuracy"}))
+    tta = {int(r.global_batch): r.time_to_accuracy_s for r in pred.itertuples()}
+    best = min(tta, key=tta.get)
+    assert sel["selected"]["global_batch"] == best and 128 <= best <= 1024
+    nz = sel["noise"]
+    assert nz["b_noise"] == nz["critical_batch"] == 256 and nz["chosen_over_critical"] == best / 256
+    assert nz["statistical_efficiency"] == pytest.approx(1 / (1 + best / 256))
+    time_b = select(pred, config.from_dict({"objective": "time"}))["selected"]["global_batch"]
+    assert time_b == 8192 and nz["versus"]["time"]["global_batch"] == 8192
+    assert nz["versus"]["time"]["ratio_to_chosen"] == pytest.approx(tta[8192] / tta[best]) and tta[8192] > tta[best]
+    assert f"objective time would pick N=2 B=8192, {100 * (tta[8192] / tta[best] - 1):.0f} % slower" in sel["reason"]
+    assert "B_noise = 256" in sel["reason"] and "near the start of training" in nz["assumption"]
+
+
+def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
+    pred = table({(2, b): t for b, t in CURVE.items()})
+    with pytest.raises(ValueError, match="objective.: time_to_accuracy needs the gradient noise scale.*probe.noise_steps"):
+        select(pred, config.from_dict({"objective": "time_to_accuracy"}))
+

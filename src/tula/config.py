@@ -427,7 +427,7 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
               "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train",
               "grid"),
     "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
-    "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin"),
+    "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin", "train.base_batch"),
     "memory_probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
                      "hardware.device", "hardware.backend", "train.method", "train.precision", "train.channels_last",
                      "train.optimizer", "grid", "probe.memory_batches"),

@@ -30,7 +30,8 @@ step_time_cv, compute_time_cv, epoch_start_extra_s, rss_peak_bytes, grad_bytes_p
 param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples, wall_s, device,
 backend, error, probe_file; and on multi-worker probe rows the gradient noise scale
 (tula.noise): grad_noise_scale = B_noise = grad_trace / grad_sq, grad_sq = |G|^2 and
-grad_trace = tr(Sigma), the per-sample gradient covariance's trace (empty for N = 1).
+grad_trace = tr(Sigma), the per-sample gradient covariance's trace, with grad_sq_se and
+grad_trace_se their standard errors over the noise steps (empty for N = 1).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ OPTIONAL = [
     "source", "step_time_iqr_s", "compute_time_iqr_s", "step_time_cv", "compute_time_cv", "epoch_start_extra_s",
     "rss_peak_bytes", "grad_bytes_per_step", "param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes",
     "train_samples", "wall_s", "device", "backend", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
+    "grad_sq_se", "grad_trace_se",
 ]  # fmt: skip
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

@@ -214,6 +214,8 @@ def refresh_scales(
         _restore(params, g_large)
         raise torch.OutOfMemoryError(oom)
     opt.set_scales(g_small, g_large)
+    # the two squared norms give a one-step gradient noise estimate (tula.noise), for free
+    opt.last_sq_norms = (float(squared_global_norm(g_small)), float(squared_global_norm(g_large)))
     _restore(params, g_large)
     return True
 

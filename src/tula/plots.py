@@ -155,7 +155,19 @@ def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[fl
 
 
 def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None) -> None:
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    noisy = "grad_noise_scale" in metrics.columns and metrics["grad_noise_scale"].notna().any()
+    fig, axes = plt.subplots(1, 3 if noisy else 2, figsize=(15 if noisy else 10, 4))
+    a1, a2 = axes[0], axes[1]
+    if noisy:  # the epoch's gradient noise scale (AGS refreshes) beside the batch training runs at
+        a3 = axes[2]
+        a3.plot(metrics["epoch"], metrics["grad_noise_scale"], "-o", ms=3, color="tab:purple",
+                label="B_noise (per epoch, AGS refresh)")  # fmt: skip
+        a3.axhline(final["global_batch"], color="k", ls="--", lw=1, label=f"trained at B={final['global_batch']}")
+        a3.set_xlabel("epoch")
+        a3.set_ylabel("gradient noise scale (samples)")
+        a3.set_yscale("log")
+        a3.legend()
+        a3.grid(alpha=0.3)
     a1.plot(metrics["epoch"], metrics["train_loss"], "-o", ms=3, label="train")
     a1.plot(metrics["epoch"], metrics["test_loss"], "-o", ms=3, label="test")
     a1.set_xlabel("epoch")

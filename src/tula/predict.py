@@ -10,6 +10,7 @@ import pandas as pd
 
 from tula import config as config_mod
 from tula import measurements as measurements_mod
+from tula import noise
 from tula import pricing as pricing_mod
 from tula.config import Config
 from tula.grid import grid
@@ -56,7 +57,25 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
                 elif rec["status"] == "oom":
                     df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
     df["feasible"] = df["feasible"].astype(bool)
+    _time_to_accuracy(df, cfg, noise.pool(measured) if measured is not None else None)
     return df
+
+
+def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
+    """Time and cost to the accuracy that ``workload.epochs`` reach at ``train.base_batch``
+    (McCandlish et al. 2018): reaching a given loss takes E = E_min (1 + B / B_noise) samples,
+    so at batch B the epochs scale by (1 + B / B_noise) / (1 + base_batch / B_noise).
+    B_noise is pooled from the probes (tula.noise.pool); NaN columns without it."""
+    cols = ("b_noise", "b_noise_se", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy")
+    if nz is None:
+        for c in cols:
+            df[c] = math.nan
+        return
+    bn, base = nz["b_noise"], cfg.train.base_batch
+    df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
+    df["epochs_to_accuracy"] = cfg.workload.epochs * (1 + df["global_batch"] / bn) / (1 + base / bn)
+    df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
+    df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["nodes"], df["mem_bytes"], cfg.pricing)
 
 
 def train_samples_of(cfg: Config, df: pd.DataFrame, given: int | None = None) -> int:

@@ -112,6 +112,24 @@ def model_section(perf: dict | None) -> str:
     return "\n".join(parts)
 
 
+def noise_section(predictions: pd.DataFrame, chosen_batch: int) -> str:
+    """The gradient noise scale pooled from the probes, the critical batch, and where the
+    chosen B sits: the statistical efficiency it keeps and the epochs it needs."""
+    if "b_noise" not in predictions.columns or predictions["b_noise"].isna().all():
+        return ("<h2>Gradient noise scale</h2><p>Not measured: it needs multi-worker probes (a grid.nodes value "
+                "&ge; 2) with probe.noise_steps &gt; 0.</p>")  # fmt: skip
+    bn, se = float(predictions["b_noise"].iloc[0]), float(predictions["b_noise_se"].iloc[0])
+    row = predictions[predictions["global_batch"] == chosen_batch].iloc[0]
+    eff = 1.0 / (1.0 + chosen_batch / bn)
+    return (f"<h2>Gradient noise scale</h2><p>B_noise = <b>{bn:.0f}</b> &plusmn; {se:.0f} samples, pooled from the "
+            f"multi-worker probes (McCandlish et al. 2018): the critical batch, beyond which a larger batch needs "
+            f"proportionally more epochs. The chosen B = {chosen_batch} is {chosen_batch / bn:.2f}&times; B_noise: "
+            f"each sample is worth {100 * eff:.0f} % of what it is worth at a small batch, and reaching the accuracy "
+            f"that workload.epochs reach at train.base_batch takes an estimated "
+            f"{row['epochs_to_accuracy']:.3g} epochs. Measured early in training; B_noise usually grows later, so "
+            "this errs toward smaller batches.</p>")  # fmt: skip
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
            plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None,
            perf: dict | None = None) -> None:  # fmt: skip
@@ -143,6 +161,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
     ]
     parts.append(model_section(perf))
+    parts.append(noise_section(predictions, s["global_batch"]))
     if len(failed):
         parts.append(f"<h2 class=bad>{len(failed)} measurement(s) did not succeed</h2>" + _table(failed[meas_cols]))
     parts += [

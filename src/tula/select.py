@@ -101,6 +101,61 @@ def _summary(row: pd.Series, currency: str) -> dict[str, Any]:
     }
 
 
+TO_ACCURACY = {"time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s"),
+               "cost_to_accuracy": ("cost_to_accuracy", "cost to accuracy", None)}
+
+
+def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config):
+    """Objective time_to_accuracy / cost_to_accuracy: the least predicted time (cost) to the
+    accuracy that workload.epochs reach at train.base_batch, with the gradient noise scale
+    (tula.predict). Returns (best, runner-up, reason, the "noise" block of selection.json)."""
+    from dataclasses import replace
+
+    col, what, unit = TO_ACCURACY[cfg.objective]
+    unit = unit or cfg.pricing.currency
+    if col not in cand.columns or cand[col].isna().all():
+        raise ValueError(f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no probe "
+                         "gave: it comes from multi-worker probes (a grid.nodes value >= 2) with probe.noise_steps "
+                         "> 0, and needs a positive |G|^2 estimate; use objective time, cost or knee otherwise")  # fmt: skip
+    ranked = cand.sort_values([col, "nodes", "global_batch"])
+    best = ranked.iloc[0]
+    runner = ranked.iloc[1] if len(ranked) > 1 else None
+    bn, b = float(best["b_noise"]), int(best["global_batch"])
+
+    def at(row) -> dict[str, Any]:
+        return {"nodes": int(row["nodes"]), "global_batch": int(row["global_batch"]), col: float(row[col]),
+                "ratio_to_chosen": float(row[col] / best[col]),
+                "statistical_efficiency": 1.0 / (1.0 + float(row["global_batch"]) / bn)}  # fmt: skip
+
+    versus = {}
+    for other in ("time", "knee"):
+        sel = select(pred, replace(cfg, objective=other))["selected"]
+        row = cand[(cand["nodes"] == sel["nodes"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0]
+        versus[other] = at(row)
+    block = {
+        "b_noise": bn, "b_noise_se": float(best["b_noise_se"]), "critical_batch": bn,
+        "chosen_over_critical": b / bn, "statistical_efficiency": 1.0 / (1.0 + b / bn),
+        "epochs_to_accuracy": float(best["epochs_to_accuracy"]), "versus": versus,
+        "assumption": (f"workload.epochs ({cfg.workload.epochs}) reach the target accuracy at train.base_batch "
+                       f"({cfg.train.base_batch}); a batch B needs (1 + B/B_noise)/(1 + {cfg.train.base_batch}/"
+                       "B_noise) times those epochs (McCandlish et al. 2018). B_noise is measured by the probes "
+                       "near the start of training; it usually grows as training goes on, so later in training "
+                       "larger batches pay off more than predicted here"),
+    }  # fmt: skip
+    reason = (f"minimum predicted {what}: {best[col]:.4g} {unit} ({best['epochs_to_accuracy']:.3g} epochs at "
+              f"B={b}); gradient noise scale B_noise = {bn:.0f} ± {block['b_noise_se']:.0f} (the critical batch), "
+              f"B = {b / bn:.2f}x B_noise, statistical efficiency {100 * block['statistical_efficiency']:.0f} %")  # fmt: skip
+    for other, v in versus.items():
+        if (v["nodes"], v["global_batch"]) != (int(best["nodes"]), b):
+            reason += (f"; objective {other} would pick N={v['nodes']} B={v['global_batch']}, "
+                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % slower to accuracy" if cfg.objective ==
+                       "time_to_accuracy" else f"; objective {other} would pick N={v['nodes']} B={v['global_batch']}, "
+                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % dearer to accuracy")  # fmt: skip
+        else:
+            reason += f"; objective {other} picks the same point"
+    return best, runner, reason, block
+
+
 def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     cand, excluded = candidates(pred, cfg)
     if cand.empty:
@@ -112,7 +167,9 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     cur = cfg.pricing.currency
     obj = cfg.objective
     out: dict[str, Any] = {"objective": obj, "candidates": int(len(cand)), "excluded": excluded}
-    if obj in ("time", "cost"):
+    if obj in TO_ACCURACY:
+        best, runner, reason, out["noise"] = _to_accuracy(pred, cand, cfg)
+    elif obj in ("time", "cost"):
         col = "train_time_s" if obj == "time" else "cost"
         ranked = cand.sort_values([col, "nodes", "global_batch"])
         best = ranked.iloc[0]

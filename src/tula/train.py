@@ -54,6 +54,7 @@ from tula.progress import Progress, fmt_duration
 
 METRIC_COLUMNS = [
     "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
+    "grad_noise_scale", "grad_sq", "grad_trace",
 ]  # fmt: skip
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -154,6 +155,7 @@ class Replica:
         self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults), production only
         self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
         self.eval_retries: list[dict[str, Any]] = []
+        self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
         self._eval_loader = None
         self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
@@ -237,6 +239,8 @@ class Replica:
                 self.free_cached_memory()
                 raise
             self.force_refresh = not done  # a non-finite gradient: try again at the next step
+            if done:  # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
+                self.noise_pairs.append(self.opt.last_sq_norms)
         self.phase = "forward"
         self.scaler.step(self.opt)  # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
         self.scaler.update()
@@ -327,6 +331,21 @@ class Replica:
         self.sync_device()
         return time.perf_counter() - t0, stop
 
+    def epoch_noise(self) -> dict[str, float | None]:
+        """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
+        tula.noise): the reference sub-batch's gradient against the step's, both all-reduced,
+        so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
+        pair; None where there was none (other methods) or |G|^2 came out <= 0."""
+        pairs, self.noise_pairs = self.noise_pairs, []
+        small = self.small_local * self.world
+        if not pairs or not small < self.global_batch:
+            return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}
+        from tula import noise
+
+        est = noise.estimate([p[0] for p in pairs], [p[1] for p in pairs], small, self.global_batch,
+                             population=self.data.train_size)  # fmt: skip
+        return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace}
+
     def end_epoch(self) -> tuple[float, float, int]:
         """Close the epoch: (train loss, train accuracy, samples) over every rank; the next starts."""
         torch_dist.all_reduce(self.stats)
@@ -386,7 +405,8 @@ class Replica:
     def state(self) -> dict[str, Any]:
         return {"model": self.ddp.module.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "epoch": self.pos.epoch,
-                "offset": self.pos.offset, "eval_batch": self.eval_batch, "eval_retries": self.eval_retries}  # fmt: skip
+                "offset": self.pos.offset, "eval_batch": self.eval_batch, "eval_retries": self.eval_retries,
+                "noise_pairs": list(self.noise_pairs)}  # fmt: skip
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
         self.ddp.module.load_state_dict(state["model"])
@@ -396,6 +416,7 @@ class Replica:
             self.scaler.load_state_dict(state["scaler"])
         self.eval_batch = min(self.eval_batch, state.get("eval_batch", self.eval_batch))  # learnt: keep it
         self.eval_retries = list(state.get("eval_retries", []))
+        self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
         self.pos = Position(step, state["epoch"], state["offset"])
         set_post_local_iter(self.ddp, step)
 
@@ -463,6 +484,7 @@ class Trainer:
         self.times.update({k: state.get(k, 0.0) for k in self.times})
         self.resumed_from = r.pos.step
         if state["global_batch"] != self.global_batch:
+            r.noise_pairs = []  # measured at the old B
             r.force_refresh = _follow_new_batch(r.opt, r.sched, state["global_batch"], self.global_batch, self.rank)
         if self.rank == 0:
             print(f"[{self.label}] resumed from the checkpoint of step {r.pos.step} (epoch {r.pos.epoch}, "
@@ -498,7 +520,8 @@ class Trainer:
         self.times["eval_time_s"] += time.perf_counter() - t0
         row = {"epoch": r.pos.epoch - 1, "step": r.pos.step, "lr": r.opt.param_groups[0]["lr"],
                "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
-               "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9)}  # fmt: skip
+               "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9),
+               **r.epoch_noise()}  # fmt: skip
         self.rows.append(row)
         self.epoch_time = 0.0
         if self.rank == 0:
