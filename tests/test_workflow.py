@@ -85,19 +85,24 @@ def test_nothing_to_do_after_a_finished_run(finished_run):
 
 
 def test_a_pricing_change_reruns_selection_not_probes(finished_run):
-    """Really run up to select with another objective: selection.json changes, and no probe,
-    the memory probe or the measurements are touched."""
+    """Really run up to select with another objective (time to accuracy, from the probes' gradient
+    noise scale): selection.json changes, and no probe, the memory probe or the measurements are
+    touched."""
     wd, env = finished_run
     res = wd / "results"
     kept = [*(res / "probes").glob("*.json"), res / "memory_probe.json", res / "measurements.csv",
             res / "model" / "perf.json"]  # fmt: skip
     before = {f: f.stat().st_mtime_ns for f in kept}
     sel_before = (res / "selection.json").stat().st_mtime_ns
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env)
+    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time_to_accuracy", "--until", "select",
+                  env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     assert {f: f.stat().st_mtime_ns for f in kept} == before
     assert (res / "selection.json").stat().st_mtime_ns > sel_before
-    assert json.loads((res / "selection.json").read_text())["objective"] == "time"
+    sel = json.loads((res / "selection.json").read_text())
+    # the N=2 probes measured the gradient noise scale; the objective chose by it
+    assert sel["objective"] == "time_to_accuracy" and sel["noise"]["b_noise"] > 0
+    assert set(sel["noise"]["versus"]) == {"time", "knee"} and "B_noise = " in sel["reason"]
 
 
 def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
