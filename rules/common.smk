@@ -4,6 +4,7 @@ import os
 from snakemake.exceptions import WorkflowError
 
 from tula import cluster as tula_cluster
+from tula import compare as tula_compare
 from tula import config as tula_config
 from tula import dist as tula_dist
 from tula.grid import search_set
@@ -75,6 +76,18 @@ def whole_machine(wildcards):
         return workflow.cores
     except WorkflowError:  # no --cores: `snakemake --report`, `--lint`; nothing runs
         return 1
+
+
+def compare_threads(wildcards):
+    """Locally a run of the suite takes its workers' cores (runs share the machine); on a
+    cluster the job gets its own and the watcher here needs one."""
+    if workflow.non_local_exec:
+        return 1
+    return TULA.compare.nodes * TULA.hardware.threads_per_worker
+
+
+# The generalization suite's runs: one compare_run job each (rules/compare.smk).
+COMPARE_RUNS = tula_compare.run_ids(TULA)
 
 
 # A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.

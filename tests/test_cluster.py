@@ -64,6 +64,10 @@ def test_problems_name_the_config_keys_to_change():
     assert "asks for 4000 min" in msg and "at most 2880 min" in msg and "launch.timeout_min" in msg
     cfg = _cfg(grid__nodes=[1, 8], grid__workers_per_node=4, hardware__device="cuda")  # 2 nodes with 4 A100s: fits
     assert [cluster.problems(cfg, p, n) for n in cluster.job_needs(cfg, 60)] == [[], [], []]
+    # `tula launch` (and each run of the suite) checks the N it trains at, not the grid's largest
+    cfg = _cfg(grid__nodes=[1, 16], grid__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
+    train = cluster.job_needs(cfg, 60, train_nodes=4)[2]
+    assert train.what == "training at N=4" and train.nodes == 2 and cluster.problems(cfg, p, train) == []
 
 
 def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):

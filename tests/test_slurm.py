@@ -97,6 +97,16 @@ def test_the_profiles_partition_and_account_reach_the_training_job(tmp_path):
     assert "--timeout-min 1440" in train  # set-resources: train: runtime
 
 
+def _test_profile(wd: Path) -> None:
+    """profiles/test: profiles/slurm with the test cluster's account and memory."""
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"] = {**profile["default-resources"], "slurm_account": "root", "mem_mb": 1000}
+    profile["set-resources"]["train"]["runtime"] = 10
+    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "retries": 0, "jobs": 4})
+    (wd / "profiles" / "test").mkdir(parents=True)
+    (wd / "profiles" / "test" / "config.yaml").write_text(yaml.safe_dump(profile))
+
+
 @pytest.fixture(scope="module")
 def dag_on_slurm(tmp_path_factory, slurm_cluster):
     """The whole DAG via `snakemake --profile <test profile derived from profiles/slurm>`."""
@@ -105,12 +115,7 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
     tiny = {**TINY, "grid": {**TINY["grid"], "workers_per_node": 2}}  # the test cluster has one node
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["default-resources"] = {**profile["default-resources"], "slurm_account": "root", "mem_mb": 1000}
-    profile["set-resources"]["train"]["runtime"] = 10
-    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "retries": 0, "jobs": 4})
-    (wd / "profiles" / "test").mkdir(parents=True)
-    (wd / "profiles" / "test" / "config.yaml").write_text(yaml.safe_dump(profile))
+    _test_profile(wd)
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     env[FAULT_ENV] = "N2_B128=oom"  # sbatch --export=ALL carries it into the job
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
@@ -279,3 +284,33 @@ def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(slurm_clu
     mine = [line for line in sacct("-X", "-S", "now-10minutes", "-o", "JobID,JobName,WorkDir").splitlines()
             if "tula-train" in line and str(tmp_path) in line]  # fmt: skip
     assert len(mine) == 1, mine  # one job, never two
+
+
+def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, tmp_path):
+    """`snakemake --profile … compare`: every (workload, B, method, seed) is a SLURM job of its own."""
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text("{}\n")
+    _test_profile(tmp_path)
+    suite = {"compare": {"workloads": [{"model": "small_cnn", "dataset": "digits", "target_accuracy": 0.5}],
+                         "batches": [64, 128], "methods": ["ags"], "seeds": 1, "nodes": 2, "epochs": 1},
+             "grid": {"workers_per_node": 2}}  # fmt: skip  # the test cluster has one node
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
+    r = subprocess.run(["timeout", "-s", "INT", "600", "snakemake", "compare", "--profile", "profiles/test",
+                        "--configfile", "suite.yaml"], cwd=tmp_path, capture_output=True, text=True, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rows = [line.split("|") for line in sacct("-X", "-S", started, "-o", "JobID,JobName%100,State").splitlines() if line]
+    jobs = {name: (job_id, state) for job_id, name, state in rows if name.startswith("tula-compare-")}
+    assert sorted(jobs) == ["tula-compare-small_cnn__digits__B128__ags__s0",
+                            "tula-compare-small_cnn__digits__B64__ags__s0"], rows  # fmt: skip
+    assert all(state == "COMPLETED" for _, state in jobs.values()), jobs
+    df = pd.read_csv(tmp_path / "results" / "compare" / "accuracy.csv")
+    assert (df["status"] == "ok").all() and len(df) == 2
+    for name, (job_id, _) in jobs.items():
+        run = tmp_path / "results" / "compare" / "runs" / name.removeprefix("tula-compare-")
+        att = json.loads((run / "attempts.json").read_text())
+        assert att["executor"] == "slurm" and att["attempts"][0]["job_id"] == job_id
+        assert json.loads((run / "final.json").read_text())["nodes"] == 2
+        steps = [line.split("|") for line in sacct("-j", job_id, "-o", "JobID,NTasks,State").splitlines() if line]
+        assert ["2", "COMPLETED"] in [s[1:] for s in steps if "." in s[0]], steps  # a 2-task step: both workers

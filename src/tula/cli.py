@@ -10,11 +10,13 @@
     plot       csv/json above              -> results/plots/*.png
     launch     selection.json              -> results/train/{metrics.csv,final.json,model.pt,attempts.json}
     report     everything above            -> results/report.html
+    compare    run: one run of the suite   -> results/compare/runs/<id>/result.json
+               aggregate: result.json's    -> results/compare/{accuracy.csv,table.md,heatmap.png}
 
 Each reads files and writes files (atomically), so any stage can be re-run alone or fed
 data that did not come from a probe. This module only parses: each stage's module owns it
 (memprobe.run, probe.run, measurements.aggregate, fit.run, predict.run, select.run,
-plots.run_selection, launch.run, report.run).
+plots.run_selection, launch.run, report.run, compare.run_one, compare.aggregate).
 """
 
 from __future__ import annotations
@@ -122,9 +124,13 @@ def cmd_report(a) -> None:
 def cmd_compare(a) -> None:
     from tula import compare
 
-    compare.run_suite(a.config, a.out_dir)
-    print(f"[compare] -> {a.out_dir}/accuracy.csv, table.md, heatmap.png")
-    print((Path(a.out_dir) / "table.md").read_text())
+    if a.action == "run":
+        compare.run_one(a.config, a.run, a.out, executor_hint=a.executor_hint, timeout_min=a.timeout_min,
+                        partition=a.slurm_partition or None, account=a.slurm_account or None)  # fmt: skip
+        return
+    compare.aggregate(a.config, a.results, a.csv, a.table, a.heatmap)
+    print(f"[compare] -> {a.csv}, {a.table}, {a.heatmap}")
+    print(Path(a.table).read_text())
 
 
 def cmd_models(a) -> None:
@@ -139,6 +145,15 @@ def cmd_check(a) -> None:
     from tula import models
 
     models.run_check(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
+
+
+def _executor_args(s: argparse.ArgumentParser) -> None:
+    """Where `tula launch` (and each run of the suite) submits its job: Snakemake passes these."""
+    s.add_argument("--executor-hint", choices=["local", "slurm"],
+                   help="what launch.executor: auto means (the rule passes Snakemake's executor)")
+    s.add_argument("--timeout-min", type=int, help="job wall time when launch.timeout_min is null (rule runtime)")
+    s.add_argument("--slurm-partition", help="partition when launch.slurm_partition is null (profile's)")
+    s.add_argument("--slurm-account", help="account when launch.slurm_account is null (profile's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,11 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
         s.add_argument("--out-dir", required=True, help="directory for the training results (results/train)")
         s.add_argument("--predictions", help="predictions CSV: the memory model's order of smaller batches after an OOM")
-        s.add_argument("--executor-hint", choices=["local", "slurm"],
-                       help="what launch.executor: auto means (the train rule passes Snakemake's executor)")  # fmt: skip
-        s.add_argument("--timeout-min", type=int, help="job wall time when launch.timeout_min is null (rule runtime)")
-        s.add_argument("--slurm-partition", help="partition when launch.slurm_partition is null (profile's)")
-        s.add_argument("--slurm-account", help="account when launch.slurm_account is null (profile's)")
+        _executor_args(s)
         s.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start over")
         s.set_defaults(func=cmd_launch)
 
@@ -254,12 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("compare", help="generalization suite: accuracy per model x batch x method x seed",
-                       description="Train every compare.workloads x compare.batches x compare.methods x "
-                                   "compare.seeds with compare.nodes workers; write accuracy.csv, a Table-I-like "
-                                   "table.md and heatmap.png. Finished runs are reused, so it can be resumed.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--out-dir", required=True, help="directory for runs/, accuracy.csv, table.md, heatmap.png")
+    s = sub.add_parser("compare", help="generalization suite (run it with: snakemake --cores 2 compare)",
+                       description="The two steps of rules/compare.smk: `run` trains one run of compare.workloads x "
+                                   "compare.batches x compare.methods x compare.seeds with compare.nodes workers; "
+                                   "`aggregate` writes accuracy.csv, a Table-I-like table.md with time to target, "
+                                   "and heatmap.png from their result.json files.")  # fmt: skip
+    steps = s.add_subparsers(dest="action", required=True)
+    r = steps.add_parser("run", help="train one run of the suite (rule compare_run)")
+    _cfg_arg(r)
+    r.add_argument("--run", required=True, help="run id: <model>__<dataset>__B<batch>__<method>__s<seed>")
+    r.add_argument("--out", required=True, help="its result.json (the run's checkpoints, logs, metrics beside it)")
+    _executor_args(r)
+    r = steps.add_parser("aggregate", help="accuracy.csv, table.md, heatmap.png from result.json files (rule compare)")
+    _cfg_arg(r)
+    r.add_argument("--csv", required=True)
+    r.add_argument("--table", required=True)
+    r.add_argument("--heatmap", required=True)
+    r.add_argument("results", nargs="+", help="the runs' result.json files")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("models", help="list the model names usable as workload.model")

@@ -139,10 +139,11 @@ def probe_runtime_min(cfg: Config) -> int:
     return int(cfg.probe.timeout_s // 60) + 5
 
 
-def job_needs(cfg: Config, train_runtime_min: int | None) -> list[JobNeed]:
+def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None) -> list[JobNeed]:
     """The largest job of each kind the workflow can submit: the memory probe (one worker),
     the probe at the largest grid N (every N is probed in a full search, the corners in a
-    partial one, so the largest always is) and training at that N."""
+    partial one, so the largest always is) and training at that N (or at ``train_nodes``:
+    `tula launch` knows the N it trains at)."""
     from tula.launch import job_shape  # submitit, not torch
 
     n = max(cfg.grid.nodes)
@@ -150,11 +151,12 @@ def job_needs(cfg: Config, train_runtime_min: int | None) -> list[JobNeed]:
     per_node = math.ceil(n / res["nodes"])
     gpus = per_node if res["gres"] else 0
     threads = cfg.hardware.threads_per_worker
-    shape = job_shape(cfg, n)
+    tn = train_nodes or n
+    shape = job_shape(cfg, tn)
     return [
         JobNeed("the memory probe (1 worker)", 1, 1, threads, 1 if res["gres"] else 0, probe_runtime_min(cfg)),
         JobNeed(f"the probe at N={n}", res["nodes"], per_node, per_node * threads, gpus, probe_runtime_min(cfg)),
-        JobNeed(f"training at N={n}", shape.nodes, shape.tasks_per_node, shape.tasks_per_node * shape.cpus_per_task,
+        JobNeed(f"training at N={tn}", shape.nodes, shape.tasks_per_node, shape.tasks_per_node * shape.cpus_per_task,
                 shape.gpus_per_node, train_runtime_min),  # fmt: skip
     ]
 
@@ -196,13 +198,14 @@ def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
 
 
 def preflight(cfg: Config, probe_partition: str | None = None, train_partition: str | None = None,
-              train_runtime_min: int | None = None, training_only: bool = False) -> dict[str, Any]:  # fmt: skip
+              train_runtime_min: int | None = None, training_only: bool = False,
+              train_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Check every job kind (or only training) against its partition (``None``: the
     cluster's default). Returns what was checked; raises :class:`PreflightError` listing
     every problem, or :class:`ClusterUnreadable` when there is no controller to ask."""
     parts: dict[str | None, Partition] = {}
     checked, found = [], []
-    needs = job_needs(cfg, train_runtime_min)
+    needs = job_needs(cfg, train_runtime_min, train_nodes)
     for need in needs[-1:] if training_only else needs:
         name = train_partition if need.what.startswith("training") else probe_partition
         if name not in parts:

@@ -1,17 +1,23 @@
-"""Generalization suite (paper §IV-D, Table I): test accuracy per model x batch x method.
+"""Generalization suite (paper §IV-D, Table I): test accuracy and time to a target accuracy
+per model x batch x method, as a Snakemake fan-out (``rules/compare.smk``).
 
-Every run is a real training with ``compare.nodes`` workers (gloo on CPU), submitted like
-the production job (:func:`tula.launch.run`, submitit's local executor) and running the same
-training step, under the config's ``train`` settings with ``train.method`` and the
-seed replaced. Runs live in ``<out>/runs/<id>/``; a run whose final.json exists is reused, so
-an interrupted suite continues where it stopped. Outputs:
+- ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B,
+  method, seed) in :func:`runs`. It is a real training with ``compare.nodes`` workers,
+  submitted like the production job (:func:`tula.launch.run`: submitit, an sbatch job under
+  the SLURM profile, local processes otherwise; requeued from its checkpoints) and running
+  the same training step, under the config's ``train`` settings with ``train.method`` and
+  the seed replaced. It writes ``runs/<id>/result.json``: the status, the final accuracies
+  and every epoch's test accuracy and step time. A run that runs out of memory is a result
+  (status ``oom``), not relaunched smaller: a cell is trained at its own B or not at all.
+  Finished runs are Snakemake outputs; an interrupted run resumes from its checkpoint.
+- ``rule compare`` (``tula compare aggregate``) reads every result.json and writes
+  ``accuracy.csv`` (one row per run), ``table.md`` (mean ± std per cell, best per row in
+  bold, AGS − LBT, and the median time to the target per cell) and ``heatmap.png``.
 
-- ``accuracy.csv``: one row per run (model, dataset, global_batch, method, seed, status,
-  test_acc, best_test_acc, train_time_s), rewritten atomically after every run;
-- ``table.md``: mean ± std over seeds, one row per (model, dataset, B), best mean in bold,
-  and the summary the paper reports (AGS minus LBT, and how often AGS is best or within
-  1 point of the best);
-- ``heatmap.png``: mean accuracy per row and method.
+Time to target: the training-step time (``epoch_time_s``, evaluation excluded, as the step
+model predicts) summed over the epochs up to the first whose test accuracy is at least the
+workload's target (``compare.workloads[].target_accuracy``, else ``compare.target_fraction``
+of the best mean final accuracy any cell of the workload reached).
 """
 
 from __future__ import annotations
@@ -20,16 +26,17 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tula import config as config_mod
-from tula.io import read_json, write_csv, write_json
-from tula.progress import Progress
+from tula.io import read_json, write_bytes, write_csv, write_json
 
+METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags"]
 COLUMNS = ["model", "dataset", "global_batch", "method", "seed", "status", "test_acc", "best_test_acc",
-           "train_time_s", "error"]  # fmt: skip
+           "train_time_s", "epochs", "target_acc", "time_to_target_s", "epochs_to_target", "error"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,66 +59,135 @@ def runs(cfg: config_mod.Config) -> list[Run]:
             for m in c.methods]  # fmt: skip
 
 
-def _run_config(raw: dict, run: Run, epochs: int) -> dict:
+def run_ids(cfg: config_mod.Config) -> list[str]:
+    """The suite's run ids, in order (the ``run`` wildcard of ``rule compare_run``)."""
+    return [r.id for r in runs(cfg)]
+
+
+def find(cfg: config_mod.Config, run_id: str) -> Run:
+    for r in runs(cfg):
+        if r.id == run_id:
+            return r
+    raise ValueError(f"run '{run_id}' is not in the suite of config keys compare.workloads x compare.batches x "
+                     f"compare.methods x compare.seeds ({len(runs(cfg))} runs)")  # fmt: skip
+
+
+def _run_config(raw: dict, run: Run, cmp: config_mod.CompareSettings) -> dict:
     d = json.loads(json.dumps(raw))
-    d["workload"].update(model=run.model, dataset=run.dataset, seed=run.seed, epochs=epochs)
+    d["workload"].update(model=run.model, dataset=run.dataset, seed=run.seed, epochs=cmp.epochs)
     d["train"]["method"] = run.method
-    d["launch"]["executor"] = "local"  # runs on this machine (or inside the compare job's allocation)
     d["train"]["lr"] = raw["train"]["lr"]  # None -> the new model's family default
     d["train"]["weight_decay"] = raw["train"]["weight_decay"]
     return d
 
 
-def run_suite(cfg_path: str | Path, out: str | Path) -> pd.DataFrame:
+def run_one(cfg_path: str | Path, run_id: str, out: str | Path, executor_hint: str | None = None,
+            timeout_min: int | None = None, partition: str | None = None, account: str | None = None) -> dict:  # fmt: skip
+    """Train one run of the suite and write its result.json (``out``) atomically, last."""
     from tula import launch
 
     raw = config_mod.validate(__import__("yaml").safe_load(Path(cfg_path).read_text()), str(cfg_path))
     cfg = config_mod.from_dict(raw, str(cfg_path))
+    run = find(cfg, run_id)
     out = Path(out)
-    todo = runs(cfg)
-    rows: list[dict] = []
-    progress = Progress("compare", len(todo), unit="run", every_s=0.0)
-    print(f"[compare] {len(todo)} runs: {len(cfg.compare.workloads)} workload(s) x {len(cfg.compare.batches)} batches x "
-          f"{len(cfg.compare.methods)} methods x {cfg.compare.seeds} seeds, N={cfg.compare.nodes}, "
-          f"{cfg.compare.epochs} epochs each", flush=True)  # fmt: skip
-    for i, r in enumerate(todo, 1):
-        d = out / "runs" / r.id
-        final = d / "final.json"
-        row = {"model": r.model, "dataset": r.dataset, "global_batch": r.global_batch, "method": r.method,
-               "seed": r.seed, "error": ""}  # fmt: skip
-        if not final.exists():
-            write_json(d / "config.json", _run_config(raw, r, cfg.compare.epochs))
-            write_json(d / "selection.json", {"selected": {"nodes": cfg.compare.nodes, "global_batch": r.global_batch}})
-            t0 = time.perf_counter()
-            try:
-                launch.run(d / "config.json", d / "selection.json", d, executor_hint="local")
-            except (RuntimeError, ValueError) as exc:
-                row.update(status="error", error=str(exc), train_time_s=time.perf_counter() - t0)
-        if final.exists():
-            f = read_json(final)
-            row.update(status="ok", test_acc=f["final_test_acc"], best_test_acc=f["best_test_acc"],
-                       train_time_s=f["train_time_s"])  # fmt: skip
-        rows.append(row)
-        write_csv(out / "accuracy.csv", pd.DataFrame(rows, columns=COLUMNS))
-        acc = f"{100 * row['test_acc']:.2f}%" if row.get("status") == "ok" else row.get("status")
-        progress.update(i, "", extra=f"{r.id}: {acc}")
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    (out / "table.md").write_text(table_markdown(df))
-    heatmap(df, out / "heatmap.png")
+    d = out.parent
+    write_json(d / "config.json", _run_config(raw, run, cfg.compare))
+    write_json(d / "selection.json", {"selected": {"nodes": cfg.compare.nodes, "global_batch": run.global_batch}})
+    result: dict[str, Any] = {"run": run.id, "model": run.model, "dataset": run.dataset,
+                              "global_batch": run.global_batch, "method": run.method, "seed": run.seed,
+                              "nodes": cfg.compare.nodes, "started": time.time()}  # fmt: skip
+    print(f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.nodes} B={run.global_batch}, "
+          f"method {run.method}, seed {run.seed}", flush=True)  # fmt: skip
+    try:
+        final = launch.run(d / "config.json", d / "selection.json", d, executor_hint=executor_hint,
+                           timeout_min=timeout_min, partition=partition, account=account, shrink=False,
+                           job_name=f"tula-compare-{run.id}")  # fmt: skip
+    except launch.OutOfMemory as exc:
+        result.update(status="oom", error=str(exc), epochs=[])
+    else:
+        m = pd.read_csv(d / "metrics.csv")
+        result.update(status="ok", error="", test_acc=final["final_test_acc"], best_test_acc=final["best_test_acc"],
+                      train_time_s=final["train_time_s"],
+                      epochs=m[["epoch", "test_acc", "epoch_time_s"]].to_dict(orient="records"))  # fmt: skip
+    result["ended"] = time.time()
+    write_json(out, result)
+    acc = f"test accuracy {100 * result['test_acc']:.2f}%" if result["status"] == "ok" else result["error"]
+    print(f"[compare] {run.id}: {result['status']}, {acc} -> {out}", flush=True)
+    return result
+
+
+def time_to_target(epochs: list[dict], target: float) -> tuple[float, int]:
+    """(step time summed up to the first epoch with test accuracy >= target, epochs that
+    took); (nan, -1) when no epoch reached it."""
+    spent = 0.0
+    for i, e in enumerate(epochs, 1):
+        spent += float(e["epoch_time_s"])
+        if float(e["test_acc"]) >= target:
+            return spent, i
+    return float("nan"), -1
+
+
+def targets(cfg: config_mod.Config, df: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Each workload's target: its target_accuracy, else target_fraction of the best mean
+    final accuracy of its cells."""
+    out = {}
+    for w in cfg.compare.workloads:
+        if w.target_accuracy is not None:
+            out[w.model, w.dataset] = float(w.target_accuracy)
+            continue
+        ok = df[(df["model"] == w.model) & (df["dataset"] == w.dataset) & (df["status"] == "ok")]
+        if len(ok):
+            best = ok.groupby(["global_batch", "method"])["test_acc"].mean().max()
+            out[w.model, w.dataset] = float(cfg.compare.target_fraction * best)
+    return out
+
+
+def collect(cfg: config_mod.Config, results: list[str | Path]) -> pd.DataFrame:
+    """accuracy.csv's rows from the runs' result.json files, with time to each workload's target."""
+    recs = [read_json(p) for p in results]
+    df = pd.DataFrame([{k: r.get(k) for k in COLUMNS if k not in ("epochs", "target_acc", "time_to_target_s",
+                                                                  "epochs_to_target")} for r in recs])  # fmt: skip
+    goal = targets(cfg, df)
+    for i, r in enumerate(recs):
+        target = goal.get((r["model"], r["dataset"]))
+        tt, et = time_to_target(r["epochs"], target) if target is not None else (float("nan"), -1)
+        df.loc[i, ["epochs", "target_acc", "time_to_target_s", "epochs_to_target"]] = (
+            len(r["epochs"]), target, tt, et if et > 0 else np.nan)
+    return df.reindex(columns=COLUMNS)
+
+
+def aggregate(cfg_path: str | Path, results: list[str | Path], csv: str | Path, table: str | Path,
+              heatmap_path: str | Path) -> pd.DataFrame:  # fmt: skip
+    cfg = config_mod.load(cfg_path)
+    df = collect(cfg, results)
+    write_csv(csv, df)
+    write_bytes(table, table_markdown(df).encode())
+    heatmap(df, heatmap_path)
     return df
 
 
 def cell_stats(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
-    g = ok.groupby(["model", "dataset", "global_batch", "method"])["test_acc"]
-    return pd.DataFrame({"mean": 100 * g.mean(), "std": 100 * g.std(ddof=1).fillna(0.0), "n": g.size()}).reset_index()
+    keys = ["model", "dataset", "global_batch", "method"]
+    g = ok.groupby(keys)["test_acc"]
+    st = pd.DataFrame({"mean": 100 * g.mean(), "std": 100 * g.std(ddof=1).fillna(0.0), "n": g.size()})
+    if "time_to_target_s" in ok:
+        t = ok.groupby(keys)["time_to_target_s"]
+        st["ttt_median"] = t.median()  # NaN (never reached) runs left out ...
+        st["reached"] = t.count()  # ... and counted here
+    return st.reset_index()
+
+
+def _methods(st: pd.DataFrame) -> list[str]:
+    return [m for m in METHOD_ORDER if m in set(st["method"])]
 
 
 def table_markdown(df: pd.DataFrame) -> str:
     st = cell_stats(df)
-    methods = [m for m in ["lbt", "lars", "polo", "lrs", "static", "ags"] if m in set(st["method"])]
-    lines = ["| model | dataset | B | " + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods) + " |",
-             "|---|---|---|" + "---|" * len(methods)]  # fmt: skip
+    methods = _methods(st)
+    header = "| model | dataset | B | " + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods) + " |"
+    rule = "|---|---|---|" + "---|" * len(methods)
+    lines = [header, rule]
     gains, near_best, cells = [], 0, 0
     for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
         means = dict(zip(g["method"], g["mean"]))
@@ -137,10 +213,37 @@ def table_markdown(df: pd.DataFrame) -> str:
         lines.append(f"AGS − LBT, averaged over the {len(gains)} rows: {np.mean(gains):+.2f} points.")
     if cells:
         lines.append(f"AGS best or within 1 point of the best in {near_best}/{cells} rows.")
+    failed = df[df["status"] != "ok"]
+    if len(failed):
+        lines.append(f"Not trained: {', '.join(f'B={r.global_batch} {r.method} seed {r.seed} ({r.status})' for r in failed.itertuples())}.")
+    if "ttt_median" in st and df["target_acc"].notna().any():
+        lines += ["", "### Time to target accuracy", "", header, rule]
+        for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
+            fastest = g["ttt_median"].min()
+            cells_txt = []
+            for m in methods:
+                r = g[g["method"] == m]
+                if r.empty:
+                    cells_txt.append("—")
+                    continue
+                r = r.iloc[0]
+                if not r["reached"]:
+                    cells_txt.append(f"not reached (0/{r['n']})")
+                    continue
+                txt = f"{r['ttt_median']:.2f} s ({r['reached']}/{r['n']})"
+                cells_txt.append(f"**{txt}**" if r["ttt_median"] == fastest else txt)
+            lines.append(f"| {model} | {ds} | {b} | " + " | ".join(cells_txt) + " |")
+        goals = df.groupby(["model", "dataset"])["target_acc"].first()
+        lines.append("")
+        lines.append("Training-step time (evaluation excluded) summed to the first epoch at or above the target, "
+                     "median over the seeds that reached it (reached/seeds); fastest per row in bold. Targets: "
+                     + ", ".join(f"{m} / {d}: {100 * t:.2f}%" for (m, d), t in goals.items() if t == t) + ".")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def heatmap(df: pd.DataFrame, path: str | Path) -> None:
+    """Mean accuracy per row (model / dataset / B) and method; beside it, the median time to
+    target when the runs have one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,18 +256,26 @@ def heatmap(df: pd.DataFrame, path: str | Path) -> None:
         return
     st = st.sort_values(["model", "dataset", "global_batch"])
     st["row"] = st["model"] + " / " + st["dataset"] + " / B=" + st["global_batch"].astype(str)
-    piv = st.pivot(index="row", columns="method", values="mean").reindex(st["row"].unique())
-    piv = piv[[m for m in ["lbt", "lars", "polo", "lrs", "static", "ags"] if m in piv.columns]]
-    fig, ax = plt.subplots(figsize=(1.3 * len(piv.columns) + 3, 0.5 * len(piv) + 1.5))
-    im = ax.imshow(piv.to_numpy(), cmap="RdYlGn", aspect="auto")
-    ax.set_xticks(range(len(piv.columns)), [c.upper() for c in piv.columns])
-    ax.set_yticks(range(len(piv)), piv.index)
-    for i in range(len(piv)):
-        row = piv.iloc[i].to_numpy()
-        for j, v in enumerate(row):
-            if v == v:
-                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=8,
-                        fontweight="bold" if v == np.nanmax(row) else "normal")  # fmt: skip
-    fig.colorbar(im, ax=ax, label="test accuracy (%)")
-    ax.set_title("Test accuracy by method (mean over seeds)")
+    panels = [("mean", "test accuracy (%)", "RdYlGn", np.nanmax, "{:.1f}")]
+    if "ttt_median" in st and st["ttt_median"].notna().any():
+        panels.append(("ttt_median", "time to target (s)", "RdYlGn_r", np.nanmin, "{:.1f}"))
+    rows = st["row"].unique()
+    methods = _methods(st)
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (1.3 * len(methods) + 3), 0.5 * len(rows) + 1.5),
+                             squeeze=False)  # fmt: skip
+    for ax, (col, label, cmap, best, fmt) in zip(axes[0], panels):
+        piv = st.pivot(index="row", columns="method", values=col).reindex(rows)[methods]
+        im = ax.imshow(piv.to_numpy(dtype=float), cmap=cmap, aspect="auto")
+        ax.set_xticks(range(len(methods)), [c.upper() for c in methods])
+        ax.set_yticks(range(len(piv)), piv.index if ax is axes[0][0] else [""] * len(piv))
+        for i in range(len(piv)):
+            row = piv.iloc[i].to_numpy(dtype=float)
+            for j, v in enumerate(row):
+                if v == v:
+                    ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                            fontweight="bold" if v == best(row) else "normal")  # fmt: skip
+                else:
+                    ax.text(j, i, "—", ha="center", va="center", fontsize=8)
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_title(("Test accuracy" if col == "mean" else "Time to target") + " by method (over seeds)")
     _save(fig, path)

@@ -157,6 +157,7 @@ class LaunchSettings:
 class CompareWorkload:
     model: str
     dataset: str
+    target_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class CompareSettings:
     seeds: int
     nodes: int
     epochs: int
+    target_fraction: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
             seeds=d["compare"]["seeds"],
             nodes=d["compare"]["nodes"],
             epochs=d["compare"]["epochs"],
+            target_fraction=d["compare"]["target_fraction"],
         ),
     )
 
@@ -433,7 +436,9 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
                      "train.optimizer", "grid", "probe.memory_batches"),
     "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing"),
     "train": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
-    "compare": ("compare", "workload.mnist1d_samples", "data", "hardware", "train"),
+    # one run of the suite: not the lists of cells (adding a batch trains only the new runs)
+    "compare_run": ("compare.nodes", "compare.epochs", "workload.mnist1d_samples", "data", "hardware", "train"),
+    "compare": ("compare",),
 }  # fmt: skip
 
 

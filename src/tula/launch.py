@@ -41,6 +41,10 @@ from tula.select import selected_point
 EXECUTORS = ("local", "slurm")
 
 
+class OutOfMemory(RuntimeError):
+    """The job ran out of memory and :func:`run` was told not to relaunch it smaller."""
+
+
 class TrainJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
@@ -89,7 +93,8 @@ def resolve_executor(cfg: config_mod.Config, hint: str | None) -> str:
 
 
 def make_executor(cfg: config_mod.Config, kind: str, folder: Path, n_workers: int, timeout_min: int,
-                  partition: str | None = None, account: str | None = None) -> submitit.Executor:  # fmt: skip
+                  partition: str | None = None, account: str | None = None,
+                  name: str = "tula-train") -> submitit.Executor:  # fmt: skip
     """A submitit executor for one attempt's job (SLURM or local processes)."""
     if kind == "slurm" and not shutil.which("sbatch"):
         raise RuntimeError("config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
@@ -97,7 +102,7 @@ def make_executor(cfg: config_mod.Config, kind: str, folder: Path, n_workers: in
     shape = job_shape(cfg, n_workers) if kind == "slurm" else JobShape(1, n_workers, cfg.hardware.threads_per_worker,
                                                                        n_workers if cfg.hardware.device == "cuda" else 0)  # fmt: skip
     ex = submitit.AutoExecutor(folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues)
-    params: dict[str, Any] = {"name": "tula-train", "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
+    params: dict[str, Any] = {"name": name, "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
                               "nodes": shape.nodes, "cpus_per_task": shape.cpus_per_task}  # fmt: skip
     if shape.gpus_per_node:
         params["gpus_per_node"] = shape.gpus_per_node
@@ -249,8 +254,11 @@ def _wait(job: submitit.Job, echo: Echo, poll_s: float) -> None:
 
 def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
         executor_hint: str | None = None, timeout_min: int | None = None, partition: str | None = None,
-        account: str | None = None, fresh: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Train at the selected (N, B) until done; relaunch smaller after an OOM. Returns final.json."""
+        account: str | None = None, fresh: bool = False, shrink: bool = True,
+        job_name: str = "tula-train") -> dict[str, Any]:  # fmt: skip
+    """Train at the selected (N, B) until done; relaunch smaller after an OOM (``shrink``;
+    without it an OOM raises :class:`OutOfMemory`: `tula compare` trains a cell at its own B
+    or not at all). Returns final.json."""
     cfg = config_mod.load(cfg_path)
     nodes, selected_batch = selected_point(selection)
     if tula_faults.from_env():  # a malformed spec fails here, naming it, not inside the job
@@ -263,7 +271,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     if kind == "slurm":  # the job as it will be asked for: nodes, GPUs and time the partition allows?
         try:
             cluster.preflight(cfg, train_partition=cfg.launch.slurm_partition or partition, train_runtime_min=limit,
-                              training_only=True)  # fmt: skip
+                              training_only=True, train_nodes=nodes)  # fmt: skip
         except cluster.ClusterUnreadable:
             pass  # sbatch says what is wrong
         except cluster.PreflightError as exc:
@@ -304,7 +312,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             n = len(attempts) + 1
             ckpt = checkpoint.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
                                        cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
-            executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account)
+            executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account, job_name)
             job = _submit(executor, TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
             att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
                    "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
@@ -342,6 +350,10 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             history.write(record)
             raise RuntimeError(f"training at N={nodes} B={batch} failed (attempt {n}, job {job.job_id}): {reason}\n"
                                f"logs: {out / 'submitit'}\n{_log_tail(job)}")  # fmt: skip
+        if not shrink:
+            record["outcome"] = "oom"
+            history.write(record)
+            raise OutOfMemory(f"out of memory training at N={nodes} B={batch} (attempt {n}, job {job.job_id}): {reason}")
         job = None
         tried.add(batch)
         batch = _next_batch(nodes, batch, predictions, cfg, tried, record, history)
