@@ -180,7 +180,8 @@ def refresh_scales(
     were, when the large-batch gradient is not finite (a step the GradScaler will skip).
     """
     params = opt._params_with_grad()
-    if not math.isfinite(float(squared_global_norm([p.grad for p in params]))):
+    large_sq = float(squared_global_norm([p.grad for p in params]))
+    if not math.isfinite(large_sq):
         return False
     g_large = [p.grad.detach().clone() for p in params]
     for p in params:
@@ -215,7 +216,7 @@ def refresh_scales(
         raise torch.OutOfMemoryError(oom)
     opt.set_scales(g_small, g_large)
     # the two squared norms give a one-step gradient noise estimate (tula.noise), for free
-    opt.last_sq_norms = (float(squared_global_norm(g_small)), float(squared_global_norm(g_large)))
+    opt.last_sq_norms = (float(squared_global_norm(g_small)), large_sq)
     _restore(params, g_large)
     return True
 
