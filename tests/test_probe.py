@@ -21,9 +21,12 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # epoch (a warm-up step) and at the first step of 3 more epochs, started to time epoch-start steps;
     # 1 warm-up pair + 3 timed pairs + 3 epoch starts + the two memory steps (a plain step and a
     # forced AGS refresh, each measured alone) = 13 steps of the epoch's iterator; the optimizer also
-    # stepped once more for the Eq. 3 breakdown, which takes no position.
-    c = rec["optimizer_counters"]
-    assert rec["steps_run"] == 13 and c["steps"] == 14 and c["refreshes"] == 5
+    # stepped once more for the Eq. 3 breakdown, which takes no position. Torch's CPU profiler now
+    # and then cannot build a step's memory timeline: that memory step is measured again, one step more.
+    c, extra = rec["optimizer_counters"], rec["profiler_retries"]
+    assert set(extra) == {"plain", "refresh"} and all(0 <= v < 3 for v in extra.values())
+    assert rec["steps_run"] == 13 + sum(extra.values()) and c["steps"] == 14 + sum(extra.values())
+    assert c["refreshes"] == 5 + extra["refresh"]
     assert len(rec["epoch_start_step_times_s"]) == 3
     assert rec["peak_mem_bytes"] == max(rec["plain_peak_bytes"], rec["refresh_peak_bytes"])
     # step time = mean plain step + the epoch start's extra time at training's rate: once per epoch

@@ -152,10 +152,11 @@ def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 
-def step_peak_bytes(r: Replica, refresh: bool = True) -> dict[str, int]:
+def step_peak_bytes(r: Replica, refresh: bool = True, retries: dict[str, int] | None = None) -> dict[str, int]:
     """Peak memory of the replica's next training steps at its current batch: a plain step
     and, with AGS (and ``refresh``), a step that refreshes the factors (``refresh``). Each
-    is measured on its own."""
+    is measured on its own. ``retries`` (if given) gets, per kind, how many extra steps the
+    profiler's failures cost."""
     import torch
 
     def measure(refresh: bool) -> int:
@@ -170,7 +171,7 @@ def step_peak_bytes(r: Replica, refresh: bool = True) -> dict[str, int]:
         # probe in ten here). The step ran on every rank; the ranks agree whether every one
         # of them got a peak, and all measure one more step if not, so they stay in step.
         errors = []
-        for _ in range(PROFILER_TRIES):
+        for attempt in range(PROFILER_TRIES):
             r.force_refresh = refresh
             try:
                 peak, failed = cpu_step_peak_bytes(r.ddp, r.opt, r.next_timed_step), 0.0
@@ -182,6 +183,8 @@ def step_peak_bytes(r: Replica, refresh: bool = True) -> dict[str, int]:
                 torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
                 failed = float(flag.item())
             if not failed and peak is not None:
+                if retries is not None:
+                    retries["refresh" if refresh else "plain"] = attempt
                 return peak
         raise RuntimeError(f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
                            f"(on this rank: {errors or 'fine; another rank failed'})")  # fmt: skip

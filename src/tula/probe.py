@@ -208,7 +208,8 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
         while r.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
             r.force_refresh = True
             synced.append(timed(sync=True))
-        peaks = step_peak_bytes(r)  # a plain step and an AGS refresh step, each measured alone
+        retried: dict[str, int] = {}
+        peaks = step_peak_bytes(r, retries=retried)  # a plain step and an AGS refresh step, each measured alone
         peak = max(peaks.values())
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         gathered: list[Any] = [None] * wenv.world_size
@@ -255,6 +256,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
                 memory=mem.to_dict(),
                 train_samples=r.data.train_size,
                 steps_run=r.pos.step,
+                profiler_retries=retried,  # extra steps the memory measurement took (CPU profiler failures)
                 optimizer_counters=dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
                 env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg),
                 sweep=[],
