@@ -10,7 +10,7 @@ import yaml
 
 from conftest import copy_workflow
 from tula import config
-from tula.compare import collect, find, run_ids, runs, table_markdown, targets, time_to_target
+from tula.compare import collect, find, heatmap, run_ids, runs, table_markdown, targets, time_to_target
 from tula.io import write_json
 
 
@@ -85,6 +85,22 @@ def test_aggregate_rows_time_to_target_and_runs_that_did_not_train(tmp_path):
     assert "| m | d | 128 | not reached (0/2) | **1.00 s (1/1)** |" in md  # the OOM seed is not counted
     assert "| m | d | 64 | 3.00 s (2/2) | **2.00 s (2/2)** |" in md  # medians of (3, 3) and (2, 2)
     assert "Not trained: B=128 ags seed 1 (oom)." in md and "m / d: 90.00%" in md
+
+
+def test_a_seed_that_never_reaches_the_target_counts_as_infinitely_slow(tmp_path):
+    # 3 seeds each: LARS reaches 0.9 in 2 of 3 (after 1 s and 3 s), LRS in 1 of 3 (after 1 s).
+    # The median over seeds is the slower reached seed for LARS, none for LRS: a method that
+    # mostly misses the target is not "fastest" on its one lucky seed.
+    cfg = config.from_dict({"compare": {"workloads": [{"model": "m", "dataset": "d", "target_accuracy": 0.9}],
+                                        "batches": [64], "methods": ["lars", "lrs"], "seeds": 3}})  # fmt: skip
+    files = [_result(tmp_path, 64, "lars", 0, [0.95]), _result(tmp_path, 64, "lars", 1, [0.5, 0.6, 0.95]),
+             _result(tmp_path, 64, "lars", 2, [0.5, 0.6, 0.7]), _result(tmp_path, 64, "lrs", 0, [0.95]),
+             _result(tmp_path, 64, "lrs", 1, [0.5, 0.6]), _result(tmp_path, 64, "lrs", 2, [0.5, 0.6])]  # fmt: skip
+    md = table_markdown(collect(cfg, files))
+    assert "| m | d | 64 | **3.00 s (2/3)** | median not reached (1/3) |" in md
+    assert "one that never reached it counting as infinitely slow" in md
+    heatmap(collect(cfg, files), tmp_path / "h.png")  # inf drawn as "not reached", not as a colour
+    assert (tmp_path / "h.png").stat().st_size > 0
 
 
 def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_path, venv_path):
