@@ -5,9 +5,12 @@ the point Tula chose and trained, for three workloads, each run through the whol
   (a) the shipped default: workflow/config.yaml as is (digits, small_cnn, fp32);
   (b) an image folder (Pillow PNGs, 10 classes, 3 x 32 x 32) with torchvision's ResNet-18,
       2 DataLoader workers per training worker, crop + flip augmentation;
-  (c) mnist1d with resnet_tiny in bf16.
+  (c) mnist1d with resnet_tiny in bf16;
+  (d) the shipped default with `objective: time_to_accuracy` (it trains at a smaller B than
+      the knee, one the partial search did not probe).
 
-    .venv/bin/python bench/probe_vs_production.py [REPEATS]      # default 3; ~4 min per round
+    .venv/bin/python bench/probe_vs_production.py [REPEATS] [--only a_default,d_default_tta]
+                                                    # default 3 repeats, all four; ~6 min per round
 
 Prints one row per run and the median per workload: step_time_ratio (= final.json's
 mean_step_time_s / predicted_step_time_s), production / probe at the same point (after the
@@ -18,6 +21,7 @@ production step, apart from the fit?), whether the measured mean is inside the p
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -47,7 +51,10 @@ def workloads(scratch: Path) -> dict[str, dict]:
     bf16 = json.loads(json.dumps(base))
     bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)
     bf16["train"].update(precision="bf16", lr_decay_epochs=[])
-    return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16}
+    tta = json.loads(json.dumps(base))
+    tta["objective"] = "time_to_accuracy"
+    return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16,
+            "d_default_tta": tta}
 
 
 def copy_workflow(dest: Path, root: Path = ROOT) -> Path:
@@ -95,13 +102,22 @@ def one_run(workdir: Path, cfg: dict) -> dict:
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("repeats", nargs="?", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tula-pvp-") as tmp:
         scratch = Path(tmp)
         configs = workloads(scratch)
+        if args.only:
+            wanted = args.only.split(",")
+            unknown = sorted(set(wanted) - set(configs))
+            if unknown:
+                sys.exit(f"--only: unknown workload(s) {unknown}; choose from {sorted(configs)}")
+            configs = {k: v for k, v in configs.items() if k in wanted}
         dirs = {name: copy_workflow(scratch / name) for name in configs}
         rows: dict[str, list[dict]] = {n: [] for n in configs}
-        for i in range(repeats):
+        for i in range(args.repeats):
             for name, cfg in configs.items():  # interleaved: round i runs every workload once
                 row = one_run(dirs[name], cfg)
                 rows[name].append(row)

@@ -1,0 +1,81 @@
+"""Production / probe at the same point, batch by batch: the shipped default config (digits,
+small_cnn, AGS), N = 2, for each B: `tula probe` at (2, B), then `tula launch` training
+there for a few epochs, repeats interleaved. No fit is involved, so the ratio says only
+whether the probe's step is the production step at that batch.
+
+    .venv/bin/python bench/probe_vs_production_by_batch.py [--batches 32,64,128] [--repeats 2] [--epochs 4]
+                                                                    # ~1 min per (B, repeat)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tula(*args: str, cwd: Path) -> None:
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    r = subprocess.run(["tula", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"tula {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="32,64,128")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=4)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tula-pvpb-") as tmp:
+        wd = Path(tmp)
+        cfg = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
+        cfg["workload"]["epochs"] = args.epochs
+        (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
+        for rep in range(args.repeats):
+            for b in batches:
+                probe = wd / f"probe_{b}_{rep}.json"
+                tula("probe", "--config", "config.yaml", "--nodes", "2", "--global-batch", str(b), "--out", str(probe),
+                     cwd=wd)  # fmt: skip
+                (wd / "sel.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": b}}))
+                out = wd / f"prod_{b}_{rep}"
+                tula("launch", "--config", "config.yaml", "--selection", "sel.json", "--out-dir", str(out), "--fresh",
+                     cwd=wd)  # fmt: skip
+                p, f = json.loads(probe.read_text()), json.loads((out / "final.json").read_text())
+                epochs = pd.read_csv(out / "metrics.csv")["epoch_time_s"]
+                per_step = [t / f["steps"] * args.epochs for t in epochs]  # each epoch's mean step
+                row = {"B": b, "repeat": rep + 1, "probe_ms": 1e3 * p["step_time_s"],
+                       "probe_median_ms": 1e3 * p["step_time_median_s"], "production_ms": 1e3 * f["mean_step_time_s"],
+                       "ratio": f["mean_step_time_s"] / p["step_time_s"],
+                       "epoch_step_ms": [round(1e3 * t, 2) for t in per_step]}  # fmt: skip
+                rows.append(row)
+                print(f"repeat {rep + 1} B={b:4d}: probe {row['probe_ms']:.2f} ms (median {row['probe_median_ms']:.2f}), "
+                      f"production {row['production_ms']:.2f} ms, ratio {row['ratio']:.3f}; "
+                      f"production's mean step by epoch {row['epoch_step_ms']} ms", flush=True)  # fmt: skip
+    print("\n| B | production / probe, median | runs | probe step (ms) | production step (ms) |")
+    print("|---:|---:|---|---|---|")
+    for b in batches:
+        rs = [r for r in rows if r["B"] == b]
+
+        def listed(key: str, fmt: str) -> str:
+            return ", ".join(format(r[key], fmt) for r in rs)  # noqa: B023 (used at once)
+
+        med = statistics.median(r["ratio"] for r in rs)
+        print(f"| {b} | **{med:.3f}** | {listed('ratio', '.3f')} | {listed('probe_ms', '.1f')} | "
+              f"{listed('production_ms', '.1f')} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
