@@ -174,7 +174,7 @@ def cell_stats(df: pd.DataFrame) -> pd.DataFrame:
     if "time_to_target_s" in ok:
         t = ok.assign(t=median_time_input(ok["time_to_target_s"], ok["target_acc"])).groupby(keys)["t"]
         st["ttt_median"] = t.median()  # inf where most seeds never reached the target
-        st["reached"] = t.agg(lambda x: int(np.isfinite(x).sum()))
+        st["reached"] = ok.groupby(keys)["time_to_target_s"].count()  # NaN: never reached
     return st.reset_index()
 
 
@@ -268,8 +268,8 @@ def heatmap(df: pd.DataFrame, path: str | Path) -> None:
     panels = [("mean", "test accuracy (%)", "RdYlGn", np.nanmax, "{:.1f}")]
     if "ttt_median" in st:
         st["ttt_median"] = st["ttt_median"].replace(np.inf, np.nan)  # not reached: no colour, "—"
-    if "ttt_median" in st and st["ttt_median"].notna().any():
-        panels.append(("ttt_median", "time to target (s)", "RdYlGn_r", np.nanmin, "{:.1f}"))
+        if st["ttt_median"].notna().any():
+            panels.append(("ttt_median", "time to target (s)", "RdYlGn_r", np.nanmin, "{:.1f}"))
     rows = st["row"].unique()
     methods = _methods(st)
     fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (1.3 * len(methods) + 3), 0.5 * len(rows) + 1.5),
