@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from tula import config, data  # noqa: E402
-from tula.models import build_model  # noqa: E402
-from tula.optim import TulaOptimizer, refresh_scales  # noqa: E402
+from tula import config
+from tula.runtime import data  # noqa: E402
+from tula.runtime.nets import build_model  # noqa: E402
+from tula.runtime.optim import TulaOptimizer, refresh_scales  # noqa: E402
 
 
 def main() -> None:

@@ -31,9 +31,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from tula import checkpoint, config, data  # noqa: E402
-from tula.models import build_model  # noqa: E402
-from tula.optim import build_method, refresh_scales  # noqa: E402
+from tula import checkpoint, config
+from tula.runtime import data  # noqa: E402
+from tula.runtime.nets import build_model  # noqa: E402
+from tula.runtime.optim import build_method, refresh_scales  # noqa: E402
 
 MODELS = ("small_cnn", "resnet_tiny", "vgg_tiny", "alexnet_tiny", "mobilenet_tiny")
 

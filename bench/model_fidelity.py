@@ -51,12 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tula import config as config_mod  # noqa: E402
-from tula import memory, perfmodel  # noqa: E402
-from tula.grid import Point, batch_sizes, grid, search_set, sweep_local_batches  # noqa: E402
+from tula.model import memory, perf as perfmodel  # noqa: E402
+from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches  # noqa: E402
 from tula.io import read_json, write_json  # noqa: E402
-from tula.measurements import rows_from_memory_probe, rows_from_probe  # noqa: E402
-from tula.predict import predict  # noqa: E402
-from tula.select import select  # noqa: E402
+from tula.stages.aggregate import rows_from_memory_probe, rows_from_probe  # noqa: E402
+from tula.stages.predict import predict  # noqa: E402
+from tula.stages.select import select  # noqa: E402
 
 
 def pct(pred, true) -> np.ndarray:
@@ -92,7 +92,7 @@ def noise_floor(probes: pd.DataFrame) -> float:
 
 
 def part_a(repeats: int, out: Path) -> dict:
-    from tula import memprobe, probe
+    from tula.stages import memprobe, probe
 
     raw = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
     raw["search"] = "full"
@@ -202,8 +202,8 @@ def mem_noisy(x, rng):
 
 
 def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tuple[list[dict], int | None]:
-    """Tula's memory probe on the cluster: its default batches, then its b_max check (next_batch)."""
-    from tula.memprobe import default_batches, next_batch
+    """Tula's memory probe on the cluster: its default batches, then its b_max check (next_probe_batch)."""
+    from tula.model.memory import next_probe_batch, probe_batches
 
     def point(b):
         ok = cl.mem(b) <= 32e9
@@ -212,11 +212,11 @@ def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tup
                 "source": "memory"}  # fmt: skip
 
     pts = []
-    for b in default_batches(cfg):
+    for b in probe_batches(cfg):
         pts.append(point(b))
         if pts[-1]["status"] != "ok":
             break
-    while (b := next_batch(cfg, pts)) is not None:
+    while (b := next_probe_batch(cfg, pts)) is not None:
         pts.append(point(b))
     ok = [p for p in pts if p["status"] == "ok"]
     model = memory.from_points(ok, [p for p in pts if p["status"] == "oom"], cfg.hardware.memory_budget_bytes)
@@ -401,7 +401,7 @@ def plot_b(outdir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tula.plots import _save
+    from tula.stages.plot import _save
 
     cl, cfg = Cluster(), syn_config()
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from tula import probe  # noqa: E402
+from tula.stages import probe  # noqa: E402
 
 CONFIG = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},

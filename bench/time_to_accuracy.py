@@ -6,11 +6,11 @@ For each dataset (digits, mnist1d), in a fresh copy of the workflow (results/ben
 1. prediction: `snakemake --cores 2 --until select` with small_cnn, grid.nodes [2], B 32…512,
    the shipped search (partial), probes, fit and predictions as a user gets them, and
    objective time_to_accuracy; then the choices of `time_to_accuracy`, `time` and `knee` on
-   the same predictions.csv (tula.select.select, objective replaced);
+   the same predictions.csv (tula.stages.select.select, objective replaced);
 2. measurement: `snakemake --cores 2 compare`: every B of the grid trained with N = 2 and the
    production method (train.method, AGS) for EPOCHS epochs, SEEDS seeds each, one Snakemake
    job per run; time to target = training-step time summed to the first epoch whose test
-   accuracy reaches the dataset's target (tula.compare.time_to_target). A seed that never
+   accuracy reaches the dataset's target (tula.stages.compare.time_to_target). A seed that never
    reaches it counts as infinitely slow in the median.
 
 Per dataset: measured time to target per B (median over seeds), the predicted one, each
@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tula import config as config_mod  # noqa: E402
-from tula.compare import median_time_input  # noqa: E402
+from tula.stages.compare import median_time_input  # noqa: E402
 from tula.io import read_json, write_json  # noqa: E402
-from tula.select import select  # noqa: E402
+from tula.stages.select import select  # noqa: E402
 
 # A target each dataset's base batch reaches within the shipped 15 epochs (pilot: digits
 # reaches 99 % at B=128 in 4 epochs, mnist1d 96 % in 11), well above where large batches stall.

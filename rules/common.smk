@@ -3,12 +3,11 @@ import os
 
 from snakemake.exceptions import WorkflowError
 
-from tula import cluster as tula_cluster
-from tula import compare as tula_compare
 from tula import config as tula_config
-from tula import dist as tula_dist
-from tula.grid import search_set
-from tula.memory import max_local_batch
+from tula import slurm as tula_slurm
+from tula.stages import compare as tula_compare
+from tula.model.grid import search_set
+from tula.model.memory import max_local_batch
 
 try:
     TULA = tula_config.from_dict(
@@ -91,14 +90,14 @@ COMPARE_RUNS = tula_compare.run_ids(TULA)
 
 
 # A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.
-PROBE_RUNTIME_MIN = tula_cluster.probe_runtime_min(TULA)
+PROBE_RUNTIME_MIN = tula_slurm.probe_runtime_min(TULA)
 
 
 def probe_resource(name):
-    """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.dist.job_resources)."""
+    """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.slurm.job_resources)."""
 
     def _resource(wildcards):
-        res = tula_dist.job_resources(
+        res = tula_slurm.job_resources(
             TULA, int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive
         )
         return res[name]
@@ -142,10 +141,10 @@ def profile_resource(name, rule):
 
 onstart:
     # Under the SLURM executor, before anything is submitted: can the partitions run the
-    # memory probe, the probes and training? (tula.cluster; `tula check --cluster` alike)
+    # memory probe, the probes and training? (tula.slurm; `tula check --cluster` alike)
     if workflow.non_local_exec:
         try:
-            report = tula_cluster.preflight(
+            report = tula_slurm.preflight(
                 TULA,
                 probe_partition=profile_resource("slurm_partition", "probe"),
                 train_partition=TULA.launch.slurm_partition
@@ -153,10 +152,10 @@ onstart:
                 train_runtime_min=TULA.launch.timeout_min
                 or profile_resource("runtime", "train"),
             )
-            print(f"tula preflight: {tula_cluster.describe(report)}", flush=True)
-        except tula_cluster.ClusterUnreadable as err:
+            print(f"tula preflight: {tula_slurm.describe(report)}", flush=True)
+        except tula_slurm.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
-        except tula_cluster.PreflightError as err:
+        except tula_slurm.PreflightError as err:
             raise WorkflowError(
                 f"{err}\n(see workflow/config.yaml and the profile)"
             )

@@ -1,4 +1,4 @@
-# The generalization suite (tula.compare), a fan-out that is not part of `rule all` (it
+# The generalization suite (tula.stages.compare), a fan-out that is not part of `rule all` (it
 # trains many models):
 #   snakemake --cores 8 compare            # runs in parallel on this machine
 #   snakemake --profile slurm compare      # every run its own SLURM job

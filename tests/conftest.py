@@ -125,7 +125,7 @@ def image_folder(tmp_path):
 def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
     """Probe rows from compute = c0 + c1*b and exposed sync = s1*x(N) + a*l(N) (additive);
     the known answer of the fit tests (test_perfmodel.py, test_memory.py)."""
-    from tula import perfmodel
+    from tula.model import perf as perfmodel
 
     c0, c1, s1, a = 0.004, 0.0002, 0.05, 0.002
     rows = []

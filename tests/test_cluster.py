@@ -1,4 +1,4 @@
-"""Cluster preflight (tula.cluster): the partition's nodes, CPUs, GPUs and time limit against
+"""Cluster preflight (tula.slurm): the partition's nodes, CPUs, GPUs and time limit against
 what the grid's jobs ask for — parsed from recorded scontrol/sinfo text here, and against
 the real one-node test cluster (scripts/slurm-cluster.sh) below."""
 
@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY, copy_workflow
-from tula import cluster, config, launch
+from tula import config
+from tula import slurm as cluster
+from tula.stages import launch
 from tula.io import write_json
 
 GPU_PARTITION = (

@@ -10,7 +10,7 @@ import yaml
 
 from conftest import copy_workflow
 from tula import config
-from tula.compare import collect, find, heatmap, run_ids, runs, table_markdown, targets, time_to_target
+from tula.stages.compare import collect, find, heatmap, run_ids, runs, table_markdown, targets, time_to_target
 from tula.io import write_json
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from tula import config, data
+from tula import config
+from tula.runtime import data
 from tula.config import ConfigError
 
 

@@ -6,7 +6,7 @@ def test_fit_predict_select_and_report_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, tula.fit, tula.predict, tula.select, tula.report, tula.memory, tula.perfmodel, tula.plots; "
+    code = ("import sys, tula.stages.fit, tula.stages.predict, tula.stages.select, tula.stages.report, tula.model.memory, tula.model.perf, tula.stages.plot; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 from tula import config
-from tula.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
+from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
 
 
 def test_batches_are_powers_of_two_between_bounds():
@@ -53,7 +53,7 @@ def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epo
 
 
 def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_corner():
-    from tula.probe import fallback_batches
+    from tula.stages.probe import fallback_batches
 
     cfg = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 256}})
     assert fallback_batches(cfg, Point(2, 256), None) == [128, 64]

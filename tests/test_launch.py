@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from conftest import checkpoint_state
-from tula import checkpoint, config, faults, launch
+from tula import checkpoint, config, faults, slurm
+from tula.stages import launch
 from tula.io import write_json
 
 
@@ -265,9 +266,9 @@ def test_job_shape_one_task_per_gpu(tiny_raw):
     tiny_raw["grid"]["workers_per_node"] = 4
     tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
     cfg = config.from_dict(tiny_raw)
-    assert launch.job_shape(cfg, 8) == launch.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
-    assert launch.job_shape(cfg, 2) == launch.JobShape(1, 2, 1, 2)
-    assert launch.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
+    assert slurm.job_shape(cfg, 8) == slurm.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
+    assert slurm.job_shape(cfg, 2) == slurm.JobShape(1, 2, 1, 2)
+    assert slurm.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
 
 
 def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_path):

@@ -1,9 +1,9 @@
-"""Weighted linear fits (tula.linfit): known answers, edge cases, 95 % intervals."""
+"""Weighted linear fits (tula.model.linfit): known answers, edge cases, 95 % intervals."""
 
 import numpy as np
 import pytest
 
-from tula.linfit import LinearFit, fit_linear
+from tula.model.linfit import LinearFit, fit_linear
 
 
 def test_single_distinct_x_gives_flat_fit():

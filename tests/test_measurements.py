@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from tula import measurements
+from tula.model import measurements
+from tula.stages import aggregate
 from tula.io import write_json
 
 
@@ -22,7 +23,7 @@ def test_aggregate_keeps_failed_probes(tmp_path):
         f = tmp_path / f"N{rec['nodes']}_B{rec['global_batch']}.json"
         write_json(f, rec)
         files.append(f)
-    df = measurements.aggregate(files, tmp_path / "m.csv")
+    df = aggregate.aggregate(files, tmp_path / "m.csv")
     assert list(zip(df["nodes"], df["global_batch"])) == [(1, 32), (2, 64), (2, 128)]
     back = measurements.load(tmp_path / "m.csv")
     assert list(back["status"]) == ["ok", "ok", "oom"]
@@ -67,7 +68,7 @@ def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
         {"local_batch": 8, "status": "ok", "peak_mem_bytes": 500, "memory": {"act_bytes": 300}},
         {"local_batch": 512, "status": "oom", "error": "out of memory at local batch 512"}],
         "env": {"device": "cpu", "backend": "gloo"}})  # fmt: skip
-    measurements.aggregate([tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"], tmp_path / "m.csv",
+    aggregate.aggregate([tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"], tmp_path / "m.csv",
                            memory_probe=tmp_path / "memory_probe.json")  # fmt: skip
     df = measurements.load(tmp_path / "m.csv")
     key = list(zip(df["source"], df["nodes"], df["global_batch"], df["local_batch"], df["status"]))

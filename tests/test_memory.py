@@ -1,14 +1,14 @@
-"""The memory model (tula.memory): fit, b_max under a budget, measured out-of-memory bounds."""
+"""The memory model (tula.model.memory): fit, b_max under a budget, measured out-of-memory bounds."""
 
 import numpy as np
 import pytest
 
 from conftest import synthetic
-from tula import memory
+from tula.model import memory
 
 
 def test_a_measured_oom_bounds_b_max_below_it():
-    from tula.memory import from_points
+    from tula.model.memory import from_points
 
     ok = [{"local_batch": 8, "peak_mem_bytes": 1000 + 100 * 8}, {"local_batch": 32, "peak_mem_bytes": 1000 + 100 * 32}]
     assert from_points(ok, [], budget_bytes=1000 + 100 * 500).max_local_batch() == 500
@@ -21,7 +21,7 @@ def test_a_measured_oom_bounds_b_max_below_it():
 def test_an_oom_where_a_larger_local_batch_ran_bounds_nothing():
     import pandas as pd
 
-    from tula.memory import fit, oom_bound
+    from tula.model.memory import fit, oom_bound
 
     rows = pd.DataFrame([dict(nodes=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
                          dict(nodes=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),

@@ -1,10 +1,10 @@
-"""The memory probe (tula.memprobe): measured peaks, b_max, and the measurement at it."""
+"""The memory probe (tula.stages.memprobe, tula.runtime.memprobe_worker): measured peaks, b_max, and the measurement at it."""
 
 import pytest
 import torch
 
-from tula.memprobe import cpu_step_peak_bytes, measure_step
-from tula.models import build_model
+from tula.runtime.measure import cpu_step_peak_bytes, measure_step
+from tula.runtime.nets import build_model
 
 
 def peaks(batches):
@@ -47,9 +47,10 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
 
     import yaml
 
-    from tula import config, memprobe
-    from tula.grid import Point, search_set
-    from tula.memory import MemoryModel, max_local_batch
+    from tula import config
+    from tula.stages import memprobe
+    from tula.model.grid import Point, search_set
+    from tula.model.memory import MemoryModel, max_local_batch
 
     tiny_raw["hardware"] = {"device_memory_gb": 0.008}
     cfg_file = tmp_path / "c.yaml"
@@ -71,7 +72,8 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
 
 def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     from tula import config
-    from tula.memprobe import default_batches, next_batch
+    from tula.model.memory import next_probe_batch as next_batch
+    from tula.model.memory import probe_batches as default_batches
 
     cfg = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 1024},
                             "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9}})  # fmt: skip

@@ -7,7 +7,7 @@ import yaml
 
 from tula import config
 from tula.cli import main as tula_main
-from tula.models import MODELS, build_model, check_workload
+from tula.runtime.nets import MODELS, build_model, check_workload
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -1,9 +1,9 @@
-"""The gradient noise scale estimator (tula.noise): a known answer from linear regression."""
+"""The gradient noise scale estimator (tula.model.noise): a known answer from linear regression."""
 
 import numpy as np
 import pytest
 
-from tula import noise
+from tula.model import noise
 
 
 def regression_gradients(rng, w, w_star, sigma, n):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tula.optim import TulaOptimizer, ags_scales, grad_variability, refresh_scales, squared_global_norm
+from tula.runtime.optim import TulaOptimizer, ags_scales, grad_variability, refresh_scales, squared_global_norm
 
 
 def test_squared_global_norm_and_eq5_by_hand():
@@ -168,7 +168,7 @@ def test_ddp_replicas_stay_bit_identical_with_ags(tmp_path):
 
 
 def test_lr_factor_for_each_method():
-    from tula.optim import lr_factor
+    from tula.runtime.optim import lr_factor
 
     spe, B = 10, 1024  # k = 1024 / 128 = 8
     f = lambda m, step, decays=(): lr_factor(m, step, spe, B, 128, 5, decays, 0.1)  # noqa: E731
@@ -182,7 +182,7 @@ def test_lr_factor_for_each_method():
 
 
 def test_lars_trust_ratio_by_hand():
-    from tula.optim import LARS
+    from tula.runtime.optim import LARS
 
     w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))  # ||w|| = 5
     b = torch.nn.Parameter(torch.tensor([1.0]))  # 1-D: excluded from the trust ratio
@@ -208,7 +208,7 @@ def test_build_method_uses_torch_post_local_sgd_and_ags_smax(one_process_group):
     from torch.distributed.optim import PostLocalSGDOptimizer
 
     from tula import config
-    from tula.optim import build_method
+    from tula.runtime.optim import build_method
 
     t = config.from_dict({"train": {"method": "polo"}}).train
     opt, _ = build_method("polo", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)

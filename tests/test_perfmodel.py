@@ -1,4 +1,4 @@
-"""Known-answer tests of the step-time model (tula.perfmodel, tula.curvefit): fits recover the forms
+"""Known-answer tests of the step-time model (tula.model.perf, tula.model.curvefit): fits recover the forms
 and coefficients of the model that generated the data."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from conftest import synthetic
-from tula import perfmodel
+from tula.model import perf as perfmodel
 
 
 

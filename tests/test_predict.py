@@ -4,9 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tula import config, memory, perfmodel
-from tula import predict as predict_mod
-from tula.linfit import fit_linear
+from tula import config
+from tula.model import memory, perf as perfmodel
+from tula.stages import predict as predict_mod
+from tula.model.linfit import fit_linear
 
 
 def _flat_perf(step_s: float) -> perfmodel.PerfModel:

@@ -3,11 +3,12 @@
 import pandas as pd
 import pytest
 
-from tula import config, memory, perfmodel
-from tula import predict as predict_mod
-from tula.linfit import fit_linear
-from tula.pricing import memory_cost, node_cost
-from tula.select import select
+from tula import config
+from tula.model import memory, perf as perfmodel
+from tula.stages import predict as predict_mod
+from tula.model.linfit import fit_linear
+from tula.model.pricing import memory_cost, node_cost
+from tula.stages.select import select
 
 
 def test_pricing_arithmetic():

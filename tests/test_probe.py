@@ -1,11 +1,12 @@
-"""The probe (tula.probe), for real: torchrun, 2 gloo workers, a real DDP model; failures
+"""The probe (tula.stages.probe, tula.runtime.probe_worker), for real: torchrun, 2 gloo workers, a real DDP model; failures
 (out of memory, errors, timeouts) are recorded, never raised."""
 
 import json
 
 import pytest
 
-from tula import probe
+from tula.stages import probe
+from tula.runtime.probe_worker import FAULT_ENV
 
 
 def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
@@ -71,7 +72,7 @@ def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path,
 
 
 def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(tiny_config_file, tmp_path, venv_path, monkeypatch):
-    monkeypatch.setenv(probe.FAULT_ENV, "N2_B64=oom")  # raised in rank 1's forward, inside the step
+    monkeypatch.setenv(FAULT_ENV, "N2_B64=oom")  # raised in rank 1's forward, inside the step
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     # rank 0 did not run out of memory, yet reports it: the step's agreement all-reduce told it
     assert rec["status"] == "oom" and "rank(s) [1]" in rec["error"] and "injected" in rec["error"]
@@ -130,14 +131,14 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(t
                                                                               monkeypatch):  # fmt: skip
     """torch's profiler sometimes cannot build a step's memory timeline (AssertionError "version
     mismatch"); the ranks agree to measure one more step, so the collectives stay in step."""
-    monkeypatch.setenv(probe.FAULT_ENV, "N2_B64=profiler")
+    monkeypatch.setenv(FAULT_ENV, "N2_B64=profiler")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["steps_run"] == 14 and rec["peak_mem_bytes"] > 0  # one step more than without the failure
 
 
 def test_the_rank_that_failed_first_is_the_error_reported():
-    from tula.grid import Point
+    from tula.model.grid import Point
 
     cfg = __import__("tula.config", fromlist=["from_dict"]).from_dict({})
     ranks = [{"rank": 0, "status": "error", "error": "rank 0: Connection closed by peer", "failed_at": 2.0},

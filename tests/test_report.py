@@ -1,7 +1,7 @@
 import pytest
 import pandas as pd
 
-from tula.report import _cell, _table
+from tula.stages.report import _cell, _table
 
 
 def test_cells_are_readable():
@@ -28,7 +28,7 @@ ATTEMPTS = {
 
 
 def test_attempts_table_shows_batch_and_why_each_attempt_ended():
-    from tula.report import attempts_table
+    from tula.stages.report import attempts_table
 
     html = attempts_table(ATTEMPTS)
     assert html.count("<tr>") == 3 and "relaunched from its last checkpoint at B=64" in html
@@ -37,7 +37,7 @@ def test_attempts_table_shows_batch_and_why_each_attempt_ended():
 
 
 def test_training_curve_marks_relaunches_and_requeues():
-    from tula.plots import attempt_marks
+    from tula.stages.plot import attempt_marks
 
     metrics = pd.DataFrame({"epoch": [1, 2, 3, 4], "step": [12, 24, 36, 60]})
     marks = attempt_marks(metrics, ATTEMPTS)
@@ -46,7 +46,7 @@ def test_training_curve_marks_relaunches_and_requeues():
 
 
 def test_summary_card_shows_predicted_vs_measured():
-    from tula.report import prediction_check
+    from tula.stages.report import prediction_check
 
     final = {"nodes": 2, "global_batch": 128, "predicted_step_time_s": 0.0267, "mean_step_time_s": 0.0250,
              "predicted_step_time_interval_s": [0.020, 0.033], "predicted_train_time_s": 4.8,
@@ -61,7 +61,7 @@ def test_summary_card_shows_predicted_vs_measured():
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
-    from tula.report import model_section
+    from tula.stages.report import model_section
 
     perf = {"compute": {"form": "saturating", "equation": "c0 + c1*max(b - b0, 0)",
                         "params": {"c0": 0.02, "c1": 3e-4, "b0": 60.0},
@@ -79,7 +79,7 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
 def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_batch():
     import pandas as pd
 
-    from tula.report import noise_section
+    from tula.stages.report import noise_section
 
     pred = pd.DataFrame({"global_batch": [64, 256], "b_noise": [128.0, 128.0], "b_noise_se": [12.0, 12.0],
                          "epochs_to_accuracy": [4.2, 7.5]})  # fmt: skip

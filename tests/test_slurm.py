@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY, copy_workflow
-from tula.probe import FAULT_ENV
+from tula.runtime.probe_worker import FAULT_ENV
 
 pytestmark = pytest.mark.slurm
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
@@ -173,12 +173,12 @@ def test_multi_task_probe_in_the_dag_used_srun(dag_on_slurm):
 
 
 def test_scontrol_reports_the_allocation(slurm_cluster, tmp_path):
-    from tula import dist
+    from tula import slurm
 
     job = subprocess.run(["sbatch", "--parsable", "-n", "2", "-o", "/dev/null", "--wrap", "sleep 5"],
                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     try:
-        assert dist.slurm_job_tasks(job) == 2
+        assert slurm.job_tasks(job) == 2
     finally:
         subprocess.run(["scancel", job], check=False)
 
@@ -239,7 +239,7 @@ def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(slurm_clus
 
 
 def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(slurm_cluster, tiny_raw, tmp_path, venv_path):
-    from tula import launch
+    from tula.stages import launch
 
     tiny_raw["grid"]["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": "no_such_partition", "slurm_account": "root"}

@@ -12,9 +12,11 @@ import torch
 import torch.distributed as torch_dist
 import yaml
 
-from tula import config, faults, launch, train
+from tula import config, faults
+from tula.runtime import replica, trainer
+from tula.stages import launch
 from tula.io import write_json
-from tula.optim import TulaOptimizer
+from tula.runtime.optim import TulaOptimizer
 
 
 def _params(path):
@@ -92,7 +94,7 @@ def one_process_group():
 
 
 def _replica(precision, method="ags"):
-    from tula.train import Replica
+    from tula.runtime.replica import Replica
 
     cfg = config.from_dict({"train": {"precision": precision, "method": method, "ags_delta": 1e9}})
     return Replica(cfg, torch.device("cpu"), 64, 0, 1)
@@ -132,8 +134,8 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     write_json(sel, {"selected": {"nodes": 2, "global_batch": 64}})
     final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
-    assert list(m["epoch"]) == [1, 2] and list(m.columns) == train.METRIC_COLUMNS
-    assert final["steps"] == 2 * train.steps_per_epoch(1437, 64)
+    assert list(m["epoch"]) == [1, 2] and list(m.columns) == trainer.METRIC_COLUMNS
+    assert final["steps"] == 2 * replica.steps_per_epoch(1437, 64)
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
     assert final["final_test_acc"] > 0.5  # digits, 2 epochs: far above 10 % chance
     # time is reported apart: training steps, evaluation, checkpoints, process start-up

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, copy_workflow
-from tula import perfmodel
-from tula.probe import FAULT_ENV
+from tula.model import perf as perfmodel
+from tula.runtime.probe_worker import FAULT_ENV
 
 
 def snakemake(workdir, *args, env=None, timeout=900):

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from tula.io import read_json, write_bytes, write_json
+
+# torch is imported inside the functions that touch tensors (they run in the workers, where it is
+# loaded already): `tula launch` reads manifests without paying its start-up.
 
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{9})\.json$")
@@ -180,7 +185,6 @@ def truncate(path: str | os.PathLike) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every random generator a training step may draw from, on this process."""
-    import numpy as np
     import torch
 
     return {
@@ -192,7 +196,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(s: dict[str, Any]) -> None:
-    import numpy as np
     import torch
 
     torch.set_rng_state(s["torch"])

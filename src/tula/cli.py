@@ -25,8 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tula.cluster import ClusterUnreadable, PreflightError
 from tula.config import ConfigError
+from tula.slurm import ClusterUnreadable, PreflightError
 
 EXAMPLES = """examples:
   tula probe --config workflow/config.yaml --nodes 2 --global-batch 64 --out results/probes/N2_B64.json
@@ -36,27 +36,31 @@ EXAMPLES = """examples:
 """
 
 
+# Each command imports its stage's module when it runs, so `tula --help` and each stage load
+# only what that stage needs (pandas, scipy, matplotlib; torch only in workers).
+
+
 def _cfg_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, metavar="YAML",
                    help="Tula config (workflow/config.yaml, or the snapshot Snakemake passes); validated on load")  # fmt: skip
 
 
 def cmd_memprobe(a) -> None:
-    from tula import memprobe
+    from tula.stages import memprobe
 
     memprobe.run(a.config, a.out)
 
 
 def cmd_probe(a) -> None:
-    from tula import probe
+    from tula.stages import probe
 
     probe.run(a.config, a.nodes, a.global_batch, a.out, memory_probe=a.memory_probe)
 
 
 def cmd_aggregate(a) -> None:
-    from tula import measurements
+    from tula.stages import aggregate
 
-    df = measurements.aggregate(a.probes, a.out, memory_probe=a.memory_probe)
+    df = aggregate.aggregate(a.probes, a.out, memory_probe=a.memory_probe)
     probes = df[df["source"] == "probe"]
     ok = int((probes["status"] == "ok").sum())
     print(f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
@@ -65,25 +69,25 @@ def cmd_aggregate(a) -> None:
 
 
 def cmd_fit(a) -> None:
-    from tula import fit
+    from tula.stages import fit
 
     fit.run(a.config, a.measurements, a.memory_out, a.perf_out)
 
 
 def cmd_predict(a) -> None:
-    from tula import predict
+    from tula.stages import predict
 
     predict.run(a.config, a.measurements, a.memory, a.perf, a.out, a.train_samples)
 
 
 def cmd_select(a) -> None:
-    from tula import select
+    from tula.stages import select
 
     select.run(a.config, a.predictions, a.out)
 
 
 def cmd_plot(a) -> None:
-    from tula import plots
+    from tula.stages import plot as plots
 
     made = []
     if a.selection:
@@ -106,7 +110,7 @@ def cmd_plot(a) -> None:
 
 
 def cmd_launch(a) -> None:
-    from tula import launch
+    from tula.stages import launch
 
     final = launch.run(a.config, a.selection, a.out_dir, predictions=a.predictions, executor_hint=a.executor_hint,
                        timeout_min=a.timeout_min, partition=a.slurm_partition or None,
@@ -116,13 +120,13 @@ def cmd_launch(a) -> None:
 
 
 def cmd_report(a) -> None:
-    from tula import report
+    from tula.stages import report
 
     report.run(a.selection, a.predictions, a.measurements, a.final, a.plots, a.out, attempts=a.attempts, perf=a.perf)
 
 
 def cmd_compare(a) -> None:
-    from tula import compare
+    from tula.stages import compare
 
     if a.action == "run":
         compare.run_one(a.config, a.run, a.out, executor_hint=a.executor_hint, timeout_min=a.timeout_min,
@@ -134,7 +138,7 @@ def cmd_compare(a) -> None:
 
 
 def cmd_models(a) -> None:
-    from tula.models import available
+    from tula.runtime.nets import available  # torch: only for this listing
 
     for name in available():
         print(name)
@@ -142,9 +146,9 @@ def cmd_models(a) -> None:
 
 
 def cmd_check(a) -> None:
-    from tula import models
+    from tula.stages import check
 
-    models.run_check(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
+    check.run(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
 
 
 def _executor_args(s: argparse.ArgumentParser) -> None:

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import yaml
+
+from tula.io import atomic_write
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
@@ -327,8 +330,6 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 def check_npz_file(path: Path) -> list[str]:
     """An ``npz:`` dataset file exists, is an .npz archive and holds the four arrays (their
     names only: nothing is read). Returns the archive's array names."""
-    import numpy as np
-
     key = "config key 'workload.dataset'"
     if not path.is_file():
         raise ConfigError(f"{key}: npz file {path} not found")
@@ -382,8 +383,6 @@ def conda_env(template: str | os.PathLike, path: str | os.PathLike) -> Path:
     Snakemake copies an environment file under ``.snakemake/conda/`` before it creates the
     environment, so a relative path in it would point elsewhere; the written file installs
     Tula from this checkout wherever it is created. Written only on change."""
-    from tula.io import atomic_write
-
     src = Path(template).resolve()
     env = yaml.safe_load(src.read_text())
     for dep in env.get("dependencies", []):
@@ -412,8 +411,6 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
     (locally or on SLURM nodes) read this file, so they see exactly that merged config.
     Written atomically and only on change, so re-parsing the Snakefile is harmless.
     """
-    from tula.io import atomic_write
-
     text = json.dumps(validate(raw), indent=2, sort_keys=True) + "\n"
     p = Path(path)
     if not p.exists() or p.read_text() != text:

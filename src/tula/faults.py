@@ -40,6 +40,9 @@ import os
 import signal
 from dataclasses import dataclass
 
+# torch is imported inside the functions that touch tensors (they run in the workers, where it is
+# loaded already): `tula launch` checks a fault spec without paying its start-up.
+
 ENV = "TULA_INJECT_TRAIN_FAULT"
 KINDS = {"oom": {"step", "rank", "batch", "where"}, "signal": {"step", "sig", "rank"}, "truncate": {"step"}}
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")

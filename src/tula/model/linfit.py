@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import statsmodels.api as sm
+from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,6 @@ class LinearFit:
 
     def predict_interval(self, x: float | np.ndarray, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) of the 1 - alpha prediction interval of a new measurement at x."""
-        from scipy import stats
-
         xa = np.asarray(x, dtype=float)
         yhat = self.predict(xa)
         if self.df_resid <= 0:

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,6 @@ def pool(measured) -> dict[str, Any] | None:
     tr(Σ) each averaged over the probes with inverse-variance weights (equal weights where
     a probe has no standard error), then B_noise = tr(Σ) / |G|². None when no probe has
     the two estimates, or when the pooled |G|² is not positive (noise dominates)."""
-    import pandas as pd
-
     df = pd.DataFrame(measured)
     if "grad_sq" not in df.columns or "grad_trace" not in df.columns:
         return None

@@ -3,7 +3,7 @@
     t_step(N, b) = t_compute(b, N) (+) t_sync(N)
     T            = E * ceil(D / B) * t_step    (Eq. 4a with whole steps per epoch)
 
-Each part is a choice among candidate forms (:mod:`tula.curvefit`), made by held-out error
+Each part is a choice among candidate forms (:mod:`tula.model.curvefit`), made by held-out error
 on what was measured, simplest first:
 
 compute, fitted on every compute-only measurement (probe rows and the probe jobs' sweep rows):
@@ -34,8 +34,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from tula import curvefit
-from tula.curvefit import Fitted, Form, Inputs
+from tula.model import curvefit
+from tula.model.curvefit import Fitted, Form, Inputs
 
 COLLECTIVE_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
     "ring": ("(N-1)/N", lambda n: (n - 1.0) / n),

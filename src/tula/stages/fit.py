@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tula import config as config_mod
-from tula import measurements as measurements_mod
-from tula import memory as memory_mod
-from tula import perfmodel
 from tula.io import write_json
+from tula.model import measurements as measurements_mod
+from tula.model import memory as memory_mod
+from tula.model import perf as perfmodel
 
 
 def run(config: str | Path, measurements: str | Path, memory_out: str | Path, perf_out: str | Path):

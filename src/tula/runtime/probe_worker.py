@@ -1,55 +1,42 @@
-"""Probe: a short DDP run at one (N, B) that measures step time and memory.
-
-``tula probe`` (the parent) launches N workers -- under torchrun on one machine, or as
-the N tasks of a SLURM job step -- and always writes ``results/probes/N{n}_B{b}.json``,
-also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
-point is recorded and the DAG goes on.
-
-What is timed is the production step itself: :meth:`tula.train.Replica.timed_step`, with
-the configured method (AGS by default, refreshing when due), precision and input pipeline
-(the DataLoader and sampler of training), from fetching the batch to the end of the step.
-Timed steps come in pairs. A synced step is that step as training runs it; a compute-only
-step is the same call under ``DDP.no_sync()``, so no gradient is communicated.
-compute_time = mean compute-only step; step_time = mean synced step (training time is
-steps x mean step, Eq. 4a); sync_time = step_time - compute_time: the communication a step
-actually pays after DDP overlaps what it can with the backward pass. Each rank times its
-own steps and the per-step time is the slowest rank's. Medians are recorded beside them.
-
-The first step of an epoch costs more than the others: a new DataLoader iterator refills
-its pipeline, and AGS refreshes its factors there (a forward/backward on the reference
-sub-batch and an all-reduce). Training pays that once per epoch; a probe, whenever an epoch
-boundary happens to fall among its timed steps. So the means above are over the other
-steps; epoch-start steps are timed apart (further epochs are started until there are
-EXTRA_STEPS of them) and their extra time is added at training's rate:
-step_time = mean plain step + epoch-start extra / steps per epoch (+ mid-epoch refresh
-extra / k with ``ags_refresh_every_steps: k``).
-
-The parent (``tula probe``) only launches and collects: it imports no torch.
+"""The probe's worker (``python -m tula.runtime.probe_worker``, started N times by
+``tula probe``): a short DDP run at one (N, B) that times the production step and measures
+its memory, then the compute curve at the grid's other local batches and the gradient noise
+scale. Each rank writes ``<result-dir>/rank<r>.json``, also when it fails; rank 0's holds
+the measurement (:mod:`tula.stages.probe` says what is timed and how).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
-import shutil
 import statistics
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tula import config as config_mod
-from tula import dist
-from tula.grid import Point, batch_sizes, sweep_local_batches
-from tula.io import read_json, write_json
+import torch
+import torch.distributed as torch_dist
 
-SCHEMA = "tula.probe/1"
+from tula import config as config_mod
+from tula import workers
+from tula.io import write_json
+from tula.model import noise
+from tula.model.grid import Point, sweep_local_batches
+from tula.model.memory import max_local_batch
+from tula.progress import Progress
+from tula.runtime import dist, measure
+from tula.runtime.agreement import StepOOM
+from tula.runtime.measure import measure_step, step_peak_bytes, timing_stats
+from tula.runtime.optim import TulaOptimizer
+from tula.runtime.replica import Replica
 
 SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (start, short last batch aside)
 EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
+
 
 # Fault injection for tests (off unless set): "N2_B128=oom" makes the last rank of that
 # probe raise a real torch.OutOfMemoryError; "=error" raises RuntimeError. Several
@@ -61,8 +48,6 @@ def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
     """``oom``: the last rank raises a real OutOfMemoryError inside the model's forward, where
     the step's agreement must catch it on every rank; ``profiler``: the last rank's first CPU
     memory timeline fails after its step; ``error``: a RuntimeError at once."""
-    import torch
-
     spec = dict(item.split("=", 1) for item in os.environ.get(FAULT_ENV, "").split(",") if "=" in item)
     kind = spec.get(point.name)
     if kind is None or rank != world_size - 1:
@@ -74,9 +59,7 @@ def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
         replica.ddp.module.register_forward_pre_hook(hook)
         return
     if kind == "profiler":  # the profiler's memory timeline fails once on this rank (a torch bug seen here)
-        from tula import memprobe
-
-        real, calls = memprobe.cpu_step_peak_bytes, []
+        real, calls = measure.cpu_step_peak_bytes, []
 
         def flaky(*args, **kwargs):
             calls.append(1)
@@ -85,21 +68,12 @@ def _inject_fault(point: Point, replica, rank: int, world_size: int) -> None:
                 raise AssertionError(f"version mismatch (injected by {FAULT_ENV} at {point.name})")
             return real(*args, **kwargs)
 
-        memprobe.cpu_step_peak_bytes = flaky
+        measure.cpu_step_peak_bytes = flaky
         return
     raise RuntimeError(f"injected by {FAULT_ENV} at {point.name}")
 
 
-def _stats(xs: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    mean = statistics.fmean(xs)
-    cv = statistics.pstdev(xs) / mean if mean > 0 else float("nan")
-    return {"mean": mean, "median": statistics.median(xs), "iqr": q[2] - q[0], "cv": cv}
-
-
 def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Config) -> dict:
-    import torch
-
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
@@ -126,13 +100,6 @@ def _sweep(r, cfg: config_mod.Config, point: Point, max_local_batch: int | None,
     compute time. Only batches of which an epoch holds at least SWEEP_MIN_STEPS are swept.
     Peak memory is measured on a plain step. Smallest first; the first OOM (agreed by every
     rank) ends the sweep."""
-    import contextlib
-
-    import torch
-
-    from tula.memprobe import step_peak_bytes
-    from tula.train import StepOOM
-
     rows: list[dict] = []
     for lb in sweep_local_batches(cfg, point.nodes, point.local_batch, max_local_batch,
                                   r.data.train_size // SWEEP_MIN_STEPS):  # fmt: skip
@@ -155,19 +122,9 @@ def _sweep(r, cfg: config_mod.Config, point: Point, max_local_batch: int | None,
 
 def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local_batch: int | None = None) -> None:
     """Body of one worker process (rank r of N). Writes result_dir/rank{r}.json."""
-    import contextlib
-
-    import torch
-    import torch.distributed as torch_dist
-
-    from tula.memprobe import measure_step, step_peak_bytes
-    from tula.optim import TulaOptimizer
-    from tula.progress import Progress
-    from tula.train import Replica, StepOOM
-
     rank = dist.worker_env().rank
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
-    result = dist.result_path(result_dir, rank)
+    result = workers.result_path(result_dir, rank)
     measured = False
     try:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
@@ -226,8 +183,8 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
             kinds = {k: [t for t, (_, kind) in zip(step_max, synced) if kind == k] for k in ("plain", "start", "refresh")}
             plain_comp = [t for t, (_, kind) in zip(comp_max, compute) if kind == "plain"]
             # Extra cost of an epoch's first step and of a mid-epoch refresh, added at training's rate.
-            s = _stats(kinds["plain"] or kinds["start"])
-            c = _stats(plain_comp or comp_max)
+            s = timing_stats(kinds["plain"] or kinds["start"])
+            c = timing_stats(plain_comp or comp_max)
             start_extra = max(statistics.fmean(kinds["start"]) - s["mean"], 0.0) if kinds["plain"] and kinds["start"] else 0.0
             refresh_extra = max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
             extra = start_extra / steps_per_epoch + refresh_extra * r.midepoch_refreshes_per_step()
@@ -303,17 +260,12 @@ def _gradient_noise(r, steps: int) -> dict[str, Any]:
     """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
     (rank 0's, given to every rank first): ``steps`` untimed steps of
     :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
-    estimated by tula.noise. One worker has no second batch size."""
-    from tula import noise
-
+    estimated by tula.model.noise. One worker has no second batch size."""
     if r.world == 1:
         return {"gradient_noise": {"b_noise": None, "why": "one worker: no second batch size to compare with"}}
     full = r.data.train_size // r.global_batch  # batches of the full size in an epoch
     if full == 0:
         return {"gradient_noise": {"b_noise": None, "why": "the training set is smaller than one global batch"}}
-    import torch
-    import torch.distributed as torch_dist
-
     t0 = time.perf_counter()
     # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
     # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
@@ -344,7 +296,7 @@ def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
         row = {"local_batch": first["local_batch"], "status": first["status"]}
         if first["status"] == "ok":
             steps = [max(rk[i]["times"][j] for rk in per_rank) for j in range(len(first["times"]))]
-            st = _stats(steps)
+            st = timing_stats(steps)
             peaks = [rk[i]["peak"] for rk in per_rank if rk[i].get("peak") is not None]
             row.update(compute_time_s=st["mean"] + first["extra"], compute_time_median_s=st["median"],
                        compute_time_cv=st["cv"], compute_times_s=steps,
@@ -355,122 +307,8 @@ def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def _combine(point: Point, rank_results: list[dict], launch: dist.LaunchResult | None, cfg: config_mod.Config) -> dict:
-    """Merge the per-rank files (and how the launch ended) into one probe record."""
-    record: dict[str, Any] = {
-        "schema": SCHEMA,
-        "nodes": point.nodes,
-        "global_batch": point.global_batch,
-        "local_batch": point.local_batch,
-        "model": cfg.workload.model,
-        "dataset": cfg.workload.dataset,
-        "warmup_steps": cfg.probe.warmup_steps,
-        "timed_steps": cfg.probe.timed_steps,
-    }
-    failed = [r for r in rank_results if r.get("status") != "ok"]
-    rank0 = next((r for r in rank_results if r.get("rank") == 0 and r.get("status") == "ok"), None)
-    if launch is not None and launch.timed_out:
-        record.update(status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s")
-    elif failed:
-        oom = [r for r in failed if r["status"] == "oom"]
-        # the rank that failed first is the cause; the others lost their peer in a collective
-        first = oom[0] if oom else min(failed, key=lambda r: r.get("failed_at", float("inf")))
-        record.update(status=first["status"], error=first.get("error", "unknown error"))
-        if "traceback" in first:
-            record["traceback"] = first["traceback"]
-    elif rank0 is None or "step_time_s" not in rank0:
-        code = launch.returncode if launch else "?"
-        record.update(status="error", error=f"workers exited (code {code}) before reporting a measurement")
-    else:
-        record["status"] = "ok"
-        record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
-    if launch is not None:
-        record["wall_s"] = launch.wall_s
-    return record
-
-
-def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
-                memory_probe: str | Path | None) -> dict:  # fmt: skip
-    """Launch the N workers at one point and combine what they wrote into a record."""
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    print(f"[probe {point.name}] N={point.nodes} B={point.global_batch} (b={point.local_batch} per worker), "
-          f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
-    worker_args = ["tula.probe", "--config", str(cfg_path), "--nodes", str(point.nodes),
-                   "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
-    if memory_probe:
-        worker_args += ["--memory-probe", str(memory_probe)]
-    launch = dist.launch(
-        point.nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
-    )
-    ranks = []
-    for r in range(point.nodes):
-        p = dist.result_path(work, r)
-        if p.exists():
-            try:
-                ranks.append(read_json(p))
-            except ValueError:
-                pass
-    shutil.rmtree(work, ignore_errors=True)
-    record = _combine(point, ranks, launch, cfg)
-    record["started_at"] = started
-    if record["status"] == "ok":
-        print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
-              f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
-              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches", flush=True)  # fmt: skip
-    else:
-        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
-    return record
-
-
-def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | Path | None) -> list[int]:
-    """Smaller global batches to try, largest first, when a partial search's largest-B corner
-    runs out of memory: down to (not including) the smallest B that fits at this N."""
-    from tula.grid import search_set
-    from tula.memory import max_local_batch
-
-    if cfg.search != "partial":
-        return []  # a full search probes every smaller batch anyway
-    bmax = max_local_batch(memory_probe) if memory_probe else None
-    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.nodes == point.nodes)
-    if not at_n or point.global_batch != at_n[-1]:
-        return []
-    return [b for b in sorted(batch_sizes(cfg), reverse=True) if at_n[0] < b < point.global_batch]
-
-
-def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
-        memory_probe: str | Path | None = None) -> dict:  # fmt: skip
-    """Launch the N workers of one probe, then write ``out``; returns the record.
-
-    ``memory_probe`` (results/memory_probe.json) bounds the compute sweep at b_max. When a
-    partial search's largest-B corner runs out of memory anyway, the next smaller batches are
-    probed in the same job until one fits; their records go under ``fallbacks``."""
-    cfg = config_mod.load(cfg_path)
-    if global_batch % nodes:
-        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
-    point = Point(nodes, global_batch)
-    out = Path(out)
-    work = out.parent / f".{out.stem}.ranks"
-    record = _probe_once(cfg, cfg_path, point, work, memory_probe)
-    if record["status"] == "oom":
-        record["fallbacks"] = []
-        for b in fallback_batches(cfg, point, memory_probe):
-            print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
-            fb = _probe_once(cfg, cfg_path, Point(nodes, b), work, memory_probe)
-            record["fallbacks"].append(fb)
-            if fb["status"] != "oom":
-                break
-    write_json(out, record)
-    print(f"[probe {point.name}] recorded in {out}", flush=True)
-    return record
-
-
 def _worker_main(argv: list[str] | None = None) -> None:
-    from tula.memory import max_local_batch
-
-    a = dist.parse_worker_args("tula.probe", "--result-dir", argv)
+    a = workers.parse_worker_args("tula.runtime.probe_worker", argv)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
     run_worker(config_mod.load(a.config), Point(a.nodes, a.global_batch), Path(a.result_dir), bmax)
 

@@ -19,12 +19,16 @@ constraints (min/max N, min/max B). `time` and `cost` take the minimum of T or C
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from kneed import KneeLocator
 
+from tula import config as config_mod
 from tula.config import Config
+from tula.io import read_json, write_json
 
 
 class NoFeasibleConfiguration(ValueError):
@@ -51,8 +55,6 @@ def knee_of(batches: np.ndarray, times: np.ndarray) -> int | None:
     """Global batch at the Kneedle knee of T(B), or None when there is none."""
     if len(batches) < 3 or np.allclose(times, times[0]):
         return None
-    from kneed import KneeLocator  # imported here: `tula launch` reads selections without it
-
     kl = KneeLocator(batches.astype(float), times, curve="convex", direction="decreasing")
     if kl.knee is None:
         return None
@@ -108,9 +110,7 @@ TO_ACCURACY = {"time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s
 def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config):
     """Objective time_to_accuracy / cost_to_accuracy: the least predicted time (cost) to the
     accuracy that workload.epochs reach at train.base_batch, with the gradient noise scale
-    (tula.predict). Returns (best, runner-up, reason, the "noise" block of selection.json)."""
-    from dataclasses import replace
-
+    (tula.stages.predict). Returns (best, runner-up, reason, the "noise" block of selection.json)."""
     col, what, unit = TO_ACCURACY[cfg.objective]
     unit = unit or cfg.pricing.currency
     if col not in cand.columns or cand[col].isna().all():
@@ -247,9 +247,6 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
 
 def run(config, predictions, out) -> dict[str, Any]:
     """``tula select``: read the config and predictions.csv, write selection.json."""
-    from tula import config as config_mod
-    from tula.io import write_json
-
     cfg = config_mod.load(config)
     sel = select(pd.read_csv(predictions), cfg)
     write_json(out, sel)
@@ -260,8 +257,6 @@ def run(config, predictions, out) -> dict[str, Any]:
 
 def selected_point(path) -> tuple[int, int]:
     """(nodes, global_batch) of a selection.json; the error names the file."""
-    from tula.io import read_json
-
     sel = read_json(path)
     try:
         return int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])

@@ -25,6 +25,9 @@ and a resumed run sees exactly the images an uninterrupted one would.
 
 from __future__ import annotations
 
+# Each dataset's library (scikit-learn, mnist1d, torchvision) is imported only when that
+# dataset is the one configured: every worker process starts faster, and a torchvision that
+# does not import beside this torch is an error naming workload.dataset, not a crash at import.
 import importlib
 import math
 from dataclasses import dataclass
@@ -33,9 +36,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler, default_collate
 from torch.utils.data import Dataset as TorchDataset
-from torch.utils.data import Sampler, default_collate
 
 from tula.config import NPZ_KEYS, Config, ConfigError, Data, Workload, check_npz_file
 

@@ -1,4 +1,12 @@
-"""Cluster preflight: can the SLURM partition run the jobs this grid needs?
+"""The one place that knows SLURM: the shape of an N-worker job, the preflight, and every
+``sacct``/``scontrol``/``sinfo`` call.
+
+- :func:`job_shape` / :func:`job_resources`: what a job of N workers asks for (nodes, tasks
+  per node, CPUs, GPUs), as sbatch options (the production job, through submitit) and as
+  Snakemake resources (the probe and memory-probe rules);
+- :func:`job_state`, :func:`job_tasks`, :func:`master_addr`, :func:`in_allocation`: what
+  the launcher and the workers ask the controller;
+- the preflight: can the partition run the jobs this grid needs?
 
 Before anything is queued, ``tula check --cluster`` and the workflow (Snakemake's
 ``onstart``, under the SLURM executor) read the partition with ``scontrol show partition``
@@ -9,20 +17,23 @@ instead of probe jobs that pend forever (``PartitionNodeLimit``) or an sbatch re
 after the probes.
 
 What a job asks for comes from the same functions that build its request
-(``dist.job_resources`` for the probes, ``launch.job_shape`` for the training job), so the
+(:func:`job_resources` for the probes, :func:`job_shape` for the training job), so the
 check and the submission cannot disagree.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from tula import dist
+import yaml
+
 from tula.config import Config
 
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
@@ -144,10 +155,8 @@ def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | Non
     the probe at the largest grid N (every N is probed in a full search, the corners in a
     partial one, so the largest always is) and training at that N (or at ``train_nodes``:
     `tula launch` knows the N it trains at)."""
-    from tula.launch import job_shape  # submitit, not torch
-
     n = max(cfg.grid.nodes)
-    res = dist.job_resources(cfg, n, probe_runtime_min(cfg))
+    res = job_resources(cfg, n, probe_runtime_min(cfg))
     per_node = math.ceil(n / res["nodes"])
     gpus = per_node if res["gres"] else 0
     threads = cfg.hardware.threads_per_worker
@@ -239,10 +248,6 @@ def read_profile(directory: str) -> dict[str, Any]:
     the probes' partition and account (default-resources), the training job's (set-resources
     for ``train``, else the defaults) and its runtime. A file that is missing or not a
     mapping, or a value of the wrong type, is an error naming the file and key."""
-    from pathlib import Path
-
-    import yaml
-
     path = Path(directory) / "config.yaml"
     if not path.is_file():
         raise PreflightError(f"profile {directory!r}: no {path} (a Snakemake profile is a directory with config.yaml)")
@@ -269,3 +274,127 @@ def read_profile(directory: str) -> dict[str, Any]:
         "train_partition": train.get("slurm_partition", defaults.get("slurm_partition")),
         "train_runtime_min": train.get("runtime", defaults.get("runtime")),
     }
+
+
+# -- the shape of a job ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """sbatch shape of an N-worker job: one task per GPU (worker)."""
+
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+
+
+def job_shape(cfg: Config, n_workers: int) -> JobShape:
+    """The training job's shape (submitit asks for the same task count on every node)."""
+    wpn = cfg.grid.workers_per_node
+    if n_workers % wpn and n_workers > wpn:
+        per_node = 1
+    else:
+        per_node = min(n_workers, wpn)
+    gpus = per_node if cfg.hardware.device == "cuda" else 0
+    return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
+
+
+def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None,
+                  exclusive: bool = False) -> dict[str, int | str | None]:  # fmt: skip
+    """What one SLURM job for N workers asks for (Snakemake resources -> sbatch flags).
+
+    ============== ==================================== =========================
+    resource       value                                sbatch flag
+    ============== ==================================== =========================
+    tasks          N (one task per worker / GPU)        --ntasks=N
+    nodes          ceil(N / grid.workers_per_node)      --nodes
+    mpi            "srun" when N > 1, else unset        (the job's command is run
+                                                         as is; tula starts the N
+                                                         tasks with srun itself)
+    cpus_per_task  hardware.threads_per_worker          --cpus-per-task
+    gres           "gpu:<GPUs per node>" on CUDA        --gres
+    runtime        minutes (None: the profile's)        -t
+    slurm_extra    "--exclusive" with ``exclusive``     --exclusive (whole nodes:
+                   (probe jobs, probe.exclusive)         no other job shares a
+                                                         timing)
+    ============== ==================================== =========================
+
+    A value of None leaves the resource unset. GPUs are requested when
+    ``hardware.device`` is ``cuda`` (``auto`` cannot know the cluster's nodes).
+    """
+    wpn = cfg.grid.workers_per_node
+    n_nodes = -(-nodes // wpn)
+    return {
+        "tasks": nodes,
+        "nodes": n_nodes,
+        "mpi": "srun" if nodes > 1 else None,
+        "cpus_per_task": cfg.hardware.threads_per_worker,
+        "gres": f"gpu:{min(nodes, wpn)}" if cfg.hardware.device == "cuda" else None,
+        "runtime": runtime_min,
+        "slurm_extra": "--exclusive" if exclusive else None,
+    }
+
+
+# -- what the launcher and the workers ask the controller -----------------------------------
+
+
+def job_state(job_id: str) -> str:
+    """A job's state: sacct's, else the controller's (`scontrol show job`), since accounting
+    records a job a moment after its submission; '' when neither knows it."""
+    if shutil.which("sacct"):
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        if out.stdout.split():
+            return out.stdout.split()[0]
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        for item in out.stdout.split():
+            if item.startswith("JobState="):
+                return item.split("=", 1)[1]
+    return ""
+
+
+def job_tasks(job_id: str) -> int:
+    """Tasks allocated to a SLURM job, from ``scontrol show job`` (NumTasks); 1 if unknown."""
+    if not shutil.which("scontrol"):
+        return 1
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+    for item in out.split():
+        if item.startswith("NumTasks="):
+            return int(item.split("=", 1)[1])
+    return 1
+
+
+def in_allocation(nproc: int, environ: os._Environ | dict | None = None) -> bool:
+    """True inside a SLURM job (sbatch/salloc, not yet a job step) with at least nproc tasks.
+
+    Snakemake's SLURM executor clears every SLURM_* variable but SLURM_JOB_ID before it runs
+    a rule's command inside a job, so without SLURM_NTASKS the task count comes from scontrol.
+    """
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
+        return False
+    if "SLURM_NTASKS" in env:
+        return int(env["SLURM_NTASKS"]) >= nproc
+    return nproc > 1 and job_tasks(env["SLURM_JOB_ID"]) >= nproc
+
+
+def master_addr(nodelist: str) -> str:
+    """First host of a SLURM node list (``node[01-04],gpu7`` -> ``node01``)."""
+    if shutil.which("scontrol"):
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if out:
+            return out[0]
+    # Fallback parser for the common forms when scontrol is not on PATH.
+    first = nodelist.split(",")[0]
+    if "[" in first:
+        prefix, rest = first.split("[", 1)
+        first = prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return first
+
+
+def master_port(job_id: str) -> int:
+    """A port every task of one job derives alike: 15000 + (job id mod 20000)."""
+    return 15000 + int(job_id) % 20000

@@ -4,7 +4,7 @@ Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller 
 until a feasible configuration is found". One *attempt* is one submitit job at one global
 batch B (N is kept):
 
-- the job is a :class:`TrainJob` (``submitit.helpers.Checkpointable``): SLURM's USR2 before
+- the job is a :class:`ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2 before
   the time limit or on preemption makes every rank checkpoint at the next step boundary,
   and submitit requeues the job, which resumes from that checkpoint (TERM, from scancel or
   ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
@@ -25,18 +25,17 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import submitit
 
-from tula import checkpoint, cluster, dist
+from tula import checkpoint, slurm, workers
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
-from tula.select import selected_point
+from tula.stages.select import selected_point
 
 EXECUTORS = ("local", "slurm")
 
@@ -45,7 +44,7 @@ class OutOfMemory(RuntimeError):
     """The job ran out of memory and :func:`run` was told not to relaunch it smaller."""
 
 
-class TrainJob(submitit.helpers.Checkpointable):
+class ProductionJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
 
@@ -54,34 +53,14 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         cfg = config_mod.load(self.config)
-        os.environ.update(dist.worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
+        os.environ.update(workers.worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
         on_cuda = cfg.hardware.device == "cuda"
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
-        from tula.train import Trainer  # torch is imported by the job's tasks, not by tula launch
+        from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
 
         return Trainer(cfg, self.nodes, self.global_batch, Path(self.out_dir), self.ckpt).run()
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """sbatch shape of an N-worker job: one task per GPU (worker)."""
-
-    nodes: int
-    tasks_per_node: int
-    cpus_per_task: int
-    gpus_per_node: int
-
-
-def job_shape(cfg: config_mod.Config, n_workers: int) -> JobShape:
-    wpn = cfg.grid.workers_per_node
-    if n_workers % wpn and n_workers > wpn:  # submitit asks for the same task count on every node
-        per_node = 1
-    else:
-        per_node = min(n_workers, wpn)
-    gpus = per_node if cfg.hardware.device == "cuda" else 0
-    return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
 
 
 def resolve_executor(cfg: config_mod.Config, hint: str | None) -> str:
@@ -99,7 +78,7 @@ def make_executor(cfg: config_mod.Config, kind: str, folder: Path, n_workers: in
     if kind == "slurm" and not shutil.which("sbatch"):
         raise RuntimeError("config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
                            "login node, or set launch.executor: local")  # fmt: skip
-    shape = job_shape(cfg, n_workers) if kind == "slurm" else JobShape(1, n_workers, cfg.hardware.threads_per_worker,
+    shape = slurm.job_shape(cfg, n_workers) if kind == "slurm" else slurm.JobShape(1, n_workers, cfg.hardware.threads_per_worker,
                                                                        n_workers if cfg.hardware.device == "cuda" else 0)  # fmt: skip
     ex = submitit.AutoExecutor(folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues)
     params: dict[str, Any] = {"name": name, "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
@@ -201,7 +180,7 @@ def _still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job
         return None
     if prior.get("executor") == "slurm":
         job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(nodes)))
-        return None if _slurm_state(last["job_id"]) in ("", "NOT_FOUND") else job
+        return None if slurm.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
     pid = int(last["job_id"])
     try:
         os.kill(pid, 0)
@@ -209,21 +188,6 @@ def _still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job
         return None
     raise RuntimeError(f"the local training job of an earlier tula launch (process {pid}) is still running; wait "
                        f"for it to end or stop it (kill {pid}), then run this again")  # fmt: skip
-
-
-def _slurm_state(job_id: str) -> str:
-    """A job's state: sacct's, else the controller's (`scontrol show job`), since accounting
-    records a job a moment after its submission; '' when neither knows it."""
-    if shutil.which("sacct"):
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-        if out.stdout.split():
-            return out.stdout.split()[0]
-    if shutil.which("scontrol"):
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-        for field in out.stdout.split():
-            if field.startswith("JobState="):
-                return field.split("=", 1)[1]
-    return ""
 
 
 def _latest_checkpoint_step(ck: Path) -> int:
@@ -270,11 +234,11 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     limit = cfg.launch.timeout_min or timeout_min or 1440
     if kind == "slurm":  # the job as it will be asked for: nodes, GPUs and time the partition allows?
         try:
-            cluster.preflight(cfg, train_partition=cfg.launch.slurm_partition or partition, train_runtime_min=limit,
+            slurm.preflight(cfg, train_partition=cfg.launch.slurm_partition or partition, train_runtime_min=limit,
                               training_only=True, train_nodes=nodes)  # fmt: skip
-        except cluster.ClusterUnreadable:
+        except slurm.ClusterUnreadable:
             pass  # sbatch says what is wrong
-        except cluster.PreflightError as exc:
+        except slurm.PreflightError as exc:
             raise RuntimeError(str(exc)) from None
     history = Record(out)
     prior = history.read()
@@ -313,7 +277,7 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
             ckpt = checkpoint.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
                                        cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
             executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account, job_name)
-            job = _submit(executor, TrainJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
+            job = _submit(executor, ProductionJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
             att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
                    "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
                    "outcome": "running", "reason": "", "segments": []}  # fmt: skip
@@ -399,7 +363,7 @@ def prediction_check(final_path: Path, predictions: str | Path | None) -> dict[s
     return final
 
 
-def _submit(executor: submitit.Executor, fn: TrainJob, kind: str) -> submitit.Job:
+def _submit(executor: submitit.Executor, fn: ProductionJob, kind: str) -> submitit.Job:
     try:
         return executor.submit(fn)
     except (subprocess.CalledProcessError, RuntimeError) as exc:  # submitit raises sbatch's stderr as RuntimeError
@@ -438,13 +402,11 @@ def _outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
     except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
         if markers:  # a rank ran out of memory where the ranks cannot agree (backward) and left this record
             m = read_json(markers[0])
-            where = dist.oom_place(m.get("where", "forward"), m["step"])
-            return "oom", f"out of memory {where} ({markers[0].stem.split('-')[1]}): {m['message']}"
+            return "oom", f"out of memory {m['place']} ({markers[0].stem.split('-')[1]}): {m['message']}"
         if segs and segs[-1]["outcome"] == "stopped":
             return "stopped", segs[-1]["reason"]
         return "failed", _error_line(str(exc)) or type(exc).__name__
     r = results[0] if isinstance(results, list) else results
     if r.get("outcome") == "oom":
-        where = dist.oom_place(r.get("where", "forward"), r["step"])
-        return "oom", f"out of memory {where} on rank(s) {r['ranks']}: {r['message']}"
+        return "oom", f"out of memory {r['place']} on rank(s) {r['ranks']}: {r['message']}"
     return r.get("outcome", "failed"), "trained every epoch" if r.get("outcome") == "completed" else str(r)

@@ -1,6 +1,6 @@
 """Memory model, Eq. 3: M_total = M_param + M_grad + M_opt + M_act(b) + M_batch(b).
 
-The terms are measured by :mod:`tula.memprobe` (torch); this module is the model alone
+The terms are measured by :mod:`tula.runtime.measure` (torch); this module is the model alone
 (numpy, statsmodels): peak memory fitted linear in the local batch b (:func:`fit`), which
 gives the predicted memory of every grid point and the largest local batch b_max that fits
 the configured device budget. fit, predict and select import no torch.
@@ -14,7 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tula.linfit import LinearFit, fit_linear
+from tula.config import Config
+from tula.io import read_json
+from tula.model.grid import batch_sizes
+from tula.model.linfit import LinearFit, fit_linear
+
 
 @dataclass(frozen=True)
 class MemoryModel:
@@ -72,8 +76,6 @@ def from_points(ok: list[dict], oom: list[dict], budget_bytes: float | None) -> 
 
 def max_local_batch(memory_probe_path) -> int | None:
     """b_max of a results/memory_probe.json (None: unbounded); the error names the file."""
-    from tula.io import read_json
-
     rec = read_json(memory_probe_path)
     if "max_local_batch" not in rec:
         raise ValueError(f"{memory_probe_path}: not a memory probe record (no max_local_batch); re-run `tula memprobe`")
@@ -102,3 +104,37 @@ def oom_bound(measurements: pd.DataFrame) -> int | None:
     ran = measurements.loc[status == "ok", "local_batch"]
     above = oom[oom > ran.max()] if len(ran) else oom
     return int(above.min()) if len(above) else None
+
+
+# -- what the memory probe measures -------------------------------------------------------
+
+EXTRA_MEMORY_POINTS = 2  # measurements at the fitted b_max (a second one when the first moved it)
+
+
+def probe_batches(cfg: Config) -> list[int]:
+    """The local batches the memory probe measures: probe.memory_batches, or the grid's
+    smallest local batch, x4 and x16, capped at the grid's largest local batch."""
+    if cfg.probe.memory_batches:
+        return sorted(set(cfg.probe.memory_batches))
+    lo = max(cfg.grid.batch_min // max(cfg.grid.nodes), 1)
+    hi = cfg.grid.batch_max // min(cfg.grid.nodes)
+    return sorted({min(lo * f, hi) for f in (1, 4, 16)} | ({hi} if hi < lo * 4 else set()))
+
+
+def next_probe_batch(cfg: Config, points: list[dict]) -> int | None:
+    """The local batch to measure next, after the first ones, or None when done: the largest
+    local batch of the grid that the memory model fitted so far says fits (where partial
+    search's largest-B corner will run), when it lies beyond every batch measured and below
+    any that ran out of memory. The memory model then rests on a measurement at b_max
+    instead of a line extrapolated from small batches."""
+    ok = [p for p in points if p["status"] == "ok"]
+    oom = [p for p in points if p["status"] == "oom"]
+    if len(ok) < 2 or len(points) >= len(probe_batches(cfg)) + EXTRA_MEMORY_POINTS:
+        return None
+    bmax = from_points(ok, oom, cfg.hardware.memory_budget_bytes).max_local_batch()
+    grid_b = sorted({b // n for n in cfg.grid.nodes for b in batch_sizes(cfg) if b // n >= 1})
+    fits = [b for b in grid_b if bmax is None or b <= bmax]
+    if not fits:
+        return None
+    b = fits[-1]
+    return b if b > max(p["local_batch"] for p in ok) and b not in {p["local_batch"] for p in points} else None

@@ -3,7 +3,7 @@ per model x batch x method, as a Snakemake fan-out (``rules/compare.smk``).
 
 - ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B,
   method, seed) in :func:`runs`. It is a real training with ``compare.nodes`` workers,
-  submitted like the production job (:func:`tula.launch.run`: submitit, an sbatch job under
+  submitted like the production job (:func:`tula.stages.launch.run`: submitit, an sbatch job under
   the SLURM profile, local processes otherwise; requeued from its checkpoints) and running
   the same training step, under the config's ``train`` settings with ``train.method`` and
   the seed replaced. It writes ``runs/<id>/result.json``: the status, the final accuracies
@@ -33,6 +33,8 @@ import pandas as pd
 
 from tula import config as config_mod
 from tula.io import read_json, write_bytes, write_csv, write_json
+from tula.stages import launch
+from tula.stages.plot import plt, save_figure
 
 METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags"]
 COLUMNS = ["model", "dataset", "global_batch", "method", "seed", "status", "test_acc", "best_test_acc",
@@ -84,8 +86,6 @@ def _run_config(raw: dict, run: Run, cmp: config_mod.CompareSettings) -> dict:
 def run_one(cfg_path: str | Path, run_id: str, out: str | Path, executor_hint: str | None = None,
             timeout_min: int | None = None, partition: str | None = None, account: str | None = None) -> dict:  # fmt: skip
     """Train one run of the suite and write its result.json (``out``) atomically, last."""
-    from tula import launch
-
     raw = config_mod.validate(__import__("yaml").safe_load(Path(cfg_path).read_text()), str(cfg_path))
     cfg = config_mod.from_dict(raw, str(cfg_path))
     run = find(cfg, run_id)
@@ -253,13 +253,6 @@ def table_markdown(df: pd.DataFrame) -> str:
 def heatmap(df: pd.DataFrame, path: str | Path) -> None:
     """Mean accuracy per row (model / dataset / B) and method; beside it, the median time to
     target when the runs have one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tula.plots import _save
-
     st = cell_stats(df)
     if st.empty:
         return
@@ -289,4 +282,4 @@ def heatmap(df: pd.DataFrame, path: str | Path) -> None:
                     ax.text(j, i, "—", ha="center", va="center", fontsize=8)
         fig.colorbar(im, ax=ax, label=label)
         ax.set_title(("Test accuracy" if col == "mean" else "Time to target") + " by method (over seeds)")
-    _save(fig, path)
+    save_figure(fig, path)

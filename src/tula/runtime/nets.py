@@ -23,6 +23,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tula.runtime import data as data_mod
+from tula.runtime.data import import_callable
+
 
 class _Ops:
     """Layer constructors for 1-D or 2-D inputs."""
@@ -155,7 +158,7 @@ PAPER_TORCHVISION = ("tv_resnet18", "tv_resnet50", "tv_vgg11", "tv_alexnet", "tv
 
 def _torchvision_builder(name: str) -> Builder:
     try:
-        import torchvision.models as tvm
+        import torchvision.models as tvm  # only for tv_<name>: a broken torchvision names workload.model
     except Exception as exc:  # noqa: BLE001 - ImportError, or a binary mismatch with this torch build
         raise ValueError(f"config key 'workload.model': {name} needs torchvision, which does not import here ({exc})") from None
     arch = TV_ALIASES.get(name[3:], name[3:])
@@ -184,8 +187,6 @@ def builder(spec: str) -> Builder:
     if spec.startswith("tv_"):
         return _torchvision_builder(spec)
     if ":" in spec:
-        from tula.data import import_callable
-
         return import_callable(spec, "workload.model")
     raise ValueError(f"config key 'workload.model': unknown model {spec!r}; shipped: {', '.join(MODELS)}; "
                      "torchvision: tv_<name> (e.g. tv_resnet18); yours: package.module:callable")  # fmt: skip
@@ -225,8 +226,6 @@ def check_workload(cfg) -> dict:
     training: the data loads (files, folders, the user's callable, a first sample), the model
     builds and maps a batch of real samples to (batch, num_classes). Raises a ConfigError or
     ValueError naming the key; returns a description for results/workload.json."""
-    from tula import data as data_mod
-
     d = data_mod.load_config(cfg)
     torch.manual_seed(cfg.workload.seed)
     model = build_model(cfg.workload.model, d.input_shape, d.num_classes)
@@ -235,43 +234,3 @@ def check_workload(cfg) -> dict:
     params = sum(p.numel() for p in model.parameters())
     return {**d.describe(), "model": cfg.workload.model, "parameters": params,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
-
-
-def run_check(config, out=None, config_only: bool = False, profile: str | None = None,
-              cluster: bool = False) -> dict | None:  # fmt: skip
-    """``tula check``: validate the config, list the search set; with ``profile``, read the
-    Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
-    (tula.cluster); unless ``config_only``, load the dataset and run the model on real
-    samples, and write the workload's description."""
-    from tula import config as config_mod
-    from tula.grid import grid, search_set
-    from tula.io import write_json
-
-    cfg = config_mod.load(config)
-    config_mod.check_dataset_paths(cfg)
-    pts = search_set(cfg)
-    print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
-          f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
-    if profile or cluster:
-        from tula import cluster as cluster_mod
-
-        prof = cluster_mod.read_profile(profile) if profile else {}
-        if profile:
-            print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
-                  f"{prof['probe_partition'] or '(cluster default)'}, training on "
-                  f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
-                  f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
-        if cluster:
-            report = cluster_mod.preflight(
-                cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
-                cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
-            print(cluster_mod.describe(report))
-    if config_only:
-        return None
-    w = check_workload(cfg)
-    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
-          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
-          f"forward on a sample batch ok")  # fmt: skip
-    if out:
-        write_json(out, w)
-    return w

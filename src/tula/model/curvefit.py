@@ -1,6 +1,6 @@
 """Bounded non-linear least squares on relative errors, with intervals and model choice.
 
-The step-time model (:mod:`tula.perfmodel`) is a choice among a few candidate forms (linear,
+The step-time model (:mod:`tula.model.perf`) is a choice among a few candidate forms (linear,
 flat-then-linear, shared-machine, ...). Each candidate is a :class:`Form`: a function of
 named parameters and named inputs, with bounds that keep its predictions physical (no
 negative time, no time that falls as the batch grows). :func:`fit` fits it with
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from scipy import stats
+from scipy.optimize import least_squares
 
 Inputs = dict[str, np.ndarray]
 
@@ -66,8 +68,6 @@ class Fitted:
 
     def half_width(self, X: Inputs, alpha: float = 0.05) -> np.ndarray:
         """Half-width of the 1 - alpha prediction interval of a new measurement at X."""
-        from scipy import stats
-
         y = self.predict(X)
         if self.dof <= 0:
             return np.zeros_like(y)
@@ -80,8 +80,6 @@ class Fitted:
         return dict(zip(self.form.params, self.theta))
 
     def intervals(self, alpha: float = 0.05) -> dict[str, tuple[float, float]]:
-        from scipy import stats
-
         if self.dof <= 0:
             return {p: (v, v) for p, v in zip(self.form.params, self.theta)}
         t = stats.t.ppf(1 - alpha / 2, self.dof)
@@ -125,8 +123,6 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
     ``noise``: each point's measured relative noise; with fewer than FEW_DOF residual degrees
     of freedom the intervals use the larger of it and the residual scatter, with normal
     quantiles."""
-    from scipy.optimize import least_squares
-
     y = np.asarray(y, dtype=float)
     lo, hi = np.asarray(form.lower, float), np.asarray(form.upper, float)
     best = None

@@ -12,10 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from tula.io import write_bytes  # noqa: E402
+from tula.io import read_json, write_bytes  # noqa: E402
+from tula.model import measurements as measurements_mod  # noqa: E402
+from tula.model.perf import PerfModel  # noqa: E402
 
 
-def _save(fig, path: str | Path) -> None:
+def save_figure(fig, path: str | Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -57,7 +59,7 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
@@ -82,8 +84,6 @@ def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
 def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> None:
     """The compute curve: every compute-only measurement (probe and sweep rows) against
     local batch, one colour per N, with the fitted compute model through them."""
-    from tula.perfmodel import PerfModel
-
     model = PerfModel.from_dict(perf)
     ok = measured[(measured["status"] == "ok") & pd.to_numeric(measured["compute_time_s"], errors="coerce").notna()]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -105,7 +105,7 @@ def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> None:
     ax.set_title(f"Compute curve — {model.compute.form.text}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: dict, path) -> None:
@@ -131,7 +131,7 @@ def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: di
     ax.set_title(f"Memory vs local batch — largest feasible b: {mx if mx is not None else 'unbounded'}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[float, str, bool]]:
@@ -186,15 +186,12 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
         ax.grid(alpha=0.3)
     fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
                  f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def run_selection(predictions, selection, measurements, memory, perf, time_plot, cost_plot, memory_plot,
                   compute_plot) -> None:  # fmt: skip
     """``tula plot --selection ...``: the selection figures from the results files."""
-    from tula import measurements as measurements_mod
-    from tula.io import read_json
-
     pred, sel, meas = pd.read_csv(predictions), read_json(selection), measurements_mod.load(measurements)
     time_vs_batch(pred, sel, time_plot)
     cost_vs_batch(pred, sel, cost_plot)
@@ -204,6 +201,4 @@ def run_selection(predictions, selection, measurements, memory, perf, time_plot,
 
 def run_training(metrics, final, attempts, training_plot) -> None:
     """``tula plot --metrics ...``: the training curve."""
-    from tula.io import read_json
-
     training_curve(pd.read_csv(metrics), read_json(final), training_plot, read_json(attempts) if attempts else None)

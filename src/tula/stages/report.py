@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tula.io import atomic_write
+from tula.io import atomic_write, read_json
 from tula.progress import fmt_duration
 
 CSS = """
@@ -179,8 +179,6 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
 
 def run(selection, predictions, measurements, final, plots, out, attempts=None, perf=None) -> None:
     """``tula report``: render ``out`` from the results files (plots: the PNG paths)."""
-    from tula.io import read_json
-
     render(read_json(selection), pd.read_csv(predictions), pd.read_csv(measurements), read_json(final),
            [Path(p) for p in plots], out, attempts=read_json(attempts) if attempts else None,
            perf=read_json(perf) if perf else None)  # fmt: skip

@@ -9,14 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from tula import config as config_mod
-from tula import measurements as measurements_mod
-from tula import noise
-from tula import pricing as pricing_mod
 from tula.config import Config
-from tula.grid import grid
 from tula.io import read_json, write_csv
-from tula.memory import MemoryModel
-from tula.perfmodel import PerfModel, steps_per_epoch
+from tula.model import measurements as measurements_mod
+from tula.model import noise
+from tula.model import pricing as pricing_mod
+from tula.model.grid import grid
+from tula.model.memory import MemoryModel
+from tula.model.perf import PerfModel, steps_per_epoch
 
 
 def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
     """Time and cost to the accuracy that ``workload.epochs`` reach at ``train.base_batch``
     (McCandlish et al. 2018): reaching a given loss takes E = E_min (1 + B / B_noise) samples,
     so at batch B the epochs scale by (1 + B / B_noise) / (1 + base_batch / B_noise).
-    B_noise is pooled from the probes (tula.noise.pool); NaN columns without it."""
+    B_noise is pooled from the probes (tula.model.noise.pool); NaN columns without it."""
     cols = ("b_noise", "b_noise_se", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy")
     if nz is None:
         for c in cols:
@@ -84,7 +84,7 @@ def train_samples_of(cfg: Config, df: pd.DataFrame, given: int | None = None) ->
         return given
     if "train_samples" in df.columns and df["train_samples"].notna().any():
         return int(df["train_samples"].dropna().iloc[0])
-    from tula import data
+    from tula.runtime import data  # torch, only when neither --train-samples nor a probe gave D
 
     return data.load_config(cfg).train_size
 

@@ -24,8 +24,11 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as torch_dist
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.optim import PostLocalSGDOptimizer
 
-from tula.dist import StepOOM
+from tula.runtime.agreement import StepOOM
 
 MODES = ("none", "static", "ags")
 
@@ -172,7 +175,7 @@ def refresh_scales(
 
     Out of memory in the sub-batch's forward or backward on any rank: the ranks learn it
     from that same all-reduce (one flag per rank rides along) and all raise
-    :class:`tula.dist.StepOOM` (``where="refresh"``), the large-batch gradient restored.
+    :class:`tula.runtime.agreement.StepOOM` (``where="refresh"``), the large-batch gradient restored.
 
     Mixed precision: the forward runs under ``autocast`` (the step's), and with fp16 the
     small loss is multiplied by the GradScaler's ``loss_scale`` and its gradient divided by it
@@ -215,7 +218,7 @@ def refresh_scales(
         _restore(params, g_large)
         raise torch.OutOfMemoryError(oom)
     opt.set_scales(g_small, g_large)
-    # the two squared norms give a one-step gradient noise estimate (tula.noise), for free
+    # the two squared norms give a one-step gradient noise estimate (tula.model.noise), for free
     opt.last_sq_norms = (float(squared_global_norm(g_small)), large_sq)
     _restore(params, g_large)
     return True
@@ -305,10 +308,6 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
     if method == "lars":
         return LARS(base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d), no_hook
     if method == "polo":
-        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-        from torch.distributed.optim import PostLocalSGDOptimizer
-
         start = t.polo_sync_epochs * steps_per_epoch
         period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
 
@@ -318,7 +317,7 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
             state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=start,
                                       post_local_gradient_allreduce=False)  # fmt: skip
             ddp.register_comm_hook(state, post_localSGD_hook)
-            ddp.tula_polo_state = state  # a resumed run sets state.iter (tula.train.set_post_local_iter)
+            ddp.tula_polo_state = state  # a resumed run sets state.iter (tula.runtime.replica.set_post_local_iter)
 
         return PostLocalSGDOptimizer(base, PeriodicModelAverager(period=period, warmup_steps=start)), hook
     s_max = math.sqrt(global_batch / t.ags_small_batch)

@@ -1,0 +1,119 @@
+"""Process groups for data-parallel workers, under torchrun, srun or submitit.
+
+One worker command runs unchanged in every place it is started from
+(:mod:`tula.workers` starts probe workers, submitit the production job's tasks):
+
+- torchrun (the embedded default) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT;
+- srun sets SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_JOB_NODELIST: the master
+  is the first host of the job's node list and the port is derived from the job id, so
+  every task of one job agrees on it without talking first.
+
+Backend: NCCL on CUDA devices (ring all-reduce when NCCL_ALGO=Ring), gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+from tula import slurm
+from tula.config import Hardware
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" | "slurm" | "single"
+
+
+def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
+    """Rank and rendezvous of this process, from torchrun's or SLURM's variables."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return WorkerEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return WorkerEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            master_addr=env.get("MASTER_ADDR") or slurm.master_addr(env["SLURM_JOB_NODELIST"]),
+            master_port=int(env.get("MASTER_PORT") or slurm.master_port(env["SLURM_JOB_ID"])),
+            launcher="slurm",
+        )
+    return WorkerEnv(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def resolve_device(hw: Hardware, local_rank: int = 0) -> torch.device:
+    if hw.device == "cuda" or (hw.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("config key 'hardware.device' is cuda but no CUDA device is visible")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_backend(hw: Hardware, device: torch.device) -> str:
+    if hw.backend != "auto":
+        return hw.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.device, str]:
+    """Join the process group described by the environment; return (env, device, backend)."""
+    wenv = worker_env()
+    torch.set_num_threads(hw.threads_per_worker)
+    device = resolve_device(hw, wenv.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = resolve_backend(hw, device)
+    if backend == "nccl" and hw.collective == "ring":
+        os.environ.setdefault("NCCL_ALGO", "Ring")  # the collective the sync model assumes (paper §IV-B)
+    if not torch_dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(wenv.master_port or _free_port()))
+        torch_dist.init_process_group(
+            backend=backend,
+            rank=wenv.rank,
+            world_size=wenv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return wenv, device, backend
+
+
+def shutdown(ok: bool = True) -> None:
+    """Leave the process group. On success all ranks meet at a barrier first: a rank that
+    tears gloo down while a peer is still working (rank 0 writing results) can abort the
+    peer ("terminate called without an active exception"). After a failure there is no
+    barrier: a peer may be stuck in a collective, and this rank must exit so that torchrun
+    or srun ends the others."""
+    if not torch_dist.is_initialized():
+        return
+    if ok:
+        torch_dist.barrier()
+    torch_dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hostname() -> str:
+    return socket.gethostname()
+

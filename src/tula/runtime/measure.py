@@ -1,0 +1,187 @@
+"""What a worker measures on the training step: the terms of Eq. 3 and the peak memory of
+one step, and summary statistics of step times.
+
+Measurement: parameter, gradient and optimizer-state bytes are counted exactly from the
+tensors (:func:`measure_step`); activation bytes are what autograd saves for backward
+(``saved_tensors_hooks``, unique storages, parameters excluded); batch bytes are the input
+and label tensors. The peak is ``torch.cuda.max_memory_allocated`` on CUDA and the
+profiler's memory timeline on CPU (:func:`cpu_step_peak_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+if TYPE_CHECKING:
+    from tula.runtime.replica import Replica
+
+PROFILER_TRIES = 3
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes of each term of Eq. 3 for one training step at one local batch."""
+
+    param_bytes: int
+    grad_bytes: int
+    opt_bytes: int
+    act_bytes: int
+    batch_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.opt_bytes + self.act_bytes + self.batch_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "model_total_bytes": self.total_bytes}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+@contextlib.contextmanager
+def saved_activation_bytes(exclude: set[tuple[str, int]]) -> Iterator[dict[str, int]]:
+    """Count the bytes of unique storages autograd saves for backward inside the block."""
+
+    seen: set[tuple[str, int]] = set(exclude)
+    total = {"bytes": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in seen:
+            seen.add(key)
+            total["bytes"] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total
+
+
+def measure_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    forward_loss: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> MemoryBreakdown:
+    """Run one forward/backward/step and count each term of Eq. 3.
+
+    ``forward_loss(x, y) -> (logits, loss)`` is the training step's own forward (its autocast
+    precision and memory format), so saved activations are counted at the dtype training
+    keeps them in."""
+
+    params = [p for p in model.parameters()]
+    param_keys = {_storage_key(p) for p in params}
+    optimizer.zero_grad(set_to_none=True)
+    with saved_activation_bytes(param_keys) as act:
+        _, loss = forward_loss(x, y)
+    loss.backward()
+    optimizer.step()
+    opt_bytes = sum(
+        _nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+    return MemoryBreakdown(
+        param_bytes=sum(_nbytes(p) for p in params),
+        grad_bytes=sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        opt_bytes=opt_bytes,
+        act_bytes=act["bytes"],
+        batch_bytes=_nbytes(x) + _nbytes(y),
+    )
+
+
+def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_step: Callable[[], Any]) -> int:
+    """Measured peak of live tensor bytes during one training step on CPU.
+
+    CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
+    inside ``run_step`` (the training step itself, batch fetch included: memory timeline),
+    whose running peak is taken. Tensors that already exist before the step and persist
+    (parameters, optimizer state) are invisible to it and are added, counted exactly. DDP's
+    gradient buckets, allocated when DDP is built, are not seen on CPU (a constant,
+    independent of the batch); on CUDA the probe uses ``torch.cuda.max_memory_allocated``
+    instead, which sees everything.
+    """
+
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        run_step()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA-only snapshots
+        path = f"{tmp}/timeline.json"
+        prof.export_memory_timeline(path, device="cpu")
+        with open(path) as fh:
+            _, sizes = json.load(fh)
+    transient = max((sum(s) for s in sizes), default=0)
+    persistent = sum(_nbytes(p) for p in model.parameters()) + sum(
+        _nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+    )
+    return int(transient + persistent)
+
+
+
+
+def step_peak_bytes(r: Replica, refresh: bool = True, retries: dict[str, int] | None = None) -> dict[str, int]:
+    """Peak memory of the replica's next training steps at its current batch: a plain step
+    and, with AGS (and ``refresh``), a step that refreshes the factors (``refresh``). Each
+    is measured on its own. ``retries`` (if given) gets, per kind, how many extra steps the
+    profiler's failures cost."""
+
+    def measure(refresh: bool) -> int:
+        if r.device.type == "cuda":
+            r.force_refresh = refresh
+            torch.cuda.synchronize(r.device)
+            torch.cuda.reset_peak_memory_stats(r.device)
+            r.next_timed_step()
+            return int(torch.cuda.max_memory_allocated(r.device))
+        # torch's profiler now and then fails to build the memory timeline of a step it
+        # recorded (an AssertionError "version mismatch" in its data-flow graph, about one
+        # probe in ten here). The step ran on every rank; the ranks agree whether every one
+        # of them got a peak, and all measure one more step if not, so they stay in step.
+        errors = []
+        for attempt in range(PROFILER_TRIES):
+            r.force_refresh = refresh
+            try:
+                peak, failed = cpu_step_peak_bytes(r.ddp, r.opt, r.next_timed_step), 0.0
+            except AssertionError as exc:
+                peak, failed = None, 1.0
+                errors.append(str(exc).splitlines()[0][:200])
+            if r.world > 1:
+                flag = torch.tensor([failed])
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                failed = float(flag.item())
+            if not failed and peak is not None:
+                if retries is not None:
+                    retries["refresh" if refresh else "plain"] = attempt
+                return peak
+        raise RuntimeError(f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
+                           f"(on this rank: {errors or 'fine; another rank failed'})")  # fmt: skip
+
+    if r.pos.offset == 0 and r.steps_per_epoch > 1:
+        r.next_timed_step()  # an epoch's first step (loader refill, AGS refresh): not the plain step
+    peaks = {"plain": measure(False)}
+    if refresh and r.t.method == "ags":
+        peaks["refresh"] = measure(True)
+    return peaks
+
+
+
+
+def timing_stats(xs: list[float]) -> dict[str, float]:
+    """Mean, median, interquartile range and coefficient of variation of step times."""
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    mean = statistics.fmean(xs)
+    cv = statistics.pstdev(xs) / mean if mean > 0 else float("nan")
+    return {"mean": mean, "median": statistics.median(xs), "iqr": q[2] - q[0], "cv": cv}

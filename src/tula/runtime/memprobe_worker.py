@@ -1,0 +1,70 @@
+"""The memory probe's worker (``python -m tula.runtime.memprobe_worker``, started by
+``tula memprobe``): one worker measures the peak memory of real training steps at a few
+local batches, smallest first, stopping at the first out-of-memory error; then at the
+largest grid batch the fitted model says fits (:func:`tula.model.memory.next_probe_batch`).
+It writes ``<result-dir>/rank0.json``, also when it fails."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tula import config as config_mod
+from tula import workers
+from tula.io import write_json
+from tula.model.memory import next_probe_batch
+from tula.runtime import dist
+from tula.runtime.agreement import StepOOM
+from tula.runtime.measure import measure_step, step_peak_bytes
+from tula.runtime.replica import Replica
+
+
+def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> None:
+    """One worker: peak memory at each local batch, smallest first, stopping at the first
+    OOM; then at the largest grid batch the fitted model says fits (:func:`next_probe_batch`)."""
+    out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
+    try:
+        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
+        r = Replica(cfg, device, batches[0], 0, 1)
+        out["env"] = {"device": device.type, "backend": backend, "precision": cfg.train.precision,
+                      "method": cfg.train.method, "torch": torch.__version__}  # fmt: skip
+        r.next_timed_step()  # the first step ever creates the optimizer state: not a measurement
+        todo = list(batches)
+        while todo:
+            b = todo.pop(0)
+            point: dict[str, Any] = {"local_batch": b, "verifies_b_max": b not in batches}
+            try:
+                r.set_global_batch(b)
+                mem = measure_step(r.ddp, r.opt, r.forward_loss, *r.to_device(*next(r.epoch_batches())))
+                peaks = step_peak_bytes(r)
+                point.update(status="ok", peak_mem_bytes=max(peaks.values()), plain_peak_bytes=peaks["plain"],
+                             refresh_peak_bytes=peaks.get("refresh"), memory=mem.to_dict())  # fmt: skip
+            except (StepOOM, torch.OutOfMemoryError) as exc:
+                point.update(status="oom", error=f"out of memory at local batch {b}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            out["points"].append(point)
+            print(f"[memprobe] b={b}: " + (f"peak {point['peak_mem_bytes'] / 2**20:.1f} MiB" if point["status"] == "ok"
+                                          else point["status"]), flush=True)  # fmt: skip
+            if point["status"] != "ok" and b in batches:
+                break
+            if not todo:
+                nxt = next_probe_batch(cfg, out["points"])
+                todo = [nxt] if nxt is not None else []
+    except Exception as exc:  # recorded, never silently dropped
+        out.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    write_json(workers.result_path(result_dir, 0), out)
+    dist.shutdown(ok=out["status"] == "ok")
+    if out["status"] != "ok":
+        sys.exit(1)
+
+
+def _worker_main(argv: list[str] | None = None) -> None:
+    a = workers.parse_worker_args("tula.runtime.memprobe_worker", argv, batch_flag="--local-batches", batch_list=True)
+    run_worker(config_mod.load(a.config), a.local_batches, Path(a.result_dir))
+
+
+if __name__ == "__main__":
+    _worker_main()

@@ -1,0 +1,374 @@
+"""The one training step (paper §III-C, §IV-B): what the probe, the production job and the
+generalization suite all run.
+
+:class:`Replica` is one data-parallel worker: the workload's data and DataLoader, the DDP
+model, the ``train.method`` optimizer, its LR schedule, the mixed-precision autocast and
+GradScaler, and where training stands (:class:`Position`). :meth:`Replica.step` is the
+training step that the probe (``tula probe``), the production job (``tula launch``) and the
+generalization suite (``tula compare``) all run:
+
+    forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
+    -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
+    -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
+
+Out of memory is agreed on wherever a collective follows that every rank makes anyway (the
+step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a
+checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
+backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
+(``oom/``) instead (:mod:`tula.runtime.trainer`).
+
+:meth:`Replica.timed_step` times one step from fetching its batch to the end of the step
+(device synchronised), the way the probe and the production job both time it. The probe's
+compute-only steps are the same call under ``DDP.no_sync()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as torch_dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tula import config as config_mod
+from tula.config import TrainSettings
+from tula.model import noise
+from tula.runtime import data as data_mod
+from tula.runtime.agreement import StepOOM
+from tula.runtime.nets import build_model
+from tula.runtime.optim import build_method, lr_factor, refresh_scales
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+steps_per_epoch = data_mod.steps_per_epoch
+
+
+steps_per_epoch = data_mod.steps_per_epoch
+
+
+def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
+    """AGS refreshes its factors on the first step of each epoch, or every k steps."""
+    if t.method != "ags":
+        return False
+    k = t.ags_refresh_every_steps
+    return global_step % k == 0 if k else epoch_start
+
+
+@dataclass
+class Position:
+    """Where training stands: optimizer steps taken, the epoch in progress (1-based) and how
+    many samples of that epoch's permutation are consumed. Independent of the batch size, so
+    a relaunch at a smaller batch continues with the next unseen sample."""
+
+    step: int = 0
+    epoch: int = 1
+    offset: int = 0
+
+    def epochs_done(self, train_samples: int) -> float:
+        return (self.epoch - 1) + min(self.offset, train_samples) / train_samples
+
+
+class Replica:
+    """One worker's model, optimizer, data and position, and the training step."""
+
+    def __init__(self, cfg: config_mod.Config, device: torch.device, global_batch: int, rank: int, world: int):
+        t = cfg.train
+        self.cfg, self.t, self.device, self.global_batch, self.rank, self.world = cfg, t, device, global_batch, rank, world
+        self.data = data_mod.load_config(cfg)
+        torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
+        model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
+        self.channels_last = t.channels_last and len(self.data.input_shape) == 3
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model = model.to(device)
+        self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.opt, prepare_ddp = build_method(t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch)
+        prepare_ddp(self.ddp)
+        self.pos = Position()
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda _: self._lr_factor())
+        self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
+        self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.small_local = max(1, t.ags_small_batch // world)
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of this epoch
+        self.force_refresh = False
+        self.refreshed = False  # did the last step refresh AGS's factors?
+        self.last_chunk = 0  # samples (all ranks) of the last step's batch
+        self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
+        self.phase = "forward"  # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
+        self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults), production only
+        self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
+        self.eval_retries: list[dict[str, Any]] = []
+        self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
+        self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
+        self._eval_loader = None
+        self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
+
+    # -- pieces of the step ------------------------------------------------------------
+    def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
+        t = self.t
+        return lr_factor(t.method, self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
+                         self.steps_per_epoch, self.global_batch, t.base_batch, t.warmup_epochs,
+                         t.lr_decay_epochs, t.lr_decay_factor)  # fmt: skip
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.device, non_blocking=True)
+
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, loss) under the configured precision; x, y already on the device."""
+        with self.autocast():
+            logits = self.ddp(x)
+            return logits, self.loss_fn(logits, y)
+
+    def sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def free_cached_memory(self) -> None:
+        """After an out-of-memory error: give the allocator's cached blocks back."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def inject_faults(self, inject: Callable[[str], None]) -> None:
+        """Call ``inject(place)`` where an out-of-memory error can happen: inside the model's
+        forward (training, AGS refresh, evaluation: the phase says which), at the start of
+        backward, and (Trainer) while checkpointing."""
+        self.inject = inject
+        self.ddp.module.register_forward_pre_hook(lambda m, a: inject(self.phase))
+
+    # -- the step ----------------------------------------------------------------------
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> int:
+        """One training step on this rank's share of the next global batch. Returns the stop
+        code every rank agreed on (0: go on); raises :class:`StepOOM` on every rank together
+        when any rank ran out of memory moving the batch to the device, in the forward pass or
+        in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
+        are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
+        chunk = data_mod.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
+        self.opt.zero_grad(set_to_none=True)
+        oom, self.phase = "", "forward"
+        try:
+            x, y = self.to_device(x, y)
+            logits, loss = self.forward_loss(x, y)
+        except torch.OutOfMemoryError as exc:
+            oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
+        if oom:
+            self.free_cached_memory()
+        # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
+        flags = torch.zeros(self.world + 1, device=self.device)
+        flags[self.rank], flags[self.world] = float(bool(oom)), float(self.stop_code())
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
+        if flags[: self.world].any():
+            raise StepOOM([r for r in range(self.world) if flags[r] > 0], oom, where="forward")
+        self.phase = "backward"
+        if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
+            logits.register_hook(lambda grad: self.inject("backward"))
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
+        self.refreshed = self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step)
+        if self.refreshed:
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            self.phase = "refresh"
+            try:
+                done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local],
+                                      y[: self.small_local], autocast=self.autocast, loss_scale=scale)  # fmt: skip
+            except StepOOM:
+                self.free_cached_memory()
+                raise
+            self.force_refresh = not done  # a non-finite gradient: try again at the next step
+            if done:  # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
+                self.noise_pairs.append(self.opt.last_sq_norms)
+        self.phase = "forward"
+        self.scaler.step(self.opt)  # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
+        self.scaler.update()
+        self.pos.step += 1
+        self.pos.offset += chunk
+        self.last_chunk = chunk
+        self.sched.step()
+        n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
+        self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
+        return int(flags[self.world].item())
+
+    def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+        share of one global batch, at the current weights: forward and backward under
+        ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
+        the worker's squared norm riding along. No optimizer step; the gradients are
+        cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
+        x, y = self.to_device(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        with self.ddp.no_sync():
+            _, loss = self.forward_loss(x, y)
+            loss.float().backward()
+        grads = [p.grad.reshape(-1).float() for p in self.ddp.parameters() if p.grad is not None]
+        flat = torch.cat(grads)
+        buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+        torch_dist.all_reduce(buf)
+        buf /= self.world
+        self.opt.zero_grad(set_to_none=True)
+        return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+
+    def set_global_batch(self, global_batch: int) -> None:
+        """Run the next steps at another global batch (the same model, optimizer and step):
+        a new loader cut into batches of ``global_batch``, from the start of an epoch. The
+        probe's compute sweep and the memory probe time and measure other local batches so."""
+        self.global_batch = global_batch
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.loader, self.sampler = data_mod.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
+                                                          self.device)  # fmt: skip
+        self.pos = Position(self.pos.step, self.pos.epoch, 0)
+        self.stats.zero_()
+        self._batches = None
+
+    def replicas_differ(self) -> bool:
+        """Can the ranks' models and optimizer states differ? Post-local SGD's local phase:
+        each rank steps on its own gradient between two averages, so a checkpoint keeps every
+        rank's model and optimizer state, not only rank 0's."""
+        return self.t.method == "polo"
+
+    def midepoch_refreshes_per_step(self) -> float:
+        """How often training refreshes AGS's factors other than at an epoch's first step
+        (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
+        k = self.t.ags_refresh_every_steps
+        return 1.0 / k if self.t.method == "ags" and k else 0.0
+
+    def epoch_batches(self) -> Iterator:
+        """This rank's batches from the current position to the end of the epoch."""
+        self.sampler.set_position(self.pos.epoch, self.pos.offset)
+        return iter(self.loader)
+
+    def next_timed_step(self) -> tuple[float, str]:
+        """Time the next training step wherever training stands, closing an epoch (untimed, as
+        training does) when it runs out. Returns (seconds, kind); kind is "start" (an epoch's
+        first step), "refresh" (a mid-epoch AGS refresh), "partial" (an epoch's short last
+        batch) or "plain"."""
+        while True:
+            if self._batches is None:
+                self._batches = self.epoch_batches()
+            start = self.pos.offset == 0
+            got = self.timed_step(self._batches)
+            if got is not None:
+                short = self.last_chunk < self.global_batch
+                return got[0], "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
+            self.restart_epoch()
+
+    def restart_epoch(self) -> None:
+        """Close the epoch in progress; the next step starts a new one."""
+        self.end_epoch()
+        self._batches = None
+
+    def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
+        """Fetch the next batch and run :meth:`step`; (seconds from fetch to the end of the
+        step, stop code), or None when the epoch has no batch left."""
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        stop = self.step(*batch)
+        self.sync_device()
+        return time.perf_counter() - t0, stop
+
+    def epoch_noise(self) -> dict[str, float | None]:
+        """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
+        tula.model.noise): the reference sub-batch's gradient against the step's, both all-reduced,
+        so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
+        pair; None where there was none (other methods) or |G|^2 came out <= 0."""
+        pairs, self.noise_pairs = self.noise_pairs, []
+        small = self.small_local * self.world
+        if not pairs or not small < self.global_batch:
+            return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}
+        est = noise.estimate([p[0] for p in pairs], [p[1] for p in pairs], small, self.global_batch,
+                             population=self.data.train_size)  # fmt: skip
+        return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace}
+
+    def end_epoch(self) -> tuple[float, float, int]:
+        """Close the epoch: (train loss, train accuracy, samples) over every rank; the next starts."""
+        torch_dist.all_reduce(self.stats)
+        samples = int(self.stats[2].item())
+        loss, acc = (self.stats[:2] / max(samples, 1)).tolist()
+        self.stats.zero_()
+        self.pos.epoch, self.pos.offset = self.pos.epoch + 1, 0
+        return loss, acc, samples
+
+    def evaluate(self) -> tuple[float, float]:
+        """(test loss, test accuracy) over the whole test set, sharded over the ranks.
+
+        Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
+        (a flag per rank rides along) and evaluate again at half the evaluation batch, down
+        to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
+        while True:
+            if self._eval_loader is None:
+                self._eval_loader = data_mod.eval_loader(self.cfg, self.data, self.rank, self.world, self.device,
+                                                         batch_size=self.eval_batch)  # fmt: skip
+            t0, oom = time.perf_counter(), ""
+            sums = torch.zeros(3 + self.world, dtype=torch.float64, device=self.device)  # loss, correct, count, OOM
+            self.ddp.eval()
+            self.phase = "eval"
+            try:
+                with torch.no_grad():
+                    for x, y in self._eval_loader:
+                        x, y = self.to_device(x, y)
+                        with self.autocast():
+                            logits = self.ddp.module(x)
+                        sums[0] += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
+                        sums[1] += (logits.argmax(1) == y).sum().double()
+                        sums[2] += len(y)
+            except torch.OutOfMemoryError as exc:
+                oom = str(exc) or "out of memory"
+            finally:
+                self.ddp.train()
+                self.phase = "forward"
+            if oom:
+                self.free_cached_memory()
+            sums[3 + self.rank] = float(bool(oom))
+            torch_dist.all_reduce(sums)
+            failed = [r for r in range(self.world) if sums[3 + r] > 0]
+            if not failed:
+                n = max(sums[2].item(), 1.0)
+                return sums[0].item() / n, sums[1].item() / n
+            if self.eval_batch == 1:
+                raise StepOOM(failed, oom, where="eval")
+            smaller = self.eval_batch // 2
+            self.eval_retries.append({"step": self.pos.step, "eval_batch": self.eval_batch, "retry_batch": smaller,
+                                      "ranks": failed, "seconds_lost": time.perf_counter() - t0})  # fmt: skip
+            if self.rank == 0:
+                print(f"[train] out of memory in evaluation on rank(s) {failed} at {self.eval_batch} samples per "
+                      f"worker: evaluating again at {smaller}", flush=True)  # fmt: skip
+            self.eval_batch, self._eval_loader = smaller, None
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"model": self.ddp.module.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "epoch": self.pos.epoch,
+                "offset": self.pos.offset, "eval_batch": self.eval_batch, "eval_retries": self.eval_retries,
+                "noise_pairs": list(self.noise_pairs)}  # fmt: skip
+
+    def load_state(self, state: dict[str, Any], step: int) -> None:
+        self.ddp.module.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.eval_batch = min(self.eval_batch, state.get("eval_batch", self.eval_batch))  # learnt: keep it
+        self.eval_retries = list(state.get("eval_retries", []))
+        self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
+        self.pos = Position(step, state["epoch"], state["offset"])
+        set_post_local_iter(self.ddp, step)
+
+
+def set_post_local_iter(ddp: DDP, step: int) -> None:
+    """Post-local SGD's hook counts steps in its own state; a resumed run continues the count."""
+    state = getattr(ddp, "tula_polo_state", None)
+    if state is not None:
+        state.iter = step

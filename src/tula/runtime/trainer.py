@@ -1,0 +1,399 @@
+"""The production run of one worker (``tula launch`` submits it): :class:`Trainer`, the loop
+around the one training step (:class:`tula.runtime.replica.Replica`), in named phases:
+restore, step, end of epoch, checkpoint, finish.
+
+It survives what a cluster does to a job: SLURM's USR2 before the time limit or on
+preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`StopSignals`) that
+every rank agrees on at the next step, checkpoint, and stop (submitit requeues the job on
+USR2); an out-of-memory error anywhere ends the attempt with a record the launcher reads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+import torch
+import torch.distributed as torch_dist
+
+from tula import checkpoint
+from tula import config as config_mod
+from tula import faults as tula_faults
+from tula.checkpoint import Checkpointing
+from tula.io import read_json, write_bytes, write_csv, write_json
+from tula.progress import Progress, fmt_duration
+from tula.runtime import dist
+from tula.runtime.agreement import StepOOM, oom_place
+from tula.runtime.optim import TulaOptimizer
+from tula.runtime.replica import Position, Replica
+
+METRIC_COLUMNS = [
+    "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
+    "grad_noise_scale", "grad_sq", "grad_trace",
+]  # fmt: skip
+
+class StopSignals:
+    """SIGTERM / SIGUSR2 set a flag; the training loop acts on it at the next step boundary
+    once every rank agrees, so a checkpoint is never taken in the middle of a step.
+
+    USR2 is what SLURM sends before the time limit or on preemption (``--signal=USR2@...``,
+    set by submitit); after the checkpoint submitit's own handler requeues the job. TERM is
+    scancel, ``scontrol requeue`` or a preemption without grace: checkpoint, then exit.
+    """
+
+    CODES = {signal.SIGTERM: 1, signal.SIGINT: 1, signal.SIGUSR2: 2}  # SIGINT: Ctrl-C on a local run
+
+    def __init__(self) -> None:
+        self.code, self.name = 0, ""
+        self.previous = {sig: signal.getsignal(sig) for sig in self.CODES}
+        for sig in self.CODES:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        sig = signal.Signals(signum)
+        if self.CODES[sig] >= self.code:
+            self.code, self.name = self.CODES[sig], sig.name
+
+    def requeue_handler(self):
+        """submitit's checkpoint-and-requeue handler, when running under submitit."""
+        h = self.previous[signal.SIGUSR2]
+        return h if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler" else None
+
+
+def _record_segment(out_dir: Path, seg: dict[str, Any]) -> None:
+    """Append this run's segment (start/end step, outcome) to segments.json (rank 0)."""
+    path = out_dir / "segments.json"
+    segs = read_json(path) if path.exists() else []
+    write_json(path, [*segs, seg])
+
+
+def oom_marker(out_dir: Path, attempt: int, rank: int) -> Path:
+    return out_dir / "oom" / f"attempt{attempt}-rank{rank}.json"
+
+
+def _process_started() -> float:
+    """When this process started (epoch seconds): start-up is counted from there."""
+    try:
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: count from import
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+class Trainer:
+    """The production run of one worker in named phases: :meth:`restore`, :meth:`train_epoch`
+    (steps), :meth:`end_of_epoch`, :meth:`checkpoint`, :meth:`finish`."""
+
+    def __init__(self, cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: Path,
+                 ckpt: Checkpointing | None = None):  # fmt: skip
+        self.wenv, self.device, self.backend = dist.init(cfg.hardware)
+        if self.wenv.world_size != nodes:
+            raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={nodes}")
+        self.cfg, self.nodes, self.global_batch, self.out, self.ckpt = cfg, nodes, global_batch, out_dir, ckpt
+        self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
+        self.faults = tula_faults.from_env()
+        self.stops = StopSignals() if ckpt else None
+        self.r = Replica(cfg, self.device, global_batch, self.rank, nodes)
+        if self.stops:
+            self.r.stop_code = lambda: self.stops.code
+        self.fired: set[tula_faults.Fault] = set()  # injected faults that went off in this process
+        if any(f.kind == "oom" for f in self.faults):
+            self.r.inject_faults(lambda where: tula_faults.maybe_oom(self.faults, where, self.r.pos.step, self.rank,
+                                                                     self.global_batch, self.fired))  # fmt: skip
+        # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
+        self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0}
+        self.rows: list[dict[str, Any]] = []
+        self.epoch_time = 0.0
+        self.resumed_from = 0
+        self.label = f"train N={nodes} B={global_batch}"
+        self.seg: dict[str, Any] = {}
+
+    # -- phases ------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Continue from the newest usable checkpoint of this run, if there is one."""
+        if not self.ckpt:
+            return
+        state = _load_checkpoint(self.ckpt, self.rank)
+        if not state:
+            return
+        r = self.r
+        r.load_state(state, state["step"])
+        own = state["ranks"][self.rank].get("replica")
+        if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
+            r.ddp.module.load_state_dict(own["model"])
+            r.opt.load_state_dict(own["optimizer"])
+        checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
+        r.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
+        self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
+        self.times.update({k: state.get(k, 0.0) for k in self.times})
+        self.resumed_from = r.pos.step
+        if state["global_batch"] != self.global_batch:
+            r.noise_pairs = []  # measured at the old B
+            r.force_refresh = _follow_new_batch(r.opt, r.sched, state["global_batch"], self.global_batch, self.rank)
+        if self.rank == 0:
+            print(f"[{self.label}] resumed from the checkpoint of step {r.pos.step} (epoch {r.pos.epoch}, "
+                  f"{r.pos.offset}/{r.data.train_size} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
+
+    def train_epoch(self) -> None:
+        """Steps until the epoch's data is used up (or a stop is agreed on)."""
+        r = self.r
+        batches = r.epoch_batches()
+        while True:
+            tula_faults.maybe_signal(self.faults, r.pos.step, self.rank, self.resumed_from)
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+                self.times["startup_time_s"] += self.first_step_at - self.process_started
+                self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
+            timed = r.timed_step(batches)
+            if timed is None:
+                return
+            dt, stop = timed
+            self.epoch_time += dt
+            self.times["train_time_s"] += dt
+            every = self.ckpt.every_steps if self.ckpt else None
+            if self.ckpt and (stop or (every and r.pos.step % every == 0)):
+                self.checkpoint()
+            if stop:
+                _stop(stop, self.stops, self.seg, r.pos, self.out, self.rank, self.label)
+
+    def end_of_epoch(self, epochs: int, progress: Progress) -> None:
+        r = self.r
+        train_loss, train_acc, samples = r.end_epoch()
+        t0 = time.perf_counter()
+        test_loss, test_acc = r.evaluate()
+        self.times["eval_time_s"] += time.perf_counter() - t0
+        row = {"epoch": r.pos.epoch - 1, "step": r.pos.step, "lr": r.opt.param_groups[0]["lr"],
+               "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
+               "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9),
+               **r.epoch_noise()}  # fmt: skip
+        self.rows.append(row)
+        self.epoch_time = 0.0
+        if self.rank == 0:
+            write_csv(self.out / "metrics.csv", pd.DataFrame(self.rows, columns=METRIC_COLUMNS))
+            progress.update(row["epoch"], "epoch ", extra=f"loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  "
+                            f"{row['samples_per_s']:.0f} samples/s")  # fmt: skip
+        every = self.ckpt.every_epochs if self.ckpt else None
+        if every and row["epoch"] % every == 0 and r.pos.epoch <= epochs:
+            self.checkpoint()
+
+    def checkpoint(self, complete: bool = False) -> None:
+        """Every rank's RNG states and partial-epoch sums go to rank 0, which writes the file.
+
+        Out of memory on any rank (device or host) while it gathers its part or while rank 0
+        serialises and writes: nothing half-written is left (the writes are atomic and the
+        manifest comes last), every rank learns it from one all-reduce after the write, and
+        all raise :class:`StepOOM` (``where="checkpoint"``)."""
+        t0 = time.perf_counter()
+        r = self.r
+        err, mine = "", None
+        try:
+            if r.inject is not None:
+                r.inject("checkpoint")
+            mine = {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()}
+            if r.replicas_differ() and self.rank != 0:  # rank 0's model and optimizer are the file's own
+                mine["replica"] = _to_cpu({"model": r.ddp.module.state_dict(), "optimizer": r.opt.state_dict()})
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            err = str(exc) or type(exc).__name__
+        per_rank: list[Any] = [None] * self.nodes
+        torch_dist.all_gather_object(per_rank, mine)
+        if self.rank == 0 and all(p is not None for p in per_rank):
+            try:
+                state = {**r.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
+                         "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
+                         "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
+                         "attempt": self.attempt}  # fmt: skip
+                hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, r.pos.step) else None
+                checkpoint.save(self.ckpt.directory, state, r.pos.step, keep=self.ckpt.keep, after_write=hook)
+            except (torch.OutOfMemoryError, MemoryError) as exc:
+                err = str(exc) or type(exc).__name__
+        failed = torch.zeros(self.nodes, device=self.device)
+        failed[self.rank] = float(bool(err))
+        torch_dist.all_reduce(failed)
+        if failed.any():
+            r.free_cached_memory()
+            raise StepOOM([i for i in range(self.nodes) if failed[i] > 0], err, where="checkpoint")
+        self.times["checkpoint_time_s"] += time.perf_counter() - t0
+
+    def finish(self) -> dict[str, Any]:
+        r, t = self.r, self.cfg.train
+        if self.ckpt:
+            self.checkpoint(complete=True)
+        if self.rank == 0:
+            steps = max(r.pos.step, 1)
+            final = {
+                "nodes": self.nodes, "global_batch": self.global_batch, "local_batch": self.global_batch // self.nodes,
+                "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
+                "optimizer": t.optimizer, "method": t.method, "precision": t.precision,
+                "channels_last": r.channels_last, "data_workers": self.cfg.data.num_workers,
+                "ags": dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
+                "fp16_skipped_steps": _skipped(r), "epochs": self.cfg.workload.epochs, "steps": r.pos.step,
+                "eval_batch_size": r.eval_batch, "eval_oom_retries": r.eval_retries,
+                "train_samples": r.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
+                "best_test_acc": max(x["test_acc"] for x in self.rows),
+                "final_train_loss": self.rows[-1]["train_loss"], **self.times,
+                "mean_step_time_s": self.times["train_time_s"] / steps,
+                "backend": self.backend, "device": str(self.device),
+            }  # fmt: skip
+            write_bytes(self.out / "model.pt", checkpoint.to_bytes(r.ddp.module.state_dict()))
+            write_json(self.out / "final.json", final)
+            if self.ckpt:
+                _record_segment(self.out, {**self.seg, "end_step": r.pos.step, "outcome": "completed",
+                                           "ended": _now(), "reason": "trained every epoch"})  # fmt: skip
+            print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {r.pos.step} steps "
+                  f"(mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
+                  f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}; "
+                  f"test accuracy {100 * final['final_test_acc']:.2f}% (best {100 * final['best_test_acc']:.2f}%)",
+                  flush=True)  # fmt: skip
+        dist.shutdown()
+        return {"outcome": "completed", "step": r.pos.step}
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train every epoch. Returns ``{"outcome": "completed" | "oom", ...}``; on a stop
+        signal it checkpoints and exits (SystemExit) without returning."""
+        self.process_started, self.first_step_at = _process_started(), None
+        self.restore()
+        r, cfg, epochs = self.r, self.cfg, self.cfg.workload.epochs
+        if self.rank == 0:
+            print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {r.data.train_size} training "
+                  f"samples, {r.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
+                  f"{cfg.train.precision}, backend {self.backend} on {self.device}, {cfg.data.num_workers} loader "
+                  f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
+        progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
+                            start=r.pos.epoch - 1)  # fmt: skip
+        self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": r.pos.step,
+                    "host": dist.hostname(), "started": _now(),
+                    "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}  # fmt: skip
+        try:
+            while r.pos.epoch <= epochs:
+                self.train_epoch()
+                self.end_of_epoch(epochs, progress)
+            return self.finish()
+        except StepOOM as exc:
+            return self._oom(exc)
+        except torch.OutOfMemoryError as exc:
+            # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
+            # the launcher, which classifies the attempt as out of memory from it, and fail; the
+            # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
+            self._oom_record(r.phase, str(exc) or "out of memory")
+            raise
+
+    def _oom_record(self, where: str, message: str) -> None:
+        step = self.r.pos.step
+        write_json(oom_marker(self.out, self.attempt, self.rank), {
+            "step": step, "global_batch": self.global_batch, "where": where, "place": oom_place(where, step),
+            "message": message, "time": time.time()})  # fmt: skip
+
+    def _oom(self, exc: StepOOM) -> dict[str, Any]:
+        messages: list[Any] = [None] * self.nodes
+        torch_dist.all_gather_object(messages, exc.message)
+        exc.message = next(messages[r] for r in exc.ranks)
+        step = self.r.pos.step
+        if self.rank in exc.ranks:
+            self._oom_record(exc.where, exc.message)
+        what = oom_place(exc.where, step)
+        if self.rank == 0:
+            print(f"[{self.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}", flush=True)
+            if self.ckpt:
+                _record_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
+                                           "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
+        dist.shutdown(ok=True)
+        return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where,
+                "place": what}
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A copy of a (nested) state dict with every tensor on the CPU, to send to rank 0."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _skipped(r: Replica) -> int | None:
+    """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
+    if not r.scaler.is_enabled() or not isinstance(r.opt, TulaOptimizer):
+        return None
+    return r.pos.step - r.opt.counters["steps"]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load_checkpoint(ckpt: Checkpointing, rank: int) -> dict[str, Any] | None:
+    """Rank 0 picks the newest usable checkpoint of this run; every rank loads that one."""
+    chosen: list[Any] = [None]
+    if rank == 0:
+
+        def accept(state: dict[str, Any]) -> str:
+            if state.get("fingerprint") != ckpt.fingerprint:
+                return "written by a run with other settings, N or selected B"
+            return "the run it belongs to had finished" if state.get("complete") else ""
+
+        loaded, warnings = checkpoint.load_latest(ckpt.directory, accept)
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+            print(f"warning: {w}", flush=True)
+        chosen[0] = str(loaded.path) if loaded else None
+        state = loaded.state if loaded else None
+    torch_dist.broadcast_object_list(chosen, src=0)
+    if rank != 0 and chosen[0] is not None:
+        state = checkpoint.from_bytes(Path(chosen[0]).read_bytes())  # rank 0 verified this file
+    return state if chosen[0] is not None else None
+
+
+def _follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> bool:
+    """Adapt the restored optimizer to a relaunch at a smaller global batch (paper rules):
+
+    - AGS: s_max = sqrt(B / ags_small_batch) is recomputed for the new B (build_method did);
+      the per-parameter factors, ratios measured at the old B, are dropped and re-measured on
+      the first step, and the previous gradient norm is forgotten (its scale depends on B),
+      so that first step counts as sensitive and is not scaled.
+    - LRS / LARS: the linear-scaling factor k = B / base_batch follows the new B from this
+      step on; LBT, static and AGS keep their LR (they do not scale it with B).
+    - Momentum buffers and the step count carry over; the data position is in samples.
+    Returns True: the AGS factors must be refreshed at the next step.
+    """
+    if isinstance(opt, TulaOptimizer):
+        opt.scales, opt.prev_sq_norm = None, None
+    for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * lam(sched.last_epoch)
+    if rank == 0:
+        print(f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
+              + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
+              flush=True)  # fmt: skip
+    return isinstance(opt, TulaOptimizer)
+
+
+def _stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out_dir: Path, rank: int,
+          label: str) -> None:  # fmt: skip
+    """After the stop checkpoint: record the segment, leave the process group, and either let
+    submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
+    sig = stops.name.removeprefix("SIG") if stops.name and stops.CODES[signal.Signals[stops.name]] == code else (
+        "USR2" if code == 2 else "TERM")  # this rank's own signal, else the one the peers agreed on
+    requeue = stops.requeue_handler() if code == 2 else None
+    if rank == 0:
+        what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
+        print(f"[{label}] SIG{sig} received: stopped after step {pos.step}, {what}", flush=True)
+        _record_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
+                                  "ended": _now(), "reason": f"SIG{sig} (preemption, time limit or cancel): {what}"})  # fmt: skip
+    dist.shutdown(ok=True)
+    sys.stdout.flush()
+    if requeue is not None:
+        requeue(signal.SIGUSR2, None)  # rank 0: scontrol requeue (or the local executor's requeue) and exit
+    raise SystemExit(0 if requeue is not None else 128 + signal.SIGTERM)
+
+

@@ -1,0 +1,70 @@
+"""``tula aggregate``: every probe record (and the memory probe's points) into one table,
+``results/measurements.csv`` (its columns: :mod:`tula.model.measurements`). Failed probes
+are rows too, with their status: a failure is never dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from tula.io import read_json, write_csv
+from tula.model.measurements import OPTIONAL, REQUIRED, SOURCES
+
+
+def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
+    """The rows of one probe record: the probe itself, its sweep rows, and the records of
+    any smaller batches it fell back to after an OOM."""
+    row = {c: record.get(c) for c in REQUIRED + OPTIONAL}
+    mem = record.get("memory") or {}
+    for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes"):
+        row[k] = mem.get(k)
+    env = record.get("env") or {}
+    row["device"], row["backend"] = env.get("device"), env.get("backend")
+    row["source"], row["probe_file"] = "probe", probe_file
+    rows = [row]
+    for sw in record.get("sweep") or []:
+        rows.append({"nodes": record["nodes"], "global_batch": record["global_batch"], "local_batch": sw["local_batch"],
+                     "compute_time_s": sw.get("compute_time_s"), "compute_time_cv": sw.get("compute_time_cv"),
+                     "peak_mem_bytes": sw.get("peak_mem_bytes"), "status": sw["status"], "error": sw.get("error"),
+                     "source": "sweep", "probe_file": probe_file, "device": row["device"],
+                     "backend": row["backend"], "train_samples": record.get("train_samples")})  # fmt: skip
+    for fb in record.get("fallbacks") or []:
+        rows += rows_from_probe(fb, probe_file)
+    return rows
+
+
+def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
+    env = record.get("env") or {}
+    return [{"nodes": 1, "global_batch": p["local_batch"], "local_batch": p["local_batch"],
+             "peak_mem_bytes": p.get("peak_mem_bytes"), "status": p["status"], "error": p.get("error"),
+             "source": "memory", "probe_file": path, "device": env.get("device"), "backend": env.get("backend"),
+             **{k: (p.get("memory") or {}).get(k) for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes",
+                                                             "batch_bytes")}}
+            for p in record.get("points", [])]  # fmt: skip
+
+
+def aggregate(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None) -> pd.DataFrame:
+    """Collect probe JSON files (and the memory probe's points) into one table; failed
+    probes are included, with their status."""
+    rows = []
+    for f in sorted(map(str, probe_files)):
+        rec = read_json(f)
+        missing = [k for k in ("nodes", "global_batch", "status") if k not in rec]
+        if missing:
+            raise ValueError(f"{f}: not a probe record (missing {', '.join(missing)})")
+        rows += rows_from_probe(rec, f)
+    if not rows:
+        raise ValueError("aggregate: no probe files given")
+    if memory_probe:
+        rec = read_json(memory_probe)
+        if "points" not in rec:
+            raise ValueError(f"{memory_probe}: not a memory probe record (no points)")
+        rows += rows_from_memory_probe(rec, str(memory_probe))
+    order = {s: i for i, s in enumerate(SOURCES)}
+    df = pd.DataFrame(rows, columns=REQUIRED + OPTIONAL)
+    df = df.assign(_o=df["source"].map(order)).sort_values(["_o", "nodes", "global_batch", "local_batch"], kind="stable")
+    df = df.drop(columns="_o")
+    write_csv(out, df)
+    return df

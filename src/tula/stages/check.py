@@ -1,0 +1,55 @@
+"""``tula check``: everything that can be known before a job is queued.
+
+- the config validates (every key, its bounds, the checks a schema cannot express) and the
+  dataset's files are where it says;
+- the search set that a probe campaign will run is listed;
+- with ``--profile``, the Snakemake profile is read (partitions, account, training runtime);
+  with ``--cluster``, the grid's jobs are checked against the SLURM partitions
+  (:func:`tula.slurm.preflight`);
+- unless ``--config-only``, the dataset loads and the model maps a batch of real samples to
+  (batch, num_classes) (:func:`tula.runtime.nets.check_workload`), and the workload's
+  description is written (``results/workload.json``).
+"""
+
+from __future__ import annotations
+
+from tula import config as config_mod
+from tula import slurm
+from tula.io import write_json
+from tula.model.grid import grid, search_set
+
+
+def run(config, out=None, config_only: bool = False, profile: str | None = None,
+              cluster: bool = False) -> dict | None:  # fmt: skip
+    """``tula check``: validate the config, list the search set; with ``profile``, read the
+    Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
+    (tula.slurm); unless ``config_only``, load the dataset and run the model on real
+    samples, and write the workload's description."""
+    cfg = config_mod.load(config)
+    config_mod.check_dataset_paths(cfg)
+    pts = search_set(cfg)
+    print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
+          f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
+    if profile or cluster:
+        prof = slurm.read_profile(profile) if profile else {}
+        if profile:
+            print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
+                  f"{prof['probe_partition'] or '(cluster default)'}, training on "
+                  f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
+                  f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
+        if cluster:
+            report = slurm.preflight(
+                cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
+                cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
+            print(slurm.describe(report))
+    if config_only:
+        return None
+    from tula.runtime.nets import check_workload  # torch: only when the workload itself is checked
+
+    w = check_workload(cfg)
+    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
+          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
+          f"forward on a sample batch ok")  # fmt: skip
+    if out:
+        write_json(out, w)
+    return w

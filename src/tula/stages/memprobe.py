@@ -1,0 +1,59 @@
+"""``tula memprobe``: the memory probe, the stage before any timing probe.
+
+It runs one worker (:mod:`tula.runtime.memprobe_worker`) for a few seconds at a few local
+batches (config key ``probe.memory_batches``; by default the grid's smallest local batch, x4
+and x16) and measures each one's peak memory on a real training step -- a plain step and,
+with AGS, a step that refreshes its factors, the larger counted. The memory model
+(:mod:`tula.model.memory`) fitted on them gives b_max, the largest local batch that fits
+``hardware.device_memory_gb`` less ``hardware.memory_margin``, and the search set
+(:func:`tula.model.grid.search_set`) probes nothing beyond it: partial search takes the
+largest B that fits instead of grid.batch_max. Snakemake runs it as a checkpoint, so the DAG
+of probes is decided by its result.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tula import config as config_mod
+from tula import workers
+from tula.io import read_json, write_json
+from tula.model import memory
+from tula.model.memory import probe_batches
+
+SCHEMA = "tula.memory_probe/1"
+
+
+def run(cfg_path: str | Path, out: str | Path) -> dict:
+    """Measure memory at a few local batches on one worker, fit the memory model, write ``out``
+    (results/memory_probe.json) with b_max. Stops with an error when nothing could be measured."""
+    cfg = config_mod.load(cfg_path)
+    batches = probe_batches(cfg)
+    out = Path(out)
+    work = out.parent / f".{out.stem}.ranks"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
+    launch = workers.start(1, ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--nodes", "1",
+                               "--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
+                           threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s)  # fmt: skip
+    res_path = workers.result_path(work, 0)
+    res = read_json(res_path) if res_path.exists() else {"status": "error", "points": [],
+                                                          "error": f"the worker exited (code {launch.returncode}) "
+                                                                   "without a result" + (" (timeout)" if launch.timed_out else "")}  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+    ok = [p for p in res["points"] if p["status"] == "ok"]
+    if not ok:
+        raise RuntimeError(f"memory probe: no local batch could be measured ({res.get('error') or res['points']}); "
+                           "see the log above")  # fmt: skip
+    model = memory.from_points(ok, [p for p in res["points"] if p["status"] == "oom"], cfg.hardware.memory_budget_bytes)
+    record = {"schema": SCHEMA, "status": res["status"], "model": cfg.workload.model,
+              "dataset": cfg.workload.dataset, "points": res["points"], "env": res.get("env"),
+              "memory_model": model.to_dict(), "max_local_batch": model.max_local_batch(),
+              "budget_bytes": cfg.hardware.memory_budget_bytes, "wall_s": launch.wall_s}  # fmt: skip
+    write_json(out, record)
+    bmax = record["max_local_batch"]
+    print(f"[memprobe] memory = {model.fit.intercept / 2**20:.1f} MiB + {model.fit.slope / 2**10:.1f} KiB x b; "
+          f"largest local batch that fits: {bmax if bmax is not None else 'unbounded'} -> {out}", flush=True)  # fmt: skip
+    return record

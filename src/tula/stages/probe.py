@@ -1,0 +1,151 @@
+"""``tula probe``: a short DDP run at one (N, B) that measures step time and memory.
+
+``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe_worker`) -- under torchrun on one machine, or as
+the N tasks of a SLURM job step -- and always writes ``results/probes/N{n}_B{b}.json``,
+also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
+point is recorded and the DAG goes on.
+
+What is timed is the production step itself: :meth:`tula.runtime.replica.Replica.timed_step`, with
+the configured method (AGS by default, refreshing when due), precision and input pipeline
+(the DataLoader and sampler of training), from fetching the batch to the end of the step.
+Timed steps come in pairs. A synced step is that step as training runs it; a compute-only
+step is the same call under ``DDP.no_sync()``, so no gradient is communicated.
+compute_time = mean compute-only step; step_time = mean synced step (training time is
+steps x mean step, Eq. 4a); sync_time = step_time - compute_time: the communication a step
+actually pays after DDP overlaps what it can with the backward pass. Each rank times its
+own steps and the per-step time is the slowest rank's. Medians are recorded beside them.
+
+The first step of an epoch costs more than the others: a new DataLoader iterator refills
+its pipeline, and AGS refreshes its factors there (a forward/backward on the reference
+sub-batch and an all-reduce). Training pays that once per epoch; a probe, whenever an epoch
+boundary happens to fall among its timed steps. So the means above are over the other
+steps; epoch-start steps are timed apart (further epochs are started until there are
+EXTRA_STEPS of them) and their extra time is added at training's rate:
+step_time = mean plain step + epoch-start extra / steps per epoch (+ mid-epoch refresh
+extra / k with ``ags_refresh_every_steps: k``).
+
+The launcher only starts and collects: it imports no torch.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tula import config as config_mod
+from tula import workers
+from tula.io import read_json, write_json
+from tula.model.grid import Point, batch_sizes, search_set
+from tula.model.memory import max_local_batch
+
+SCHEMA = "tula.probe/1"
+
+def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResult | None, cfg: config_mod.Config) -> dict:
+    """Merge the per-rank files (and how the launch ended) into one probe record."""
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "nodes": point.nodes,
+        "global_batch": point.global_batch,
+        "local_batch": point.local_batch,
+        "model": cfg.workload.model,
+        "dataset": cfg.workload.dataset,
+        "warmup_steps": cfg.probe.warmup_steps,
+        "timed_steps": cfg.probe.timed_steps,
+    }
+    failed = [r for r in rank_results if r.get("status") != "ok"]
+    rank0 = next((r for r in rank_results if r.get("rank") == 0 and r.get("status") == "ok"), None)
+    if launch is not None and launch.timed_out:
+        record.update(status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s")
+    elif failed:
+        oom = [r for r in failed if r["status"] == "oom"]
+        # the rank that failed first is the cause; the others lost their peer in a collective
+        first = oom[0] if oom else min(failed, key=lambda r: r.get("failed_at", float("inf")))
+        record.update(status=first["status"], error=first.get("error", "unknown error"))
+        if "traceback" in first:
+            record["traceback"] = first["traceback"]
+    elif rank0 is None or "step_time_s" not in rank0:
+        code = launch.returncode if launch else "?"
+        record.update(status="error", error=f"workers exited (code {code}) before reporting a measurement")
+    else:
+        record["status"] = "ok"
+        record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
+    if launch is not None:
+        record["wall_s"] = launch.wall_s
+    return record
+
+
+def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
+                memory_probe: str | Path | None) -> dict:  # fmt: skip
+    """Launch the N workers at one point and combine what they wrote into a record."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    print(f"[probe {point.name}] N={point.nodes} B={point.global_batch} (b={point.local_batch} per worker), "
+          f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
+    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--nodes", str(point.nodes),
+                   "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
+    if memory_probe:
+        worker_args += ["--memory-probe", str(memory_probe)]
+    launch = workers.start(
+        point.nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
+    )
+    ranks = []
+    for r in range(point.nodes):
+        p = workers.result_path(work, r)
+        if p.exists():
+            try:
+                ranks.append(read_json(p))
+            except ValueError:
+                pass
+    shutil.rmtree(work, ignore_errors=True)
+    record = _combine(point, ranks, launch, cfg)
+    record["started_at"] = started
+    if record["status"] == "ok":
+        print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
+              f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
+              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
+              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches", flush=True)  # fmt: skip
+    else:
+        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
+    return record
+
+
+def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | Path | None) -> list[int]:
+    """Smaller global batches to try, largest first, when a partial search's largest-B corner
+    runs out of memory: down to (not including) the smallest B that fits at this N."""
+    if cfg.search != "partial":
+        return []  # a full search probes every smaller batch anyway
+    bmax = max_local_batch(memory_probe) if memory_probe else None
+    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.nodes == point.nodes)
+    if not at_n or point.global_batch != at_n[-1]:
+        return []
+    return [b for b in sorted(batch_sizes(cfg), reverse=True) if at_n[0] < b < point.global_batch]
+
+
+def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
+        memory_probe: str | Path | None = None) -> dict:  # fmt: skip
+    """Launch the N workers of one probe, then write ``out``; returns the record.
+
+    ``memory_probe`` (results/memory_probe.json) bounds the compute sweep at b_max. When a
+    partial search's largest-B corner runs out of memory anyway, the next smaller batches are
+    probed in the same job until one fits; their records go under ``fallbacks``."""
+    cfg = config_mod.load(cfg_path)
+    if global_batch % nodes:
+        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
+    point = Point(nodes, global_batch)
+    out = Path(out)
+    work = out.parent / f".{out.stem}.ranks"
+    record = _probe_once(cfg, cfg_path, point, work, memory_probe)
+    if record["status"] == "oom":
+        record["fallbacks"] = []
+        for b in fallback_batches(cfg, point, memory_probe):
+            print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
+            fb = _probe_once(cfg, cfg_path, Point(nodes, b), work, memory_probe)
+            record["fallbacks"].append(fb)
+            if fb["status"] != "oom":
+                break
+    write_json(out, record)
+    print(f"[probe {point.name}] recorded in {out}", flush=True)
+    return record

@@ -1,0 +1,134 @@
+"""Starting the N worker processes of a probe or a memory probe, and reading what they wrote.
+
+One worker command (``python -m tula.runtime.probe_worker ...``) runs unchanged in both
+places it is started from:
+
+- :func:`start` runs it as ``srun --ntasks=N`` inside a SLURM allocation with enough tasks
+  (the probe rule's job), else under ``torchrun --standalone --nproc-per-node N`` (this
+  machine); each worker finds its rank in the variables either sets
+  (:func:`tula.runtime.dist.worker_env`);
+- :func:`worker_environment` is the environment of every worker, probe and production
+  alike (the production job's tasks are started by submitit: ``tula.stages.launch``);
+- each rank writes its result to ``<dir>/rank<r>.json`` (:func:`result_path`), which the
+  launcher collects after the workers exit, also when they failed.
+
+No torch here: the launchers (``tula probe``, ``tula memprobe``) only start and collect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tula import slurm
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    timed_out: bool
+    wall_s: float
+
+
+def worker_environment(threads_per_worker: int, base: dict | None = None) -> dict[str, str]:
+    """The environment of every worker, probe and production alike: the thread pools sized
+    to ``hardware.threads_per_worker`` (whatever Snakemake exported for the rule's threads),
+    unbuffered output, and kineto (the profiler behind the CPU memory measurement) quiet
+    about the GPU a CUDA build of torch looks for."""
+    env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
+    env.update({v: str(threads_per_worker) for v in THREAD_VARIABLES})
+    env.setdefault("KINETO_LOG_LEVEL", "5")
+    return env
+
+
+def run_torchrun(
+    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float, cwd: str | None = None
+) -> LaunchResult:
+    """Run ``python -m <module_args>`` in ``nproc`` local processes under torchrun.
+
+    This is ``torchrun --standalone --nproc-per-node N -m ...`` (through this Python, so
+    the same virtual environment is used). Output streams to our stdout/stderr, so a
+    Snakemake rule's log shows the workers' progress. Past ``timeout_s`` the whole
+    process group is killed and ``timed_out`` is set.
+    """
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", *module_args,
+    ]  # fmt: skip
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd)
+
+
+def run_srun(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+    """Run ``python -m <module_args>`` as ``nproc`` tasks of a job step: ``srun -n N``.
+
+    Each task finds its rank, the master (first host of the job) and the port (from the
+    job id) in SLURM's variables. ``--kill-on-bad-exit`` ends every task when one fails,
+    as torchrun does.
+    """
+    cmd = ["srun", f"--ntasks={nproc}", f"--cpus-per-task={threads_per_worker}", "--kill-on-bad-exit=1",
+           sys.executable, "-m", *module_args]  # fmt: skip
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s)
+
+
+def start(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+    """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
+    tasks, else torchrun."""
+    if slurm.in_allocation(nproc):
+        return run_srun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
+    return run_torchrun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
+
+
+def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
+    """Run a launcher in its own process group; kill the whole group past ``timeout_s``."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+        return LaunchResult(rc, False, time.perf_counter() - t0)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return LaunchResult(proc.returncode if proc.returncode is not None else -9, True, time.perf_counter() - t0)
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def parse_worker_args(prog: str, argv: list[str] | None = None, batch_flag: str = "--global-batch",
+                      batch_list: bool = False) -> argparse.Namespace:  # fmt: skip
+    """Arguments of a worker entry point (``python -m tula.runtime.probe_worker`` /
+    ``memprobe_worker``); with ``batch_list`` the batch flag takes a comma-separated list."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description="One worker, started by torchrun or srun.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument(batch_flag, required=True,
+                   type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int)  # fmt: skip
+    p.add_argument("--result-dir", required=True)
+    p.add_argument("--memory-probe", default=None, help="results/memory_probe.json: b_max for the compute sweep")
+    return p.parse_args(argv)
+
+
+def result_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.json"
