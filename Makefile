@@ -37,6 +37,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	snakemake --lint
 	snakefmt --check Snakefile rules/
+	lint-imports
 
 clean-results:
 	rm -rf results/probes results/model results/plots results/train results/logs results/benchmarks \

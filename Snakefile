@@ -19,7 +19,7 @@ include: "rules/aggregate.smk"
 include: "rules/fit.smk"
 include: "rules/predict.smk"
 include: "rules/select.smk"
-include: "rules/train.smk"
+include: "rules/launch.smk"
 include: "rules/plot.smk"
 include: "rules/report.smk"
 include: "rules/compare.smk"
@@ -31,5 +31,5 @@ rule all:
         rules.select.output,
         rules.plot_selection.output,
         rules.plot_training.output,
-        rules.train.output.final,
-        rules.report_html.output,
+        rules.launch.output.final,
+        rules.report.output,

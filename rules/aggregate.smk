@@ -5,7 +5,7 @@ localrules:
 rule aggregate:
     input:
         probes=probe_files,
-        memory=rules.memory_probe.output,
+        memory=rules.memprobe.output,
     output:
         "results/measurements.csv",
     log:

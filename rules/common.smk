@@ -4,7 +4,9 @@ import os
 from snakemake.exceptions import WorkflowError
 
 from tula import config as tula_config
+from tula import preflight as tula_preflight
 from tula import slurm as tula_slurm
+from tula import workflow as tula_workflow
 from tula.stages import compare as tula_compare
 from tula.model.grid import search_set
 from tula.model.memory import max_local_batch
@@ -19,12 +21,12 @@ except tula_config.ConfigError as err:
     raise WorkflowError(str(err))
 
 # Jobs read this merged, validated copy of the config (also on SLURM nodes).
-CONFIG = str(tula_config.snapshot(config, ".snakemake/tula/config.json"))
+CONFIG = str(tula_workflow.snapshot(config, ".snakemake/tula/config.json"))
 
 # --software-deployment-method conda: envs/tula.yaml with its `-e ..` made absolute, since
 # Snakemake creates environments from a copy under .snakemake/conda/.
 CONDA_ENV = str(
-    tula_config.conda_env(
+    tula_workflow.conda_env(
         os.path.join(workflow.basedir, "envs", "tula.yaml"),
         ".snakemake/tula/conda-env.yaml",
     )
@@ -39,7 +41,7 @@ wildcard_constraints:
 def probe_files(wildcards):
     """The probe records of the search set (full grid or its corners), decided once the
     memory probe (a checkpoint) has given b_max: no point beyond it is probed."""
-    bmax = max_local_batch(checkpoints.memory_probe.get().output[0])
+    bmax = max_local_batch(checkpoints.memprobe.get().output[0])
     return expand(
         rules.probe.output[0],
         zip,
@@ -61,7 +63,7 @@ def settings(stage):
     """Param function: the config values a stage depends on (its rerun trigger)."""
 
     def _settings(wildcards):
-        return tula_config.stage_settings(TULA, stage)
+        return tula_workflow.stage_settings(TULA, stage)
 
     return _settings
 
@@ -90,7 +92,7 @@ COMPARE_RUNS = tula_compare.run_ids(TULA)
 
 
 # A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.
-PROBE_RUNTIME_MIN = tula_slurm.probe_runtime_min(TULA)
+PROBE_RUNTIME_MIN = tula_preflight.probe_runtime_min(TULA)
 
 
 def probe_resource(name):
@@ -107,7 +109,7 @@ def probe_resource(name):
 
 def launch_args(wildcards, resources):
     """`tula launch` options from Snakemake: its executor (launch.executor: auto follows it)
-    and the profile's runtime, partition and account for the train rule."""
+    and the profile's runtime, partition and account for the launch rule."""
     args = ["--executor-hint", "slurm" if workflow.non_local_exec else "local"]
     for flag, name in (
         ("--timeout-min", "runtime"),
@@ -144,18 +146,18 @@ onstart:
     # memory probe, the probes and training? (tula.slurm; `tula check --cluster` alike)
     if workflow.non_local_exec:
         try:
-            report = tula_slurm.preflight(
+            report = tula_preflight.preflight(
                 TULA,
                 probe_partition=profile_resource("slurm_partition", "probe"),
                 train_partition=TULA.launch.slurm_partition
-                or profile_resource("slurm_partition", "train"),
+                or profile_resource("slurm_partition", "launch"),
                 train_runtime_min=TULA.launch.timeout_min
-                or profile_resource("runtime", "train"),
+                or profile_resource("runtime", "launch"),
             )
-            print(f"tula preflight: {tula_slurm.describe(report)}", flush=True)
-        except tula_slurm.ClusterUnreadable as err:
+            print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
+        except tula_preflight.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
-        except tula_slurm.PreflightError as err:
+        except tula_preflight.PreflightError as err:
             raise WorkflowError(
                 f"{err}\n(see workflow/config.yaml and the profile)"
             )

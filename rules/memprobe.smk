@@ -1,15 +1,15 @@
 # The memory probe: one worker, a few local batches, seconds. A checkpoint: which timing
 # probes run is decided from its result (b_max), so no probe is spent on a point the
 # memory model already rules out. `snakemake -n` lists it and the jobs that wait on it.
-checkpoint memory_probe:
+checkpoint memprobe:
     input:
         rules.check.output,
     output:
         "results/memory_probe.json",
     log:
-        "results/logs/memory_probe.log",
+        "results/logs/memprobe.log",
     benchmark:
-        "results/benchmarks/memory_probe.tsv"
+        "results/benchmarks/memprobe.tsv"
     conda:
         CONDA_ENV
     threads: whole_machine
@@ -21,6 +21,6 @@ checkpoint memory_probe:
         runtime=PROBE_RUNTIME_MIN,
     params:
         config=CONFIG,
-        settings=settings("memory_probe"),
+        settings=settings("memprobe"),
     shell:
         "tula memprobe --config {params.config} --out {output} > {log} 2>&1"

@@ -36,7 +36,7 @@ rule plot_selection:
     conda:
         CONDA_ENV
     shell:
-        "tula plot --predictions {input.predictions} --selection {input.selection}"
+        "tula plot selection --predictions {input.predictions} --selection {input.selection}"
         " --measurements {input.measurements} --memory {input.memory} --perf {input.perf}"
         " --time-plot {output.time} --cost-plot {output.cost} --memory-plot {output.memory}"
         " --compute-plot {output.compute} > {log} 2>&1"
@@ -44,9 +44,9 @@ rule plot_selection:
 
 rule plot_training:
     input:
-        metrics=rules.train.output.metrics,
-        final=rules.train.output.final,
-        attempts=rules.train.output.attempts,
+        metrics=rules.launch.output.metrics,
+        final=rules.launch.output.final,
+        attempts=rules.launch.output.attempts,
     output:
         report(
             "results/plots/training.png",
@@ -58,5 +58,5 @@ rule plot_training:
     conda:
         CONDA_ENV
     shell:
-        "tula plot --metrics {input.metrics} --final {input.final}"
+        "tula plot training --metrics {input.metrics} --final {input.final}"
         " --attempts {input.attempts} --training-plot {output} > {log} 2>&1"

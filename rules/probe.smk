@@ -1,7 +1,7 @@
 rule probe:
     input:
         workload=rules.check.output,
-        memory=rules.memory_probe.output,
+        memory=rules.memprobe.output,
     output:
         "results/probes/N{n}_B{b}.json",
     log:

@@ -1,15 +1,16 @@
 localrules:
-    report_html,
+    report,
 
 
-rule report_html:
+rule report:
     input:
         selection=rules.select.output[0],
         predictions=rules.predict.output[0],
         measurements=rules.aggregate.output[0],
         perf=rules.fit.output.perf,
-        final=rules.train.output.final,
-        attempts=rules.train.output.attempts,
+        workload=rules.check.output[0],
+        final=rules.launch.output.final,
+        attempts=rules.launch.output.attempts,
         plots=list(rules.plot_selection.output) + list(rules.plot_training.output),
     output:
         "results/report.html",
@@ -19,5 +20,6 @@ rule report_html:
         CONDA_ENV
     shell:
         "tula report --selection {input.selection} --predictions {input.predictions}"
-        " --measurements {input.measurements} --perf {input.perf} --final {input.final}"
+        " --measurements {input.measurements} --perf {input.perf} --workload {input.workload}"
+        " --final {input.final}"
         " --attempts {input.attempts} --plots {input.plots} --out {output} > {log} 2>&1"

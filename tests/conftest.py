@@ -10,6 +10,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A GPU partition as scontrol and sinfo describe it (tests of tula.slurm and tula.preflight).
+GPU_PARTITION = (
+    "PartitionName=gpu AllowGroups=ALL Default=NO MaxNodes=4 MaxTime=2-00:00:00 State=UP TotalCPUs=192 "
+    "TotalNodes=6 Nodes=g[01-06]"
+)
+GPU_NODES = "g01|32|gpu:a100:4(S:0-1)\ng02|32|gpu:a100:4(S:0-1)\ng03|32|gpu:a100:4(S:0-1)\ng04|32|gpu:a100:4\n" \
+            "g05|32|gpu:v100:2,gpu:t4:1\ng06|32|(null)\ng01|32|gpu:a100:4(S:0-1)\n"  # fmt: skip
+
 # A config small enough for real multi-process runs on a 2-core machine.
 TINY = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
@@ -87,7 +95,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def user_pythonpath(monkeypatch):
     """tests/ on PYTHONPATH (for worker processes) and sys.path: `user_workload:...` imports."""
-    import sys
 
     monkeypatch.setenv("PYTHONPATH", str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.syspath_prepend(str(TESTS))
@@ -150,3 +157,17 @@ def checkpoint_state(v):
     import torch
 
     return {"fingerprint": "f", "epoch": 1, "offset": 0, "global_batch": 8, "w": torch.full((3,), float(v))}
+
+
+def bitwise_equal(a: dict, b: dict) -> bool:
+    """Two state dicts (or named parameters) hold the same tensors, bit for bit."""
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def load_params(path) -> dict:
+    """A saved state dict (model.pt), on the CPU."""
+    import torch
+
+    return torch.load(path, map_location="cpu")

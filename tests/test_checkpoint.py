@@ -2,8 +2,8 @@
 foreign one is skipped."""
 
 import torch
-
 from conftest import checkpoint_state
+
 from tula import checkpoint
 
 

@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 
 from tula import config
 from tula.config import ConfigError
@@ -61,34 +60,14 @@ def test_load_errors_name_the_file(tmp_path):
         config.load(bad)
 
 
-def test_snapshot_is_rewritten_only_on_change(tmp_path):
-    path = tmp_path / "snap.json"
-    config.snapshot({"objective": "time"}, path)
-    first = path.stat().st_mtime_ns
-    config.snapshot({"objective": "time"}, path)
-    assert path.stat().st_mtime_ns == first
-    config.snapshot({"objective": "cost"}, path)
-    assert config.load(path).objective == "cost"
-
-
-def test_stage_settings_isolate_reruns():
-    a = config.from_dict({"pricing": {"per_node_hour": 1.0}})
-    b = config.from_dict({"pricing": {"per_node_hour": 9.0}})
-    assert config.stage_settings(a, "probe") == config.stage_settings(b, "probe")
-    assert config.stage_settings(a, "select") != config.stage_settings(b, "select")
-    c = config.from_dict({"probe": {"timed_steps": 50}})
-    assert config.stage_settings(a, "probe") != config.stage_settings(c, "probe")
-
-
 def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defaults():
     """The workflow's validate() and tula's loader must apply one schema: the workflow file is a
     link to the packaged one (a copy could drift), and Snakemake fills the defaults tula uses."""
     import os
 
+    from conftest import ROOT
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
-
-    from conftest import ROOT
 
     wf = ROOT / "workflow" / "config.schema.yaml"
     assert wf.is_symlink() and os.path.samefile(wf, config.SCHEMA_PATH)
@@ -121,31 +100,3 @@ def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading
     (tmp_path / "img" / "train").mkdir(parents=True)
     with pytest.raises(ConfigError, match="image folder .*img/val not found"):
         config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}}))
-
-
-def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_path):
-    """Snakemake creates conda environments from a copy of the env file under .snakemake/conda/,
-    so `-e ..` must become an absolute path; checked with pip itself from another directory
-    (conda cannot be installed here: its packages come from conda-forge, which this machine and
-    CI cannot reach)."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    out = config.conda_env(ROOT / "envs" / "tula.yaml", tmp_path / ".snakemake" / "tula" / "conda-env.yaml")
-    env = yaml.safe_load(out.read_text())
-    (pip,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
-    assert pip == [f"-e {ROOT}"] and "python=3.11" in env["dependencies"]
-    copy = tmp_path / ".snakemake" / "conda" / "0123abcd.yaml"  # where Snakemake puts its copy
-    copy.parent.mkdir(parents=True)
-    copy.write_text(out.read_text())
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
-                        "--no-index", *pip[0].split()], cwd=copy.parent, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0 and "Would install tula" in r.stdout, r.stdout + r.stderr
-    # other pip entries are kept; relative paths resolve from the template's directory
-    tpl = tmp_path / "envs" / "t.yaml"
-    tpl.parent.mkdir()
-    tpl.write_text(yaml.safe_dump({"dependencies": ["pip", {"pip": ["numpy>=1", "-e ..", "./vendored"]}]}))
-    got = yaml.safe_load(config.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][1]["pip"]
-    assert got == ["numpy>=1", f"-e {tmp_path}", str(tmp_path / "envs" / "vendored")]

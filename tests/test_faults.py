@@ -1,5 +1,6 @@
-"""Fault injection specs (tula.faults): parsed, matched by place and batch, and refused with a
-clear message when malformed."""
+"""Fault injection (tula.faults): one spec language for the probes and the production job,
+matched by place, step, rank, batch and probe point, fired once, and refused with a clear
+message when malformed."""
 
 import pytest
 import torch
@@ -7,18 +8,50 @@ import torch
 from tula import faults
 
 
-def test_fault_specs_parse_and_bad_ones_name_the_problem():
-    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10;oom:step=3,where=eval")
-    assert [f.kind for f in fs] == ["oom", "signal", "truncate", "oom"] and fs[0].batch == 128 and fs[1].sig == "USR2"
-    assert (fs[0].where, fs[3].where) == ("forward", "eval")
-    fired = set()
-    faults.maybe_oom(fs, "eval", 12, 1, 128, fired)  # another place: no fault
-    faults.maybe_oom(fs, "forward", 12, 1, 64, fired)  # another batch: no fault
-    with pytest.raises(torch.OutOfMemoryError, match="injected by .* in forward at step 12 on rank 1"):
-        faults.maybe_oom(fs, "forward", 12, 1, 128, fired)
-    faults.maybe_oom(fs, "forward", 12, 1, 128, fired)  # once per process
-    for bad, msg in [("boom:step=1", "unknown fault kind"), ("oom:rank=1", "needs step"),
-                     ("signal:step=1,sig=KILL", "sig="), ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field"),
-                     ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint")]:  # fmt: skip
-        with pytest.raises(ValueError, match=msg):
-            faults.parse(bad)
+def test_fault_specs_parse_into_their_fields():
+    fs = faults.parse("oom:step=12,rank=1,batch=128; signal:step=5,sig=USR2;truncate:step=10;oom:step=3,where=eval;"
+                      "oom:point=N2_B64,rank=1;error:point=N4_B32;profiler:point=N2_B64")  # fmt: skip
+    assert [(f.kind, f.step, f.rank, f.batch, f.sig, f.where, f.point) for f in fs] == [
+        ("oom", 12, 1, 128, None, "forward", None), ("signal", 5, None, None, "USR2", "forward", None),
+        ("truncate", 10, None, None, None, "forward", None), ("oom", 3, None, None, None, "eval", None),
+        ("oom", None, 1, None, None, "forward", "N2_B64"), ("error", None, None, None, None, "forward", "N4_B32"),
+        ("profiler", None, None, None, None, "forward", "N2_B64")]  # fmt: skip
+    assert [f.place for f in fs[4:]] == ["forward", "start", "profiler"]
+
+
+def test_the_injector_fires_at_its_place_step_rank_and_batch_once():
+    fs = faults.parse("oom:step=12,rank=1,batch=128;oom:step=3,where=eval")
+    inj = faults.Injector(fs, rank=1)
+    inj("eval", 12, 128)  # another place: nothing
+    inj("forward", 12, 64)  # another batch: nothing
+    inj("forward", 11, 128)  # another step: nothing
+    with pytest.raises(torch.OutOfMemoryError, match=r"injected by TULA_INJECT_FAULT: out of memory in forward at "
+                                                     r"step 12 on rank 1 \(global batch 128\)"):  # fmt: skip
+        inj("forward", 12, 128)
+    inj("forward", 12, 128)  # once per process
+    with pytest.raises(torch.OutOfMemoryError, match="in eval at step 3"):
+        inj("eval", 3, 32)
+    assert not faults.Injector(fs[:1], rank=0)  # rank 1's fault: nothing for rank 0
+
+
+def test_probe_faults_are_for_their_probe_and_production_faults_never_reach_a_probe():
+    fs = faults.parse("oom:point=N2_B64,rank=1;error:point=N4_B32;profiler:point=N2_B64;oom:step=2")
+    assert [f.kind for f in faults.Injector(fs, rank=1, point="N2_B64").faults] == ["oom", "profiler"]
+    assert [f.kind for f in faults.Injector(fs, rank=0, point="N2_B64").faults] == ["profiler"]
+    assert [f.kind for f in faults.Injector(fs, rank=0, point="N4_B32").faults] == ["error"]
+    assert [(f.kind, f.step) for f in faults.Injector(fs, rank=0).faults] == [("oom", 2)]  # the production job's
+    with pytest.raises(RuntimeError, match=r"injected by TULA_INJECT_FAULT: error in start at step 0 on rank 0 .*probe N4_B32"):
+        faults.Injector(fs, rank=0, point="N4_B32")("start", 0, 32)
+    with pytest.raises(AssertionError, match="version mismatch"):
+        faults.Injector(fs, rank=0, point="N2_B64")("profiler", 5, 64)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("boom:step=1", "unknown fault kind 'boom'"), ("signal:sig=USR2", "needs step="), ("truncate:", "needs step="),
+    ("error:rank=1", "needs point="), ("signal:step=1,sig=KILL", "sig= one of USR2, TERM, USR1"),
+    ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field 'when=2'"),
+    ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint"),
+])  # fmt: skip
+def test_a_malformed_spec_names_what_is_wrong(bad, msg):
+    with pytest.raises(ValueError, match=f"TULA_INJECT_FAULT: .*{msg}"):
+        faults.parse(bad)

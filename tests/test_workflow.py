@@ -1,178 +1,52 @@
-"""The whole DAG through Snakemake, on a tiny config in a temporary directory."""
+"""What the Snakemake workflow asks of Tula (tula.workflow): the config snapshot the jobs read,
+each rule's rerun trigger, and the conda environment file."""
 
-import json
-import subprocess
-import zipfile
-
-import pandas as pd
-import pytest
 import yaml
+from conftest import ROOT
 
-from conftest import ROOT, copy_workflow
-from tula.model import perf as perfmodel
-from tula.runtime.probe_worker import FAULT_ENV
-
-
-def snakemake(workdir, *args, env=None, timeout=900):
-    cmd = ["timeout", "-s", "INT", str(timeout), "snakemake", "--cores", "2", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
+from tula import config, workflow
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    import os
+def test_snapshot_is_rewritten_only_on_change(tmp_path):
+    path = tmp_path / "snap.json"
+    workflow.snapshot({"objective": "time"}, path)
+    first = path.stat().st_mtime_ns
+    workflow.snapshot({"objective": "time"}, path)
+    assert path.stat().st_mtime_ns == first
+    workflow.snapshot({"objective": "cost"}, path)
+    assert config.load(path).objective == "cost"
+
+
+def test_stage_settings_isolate_reruns():
+    a = config.from_dict({"pricing": {"per_node_hour": 1.0}})
+    b = config.from_dict({"pricing": {"per_node_hour": 9.0}})
+    assert workflow.stage_settings(a, "probe") == workflow.stage_settings(b, "probe")
+    assert workflow.stage_settings(a, "select") != workflow.stage_settings(b, "select")
+    c = config.from_dict({"probe": {"timed_steps": 50}})
+    assert workflow.stage_settings(a, "probe") != workflow.stage_settings(c, "probe")
+
+
+def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_path):
+    """Snakemake creates conda environments from a copy of the env file under .snakemake/conda/,
+    so `-e ..` must become an absolute path; checked with pip itself from another directory
+    (conda cannot be installed here: its packages come from conda-forge, which this machine and
+    CI cannot reach)."""
+    import subprocess
     import sys
-    from pathlib import Path
 
-    from conftest import TINY
-
-    wd = tmp_path_factory.mktemp("dag")
-    copy_workflow(wd)
-    (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    (wd / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    env[FAULT_ENV] = "N2_B128=oom"  # one probe fails for real; the DAG must still finish
-    r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return wd, env
-
-
-def test_every_output_exists_and_parses(finished_run):
-    wd, _ = finished_run
-    res = wd / "results"
-    probes = sorted(p.name for p in (res / "probes").glob("*.json"))
-    assert probes == ["N1_B128.json", "N1_B32.json", "N2_B128.json", "N2_B32.json"]  # partial: 4 corners
-    mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
-    assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
-    m = pd.read_csv(res / "measurements.csv")
-    pr = m[m["source"] == "probe"]
-    # N2_B128 ran out of memory (injected) and fell back to the next smaller batch, in the same job
-    assert dict(zip(pr["nodes"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])) == {
-        "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}  # fmt: skip
-    assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2_B128.json")
-    sweep = m[m["source"] == "sweep"]
-    assert len(sweep) > 0 and sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
-    assert (m["source"] == "memory").sum() == len(mp["points"])
-    memj, perf = (json.loads((res / "model" / f).read_text()) for f in ("memory.json", "perf.json"))
-    assert memj["search"] == "partial" and memj["fit"]["slope"] > 0 and memj["fit"]["n_points"] >= len(mp["points"])
-    assert perf["rows_fitted"] == {"probe": 4, "sweep": len(sweep), "memory": len(mp["points"])}
-    assert perf["compute"]["form"] in perfmodel.COMPUTE_FORMS and perf["probes_fitted"] == 4
-    pred = pd.read_csv(res / "predictions.csv")
-    assert len(pred) == 6  # N in {1,2} x B in {32,64,128}, probed or not
-    assert not pred.query("nodes == 2 and global_batch == 128")["feasible"].item()  # the OOM point
-    sel = json.loads((res / "selection.json").read_text())
-    assert sel["objective"] == "knee" and (sel["selected"]["nodes"], sel["selected"]["global_batch"]) != (2, 128)
-    final = json.loads((res / "train" / "final.json").read_text())
-    assert (final["nodes"], final["global_batch"]) == (sel["selected"]["nodes"], sel["selected"]["global_batch"])
-    assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
-    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
-        assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    html = (res / "report.html").read_text()
-    assert "Use N = " in html and html.count("data:image/png;base64,") == 5 and "did not succeed" in html
-    assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
-    perf = json.loads((res / "model" / "perf.json").read_text())
-    assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4  # the ok probes
-    assert sel["knee"]["rule"] == "marginal" and {"marginal", "kneedle"} <= set(sel["knee"])
-    bench = pd.read_csv(res / "benchmarks" / "train.tsv", sep="\t")  # Snakemake's benchmark of the train rule
-    assert len(bench) == 1 and bench["s"].item() >= final["train_time_s"] > 0
-
-
-def test_nothing_to_do_after_a_finished_run(finished_run):
-    wd, env = finished_run
-    r = snakemake(wd, "--configfile", "tiny.yaml", "-n", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "Nothing to be done" in r.stdout + r.stderr
-
-
-def test_a_pricing_change_reruns_selection_not_probes(finished_run):
-    """Really run up to select with another objective (time to accuracy, from the probes' gradient
-    noise scale): selection.json changes, and no probe, the memory probe or the measurements are
-    touched."""
-    wd, env = finished_run
-    res = wd / "results"
-    kept = [*(res / "probes").glob("*.json"), res / "memory_probe.json", res / "measurements.csv",
-            res / "model" / "perf.json"]  # fmt: skip
-    before = {f: f.stat().st_mtime_ns for f in kept}
-    sel_before = (res / "selection.json").stat().st_mtime_ns
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time_to_accuracy", "--until", "select",
-                  env=env)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert {f: f.stat().st_mtime_ns for f in kept} == before
-    assert (res / "selection.json").stat().st_mtime_ns > sel_before
-    sel = json.loads((res / "selection.json").read_text())
-    # the N=2 probes measured the gradient noise scale; the objective chose by it
-    assert sel["objective"] == "time_to_accuracy" and sel["noise"]["b_noise"] > 0
-    assert set(sel["noise"]["versus"]) == {"time", "knee"} and "B_noise = " in sel["reason"]
-
-
-def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
-    from conftest import TINY
-
-    copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    r = snakemake(tmp_path, "--configfile", "tiny.yaml", "-n")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
-    # the probes are not known before the memory probe has run: the dry run lists the checkpoint
-    # and the jobs after it, and no probe yet
-    assert "checkpoint memory_probe" in out and "rule probe:" not in out and "alteration of the DAG" in out
-    assert "aggregate" in out and not (tmp_path / "results" / "memory_probe.json").exists()
-
-
-@pytest.mark.parametrize("text, message", [
-    ("grid:\n  nodes: [1, 3]\n  batch_min: 32\n", "config key 'grid.nodes': N=3 does not divide"),
-    ("workload:\n  dataset: npz:/no/such/file.npz\n",
-     "config key 'workload.dataset': npz file /no/such/file.npz not found"),
-    ("workload:\n  dataset: imagefolder:/no/such/root\n",
-     "config key 'workload.dataset': image folder /no/such/root/train not found"),
-])  # fmt: skip
-def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
-    copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text(text)
-    r = snakemake(tmp_path, "-n")
-    assert r.returncode != 0
-    assert message in r.stdout + r.stderr
-    assert not (tmp_path / "results").exists()
-
-
-def test_lint_is_clean(venv_path):
-    r = subprocess.run(["snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "good condition" in r.stdout + r.stderr, r.stdout + r.stderr
-
-
-def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):
-    wd, env = finished_run
-    r = subprocess.run(["snakemake", "--report", str(tmp_path / "report.zip")], cwd=wd, capture_output=True, text=True,
-                       env=env)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    with zipfile.ZipFile(tmp_path / "report.zip") as z:
-        assert z.testzip() is None  # every member's CRC checks
-        names = z.namelist()
-    assert any(n.endswith("/report.html") for n in names), names
-    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
-        assert any(n.endswith(f"{png}.png") for n in names), (png, names)  # the rules' report() outputs
-
-
-def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(finished_run):
-    """The train rule, re-run with an injected OOM at the selected batch: `tula launch` relaunches
-    at the next smaller batch from the last checkpoint, and report.html shows both attempts."""
-    from tula.faults import ENV
-
-    wd, env = finished_run
-    # objective time: a larger batch than the knee's (which may be grid.batch_min on this CPU), so
-    # that a smaller one is left to fall back to
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
-    b = sel["global_batch"]
-    assert b > 32, f"objective time chose B={b}: no smaller batch >= grid.batch_min to fall back to"
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--forcerun", "train",
-                  env={**env, ENV: f"oom:step={-(-1437 // b) + 2},rank=0,batch={b}"})  # in epoch 2, after a checkpoint
-    assert r.returncode == 0, r.stderr[-4000:]
-    att = json.loads((wd / "results" / "train" / "attempts.json").read_text())["attempts"]
-    assert [a["outcome"] for a in att] == ["oom", "completed"] and att[0]["global_batch"] == b
-    assert att[1]["global_batch"] < b and att[1]["start_step"] == att[0]["checkpoint_step"]
-    html = (wd / "results" / "report.html").read_text()
-    assert f"relaunched from its last checkpoint at B={att[1]['global_batch']}" in html
-    assert "<td class=bad>oom</td>" in html and (wd / "results" / "train" / "model.pt").stat().st_size > 0
+    out = workflow.conda_env(ROOT / "envs" / "tula.yaml", tmp_path / ".snakemake" / "tula" / "conda-env.yaml")
+    env = yaml.safe_load(out.read_text())
+    (pip,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
+    assert pip == [f"-e {ROOT}"] and "python=3.11" in env["dependencies"]
+    copy = tmp_path / ".snakemake" / "conda" / "0123abcd.yaml"  # where Snakemake puts its copy
+    copy.parent.mkdir(parents=True)
+    copy.write_text(out.read_text())
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
+                        "--no-index", *pip[0].split()], cwd=copy.parent, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and "Would install tula" in r.stdout, r.stdout + r.stderr
+    # other pip entries are kept; relative paths resolve from the template's directory
+    tpl = tmp_path / "envs" / "t.yaml"
+    tpl.parent.mkdir()
+    tpl.write_text(yaml.safe_dump({"dependencies": ["pip", {"pip": ["numpy>=1", "-e ..", "./vendored"]}]}))
+    got = yaml.safe_load(workflow.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][1]["pip"]
+    assert got == ["numpy>=1", f"-e {tmp_path}", str(tmp_path / "envs" / "vendored")]

@@ -7,16 +7,18 @@
     fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
-    plot       csv/json above              -> results/plots/*.png
+    plot       selection: csv/json above   -> results/plots/{time,cost,memory,compute}_vs_batch.png
+               training: the training job  -> results/plots/training.png
     launch     selection.json              -> results/train/{metrics.csv,final.json,model.pt,attempts.json}
     report     everything above            -> results/report.html
     compare    run: one run of the suite   -> results/compare/runs/<id>/result.json
                aggregate: result.json's    -> results/compare/{accuracy.csv,table.md,heatmap.png}
 
 Each reads files and writes files (atomically), so any stage can be re-run alone or fed
-data that did not come from a probe. This module only parses: each stage's module owns it
-(memprobe.run, probe.run, measurements.aggregate, fit.run, predict.run, select.run,
-plots.run_selection, launch.run, report.run, compare.run_one, compare.aggregate).
+data that did not come from a probe. The Snakemake rule, the subcommand and the module of a
+stage share its name (rule memprobe = ``tula memprobe`` = :mod:`tula.stages.memprobe`; a
+stage with two steps has a rule per step: plot_selection = ``tula plot selection``). This
+module only parses: each stage's module owns the stage.
 """
 
 from __future__ import annotations
@@ -45,10 +47,42 @@ def _cfg_arg(p: argparse.ArgumentParser) -> None:
                    help="Tula config (workflow/config.yaml, or the snapshot Snakemake passes); validated on load")  # fmt: skip
 
 
+def cmd_check(a) -> None:
+    from tula.stages import check
+
+    check.run(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
+
+
+def add_check(sub) -> None:
+    s = sub.add_parser("check", help="validate a config, its dataset and model, and list the points a search would probe",
+                       description="Validate the config; load workload.dataset (files, folders, your callable, a "
+                                   "first sample) and build workload.model and run it on a batch of real samples. "
+                                   "Every mistake names its config key. Nothing is trained or queued.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--config-only", action="store_true", help="only validate the config (no dataset, no model)")
+    s.add_argument("--profile", metavar="DIR", help="also read this Snakemake profile (e.g. slurm): its partitions, "
+                   "account and the training runtime")
+    s.add_argument("--cluster", action="store_true", help="also check, with sinfo/scontrol, that the partition(s) can "
+                   "run the memory probe, the probes and training (nodes, CPUs, GPUs per node, time limit)")
+    s.add_argument("--out", help="write the workload's description (samples, classes, shape, parameters) as JSON")
+    s.set_defaults(func=cmd_check)
+
+
 def cmd_memprobe(a) -> None:
     from tula.stages import memprobe
 
     memprobe.run(a.config, a.out)
+
+
+def add_memprobe(sub) -> None:
+    s = sub.add_parser("memprobe", help="measure peak memory at a few local batches on one worker: b_max",
+                       description="Run one worker at a few local batches (probe.memory_batches), measure each "
+                                   "one's peak memory on real training steps, fit the memory model (Eq. 3) and "
+                                   "write b_max, the largest local batch that fits. Runs before any timing probe: "
+                                   "the search set never includes a point beyond b_max.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--out", required=True, help="JSON to write (results/memory_probe.json)")
+    s.set_defaults(func=cmd_memprobe)
 
 
 def cmd_probe(a) -> None:
@@ -57,15 +91,33 @@ def cmd_probe(a) -> None:
     probe.run(a.config, a.nodes, a.global_batch, a.out, memory_probe=a.memory_probe)
 
 
+def add_probe(sub) -> None:
+    s = sub.add_parser("probe", help="run one short DDP probe at (N, B) and record step time and memory",
+                       description="Launch N workers (torchrun locally), time synced and no-sync steps at local batch "
+                                   "B/N, count memory (Eq. 3), and write the probe record. A failed probe "
+                                   "(oom/error/timeout) is recorded with its status and exits 0.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--nodes", type=int, required=True, help="N: number of data-parallel workers")
+    s.add_argument("--global-batch", type=int, required=True, help="B: global batch size (divisible by N)")
+    s.add_argument("--out", required=True, help="probe record to write (results/probes/N{n}_B{b}.json)")
+    s.add_argument("--memory-probe", help="results/memory_probe.json: bounds the compute sweep at b_max, and says "
+                                          "which smaller batches a partial search falls back to after an OOM")  # fmt: skip
+    s.set_defaults(func=cmd_probe)
+
+
 def cmd_aggregate(a) -> None:
     from tula.stages import aggregate
 
-    df = aggregate.aggregate(a.probes, a.out, memory_probe=a.memory_probe)
-    probes = df[df["source"] == "probe"]
-    ok = int((probes["status"] == "ok").sum())
-    print(f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
-          f"{int((df['source'] == 'sweep').sum())} sweep rows, {int((df['source'] == 'memory').sum())} memory rows "
-          f"-> {a.out}")  # fmt: skip
+    aggregate.run(a.probes, a.out, memory_probe=a.memory_probe)
+
+
+def add_aggregate(sub) -> None:
+    s = sub.add_parser("aggregate", help="collect probe records into measurements.csv",
+                       description="Collect probe JSON records into one CSV, one row per probe, failed ones included.")  # fmt: skip
+    s.add_argument("probes", nargs="+", help="probe JSON files (results/probes/*.json)")
+    s.add_argument("--memory-probe", help="results/memory_probe.json: its points become `source = memory` rows")
+    s.add_argument("--out", required=True, help="CSV to write (results/measurements.csv)")
+    s.set_defaults(func=cmd_aggregate)
 
 
 def cmd_fit(a) -> None:
@@ -74,10 +126,36 @@ def cmd_fit(a) -> None:
     fit.run(a.config, a.measurements, a.memory_out, a.perf_out)
 
 
+def add_fit(sub) -> None:
+    s = sub.add_parser("fit", help="fit the memory (Eq. 3) and step-time (Eq. 2) models",
+                       description="Fit peak memory linear in local batch (statsmodels WLS), and choose and fit the "
+                                   "compute and step forms (scipy, bounded, chosen by held-out error) on the ok rows "
+                                   "of a measurements CSV.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--measurements", required=True, help="measurements CSV (see docs/results.md for its columns)")
+    s.add_argument("--memory-out", required=True, help="memory model JSON to write (results/model/memory.json)")
+    s.add_argument("--perf-out", required=True, help="step-time model JSON to write (results/model/perf.json)")
+    s.set_defaults(func=cmd_fit)
+
+
 def cmd_predict(a) -> None:
     from tula.stages import predict
 
     predict.run(a.config, a.measurements, a.memory, a.perf, a.out, a.train_samples)
+
+
+def add_predict(sub) -> None:
+    s = sub.add_parser("predict", help="predict step time, T, C and memory at every grid point",
+                       description="Predict every (N, B) of the config's grid, probed or not: step time, training "
+                                   "time T (Eq. 4a), cost C (Eq. 4b), memory and feasibility.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--measurements", required=True, help="measurements CSV (to mark probed points and OOMs)")
+    s.add_argument("--memory", required=True, help="memory model JSON (results/model/memory.json)")
+    s.add_argument("--perf", required=True, help="step-time model JSON (results/model/perf.json)")
+    s.add_argument("--train-samples", type=int, default=None,
+                   help="D, training samples per epoch (default: from the probes, else from the dataset)")  # fmt: skip
+    s.add_argument("--out", required=True, help="CSV to write (results/predictions.csv)")
+    s.set_defaults(func=cmd_predict)
 
 
 def cmd_select(a) -> None:
@@ -86,27 +164,47 @@ def cmd_select(a) -> None:
     select.run(a.config, a.predictions, a.out)
 
 
-def cmd_plot(a) -> None:
-    from tula.stages import plot as plots
+def add_select(sub) -> None:
+    s = sub.add_parser("select", help="choose (N, B) for the objective: time, cost, knee, time or cost to accuracy",
+                       description="Pick the configuration for config key `objective` among feasible points inside "
+                                   "`constraints`; write the choice, the runner-up and why.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--predictions", required=True, help="predictions CSV from `tula predict`")
+    s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
+    s.set_defaults(func=cmd_select)
 
-    made = []
-    if a.selection:
-        need = ("predictions", "measurements", "memory", "perf", "time_plot", "cost_plot", "memory_plot", "compute_plot")
-        missing = [f"--{k.replace('_', '-')}" for k in need if not getattr(a, k)]
-        if missing:
-            raise ValueError(f"plot: --selection needs {', '.join(missing)}")
-        plots.run_selection(a.predictions, a.selection, a.measurements, a.memory, a.perf, a.time_plot, a.cost_plot,
-                            a.memory_plot, a.compute_plot)  # fmt: skip
-        made += [a.time_plot, a.cost_plot, a.memory_plot, a.compute_plot]
-    if a.metrics:
-        if not (a.final and a.training_plot):
-            raise ValueError("plot: --metrics needs --final and --training-plot")
-        plots.run_training(a.metrics, a.final, a.attempts, a.training_plot)
-        made.append(a.training_plot)
-    if not made:
-        raise ValueError("plot: nothing to plot; give --selection (with --predictions, --measurements, --memory, --perf "
-                         "and the four plot paths) and/or --metrics with --final and --training-plot")  # fmt: skip
+
+def cmd_plot(a) -> None:
+    from tula.stages import plot
+
+    if a.action == "selection":
+        plot.run_selection(a.predictions, a.selection, a.measurements, a.memory, a.perf, a.time_plot, a.cost_plot,
+                           a.memory_plot, a.compute_plot)  # fmt: skip
+        made = [a.time_plot, a.cost_plot, a.memory_plot, a.compute_plot]
+    else:
+        plot.run_training(a.metrics, a.final, a.attempts, a.training_plot)
+        made = [a.training_plot]
     print(f"[plot] -> {', '.join(map(str, made))}")
+
+
+def add_plot(sub) -> None:
+    s = sub.add_parser("plot", help="draw the figures: `plot selection` (time/cost/memory/compute vs batch), "
+                       "`plot training` (the training curve)")
+    steps = s.add_subparsers(dest="action", required=True)
+    r = steps.add_parser("selection", help="time, cost, memory and compute vs batch (rule plot_selection)")
+    for flag, what in (("--predictions", "predictions CSV"), ("--selection", "selection JSON"),
+                       ("--measurements", "measurements CSV"), ("--memory", "memory model JSON"),
+                       ("--perf", "step-time model JSON"), ("--time-plot", "PNG to write: training time vs batch"),
+                       ("--cost-plot", "PNG to write: cost vs batch"),
+                       ("--memory-plot", "PNG to write: memory vs local batch"),
+                       ("--compute-plot", "PNG to write: the compute curve (probe and sweep rows, model)")):  # fmt: skip
+        r.add_argument(flag, required=True, help=what)
+    r = steps.add_parser("training", help="the training curve (rule plot_training)")
+    r.add_argument("--metrics", required=True, help="training metrics CSV (results/train/metrics.csv)")
+    r.add_argument("--final", required=True, help="training final JSON (results/train/final.json)")
+    r.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json): marks relaunches")
+    r.add_argument("--training-plot", required=True, help="PNG to write: the training curve")
+    s.set_defaults(func=cmd_plot)
 
 
 def cmd_launch(a) -> None:
@@ -119,10 +217,40 @@ def cmd_launch(a) -> None:
           f"{100 * final['final_test_acc']:.2f}% -> {a.out_dir}/ (final.json, metrics.csv, model.pt, attempts.json)")
 
 
+def add_launch(sub) -> None:
+    s = sub.add_parser("launch", help="submit the production training job at the selected (N, B) and watch it",
+                       description="Submit the training job with submitit (SLURM or local processes), echo its "
+                                   "progress, requeue it on preemption/timeout from its checkpoint, and relaunch "
+                                   "it at the next smaller batch after an out-of-memory error. Writes "
+                                   "metrics.csv, final.json, model.pt, attempts.json and checkpoints/.")  # fmt: skip
+    _cfg_arg(s)
+    s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
+    s.add_argument("--out-dir", required=True, help="directory for the training results (results/train)")
+    s.add_argument("--predictions", help="predictions CSV: the memory model's order of smaller batches after an OOM")
+    _executor_args(s)
+    s.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start over")
+    s.set_defaults(func=cmd_launch)
+
+
 def cmd_report(a) -> None:
     from tula.stages import report
 
-    report.run(a.selection, a.predictions, a.measurements, a.final, a.plots, a.out, attempts=a.attempts, perf=a.perf)
+    report.run(a.selection, a.predictions, a.measurements, a.final, a.plots, a.out, attempts=a.attempts, perf=a.perf,
+               workload=a.workload)  # fmt: skip
+
+
+def add_report(sub) -> None:
+    s = sub.add_parser("report", help="render results/report.html",
+                       description="Render one self-contained HTML page from the results files.")  # fmt: skip
+    for flag, what in (("--selection", "selection JSON"), ("--predictions", "predictions CSV"),
+                       ("--measurements", "measurements CSV"), ("--final", "training final JSON")):  # fmt: skip
+        s.add_argument(flag, required=True, help=what)
+    s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json)")
+    s.add_argument("--perf", help="step-time model JSON: the model section (forms, why, residuals)")
+    s.add_argument("--workload", help="results/workload.json (tula check): its warnings head the page")
+    s.add_argument("--plots", nargs="+", required=True, help="PNG figures to embed")
+    s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
+    s.set_defaults(func=cmd_report)
 
 
 def cmd_compare(a) -> None:
@@ -137,138 +265,7 @@ def cmd_compare(a) -> None:
     print(Path(a.table).read_text())
 
 
-def cmd_models(a) -> None:
-    from tula.runtime.nets import available  # torch: only for this listing
-
-    for name in available():
-        print(name)
-    print("tv_<name>: any other torchvision classification model; package.module:callable: your own")
-
-
-def cmd_check(a) -> None:
-    from tula.stages import check
-
-    check.run(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
-
-
-def _executor_args(s: argparse.ArgumentParser) -> None:
-    """Where `tula launch` (and each run of the suite) submits its job: Snakemake passes these."""
-    s.add_argument("--executor-hint", choices=["local", "slurm"],
-                   help="what launch.executor: auto means (the rule passes Snakemake's executor)")
-    s.add_argument("--timeout-min", type=int, help="job wall time when launch.timeout_min is null (rule runtime)")
-    s.add_argument("--slurm-partition", help="partition when launch.slurm_partition is null (profile's)")
-    s.add_argument("--slurm-account", help="account when launch.slurm_account is null (profile's)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tula", description=__doc__, epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    sub = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
-
-    s = sub.add_parser("memprobe", help="measure peak memory at a few local batches on one worker: b_max",
-                       description="Run one worker at a few local batches (probe.memory_batches), measure each "
-                                   "one's peak memory on real training steps, fit the memory model (Eq. 3) and "
-                                   "write b_max, the largest local batch that fits. Runs before any timing probe: "
-                                   "the search set never includes a point beyond b_max.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--out", required=True, help="JSON to write (results/memory_probe.json)")
-    s.set_defaults(func=cmd_memprobe)
-
-    s = sub.add_parser("probe", help="run one short DDP probe at (N, B) and record step time and memory",
-                       description="Launch N workers (torchrun locally), time synced and no-sync steps at local batch "
-                                   "B/N, count memory (Eq. 3), and write the probe record. A failed probe "
-                                   "(oom/error/timeout) is recorded with its status and exits 0.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--nodes", type=int, required=True, help="N: number of data-parallel workers")
-    s.add_argument("--global-batch", type=int, required=True, help="B: global batch size (divisible by N)")
-    s.add_argument("--out", required=True, help="probe record to write (results/probes/N{n}_B{b}.json)")
-    s.add_argument("--memory-probe", help="results/memory_probe.json: bounds the compute sweep at b_max, and says "
-                                          "which smaller batches a partial search falls back to after an OOM")  # fmt: skip
-    s.set_defaults(func=cmd_probe)
-
-    s = sub.add_parser("aggregate", help="collect probe records into measurements.csv",
-                       description="Collect probe JSON records into one CSV, one row per probe, failed ones included.")  # fmt: skip
-    s.add_argument("probes", nargs="+", help="probe JSON files (results/probes/*.json)")
-    s.add_argument("--memory-probe", help="results/memory_probe.json: its points become `source = memory` rows")
-    s.add_argument("--out", required=True, help="CSV to write (results/measurements.csv)")
-    s.set_defaults(func=cmd_aggregate)
-
-    s = sub.add_parser("fit", help="fit the memory (Eq. 3) and step-time (Eq. 2) models",
-                       description="Fit peak memory linear in local batch (statsmodels WLS), and choose and fit the "
-                                   "compute and step forms (scipy, bounded, chosen by held-out error) on the ok rows "
-                                   "of a measurements CSV.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--measurements", required=True, help="measurements CSV (see README for its columns)")
-    s.add_argument("--memory-out", required=True, help="memory model JSON to write (results/model/memory.json)")
-    s.add_argument("--perf-out", required=True, help="step-time model JSON to write (results/model/perf.json)")
-    s.set_defaults(func=cmd_fit)
-
-    s = sub.add_parser("predict", help="predict step time, T, C and memory at every grid point",
-                       description="Predict every (N, B) of the config's grid, probed or not: step time, training "
-                                   "time T (Eq. 4a), cost C (Eq. 4b), memory and feasibility.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--measurements", required=True, help="measurements CSV (to mark probed points and OOMs)")
-    s.add_argument("--memory", required=True, help="memory model JSON (results/model/memory.json)")
-    s.add_argument("--perf", required=True, help="step-time model JSON (results/model/perf.json)")
-    s.add_argument("--train-samples", type=int, default=None,
-                   help="D, training samples per epoch (default: from the probes, else from the dataset)")  # fmt: skip
-    s.add_argument("--out", required=True, help="CSV to write (results/predictions.csv)")
-    s.set_defaults(func=cmd_predict)
-
-    s = sub.add_parser("select", help="choose (N, B) for the objective: time, cost or knee",
-                       description="Pick the configuration for config key `objective` among feasible points inside "
-                                   "`constraints`; write the choice, the runner-up and why.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--predictions", required=True, help="predictions CSV from `tula predict`")
-    s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
-    s.set_defaults(func=cmd_select)
-
-    s = sub.add_parser("plot", help="draw time/cost/memory/compute-vs-batch and training-curve figures",
-                       description="Draw figures from the results files. --selection (with --predictions, "
-                                   "--measurements, --memory, --perf) draws the four selection figures; "
-                                   "--metrics with --final draws the training curve.")  # fmt: skip
-    s.add_argument("--predictions", help="predictions CSV")
-    s.add_argument("--selection", help="selection JSON")
-    s.add_argument("--measurements", help="measurements CSV")
-    s.add_argument("--memory", help="memory model JSON")
-    s.add_argument("--perf", help="step-time model JSON")
-    s.add_argument("--time-plot", help="PNG to write: training time vs batch")
-    s.add_argument("--cost-plot", help="PNG to write: cost vs batch")
-    s.add_argument("--memory-plot", help="PNG to write: memory vs local batch")
-    s.add_argument("--compute-plot", help="PNG to write: the compute curve (probe and sweep rows, model)")
-    s.add_argument("--metrics", help="training metrics CSV (results/train/metrics.csv)")
-    s.add_argument("--final", help="training final JSON (results/train/final.json)")
-    s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json): marks relaunches")
-    s.add_argument("--training-plot", help="PNG to write: the training curve")
-    s.set_defaults(func=cmd_plot)
-
-    for name in ("launch", "train"):
-        s = sub.add_parser(name, help="submit the production training job at the selected (N, B) and watch it"
-                           + (" (alias of launch)" if name == "train" else ""),
-                           description="Submit the training job with submitit (SLURM or local processes), echo its "
-                                       "progress, requeue it on preemption/timeout from its checkpoint, and relaunch "
-                                       "it at the next smaller batch after an out-of-memory error. Writes "
-                                       "metrics.csv, final.json, model.pt, attempts.json and checkpoints/.")  # fmt: skip
-        _cfg_arg(s)
-        s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
-        s.add_argument("--out-dir", required=True, help="directory for the training results (results/train)")
-        s.add_argument("--predictions", help="predictions CSV: the memory model's order of smaller batches after an OOM")
-        _executor_args(s)
-        s.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start over")
-        s.set_defaults(func=cmd_launch)
-
-    s = sub.add_parser("report", help="render results/report.html",
-                       description="Render one self-contained HTML page from the results files.")  # fmt: skip
-    s.add_argument("--selection", required=True, help="selection JSON")
-    s.add_argument("--predictions", required=True, help="predictions CSV")
-    s.add_argument("--measurements", required=True, help="measurements CSV")
-    s.add_argument("--final", required=True, help="training final JSON")
-    s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json)")
-    s.add_argument("--perf", help="step-time model JSON: the model section (forms, why, residuals)")
-    s.add_argument("--plots", nargs="+", required=True, help="PNG figures to embed")
-    s.add_argument("--out", required=True, help="HTML to write (results/report.html)")
-    s.set_defaults(func=cmd_report)
-
+def add_compare(sub) -> None:
     s = sub.add_parser("compare", help="generalization suite (run it with: snakemake --cores 2 compare)",
                        description="The two steps of rules/compare.smk: `run` trains one run of compare.workloads x "
                                    "compare.batches x compare.methods x compare.seeds with compare.nodes workers; "
@@ -282,27 +279,44 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_args(r)
     r = steps.add_parser("aggregate", help="accuracy.csv, table.md, heatmap.png from result.json files (rule compare)")
     _cfg_arg(r)
-    r.add_argument("--csv", required=True)
-    r.add_argument("--table", required=True)
-    r.add_argument("--heatmap", required=True)
+    for flag in ("--csv", "--table", "--heatmap"):
+        r.add_argument(flag, required=True)
     r.add_argument("results", nargs="+", help="the runs' result.json files")
     s.set_defaults(func=cmd_compare)
 
+
+def cmd_models(a) -> None:
+    from tula.runtime.nets import available  # torch: only for this listing
+
+    for name in available():
+        print(name)
+    print("tv_<name>: any other torchvision classification model; package.module:callable: your own")
+
+
+def add_models(sub) -> None:
     s = sub.add_parser("models", help="list the model names usable as workload.model")
     s.set_defaults(func=cmd_models)
 
-    s = sub.add_parser("check", help="validate a config, its dataset and model, and list the points a search would probe",
-                       description="Validate the config; load workload.dataset (files, folders, your callable, a "
-                                   "first sample) and build workload.model and run it on a batch of real samples. "
-                                   "Every mistake names its config key. Nothing is trained or queued.")  # fmt: skip
-    _cfg_arg(s)
-    s.add_argument("--config-only", action="store_true", help="only validate the config (no dataset, no model)")
-    s.add_argument("--profile", metavar="DIR", help="also read this Snakemake profile (e.g. slurm): its partitions, "
-                   "account and the training runtime")
-    s.add_argument("--cluster", action="store_true", help="also check, with sinfo/scontrol, that the partition(s) can "
-                   "run the memory probe, the probes and training (nodes, CPUs, GPUs per node, time limit)")
-    s.add_argument("--out", help="write the workload's description (samples, classes, shape, parameters) as JSON")
-    s.set_defaults(func=cmd_check)
+
+def _executor_args(s: argparse.ArgumentParser) -> None:
+    """Where `tula launch` (and each run of the suite) submits its job: Snakemake passes these."""
+    s.add_argument("--executor-hint", choices=["local", "slurm"],
+                   help="what launch.executor: auto means (the rule passes Snakemake's executor)")
+    s.add_argument("--timeout-min", type=int, help="job wall time when launch.timeout_min is null (rule runtime)")
+    s.add_argument("--slurm-partition", help="partition when launch.slurm_partition is null (profile's)")
+    s.add_argument("--slurm-account", help="account when launch.slurm_account is null (profile's)")
+
+
+STAGES = (add_check, add_memprobe, add_probe, add_aggregate, add_fit, add_predict, add_select, add_plot, add_launch,
+          add_report, add_compare, add_models)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tula", description=__doc__, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for add in STAGES:
+        add(sub)
     return p
 
 

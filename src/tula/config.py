@@ -20,8 +20,6 @@ import jsonschema
 import numpy as np
 import yaml
 
-from tula.io import atomic_write
-
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 
@@ -374,76 +372,3 @@ def load(path: str | os.PathLike) -> Config:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc})") from None
     return from_dict(raw, source=str(p))
-
-
-def conda_env(template: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Write ``template`` (a conda environment file) to ``path`` with every relative pip path
-    (``-e ..``, ``./pkg``) made absolute, resolved from the template's own directory.
-
-    Snakemake copies an environment file under ``.snakemake/conda/`` before it creates the
-    environment, so a relative path in it would point elsewhere; the written file installs
-    Tula from this checkout wherever it is created. Written only on change."""
-    src = Path(template).resolve()
-    env = yaml.safe_load(src.read_text())
-    for dep in env.get("dependencies", []):
-        if isinstance(dep, dict) and "pip" in dep:
-            dep["pip"] = [_absolute_pip_path(str(req), src.parent) for req in dep["pip"]]
-    text = f"# Written from {src} (relative pip paths made absolute); edit that file instead.\n" + yaml.safe_dump(
-        env, sort_keys=False)  # fmt: skip
-    p = Path(path)
-    if not p.exists() or p.read_text() != text:
-        with atomic_write(p) as fh:
-            fh.write(text)
-    return p.resolve()
-
-
-def _absolute_pip_path(req: str, base: Path) -> str:
-    flag, _, target = req.partition(" ") if req.startswith("-e ") else ("", "", req)
-    if target.startswith((".", "/")):
-        target = str((base / target).resolve())
-    return f"{flag} {target}" if flag else target
-
-
-def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write the validated, defaults-filled config to ``path`` (only when it changed).
-
-    Snakemake merges configfiles and ``--config`` overrides in memory; the jobs it starts
-    (locally or on SLURM nodes) read this file, so they see exactly that merged config.
-    Written atomically and only on change, so re-parsing the Snakefile is harmless.
-    """
-    text = json.dumps(validate(raw), indent=2, sort_keys=True) + "\n"
-    p = Path(path)
-    if not p.exists() or p.read_text() != text:
-        with atomic_write(p) as fh:
-            fh.write(text)
-    return p
-
-
-# Which config keys each stage's output depends on. Snakemake re-runs a rule when these
-# change (params rerun trigger), and only then: a new price re-runs select, not probes.
-_STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "check": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data"),
-    "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
-              "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train",
-              "grid"),
-    "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
-    "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin", "train.base_batch"),
-    "memory_probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
-                     "hardware.device", "hardware.backend", "train.method", "train.precision", "train.channels_last",
-                     "train.optimizer", "grid", "probe.memory_batches"),
-    "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing"),
-    "train": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
-    # one run of the suite: not the lists of cells (adding a batch trains only the new runs)
-    "compare_run": ("compare.nodes", "compare.epochs", "workload.mnist1d_samples", "data", "hardware", "train"),
-    "compare": ("compare",),
-}  # fmt: skip
-
-
-def stage_settings(cfg: Config, stage: str) -> str:
-    """The config values ``stage`` depends on, as a stable JSON string."""
-    d = cfg.to_dict()
-    picked: dict[str, Any] = {}
-    for key in _STAGE_KEYS[stage]:
-        section, _, name = key.partition(".")
-        picked[key] = d[section][name] if name else d[section]
-    return json.dumps(picked, sort_keys=True)

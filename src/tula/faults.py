@@ -1,37 +1,44 @@
-"""Fault injection for the production training job (tests and drills; off by default).
+"""Fault injection for tests and drills (off by default): one spec language, one injector,
+for the probes and the production job alike.
 
-Set ``TULA_INJECT_TRAIN_FAULT`` in the environment of ``tula launch`` (the local executor
-and sbatch both pass it on to the workers). Faults are separated by ``;``, each is
-``kind:key=value,...``, and ``step`` counts optimizer steps already taken (global):
+Set ``TULA_INJECT_FAULT`` in the environment of ``snakemake``, ``tula probe`` or ``tula
+launch`` (torchrun, the local executor and sbatch all pass it on to the workers). Faults are
+separated by ``;``, each is ``kind:key=value,...``. ``step`` counts optimizer steps already
+taken (global); ``point=N2_B64`` limits a fault to the probe of that (N, B) -- a fault
+without ``point`` is for the production job (and the runs of the generalization suite),
+never for a probe. ``rank`` limits it to one rank; each fault fires at most once in a process.
 
-``oom:step=K,rank=R[,batch=B][,where=W]``
-    rank R raises a real ``torch.OutOfMemoryError`` at place W of step K (only while the
-    global batch is B, when given). The recovery path is the real one (see train.py):
+``oom:[step=K][,rank=R][,batch=B][,where=W][,point=P]``
+    a real ``torch.OutOfMemoryError`` at place W of step K (any step when not given; only
+    while the global batch is B, when given). The recovery path is the real one:
 
-    - ``forward`` (default): inside the model's forward pass of step K. All ranks agree,
-      the attempt ends as ``oom``, ``tula launch`` relaunches at a smaller B.
-    - ``backward``: in the backward pass of step K, while the peers are inside DDP's
-      gradient all-reduce, where no agreement is possible: rank R leaves a record in
-      ``oom/`` and exits, and the launcher classifies the attempt as ``oom`` from it.
-    - ``refresh``: in the forward of AGS's factor refresh in step K (an epoch's first
-      step, or every ``ags_refresh_every_steps``); agreed through the refresh's all-reduce.
+    - ``forward`` (default): inside the model's forward pass. All ranks agree in the step;
+      the attempt ends as ``oom`` and ``tula launch`` relaunches at a smaller B (a probe is
+      recorded with status ``oom``).
+    - ``backward``: at the start of backward, while the peers are inside DDP's gradient
+      all-reduce, where no agreement is possible: the rank leaves a record in ``oom/`` and
+      exits, and the launcher classifies the attempt as ``oom`` from it.
+    - ``refresh``: in the forward of AGS's factor refresh (an epoch's first step, or every
+      ``ags_refresh_every_steps``); agreed through the refresh's all-reduce.
     - ``eval``: in the evaluation that follows the epoch ending at step K; agreed, and the
       evaluation runs again at half the evaluation batch, without a relaunch.
     - ``checkpoint``: while writing the checkpoint of step K; agreed, nothing half-written,
       the attempt ends as ``oom`` and resumes from the previous checkpoint.
-
-    Each fault fires at most once in a process (so an evaluation retried at a smaller
-    batch succeeds); a relaunched attempt is a new process and meets it again unless
-    ``batch=`` names the batch that ran out of memory.
+``error:point=P[,rank=R]``
+    a ``RuntimeError`` as the probe starts (a crashing worker).
+``profiler:point=P[,rank=R]``
+    the first CPU memory timeline of the probe fails (torch's profiler's "version mismatch"
+    AssertionError, seen about once in ten probes here); the ranks measure one more step.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
-    preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). It
-    fires once: a run resumed at step K does not send it again.
+    preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). A run
+    resumed at step K does not send it again.
 ``truncate:step=K``
-    the checkpoint written at step K is cut to half its size after it was written, as a
-    torn write would leave it. The next resume must fall back to the previous one.
+    the checkpoint written at step K is cut to half its size after it was written, as a torn
+    write would leave it. The next resume must fall back to the previous one.
 
-Example: ``TULA_INJECT_TRAIN_FAULT="oom:step=12,rank=1,batch=128;truncate:step=10"``.
+Example: ``TULA_INJECT_FAULT="oom:step=12,rank=1,batch=128;truncate:step=10"``, or for the
+probe at N=2, B=128: ``TULA_INJECT_FAULT="oom:point=N2_B128,rank=1"``.
 """
 
 from __future__ import annotations
@@ -43,70 +50,102 @@ from dataclasses import dataclass
 # torch is imported inside the functions that touch tensors (they run in the workers, where it is
 # loaded already): `tula launch` checks a fault spec without paying its start-up.
 
-ENV = "TULA_INJECT_TRAIN_FAULT"
-KINDS = {"oom": {"step", "rank", "batch", "where"}, "signal": {"step", "sig", "rank"}, "truncate": {"step"}}
+ENV = "TULA_INJECT_FAULT"
+KINDS = {
+    "oom": {"step", "rank", "batch", "where", "point"},
+    "error": {"rank", "point"},
+    "profiler": {"rank", "point"},
+    "signal": {"step", "sig", "rank"},
+    "truncate": {"step"},
+}
+NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "signal": ("step", "sig"), "truncate": ("step",)}
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
+PLACE_OF = {"error": "start", "profiler": "profiler"}  # where the other kinds fire
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    step: int
+    step: int | None = None
     rank: int | None = None
     batch: int | None = None
     sig: str | None = None
     where: str = "forward"
+    point: str | None = None
+
+    @property
+    def place(self) -> str:
+        return PLACE_OF.get(self.kind, self.where)
 
 
 def parse(spec: str | None) -> list[Fault]:
-    """Faults of a ``TULA_INJECT_TRAIN_FAULT`` value; a malformed one is an error naming it."""
-    faults: list[Fault] = []
-    for item in (spec or "").split(";"):
-        item = item.strip()
-        if not item:
-            continue
-        kind, _, rest = item.partition(":")
-        kind = kind.strip()
-        if kind not in KINDS:
-            raise ValueError(f"{ENV}: unknown fault kind {kind!r} in {item!r} ({', '.join(KINDS)})")
-        kv: dict[str, str] = {}
-        for pair in filter(None, (p.strip() for p in rest.split(","))):
-            k, eq, v = pair.partition("=")
-            if not eq or k not in KINDS[kind]:
-                raise ValueError(f"{ENV}: bad field {pair!r} in {item!r} (a {kind} fault takes {sorted(KINDS[kind])})")
-            kv[k] = v.strip()
-        if "step" not in kv:
-            raise ValueError(f"{ENV}: {item!r} needs step=K")
-        sig = kv.get("sig")
-        if kind == "signal" and sig not in SIGNALS:
-            raise ValueError(f"{ENV}: {item!r} needs sig= one of {', '.join(SIGNALS)}")
-        where = kv.get("where", "forward")
-        if where not in WHERE:
-            raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
-        try:
-            faults.append(Fault(kind, int(kv["step"]), int(kv["rank"]) if "rank" in kv else None,
-                                int(kv["batch"]) if "batch" in kv else None, sig, where))  # fmt: skip
-        except ValueError:
-            raise ValueError(f"{ENV}: step, rank and batch must be integers in {item!r}") from None
-    return faults
+    """Faults of a ``TULA_INJECT_FAULT`` value; a malformed one is an error naming it."""
+    return [_parse_one(item.strip()) for item in (spec or "").split(";") if item.strip()]
+
+
+def _parse_one(item: str) -> Fault:
+    kind, _, rest = item.partition(":")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise ValueError(f"{ENV}: unknown fault kind {kind!r} in {item!r} ({', '.join(KINDS)})")
+    kv: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in rest.split(","))):
+        k, eq, v = pair.partition("=")
+        if not eq or k not in KINDS[kind]:
+            raise ValueError(f"{ENV}: bad field {pair!r} in {item!r} (a {kind} fault takes {sorted(KINDS[kind])})")
+        kv[k] = v.strip()
+    missing = [k for k in NEEDS[kind] if k not in kv]
+    if missing:
+        raise ValueError(f"{ENV}: {item!r} needs {', '.join(f'{k}=' for k in missing)}")
+    if kind == "signal" and kv["sig"] not in SIGNALS:
+        raise ValueError(f"{ENV}: {item!r} needs sig= one of {', '.join(SIGNALS)}")
+    where = kv.get("where", "forward")
+    if where not in WHERE:
+        raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
+    try:
+        number = {k: int(kv[k]) for k in ("step", "rank", "batch") if k in kv}
+    except ValueError:
+        raise ValueError(f"{ENV}: step, rank and batch must be integers in {item!r}") from None
+    return Fault(kind, sig=kv.get("sig"), where=where, point=kv.get("point"), **number)
 
 
 def from_env() -> list[Fault]:
     return parse(os.environ.get(ENV))
 
 
-def maybe_oom(faults: list[Fault], where: str, step: int, rank: int, global_batch: int, fired: set[Fault]) -> None:
-    """Raise the ``oom`` fault due at this place, step, rank and batch, unless it fired
-    already in this process (``fired`` remembers)."""
-    import torch
+class Injector:
+    """Raises the faults due in this process where the step calls it: ``injector(place, step,
+    global_batch)`` at each place an error can happen (inside the model's forward, at the
+    start of backward, while checkpointing, as a probe starts, after a memory timeline).
+    ``point``: the probe's (N, B) name; None in the production job. Each fault fires once."""
 
-    for f in faults:
-        if (f.kind == "oom" and f.where == where and f.step == step and f.rank in (None, rank)
-                and f.batch in (None, global_batch) and f not in fired):  # fmt: skip
-            fired.add(f)
-            raise torch.OutOfMemoryError(f"injected by {ENV}: out of memory in {where} at step {step} on rank "
-                                         f"{rank} (global batch {global_batch})")  # fmt: skip
+    def __init__(self, faults: list[Fault], rank: int, point: str | None = None):
+        self.rank, self.point = rank, point
+        self.faults = [f for f in faults if f.kind in ("oom", "error", "profiler") and f.point == point
+                       and f.rank in (None, rank)]  # fmt: skip
+        self.fired: set[Fault] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def __call__(self, place: str, step: int, global_batch: int) -> None:
+        for f in self.faults:
+            if (f.place == place and f.step in (None, step) and f.batch in (None, global_batch)
+                    and f not in self.fired):  # fmt: skip
+                self.fired.add(f)
+                raise _exception(f, place, step, self.rank, global_batch, self.point)
+
+
+def _exception(f: Fault, place: str, step: int, rank: int, global_batch: int, point: str | None) -> Exception:
+    at = f"{place} at step {step} on rank {rank} (global batch {global_batch}" + (f", probe {point})" if point else ")")
+    if f.kind == "oom":
+        import torch  # the worker's torch, loaded already
+
+        return torch.OutOfMemoryError(f"injected by {ENV}: out of memory in {at}")
+    if f.kind == "profiler":
+        return AssertionError(f"version mismatch (injected by {ENV}: the profiler's memory timeline, {at})")
+    return RuntimeError(f"injected by {ENV}: error in {at}")
 
 
 def maybe_signal(faults: list[Fault], step: int, rank: int, resumed_at: int) -> None:

@@ -1,24 +1,12 @@
-"""The one place that knows SLURM: the shape of an N-worker job, the preflight, and every
-``sacct``/``scontrol``/``sinfo`` call.
+"""The one place that knows SLURM: the shape of an N-worker job and every
+``sacct``/``scontrol``/``sinfo`` call (the preflight built on them: :mod:`tula.preflight`).
 
 - :func:`job_shape` / :func:`job_resources`: what a job of N workers asks for (nodes, tasks
   per node, CPUs, GPUs), as sbatch options (the production job, through submitit) and as
   Snakemake resources (the probe and memory-probe rules);
 - :func:`job_state`, :func:`job_tasks`, :func:`master_addr`, :func:`in_allocation`: what
   the launcher and the workers ask the controller;
-- the preflight: can the partition run the jobs this grid needs?
-
-Before anything is queued, ``tula check --cluster`` and the workflow (Snakemake's
-``onstart``, under the SLURM executor) read the partition with ``scontrol show partition``
-and ``sinfo`` (nodes, CPUs and GPUs per node, the time limit) and compare them with what
-the memory probe, the probe jobs and the training job will ask for. A grid that cannot run
-is refused with one error that lists every problem and the config keys that fix it,
-instead of probe jobs that pend forever (``PartitionNodeLimit``) or an sbatch refusal
-after the probes.
-
-What a job asks for comes from the same functions that build its request
-(:func:`job_resources` for the probes, :func:`job_shape` for the training job), so the
-check and the submission cannot disagree.
+- :func:`read_partition`: a partition's nodes, CPUs and GPUs per node and time limit.
 """
 
 from __future__ import annotations
@@ -28,11 +16,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
-
-import yaml
+from dataclasses import dataclass, field
 
 from tula.config import Config
 
@@ -56,18 +40,6 @@ class Partition:
     node_cpus: list[int] = field(default_factory=list)  # per node of the partition
     node_gpus: list[int] = field(default_factory=list)
     state: str = "UP"
-
-
-@dataclass(frozen=True)
-class JobNeed:
-    """What one job of the workflow asks SLURM for."""
-
-    what: str
-    nodes: int
-    tasks_per_node: int
-    cpus_per_node: int
-    gpus_per_node: int
-    runtime_min: int | None  # None: not known before the job is submitted
 
 
 def parse_time_min(text: str) -> int | None:
@@ -145,137 +117,6 @@ def read_partition(name: str | None) -> Partition:
     return parse_partition(line, _run(["sinfo", "-h", "-N", "-p", part_name, "-o", "%N|%c|%G"]))
 
 
-def probe_runtime_min(cfg: Config) -> int:
-    """Minutes a (memory) probe job asks for: probe.timeout_s and five minutes for start-up."""
-    return int(cfg.probe.timeout_s // 60) + 5
-
-
-def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None) -> list[JobNeed]:
-    """The largest job of each kind the workflow can submit: the memory probe (one worker),
-    the probe at the largest grid N (every N is probed in a full search, the corners in a
-    partial one, so the largest always is) and training at that N (or at ``train_nodes``:
-    `tula launch` knows the N it trains at)."""
-    n = max(cfg.grid.nodes)
-    res = job_resources(cfg, n, probe_runtime_min(cfg))
-    per_node = math.ceil(n / res["nodes"])
-    gpus = per_node if res["gres"] else 0
-    threads = cfg.hardware.threads_per_worker
-    tn = train_nodes or n
-    shape = job_shape(cfg, tn)
-    return [
-        JobNeed("the memory probe (1 worker)", 1, 1, threads, 1 if res["gres"] else 0, probe_runtime_min(cfg)),
-        JobNeed(f"the probe at N={n}", res["nodes"], per_node, per_node * threads, gpus, probe_runtime_min(cfg)),
-        JobNeed(f"training at N={tn}", shape.nodes, shape.tasks_per_node, shape.tasks_per_node * shape.cpus_per_task,
-                shape.gpus_per_node, train_runtime_min),  # fmt: skip
-    ]
-
-
-def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
-    """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change."""
-    out: list[str] = []
-    wpn, threads = cfg.grid.workers_per_node, cfg.hardware.threads_per_worker
-    fit = [i for i in range(len(part.node_cpus))
-           if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node]  # fmt: skip
-    limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
-    if need.nodes > limit:
-        out.append(f"{need.what} needs {need.nodes} node(s) ({need.tasks_per_node} worker(s) per node; "
-                   f"grid.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} node(s)"
-                   + (f" and allows {part.max_nodes} per job" if part.max_nodes else "")
-                   + ": lower the largest grid.nodes, raise grid.workers_per_node if the nodes have the GPUs and "
-                   "CPUs, or use a larger partition")  # fmt: skip
-    elif len(fit) < need.nodes:
-        if need.gpus_per_node and max(part.node_gpus, default=0) < need.gpus_per_node:
-            out.append(f"{need.what} puts {need.tasks_per_node} worker(s) on a node and needs {need.gpus_per_node} "
-                       f"GPU(s) per node (grid.workers_per_node={wpn}, hardware.device=cuda), but the nodes of "
-                       f"partition '{part.name}' have at most {max(part.node_gpus, default=0)}: set "
-                       "grid.workers_per_node to the GPUs per node")  # fmt: skip
-        if max(part.node_cpus, default=0) < need.cpus_per_node:
-            out.append(f"{need.what} needs {need.cpus_per_node} CPUs per node ({need.tasks_per_node} worker(s) x "
-                       f"hardware.threads_per_worker={threads}), but the nodes of partition '{part.name}' have at "
-                       f"most {max(part.node_cpus, default=0)}: lower hardware.threads_per_worker or "
-                       "grid.workers_per_node")  # fmt: skip
-        if not out:
-            out.append(f"{need.what} needs {need.nodes} node(s) with {need.cpus_per_node} CPUs and "
-                       f"{need.gpus_per_node} GPU(s) each, but only {len(fit)} node(s) of partition '{part.name}' "
-                       "have that: lower the largest grid.nodes or grid.workers_per_node")  # fmt: skip
-    if need.runtime_min is not None and part.max_time_min is not None and need.runtime_min > part.max_time_min:
-        keys = ("probe.timeout_s (a probe job asks for it + 5 min)" if "probe" in need.what else
-                "launch.timeout_min, or the train rule's runtime in the profile (set-resources)")  # fmt: skip
-        out.append(f"{need.what} asks for {need.runtime_min} min but partition '{part.name}' allows at most "
-                   f"{part.max_time_min} min (MaxTime): lower {keys}")  # fmt: skip
-    return out
-
-
-def preflight(cfg: Config, probe_partition: str | None = None, train_partition: str | None = None,
-              train_runtime_min: int | None = None, training_only: bool = False,
-              train_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """Check every job kind (or only training) against its partition (``None``: the
-    cluster's default). Returns what was checked; raises :class:`PreflightError` listing
-    every problem, or :class:`ClusterUnreadable` when there is no controller to ask."""
-    parts: dict[str | None, Partition] = {}
-    checked, found = [], []
-    needs = job_needs(cfg, train_runtime_min, train_nodes)
-    for need in needs[-1:] if training_only else needs:
-        name = train_partition if need.what.startswith("training") else probe_partition
-        if name not in parts:
-            parts[name] = read_partition(name)
-        part = parts[name]
-        found += problems(cfg, part, need)
-        checked.append({**asdict(need), "partition": part.name})
-    if found:
-        raise PreflightError("this grid cannot run on the cluster (checked with scontrol/sinfo before submitting "
-                             "anything):\n  - " + "\n  - ".join(found))  # fmt: skip
-    return {"partitions": {p.name: asdict(p) for p in parts.values()}, "jobs": checked}
-
-
-def describe(report: dict[str, Any]) -> str:
-    """The preflight's findings, a few lines for the terminal."""
-    lines = []
-    for p in report["partitions"].values():
-        limit = "unlimited" if p["max_time_min"] is None else f"{p['max_time_min']} min"
-        lines.append(f"partition '{p['name']}' ({p['state']}): {p['total_nodes']} node(s), up to "
-                     f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) per node, "
-                     f"time limit {limit}")  # fmt: skip
-    for j in report["jobs"]:
-        rt = "runtime checked when tula launch submits it" if j["runtime_min"] is None else f"{j['runtime_min']} min"
-        lines.append(f"  ok: {j['what']}: {j['nodes']} node(s) x {j['tasks_per_node']} worker(s), "
-                     f"{j['cpus_per_node']} CPUs and {j['gpus_per_node']} GPU(s) per node, {rt} on '{j['partition']}'")
-    return "\n".join(lines)
-
-
-def read_profile(directory: str) -> dict[str, Any]:
-    """The cluster settings of a Snakemake profile (``DIR/config.yaml``) that the jobs get:
-    the probes' partition and account (default-resources), the training job's (set-resources
-    for ``train``, else the defaults) and its runtime. A file that is missing or not a
-    mapping, or a value of the wrong type, is an error naming the file and key."""
-    path = Path(directory) / "config.yaml"
-    if not path.is_file():
-        raise PreflightError(f"profile {directory!r}: no {path} (a Snakemake profile is a directory with config.yaml)")
-    try:
-        prof = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PreflightError(f"profile {path}: not valid YAML: {exc}") from None
-    if not isinstance(prof, dict):
-        raise PreflightError(f"profile {path}: must be a mapping of Snakemake options")
-    defaults = prof.get("default-resources") or {}
-    train = (prof.get("set-resources") or {}).get("train") or {}
-    for key, block in (("default-resources", defaults), ("set-resources.train", train)):
-        if not isinstance(block, dict):
-            raise PreflightError(f"profile {path}: {key} must be a mapping of resource: value")
-        for name in ("runtime", "mem_mb"):
-            if name in block and not isinstance(block[name], int):
-                raise PreflightError(f"profile {path}: {key}.{name} must be a whole number, not {block[name]!r}")
-    if prof.get("executor") not in (None, "slurm", "local"):
-        raise PreflightError(f"profile {path}: executor {prof['executor']!r}: Tula runs under 'slurm' (or local)")
-    return {
-        "executor": prof.get("executor"),
-        "probe_partition": defaults.get("slurm_partition"),
-        "account": defaults.get("slurm_account"),
-        "train_partition": train.get("slurm_partition", defaults.get("slurm_partition")),
-        "train_runtime_min": train.get("runtime", defaults.get("runtime")),
-    }
-
-
 # -- the shape of a job ---------------------------------------------------------------------
 
 
@@ -290,7 +131,10 @@ class JobShape:
 
 
 def job_shape(cfg: Config, n_workers: int) -> JobShape:
-    """The training job's shape (submitit asks for the same task count on every node)."""
+    """The shape of every job of N workers (memory probe, probes, production, the suite's
+    runs): as many workers on a node as it has GPUs (grid.workers_per_node), the same number
+    on every node (submitit asks for tasks per node), one per node when N does not fill
+    whole nodes."""
     wpn = cfg.grid.workers_per_node
     if n_workers % wpn and n_workers > wpn:
         per_node = 1
@@ -300,15 +144,17 @@ def job_shape(cfg: Config, n_workers: int) -> JobShape:
     return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
 
 
-def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None,
+def job_resources(cfg: Config, n_workers: int, runtime_min: int | None = None,
                   exclusive: bool = False) -> dict[str, int | str | None]:  # fmt: skip
-    """What one SLURM job for N workers asks for (Snakemake resources -> sbatch flags).
+    """What the SLURM job of an N-worker probe asks for, as Snakemake resources (which
+    snakemake-executor-plugin-slurm turns into sbatch flags): :func:`job_shape`'s, the shape
+    of the production job at the same N, so a probe times the layout it predicts.
 
     ============== ==================================== =========================
     resource       value                                sbatch flag
     ============== ==================================== =========================
     tasks          N (one task per worker / GPU)        --ntasks=N
-    nodes          ceil(N / grid.workers_per_node)      --nodes
+    nodes          the shape's nodes                    --nodes
     mpi            "srun" when N > 1, else unset        (the job's command is run
                                                          as is; tula starts the N
                                                          tasks with srun itself)
@@ -323,14 +169,13 @@ def job_resources(cfg: Config, nodes: int, runtime_min: int | None = None,
     A value of None leaves the resource unset. GPUs are requested when
     ``hardware.device`` is ``cuda`` (``auto`` cannot know the cluster's nodes).
     """
-    wpn = cfg.grid.workers_per_node
-    n_nodes = -(-nodes // wpn)
+    shape = job_shape(cfg, n_workers)
     return {
-        "tasks": nodes,
-        "nodes": n_nodes,
-        "mpi": "srun" if nodes > 1 else None,
-        "cpus_per_task": cfg.hardware.threads_per_worker,
-        "gres": f"gpu:{min(nodes, wpn)}" if cfg.hardware.device == "cuda" else None,
+        "tasks": n_workers,
+        "nodes": shape.nodes,
+        "mpi": "srun" if n_workers > 1 else None,
+        "cpus_per_task": shape.cpus_per_task,
+        "gres": f"gpu:{shape.gpus_per_node}" if shape.gpus_per_node else None,
         "runtime": runtime_min,
         "slurm_extra": "--exclusive" if exclusive else None,
     }

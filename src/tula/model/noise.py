@@ -79,6 +79,19 @@ def estimate(small_sq, big_sq, small_batch: int, big_batch: int, population: int
     return NoiseScale(g2, tr, b_noise, g2_se, tr_se, b_noise_se, n, int(small_batch), int(big_batch))
 
 
+def statistical_efficiency(global_batch, b_noise: float):
+    """What a sample is worth at batch B against a small batch: 1 / (1 + B / B_noise)
+    (McCandlish et al. 2018, Eq. 2.11). Scalars or arrays."""
+    return 1.0 / (1.0 + global_batch / b_noise)
+
+
+def epochs_to_accuracy(epochs: float, global_batch, base_batch: int, b_noise: float):
+    """Epochs batch B needs to reach the accuracy ``epochs`` reach at ``base_batch``: reaching a
+    given loss takes E = E_min (1 + B / B_noise) samples, so the epochs scale by
+    (1 + B / B_noise) / (1 + base_batch / B_noise). Scalars or arrays."""
+    return epochs * statistical_efficiency(base_batch, b_noise) / statistical_efficiency(global_batch, b_noise)
+
+
 def pool(measured) -> dict[str, Any] | None:
     """One noise scale from every multi-worker probe of a measurements table: |G|² and
     tr(Σ) each averaged over the probes with inverse-variance weights (equal weights where

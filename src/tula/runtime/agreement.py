@@ -9,6 +9,9 @@ one all-reduce after a checkpoint), and all raise :class:`StepOOM` together.
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as torch_dist
+
 
 class StepOOM(Exception):
     """Every rank agreed that some rank ran out of memory: in the forward pass of a step
@@ -27,3 +30,31 @@ def oom_place(where: str, step: int) -> str:
     if where == "checkpoint":
         return f"while writing the checkpoint of step {step}"
     return {"refresh": f"in AGS's factor refresh of step {step}"}.get(where, f"in the {where} pass of step {step}")
+
+
+def agree(failed: bool, payload: torch.Tensor | None = None, op: str = "sum") -> tuple[torch.Tensor | None, list[int]]:
+    """One all-reduce of ``payload`` with one flag per rank riding along: returns the payload
+    reduced over the ranks (``op``: "sum" or "max") and the ranks whose ``failed`` was set.
+
+    Every rank must call it at the same place; with one process (no group, or a group of one)
+    there is nothing to agree on and the payload comes back as it was."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+        return payload, [0] if failed else []
+    world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+    device = payload.device if payload is not None else _device()
+    dtype = payload.dtype if payload is not None and payload.is_floating_point() else torch.float32
+    flags = torch.zeros(world, dtype=dtype, device=device)
+    flags[rank] = float(bool(failed))
+    buf = flags if payload is None else torch.cat([payload.reshape(-1).to(dtype), flags])
+    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM)
+    failed_ranks = [k for k in range(world) if buf[buf.numel() - world + k] > 0]
+    if payload is None:
+        return None, failed_ranks
+    return buf[: payload.numel()].view_as(payload).to(payload.dtype), failed_ranks
+
+
+def _device() -> torch.device:
+    """The device collectives of this group run on: NCCL needs CUDA tensors, gloo takes CPU ones."""
+    if torch_dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,4 +1,5 @@
-"""Datasets and the input pipeline: what every probe, training run and compare run reads.
+"""The datasets every probe, training run and compare run reads (the input pipeline over them,
+order and position, is :mod:`tula.runtime.loader`).
 
 Sources (config key ``workload.dataset``):
 
@@ -13,14 +14,6 @@ Sources (config key ``workload.dataset``):
 - ``package.module:callable``: your own; called with no arguments, it returns
   ``(train_dataset, test_dataset)``, map-style torch Datasets yielding ``(tensor, int)``.
   Give them a ``classes`` list (or ``targets``) so the class count is known without a scan.
-
-Input order (:class:`EpochBatchSampler`): every epoch draws one permutation of the training
-set (same seed on every rank); it is cut into global batches of B samples and rank r takes
-every N-th sample of each, so the N workers together see each sample exactly once per
-epoch. Where training stands is (epoch, samples consumed), independent of B: a requeue, or
-a relaunch at a smaller B, continues with the next unseen sample. Random augmentations are
-seeded per (seed, epoch, sample), so they do not depend on which loader worker ran them,
-and a resumed run sees exactly the images an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -29,15 +22,14 @@ from __future__ import annotations
 # dataset is the one configured: every worker process starts faster, and a torchvision that
 # does not import beside this torch is an error naming workload.dataset, not a crash at import.
 import importlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, default_collate
 from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import default_collate
 
 from tula.config import NPZ_KEYS, Config, ConfigError, Data, Workload, check_npz_file
 
@@ -158,9 +150,9 @@ def image_transforms(d: Data):
 
 
 def _image_folder(root: str, d: Data):
-    r = Path(root)
+    top = Path(root)
     for split in ("train", "val"):
-        sub = r / split
+        sub = top / split
         if not sub.is_dir():
             raise ConfigError(f"{KEY}: image folder {sub} not found; imagefolder:<root> needs root/train/<class>/* "
                               "and root/val/<class>/*")  # fmt: skip
@@ -173,13 +165,13 @@ def _image_folder(root: str, d: Data):
         raise ConfigError(f"{KEY}: imagefolder datasets need torchvision, which does not import here ({exc})") from None
     train_tf, test_tf = image_transforms(d)
     try:
-        train, test = ImageFolder(str(r / "train"), transform=train_tf), ImageFolder(str(r / "val"), transform=test_tf)
+        train, test = ImageFolder(str(top / "train"), transform=train_tf), ImageFolder(str(top / "val"), transform=test_tf)
     except (FileNotFoundError, RuntimeError) as exc:  # a class folder without any image file
-        raise ConfigError(f"{KEY}: {r}: {exc}") from None
+        raise ConfigError(f"{KEY}: {top}: {exc}") from None
     if train.classes != test.classes:
         only_train = sorted(set(train.classes) - set(test.classes))
         only_val = sorted(set(test.classes) - set(train.classes))
-        raise ConfigError(f"{KEY}: {r}/train and {r}/val have different class folders (only in train: "
+        raise ConfigError(f"{KEY}: {top}/train and {top}/val have different class folders (only in train: "
                           f"{only_train or 'none'}; only in val: {only_val or 'none'})")  # fmt: skip
     return train, test
 
@@ -248,6 +240,18 @@ class WorkloadData:
                 "num_classes": self.num_classes, "input_shape": list(self.input_shape)}  # fmt: skip
 
 
+def stored_image_size(ds: TorchDataset) -> tuple[int, int] | None:
+    """(width, height) of the first image an image folder stores, before any transform; None
+    for datasets that are not read from image files."""
+    samples = getattr(ds, "samples", None)
+    if not samples:
+        return None
+    from PIL import Image  # torchvision's own image reader, present whenever an image folder is
+
+    with Image.open(samples[0][0]) as img:
+        return img.size
+
+
 def _sample(ds: TorchDataset, spec: str, which: str) -> tuple[torch.Tensor, int]:
     try:
         item = ds[0]
@@ -305,112 +309,3 @@ def load(w: Workload, d: Data) -> WorkloadData:
 
 def load_config(cfg: Config) -> WorkloadData:
     return load(cfg.workload, cfg.data)
-
-
-# -- order and position -----------------------------------------------------------------
-
-
-def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -> int:
-    """Samples the next global batch takes from ``offset``; 0 when the epoch is over (a tail
-    smaller than N cannot give every worker a sample and is left out)."""
-    n = min(global_batch, train_samples - offset)
-    return n if n >= world else 0
-
-
-def steps_per_epoch(train_samples: int, global_batch: int) -> int:
-    return math.ceil(train_samples / global_batch)
-
-
-def epoch_permutation(train_samples: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(train_samples, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
-
-
-class EpochBatchSampler(Sampler[list]):
-    """This rank's share of every global batch of an epoch, from a sample offset on.
-
-    Yields lists of ``(epoch, index)``; :class:`Seeded` uses the epoch to seed augmentations.
-    :meth:`set_position` moves it (the loader's worker processes can stay alive: sampling
-    runs in the training process)."""
-
-    def __init__(self, train_samples: int, global_batch: int, rank: int, world: int, seed: int):
-        self.n, self.batch, self.rank, self.world, self.seed = train_samples, global_batch, rank, world, seed
-        self.epoch, self.offset = 1, 0
-
-    def set_position(self, epoch: int, offset: int) -> None:
-        self.epoch, self.offset = epoch, offset
-
-    def __iter__(self) -> Iterator[list]:
-        perm = epoch_permutation(self.n, self.seed, self.epoch)
-        off = self.offset
-        while (k := next_chunk(self.n, self.batch, off, self.world)) > 0:
-            yield [(self.epoch, int(i)) for i in perm[off + self.rank : off + k : self.world]]
-            off += k
-
-    def __len__(self) -> int:
-        steps, off = 0, self.offset
-        while (k := next_chunk(self.n, self.batch, off, self.world)) > 0:
-            steps, off = steps + 1, off + k
-        return steps
-
-
-class Seeded(TorchDataset):
-    """Wraps a dataset indexed by ``(epoch, index)``: each sample's random transforms draw from
-    torch's RNG seeded by (seed, epoch, index), restored afterwards, so augmentation does not
-    depend on loader workers, their number, or where a resumed run started."""
-
-    def __init__(self, base: TorchDataset, seed: int):
-        self.base, self.seed = base, seed
-        self.batched = hasattr(base, "__getitems__")
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, key: tuple[int, int]):
-        epoch, i = key
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 2_147_483_647 + i) % 2**63)
-            return self.base[i]
-
-    def __getitems__(self, keys: list[tuple[int, int]]):
-        if self.batched:  # in memory, no transforms: one indexing operation
-            return self.base.__getitems__([i for _, i in keys])
-        return [self[k] for k in keys]
-
-
-class ShardSampler(Sampler[list]):
-    """Evaluation: rank r takes samples r, r+N, r+2N, ... in batches of ``batch``."""
-
-    def __init__(self, size: int, batch: int, rank: int, world: int):
-        self.idx = list(range(rank, size, world))
-        self.batch = batch
-
-    def __iter__(self) -> Iterator[list]:
-        for i in range(0, len(self.idx), self.batch):
-            yield [(0, j) for j in self.idx[i : i + self.batch]]
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.idx) / self.batch)
-
-
-def _loader_options(d: Data, device: torch.device) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_workers": d.num_workers, "collate_fn": collate,
-                            "pin_memory": device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)}  # fmt: skip
-    if d.num_workers > 0:
-        opts.update(persistent_workers=d.persistent_workers, prefetch_factor=d.prefetch_factor)
-    return opts
-
-
-def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, world: int,
-                 device: torch.device) -> tuple[DataLoader, EpochBatchSampler]:  # fmt: skip
-    """The training DataLoader of one rank and its sampler (position it before iterating)."""
-    sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
-    loader = DataLoader(Seeded(data.train, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))
-    return loader, sampler
-
-
-def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device,
-                batch_size: int | None = None) -> DataLoader:  # fmt: skip
-    """The test set sharded over the ranks, ``batch_size`` (default ``data.eval_batch_size``)
-    samples per worker and batch."""
-    sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
-    return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tula.runtime.agreement import agree
+
 if TYPE_CHECKING:
     from tula.runtime.replica import Replica
 
@@ -131,52 +133,47 @@ def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return int(transient + persistent)
 
 
-
-
-def step_peak_bytes(r: Replica, refresh: bool = True, retries: dict[str, int] | None = None) -> dict[str, int]:
+def step_peak_bytes(replica: Replica, refresh: bool = True, retries: dict[str, int] | None = None) -> dict[str, int]:
     """Peak memory of the replica's next training steps at its current batch: a plain step
     and, with AGS (and ``refresh``), a step that refreshes the factors (``refresh``). Each
     is measured on its own. ``retries`` (if given) gets, per kind, how many extra steps the
     profiler's failures cost."""
 
     def measure(refresh: bool) -> int:
-        if r.device.type == "cuda":
-            r.force_refresh = refresh
-            torch.cuda.synchronize(r.device)
-            torch.cuda.reset_peak_memory_stats(r.device)
-            r.next_timed_step()
-            return int(torch.cuda.max_memory_allocated(r.device))
+        if replica.device.type == "cuda":
+            replica.force_refresh = refresh
+            torch.cuda.synchronize(replica.device)
+            torch.cuda.reset_peak_memory_stats(replica.device)
+            replica.next_timed_step()
+            return int(torch.cuda.max_memory_allocated(replica.device))
         # torch's profiler now and then fails to build the memory timeline of a step it
         # recorded (an AssertionError "version mismatch" in its data-flow graph, about one
         # probe in ten here). The step ran on every rank; the ranks agree whether every one
         # of them got a peak, and all measure one more step if not, so they stay in step.
         errors = []
         for attempt in range(PROFILER_TRIES):
-            r.force_refresh = refresh
+            replica.force_refresh = refresh
             try:
-                peak, failed = cpu_step_peak_bytes(r.ddp, r.opt, r.next_timed_step), 0.0
+                peak = cpu_step_peak_bytes(replica.ddp, replica.opt, replica.next_timed_step)
+                if replica.inject is not None:
+                    replica.inject("profiler")  # fault injection: the timeline of a step that ran fails
             except AssertionError as exc:
-                peak, failed = None, 1.0
+                peak = None
                 errors.append(str(exc).splitlines()[0][:200])
-            if r.world > 1:
-                flag = torch.tensor([failed])
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                failed = float(flag.item())
-            if not failed and peak is not None:
+            _, failed = agree(peak is None)
+            if not failed:
                 if retries is not None:
                     retries["refresh" if refresh else "plain"] = attempt
                 return peak
         raise RuntimeError(f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
                            f"(on this rank: {errors or 'fine; another rank failed'})")  # fmt: skip
 
-    if r.pos.offset == 0 and r.steps_per_epoch > 1:
-        r.next_timed_step()  # an epoch's first step (loader refill, AGS refresh): not the plain step
+    if replica.pos.offset == 0 and replica.steps_per_epoch > 1:
+        replica.next_timed_step()  # an epoch's first step (loader refill, AGS refresh): not the plain step
     peaks = {"plain": measure(False)}
-    if refresh and r.t.method == "ags":
+    if refresh and replica.t.method == "ags":
         peaks["refresh"] = measure(True)
     return peaks
-
-
 
 
 def timing_stats(xs: list[float]) -> dict[str, float]:

@@ -29,18 +29,18 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
     out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
     try:
         wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
-        r = Replica(cfg, device, batches[0], 0, 1)
+        replica = Replica(cfg, device, batches[0], 0, 1)
         out["env"] = {"device": device.type, "backend": backend, "precision": cfg.train.precision,
                       "method": cfg.train.method, "torch": torch.__version__}  # fmt: skip
-        r.next_timed_step()  # the first step ever creates the optimizer state: not a measurement
+        replica.next_timed_step()  # the first step ever creates the optimizer state: not a measurement
         todo = list(batches)
         while todo:
             b = todo.pop(0)
             point: dict[str, Any] = {"local_batch": b, "verifies_b_max": b not in batches}
             try:
-                r.set_global_batch(b)
-                mem = measure_step(r.ddp, r.opt, r.forward_loss, *r.to_device(*next(r.epoch_batches())))
-                peaks = step_peak_bytes(r)
+                replica.set_global_batch(b)
+                mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
+                peaks = step_peak_bytes(replica)
                 point.update(status="ok", peak_mem_bytes=max(peaks.values()), plain_peak_bytes=peaks["plain"],
                              refresh_peak_bytes=peaks.get("refresh"), memory=mem.to_dict())  # fmt: skip
             except (StepOOM, torch.OutOfMemoryError) as exc:

@@ -232,5 +232,6 @@ def check_workload(cfg) -> dict:
     sample = d.train[0][0]
     check_forward(cfg.workload.model, model, sample, d.num_classes)
     params = sum(p.numel() for p in model.parameters())
-    return {**d.describe(), "model": cfg.workload.model, "parameters": params,
+    stored = data_mod.stored_image_size(d.train)
+    return {**d.describe(), "model": cfg.workload.model, "parameters": params, "stored_image_size": stored,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip

@@ -28,7 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostL
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.optim import PostLocalSGDOptimizer
 
-from tula.runtime.agreement import StepOOM
+from tula.runtime.agreement import StepOOM, agree
 
 MODES = ("none", "static", "ags")
 
@@ -60,7 +60,15 @@ def ags_scales(
 
 
 class TulaOptimizer(torch.optim.Optimizer):
-    """Wraps ``optim``; scales gradients outside sensitive phases (static or AGS)."""
+    """Wraps ``optim``; scales gradients outside sensitive phases (static or AGS).
+
+    As torch's own wrappers do (``PostLocalSGDOptimizer``), it shares the wrapped optimizer's
+    ``param_groups`` (so LR schedulers work) and its ``state``: AGS's factor of a parameter is
+    ``self.state[p]["ags_scale"]``, beside SGD's momentum buffer, so it follows the parameter
+    (a parameter without a factor is left unscaled, and counted) and the wrapped optimizer's
+    ``state_dict`` carries it. Tula's own state (the previous gradient norm, counters) is
+    added to that ``state_dict`` under ``"tula"``, so a resumed run continues bit-identically.
+    """
 
     def __init__(
         self,
@@ -73,7 +81,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         eps: float = 1e-8,
     ):
         if mode not in MODES:
-            raise ValueError(f"config key 'train.ags.mode': unknown mode {mode!r} ({', '.join(MODES)})")
+            raise ValueError(f"config key 'train.method': unknown scaling mode {mode!r} ({', '.join(MODES)})")
         self.optim = optim
         self.param_groups = optim.param_groups
         self.defaults = optim.defaults
@@ -81,8 +89,8 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.s_max, self.s_min, self.eps = s_max, s_min, eps
         self.prev_sq_norm: float | None = None
         self.last_delta = math.inf
-        self.scales: list[torch.Tensor] | None = None  # AGS factors, one tensor per parameter with a gradient
-        self.counters = {"steps": 0, "scaled": 0, "sensitive": 0, "skipped_nonfinite": 0, "refreshes": 0}
+        self.counters = {"steps": 0, "scaled": 0, "sensitive": 0, "skipped_nonfinite": 0, "refreshes": 0,
+                         "unscaled_params": 0}  # fmt: skip
 
     # -- torch.optim.Optimizer surface -------------------------------------------------
     @property
@@ -103,6 +111,9 @@ class TulaOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):  # type: ignore[override]
+        """Algorithm 1, lines 3-9: Delta(G) of the step's gradient (Eq. 5); outside a
+        sensitive phase the gradient is scaled (U(s), or AGS's per-parameter factors); then
+        the wrapped optimizer steps. ``closure`` is evaluated once, first, as torch's do."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -121,38 +132,54 @@ class TulaOptimizer(torch.optim.Optimizer):
         elif self.mode == "static":
             torch._foreach_mul_(grads, self.static_scale)
             self.counters["scaled"] += 1
-        elif self.mode == "ags" and self.scales is not None and len(self.scales) == len(grads):
-            torch._foreach_mul_(grads, self.scales)
-            self.counters["scaled"] += 1
+        elif self.mode == "ags":
+            self._scale_by_factors(params)
         self.optim.step()
         return loss
 
-    def set_scales(self, g_small: list[torch.Tensor], g_large: list[torch.Tensor]) -> None:
-        """UPDATEGRADSCALE from matching small- and large-batch gradients (same parameter order)."""
-        self.scales = ags_scales(g_small, g_large, self.s_max, self.s_min, self.eps)
+    def _scale_by_factors(self, params: list[torch.nn.Parameter]) -> None:
+        scaled = [(p.grad, self.state[p]["ags_scale"]) for p in params if "ags_scale" in self.state[p]]
+        if scaled:
+            torch._foreach_mul_([g for g, _ in scaled], [s for _, s in scaled])
+            self.counters["scaled"] += 1
+        self.counters["unscaled_params"] += len(params) - len(scaled)  # a gradient with no factor measured yet
+
+    def set_scales(self, params: list[torch.nn.Parameter], g_small: list[torch.Tensor],
+                   g_large: list[torch.Tensor]) -> None:  # fmt: skip
+        """UPDATEGRADSCALE: each parameter's factor from its small- and large-batch gradients."""
+        for p, s in zip(params, ags_scales(g_small, g_large, self.s_max, self.s_min, self.eps)):
+            self.state[p]["ags_scale"] = s
         self.counters["refreshes"] += 1
+
+    def forget_scales(self) -> None:
+        """Drop every factor (they were measured at another batch); the next refresh measures them again."""
+        for st in self.state.values():
+            st.pop("ags_scale", None)
+
+    def scales(self) -> list[torch.Tensor]:
+        """The factors, in parameter order (parameters without one left out)."""
+        return [self.state[p]["ags_scale"] for g in self.param_groups for p in g["params"] if "ags_scale" in self.state[p]]
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         return {
-            "base": self.optim.state_dict(),
-            "tula": {
-                "mode": self.mode,
-                "prev_sq_norm": self.prev_sq_norm,
-                "last_delta": self.last_delta,
-                "scales": None if self.scales is None else [s.clone() for s in self.scales],
-                "counters": dict(self.counters),
-            },
+            "base": self.optim.state_dict(),  # per parameter: momentum buffer and ags_scale
+            "tula": {"mode": self.mode, "prev_sq_norm": self.prev_sq_norm, "last_delta": self.last_delta,
+                     "counters": dict(self.counters)},  # fmt: skip
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self.optim.load_state_dict(state_dict["base"])
         t = state_dict["tula"]
         if t["mode"] != self.mode:
-            raise ValueError(f"checkpoint was written with AGS mode {t['mode']!r}, this run uses {self.mode!r}")
+            raise ValueError(f"checkpoint was written with scaling mode {t['mode']!r}, this run uses {self.mode!r}")
         self.prev_sq_norm, self.last_delta = t["prev_sq_norm"], t["last_delta"]
-        self.scales = None if t["scales"] is None else [s.clone() for s in t["scales"]]
-        self.counters = dict(t["counters"])
+        self.counters = {**self.counters, **t["counters"]}
+        if t.get("scales"):  # written before the factors were per-parameter state: one list, parameter order
+            params = [p for g in self.param_groups for p in g["params"]]
+            if len(params) == len(t["scales"]):
+                for p, s in zip(params, t["scales"]):
+                    self.state[p]["ags_scale"] = s.to(p.device)
 
 
 def refresh_scales(
@@ -187,41 +214,36 @@ def refresh_scales(
     if not math.isfinite(large_sq):
         return False
     g_large = [p.grad.detach().clone() for p in params]
+    g_small, oom = _small_batch_gradient(model, params, loss_fn, x_small, y_small, autocast, loss_scale)
+    # the small gradient's sum over the ranks, and which ranks ran out of memory: one all-reduce
+    flat, failed = agree(bool(oom), torch.cat([g.reshape(-1) for g in g_small]))
+    _restore(params, g_large)
+    if failed:
+        raise StepOOM(failed, oom, where="refresh")
+    flat = flat / (torch_dist.get_world_size() if torch_dist.is_initialized() else 1)
+    g_small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in g_small]), g_small)]
+    opt.set_scales(params, g_small, g_large)
+    # the two squared norms give a one-step gradient noise estimate (tula.model.noise), for free
+    opt.last_sq_norms = (float(squared_global_norm(g_small)), large_sq)
+    return True
+
+
+def _small_batch_gradient(model, params, loss_fn, x_small, y_small, autocast, loss_scale) -> tuple[list, str]:
+    """This rank's gradient on its slice of the reference sub-batch (unscaled), computed
+    without DDP's all-reduce, and the out-of-memory message if it ran out (zeros then)."""
     for p in params:
         p.grad = None
-    oom = ""
     try:
-        no_sync = getattr(model, "no_sync", contextlib.nullcontext)
-        with no_sync():
+        with getattr(model, "no_sync", contextlib.nullcontext)():
             with autocast():
                 loss = loss_fn(model(x_small), y_small)
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         g_small = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-    except torch.OutOfMemoryError as exc:  # agreed below, through the all-reduce every rank makes anyway
-        oom, loss = str(exc) or "out of memory", None
-        g_small = [torch.zeros_like(p) for p in params]
+    except torch.OutOfMemoryError as exc:  # agreed by the caller, through the all-reduce every rank makes anyway
+        return [torch.zeros_like(p) for p in params], str(exc) or "out of memory"
     if loss_scale != 1.0:
         torch._foreach_div_(g_small, loss_scale)
-    if torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
-        flags = torch.zeros(world, dtype=g_small[0].dtype, device=g_small[0].device)
-        flags[rank] = float(bool(oom))
-        flat = torch.cat([g.reshape(-1) for g in g_small] + [flags])
-        torch_dist.all_reduce(flat)  # the small gradient's sum, and which ranks ran out of memory
-        failed = [r for r in range(world) if flat[flat.numel() - world + r] > 0]
-        if failed:
-            _restore(params, g_large)
-            raise StepOOM(failed, oom, where="refresh")
-        flat = flat[: flat.numel() - world] / world
-        g_small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in g_small]), g_small)]
-    elif oom:
-        _restore(params, g_large)
-        raise torch.OutOfMemoryError(oom)
-    opt.set_scales(g_small, g_large)
-    # the two squared norms give a one-step gradient noise estimate (tula.model.noise), for free
-    opt.last_sq_norms = (float(squared_global_norm(g_small)), large_sq)
-    _restore(params, g_large)
-    return True
+    return g_small, ""
 
 
 def _restore(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
@@ -250,6 +272,12 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        """Trust-ratio scaling, then the wrapped optimizer's step. ``closure`` is evaluated once,
+        first (it recomputes the gradients), never after the scaling it would undo."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         w_norms = torch._foreach_norm(params)
         g_norms = torch._foreach_norm([p.grad for p in params])
@@ -260,7 +288,8 @@ class LARS(torch.optim.Optimizer):
             denom = gn + self.weight_decay * wn
             trust = torch.where((wn > 0) & (denom > 0), self.eta * wn / denom, torch.ones_like(wn))
             p.grad.mul_(trust)
-        return self.optim.step(closure)
+        self.optim.step()
+        return loss
 
     def state_dict(self):  # type: ignore[override]
         return self.optim.state_dict()

@@ -36,17 +36,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula import config as config_mod
 from tula.config import TrainSettings
 from tula.model import noise
+from tula.model.perf import steps_per_epoch
 from tula.runtime import data as data_mod
-from tula.runtime.agreement import StepOOM
+from tula.runtime import loader
+from tula.runtime.agreement import StepOOM, agree
 from tula.runtime.nets import build_model
 from tula.runtime.optim import build_method, lr_factor, refresh_scales
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-steps_per_epoch = data_mod.steps_per_epoch
-
-
-steps_per_epoch = data_mod.steps_per_epoch
 
 
 def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
@@ -100,11 +98,11 @@ class Replica:
         self.last_chunk = 0  # samples (all ranks) of the last step's batch
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
         self.phase = "forward"  # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
-        self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults), production only
+        self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults): inject(place)
         self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
         self.eval_retries: list[dict[str, Any]] = []
         self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
-        self.loader, self.sampler = data_mod.train_loader(cfg, self.data, global_batch, rank, world, device)
+        self.loader, self.sampler = loader.train_loader(cfg, self.data, global_batch, rank, world, device)
         self._eval_loader = None
         self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
 
@@ -141,12 +139,13 @@ class Replica:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def inject_faults(self, inject: Callable[[str], None]) -> None:
-        """Call ``inject(place)`` where an out-of-memory error can happen: inside the model's
-        forward (training, AGS refresh, evaluation: the phase says which), at the start of
-        backward, and (Trainer) while checkpointing."""
-        self.inject = inject
-        self.ddp.module.register_forward_pre_hook(lambda m, a: inject(self.phase))
+    def inject_faults(self, injector: Callable[[str, int, int], None]) -> None:
+        """Call ``injector(place, step, global batch)`` (:class:`tula.faults.Injector`) where an
+        error can happen: inside the model's forward (training, AGS refresh, evaluation: the
+        phase says which), at the start of backward, and where :meth:`inject` is called (the
+        trainer while checkpointing, the probe as it starts, the memory measurement)."""
+        self.inject = lambda place: injector(place, self.pos.step, self.global_batch)
+        self.ddp.module.register_forward_pre_hook(lambda m, a: self.inject(self.phase))
 
     # -- the step ----------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -155,7 +154,7 @@ class Replica:
         when any rank ran out of memory moving the batch to the device, in the forward pass or
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
         are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
-        chunk = data_mod.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
+        chunk = loader.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
         self.opt.zero_grad(set_to_none=True)
         oom, self.phase = "", "forward"
         try:
@@ -166,11 +165,9 @@ class Replica:
         if oom:
             self.free_cached_memory()
         # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
-        flags = torch.zeros(self.world + 1, device=self.device)
-        flags[self.rank], flags[self.world] = float(bool(oom)), float(self.stop_code())
-        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
-        if flags[: self.world].any():
-            raise StepOOM([r for r in range(self.world) if flags[r] > 0], oom, where="forward")
+        stop, failed = agree(bool(oom), torch.tensor([float(self.stop_code())], device=self.device), op="max")
+        if failed:
+            raise StepOOM(failed, oom, where="forward")
         self.phase = "backward"
         if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
@@ -198,7 +195,7 @@ class Replica:
         self.sched.step()
         n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
         self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
-        return int(flags[self.world].item())
+        return int(stop.item())
 
     def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
@@ -225,7 +222,7 @@ class Replica:
         probe's compute sweep and the memory probe time and measure other local batches so."""
         self.global_batch = global_batch
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
-        self.loader, self.sampler = data_mod.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
+        self.loader, self.sampler = loader.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
                                                           self.device)  # fmt: skip
         self.pos = Position(self.pos.step, self.pos.epoch, 0)
         self.stats.zero_()
@@ -309,10 +306,10 @@ class Replica:
         to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
         while True:
             if self._eval_loader is None:
-                self._eval_loader = data_mod.eval_loader(self.cfg, self.data, self.rank, self.world, self.device,
+                self._eval_loader = loader.eval_loader(self.cfg, self.data, self.rank, self.world, self.device,
                                                          batch_size=self.eval_batch)  # fmt: skip
             t0, oom = time.perf_counter(), ""
-            sums = torch.zeros(3 + self.world, dtype=torch.float64, device=self.device)  # loss, correct, count, OOM
+            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
             self.ddp.eval()
             self.phase = "eval"
             try:
@@ -331,9 +328,7 @@ class Replica:
                 self.phase = "forward"
             if oom:
                 self.free_cached_memory()
-            sums[3 + self.rank] = float(bool(oom))
-            torch_dist.all_reduce(sums)
-            failed = [r for r in range(self.world) if sums[3 + r] > 0]
+            sums, failed = agree(bool(oom), sums)
             if not failed:
                 n = max(sums[2].item(), 1.0)
                 return sums[0].item() / n, sums[1].item() / n

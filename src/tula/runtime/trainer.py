@@ -23,14 +23,14 @@ import psutil
 import torch
 import torch.distributed as torch_dist
 
-from tula import checkpoint
+from tula import checkpoint, jobs
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.checkpoint import Checkpointing
-from tula.io import read_json, write_bytes, write_csv, write_json
+from tula.io import write_bytes, write_csv, write_json
 from tula.progress import Progress, fmt_duration
 from tula.runtime import dist
-from tula.runtime.agreement import StepOOM, oom_place
+from tula.runtime.agreement import StepOOM, agree, oom_place
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Position, Replica
 
@@ -67,17 +67,6 @@ class StopSignals:
         return h if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler" else None
 
 
-def _record_segment(out_dir: Path, seg: dict[str, Any]) -> None:
-    """Append this run's segment (start/end step, outcome) to segments.json (rank 0)."""
-    path = out_dir / "segments.json"
-    segs = read_json(path) if path.exists() else []
-    write_json(path, [*segs, seg])
-
-
-def oom_marker(out_dir: Path, attempt: int, rank: int) -> Path:
-    return out_dir / "oom" / f"attempt{attempt}-rank{rank}.json"
-
-
 def _process_started() -> float:
     """When this process started (epoch seconds): start-up is counted from there."""
     try:
@@ -102,13 +91,12 @@ class Trainer:
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = StopSignals() if ckpt else None
-        self.r = Replica(cfg, self.device, global_batch, self.rank, nodes)
+        self.replica = Replica(cfg, self.device, global_batch, self.rank, nodes)
         if self.stops:
-            self.r.stop_code = lambda: self.stops.code
-        self.fired: set[tula_faults.Fault] = set()  # injected faults that went off in this process
-        if any(f.kind == "oom" for f in self.faults):
-            self.r.inject_faults(lambda where: tula_faults.maybe_oom(self.faults, where, self.r.pos.step, self.rank,
-                                                                     self.global_batch, self.fired))  # fmt: skip
+            self.replica.stop_code = lambda: self.stops.code
+        injector = tula_faults.Injector(self.faults, self.rank)
+        if injector:
+            self.replica.inject_faults(injector)
         # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
         self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0}
         self.rows: list[dict[str, Any]] = []
@@ -125,56 +113,56 @@ class Trainer:
         state = _load_checkpoint(self.ckpt, self.rank)
         if not state:
             return
-        r = self.r
-        r.load_state(state, state["step"])
+        replica = self.replica
+        replica.load_state(state, state["step"])
         own = state["ranks"][self.rank].get("replica")
         if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
-            r.ddp.module.load_state_dict(own["model"])
-            r.opt.load_state_dict(own["optimizer"])
+            replica.ddp.module.load_state_dict(own["model"])
+            replica.opt.load_state_dict(own["optimizer"])
         checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
-        r.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
+        replica.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
         self.times.update({k: state.get(k, 0.0) for k in self.times})
-        self.resumed_from = r.pos.step
+        self.resumed_from = replica.pos.step
         if state["global_batch"] != self.global_batch:
-            r.noise_pairs = []  # measured at the old B
-            r.force_refresh = _follow_new_batch(r.opt, r.sched, state["global_batch"], self.global_batch, self.rank)
+            replica.noise_pairs = []  # measured at the old B
+            replica.force_refresh = _follow_new_batch(replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank)
         if self.rank == 0:
-            print(f"[{self.label}] resumed from the checkpoint of step {r.pos.step} (epoch {r.pos.epoch}, "
-                  f"{r.pos.offset}/{r.data.train_size} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
+            print(f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch {replica.pos.epoch}, "
+                  f"{replica.pos.offset}/{replica.data.train_size} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
 
     def train_epoch(self) -> None:
         """Steps until the epoch's data is used up (or a stop is agreed on)."""
-        r = self.r
-        batches = r.epoch_batches()
+        replica = self.replica
+        batches = replica.epoch_batches()
         while True:
-            tula_faults.maybe_signal(self.faults, r.pos.step, self.rank, self.resumed_from)
+            tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, self.resumed_from)
             if self.first_step_at is None:
                 self.first_step_at = time.time()
                 self.times["startup_time_s"] += self.first_step_at - self.process_started
                 self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
-            timed = r.timed_step(batches)
+            timed = replica.timed_step(batches)
             if timed is None:
                 return
             dt, stop = timed
             self.epoch_time += dt
             self.times["train_time_s"] += dt
             every = self.ckpt.every_steps if self.ckpt else None
-            if self.ckpt and (stop or (every and r.pos.step % every == 0)):
+            if self.ckpt and (stop or (every and replica.pos.step % every == 0)):
                 self.checkpoint()
             if stop:
-                _stop(stop, self.stops, self.seg, r.pos, self.out, self.rank, self.label)
+                _stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
 
     def end_of_epoch(self, epochs: int, progress: Progress) -> None:
-        r = self.r
-        train_loss, train_acc, samples = r.end_epoch()
+        replica = self.replica
+        train_loss, train_acc, samples = replica.end_epoch()
         t0 = time.perf_counter()
-        test_loss, test_acc = r.evaluate()
+        test_loss, test_acc = replica.evaluate()
         self.times["eval_time_s"] += time.perf_counter() - t0
-        row = {"epoch": r.pos.epoch - 1, "step": r.pos.step, "lr": r.opt.param_groups[0]["lr"],
+        row = {"epoch": replica.pos.epoch - 1, "step": replica.pos.step, "lr": replica.opt.param_groups[0]["lr"],
                "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
                "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9),
-               **r.epoch_noise()}  # fmt: skip
+               **replica.epoch_noise()}  # fmt: skip
         self.rows.append(row)
         self.epoch_time = 0.0
         if self.rank == 0:
@@ -182,7 +170,7 @@ class Trainer:
             progress.update(row["epoch"], "epoch ", extra=f"loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  "
                             f"{row['samples_per_s']:.0f} samples/s")  # fmt: skip
         every = self.ckpt.every_epochs if self.ckpt else None
-        if every and row["epoch"] % every == 0 and r.pos.epoch <= epochs:
+        if every and row["epoch"] % every == 0 and replica.pos.epoch <= epochs:
             self.checkpoint()
 
     def checkpoint(self, complete: bool = False) -> None:
@@ -193,68 +181,66 @@ class Trainer:
         manifest comes last), every rank learns it from one all-reduce after the write, and
         all raise :class:`StepOOM` (``where="checkpoint"``)."""
         t0 = time.perf_counter()
-        r = self.r
+        replica = self.replica
         err, mine = "", None
         try:
-            if r.inject is not None:
-                r.inject("checkpoint")
-            mine = {"rng": checkpoint.rng_state(), "epoch_stats": r.stats.cpu().clone()}
-            if r.replicas_differ() and self.rank != 0:  # rank 0's model and optimizer are the file's own
-                mine["replica"] = _to_cpu({"model": r.ddp.module.state_dict(), "optimizer": r.opt.state_dict()})
+            if replica.inject is not None:
+                replica.inject("checkpoint")
+            mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
+            if replica.replicas_differ() and self.rank != 0:  # rank 0's model and optimizer are the file's own
+                mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__
         per_rank: list[Any] = [None] * self.nodes
         torch_dist.all_gather_object(per_rank, mine)
         if self.rank == 0 and all(p is not None for p in per_rank):
             try:
-                state = {**r.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
+                state = {**replica.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
                          "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
                          "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
                          "attempt": self.attempt}  # fmt: skip
-                hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, r.pos.step) else None
-                checkpoint.save(self.ckpt.directory, state, r.pos.step, keep=self.ckpt.keep, after_write=hook)
+                hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, replica.pos.step) else None
+                checkpoint.save(self.ckpt.directory, state, replica.pos.step, keep=self.ckpt.keep, after_write=hook)
             except (torch.OutOfMemoryError, MemoryError) as exc:
                 err = str(exc) or type(exc).__name__
-        failed = torch.zeros(self.nodes, device=self.device)
-        failed[self.rank] = float(bool(err))
-        torch_dist.all_reduce(failed)
-        if failed.any():
-            r.free_cached_memory()
-            raise StepOOM([i for i in range(self.nodes) if failed[i] > 0], err, where="checkpoint")
+        _, failed = agree(bool(err))
+        if failed:
+            replica.free_cached_memory()
+            raise StepOOM(failed, err, where="checkpoint")
         self.times["checkpoint_time_s"] += time.perf_counter() - t0
 
     def finish(self) -> dict[str, Any]:
-        r, t = self.r, self.cfg.train
+        replica, t = self.replica, self.cfg.train
         if self.ckpt:
             self.checkpoint(complete=True)
         if self.rank == 0:
-            steps = max(r.pos.step, 1)
+            steps = max(replica.pos.step, 1)
             final = {
                 "nodes": self.nodes, "global_batch": self.global_batch, "local_batch": self.global_batch // self.nodes,
                 "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
                 "optimizer": t.optimizer, "method": t.method, "precision": t.precision,
-                "channels_last": r.channels_last, "data_workers": self.cfg.data.num_workers,
-                "ags": dict(r.opt.counters) if isinstance(r.opt, TulaOptimizer) else None,
-                "fp16_skipped_steps": _skipped(r), "epochs": self.cfg.workload.epochs, "steps": r.pos.step,
-                "eval_batch_size": r.eval_batch, "eval_oom_retries": r.eval_retries,
-                "train_samples": r.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
+                "channels_last": replica.channels_last, "data_workers": self.cfg.data.num_workers,
+                "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
+                "fp16_skipped_steps": _skipped(replica), "epochs": self.cfg.workload.epochs, "steps": replica.pos.step,
+                "eval_batch_size": replica.eval_batch, "eval_oom_retries": replica.eval_retries,
+                "train_samples": replica.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
                 "best_test_acc": max(x["test_acc"] for x in self.rows),
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
                 "mean_step_time_s": self.times["train_time_s"] / steps,
                 "backend": self.backend, "device": str(self.device),
             }  # fmt: skip
-            write_bytes(self.out / "model.pt", checkpoint.to_bytes(r.ddp.module.state_dict()))
+            write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
-                _record_segment(self.out, {**self.seg, "end_step": r.pos.step, "outcome": "completed",
+                jobs.add_segment(self.out, {**self.seg, "end_step": replica.pos.step, "outcome": "completed",
                                            "ended": _now(), "reason": "trained every epoch"})  # fmt: skip
-            print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {r.pos.step} steps "
+            print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} steps "
                   f"(mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
                   f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}; "
                   f"test accuracy {100 * final['final_test_acc']:.2f}% (best {100 * final['best_test_acc']:.2f}%)",
                   flush=True)  # fmt: skip
         dist.shutdown()
-        return {"outcome": "completed", "step": r.pos.step}
+        return {"outcome": "completed", "step": replica.pos.step}
 
     # -- the run -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -262,19 +248,19 @@ class Trainer:
         signal it checkpoints and exits (SystemExit) without returning."""
         self.process_started, self.first_step_at = _process_started(), None
         self.restore()
-        r, cfg, epochs = self.r, self.cfg, self.cfg.workload.epochs
+        replica, cfg, epochs = self.replica, self.cfg, self.cfg.workload.epochs
         if self.rank == 0:
-            print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {r.data.train_size} training "
-                  f"samples, {r.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
+            print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {replica.data.train_size} training "
+                  f"samples, {replica.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
                   f"{cfg.train.precision}, backend {self.backend} on {self.device}, {cfg.data.num_workers} loader "
                   f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
         progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
-                            start=r.pos.epoch - 1)  # fmt: skip
-        self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": r.pos.step,
+                            start=replica.pos.epoch - 1)  # fmt: skip
+        self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": replica.pos.step,
                     "host": dist.hostname(), "started": _now(),
                     "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}  # fmt: skip
         try:
-            while r.pos.epoch <= epochs:
+            while replica.pos.epoch <= epochs:
                 self.train_epoch()
                 self.end_of_epoch(epochs, progress)
             return self.finish()
@@ -284,27 +270,27 @@ class Trainer:
             # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
             # the launcher, which classifies the attempt as out of memory from it, and fail; the
             # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
-            self._oom_record(r.phase, str(exc) or "out of memory")
+            self._oom_record(replica.phase, str(exc) or "out of memory")
             raise
 
     def _oom_record(self, where: str, message: str) -> None:
-        step = self.r.pos.step
-        write_json(oom_marker(self.out, self.attempt, self.rank), {
+        step = self.replica.pos.step
+        write_json(jobs.oom_record_path(self.out, self.attempt, self.rank), {
             "step": step, "global_batch": self.global_batch, "where": where, "place": oom_place(where, step),
             "message": message, "time": time.time()})  # fmt: skip
 
     def _oom(self, exc: StepOOM) -> dict[str, Any]:
         messages: list[Any] = [None] * self.nodes
         torch_dist.all_gather_object(messages, exc.message)
-        exc.message = next(messages[r] for r in exc.ranks)
-        step = self.r.pos.step
+        exc.message = next(messages[replica] for replica in exc.ranks)
+        step = self.replica.pos.step
         if self.rank in exc.ranks:
             self._oom_record(exc.where, exc.message)
         what = oom_place(exc.where, step)
         if self.rank == 0:
             print(f"[{self.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}", flush=True)
             if self.ckpt:
-                _record_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
+                jobs.add_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
                                            "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
         dist.shutdown(ok=True)
         return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where,
@@ -322,11 +308,11 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def _skipped(r: Replica) -> int | None:
+def _skipped(replica: Replica) -> int | None:
     """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
-    if not r.scaler.is_enabled() or not isinstance(r.opt, TulaOptimizer):
+    if not replica.scaler.is_enabled() or not isinstance(replica.opt, TulaOptimizer):
         return None
-    return r.pos.step - r.opt.counters["steps"]
+    return replica.pos.step - replica.opt.counters["steps"]
 
 
 def _now() -> str:
@@ -368,7 +354,8 @@ def _follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> 
     Returns True: the AGS factors must be refreshed at the next step.
     """
     if isinstance(opt, TulaOptimizer):
-        opt.scales, opt.prev_sq_norm = None, None
+        opt.forget_scales()
+        opt.prev_sq_norm = None
     for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
         group["lr"] = base * lam(sched.last_epoch)
     if rank == 0:
@@ -388,7 +375,7 @@ def _stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out
     if rank == 0:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         print(f"[{label}] SIG{sig} received: stopped after step {pos.step}, {what}", flush=True)
-        _record_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
+        jobs.add_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
                                   "ended": _now(), "reason": f"SIG{sig} (preemption, time limit or cancel): {what}"})  # fmt: skip
     dist.shutdown(ok=True)
     sys.stdout.flush()

@@ -45,7 +45,7 @@ def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
             for p in record.get("points", [])]  # fmt: skip
 
 
-def aggregate(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None) -> pd.DataFrame:
+def run(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None) -> pd.DataFrame:
     """Collect probe JSON files (and the memory probe's points) into one table; failed
     probes are included, with their status."""
     rows = []
@@ -67,4 +67,9 @@ def aggregate(probe_files: Iterable[str | Path], out: str | Path, memory_probe: 
     df = df.assign(_o=df["source"].map(order)).sort_values(["_o", "nodes", "global_batch", "local_batch"], kind="stable")
     df = df.drop(columns="_o")
     write_csv(out, df)
+    probes = df[df["source"] == "probe"]
+    ok = int((probes["status"] == "ok").sum())
+    print(f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
+          f"{int((df['source'] == 'sweep').sum())} sweep rows, {int((df['source'] == 'memory').sum())} memory rows "
+          f"-> {out}")  # fmt: skip
     return df

@@ -5,7 +5,7 @@
 - the search set that a probe campaign will run is listed;
 - with ``--profile``, the Snakemake profile is read (partitions, account, training runtime);
   with ``--cluster``, the grid's jobs are checked against the SLURM partitions
-  (:func:`tula.slurm.preflight`);
+  (:func:`tula.preflight.preflight`);
 - unless ``--config-only``, the dataset loads and the model maps a batch of real samples to
   (batch, num_classes) (:func:`tula.runtime.nets.check_workload`), and the workload's
   description is written (``results/workload.json``).
@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from tula import config as config_mod
-from tula import slurm
+from tula import preflight
 from tula.io import write_json
 from tula.model.grid import grid, search_set
 
@@ -31,17 +31,17 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
           f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
     if profile or cluster:
-        prof = slurm.read_profile(profile) if profile else {}
+        prof = preflight.read_profile(profile) if profile else {}
         if profile:
             print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
                   f"{prof['probe_partition'] or '(cluster default)'}, training on "
                   f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
                   f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
         if cluster:
-            report = slurm.preflight(
+            report = preflight.preflight(
                 cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
                 cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
-            print(slurm.describe(report))
+            print(preflight.describe(report))
     if config_only:
         return None
     from tula.runtime.nets import check_workload  # torch: only when the workload itself is checked
@@ -50,6 +50,29 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
           f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
           f"forward on a sample batch ok")  # fmt: skip
+    upsampling = image_size_warning(cfg, w.get("stored_image_size"))
+    if upsampling:
+        print(upsampling)
     if out:
-        write_json(out, w)
+        write_json(out, {**w, "warnings": [upsampling] if upsampling else []})
     return w
+
+
+UPSAMPLE_WARN = 1.25  # data.image_size above this many times an image folder's stored side is worth a warning
+
+
+def image_size_warning(cfg: config_mod.Config, stored: tuple[int, int] | list[int] | None) -> str:
+    """A warning when ``data.image_size`` upsamples the images an image folder stores: every
+    probe and training step then pays for pixels that were never there (24 px images at the
+    default 224 are ~87x the pixels)."""
+    if not stored or not cfg.workload.dataset.startswith("imagefolder:"):
+        return ""
+    side = cfg.data.image_size
+    if side <= UPSAMPLE_WARN * max(stored):
+        return ""
+    w, h = stored
+    factor = side * side / (w * h)
+    return (f"warning: config key 'data.image_size' is {side}, but the images of {cfg.workload.dataset} are "
+            f"{w}x{h} px: each is upsampled to {side}x{side}, {factor:.0f}x its pixels, and every probe and training "
+            f"step pays for them. Unless the model needs that input size, set data.image_size: {max(w, h)} (and "
+            "data.resize, if set)")

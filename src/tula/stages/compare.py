@@ -63,13 +63,13 @@ def runs(cfg: config_mod.Config) -> list[Run]:
 
 def run_ids(cfg: config_mod.Config) -> list[str]:
     """The suite's run ids, in order (the ``run`` wildcard of ``rule compare_run``)."""
-    return [r.id for r in runs(cfg)]
+    return [run.id for run in runs(cfg)]
 
 
 def find(cfg: config_mod.Config, run_id: str) -> Run:
-    for r in runs(cfg):
-        if r.id == run_id:
-            return r
+    for run in runs(cfg):
+        if run.id == run_id:
+            return run
     raise ValueError(f"run '{run_id}' is not in the suite of config keys compare.workloads x compare.batches x "
                      f"compare.methods x compare.seeds ({len(runs(cfg))} runs)")  # fmt: skip
 
@@ -145,14 +145,14 @@ def targets(cfg: config_mod.Config, df: pd.DataFrame) -> dict[tuple[str, str], f
 def collect(cfg: config_mod.Config, results: list[str | Path]) -> pd.DataFrame:
     """accuracy.csv's rows from the runs' result.json files, with time to each workload's target."""
     recs = [read_json(p) for p in results]
-    df = pd.DataFrame([{k: r.get(k) for k in COLUMNS if k not in ("epochs", "target_acc", "time_to_target_s",
-                                                                  "epochs_to_target")} for r in recs])  # fmt: skip
+    df = pd.DataFrame([{k: rec.get(k) for k in COLUMNS if k not in ("epochs", "target_acc", "time_to_target_s",
+                                                                  "epochs_to_target")} for rec in recs])  # fmt: skip
     goal = targets(cfg, df)
-    for i, r in enumerate(recs):
-        target = goal.get((r["model"], r["dataset"]))
-        tt, et = time_to_target(r["epochs"], target) if target is not None else (float("nan"), -1)
+    for i, rec in enumerate(recs):
+        target = goal.get((rec["model"], rec["dataset"]))
+        tt, et = time_to_target(rec["epochs"], target) if target is not None else (float("nan"), -1)
         df.loc[i, ["epochs", "target_acc", "time_to_target_s", "epochs_to_target"]] = (
-            len(r["epochs"]), target, tt, et if et > 0 else np.nan)
+            len(rec["epochs"]), target, tt, et if et > 0 else np.nan)
     return df.reindex(columns=COLUMNS)
 
 
@@ -190,72 +190,72 @@ def _methods(st: pd.DataFrame) -> list[str]:
     return [m for m in METHOD_ORDER if m in set(st["method"])]
 
 
+def _grid(st: pd.DataFrame, methods: list[str], cell, best) -> list[str]:
+    """The header, the rule and one row per (model, dataset, B) of a method table: ``cell(row)``
+    gives a cell's text, None for a cell without a figure to compare; the best cell of a row
+    (``best`` over the row's figures) is in bold."""
+    lines = ["| model | dataset | B | " + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods) + " |",
+             "|---|---|---|" + "---|" * len(methods)]  # fmt: skip
+    for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
+        by_method = {row["method"]: row for _, row in g.iterrows()}
+        texts = {m: cell(row) for m, row in by_method.items()}
+        top = best(g)
+        cells = ["—" if m not in by_method else f"**{texts[m][0]}**" if texts[m][1] == top else texts[m][0]
+                 for m in methods]  # fmt: skip
+        lines.append(f"| {model} | {ds} | {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _accuracy_cell(row: pd.Series) -> tuple[str, float]:
+    return f"{row['mean']:.2f} ± {row['std']:.2f}", row["mean"]
+
+
+def _time_cell(row: pd.Series) -> tuple[str, float | None]:
+    if not np.isfinite(row["ttt_median"]):
+        return f"{'median ' if row['reached'] else ''}not reached ({row['reached']}/{row['n']})", None
+    return f"{row['ttt_median']:.2f} s ({row['reached']}/{row['n']})", row["ttt_median"]
+
+
 def table_markdown(df: pd.DataFrame) -> str:
+    """table.md: test accuracy per cell (mean ± std over seeds, best per row in bold, AGS's
+    gain over LBT) and, with a target, the median time to it per cell (fastest in bold)."""
     st = cell_stats(df)
     methods = _methods(st)
-    header = "| model | dataset | B | " + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods) + " |"
-    rule = "|---|---|---|" + "---|" * len(methods)
-    lines = [header, rule]
-    gains, near_best, cells = [], 0, 0
-    for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
+    lines = _grid(st, methods, _accuracy_cell, lambda g: g["mean"].max())
+    gains, near_best, rows = [], 0, 0
+    for _, g in st.groupby(["model", "dataset", "global_batch"]):
         means = dict(zip(g["method"], g["mean"]))
-        best = max(means.values())
-        cells_txt = []
-        for m in methods:
-            if m not in means:
-                cells_txt.append("—")
-                continue
-            r = g[g["method"] == m].iloc[0]
-            txt = f"{r['mean']:.2f} ± {r['std']:.2f}"
-            cells_txt.append(f"**{txt}**" if means[m] == best else txt)
-        lines.append(f"| {model} | {ds} | {b} | " + " | ".join(cells_txt) + " |")
         if "ags" in means:
-            cells += 1
-            near_best += means["ags"] >= best - 1.0
+            rows += 1
+            near_best += means["ags"] >= max(means.values()) - 1.0
             if "lbt" in means:
                 gains.append(means["ags"] - means["lbt"])
-    n = int(st["n"].min()) if len(st) else 0
-    lines.append("")
-    lines.append(f"Test accuracy (%), mean ± std over {n} seeds; best mean per row in bold.")
+    lines += ["", f"Test accuracy (%), mean ± std over {int(st['n'].min()) if len(st) else 0} seeds; best mean per "
+                  "row in bold."]  # fmt: skip
     if gains:
         lines.append(f"AGS − LBT, averaged over the {len(gains)} rows: {np.mean(gains):+.2f} points.")
-    if cells:
-        lines.append(f"AGS best or within 1 point of the best in {near_best}/{cells} rows.")
+    if rows:
+        lines.append(f"AGS best or within 1 point of the best in {near_best}/{rows} rows.")
     failed = df[df["status"] != "ok"]
     if len(failed):
         lines.append(f"Not trained: {', '.join(f'B={r.global_batch} {r.method} seed {r.seed} ({r.status})' for r in failed.itertuples())}.")
     if "ttt_median" in st and df["target_acc"].notna().any():
-        lines += ["", "### Time to target accuracy", "", header, rule]
-        for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
-            fastest = g["ttt_median"].min()
-            cells_txt = []
-            for m in methods:
-                r = g[g["method"] == m]
-                if r.empty:
-                    cells_txt.append("—")
-                    continue
-                r = r.iloc[0]
-                if not np.isfinite(r["ttt_median"]):
-                    cells_txt.append(f"{'median ' if r['reached'] else ''}not reached ({r['reached']}/{r['n']})")
-                    continue
-                txt = f"{r['ttt_median']:.2f} s ({r['reached']}/{r['n']})"
-                cells_txt.append(f"**{txt}**" if r["ttt_median"] == fastest else txt)
-            lines.append(f"| {model} | {ds} | {b} | " + " | ".join(cells_txt) + " |")
+        lines += ["", "### Time to target accuracy", "", *_grid(st, methods, _time_cell, lambda g: g["ttt_median"].min())]
         goals = df.groupby(["model", "dataset"])["target_acc"].first()
-        lines.append("")
-        lines.append("Training-step time (evaluation excluded) summed to the first epoch at or above the target, "
-                     "median over the seeds, one that never reached it counting as infinitely slow (reached/seeds); "
-                     "fastest per row in bold. Targets: "
-                     + ", ".join(f"{m} / {d}: {100 * t:.2f}%" for (m, d), t in goals.items() if t == t) + ".")  # fmt: skip
+        lines += ["", "Training-step time (evaluation excluded) summed to the first epoch at or above the target, "
+                      "median over the seeds, one that never reached it counting as infinitely slow (reached/seeds); "
+                      "fastest per row in bold. Targets: "
+                      + ", ".join(f"{m} / {d}: {100 * t:.2f}%" for (m, d), t in goals.items() if t == t) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-def heatmap(df: pd.DataFrame, path: str | Path) -> None:
+def heatmap(df: pd.DataFrame, path: str | Path):
     """Mean accuracy per row (model / dataset / B) and method; beside it, the median time to
-    target when the runs have one."""
+    target when the runs have one (a cell no median reached is drawn "—"). Returns the figure
+    it saved, None when there is no run to draw."""
     st = cell_stats(df)
     if st.empty:
-        return
+        return None
     st = st.sort_values(["model", "dataset", "global_batch"])
     st["row"] = st["model"] + " / " + st["dataset"] + " / B=" + st["global_batch"].astype(str)
     panels = [("mean", "test accuracy (%)", "RdYlGn", np.nanmax, "{:.1f}")]
@@ -283,3 +283,4 @@ def heatmap(df: pd.DataFrame, path: str | Path) -> None:
         fig.colorbar(im, ax=ax, label=label)
         ax.set_title(("Test accuracy" if col == "mean" else "Time to target") + " by method (over seeds)")
     save_figure(fig, path)
+    return fig

@@ -2,28 +2,26 @@
 
 Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller batches
 until a feasible configuration is found". One *attempt* is one submitit job at one global
-batch B (N is kept):
+batch B (N is kept; :class:`tula.jobs.Attempt`):
 
-- the job is a :class:`ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2 before
-  the time limit or on preemption makes every rank checkpoint at the next step boundary,
-  and submitit requeues the job, which resumes from that checkpoint (TERM, from scancel or
-  ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
+- the job is a :class:`ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2
+  before the time limit or on preemption makes every rank checkpoint at the next step
+  boundary, and submitit requeues the job, which resumes from that checkpoint (TERM, from
+  scancel or ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
 - if a rank runs out of memory, all ranks agree, the job ends with outcome ``oom``, and
   the next attempt resumes from the last checkpoint at the next smaller feasible B (the
   memory model's order from predictions.csv, else B/2) until one trains or none is left.
 
-Every attempt (batch, start/end step, outcome, reason, and the requeued segments inside it)
-is written to ``results/train/attempts.json``; submitit's job folder and logs are in
-``results/train/submitit/``. The rank-0 log is echoed to the terminal while the job runs.
+Every attempt is written to ``results/train/attempts.json`` (:class:`tula.jobs.History`);
+submitit's job folder and logs are in ``results/train/submitit/``. The rank-0 log is echoed
+to the terminal while the job runs. At the end, final.json gets the prediction for the point
+the job trained beside what the job measured (:func:`record_prediction`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +29,12 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, slurm, workers
+from tula import checkpoint, jobs, preflight, slurm, workers, workflow
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
+from tula.jobs import Attempt, History
 from tula.stages.select import selected_point
-
-EXECUTORS = ("local", "slurm")
 
 
 class OutOfMemory(RuntimeError):
@@ -63,41 +60,6 @@ class ProductionJob(submitit.helpers.Checkpointable):
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
 
 
-def resolve_executor(cfg: config_mod.Config, hint: str | None) -> str:
-    """``launch.executor``; ``auto`` follows Snakemake's executor (the --executor-hint the
-    train rule passes: slurm under the slurm profile), else local."""
-    if cfg.launch.executor != "auto":
-        return cfg.launch.executor
-    return hint if hint in EXECUTORS else "local"
-
-
-def make_executor(cfg: config_mod.Config, kind: str, folder: Path, n_workers: int, timeout_min: int,
-                  partition: str | None = None, account: str | None = None,
-                  name: str = "tula-train") -> submitit.Executor:  # fmt: skip
-    """A submitit executor for one attempt's job (SLURM or local processes)."""
-    if kind == "slurm" and not shutil.which("sbatch"):
-        raise RuntimeError("config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
-                           "login node, or set launch.executor: local")  # fmt: skip
-    shape = slurm.job_shape(cfg, n_workers) if kind == "slurm" else slurm.JobShape(1, n_workers, cfg.hardware.threads_per_worker,
-                                                                       n_workers if cfg.hardware.device == "cuda" else 0)  # fmt: skip
-    ex = submitit.AutoExecutor(folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues)
-    params: dict[str, Any] = {"name": name, "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
-                              "nodes": shape.nodes, "cpus_per_task": shape.cpus_per_task}  # fmt: skip
-    if shape.gpus_per_node:
-        params["gpus_per_node"] = shape.gpus_per_node
-    if kind == "slurm":
-        L = cfg.launch
-        params.update(slurm_signal_delay_s=L.signal_delay_s, slurm_additional_parameters={**L.slurm_additional})
-        if L.slurm_partition or partition:
-            params["slurm_partition"] = L.slurm_partition or partition
-        if L.slurm_account or account:
-            params["slurm_account"] = L.slurm_account or account
-        if L.mem_gb:
-            params["mem_gb"] = L.mem_gb
-    ex.update_parameters(**params)
-    return ex
-
-
 def smaller_batches(nodes: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
     """Global batches to try after an OOM at ``batch``, best first: the grid's batches for N
     below ``batch`` that the memory model calls feasible, largest predicted memory first;
@@ -114,106 +76,154 @@ def smaller_batches(nodes: int, batch: int, predictions: str | Path | None, floo
     return [b for b in cands if b % nodes == 0 and b >= max(floor, nodes)]
 
 
-class Echo:
-    """Prints what a job's rank-0 log gained since the last look."""
+class Launch:
+    """One `tula launch`: the run's settings, its history of attempts, and the steps of the
+    attempt loop in :func:`run`."""
 
-    def __init__(self, path: Path):
-        self.path, self.pos = path, 0
+    def __init__(self, cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions, executor_hint,
+                 timeout_min, partition, account, job_name: str):  # fmt: skip
+        self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
+        self.nodes, self.selected_batch = selected_point(selection)
+        self.out = Path(out_dir).resolve()
+        self.ck = self.out / "checkpoints"
+        self.predictions, self.partition, self.account, self.job_name = predictions, partition, account, job_name
+        self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.nodes,
+                                                  self.selected_batch)  # fmt: skip
+        self.kind = jobs.resolve_executor(self.cfg, executor_hint)
+        self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
+        self.tried: set[int] = set()  # global batches that ran out of memory
+        self.history: History
+        self.started = time.time()
 
-    def __call__(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.pos)
-                data = fh.read()
-        except FileNotFoundError:
+    def preflight(self) -> None:
+        """On SLURM: the job as it will be asked for (nodes, GPUs, time) fits the partition?"""
+        if tula_faults.from_env():  # a malformed spec fails here, naming it, not inside the job
+            print(f"[launch] fault injection is ON: {tula_faults.ENV}={os.environ[tula_faults.ENV]!r}", flush=True)
+        if self.kind != "slurm":
             return
-        if data:
-            cut = data.rfind(b"\n") + 1  # whole lines only
-            self.pos += cut
-            sys.stdout.write(data[:cut].decode(errors="replace"))
-            sys.stdout.flush()
+        try:
+            preflight.preflight(self.cfg, train_partition=self.cfg.launch.slurm_partition or self.partition,
+                            train_runtime_min=self.limit, training_only=True, train_nodes=self.nodes)  # fmt: skip
+        except slurm.ClusterUnreadable:
+            pass  # sbatch says what is wrong
+        except preflight.PreflightError as exc:
+            raise RuntimeError(str(exc)) from None
 
+    def resume(self, fresh: bool) -> submitit.Job | None:
+        """Continue this run's history, re-attaching to its job if an earlier `tula launch`
+        left it running; or start over (another run's checkpoints, ``--fresh``). Returns the
+        job still running, if any."""
+        prior = History.read(self.out)
+        same_run = not fresh and prior.get("fingerprint") == self.fingerprint
+        job = jobs.still_running(prior, self.out, self.nodes) if same_run else None
+        if not (job or (not fresh and jobs.resumable(self.ck, self.fingerprint))):
+            for stale in (self.ck, self.out / "oom"):
+                shutil.rmtree(stale, ignore_errors=True)
+            (self.out / "segments.json").unlink(missing_ok=True)
+            prior = {}
+        elif not same_run:
+            prior = {}  # the checkpoints are this run's but its record is gone: the history starts here
+        executor = prior.get("executor", self.kind) if job else self.kind
+        self.history = History(self.out, self.fingerprint, self.nodes, self.selected_batch, executor,
+                               attempts=History.attempts_of(prior))  # fmt: skip
+        attempts = self.history.attempts
+        if attempts and attempts[-1].outcome == "running" and not job:  # its launcher died; the job is gone
+            attempts[-1].outcome = "interrupted"
+            attempts[-1].reason = "tula launch stopped while the job ran; resumed by a new attempt from the newest checkpoint"
+        self.tried = {a.global_batch for a in attempts if a.outcome == "oom"}
+        if job:
+            self.started = 0.0  # a re-attached job may have written final.json already
+        return job
 
-class Record:
-    """attempts.json, written twice: ``results/train/attempts.json`` (what users and the report
-    read; a Snakemake output, so Snakemake deletes it when the rule fails) and a copy beside
-    the checkpoints it describes, which a re-run reads to continue the history."""
+    def first_batch(self) -> int:
+        attempts = self.history.attempts
+        batch = attempts[-1].global_batch if attempts else self.selected_batch
+        if batch in self.tried:
+            batch = self.next_batch(batch)
+        print(f"[launch] training N={self.nodes} B={batch} with the {self.history.executor} executor; job folder "
+              f"{self.out / 'submitit'}" + (f"; resuming ({len(attempts)} earlier attempt(s), newest checkpoint: "
+                                           f"step {self.checkpoint_step()})" if attempts else ""), flush=True)  # fmt: skip
+        return batch
 
-    def __init__(self, out: Path):
-        self.paths = (out / "checkpoints" / "attempts.json", out / "attempts.json")
+    def checkpoint_step(self) -> int:
+        return checkpoint.newest_intact(self.ck) or 0
 
-    def read(self) -> dict[str, Any]:
-        for p in self.paths:
-            if p.exists():
-                return read_json(p)
-        return {}
+    def submit(self, batch: int) -> tuple[Attempt, submitit.Job]:
+        n, L = len(self.history.attempts) + 1, self.cfg.launch
+        ckpt = checkpoint.Checkpointing(self.ck, self.fingerprint, L.checkpoint_every_steps, L.checkpoint_every_epochs,
+                                        L.keep_checkpoints, attempt=n)  # fmt: skip
+        executor = jobs.make_executor(self.cfg, self.kind, self.out / "submitit", self.nodes, self.limit,
+                                      self.partition, self.account, self.job_name)  # fmt: skip
+        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.nodes, batch, str(self.out), ckpt), self.kind)
+        att = Attempt(n, batch, batch // self.nodes, str(job.job_id), self.checkpoint_step())
+        self.history.attempts.append(att)
+        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // self.nodes} per worker), "
+              f"from step {att.start_step}", flush=True)  # fmt: skip
+        return att, job
 
-    def write(self, record: dict[str, Any]) -> None:
-        for p in self.paths:
-            write_json(p, record)
+    def reattached(self, job: submitit.Job) -> Attempt:
+        att = self.history.attempts[-1]
+        print(f"[launch] attempt {att.attempt}: re-attached to job {job.job_id} (global batch {att.global_batch}), "
+              "submitted by an earlier tula launch", flush=True)  # fmt: skip
+        return att
 
+    def watch(self, att: Attempt, job: submitit.Job) -> None:
+        """Wait for the attempt's job, then record how it ended (Ctrl-C or Snakemake stopping
+        cancels it: scancel; the workers checkpoint on the TERM)."""
+        self.history.write()
+        try:
+            jobs.wait(job, self.cfg.launch.poll_s)
+        except BaseException:
+            job.cancel(check=False)
+            att.outcome, att.reason = "cancelled", "tula launch was interrupted; the job was cancelled"
+            self.history.write("cancelled")
+            raise
+        att.outcome, att.reason = jobs.outcome(job, self.out, att.attempt)
+        att.segments, att.checkpoint_step = jobs.segments(self.out, att.attempt), self.checkpoint_step()
+        if att.segments:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
+            att.start_step, att.end_step = att.segments[0]["start_step"], att.segments[-1]["end_step"]
+        self.history.write()
+        resumed = max(len(att.segments) - 1, 0)  # each segment after the first resumed from a checkpoint
+        print(f"[launch] attempt {att.attempt} ended: {att.outcome}"
+              + (f" after {resumed} preemption/requeue(s), each resumed from its checkpoint" if resumed else "")
+              + (f" — {att.reason}" if att.reason and att.outcome != "completed" else ""), flush=True)  # fmt: skip
 
-def _resumable(ck: Path, fingerprint: str) -> bool:
-    """Is the newest checkpoint one of this run (same settings, N, selected B) that did not
-    finish? (Older ones of a finished run must never be resumed.)"""
-    found = checkpoint.manifests(ck)
-    if not found:
-        return False
-    try:
-        meta = read_json(found[0][1])
-    except ValueError:
-        return len(found) > 1  # a damaged newest manifest: the worker falls back to the previous one
-    return meta.get("fingerprint") == fingerprint and not meta.get("complete")
+    def after(self, att: Attempt, job: submitit.Job, shrink: bool) -> int:
+        """The global batch of the next attempt after one that did not complete; raises when
+        there is none (stopped, failed, out of memory without ``shrink``, no batch left)."""
+        if att.outcome == "stopped":
+            self.history.write("stopped")
+            raise RuntimeError(f"the training job {job.job_id} was stopped ({att.reason}); its checkpoint of step "
+                               f"{att.checkpoint_step} is kept: run the same command again to resume from it")  # fmt: skip
+        if att.outcome != "oom":
+            self.history.write("failed")
+            raise RuntimeError(f"training at N={self.nodes} B={att.global_batch} failed (attempt {att.attempt}, job "
+                               f"{job.job_id}): {att.reason}\nlogs: {self.out / 'submitit'}\n{jobs.log_tail(job)}")  # fmt: skip
+        if not shrink:
+            self.history.write("oom")
+            raise OutOfMemory(f"out of memory training at N={self.nodes} B={att.global_batch} (attempt {att.attempt}, "
+                              f"job {job.job_id}): {att.reason}")  # fmt: skip
+        self.tried.add(att.global_batch)
+        return self.next_batch(att.global_batch)
 
+    def next_batch(self, batch: int) -> int:
+        left = [b for b in smaller_batches(self.nodes, batch, self.predictions, self.cfg.grid.batch_min)
+                if b not in self.tried]  # fmt: skip
+        if not left:
+            self.history.write("failed")
+            raise RuntimeError(f"out of memory at every global batch tried for N={self.nodes} "
+                               f"({', '.join(map(str, sorted(self.tried, reverse=True)))}) and no smaller batch >= "
+                               f"grid.batch_min={self.cfg.grid.batch_min} divides over {self.nodes} workers; lower "
+                               "grid.batch_min, use more workers, or a device with more memory")  # fmt: skip
+        print(f"[launch] out of memory at B={batch}: relaunching at B={left[0]} from the last checkpoint", flush=True)
+        return left[0]
 
-def _segments(out: Path, attempt: int) -> list[dict[str, Any]]:
-    path = out / "segments.json"
-    segs = read_json(path) if path.exists() else []
-    return [s for s in segs if s.get("attempt") == attempt]
-
-
-def _still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job | None:
-    """The job of the last attempt when an earlier `tula launch` left it running (its login
-    session died, Snakemake was killed): a SLURM job is re-attached to, never submitted twice."""
-    last = (prior.get("attempts") or [{}])[-1]
-    if last.get("outcome") != "running":
-        return None
-    if prior.get("executor") == "slurm":
-        job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(nodes)))
-        return None if slurm.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
-    pid = int(last["job_id"])
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return None
-    raise RuntimeError(f"the local training job of an earlier tula launch (process {pid}) is still running; wait "
-                       f"for it to end or stop it (kill {pid}), then run this again")  # fmt: skip
-
-
-def _latest_checkpoint_step(ck: Path) -> int:
-    return checkpoint.newest_intact(ck) or 0
-
-
-def _log_tail(job: submitit.Job, n: int = 30) -> str:
-    try:
-        lines = Path(job.paths.stderr).read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
-def _wait(job: submitit.Job, echo: Echo, poll_s: float) -> None:
-    last_force = time.monotonic()
-    while True:
-        echo()
-        force = time.monotonic() - last_force > max(poll_s, 15)
-        if job.done(force_check=force):
-            break
-        if force:
-            last_force = time.monotonic()
-        time.sleep(poll_s)
-    time.sleep(0.2)
-    echo()
+    def finish(self) -> dict[str, Any]:
+        final = self.out / "final.json"
+        if not final.exists() or final.stat().st_mtime < self.started:
+            raise RuntimeError(f"training at N={self.nodes} reported success but wrote no {final}")
+        self.history.write("completed")
+        return record_prediction(final, self.predictions)
 
 
 def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
@@ -223,112 +233,22 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
     """Train at the selected (N, B) until done; relaunch smaller after an OOM (``shrink``;
     without it an OOM raises :class:`OutOfMemory`: `tula compare` trains a cell at its own B
     or not at all). Returns final.json."""
-    cfg = config_mod.load(cfg_path)
-    nodes, selected_batch = selected_point(selection)
-    if tula_faults.from_env():  # a malformed spec fails here, naming it, not inside the job
-        print(f"[launch] fault injection is ON: {tula_faults.ENV}={os.environ[tula_faults.ENV]!r}", flush=True)
-    out = Path(out_dir).resolve()
-    ck = out / "checkpoints"
-    fp = checkpoint.fingerprint(config_mod.stage_settings(cfg, "train"), nodes, selected_batch)
-    kind = resolve_executor(cfg, executor_hint)
-    limit = cfg.launch.timeout_min or timeout_min or 1440
-    if kind == "slurm":  # the job as it will be asked for: nodes, GPUs and time the partition allows?
-        try:
-            slurm.preflight(cfg, train_partition=cfg.launch.slurm_partition or partition, train_runtime_min=limit,
-                              training_only=True, train_nodes=nodes)  # fmt: skip
-        except slurm.ClusterUnreadable:
-            pass  # sbatch says what is wrong
-        except slurm.PreflightError as exc:
-            raise RuntimeError(str(exc)) from None
-    history = Record(out)
-    prior = history.read()
-    same_run = not fresh and prior.get("fingerprint") == fp
-    job = _still_running(prior, out, nodes) if same_run else None
-    if not (job or (not fresh and _resumable(ck, fp))):
-        for stale in (ck, out / "oom"):
-            shutil.rmtree(stale, ignore_errors=True)
-        (out / "segments.json").unlink(missing_ok=True)
-        prior = {}
-    elif not same_run:
-        prior = {}  # the checkpoints are this run's but its record is gone: the history starts here
-    attempts: list[dict[str, Any]] = list(prior.get("attempts", []))
-    record = {"fingerprint": fp, "nodes": nodes, "selected_batch": selected_batch,
-              "executor": prior.get("executor", kind) if job else kind, "outcome": "running", "attempts": attempts}  # fmt: skip
-    if attempts and attempts[-1]["outcome"] == "running" and not job:  # its launcher died; the job is gone
-        attempts[-1].update(outcome="interrupted", reason="tula launch stopped while the job ran; resumed by a new "
-                                                          "attempt from the newest checkpoint")  # fmt: skip
-    batch = attempts[-1]["global_batch"] if attempts else selected_batch
-    tried = {a["global_batch"] for a in attempts if a["outcome"] == "oom"}
-    if batch in tried:
-        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, history)
-    final = out / "final.json"
-    started = 0.0 if job else time.time()  # a re-attached job may have written final.json already
-    print(f"[launch] training N={nodes} B={batch} with the {record['executor']} executor; job folder "
-          f"{out / 'submitit'}" + (f"; resuming ({len(attempts)} earlier attempt(s), newest checkpoint: step "
-                                  f"{_latest_checkpoint_step(ck)})" if attempts else ""), flush=True)  # fmt: skip
+    launch = Launch(cfg_path, selection, out_dir, predictions, executor_hint, timeout_min, partition, account, job_name)
+    launch.preflight()
+    job = launch.resume(fresh)
+    batch = launch.first_batch()
     while True:
         if job is not None:  # a job of an earlier `tula launch` of this run is still queued or running
-            att = attempts[-1]
-            n = att["attempt"]
-            print(f"[launch] attempt {n}: re-attached to job {job.job_id} (global batch {batch}), submitted by an "
-                  "earlier tula launch", flush=True)  # fmt: skip
+            att = launch.reattached(job)
         else:
-            n = len(attempts) + 1
-            ckpt = checkpoint.Checkpointing(ck, fp, cfg.launch.checkpoint_every_steps, cfg.launch.checkpoint_every_epochs,
-                                       cfg.launch.keep_checkpoints, attempt=n)  # fmt: skip
-            executor = make_executor(cfg, kind, out / "submitit", nodes, limit, partition, account, job_name)
-            job = _submit(executor, ProductionJob(str(Path(cfg_path).resolve()), nodes, batch, str(out), ckpt), kind)
-            att = {"attempt": n, "global_batch": batch, "local_batch": batch // nodes, "job_id": str(job.job_id),
-                   "start_step": _latest_checkpoint_step(ck), "end_step": None, "checkpoint_step": None,
-                   "outcome": "running", "reason": "", "segments": []}  # fmt: skip
-            attempts.append(att)
-            print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // nodes} per worker), "
-                  f"from step {att['start_step']}", flush=True)  # fmt: skip
-        history.write(record)
-        try:
-            _wait(job, Echo(Path(job.paths.stdout)), cfg.launch.poll_s)  # task 0's log
-        except BaseException:
-            job.cancel(check=False)  # Ctrl-C / Snakemake stopping: scancel; the workers checkpoint on TERM
-            att.update(outcome="cancelled", reason="tula launch was interrupted; the job was cancelled")
-            history.write({**record, "outcome": "cancelled"})
-            raise
-        outcome, reason = _outcome(job, out, n)
-        segs = _segments(out, n)
-        att.update(outcome=outcome, reason=reason, segments=segs, checkpoint_step=_latest_checkpoint_step(ck))
-        if segs:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
-            att.update(start_step=segs[0]["start_step"], end_step=segs[-1]["end_step"])
-        history.write(record)
-        resumed = max(len(segs) - 1, 0)  # each segment after the first resumed from a checkpoint
-        print(f"[launch] attempt {n} ended: {outcome}"
-              + (f" after {resumed} preemption/requeue(s), each resumed from its checkpoint" if resumed else "")
-              + (f" — {reason}" if reason and outcome != "completed" else ""), flush=True)  # fmt: skip
-        if outcome == "completed":
-            break
-        if outcome == "stopped":
-            record["outcome"] = "stopped"
-            history.write(record)
-            raise RuntimeError(f"the training job {job.job_id} was stopped ({reason}); its checkpoint of step "
-                               f"{att['checkpoint_step']} is kept: run the same command again to resume from it")  # fmt: skip
-        if outcome != "oom":
-            record["outcome"] = "failed"
-            history.write(record)
-            raise RuntimeError(f"training at N={nodes} B={batch} failed (attempt {n}, job {job.job_id}): {reason}\n"
-                               f"logs: {out / 'submitit'}\n{_log_tail(job)}")  # fmt: skip
-        if not shrink:
-            record["outcome"] = "oom"
-            history.write(record)
-            raise OutOfMemory(f"out of memory training at N={nodes} B={batch} (attempt {n}, job {job.job_id}): {reason}")
-        job = None
-        tried.add(batch)
-        batch = _next_batch(nodes, batch, predictions, cfg, tried, record, history)
-    if not final.exists() or final.stat().st_mtime < started:
-        raise RuntimeError(f"training at N={nodes} B={batch} reported success but wrote no {final}")
-    record["outcome"] = "completed"
-    history.write(record)
-    return prediction_check(final, predictions)
+            att, job = launch.submit(batch)
+        launch.watch(att, job)
+        if att.outcome == "completed":
+            return launch.finish()
+        batch, job = launch.after(att, job, shrink), None
 
 
-def prediction_check(final_path: Path, predictions: str | Path | None) -> dict[str, Any]:
+def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[str, Any]:
     """Put the prediction for the point the job trained beside what the job measured, in
     final.json: predicted step time (with its 95 % interval) against the mean training step,
     predicted training time against the time spent in training steps (evaluation,
@@ -337,16 +257,16 @@ def prediction_check(final_path: Path, predictions: str | Path | None) -> dict[s
     if not predictions or not Path(predictions).exists():
         return final
     p = pd.read_csv(predictions)
-    row = p[(p["nodes"] == final["nodes"]) & (p["global_batch"] == final["global_batch"])]
-    if row.empty:
+    match = p[(p["nodes"] == final["nodes"]) & (p["global_batch"] == final["global_batch"])]
+    if match.empty:
         return final
-    r = row.iloc[0]
-    pred_step, pred_T = float(r["step_time_s"]), float(r["train_time_s"])
+    row = match.iloc[0]
+    pred_step, pred_T = float(row["step_time_s"]), float(row["train_time_s"])
     final.update({
         "predicted_step_time_s": pred_step,
-        "predicted_step_time_interval_s": [float(r["step_time_lo_s"]), float(r["step_time_hi_s"])],
+        "predicted_step_time_interval_s": [float(row["step_time_lo_s"]), float(row["step_time_hi_s"])],
         "predicted_train_time_s": pred_T,
-        "predicted_train_time_interval_s": [float(r["train_time_lo_s"]), float(r["train_time_hi_s"])],
+        "predicted_train_time_interval_s": [float(row["train_time_lo_s"]), float(row["train_time_hi_s"])],
         "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
         "train_time_ratio": final["train_time_s"] / pred_T if pred_T > 0 else None,
         "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); train_time_s counts "
@@ -361,52 +281,3 @@ def prediction_check(final_path: Path, predictions: str | Path | None) -> dict[s
           f"evaluation, {final['checkpoint_time_s']:.1f} s checkpoints, {final['startup_time_s']:.1f} s start-up)",
           flush=True)  # fmt: skip
     return final
-
-
-def _submit(executor: submitit.Executor, fn: ProductionJob, kind: str) -> submitit.Job:
-    try:
-        return executor.submit(fn)
-    except (subprocess.CalledProcessError, RuntimeError) as exc:  # submitit raises sbatch's stderr as RuntimeError
-        said = (getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)).strip()
-        said = said.decode(errors="replace") if isinstance(said, bytes) else said
-        raise RuntimeError(f"{'sbatch' if kind == 'slurm' else 'the local executor'} refused the training job: "
-                           f"{' / '.join(said.splitlines()) if said else exc}. Check launch.slurm_partition, "
-                           "launch.slurm_account and launch.slurm_additional in the config (or slurm_partition / "
-                           "slurm_account in the profile)") from None  # fmt: skip
-
-
-def _next_batch(nodes: int, batch: int, predictions, cfg, tried: set[int], record: dict, history: Record) -> int:
-    left = [b for b in smaller_batches(nodes, batch, predictions, cfg.grid.batch_min) if b not in tried]
-    if not left:
-        record["outcome"] = "failed"
-        history.write(record)
-        raise RuntimeError(f"out of memory at every global batch tried for N={nodes} ({', '.join(map(str, sorted(tried, reverse=True)))}) "
-                           f"and no smaller batch >= grid.batch_min={cfg.grid.batch_min} divides over {nodes} workers; "
-                           f"lower grid.batch_min, use more workers, or a device with more memory")  # fmt: skip
-    print(f"[launch] out of memory at B={batch}: relaunching at B={left[0]} from the last checkpoint", flush=True)
-    return left[0]
-
-
-def _error_line(text: str) -> str:
-    """The last 'SomeError: message' line of a worker's traceback."""
-    found = re.findall(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.M)
-    return found[-1].strip() if found else ""
-
-
-def _outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
-    """(outcome, reason) of a finished job: completed, oom, or failed."""
-    markers = sorted((out / "oom").glob(f"attempt{attempt}-rank*.json"))
-    segs = _segments(out, attempt)
-    try:
-        results = job.results()
-    except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
-        if markers:  # a rank ran out of memory where the ranks cannot agree (backward) and left this record
-            m = read_json(markers[0])
-            return "oom", f"out of memory {m['place']} ({markers[0].stem.split('-')[1]}): {m['message']}"
-        if segs and segs[-1]["outcome"] == "stopped":
-            return "stopped", segs[-1]["reason"]
-        return "failed", _error_line(str(exc)) or type(exc).__name__
-    r = results[0] if isinstance(results, list) else results
-    if r.get("outcome") == "oom":
-        return "oom", f"out of memory {r['place']} on rank(s) {r['ranks']}: {r['message']}"
-    return r.get("outcome", "failed"), "trained every epoch" if r.get("outcome") == "completed" else str(r)

@@ -1,4 +1,8 @@
-"""Figures from results/*.csv and *.json; nothing is recomputed here."""
+"""``tula plot``: the figures, from results/*.csv and *.json; nothing is recomputed here.
+
+``tula plot selection`` (rule plot_selection): training time, cost, memory and the compute
+curve against the batch; ``tula plot training`` (rule plot_training): the training curve,
+with the relaunches and resumes marked. Each figure function returns the figure it saved."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -17,7 +22,8 @@ from tula.model import measurements as measurements_mod  # noqa: E402
 from tula.model.perf import PerfModel  # noqa: E402
 
 
-def save_figure(fig, path: str | Path) -> None:
+def save_figure(fig: Figure, path: str | Path) -> None:
+    """Write ``fig`` as a PNG (atomically) and close it; its artists stay readable."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -30,7 +36,7 @@ def _fmt_time(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
 
-def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str | None, ylabel: str, title: str, path) -> None:
+def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str | None, ylabel: str, title: str, path) -> Figure:
     """One line per N of ``y`` against B (log2 axis); probes as points; the choice starred."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -60,28 +66,29 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
+    return fig
 
 
-def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
+def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     sel = selection["selected"]
-    curve_vs_batch(pred, selection, "train_time_s", "measured_train_time_s", "training time T (s)",
+    return curve_vs_batch(pred, selection, "train_time_s", "measured_train_time_s", "training time T (s)",
                    f"Training time vs batch — selected N={sel['nodes']}, B={sel['global_batch']}: "
                    f"{_fmt_time(sel['train_time_s'])}", path)  # fmt: skip
 
 
-def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> None:
+def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     pred = pred.copy()
     pr = selection["pricing"]
     col = "cost_memory" if pr["model"] == "memory" else "cost_node"
     scale = (pred[col] / pred["train_time_s"]).where(pred["train_time_s"] > 0, 0.0)
     pred["measured_cost"] = pred["measured_train_time_s"] * scale
     sel = selection["selected"]
-    unit = "node-hour" if pr["model"] == "node" else "GB-hour"
-    curve_vs_batch(pred, selection, col, "measured_cost", f"cost C ({pr['currency']}, per {unit} pricing)",
+    unit = "worker-hour" if pr["model"] == "node" else "GB-hour"  # C = T x N x price: N workers
+    return curve_vs_batch(pred, selection, col, "measured_cost", f"cost C ({pr['currency']}, per {unit} pricing)",
                    f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}", path)  # fmt: skip
 
 
-def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> None:
+def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> Figure:
     """The compute curve: every compute-only measurement (probe and sweep rows) against
     local batch, one colour per N, with the fitted compute model through them."""
     model = PerfModel.from_dict(perf)
@@ -106,9 +113,10 @@ def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
     save_figure(fig, path)
+    return fig
 
 
-def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: dict, path) -> None:
+def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: dict, path) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lb = np.sort(pred["local_batch"].unique())
     fit = memory_model["fit"]
@@ -132,6 +140,7 @@ def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: di
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
+    return fig
 
 
 def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[float, str, bool]]:
@@ -154,7 +163,7 @@ def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[fl
     return marks
 
 
-def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None) -> None:
+def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None) -> Figure:
     noisy = "grad_noise_scale" in metrics.columns and metrics["grad_noise_scale"].notna().any()
     fig, axes = plt.subplots(1, 3 if noisy else 2, figsize=(15 if noisy else 10, 4))
     a1, a2 = axes[0], axes[1]
@@ -187,6 +196,7 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
     fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
                  f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
     save_figure(fig, path)
+    return fig
 
 
 def run_selection(predictions, selection, measurements, memory, perf, time_plot, cost_plot, memory_plot,

@@ -30,7 +30,7 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     df["step_time_s"] = perf.step_time_s(n, b)
     df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
     df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
-    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"]).astype(int)
+    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"].to_numpy())
     df["epochs"] = cfg.workload.epochs
     steps = df["epochs"] * df["steps_per_epoch"]
     df["train_time_s"] = steps * df["step_time_s"]
@@ -73,7 +73,7 @@ def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
         return
     bn, base = nz["b_noise"], cfg.train.base_batch
     df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
-    df["epochs_to_accuracy"] = cfg.workload.epochs * (1 + df["global_batch"] / bn) / (1 + base / bn)
+    df["epochs_to_accuracy"] = noise.epochs_to_accuracy(cfg.workload.epochs, df["global_batch"], base, bn)
     df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
     df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["nodes"], df["mem_bytes"], cfg.pricing)
 

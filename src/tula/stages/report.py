@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from tula.io import atomic_write, read_json
+from tula.model import noise
 from tula.progress import fmt_duration
 
 CSS = """
@@ -44,9 +45,9 @@ def _table(df: pd.DataFrame, highlight: tuple[int, int] | None = None) -> str:
     cols = list(df.columns)
     heads = [c.replace("_bytes", " (MiB)") for c in cols]
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"]
-    for _, r in df.iterrows():
-        sel = highlight and (int(r["nodes"]), int(r["global_batch"])) == highlight
-        cells = [f"<td>{html.escape(_cell(c, r[c]))}</td>" for c in cols]
+    for _, row in df.iterrows():
+        sel = highlight and (int(row["nodes"]), int(row["global_batch"])) == highlight
+        cells = [f"<td>{html.escape(_cell(c, row[c]))}</td>" for c in cols]
         out.append(f"<tr{' class=sel' if sel else ''}>" + "".join(cells) + "</tr>")
     return "\n".join(out) + "</table>"
 
@@ -72,7 +73,7 @@ def attempts_table(attempts: dict | None) -> str:
         "attempt, each from the checkpoint written when the signal came.</p>"
 
 
-def prediction_check(final: dict) -> str:
+def prediction_card(final: dict) -> str:
     """'predicted vs measured' for the point the job trained (from final.json)."""
     if final.get("predicted_step_time_s") is None:
         return "<p class=sub>No prediction for the trained point (predictions.csv has no row for it).</p>"
@@ -120,7 +121,7 @@ def noise_section(predictions: pd.DataFrame, chosen_batch: int) -> str:
                 "&ge; 2) with probe.noise_steps &gt; 0.</p>")  # fmt: skip
     bn, se = float(predictions["b_noise"].iloc[0]), float(predictions["b_noise_se"].iloc[0])
     row = predictions[predictions["global_batch"] == chosen_batch].iloc[0]
-    eff = 1.0 / (1.0 + chosen_batch / bn)
+    eff = noise.statistical_efficiency(chosen_batch, bn)
     return (f"<h2>Gradient noise scale</h2><p>B_noise = <b>{bn:.0f}</b> &plusmn; {se:.0f} samples, pooled from the "
             f"multi-worker probes (McCandlish et al. 2018): the critical batch, beyond which a larger batch needs "
             f"proportionally more epochs. The chosen B = {chosen_batch} is {chosen_batch / bn:.2f}&times; B_noise: "
@@ -132,7 +133,7 @@ def noise_section(predictions: pd.DataFrame, chosen_batch: int) -> str:
 
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
            plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None,
-           perf: dict | None = None) -> None:  # fmt: skip
+           perf: dict | None = None, workload: dict | None = None) -> None:  # fmt: skip
     s = selection["selected"]
     cur = s["currency"]
     failed = measurements[measurements["status"] != "ok"]
@@ -144,6 +145,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1><p class=sub>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} "
         f"from results/ — objective <b>{html.escape(selection['objective'])}</b></p>",
+        "".join(f"<div class='card bad'>{html.escape(w)}</div>" for w in (workload or {}).get("warnings", [])),
         "<div class=card><div class=big>Use N = {n} workers, global batch B = {b} ({lb} per worker)</div>"
         "<p>Predicted training time {t} ({ts:.4g} s), cost {c:.4g} {cur}, memory {m:.1f} MiB per worker.</p>"
         "<p>{reason}</p></div>".format(n=s["nodes"], b=s["global_batch"], lb=s["local_batch"],
@@ -155,7 +157,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
             w=fmt_duration(final["train_time_s"]),
             relaunch="" if final["global_batch"] == s["global_batch"] else
             f" <span class=bad>Finished at B={final['global_batch']}: B={s['global_batch']} ran out of memory "
-            "(see Attempts below).</span>") + prediction_check(final),  # fmt: skip
+            "(see Attempts below).</span>") + prediction_card(final),  # fmt: skip
         "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name != "training.png") + "</div>",
         "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
@@ -177,9 +179,10 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         fh.write("\n".join(parts))
 
 
-def run(selection, predictions, measurements, final, plots, out, attempts=None, perf=None) -> None:
-    """``tula report``: render ``out`` from the results files (plots: the PNG paths)."""
+def run(selection, predictions, measurements, final, plots, out, attempts=None, perf=None, workload=None) -> None:
+    """``tula report``: render ``out`` from the results files (plots: the PNG paths; workload:
+    results/workload.json, whose warnings head the page)."""
     render(read_json(selection), pd.read_csv(predictions), pd.read_csv(measurements), read_json(final),
            [Path(p) for p in plots], out, attempts=read_json(attempts) if attempts else None,
-           perf=read_json(perf) if perf else None)  # fmt: skip
+           perf=read_json(perf) if perf else None, workload=read_json(workload) if workload else None)  # fmt: skip
     print(f"[report] -> {out}")

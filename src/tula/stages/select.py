@@ -1,4 +1,6 @@
-"""Configuration selection (§III-A.3): objective `time`, `cost` or `knee`, under constraints.
+"""``tula select``, configuration selection (§III-A.3): objective ``time``, ``cost``, ``knee``,
+``time_to_accuracy`` or ``cost_to_accuracy``, under the user's constraints (one function per
+objective: :func:`_minimum`, :func:`_knee`, :func:`_to_accuracy`).
 
 Candidates are the feasible grid points (memory model, no OOM probe) inside the user's
 constraints (min/max N, min/max B). `time` and `cost` take the minimum of T or C.
@@ -19,7 +21,7 @@ constraints (min/max N, min/max B). `time` and `cost` take the minimum of T or C
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from kneed import KneeLocator
 from tula import config as config_mod
 from tula.config import Config
 from tula.io import read_json, write_json
+from tula.model import noise
 
 
 class NoFeasibleConfiguration(ValueError):
@@ -103,38 +106,129 @@ def _summary(row: pd.Series, currency: str) -> dict[str, Any]:
     }
 
 
-TO_ACCURACY = {"time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s"),
-               "cost_to_accuracy": ("cost_to_accuracy", "cost to accuracy", None)}
+@dataclass
+class Choice:
+    """What an objective chose: the point, the runner-up, why, and its own block of
+    selection.json (``knee`` or ``noise``), if any."""
+
+    best: pd.Series
+    runner: pd.Series | None
+    reason: str
+    block: dict[str, Any] = field(default_factory=dict)
 
 
-def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config):
+def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
+    """Objective time or cost: the least predicted T or C."""
+    col, what, unit = ("train_time_s", "training time T", "s") if cfg.objective == "time" else (
+        "cost", "cost C", cfg.pricing.currency)  # fmt: skip
+    ranked = cand.sort_values([col, "nodes", "global_batch"])
+    best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
+    reason = f"minimum {what}: {best[col]:.4g} {unit}"
+    if runner is not None:
+        reason += f"; runner-up N={int(runner['nodes'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
+    return Choice(best, runner, reason)
+
+
+def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
+    """Objective knee: on the best-N envelope of T (or C) vs B, the marginal rule's or
+    Kneedle's knee (``knee_rule``), both recorded."""
+    col, name, unit = ("cost", "C", cfg.pricing.currency) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
+    env = _envelope(cand, col)
+    b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
+    kneedle_b = knee_of(b, y)
+    marginal_b, flattened = marginal_knee(b, y, cfg.knee_gain)
+    gains = doubling_gains(b, y) if len(b) > 1 else np.array([])
+    knee_b = marginal_b if cfg.knee_rule == "marginal" else kneedle_b
+    block = _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened)
+    if knee_b is None:
+        best = env.sort_values(col).iloc[0]
+        return Choice(best, None, f"no Kneedle knee on the {name}-vs-B curve (fewer than three batch sizes, or no "
+                                  f"bend); fell back to the best point, {name} = {best[col]:.4g} {unit}", block)  # fmt: skip
+    pos = int(np.flatnonzero(b == knee_b)[0])
+    best = env.iloc[pos]
+    runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
+    reason = _knee_reason(cfg, name, unit, b, gains, pos, best[col], env[col].min(), flattened)
+    if kneedle_b is not None and kneedle_b != marginal_b:
+        other = "Kneedle" if cfg.knee_rule == "marginal" else "the marginal rule"
+        reason += f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
+    return Choice(best, runner, reason, block)
+
+
+def _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened) -> dict[str, Any]:
+    """selection.json's ``knee``: both rules' answers, per N too, and the envelope with its gains."""
+    per_nodes = {}
+    for n, g in cand.sort_values("global_batch").groupby("nodes"):
+        gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
+        per_nodes[str(int(n))] = {"marginal": marginal_knee(gb, gy, cfg.knee_gain)[0], "kneedle": knee_of(gb, gy)}
+    return {
+        "rule": cfg.knee_rule,
+        "on": f"{col} (best N per B)",
+        "global_batch": knee_b,
+        "found": knee_b is not None,
+        "marginal": {"global_batch": marginal_b, "gain_threshold": cfg.knee_gain, "flattened": flattened,
+                     "rule": f"smallest B beyond which every doubling saves < {100 * cfg.knee_gain:g} % of {name}"},
+        "kneedle": {"global_batch": kneedle_b, "found": kneedle_b is not None,
+                    "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), x = B (linear axis)"},
+        "per_nodes": per_nodes,
+        "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col]),
+                      "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None}
+                     for i, (_, r) in enumerate(env.iterrows())],
+    }  # fmt: skip
+
+
+def _knee_reason(cfg, name, unit, b, gains, pos, value, lowest, flattened) -> str:
+    above = f"{100 * (value / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})"
+    knee_b = int(b[pos])
+    if cfg.knee_rule == "kneedle":
+        reason = f"Kneedle knee of {name} vs B at B={knee_b}: {name} = {value:.4g} {unit}, {above}"
+        if pos < len(gains):
+            reason += f"; doubling to B={int(b[pos + 1])} would save {100 * gains[pos]:.1f} %"
+        return reason
+    if not len(gains):
+        return f"a single batch size: B={knee_b}, {name} = {value:.4g} {unit}"
+    if not flattened:
+        return (f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the last doubling, "
+                f"to B={knee_b}: the knee lies beyond the grid, so the largest B is chosen ({name} = {value:.4g} "
+                f"{unit}); raise grid.batch_max to find it")  # fmt: skip
+    reason = (f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of {name} "
+              f"(< {100 * cfg.knee_gain:g} %)")  # fmt: skip
+    if pos + 1 < len(gains):
+        reason += f", and no further doubling saves more than {100 * max(gains[pos + 1:].max(), 0):.1f} %"
+    if pos > 0:
+        reason += f"; the doubling from B={int(b[pos - 1])} saved {100 * gains[pos - 1]:.1f} %"
+    return reason + f". {name} = {value:.4g} {unit}, {above}"
+
+
+TO_ACCURACY = {"time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s", "slower"),
+               "cost_to_accuracy": ("cost_to_accuracy", "cost to accuracy", None, "dearer")}  # fmt: skip
+
+
+def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     """Objective time_to_accuracy / cost_to_accuracy: the least predicted time (cost) to the
     accuracy that workload.epochs reach at train.base_batch, with the gradient noise scale
-    (tula.stages.predict). Returns (best, runner-up, reason, the "noise" block of selection.json)."""
-    col, what, unit = TO_ACCURACY[cfg.objective]
+    (tula.stages.predict); its block is selection.json's ``noise``."""
+    col, what, unit, worse = TO_ACCURACY[cfg.objective]
     unit = unit or cfg.pricing.currency
     if col not in cand.columns or cand[col].isna().all():
         raise ValueError(f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no probe "
                          "gave: it comes from multi-worker probes (a grid.nodes value >= 2) with probe.noise_steps "
                          "> 0, and needs a positive |G|^2 estimate; use objective time, cost or knee otherwise")  # fmt: skip
     ranked = cand.sort_values([col, "nodes", "global_batch"])
-    best = ranked.iloc[0]
-    runner = ranked.iloc[1] if len(ranked) > 1 else None
+    best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     bn, b = float(best["b_noise"]), int(best["global_batch"])
 
     def at(row) -> dict[str, Any]:
         return {"nodes": int(row["nodes"]), "global_batch": int(row["global_batch"]), col: float(row[col]),
                 "ratio_to_chosen": float(row[col] / best[col]),
-                "statistical_efficiency": 1.0 / (1.0 + float(row["global_batch"]) / bn)}  # fmt: skip
+                "statistical_efficiency": noise.statistical_efficiency(float(row["global_batch"]), bn)}  # fmt: skip
 
     versus = {}
     for other in ("time", "knee"):
         sel = select(pred, replace(cfg, objective=other))["selected"]
-        row = cand[(cand["nodes"] == sel["nodes"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0]
-        versus[other] = at(row)
+        versus[other] = at(cand[(cand["nodes"] == sel["nodes"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0])
     block = {
         "b_noise": bn, "b_noise_se": float(best["b_noise_se"]), "critical_batch": bn,
-        "chosen_over_critical": b / bn, "statistical_efficiency": 1.0 / (1.0 + b / bn),
+        "chosen_over_critical": b / bn, "statistical_efficiency": noise.statistical_efficiency(b, bn),
         "epochs_to_accuracy": float(best["epochs_to_accuracy"]), "versus": versus,
         "assumption": (f"workload.epochs ({cfg.workload.epochs}) reach the target accuracy at train.base_batch "
                        f"({cfg.train.base_batch}); a batch B needs (1 + B/B_noise)/(1 + {cfg.train.base_batch}/"
@@ -148,15 +242,20 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config):
     for other, v in versus.items():
         if (v["nodes"], v["global_batch"]) != (int(best["nodes"]), b):
             reason += (f"; objective {other} would pick N={v['nodes']} B={v['global_batch']}, "
-                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % slower to accuracy" if cfg.objective ==
-                       "time_to_accuracy" else f"; objective {other} would pick N={v['nodes']} B={v['global_batch']}, "
-                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % dearer to accuracy")  # fmt: skip
+                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % {worse} to accuracy")  # fmt: skip
         else:
             reason += f"; objective {other} picks the same point"
-    return best, runner, reason, block
+    return Choice(best, runner, reason, block)
+
+
+OBJECTIVES = {"time": _minimum, "cost": _minimum, "knee": _knee, "time_to_accuracy": _to_accuracy,
+              "cost_to_accuracy": _to_accuracy}  # fmt: skip
+BLOCK_NAME = {"knee": "knee", "time_to_accuracy": "noise", "cost_to_accuracy": "noise"}
 
 
 def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
+    """selection.json: the point ``objective`` chooses among the feasible candidates inside
+    the constraints, the runner-up, why, and the objective's own block."""
     cand, excluded = candidates(pred, cfg)
     if cand.empty:
         raise NoFeasibleConfiguration(
@@ -165,79 +264,13 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
             "(grid.nodes, grid.batch_min/batch_max), relax `constraints`, or raise hardware.device_memory_gb."
         )
     cur = cfg.pricing.currency
-    obj = cfg.objective
-    out: dict[str, Any] = {"objective": obj, "candidates": int(len(cand)), "excluded": excluded}
-    if obj in TO_ACCURACY:
-        best, runner, reason, out["noise"] = _to_accuracy(pred, cand, cfg)
-    elif obj in ("time", "cost"):
-        col = "train_time_s" if obj == "time" else "cost"
-        ranked = cand.sort_values([col, "nodes", "global_batch"])
-        best = ranked.iloc[0]
-        runner = ranked.iloc[1] if len(ranked) > 1 else None
-        unit = "s" if obj == "time" else cur
-        reason = f"minimum {'training time T' if obj == 'time' else 'cost C'}: {best[col]:.4g} {unit}"
-        if runner is not None:
-            reason += f"; runner-up N={int(runner['nodes'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
-    else:
-        col, name, unit = ("cost", "C", cur) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
-        env = _envelope(cand, col)
-        b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
-        kneedle_b = knee_of(b, y)
-        marginal_b, flattened = marginal_knee(b, y, cfg.knee_gain)
-        gains = doubling_gains(b, y) if len(b) > 1 else np.array([])
-        per_nodes = {}
-        for n, g in cand.sort_values("global_batch").groupby("nodes"):
-            gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
-            per_nodes[str(int(n))] = {"marginal": marginal_knee(gb, gy, cfg.knee_gain)[0], "kneedle": knee_of(gb, gy)}
-        knee_b = marginal_b if cfg.knee_rule == "marginal" else kneedle_b
-        out["knee"] = {
-            "rule": cfg.knee_rule,
-            "on": f"{col} (best N per B)",
-            "global_batch": knee_b,
-            "found": knee_b is not None,
-            "marginal": {"global_batch": marginal_b, "gain_threshold": cfg.knee_gain, "flattened": flattened,
-                         "rule": f"smallest B beyond which every doubling saves < {100 * cfg.knee_gain:g} % of {name}"},
-            "kneedle": {"global_batch": kneedle_b, "found": kneedle_b is not None,
-                        "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), x = B (linear axis)"},
-            "per_nodes": per_nodes,
-            "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col]),
-                          "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None}
-                         for i, (_, r) in enumerate(env.iterrows())],
-        }  # fmt: skip
-        lowest = env[col].min()
-        if knee_b is None:
-            best = env.sort_values(col).iloc[0]
-            runner = None
-            reason = (f"no Kneedle knee on the {name}-vs-B curve (fewer than three batch sizes, or no bend); "
-                      f"fell back to the best point, {name} = {best[col]:.4g} {unit}")  # fmt: skip
-        else:
-            pos = int(np.flatnonzero(b == knee_b)[0])
-            best = env.iloc[pos]
-            runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
-            above = f"{100 * (best[col] / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})"
-            if cfg.knee_rule == "kneedle":
-                reason = f"Kneedle knee of {name} vs B at B={knee_b}: {name} = {best[col]:.4g} {unit}, {above}"
-                if pos < len(gains):
-                    reason += f"; doubling to B={int(b[pos + 1])} would save {100 * gains[pos]:.1f} %"
-            elif not flattened:
-                reason = (f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the last "
-                          f"doubling, to B={knee_b}: the knee lies beyond the grid, so the largest B is chosen "
-                          f"({name} = {best[col]:.4g} {unit}); raise grid.batch_max to find it") if len(gains) else (
-                          f"a single batch size: B={knee_b}, {name} = {best[col]:.4g} {unit}")  # fmt: skip
-            else:
-                reason = (f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of "
-                          f"{name} (< {100 * cfg.knee_gain:g} %)")  # fmt: skip
-                if pos + 1 < len(gains):
-                    reason += f", and no further doubling saves more than {100 * max(gains[pos + 1:].max(), 0):.1f} %"
-                if pos > 0:
-                    reason += f"; the doubling from B={int(b[pos - 1])} saved {100 * gains[pos - 1]:.1f} %"
-                reason += f". {name} = {best[col]:.4g} {unit}, {above}"
-            if kneedle_b is not None and kneedle_b != marginal_b:
-                other = "Kneedle" if cfg.knee_rule == "marginal" else "the marginal rule"
-                reason += f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
-    out["selected"] = _summary(best, cur)
-    out["runner_up"] = _summary(runner, cur) if runner is not None else None
-    out["reason"] = reason
+    choice = OBJECTIVES[cfg.objective](pred, cand, cfg)
+    out: dict[str, Any] = {"objective": cfg.objective, "candidates": int(len(cand)), "excluded": excluded}
+    if cfg.objective in BLOCK_NAME:
+        out[BLOCK_NAME[cfg.objective]] = choice.block
+    out["selected"] = _summary(choice.best, cur)
+    out["runner_up"] = _summary(choice.runner, cur) if choice.runner is not None else None
+    out["reason"] = choice.reason
     out["pricing"] = {"model": cfg.pricing.model, "per_node_hour": cfg.pricing.per_node_hour,
                       "per_gb_hour": cfg.pricing.per_gb_hour, "currency": cur}  # fmt: skip
     if not math.isfinite(out["selected"]["train_time_s"]):

@@ -1,6 +1,6 @@
-"""Cluster preflight (tula.slurm): the partition's nodes, CPUs, GPUs and time limit against
+"""The cluster preflight (tula.preflight): the partition's nodes, CPUs, GPUs and time limit against
 what the grid's jobs ask for — parsed from recorded scontrol/sinfo text here, and against
-the real one-node test cluster (scripts/slurm-cluster.sh) below."""
+the real one-node test cluster (scripts/slurm-preflight.sh) below."""
 
 import json
 import os
@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
 
-from conftest import ROOT, TINY, copy_workflow
-from tula import config
-from tula import slurm as cluster
-from tula.stages import launch
+from tula import config, preflight, slurm
 from tula.io import write_json
-
-GPU_PARTITION = (
-    "PartitionName=gpu AllowGroups=ALL Default=NO MaxNodes=4 MaxTime=2-00:00:00 State=UP TotalCPUs=192 "
-    "TotalNodes=6 Nodes=g[01-06]"
-)
-GPU_NODES = "g01|32|gpu:a100:4(S:0-1)\ng02|32|gpu:a100:4(S:0-1)\ng03|32|gpu:a100:4(S:0-1)\ng04|32|gpu:a100:4\n" \
-            "g05|32|gpu:v100:2,gpu:t4:1\ng06|32|(null)\ng01|32|gpu:a100:4(S:0-1)\n"  # fmt: skip
+from tula.stages import launch
 
 
 def _cfg(**over):
@@ -34,53 +26,43 @@ def _cfg(**over):
     return config.from_dict(raw)
 
 
-def test_slurm_time_limits_and_gres_parse():
-    assert [cluster.parse_time_min(t) for t in ("UNLIMITED", "INFINITE", "30", "30:30", "02:00:00", "1-00:00:00",
-                                                 "2-12", "1-01:30")] == [None, None, 30, 31, 120, 1440, 3600, 1530]  # fmt: skip
-    assert [cluster.gpus_of(g) for g in ("gpu:4", "gpu:a100:4(S:0-1)", "gpu:v100:2,gpu:t4:1", "(null)", "mps:100")] == [
-        4, 4, 3, 0, 0]  # fmt: skip
-    p = cluster.parse_partition(GPU_PARTITION, GPU_NODES)
-    assert (p.name, p.total_nodes, p.max_nodes, p.max_time_min) == ("gpu", 6, 4, 2880)
-    assert sorted(p.node_gpus) == [0, 3, 4, 4, 4, 4] and p.node_cpus == [32] * 6  # g01 listed twice counts once
-
-
 def test_problems_name_the_config_keys_to_change():
-    p = cluster.parse_partition(GPU_PARTITION, GPU_NODES)
+    p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
     cfg = _cfg(grid__nodes=[1, 8, 16], grid__workers_per_node=8, hardware__device="cuda", hardware__threads_per_worker=8,
                probe__timeout_s=3600)  # fmt: skip
-    probe = next(n for n in cluster.job_needs(cfg, 1440) if n.what == "the probe at N=16")
+    probe = next(n for n in preflight.job_needs(cfg, 1440) if n.what == "the probe at N=16")
     assert (probe.nodes, probe.tasks_per_node, probe.gpus_per_node, probe.cpus_per_node) == (2, 8, 8, 64)
-    found = cluster.problems(cfg, p, probe)
+    found = preflight.problems(cfg, p, probe)
     assert len(found) == 2
     assert "8 GPU(s) per node (grid.workers_per_node=8, hardware.device=cuda)" in found[0] and "at most 4" in found[0]
     assert "64 CPUs per node" in found[1] and "hardware.threads_per_worker=8" in found[1]
     # 2 workers per node: 16 workers need 8 nodes, above the partition's 6 and MaxNodes=4
     cfg = _cfg(grid__nodes=[1, 16], grid__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
-    (msg,) = cluster.problems(cfg, p, cluster.job_needs(cfg, 1440)[1])
+    (msg,) = preflight.problems(cfg, p, preflight.job_needs(cfg, 1440)[1])
     assert msg.startswith("the probe at N=16 needs 8 node(s)") and "allows 4 per job" in msg and "grid.nodes" in msg
     # a time limit: probes ask for probe.timeout_s + 5 min, training for its runtime
     cfg = _cfg(grid__nodes=[1, 4], grid__workers_per_node=4, hardware__device="cuda", probe__timeout_s=3 * 86400)
-    needs = cluster.job_needs(cfg, 4000)
-    assert ["probe.timeout_s" in m for n in needs for m in cluster.problems(cfg, p, n)] == [True, True, False]
-    (msg,) = cluster.problems(cfg, p, needs[2])
+    needs = preflight.job_needs(cfg, 4000)
+    assert ["probe.timeout_s" in m for n in needs for m in preflight.problems(cfg, p, n)] == [True, True, False]
+    (msg,) = preflight.problems(cfg, p, needs[2])
     assert "asks for 4000 min" in msg and "at most 2880 min" in msg and "launch.timeout_min" in msg
     cfg = _cfg(grid__nodes=[1, 8], grid__workers_per_node=4, hardware__device="cuda")  # 2 nodes with 4 A100s: fits
-    assert [cluster.problems(cfg, p, n) for n in cluster.job_needs(cfg, 60)] == [[], [], []]
+    assert [preflight.problems(cfg, p, n) for n in preflight.job_needs(cfg, 60)] == [[], [], []]
     # `tula launch` (and each run of the suite) checks the N it trains at, not the grid's largest
     cfg = _cfg(grid__nodes=[1, 16], grid__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
-    train = cluster.job_needs(cfg, 60, train_nodes=4)[2]
-    assert train.what == "training at N=4" and train.nodes == 2 and cluster.problems(cfg, p, train) == []
+    train = preflight.job_needs(cfg, 60, train_nodes=4)[2]
+    assert train.what == "training at N=4" and train.nodes == 2 and preflight.problems(cfg, p, train) == []
 
 
 def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):
-    got = cluster.read_profile(str(ROOT / "profiles" / "slurm"))
+    got = preflight.read_profile(str(ROOT / "profiles" / "slurm"))
     assert got == {"executor": "slurm", "probe_partition": None, "account": None, "train_partition": None,
                    "train_runtime_min": 1440}  # fmt: skip
-    with pytest.raises(cluster.PreflightError, match="no .*config.yaml"):
-        cluster.read_profile(str(tmp_path))
+    with pytest.raises(preflight.PreflightError, match="no .*config.yaml"):
+        preflight.read_profile(str(tmp_path))
     (tmp_path / "config.yaml").write_text("default-resources:\n  runtime: one hour\n")
-    with pytest.raises(cluster.PreflightError, match=r"default-resources.runtime must be a whole number, not 'one hour'"):
-        cluster.read_profile(str(tmp_path))
+    with pytest.raises(preflight.PreflightError, match=r"default-resources.runtime must be a whole number, not 'one hour'"):
+        preflight.read_profile(str(tmp_path))
 
 
 # -- against the real test cluster ------------------------------------------------------
@@ -129,12 +111,12 @@ def test_check_cluster_refuses_jobs_longer_than_the_time_limit(short_partition, 
     prof = tmp_path / "prof"
     prof.mkdir()
     (prof / "config.yaml").write_text(yaml.safe_dump({"executor": "slurm", "default-resources": {
-        "slurm_partition": short_partition, "runtime": 5}, "set-resources": {"train": {"runtime": 60}}}))  # fmt: skip
+        "slurm_partition": short_partition, "runtime": 5}, "set-resources": {"launch": {"runtime": 60}}}))  # fmt: skip
     r = _check(tmp_path, tiny_raw, "--profile", str(prof))
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"probes on partition {short_partition}, training on {short_partition} for 60 min" in r.stdout
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("  - ")]
-    assert len(lines) == 3 and all(f"allows at most 10 min (MaxTime)" in ln for ln in lines), r.stderr
+    assert len(lines) == 3 and all("allows at most 10 min (MaxTime)" in ln for ln in lines), r.stderr
     assert "the memory probe (1 worker) asks for 15 min" in lines[0] and "lower probe.timeout_s" in lines[0]
     assert "training at N=2 asks for 60 min" in lines[2] and "launch.timeout_min" in lines[2]
 

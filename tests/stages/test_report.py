@@ -1,5 +1,5 @@
-import pytest
 import pandas as pd
+import pytest
 
 from tula.stages.report import _cell, _table
 
@@ -46,18 +46,18 @@ def test_training_curve_marks_relaunches_and_requeues():
 
 
 def test_summary_card_shows_predicted_vs_measured():
-    from tula.stages.report import prediction_check
+    from tula.stages.report import prediction_card
 
     final = {"nodes": 2, "global_batch": 128, "predicted_step_time_s": 0.0267, "mean_step_time_s": 0.0250,
              "predicted_step_time_interval_s": [0.020, 0.033], "predicted_train_time_s": 4.8,
              "predicted_train_time_interval_s": [3.6, 5.9], "step_time_ratio": 0.025 / 0.0267, "train_time_s": 4.5,
              "eval_time_s": 0.3, "checkpoint_time_s": 0.2, "startup_time_s": 4.9}  # fmt: skip
-    html = prediction_check(final)
+    html = prediction_card(final)
     assert "step predicted 26.70 ms (20.00–33.00), measured 25.00 ms (×0.936, inside" in html
     assert "training time predicted 5s (4s–6s), measured 4s in training steps" in html
     final["mean_step_time_s"] = 0.040
-    assert "outside the prediction" in prediction_check(final)
-    assert "No prediction" in prediction_check({"nodes": 1})
+    assert "outside the prediction" in prediction_card(final)
+    assert "No prediction" in prediction_card({"nodes": 1})
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():

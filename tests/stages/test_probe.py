@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from tula.faults import ENV as FAULT_ENV
 from tula.stages import probe
-from tula.runtime.probe_worker import FAULT_ENV
 
 
 def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
@@ -72,7 +72,7 @@ def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path,
 
 
 def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(tiny_config_file, tmp_path, venv_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "N2_B64=oom")  # raised in rank 1's forward, inside the step
+    monkeypatch.setenv(FAULT_ENV, "oom:point=N2_B64,rank=1")  # raised in rank 1's forward, inside the step
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     # rank 0 did not run out of memory, yet reports it: the step's agreement all-reduce told it
     assert rec["status"] == "oom" and "rank(s) [1]" in rec["error"] and "injected" in rec["error"]
@@ -131,7 +131,7 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(t
                                                                               monkeypatch):  # fmt: skip
     """torch's profiler sometimes cannot build a step's memory timeline (AssertionError "version
     mismatch"); the ranks agree to measure one more step, so the collectives stay in step."""
-    monkeypatch.setenv(FAULT_ENV, "N2_B64=profiler")
+    monkeypatch.setenv(FAULT_ENV, "profiler:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["steps_run"] == 14 and rec["peak_mem_bytes"] > 0  # one step more than without the failure

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from tula import config
-from tula.model import memory, perf as perfmodel
-from tula.stages import predict as predict_mod
+from tula.model import memory
+from tula.model import perf as perfmodel
 from tula.model.linfit import fit_linear
+from tula.stages import predict as predict_mod
 
 
 def _flat_perf(step_s: float) -> perfmodel.PerfModel:

@@ -1,11 +1,11 @@
-# `tula launch` submits the training job itself (submitit: an sbatch job under the SLURM
+# The production job. `tula launch` submits it itself (submitit: an sbatch job under the SLURM
 # profile, local processes otherwise) and watches it, so the rule runs here, never as an
-# sbatch inside an sbatch.
+# sbatch inside an sbatch. Its results stay in results/train/.
 localrules:
-    train,
+    launch,
 
 
-rule train:
+rule launch:
     input:
         selection=rules.select.output[0],
         predictions=rules.predict.output[0],
@@ -15,15 +15,15 @@ rule train:
         model="results/train/model.pt",
         attempts="results/train/attempts.json",
     log:
-        "results/logs/train.log",
+        "results/logs/launch.log",
     benchmark:
-        "results/benchmarks/train.tsv"
+        "results/benchmarks/launch.tsv"
     conda:
         CONDA_ENV
     threads: whole_machine
     params:
         config=CONFIG,
-        settings=settings("train"),
+        settings=settings("launch"),
         launch=launch_args,
         out_dir=parent_dir("final"),
     shell:

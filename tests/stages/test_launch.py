@@ -9,14 +9,12 @@ import math
 
 import pandas as pd
 import pytest
-import torch
 import yaml
+from conftest import bitwise_equal, load_params
 
-from conftest import checkpoint_state
-from tula import checkpoint, config, faults, slurm
-from tula.stages import launch
+from tula import config, faults
 from tula.io import write_json
-
+from tula.stages import launch
 
 D = 1437  # digits training samples
 
@@ -37,12 +35,6 @@ def _attempts(d, out="train"):
     return json.loads((d / out / "attempts.json").read_text())
 
 
-def _params(path):
-    return torch.load(path, map_location="cpu")
-
-
-def _bitwise_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture
@@ -86,7 +78,7 @@ def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(run_dir, r
     assert [a["outcome"] for a in att] == ["stopped", "completed"]
     assert att[1]["start_step"] == 13 and att[1]["global_batch"] == 64
     assert final["steps"] == ref_final["steps"] == 2 * math.ceil(D / 64)
-    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
     cols = ["epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc"]
     m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
     assert m[cols].equals(r[cols])  # the partial epoch's sums were checkpointed per rank too
@@ -100,7 +92,7 @@ def test_usr2_checkpoints_and_submitit_requeues_within_one_launch(run_dir, refer
     assert att["outcome"] == "completed"
     assert [(s["start_step"], s["end_step"], s["outcome"]) for s in att["segments"]] == [
         (0, 31, "requeued"), (31, 46, "completed")]  # fmt: skip
-    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
 
 
 def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(run_dir, venv_path, monkeypatch):
@@ -178,7 +170,7 @@ def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(run_dir, ref
     m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
     assert m["test_acc"].tolist() == r["test_acc"].tolist()  # the same evaluation, in smaller pieces
     assert m["test_loss"].tolist() == pytest.approx(r["test_loss"].tolist(), rel=1e-6)
-    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(ref_dir / "model.pt"))
+    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
 
 
 def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, tiny_raw, venv_path, monkeypatch):
@@ -212,7 +204,7 @@ def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(run_dir, mon
         (run_dir / "train" / output).unlink(missing_ok=True)
     final = _launch(run_dir)
     assert [a["outcome"] for a in _attempts(run_dir)["attempts"]] == ["stopped", "completed"]
-    assert _bitwise_equal(_params(run_dir / "train" / "model.pt"), _params(run_dir / "ref" / "model.pt"))
+    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(run_dir / "ref" / "model.pt"))
     m = pd.read_csv(run_dir / "ref" / "metrics.csv")
     base_lr = config.load(run_dir / "config.yaml").train.lr  # small_cnn: 0.05
     # LR at the end of each epoch: lrs/lars warm up to k = B / base_batch = 2 over 1 epoch; polo warms up to 1
@@ -231,26 +223,6 @@ def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, v
     assert final["ags"]["refreshes"] == math.ceil(2 * STEPS1 / 5)  # steps 0, 5, ..., 45: every 5th, not per epoch
 
 
-@pytest.mark.parametrize("cfg_part, cfg_acct, expect", [
-    (None, None, ("profile_part", "profile_acct")),  # the profile's (passed by the train rule)
-    ("config_part", "config_acct", ("config_part", "config_acct")),  # the config's win
-    ("config_part", None, ("config_part", "profile_acct")),  # each key on its own
-])  # fmt: skip
-def test_config_partition_and_account_take_precedence_over_the_profile(tiny_raw, tmp_path, cfg_part, cfg_acct, expect):
-    import shutil
-
-    if not shutil.which("sbatch"):
-        pytest.skip("the SLURM executor needs sbatch on PATH")
-    tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": cfg_part, "slurm_account": cfg_acct}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_raw))
-    cfg = config.load(tmp_path / "c.yaml")
-    ex = launch.make_executor(cfg, "slurm", tmp_path / "submitit", 2, 30, partition="profile_part",
-                              account="profile_acct")  # fmt: skip
-    params = ex._executor.parameters  # what submitit writes as #SBATCH lines
-    assert (params["partition"], params["account"]) == expect
-    assert params["time"] == 30 and params["ntasks_per_node"] * params["nodes"] == 2
-
-
 def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
     pd.DataFrame({"nodes": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
@@ -258,36 +230,3 @@ def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     assert launch.smaller_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
     assert launch.smaller_batches(2, 256, None, floor=32) == [128, 64, 32]
     assert launch.smaller_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
-
-
-def test_job_shape_one_task_per_gpu(tiny_raw):
-    from tula import config
-
-    tiny_raw["grid"]["workers_per_node"] = 4
-    tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
-    cfg = config.from_dict(tiny_raw)
-    assert slurm.job_shape(cfg, 8) == slurm.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
-    assert slurm.job_shape(cfg, 2) == slurm.JobShape(1, 2, 1, 2)
-    assert slurm.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
-
-
-def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_path):
-    import os
-    import subprocess
-
-    prior = {"executor": "local", "attempts": [{"outcome": "running", "job_id": str(os.getpid())}]}
-    with pytest.raises(RuntimeError, match=rf"still running; .*kill {os.getpid()}"):
-        launch._still_running(prior, tmp_path, 2)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    prior["attempts"][0]["job_id"] = str(gone.pid)
-    assert launch._still_running(prior, tmp_path, 2) is None
-    prior["attempts"][0]["outcome"] = "completed"
-    assert launch._still_running(prior, tmp_path, 2) is None
-
-
-def test_only_an_unfinished_newest_checkpoint_of_this_run_is_resumed(tmp_path):
-    checkpoint.save(tmp_path, {**checkpoint_state(1), "complete": False}, 5)
-    assert launch._resumable(tmp_path, "f") and not launch._resumable(tmp_path, "other settings")
-    checkpoint.save(tmp_path, {**checkpoint_state(2), "complete": True}, 10)  # the run finished
-    assert not launch._resumable(tmp_path, "f")  # its older step-5 checkpoint must not be resumed

@@ -4,10 +4,11 @@ import pandas as pd
 import pytest
 
 from tula import config
-from tula.model import memory, perf as perfmodel
-from tula.stages import predict as predict_mod
+from tula.model import memory
+from tula.model import perf as perfmodel
 from tula.model.linfit import fit_linear
 from tula.model.pricing import memory_cost, node_cost
+from tula.stages import predict as predict_mod
 from tula.stages.select import select
 
 

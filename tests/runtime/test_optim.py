@@ -45,7 +45,7 @@ def test_ags_step_matches_algorithm_1_by_hand():
     refresh_scales(model, opt, loss_fn, x[:2], y[:2])
     assert torch.allclose(model.weight.grad, g_large, atol=1e-6)  # the large gradient is restored
     expected_s = (g_small / (g_large + 1e-8)).abs().clamp(max=2.0)
-    assert torch.allclose(opt.scales[0], expected_s, atol=1e-5)
+    assert torch.allclose(opt.scales()[0], expected_s, atol=1e-5)
     opt.prev_sq_norm = float((g_large**2).sum())  # Delta = 0 < 0.5: not sensitive -> scaled
     opt.step()
     assert torch.allclose(model.weight.detach(), w0 - 0.1 * expected_s * g_large, atol=1e-6)
@@ -148,7 +148,7 @@ def _ddp_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
-    scales = torch.cat([s.reshape(-1) for s in opt.scales])
+    scales = torch.cat([s.reshape(-1) for s in opt.scales()])
     all_scales = [torch.empty_like(scales) for _ in range(world)]
     dist.all_gather(all_scales, scales)
     if rank == 0:
@@ -216,3 +216,81 @@ def test_build_method_uses_torch_post_local_sgd_and_ags_smax(one_process_group):
     assert opt.averager.period == 5 and opt.averager.warmup_steps == 5 * 20  # 4 averages/epoch after 5 epochs
     opt, _ = build_method("ags", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)
     assert isinstance(opt, TulaOptimizer) and opt.s_max == pytest.approx(4.0)  # sqrt(512 / 32)
+
+
+def _two_layer():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+
+
+def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
+    """Each factor is self.state[p]["ags_scale"] (torch.optim's per-parameter state, saved in the
+    wrapped optimizer's state_dict by parameter); a parameter that had no gradient when the
+    factors were measured is left unscaled later, and counted, while the others are scaled."""
+    net = _two_layer()
+    first, second = list(net[0].parameters()), list(net[1].parameters())
+    opt = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", delta=0.5, s_max=4.0)
+    x, y, loss_fn = torch.randn(8, 3), torch.randn(8, 1), torch.nn.MSELoss()
+    loss_fn(net(x), y).backward()
+    for p in first:
+        p.grad = None  # the first layer has no gradient at this refresh
+    refresh_scales(net, opt, loss_fn, x[:2], y[:2])
+    assert [("ags_scale" in opt.state[p]) for p in net.parameters()] == [False, False, True, True]
+    assert all(opt.state[p]["ags_scale"].shape == p.shape for p in second)
+    opt.zero_grad()
+    loss_fn(net(x), y).backward()
+    g = {p: p.grad.clone() for p in net.parameters()}
+    opt.prev_sq_norm = float(squared_global_norm(list(g.values())))  # Delta = 0: scaled
+    before = [p.detach().clone() for p in net.parameters()]
+    opt.step()
+    for p, w0 in zip(net.parameters(), before):
+        s = opt.state[p].get("ags_scale", torch.ones_like(p))
+        assert torch.allclose(p.detach(), w0 - 0.1 * s * g[p], atol=1e-6)  # momentum buffer starts at the step
+    assert opt.counters["scaled"] == 1 and opt.counters["unscaled_params"] == 2
+    # the factors travel in the wrapped optimizer's state_dict, by parameter
+    fresh = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=4.0)
+    fresh.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert all(torch.equal(fresh.state[p]["ags_scale"], opt.state[p]["ags_scale"]) for p in second)
+    assert fresh.counters == opt.counters and fresh.prev_sq_norm == opt.prev_sq_norm
+    opt.forget_scales()
+    assert opt.scales() == [] and "momentum_buffer" in opt.state[second[0]]
+
+
+def test_a_checkpoint_with_the_old_list_of_factors_still_loads():
+    net = _two_layer()
+    opt = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), mode="ags")
+    old = {"base": opt.optim.state_dict(), "tula": {"mode": "ags", "prev_sq_norm": 2.0, "last_delta": 0.1,
+                                                    "scales": [torch.full_like(p, 1.5) for p in net.parameters()],
+                                                    "counters": {"steps": 7}}}  # fmt: skip
+    opt.load_state_dict(old)
+    assert [float(s.mean()) for s in opt.scales()] == [1.5] * 4 and opt.counters["steps"] == 7
+
+
+def test_lars_evaluates_the_closure_once_before_scaling():
+    """torch.optim's convention: step(closure) evaluates the closure (which recomputes the
+    gradients) first; LARS then scales those gradients. Evaluated after the scaling, as
+    before, the closure would put the unscaled gradients back."""
+    from tula.runtime.optim import LARS
+
+    def setup():
+        torch.manual_seed(2)
+        net = torch.nn.Linear(3, 2)
+        return net, LARS(torch.optim.SGD(net.parameters(), lr=0.5), weight_decay=0.01, eta=0.02, exclude_1d=False)
+
+    x, y = torch.randn(6, 3), torch.randn(6, 2)
+    plain, plain_opt = setup()
+    torch.nn.functional.mse_loss(plain(x), y).backward()
+    plain_opt.step()  # gradients computed beforehand, no closure
+    net, opt = setup()
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert len(calls) == 1 and float(loss.detach()) > 0
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), plain.parameters()))  # scaled exactly as without

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import copy_workflow
+
 from tula import config
-from tula.stages.compare import collect, find, heatmap, run_ids, runs, table_markdown, targets, time_to_target
 from tula.io import write_json
+from tula.stages.compare import collect, find, heatmap, run_ids, runs, table_markdown, targets, time_to_target
 
 
 def test_runs_enumerate_the_suite():
@@ -99,8 +99,12 @@ def test_a_seed_that_never_reaches_the_target_counts_as_infinitely_slow(tmp_path
     md = table_markdown(collect(cfg, files))
     assert "| m | d | 64 | **3.00 s (2/3)** | median not reached (1/3) |" in md
     assert "one that never reached it counting as infinitely slow" in md
-    heatmap(collect(cfg, files), tmp_path / "h.png")  # inf drawn as "not reached", not as a colour
-    assert (tmp_path / "h.png").stat().st_size > 0
+    fig = heatmap(collect(cfg, files), tmp_path / "h.png")
+    acc, ttt = fig.axes[:2]  # the two panels (their colour bars come after)
+    assert [t.get_text() for t in acc.texts] == ["86.7", "71.7"]  # mean final accuracy: (95+95+70)/3, (95+60+60)/3
+    assert [t.get_text() for t in ttt.texts] == ["3.0", "—"]  # LRS's median never reached: no colour, "—"
+    assert [t.get_fontweight() for t in ttt.texts] == ["bold", "normal"]
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_path, venv_path):
@@ -121,7 +125,7 @@ def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_p
     assert res["test_acc"] > 0.3
     # an OOM is the cell's result: recorded, the job not relaunched at a smaller B
     out2 = tmp_path / "oom" / run / "result.json"
-    env = dict(os.environ, TULA_INJECT_TRAIN_FAULT="oom:step=3,rank=1,batch=128")
+    env = dict(os.environ, TULA_INJECT_FAULT="oom:step=3,rank=1,batch=128")
     r = subprocess.run(["tula", "compare", "run", "--config", str(cfg), "--run", run, "--out", str(out2)],
                        capture_output=True, text=True, env=env)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

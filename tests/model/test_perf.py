@@ -4,10 +4,9 @@ and coefficients of the model that generated the data."""
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import synthetic
-from tula.model import perf as perfmodel
 
+from tula.model import perf as perfmodel
 
 
 def gpu_like(n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=0.0) -> pd.DataFrame:

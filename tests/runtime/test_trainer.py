@@ -4,27 +4,17 @@ gradients. Real runs: `tula launch` with submitit's local executor, 2 gloo proce
 
 import json
 import math
-import tempfile
 
 import pandas as pd
 import pytest
-import torch
-import torch.distributed as torch_dist
 import yaml
+from conftest import bitwise_equal, load_params
 
-from tula import config, faults
-from tula.runtime import replica, trainer
-from tula.stages import launch
+from tula import faults
 from tula.io import write_json
-from tula.runtime.optim import TulaOptimizer
-
-
-def _params(path):
-    return torch.load(path, map_location="cpu")
-
-
-def _bitwise_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+from tula.model.perf import steps_per_epoch
+from tula.runtime import trainer
+from tula.stages import launch
 
 
 def _run_dir(tmp_path, raw, nodes=2, batch=32):
@@ -65,7 +55,7 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(fo
     att = json.loads((folder_run / "train" / "attempts.json").read_text())["attempts"]
     assert [a["outcome"] for a in att] == ["stopped", "completed"] and att[1]["start_step"] == 7
     assert final["steps"] == ref["steps"]
-    assert _bitwise_equal(_params(folder_run / "train" / "model.pt"), _params(folder_run / "ref" / "model.pt"))
+    assert bitwise_equal(load_params(folder_run / "train" / "model.pt"), load_params(folder_run / "ref" / "model.pt"))
 
 
 def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
@@ -79,54 +69,10 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
     monkeypatch.delenv(faults.ENV)
     final = _launch(d)
     assert final["steps"] == ref["steps"]
-    assert _bitwise_equal(_params(d / "train" / "model.pt"), _params(d / "ref" / "model.pt"))
+    assert bitwise_equal(load_params(d / "train" / "model.pt"), load_params(d / "ref" / "model.pt"))
 
 
 # -- the step itself, in this process (a one-process gloo group) ---------------------------
-
-
-@pytest.fixture
-def one_process_group():
-    with tempfile.NamedTemporaryFile() as f:
-        torch_dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
-        yield
-        torch_dist.destroy_process_group()
-
-
-def _replica(precision, method="ags"):
-    from tula.runtime.replica import Replica
-
-    cfg = config.from_dict({"train": {"precision": precision, "method": method, "ags_delta": 1e9}})
-    return Replica(cfg, torch.device("cpu"), 64, 0, 1)
-
-
-def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
-    """Same weights, same batch: fp16 with a loss scale of 2^16 gives AGS the Δ(G) inputs and
-    scale factors that fp32 gives, to fp16 precision, not 2^16 (or 2^32) times them."""
-    r16, r32 = _replica("fp16"), _replica("fp32")
-    assert r16.scaler.is_enabled() and r16.scaler.get_scale() == 2.0**16 and not r32.scaler.is_enabled()
-    batch = next(r32.epoch_batches())
-    for r in (r16, r32):
-        r.step(*batch)  # first step of the epoch: AGS refreshes its factors
-    o16, o32 = r16.opt, r32.opt
-    assert isinstance(o16, TulaOptimizer) and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
-    assert o16.prev_sq_norm == pytest.approx(o32.prev_sq_norm, rel=0.05)
-    s16, s32 = torch.cat([s.flatten() for s in o16.scales]), torch.cat([s.flatten() for s in o32.scales])
-    assert torch.median((s16 - s32).abs()) < 0.05 and 0 < s32.mean() < o32.s_max
-
-
-def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
-    r = _replica("fp16")
-    batches = r.epoch_batches()
-    r.step(*next(batches))
-    norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
-    r.scaler.update(new_scale=1e38)  # the next backward overflows fp16: the scaler must skip the step
-    before = {k: v.detach().clone() for k, v in r.ddp.module.named_parameters()}
-    r.step(*next(batches))
-    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm  # no Δ sample, no AGS step
-    # the weights did not move (BatchNorm's running statistics do: the forward ran)
-    assert _bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
-    assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
 
 
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
@@ -135,7 +81,7 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m.columns) == trainer.METRIC_COLUMNS
-    assert final["steps"] == 2 * replica.steps_per_epoch(1437, 64)
+    assert final["steps"] == 2 * steps_per_epoch(1437, 64)
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
     assert final["final_test_acc"] > 0.5  # digits, 2 epochs: far above 10 % chance
     # time is reported apart: training steps, evaluation, checkpoints, process start-up

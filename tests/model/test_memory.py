@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from conftest import synthetic
+
 from tula.model import memory
 
 

@@ -1,0 +1,168 @@
+"""The preflight: can the SLURM partitions run the jobs this grid needs?
+
+Before anything is queued, ``tula check --cluster`` and the workflow (Snakemake's
+``onstart``, under the SLURM executor) read the partition with ``scontrol show partition``
+and ``sinfo`` (nodes, CPUs and GPUs per node, the time limit; :func:`tula.slurm.read_partition`)
+and compare them with what the memory probe, the probe jobs and the training job will ask
+for. A grid that cannot run is refused with one error that lists every problem and the
+config keys that fix it, instead of probe jobs that pend forever (``PartitionNodeLimit``) or
+an sbatch refusal after the probes. What a job asks for comes from
+:func:`tula.slurm.job_shape`, the function that builds its request, so the check and the
+submission cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tula.config import Config
+from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
+
+__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems"]
+
+
+@dataclass(frozen=True)
+class JobNeed:
+    """What one job of the workflow asks SLURM for."""
+
+    what: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_node: int
+    gpus_per_node: int
+    runtime_min: int | None  # None: not known before the job is submitted
+
+
+def probe_runtime_min(cfg: Config) -> int:
+    """Minutes a (memory) probe job asks for: probe.timeout_s and five minutes for start-up."""
+    return int(cfg.probe.timeout_s // 60) + 5
+
+
+def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None) -> list[JobNeed]:
+    """The largest job of each kind the workflow can submit: the memory probe (one worker),
+    the probe at the largest grid N (every N is probed in a full search, the corners in a
+    partial one, so the largest always is) and training at that N (or at ``train_nodes``:
+    `tula launch` knows the N it trains at). Every shape is :func:`job_shape`'s."""
+    n = max(cfg.grid.nodes)
+    tn = train_nodes or n
+
+    def need(what: str, workers: int, runtime: int | None) -> JobNeed:
+        shape = job_shape(cfg, workers)
+        return JobNeed(what, shape.nodes, shape.tasks_per_node, shape.tasks_per_node * shape.cpus_per_task,
+                       shape.gpus_per_node, runtime)  # fmt: skip
+
+    return [need("the memory probe (1 worker)", 1, probe_runtime_min(cfg)),
+            need(f"the probe at N={n}", n, probe_runtime_min(cfg)),
+            need(f"training at N={tn}", tn, train_runtime_min)]  # fmt: skip
+
+
+def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
+    """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change."""
+    out: list[str] = []
+    wpn, threads = cfg.grid.workers_per_node, cfg.hardware.threads_per_worker
+    fit = [i for i in range(len(part.node_cpus))
+           if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node]  # fmt: skip
+    limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
+    if need.nodes > limit:
+        out.append(f"{need.what} needs {need.nodes} node(s) ({need.tasks_per_node} worker(s) per node; "
+                   f"grid.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} node(s)"
+                   + (f" and allows {part.max_nodes} per job" if part.max_nodes else "")
+                   + ": lower the largest grid.nodes, raise grid.workers_per_node if the nodes have the GPUs and "
+                   "CPUs, or use a larger partition")  # fmt: skip
+    elif len(fit) < need.nodes:
+        if need.gpus_per_node and max(part.node_gpus, default=0) < need.gpus_per_node:
+            out.append(f"{need.what} puts {need.tasks_per_node} worker(s) on a node and needs {need.gpus_per_node} "
+                       f"GPU(s) per node (grid.workers_per_node={wpn}, hardware.device=cuda), but the nodes of "
+                       f"partition '{part.name}' have at most {max(part.node_gpus, default=0)}: set "
+                       "grid.workers_per_node to the GPUs per node")  # fmt: skip
+        if max(part.node_cpus, default=0) < need.cpus_per_node:
+            out.append(f"{need.what} needs {need.cpus_per_node} CPUs per node ({need.tasks_per_node} worker(s) x "
+                       f"hardware.threads_per_worker={threads}), but the nodes of partition '{part.name}' have at "
+                       f"most {max(part.node_cpus, default=0)}: lower hardware.threads_per_worker or "
+                       "grid.workers_per_node")  # fmt: skip
+        if not out:
+            out.append(f"{need.what} needs {need.nodes} node(s) with {need.cpus_per_node} CPUs and "
+                       f"{need.gpus_per_node} GPU(s) each, but only {len(fit)} node(s) of partition '{part.name}' "
+                       "have that: lower the largest grid.nodes or grid.workers_per_node")  # fmt: skip
+    if need.runtime_min is not None and part.max_time_min is not None and need.runtime_min > part.max_time_min:
+        keys = ("probe.timeout_s (a probe job asks for it + 5 min)" if "probe" in need.what else
+                "launch.timeout_min, or the launch rule's runtime in the profile (set-resources)")  # fmt: skip
+        out.append(f"{need.what} asks for {need.runtime_min} min but partition '{part.name}' allows at most "
+                   f"{part.max_time_min} min (MaxTime): lower {keys}")  # fmt: skip
+    return out
+
+
+def preflight(cfg: Config, probe_partition: str | None = None, train_partition: str | None = None,
+              train_runtime_min: int | None = None, training_only: bool = False,
+              train_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Check every job kind (or only training) against its partition (``None``: the
+    cluster's default). Returns what was checked; raises :class:`PreflightError` listing
+    every problem, or :class:`ClusterUnreadable` when there is no controller to ask."""
+    parts: dict[str | None, Partition] = {}
+    checked, found = [], []
+    needs = job_needs(cfg, train_runtime_min, train_nodes)
+    for need in needs[-1:] if training_only else needs:
+        name = train_partition if need.what.startswith("training") else probe_partition
+        if name not in parts:
+            parts[name] = read_partition(name)
+        part = parts[name]
+        found += problems(cfg, part, need)
+        checked.append({**asdict(need), "partition": part.name})
+    if found:
+        raise PreflightError("this grid cannot run on the cluster (checked with scontrol/sinfo before submitting "
+                             "anything):\n  - " + "\n  - ".join(found))  # fmt: skip
+    return {"partitions": {p.name: asdict(p) for p in parts.values()}, "jobs": checked}
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The preflight's findings, a few lines for the terminal."""
+    lines = []
+    for p in report["partitions"].values():
+        limit = "unlimited" if p["max_time_min"] is None else f"{p['max_time_min']} min"
+        lines.append(f"partition '{p['name']}' ({p['state']}): {p['total_nodes']} node(s), up to "
+                     f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) per node, "
+                     f"time limit {limit}")  # fmt: skip
+    for j in report["jobs"]:
+        rt = "runtime checked when tula launch submits it" if j["runtime_min"] is None else f"{j['runtime_min']} min"
+        lines.append(f"  ok: {j['what']}: {j['nodes']} node(s) x {j['tasks_per_node']} worker(s), "
+                     f"{j['cpus_per_node']} CPUs and {j['gpus_per_node']} GPU(s) per node, {rt} on '{j['partition']}'")
+    return "\n".join(lines)
+
+
+def read_profile(directory: str) -> dict[str, Any]:
+    """The cluster settings of a Snakemake profile (``DIR/config.yaml``) that the jobs get:
+    the probes' partition and account (default-resources), the training job's (set-resources
+    for ``train``, else the defaults) and its runtime. A file that is missing or not a
+    mapping, or a value of the wrong type, is an error naming the file and key."""
+    path = Path(directory) / "config.yaml"
+    if not path.is_file():
+        raise PreflightError(f"profile {directory!r}: no {path} (a Snakemake profile is a directory with config.yaml)")
+    try:
+        prof = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PreflightError(f"profile {path}: not valid YAML: {exc}") from None
+    if not isinstance(prof, dict):
+        raise PreflightError(f"profile {path}: must be a mapping of Snakemake options")
+    defaults = prof.get("default-resources") or {}
+    train = (prof.get("set-resources") or {}).get("launch") or {}
+    for key, block in (("default-resources", defaults), ("set-resources.launch", train)):
+        if not isinstance(block, dict):
+            raise PreflightError(f"profile {path}: {key} must be a mapping of resource: value")
+        for name in ("runtime", "mem_mb"):
+            if name in block and not isinstance(block[name], int):
+                raise PreflightError(f"profile {path}: {key}.{name} must be a whole number, not {block[name]!r}")
+    if prof.get("executor") not in (None, "slurm", "local"):
+        raise PreflightError(f"profile {path}: executor {prof['executor']!r}: Tula runs under 'slurm' (or local)")
+    return {
+        "executor": prof.get("executor"),
+        "probe_partition": defaults.get("slurm_partition"),
+        "account": defaults.get("slurm_account"),
+        "train_partition": train.get("slurm_partition", defaults.get("slurm_partition")),
+        "train_runtime_min": train.get("runtime", defaults.get("runtime")),
+    }
+
+

@@ -1,0 +1,87 @@
+"""Bounded fits with intervals and the choice among forms (tula.model.curvefit): known
+answers on data made from a known form, intervals that cover at their stated rate, bounds
+that keep predictions physical, and a more complex form chosen only when it predicts held-out
+points clearly better."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tula.model import curvefit, perf
+
+FORMS = {f.name: f for f in perf.compute_forms(max_b=128.0)}  # as tula.model.perf.fit builds them
+
+
+def _b(*values):
+    b = np.asarray(values, dtype=float)
+    return {"b": b, "n": np.ones_like(b)}
+
+
+def test_exact_data_gives_back_its_parameters_and_a_zero_width_interval():
+    X = _b(1, 2, 4, 8, 16, 32)
+    y = 0.004 + 0.0002 * X["b"]
+    f = curvefit.fit(FORMS["linear"], X, y)
+    assert f.params() == pytest.approx({"c0": 0.004, "c1": 0.0002}, rel=1e-9)
+    assert f.sigma == pytest.approx(0.0, abs=1e-9) and (f.dof, f.n_points) == (4, 6)
+    assert f.half_width(_b(64)) == pytest.approx([0.0], abs=1e-12)
+
+
+def test_bounds_keep_compute_from_falling_as_the_batch_grows():
+    X = _b(1, 2, 4, 8)
+    f = curvefit.fit(FORMS["linear"], X, 0.01 - 0.0005 * X["b"])  # decreasing data
+    assert f.params()["c1"] == pytest.approx(0.0, abs=1e-12) and f.params()["c0"] > 0  # at the bound, never negative
+
+
+def test_95_percent_intervals_cover_the_truth_at_their_rate():
+    """200 data sets of 8 points with 3 % multiplicative noise: the 95 % interval of c1 holds
+    the true value in 90-99 % of them (binomial spread of a 95 % rate over 200 draws)."""
+    rng = np.random.default_rng(7)
+    X = _b(1, 2, 4, 8, 16, 32, 64, 128)
+    hits = 0
+    for _ in range(200):
+        y = (0.004 + 0.0002 * X["b"]) * rng.normal(1, 0.03, len(X["b"]))
+        lo, hi = curvefit.fit(FORMS["linear"], X, y).intervals()["c1"]
+        hits += lo <= 0.0002 <= hi
+    assert 0.90 <= hits / 200 <= 0.99
+
+
+def test_held_out_errors_leave_one_out_and_ten_fold_above_forty_points():
+    X = _b(*range(1, 11))
+    err, how = curvefit.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])
+    assert how == "leave-one-out" and err.shape == (10,) and np.abs(err).max() < 1e-6
+    X = _b(*range(1, 42))
+    assert curvefit.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])[1] == "10-fold"
+
+
+def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
+    X = _b(1, 2, 4, 8, 16, 32, 64, 128)
+    flat_then_linear = 0.01 + 0.001 * np.maximum(X["b"] - 16, 0)  # a GPU under-used below b = 16
+    forms = [FORMS["linear"], FORMS["saturating"]]
+    chosen = curvefit.choose(forms, X, flat_then_linear, "compute")
+    assert chosen.form.name == "saturating" and chosen.params()["b0"] == pytest.approx(16, rel=1e-3)
+    assert chosen.extra["criterion"] == "held_out" and "linear:" in chosen.extra["why"]
+    straight = 0.004 + 0.0002 * X["b"]
+    assert curvefit.choose(forms, X, straight, "compute").form.name == "linear"  # parsimony: no gain, no extra parameter
+
+
+def test_too_few_points_choose_by_aic_with_the_measured_noise():
+    """Two probes cannot hold a point out for a 2-parameter step form; with each probe's own
+    noise measured, AIC (chi^2 + 2p) picks the form whose residuals fit that noise."""
+    X = {"c": np.array([0.010, 0.012]), "x": np.array([0.5, 0.75]), "l": np.array([1.0, 3.0]),
+         "n": np.array([2.0, 4.0])}  # fmt: skip
+    y = X["c"] + 0.02 * X["x"]
+    forms = perf.step_forms("ring", latency=False)
+    chosen = curvefit.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
+    assert chosen.form.name == "additive" and chosen.extra["criterion"] == "aic_known_noise"
+    assert chosen.params()["s1"] == pytest.approx(0.02, rel=1e-6)
+    assert "AIC with the probes' measured noise (2.0 % median)" in chosen.extra["why"]
+
+
+def test_aicc_by_hand():
+    X = _b(1, 2, 3, 4, 5)
+    y = np.array([1.0, 2.1, 2.9, 4.2, 4.9])
+    f = curvefit.fit(FORMS["linear"], X, y)
+    rss = float(np.sum(((f.predict(X) - y) / y) ** 2))
+    assert curvefit.aicc(f) == pytest.approx(5 * math.log(rss / 5) + 4 + 12 / 2)
+    assert math.isnan(curvefit.aicc(curvefit.fit(FORMS["linear"], _b(1, 2), np.array([1.0, 2.0]))))

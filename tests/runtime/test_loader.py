@@ -1,0 +1,39 @@
+"""The input pipeline (tula.runtime.loader): every epoch is one permutation split over the
+ranks, and where training stands is in samples, so a relaunch at another batch consumes every
+sample of the epoch exactly once."""
+
+from tula.model.perf import steps_per_epoch
+from tula.runtime import loader
+
+
+def consumed(n, batch, world, seed, epoch, start, stop_after=None):
+    """Indices every rank's sampler yields from ``start`` (optionally only the first steps)."""
+    samplers = [loader.EpochBatchSampler(n, batch, r, world, seed) for r in range(world)]
+    out, steps = [], 0
+    for s in samplers:
+        s.set_position(epoch, start)
+    for parts in zip(*samplers):
+        if stop_after is not None and steps == stop_after:
+            break
+        out += [i for part in parts for _, i in part]
+        steps += 1
+    return out, steps
+
+
+def test_each_epoch_is_a_permutation_split_over_the_ranks():
+    idx, steps = consumed(103, 16, 2, seed=0, epoch=3, start=0)
+    assert sorted(idx) == list(range(103)) and steps == 7 == steps_per_epoch(103, 16)
+    assert consumed(103, 16, 2, 0, 3, 0)[0] != consumed(103, 16, 2, 0, 4, 0)[0]  # a new order every epoch
+
+
+def test_a_relaunch_at_a_smaller_batch_consumes_every_sample_exactly_once():
+    n, world = 1000, 2
+    first, steps = consumed(n, 128, world, seed=5, epoch=2, start=0, stop_after=3)  # 3 steps at B=128, then OOM
+    offset = 3 * 128
+    rest, _ = consumed(n, 32, world, seed=5, epoch=2, start=offset)  # relaunch at B=32 from the checkpoint
+    assert len(first) == offset and sorted(first + rest) == list(range(n))
+
+
+def test_a_tail_smaller_than_n_is_left_out():
+    idx, steps = consumed(10, 4, 3, seed=0, epoch=1, start=0)  # 4 + 4, then 2 < 3 workers
+    assert steps == 2 and len(idx) == 8 and loader.next_chunk(10, 4, 8, 3) == 0

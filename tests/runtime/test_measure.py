@@ -1,0 +1,47 @@
+"""What a worker measures (tula.runtime.measure): the peak of one training step on CPU covers
+Eq. 3's terms and is linear in the local batch; the timing statistics."""
+
+import pytest
+import torch
+
+from tula.runtime.measure import cpu_step_peak_bytes, measure_step, timing_stats
+from tula.runtime.nets import build_model
+
+
+def peaks(batches):
+    torch.manual_seed(0)
+    model = build_model("small_cnn", (1, 8, 8), 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward_loss(x, y):
+        logits = model(x)
+        return logits, loss_fn(logits, y)
+
+    def step(b):
+        x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
+        opt.zero_grad(set_to_none=True)
+        forward_loss(x, y)[1].backward()
+        opt.step()
+
+    out = {}
+    for b in batches:
+        x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
+        eq3 = measure_step(model, opt, forward_loss, x, y).total_bytes  # also creates the momentum buffers
+        out[b] = (cpu_step_peak_bytes(model, opt, lambda: step(b)), eq3)
+    return out
+
+
+def test_measured_cpu_peak_covers_eq3_and_is_linear_in_batch():
+    p = peaks([32, 64, 128])
+    for measured, eq3 in p.values():
+        assert eq3 <= measured <= 1.3 * eq3  # Eq. 3 terms plus backward's transient buffers
+    # linear in b: equal steps in b give equal steps in bytes (to allocator granularity, ~512 B)
+    assert p[128][0] - p[64][0] == pytest.approx(2 * (p[64][0] - p[32][0]), rel=1e-3)
+
+
+def test_timing_statistics_by_hand():
+    st = timing_stats([1.0, 2.0, 3.0, 4.0])
+    assert (st["mean"], st["median"], st["iqr"]) == (2.5, 2.5, 1.5)
+    assert st["cv"] == pytest.approx(1.118033988749895 / 2.5)
+    assert timing_stats([2.0]) == {"mean": 2.0, "median": 2.0, "iqr": 0.0, "cv": 0.0}

@@ -1,0 +1,71 @@
+"""The one training step (tula.runtime.replica): in one process group here (the multi-process
+runs are the trainer's, the launcher's and the probe's tests); mixed precision gives AGS
+unscaled gradients, a skipped fp16 step is not a Delta sample, and the position in the epoch
+moves by samples whatever the batch."""
+
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+from conftest import bitwise_equal
+
+from tula import config
+from tula.runtime.optim import TulaOptimizer
+from tula.runtime.replica import Replica
+
+
+def _replica(precision, method="ags"):
+    cfg = config.from_dict({"train": {"precision": precision, "method": method, "ags_delta": 1e9}})
+    return Replica(cfg, torch.device("cpu"), 64, 0, 1)
+
+
+@pytest.fixture
+def one_process_group():
+    with tempfile.NamedTemporaryFile() as f:
+        torch_dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        yield
+        torch_dist.destroy_process_group()
+
+
+def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
+    """Same weights, same batch: fp16 with a loss scale of 2^16 gives AGS the Δ(G) inputs and
+    scale factors that fp32 gives, to fp16 precision, not 2^16 (or 2^32) times them."""
+    r16, r32 = _replica("fp16"), _replica("fp32")
+    assert r16.scaler.is_enabled() and r16.scaler.get_scale() == 2.0**16 and not r32.scaler.is_enabled()
+    batch = next(r32.epoch_batches())
+    for r in (r16, r32):
+        r.step(*batch)  # first step of the epoch: AGS refreshes its factors
+    o16, o32 = r16.opt, r32.opt
+    assert isinstance(o16, TulaOptimizer) and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
+    assert o16.prev_sq_norm == pytest.approx(o32.prev_sq_norm, rel=0.05)
+    s16, s32 = torch.cat([s.flatten() for s in o16.scales()]), torch.cat([s.flatten() for s in o32.scales()])
+    assert torch.median((s16 - s32).abs()) < 0.05 and 0 < s32.mean() < o32.s_max
+
+
+def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
+    r = _replica("fp16")
+    batches = r.epoch_batches()
+    r.step(*next(batches))
+    norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
+    r.scaler.update(new_scale=1e38)  # the next backward overflows fp16: the scaler must skip the step
+    before = {k: v.detach().clone() for k, v in r.ddp.module.named_parameters()}
+    r.step(*next(batches))
+    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm  # no Δ sample, no AGS step
+    # the weights did not move (BatchNorm's running statistics do: the forward ran)
+    assert bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
+    assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
+
+
+def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_process_group):
+    """digits: 1437 training samples; at B=64 an epoch is 22 full steps and a short one of 29.
+    next_timed_step says which kind each step was, and starts the next epoch when one ends."""
+    r = _replica("fp32", method="lbt")
+    kinds = [r.next_timed_step()[1] for _ in range(24)]
+    assert kinds == ["start"] + ["plain"] * 21 + ["partial", "start"]
+    assert (r.pos.step, r.pos.epoch, r.pos.offset) == (24, 2, 64)
+    r.set_global_batch(32)  # the sweep's way to another batch: same model and step, from an epoch start
+    assert (r.pos.offset, r.steps_per_epoch) == (0, 45) and r.next_timed_step()[1] == "start"
+    assert r.pos.offset == 32 and r.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
+    loss, acc = r.evaluate()
+    assert loss > 0 and 0 <= acc <= 1 and r.eval_retries == []

@@ -1,0 +1,64 @@
+"""tula check (tula.stages.check): the config, the search set, and the workload itself, each
+mistake named by its config key before anything is queued."""
+
+import json
+import re
+
+import pytest
+import yaml
+
+from tula.cli import main
+
+
+def test_check_lists_the_search_set(tiny_config_file, capsys):
+    assert main(["check", "--config", str(tiny_config_file)]) == 0
+    assert "N1_B32, N1_B128, N2_B32, N2_B128" in capsys.readouterr().out
+
+
+def test_check_config_only_stops_at_a_dataset_file_that_is_not_there(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workload:\n  dataset: npz:/no/such/file.npz\n")
+    assert main(["check", "--config", str(cfg), "--config-only"]) == 2
+    captured = capsys.readouterr()
+    assert "npz file /no/such/file.npz not found" in captured.err and "valid" not in captured.out
+
+
+@pytest.mark.parametrize("key, spec, message", [
+    ("model", "no_such_package.models:build", "workload.model.*cannot import module 'no_such_package.models'"),
+    ("model", "user_workload:missing", "workload.model.*has no attribute 'missing'"),
+    ("model", "user_workload:NOT_CALLABLE", "workload.model.*is a int, not a callable"),
+    ("model", "user_workload:returns_a_string", "workload.model.*returned a str, not a torch.nn.Module"),
+    ("model", "user_workload:wrong_output", r"workload.model.*\(batch, num_classes\) = \(2, 3\).*got \(2, 4\)"),
+    ("model", "tv_resnet18", r"workload.model.*3-channel images"),
+    ("dataset", "no_such_package:data", "workload.dataset.*cannot import module"),
+    ("dataset", "user_workload:returns_one_dataset", r"workload.dataset.*must return \(train_dataset, test_dataset\)"),
+    ("dataset", "user_workload:yields_dicts", r"workload.dataset.*must be \(tensor, int\); got dict"),
+    ("dataset", "npz:/no/such/file.npz", "workload.dataset.*npz file /no/such/file.npz not found"),
+    ("dataset", "imagefolder:/no/such/dir", "workload.dataset.*image folder /no/such/dir/train not found"),
+])  # fmt: skip
+def test_tula_check_names_each_bad_model_or_dataset(tmp_path, user_pythonpath, capsys, key, spec, message):
+    good = {"model": "user_workload:make_model", "dataset": "user_workload:make_datasets"}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"workload": {**good, key: spec}}))
+    assert main(["check", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tula check: error: ") and re.search(message, err), err
+
+
+def test_check_warns_when_image_size_upsamples_the_stored_images(tmp_path, capsys):
+    """20 px images at the default image_size 224: 125x the pixels, named with the key to set;
+    at image_size 16 (a crop of them) nothing to say."""
+    from conftest import make_image_folder
+
+    root = make_image_folder(tmp_path / "img", classes=3, train_per_class=4, val_per_class=2, size=20)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}}))
+    assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: config key 'data.image_size' is 224, but the images of imagefolder:" in out
+            and "are 20x20 px: each is upsampled to 224x224, 125x its pixels" in out
+            and "set data.image_size: 20" in out)  # fmt: skip
+    assert json.loads((tmp_path / "w.json").read_text())["stored_image_size"] == [20, 20]
+    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": 16}}))
+    assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
+    assert "warning" not in capsys.readouterr().out and json.loads((tmp_path / "w.json").read_text())["warnings"] == []
