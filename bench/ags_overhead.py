@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tula import config
-from tula.runtime import data  # noqa: E402
-from tula.runtime.nets import build_model  # noqa: E402
-from tula.runtime.optim import TulaOptimizer, refresh_scales  # noqa: E402
+from tula.runtime import data
+from tula.runtime.nets import build_model
+from tula.runtime.optim import TulaOptimizer, refresh_scales
 
 
 def main() -> None:

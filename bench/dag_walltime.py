@@ -24,14 +24,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from probe_vs_production import copy_workflow, run_dag  # noqa: E402
+from _harness import ROOT, copy_workflow, snakemake
+
+
+def run_dag(workdir: Path, python: Path) -> float:
+    """The whole DAG from empty results with the environment of ``python``; its wall time."""
+    return snakemake(workdir, "--quiet", fresh=True, python=python)
 
 
 def rule_times(wd: Path) -> tuple[list[float], float]:
     probe_s = [float(p.read_text().splitlines()[1].split()[0]) for p in (wd / "results/benchmarks/probe").glob("*.tsv")]
-    train_s = float((wd / "results/benchmarks/train.tsv").read_text().splitlines()[1].split()[0])
+    train_s = float((wd / "results/benchmarks/launch.tsv").read_text().splitlines()[1].split()[0])
     return probe_s, train_s
 
 

@@ -2,7 +2,7 @@
 job, 3 runs each, 2 workers (gloo, submitit's local executor), small_cnn on digits, 2 epochs
 at B=64 (23 steps per epoch), a checkpoint every 5 steps and at each epoch's end.
 
-For each place (TULA_INJECT_TRAIN_FAULT ``oom:...,where=W``, rank 1, only at B=64):
+For each place (TULA_INJECT_FAULT ``oom:...,where=W``, rank 1, only at B=64):
 
 - outcome: the attempts' outcomes, and whether the run completed;
 - steps redone: steps the failed attempt had taken past the checkpoint the next one resumed
@@ -76,7 +76,7 @@ def main() -> None:
         for i in range(a.runs):
             for place, fault in PLACES.items():  # interleaved
                 out = Path(d) / f"{place}-{i}"
-                env = dict(os.environ, TULA_INJECT_TRAIN_FAULT=fault)
+                env = dict(os.environ, TULA_INJECT_FAULT=fault)
                 t0 = time.perf_counter()
                 r = subprocess.run([tula, "launch", "--config", str(cfgp), "--selection", str(sel), "--out-dir",
                                     str(out)], env=env, capture_output=True, text=True)  # fmt: skip

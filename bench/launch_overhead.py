@@ -29,12 +29,10 @@ import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 from tula import checkpoint, config
-from tula.runtime import data  # noqa: E402
-from tula.runtime.nets import build_model  # noqa: E402
-from tula.runtime.optim import build_method, refresh_scales  # noqa: E402
+from tula.runtime import data
+from tula.runtime.nets import build_model
+from tula.runtime.optim import build_method, refresh_scales
 
 MODELS = ("small_cnn", "resnet_tiny", "vgg_tiny", "alexnet_tiny", "mobilenet_tiny")
 
@@ -131,7 +129,7 @@ def part_c(runs: int) -> None:
         for i in range(runs):
             for name, fault in cases.items():  # interleaved
                 out = Path(d) / f"run{i}-{len(times[name])}-{abs(hash(name))}"
-                env = dict(os.environ, TULA_INJECT_TRAIN_FAULT=fault)
+                env = dict(os.environ, TULA_INJECT_FAULT=fault)
                 t0 = time.perf_counter()
                 subprocess.run([tula, "launch", "--config", str(cfgp), "--selection", str(sel), "--out-dir", str(out)],
                                check=True, env=env, capture_output=True)  # fmt: skip

@@ -46,17 +46,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from _harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from tula import config as config_mod  # noqa: E402
-from tula.model import memory, perf as perfmodel  # noqa: E402
-from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches  # noqa: E402
-from tula.io import read_json, write_json  # noqa: E402
-from tula.stages.aggregate import rows_from_memory_probe, rows_from_probe  # noqa: E402
-from tula.stages.predict import predict  # noqa: E402
-from tula.stages.select import select  # noqa: E402
+from tula import config as config_mod
+from tula.io import read_json, write_json
+from tula.model import memory
+from tula.model import perf as perfmodel
+from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
+from tula.stages.aggregate import rows_from_memory_probe, rows_from_probe
+from tula.stages.predict import predict
+from tula.stages.select import select
 
 
 def pct(pred, true) -> np.ndarray:
@@ -322,7 +321,6 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         tt = true_table(cfg, cl)
         feas = tt[tt["feasible"]]
         t_min = float(feas["train_time_s"].min())
-        tmap = dict(zip(zip(feas["nodes"], feas["global_batch"]), feas["train_time_s"]))
         best_t = feas.groupby("global_batch")["train_time_s"].min()
         true_sel = select(tt, cfg)["knee"]
         out["true_curve"][bm] = {"marginal": true_sel["marginal"]["global_batch"], "kneedle": true_sel["kneedle"]["global_batch"]}

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-from tula.stages import probe  # noqa: E402
+from tula.stages import probe
 
 CONFIG = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},

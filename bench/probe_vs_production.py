@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+from _harness import ROOT, copy_workflow, snakemake, tests_helper, tula
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import make_image_folder  # noqa: E402  (the tests' Pillow image-folder generator)
+make_image_folder = tests_helper("make_image_folder")  # the tests' Pillow image-folder generator
 
 
 def workloads(scratch: Path) -> dict[str, dict]:
@@ -57,40 +52,16 @@ def workloads(scratch: Path) -> dict[str, dict]:
             "d_default_tta": tta}
 
 
-def copy_workflow(dest: Path, root: Path = ROOT) -> Path:
-    """The workflow of checkout ``root`` (not its results) in a scratch directory."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for part in ("Snakefile", "rules", "envs", "workflow"):
-        src = root / part
-        shutil.copytree(src, dest / part) if src.is_dir() else shutil.copy(src, dest / part)
-    return dest
-
-
-def run_dag(workdir: Path, python: Path = Path(sys.executable)) -> float:
-    """`snakemake --cores 2` from empty results, with the environment of ``python``; its wall
-    time in seconds (exits on failure)."""
-    shutil.rmtree(workdir / "results", ignore_errors=True)
-    shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
-    env = dict(os.environ, PATH=str(python.parent) + os.pathsep + os.environ["PATH"])
-    t0 = time.perf_counter()
-    r = subprocess.run(["snakemake", "--cores", "2", "--quiet"], cwd=workdir, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.exit(f"snakemake failed in {workdir}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return wall
-
-
 def one_run(workdir: Path, cfg: dict) -> dict:
     (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    wall = run_dag(workdir)
+    wall = snakemake(workdir, "--quiet", fresh=True)
     final = json.loads((workdir / "results/train/final.json").read_text())
     # The same point probed directly (same step, same config): separates "the probe times what
     # production runs" from "the fit predicts a point it did not probe".
     n, b = final["nodes"], final["global_batch"]
     out = workdir / "results" / "direct_probe.json"
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    subprocess.run(["tula", "probe", "--config", ".snakemake/tula/config.json", "--nodes", str(n), "--global-batch",
-                    str(b), "--out", str(out)], cwd=workdir, env=env, capture_output=True, check=True)  # fmt: skip
+    tula("probe", "--config", ".snakemake/tula/config.json", "--nodes", str(n), "--global-batch", str(b), "--out",
+         str(out), cwd=workdir)  # fmt: skip
     direct = json.loads(out.read_text())["step_time_s"]
     lo, hi = final["predicted_step_time_interval_s"]
     return {"N": n, "B": b, "ratio": final["step_time_ratio"], "direct_ratio": final["mean_step_time_s"] / direct,

@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tula(*args: str, cwd: Path) -> None:
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    r = subprocess.run(["tula", *args], cwd=cwd, env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"tula {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+from _harness import ROOT, tula
 
 
 def main() -> None:

@@ -26,24 +26,18 @@ time_to_accuracy choice within 10 % of the best measured time to target and bett
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
+from _harness import ROOT, copy_workflow
+from _harness import snakemake as run_snakemake
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from tula import config as config_mod  # noqa: E402
-from tula.stages.compare import median_time_input  # noqa: E402
-from tula.io import read_json, write_json  # noqa: E402
-from tula.stages.select import select  # noqa: E402
+from tula import config as config_mod
+from tula.io import read_json, write_json
+from tula.stages.compare import median_time_input
+from tula.stages.select import select
 
 # A target each dataset's base batch reaches within the shipped 15 epochs (pilot: digits
 # reaches 99 % at B=128 in 4 epochs, mnist1d 96 % in 11), well above where large batches stall.
@@ -53,24 +47,11 @@ OBJECTIVES = ("time_to_accuracy", "time", "knee")
 
 
 def workdir(dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for name in ("Snakefile", "rules", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
-    (dest / "workflow").mkdir()
-    shutil.copytree(ROOT / "workflow" / "report", dest / "workflow" / "report")
-    shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
+    copy_workflow(dest)
 
 
 def snakemake(wd: Path, *args: str) -> float:
-    t0 = time.perf_counter()
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])  # tula, snakemake
-    r = subprocess.run(["snakemake", "--cores", "2", *args], cwd=wd, capture_output=True, text=True, env=env)
-    if r.returncode:
-        sys.exit(f"snakemake {' '.join(args)} failed in {wd}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return time.perf_counter() - t0
+    return run_snakemake(wd, *args)
 
 
 def median_time(times: pd.Series) -> float:

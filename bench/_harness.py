@@ -1,0 +1,71 @@
+"""What the benchmark scripts share: this checkout's workflow in a scratch directory, Snakemake
+and `tula` run with this environment (a failure stops the benchmark with the end of its
+log), and the tests' image-folder generator. Run every benchmark with the project's Python
+(`.venv/bin/python bench/<name>.py`), where Tula is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env(python: Path | None = None, **extra: str) -> dict[str, str]:
+    """This environment with ``python``'s bin/ (default: this Python's) first on PATH, where
+    `tula`, `snakemake` and `torchrun` are; ``extra`` variables added."""
+    bindir = Path(python or sys.executable).parent
+    return {**os.environ, "PATH": str(bindir) + os.pathsep + os.environ["PATH"], **extra}
+
+
+def copy_workflow(dest: Path, root: Path = ROOT) -> Path:
+    """The workflow of checkout ``root`` (Snakefile, rules, envs, workflow/; not its results)
+    in ``dest``, which is emptied first."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for part in ("Snakefile", "rules", "envs", "workflow"):
+        src = root / part
+        shutil.copytree(src, dest / part) if src.is_dir() else shutil.copy(src, dest / part)
+    return dest
+
+
+def _or_exit(r: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    if r.returncode != 0:
+        sys.exit(f"{what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def snakemake(workdir: Path, *args: str, cores: int = 2, fresh: bool = False, extra_env: dict | None = None,
+              python: Path | None = None) -> float:  # fmt: skip
+    """`snakemake --cores N ARGS` in ``workdir`` (``fresh``: from empty results; ``python``: the
+    environment to run it in); its wall time in seconds. Exits with the end of its log when it fails."""
+    if fresh:
+        shutil.rmtree(workdir / "results", ignore_errors=True)
+        shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(["snakemake", "--cores", str(cores), *args], cwd=workdir,
+                       env=env(python, **(extra_env or {})), capture_output=True, text=True)  # fmt: skip
+    _or_exit(r, f"snakemake {' '.join(args)} in {workdir}")
+    return time.perf_counter() - t0
+
+
+def tula(*args: str, cwd: Path | None = None, extra_env: dict | None = None,
+         check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+    """`tula ARGS`; with ``check``, exits with the end of its log when it fails."""
+    r = subprocess.run(["tula", *args], cwd=cwd, env=env(None, **(extra_env or {})), capture_output=True, text=True)
+    return _or_exit(r, f"tula {' '.join(args)}") if check else r
+
+
+def tests_helper(name: str) -> Any:
+    """A helper of tests/conftest.py (``make_image_folder``: the Pillow image-folder generator),
+    loaded from its file."""
+    spec = importlib.util.spec_from_file_location("tula_tests_conftest", ROOT / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
