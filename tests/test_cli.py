@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from tula.cli import main
 
 STAGE_MODULES = sorted(f.stem for f in (ROOT / "src" / "tula" / "stages").glob("*.py") if f.stem != "__init__")

@@ -2,7 +2,7 @@
 ranks, and where training stands is in samples, so a relaunch at another batch consumes every
 sample of the epoch exactly once."""
 
-from tula.model.perf import steps_per_epoch
+from tula.model.grid import steps_per_epoch
 from tula.runtime import loader
 
 

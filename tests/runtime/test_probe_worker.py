@@ -4,10 +4,9 @@ worker runs end to end under torchrun in tests/stages/test_probe.py.)"""
 
 import pytest
 import torch
+from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
 from tula.runtime import probe_worker
-
-from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
 
 def test_the_slowest_rank_per_step_and_an_epoch_starts_extra_at_trainings_rate(one_process_group):  # noqa: F811

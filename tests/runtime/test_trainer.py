@@ -12,7 +12,7 @@ from conftest import bitwise_equal, load_params
 
 from tula import faults
 from tula.io import write_json
-from tula.model.perf import steps_per_epoch
+from tula.model.grid import steps_per_epoch
 from tula.runtime import trainer
 from tula.stages import launch
 

@@ -53,6 +53,7 @@ def test_cost_vs_batch_says_its_unit_and_scales_the_probes_by_the_price(tmp_path
 
 def test_compute_and_memory_figures_put_the_model_through_the_measurements(tmp_path):
     from conftest import synthetic
+
     from tula.model import memory, perf
 
     meas = synthetic("ring", np.random.default_rng(0))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tula.config import Config
 
 
@@ -77,3 +79,10 @@ def sweep_local_batches(cfg: Config, nodes: int, own_local_batch: int, max_local
                 continue
             out.add(lb)
     return sorted(out)
+
+
+def steps_per_epoch(train_samples: int, global_batch):
+    """ceil(D / B): optimizer steps in an epoch of D samples at global batch B (Eq. 4a's I / E).
+    An int for one B, an int array for an array of them."""
+    steps = np.ceil(train_samples / np.asarray(global_batch, dtype=float)).astype(int)
+    return int(steps) if steps.ndim == 0 else steps

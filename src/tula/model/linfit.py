@@ -19,8 +19,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import statsmodels.api as sm
-from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -42,6 +40,8 @@ class LinearFit:
 
     def predict_interval(self, x: float | np.ndarray, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) of the 1 - alpha prediction interval of a new measurement at x."""
+        from scipy import stats  # 0.6 s: only here, not in every process that reads b_max from the memory model
+
         xa = np.asarray(x, dtype=float)
         yhat = self.predict(xa)
         if self.df_resid <= 0:
@@ -92,6 +92,8 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
     if distinct < 2:
         mean = float(ya.mean())
         return LinearFit(mean, 0.0, (mean, mean), (0.0, 0.0), float("nan"), len(xa), distinct)
+    import statsmodels.api as sm  # 1.4-1.8 s: only where a line is fitted, not in every process that reads b_max
+
     X = sm.add_constant(xa, has_constant="add")
     with warnings.catch_warnings():  # two points: an exact line, no residual degrees of freedom
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -277,10 +277,3 @@ def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
                     "error_pct": float(err), "noise_pct": noise,
                     "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip
     return out
-
-
-def steps_per_epoch(train_samples: int, global_batch):
-    """ceil(D / B): optimizer steps in an epoch of D samples at global batch B (Eq. 4a's I / E).
-    An int for one B, an int array for an array of them."""
-    steps = np.ceil(train_samples / np.asarray(global_batch, dtype=float)).astype(int)
-    return int(steps) if steps.ndim == 0 else steps

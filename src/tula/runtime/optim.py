@@ -24,9 +24,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as torch_dist
-from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
-from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-from torch.distributed.optim import PostLocalSGDOptimizer
 
 from tula.runtime.agreement import StepOOM, agree
 
@@ -337,6 +334,11 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
     if method == "lars":
         return LARS(base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d), no_hook
     if method == "polo":
+        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that starts, so only polo's
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook  # noqa: I001 - see above
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager  # polo only, as above
+        from torch.distributed.optim import PostLocalSGDOptimizer  # polo only, as above
+
         start = t.polo_sync_epochs * steps_per_epoch
         period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
 

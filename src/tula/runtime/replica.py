@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula import config as config_mod
 from tula.config import TrainSettings
 from tula.model import noise
-from tula.model.perf import steps_per_epoch
+from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree

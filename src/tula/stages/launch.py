@@ -34,7 +34,15 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
 from tula.jobs import Attempt, History
-from tula.stages.select import selected_point
+
+
+def selected_point(path) -> tuple[int, int]:
+    """(nodes, global_batch) of a selection.json; the error names the file."""
+    sel = read_json(path)
+    try:
+        return int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: no selected.nodes / selected.global_batch; re-run `tula select`") from None
 
 
 class OutOfMemory(RuntimeError):

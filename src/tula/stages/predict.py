@@ -14,9 +14,9 @@ from tula.io import read_json, write_csv
 from tula.model import measurements as measurements_mod
 from tula.model import noise
 from tula.model import pricing as pricing_mod
-from tula.model.grid import grid
+from tula.model.grid import grid, steps_per_epoch
 from tula.model.memory import MemoryModel
-from tula.model.perf import PerfModel, steps_per_epoch
+from tula.model.perf import PerfModel
 
 
 def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -30,7 +30,7 @@ from kneed import KneeLocator
 
 from tula import config as config_mod
 from tula.config import Config
-from tula.io import read_json, write_json
+from tula.io import write_json
 from tula.model import noise
 
 
@@ -286,12 +286,3 @@ def run(config, predictions, out) -> dict[str, Any]:
     s = sel["selected"]
     print(f"[select] objective {sel['objective']}: N={s['nodes']} B={s['global_batch']} — {sel['reason']} -> {out}")
     return sel
-
-
-def selected_point(path) -> tuple[int, int]:
-    """(nodes, global_batch) of a selection.json; the error names the file."""
-    sel = read_json(path)
-    try:
-        return int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{path}: no selected.nodes / selected.global_batch; re-run `tula select`") from None

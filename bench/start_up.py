@@ -1,0 +1,57 @@
+"""Start-up of each kind of process Tula starts: the seconds to import what it imports, median
+of REPEATS fresh interpreters, this checkout against another (``--against PYTHON``, whose
+environment has an older checkout installed; its module names are given with ``--old``).
+
+Every probe and training job starts several of these (the launcher, N workers), so a second
+here is a second per process in every job.
+
+    .venv/bin/python bench/start_up.py [--repeats 5] [--against /tmp/before-venv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+# what each process imports in this checkout, and (for --against) in the one before issue 21
+PROCESSES = {
+    "tula probe (launcher)": ("tula.stages.probe", "tula.probe"),
+    "probe worker": ("tula.runtime.probe_worker", "tula.probe, tula.train, tula.memprobe"),
+    "memory-probe worker": ("tula.runtime.memprobe_worker", "tula.memprobe, tula.train"),
+    "tula launch (launcher)": ("tula.stages.launch", "tula.launch"),
+    "training worker": ("tula.runtime.trainer", "tula.train"),
+    "tula fit": ("tula.stages.fit", "tula.fit"),
+    "tula --help": ("tula.cli", "tula.cli"),
+}
+
+
+def seconds(python: str, modules: str, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([python, "-c", f"import {modules}"], check=True)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--against", help="the Python of an environment with the checkout before issue 21 installed")
+    a = ap.parse_args()
+    print("| process | this checkout | " + ("before | ratio |" if a.against else "") + "\n|---|---:|" +
+          ("---:|---:|" if a.against else ""))  # fmt: skip
+    for name, (now, old) in PROCESSES.items():
+        t = seconds(sys.executable, now, a.repeats)
+        row = f"| {name} | {t:.2f} s |"
+        if a.against:
+            b = seconds(a.against, old, a.repeats)
+            row += f" {b:.2f} s | {t / b:.2f} |"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
