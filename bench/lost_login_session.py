@@ -10,7 +10,7 @@ real one-node test cluster (scripts/slurm-cluster.sh up, as root).
 5. `snakemake --unlock`, then the same command: does `tula launch` re-attach to the job that
    is still running (no second training job), and does the run complete?
 
-    .venv/bin/python bench/lost_login_session.py [--epochs 30]     # ~6 min
+    .venv/bin/python bench/lost_login_session.py [--epochs 150]     # ~7 min
 
 Prints a Markdown table (BENCHMARKS.md, "Lost login session").
 """
@@ -54,7 +54,7 @@ def _training_jobs() -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--epochs", type=int, default=30, help="epochs of the training job (it must outlive the hang-up)")
+    ap.add_argument("--epochs", type=int, default=150, help="epochs of the training job (it must outlive the hang-up)")
     a = ap.parse_args()
     if subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0:
         raise SystemExit("no SLURM controller answers: run `scripts/slurm-cluster.sh up` (as root) first")
@@ -65,12 +65,15 @@ def main() -> None:
         cfg["workload"]["epochs"] = a.epochs
         cfg["grid"].update(batch_max=128, workers_per_node=2)  # the test cluster is one 2-core node
         cfg["probe"] = {"warmup_steps": 1, "timed_steps": 3}
+        cfg["constraints"] = {"max_batch": 32}  # 45 steps an epoch: the job trains for a minute or more
         (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
         prof = _profile(wd)
         log = open(wd / "session.log", "w")
         t0 = time.time()
+        # a login shell's job: SIGHUP at its default (under nohup it would be inherited as ignored)
         session = subprocess.Popen(["snakemake", "--profile", prof], cwd=wd, env=env(), stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # fmt: skip
         attempts = wd / "results" / "train" / "attempts.json"
         metrics = wd / "results" / "train" / "metrics.csv"
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # 2 epochs done
@@ -78,6 +81,9 @@ def main() -> None:
                 raise SystemExit(f"the run ended before training was under way:\n{(wd / 'session.log').read_text()[-3000:]}")
             time.sleep(1)
         job = json.loads(attempts.read_text())["attempts"][-1]["job_id"]
+        running = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if running != "RUNNING":
+            raise SystemExit(f"the training job {job} is {running or 'gone'} before the hang-up: raise --epochs")
         hung_up_at = time.time()
         os.killpg(session.pid, signal.SIGHUP)  # the login session is gone
         session.wait()
