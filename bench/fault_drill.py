@@ -68,11 +68,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         cfgp = Path(d) / "c.yaml"
         cfgp.write_text(yaml.safe_dump({"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
-                                        "grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 128},
+                                        "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
                                         "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5,
                                                    "executor": "local"}}))  # fmt: skip
         sel = Path(d) / "sel.json"
-        sel.write_text('{"selected": {"nodes": 2, "global_batch": 64}}')
+        sel.write_text('{"selected": {"workers": 2, "global_batch": 64}}')
         for i in range(a.runs):
             for place, fault in PLACES.items():  # interleaved
                 out = Path(d) / f"{place}-{i}"

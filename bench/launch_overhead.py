@@ -52,7 +52,7 @@ def part_a(reps: int) -> None:
         loss_fn(model(x), y).backward()
         refresh_scales(model, opt, loss_fn, x[:32], y[:32])
         opt.step()
-        state = {"fingerprint": "bench", "epoch": 1, "offset": 256, "global_batch": 256, "nodes": 1,
+        state = {"fingerprint": "bench", "epoch": 1, "offset": 256, "global_batch": 256, "workers": 1,
                  "model": model.state_dict(), "optimizer": opt.state_dict(), "ranks": [checkpoint.rng_state()]}  # fmt: skip
         writes, loads = [], []
         with tempfile.TemporaryDirectory() as d:
@@ -122,10 +122,10 @@ def part_c(runs: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         cfgp = Path(d) / "c.yaml"
         cfgp.write_text(yaml.safe_dump({"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
-                                        "grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 128},
+                                        "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
                                         "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5}}))  # fmt: skip
         sel = Path(d) / "sel.json"
-        sel.write_text('{"selected": {"nodes": 2, "global_batch": 64}}')
+        sel.write_text('{"selected": {"workers": 2, "global_batch": 64}}')
         for i in range(runs):
             for name, fault in cases.items():  # interleaved
                 out = Path(d) / f"run{i}-{len(times[name])}-{abs(hash(name))}"

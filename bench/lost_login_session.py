@@ -63,7 +63,8 @@ def main() -> None:
         wd = copy_workflow(Path(tmp) / "wf")
         cfg = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
         cfg["workload"]["epochs"] = a.epochs
-        cfg["grid"].update(batch_max=128, workers_per_node=2)  # the test cluster is one 2-core node
+        cfg["grid"].update(batch_max=128)
+        cfg["cluster"] = {"workers_per_node": 2}  # the test cluster is one 2-core node
         cfg["probe"] = {"warmup_steps": 1, "timed_steps": 3}
         cfg["constraints"] = {"max_batch": 32}  # 45 steps an epoch: the job trains for a minute or more
         (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))

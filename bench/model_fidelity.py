@@ -80,7 +80,7 @@ def noise_floor(probes: pd.DataFrame) -> float:
     other repeats' own noise. (|repeat - median of all| would be zero for every median
     repeat: with 3 repeats it reads a third of the points as noiseless.)"""
     devs = []
-    for _, g in probes.groupby(["nodes", "global_batch"]):
+    for _, g in probes.groupby(["workers", "global_batch"]):
         t = g["step_time_s"].to_numpy(float)
         k = len(t)
         if k < 2:
@@ -108,7 +108,7 @@ def part_a(repeats: int, out: Path) -> dict:
     for r in range(repeats):
         for i, p in enumerate(points):
             f = out / "probes" / f"r{r}" / f"{p.name}.json"
-            rec = read_json(f) if f.exists() else probe.run(cfg_path, p.nodes, p.global_batch, f, memory_probe=mp_path)
+            rec = read_json(f) if f.exists() else probe.run(cfg_path, p.workers, p.global_batch, f, memory_probe=mp_path)
             if rec["status"] != "ok":
                 sys.exit(f"probe {p.name} repeat {r} failed: {rec.get('error')}")
             rows += [{**row, "repeat": r, "job": p} for row in rows_from_probe(rec, str(f))]
@@ -117,7 +117,7 @@ def part_a(repeats: int, out: Path) -> dict:
     m = pd.DataFrame(rows)
     mem_rows = pd.DataFrame(rows_from_memory_probe(mp, str(mp_path)))
     pr = m[m["source"] == "probe"]
-    truth = pr.groupby(["nodes", "global_batch"])["step_time_s"].median()
+    truth = pr.groupby(["workers", "global_batch"])["step_time_s"].median()
     floor = noise_floor(pr)
     errs: dict[str, list[float]] = {"partial": [], "partial_without_sweep": [], "full": [], "partial_on_corners": []}
     forms: dict[str, list[str]] = {"partial": [], "full": []}
@@ -126,17 +126,17 @@ def part_a(repeats: int, out: Path) -> dict:
         fit_rows = pd.concat([mr[mr["job"].isin(corners)], mem_rows], ignore_index=True)
         perf = perfmodel.fit(fit_rows, cfg.hardware.collective)
         forms["partial"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
-        held = [(p.nodes, p.global_batch) for p in points if p not in corners]
+        held = [(p.workers, p.global_batch) for p in points if p not in corners]
         errs["partial"] += list(pct(step_of(perf, held), [truth[k] for k in held]))
         no_sweep = perfmodel.fit(fit_rows[fit_rows["source"] != "sweep"], cfg.hardware.collective)
         errs["partial_without_sweep"] += list(pct(step_of(no_sweep, held), [truth[k] for k in held]))
-        own = [(p.nodes, p.global_batch) for p in corners]
-        meas = [pr[(pr["repeat"] == r) & (pr["nodes"] == n) & (pr["global_batch"] == b)]["step_time_s"].item() for n, b in own]
+        own = [(p.workers, p.global_batch) for p in corners]
+        meas = [pr[(pr["repeat"] == r) & (pr["workers"] == n) & (pr["global_batch"] == b)]["step_time_s"].item() for n, b in own]
         errs["partial_on_corners"] += list(pct(step_of(perf, own), meas))
         for p in points:
             perf = perfmodel.fit(pd.concat([mr[mr["job"] != p], mem_rows], ignore_index=True), cfg.hardware.collective)
             forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
-            errs["full"] += list(pct(step_of(perf, [(p.nodes, p.global_batch)]), [truth[(p.nodes, p.global_batch)]]))
+            errs["full"] += list(pct(step_of(perf, [(p.workers, p.global_batch)]), [truth[(p.workers, p.global_batch)]]))
     res = {
         "workload": {"model": cfg.workload.model, "dataset": cfg.workload.dataset, "points": len(points),
                      "repeats": repeats, "max_local_batch": bmax, "sweep_rows_per_job": float(
@@ -146,7 +146,7 @@ def part_a(repeats: int, out: Path) -> dict:
         "errors": {k: summary(v) for k, v in errs.items()},
         "ratio_to_noise_floor": {k: summary(v)["median_pct"] / floor for k, v in errs.items()},
         "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()},
-        "truth": [{"nodes": n, "global_batch": b, "step_time_s": float(t)} for (n, b), t in truth.items()],
+        "truth": [{"workers": n, "global_batch": b, "step_time_s": float(t)} for (n, b), t in truth.items()],
     }
     return res
 
@@ -187,7 +187,7 @@ class Cluster:
 
 
 def syn_config(batch_max: int = 8192, search: str = "partial") -> config_mod.Config:
-    return config_mod.from_dict({"grid": {"nodes": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": batch_max},
+    return config_mod.from_dict({"grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": batch_max},
                                  "search": search, "objective": "knee",
                                  "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
 
@@ -206,7 +206,7 @@ def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tup
 
     def point(b):
         ok = cl.mem(b) <= 32e9
-        return {"nodes": 1, "global_batch": b, "local_batch": b, "status": "ok" if ok else "oom",
+        return {"workers": 1, "global_batch": b, "local_batch": b, "status": "ok" if ok else "oom",
                 "peak_mem_bytes": float(cl.mem(b)) * (1 + mem_noise * rng.standard_normal()) if ok else None,
                 "source": "memory"}  # fmt: skip
 
@@ -226,19 +226,19 @@ def syn_job(cfg, cl: Cluster, p: Point, bmax, rng, sweep: bool = True) -> list[d
     """The rows of one simulated probe job: its probe row and (with ``sweep``) its sweep rows."""
     b = p.local_batch
     if cl.mem(b) > 32e9:
-        return [{"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": b, "status": "oom",
+        return [{"workers": p.workers, "global_batch": p.global_batch, "local_batch": b, "status": "oom",
                  "source": "probe", "job": p}]  # fmt: skip
-    comp, step = noisy(cl.compute(b), rng), noisy(cl.step(p.nodes, b), rng)
-    rows = [{"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": b, "status": "ok", "source": "probe",
+    comp, step = noisy(cl.compute(b), rng), noisy(cl.step(p.workers, b), rng)
+    rows = [{"workers": p.workers, "global_batch": p.global_batch, "local_batch": b, "status": "ok", "source": "probe",
              "compute_time_s": comp, "step_time_s": step, "sync_time_s": max(step - comp, 0.0),
              "step_time_cv": NOISE, "peak_mem_bytes": mem_noisy(cl.mem(b), rng), "job": p}]  # fmt: skip
     if sweep:
-        for lb in sweep_local_batches(cfg, p.nodes, b, bmax, D_SYN // 4):
+        for lb in sweep_local_batches(cfg, p.workers, b, bmax, D_SYN // 4):
             if cl.mem(lb) > 32e9:
-                rows.append({"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": lb, "status": "oom",
+                rows.append({"workers": p.workers, "global_batch": p.global_batch, "local_batch": lb, "status": "oom",
                              "source": "sweep", "job": p})  # fmt: skip
                 break
-            rows.append({"nodes": p.nodes, "global_batch": p.global_batch, "local_batch": lb, "status": "ok",
+            rows.append({"workers": p.workers, "global_batch": p.global_batch, "local_batch": lb, "status": "ok",
                          "source": "sweep", "compute_time_s": noisy(cl.compute(lb), rng),
                          "peak_mem_bytes": mem_noisy(cl.mem(lb), rng), "job": p})  # fmt: skip
     return rows
@@ -263,12 +263,12 @@ def part_b(seeds: int, full_seeds: int) -> dict:
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
         corners = search_set(cfg, bmax)
         held = [p for p in feas if p not in corners]
-        truth = cl.step([p.nodes for p in held], [p.local_batch for p in held])
+        truth = cl.step([p.workers for p in held], [p.local_batch for p in held])
         for key, sweep in (("partial_with_sweep", True), ("partial_without_sweep", False)):
             rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng, sweep)]
             perf = syn_fit(rows)
             forms[key].append(f"{perf.compute.form.name}/{perf.step.form.name}")
-            errs[key] += list(pct(step_of(perf, [(p.nodes, p.global_batch) for p in held]), truth))
+            errs[key] += list(pct(step_of(perf, [(p.workers, p.global_batch) for p in held]), truth))
     for seed in range(full_seeds):
         rng = np.random.default_rng(1000 + seed)
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
@@ -276,9 +276,9 @@ def part_b(seeds: int, full_seeds: int) -> dict:
         for p in jobs:
             perf = syn_fit(mrows + [r for q, rows in jobs.items() if q != p for r in rows])
             forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name}")
-            errs["full"] += list(pct(step_of(perf, [(p.nodes, p.global_batch)]), cl.step(p.nodes, p.local_batch)))
+            errs["full"] += list(pct(step_of(perf, [(p.workers, p.global_batch)]), cl.step(p.workers, p.local_batch)))
         print(f"[fidelity b] full search, seed {seed + 1}/{full_seeds}", flush=True)
-    return {"cluster": {"nodes": [1, 2, 4, 8, 16], "batch": [32, 8192], "b_max_true": cl.bmax(), "noise_pct": 100 * NOISE,
+    return {"cluster": {"workers": [1, 2, 4, 8, 16], "batch": [32, 8192], "b_max_true": cl.bmax(), "noise_pct": 100 * NOISE,
                         "feasible_points": len(feas), "seeds_partial": seeds, "seeds_full": full_seeds},
             "errors": {k: summary(v) for k, v in errs.items()},
             "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()}}  # fmt: skip
@@ -289,11 +289,11 @@ def part_b(seeds: int, full_seeds: int) -> dict:
 
 def true_table(cfg, cl: Cluster) -> pd.DataFrame:
     pts = grid(cfg)
-    df = pd.DataFrame({"nodes": [p.nodes for p in pts], "global_batch": [p.global_batch for p in pts]})
-    df["local_batch"] = df["global_batch"] // df["nodes"]
-    df["step_time_s"] = cl.step(df["nodes"], df["local_batch"])
+    df = pd.DataFrame({"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df["local_batch"] = df["global_batch"] // df["workers"]
+    df["step_time_s"] = cl.step(df["workers"], df["local_batch"])
     df["train_time_s"] = np.ceil(D_SYN / df["global_batch"]) * df["step_time_s"]
-    df["cost"] = df["train_time_s"] * df["nodes"]
+    df["cost"] = df["train_time_s"] * df["workers"]
     df["mem_bytes"] = cl.mem(df["local_batch"])
     df["feasible"] = df["mem_bytes"] <= cl.budget
     df["probe_status"] = ""
@@ -352,8 +352,8 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
 def part_d(seeds: int) -> dict:
     cl = Cluster()
     out = {}
-    for nodes in ([1, 2, 4, 8, 16], [2, 4, 8, 16]):
-        cfg = config_mod.from_dict({"grid": {"nodes": nodes, "batch_min": 32, "batch_max": 8192},
+    for workers in ([1, 2, 4, 8, 16], [2, 4, 8, 16]):
+        cfg = config_mod.from_dict({"grid": {"workers": workers, "batch_min": 32, "batch_max": 8192},
                                     "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
         old = search_set(cfg)
         wasted_old = sum(cl.mem(p.local_batch) > 32e9 for p in old)
@@ -367,7 +367,7 @@ def part_d(seeds: int) -> dict:
                 extra.append(len(pts) - 3)
             rec[f"new_wasted_max{label}"] = int(max(wasted))
             rec[f"memory_probe_extra_points_max{label}"] = int(max(extra))
-        out[str(nodes)] = rec
+        out[str(workers)] = rec
     return out
 
 
@@ -383,7 +383,7 @@ def part_e(finals: list[Path]) -> dict:
         if d.get("predicted_step_time_s") is None:
             continue
         lo, hi = d.get("predicted_step_time_interval_s") or (None, None)
-        rows.append({"file": str(f), "nodes": d["nodes"], "global_batch": d["global_batch"],
+        rows.append({"file": str(f), "workers": d["workers"], "global_batch": d["global_batch"],
                      "predicted_step_time_s": d["predicted_step_time_s"], "measured_step_time_s": d["mean_step_time_s"],
                      "interval_s": [lo, hi], "inside": lo is not None and lo <= d["mean_step_time_s"] <= hi,
                      "ratio": d["step_time_ratio"]})  # fmt: skip
@@ -409,13 +409,13 @@ def plot_b(outdir: Path) -> None:
     perf = syn_fit(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, n in enumerate(cfg.grid.nodes):
+    for i, n in enumerate(cfg.grid.workers):
         bs = np.array([b for b in batch_sizes(cfg) if b // n >= 1 and cl.mem(b // n) <= cl.budget], float)
         c = colors[i % len(colors)]
         ax.plot(bs, cl.step(n, bs // n), "o", color=c, ms=4, label=f"N={n} truth")
         ax.plot(bs, perf.step_time_s(np.full_like(bs, n), bs // n), "-", color=c, alpha=0.7)
     for p in corners:
-        ax.plot(p.global_batch, cl.step(p.nodes, p.local_batch), "k*", ms=12)
+        ax.plot(p.global_batch, cl.step(p.workers, p.local_batch), "k*", ms=12)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("global batch B")

@@ -19,7 +19,7 @@ from tula.stages import probe
 
 CONFIG = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
-    "grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 256},
+    "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 256},
     "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 300, "noise_steps": 16},
 }
 

@@ -58,9 +58,9 @@ def one_run(workdir: Path, cfg: dict) -> dict:
     final = json.loads((workdir / "results/train/final.json").read_text())
     # The same point probed directly (same step, same config): separates "the probe times what
     # production runs" from "the fit predicts a point it did not probe".
-    n, b = final["nodes"], final["global_batch"]
+    n, b = final["workers"], final["global_batch"]
     out = workdir / "results" / "direct_probe.json"
-    tula("probe", "--config", ".snakemake/tula/config.json", "--nodes", str(n), "--global-batch", str(b), "--out",
+    tula("probe", "--config", ".snakemake/tula/config.json", "--workers", str(n), "--global-batch", str(b), "--out",
          str(out), cwd=workdir)  # fmt: skip
     direct = json.loads(out.read_text())["step_time_s"]
     lo, hi = final["predicted_step_time_interval_s"]

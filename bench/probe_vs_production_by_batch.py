@@ -36,9 +36,9 @@ def main() -> None:
         for rep in range(args.repeats):
             for b in batches:
                 probe = wd / f"probe_{b}_{rep}.json"
-                tula("probe", "--config", "config.yaml", "--nodes", "2", "--global-batch", str(b), "--out", str(probe),
+                tula("probe", "--config", "config.yaml", "--workers", "2", "--global-batch", str(b), "--out", str(probe),
                      cwd=wd)  # fmt: skip
-                (wd / "sel.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": b}}))
+                (wd / "sel.json").write_text(json.dumps({"selected": {"workers": 2, "global_batch": b}}))
                 out = wd / f"prod_{b}_{rep}"
                 tula("launch", "--config", "config.yaml", "--selection", "sel.json", "--out-dir", str(out), "--fresh",
                      cwd=wd)  # fmt: skip

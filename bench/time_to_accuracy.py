@@ -3,7 +3,7 @@ fastest? (issue #13, item 3)
 
 For each dataset (digits, mnist1d), in a fresh copy of the workflow (results/bench_tta/<ds>/):
 
-1. prediction: `snakemake --cores 2 --until select` with small_cnn, grid.nodes [2], B 32…512,
+1. prediction: `snakemake --cores 2 --until select` with small_cnn, grid.workers [2], B 32…512,
    the shipped search (partial), probes, fit and predictions as a user gets them, and
    objective time_to_accuracy; then the choices of `time_to_accuracy`, `time` and `knee` on
    the same predictions.csv (tula.stages.select.select, objective replaced);
@@ -64,10 +64,10 @@ def run_dataset(ds: str, args, work: Path) -> dict:
     wd = work / ds
     workdir(wd)
     raw = {"workload": {"model": "small_cnn", "dataset": ds},
-           "grid": {"nodes": [2], "batch_min": min(BATCHES), "batch_max": max(BATCHES)},
+           "grid": {"workers": [2], "batch_min": min(BATCHES), "batch_max": max(BATCHES)},
            "objective": "time_to_accuracy",
            "compare": {"workloads": [{"model": "small_cnn", "dataset": ds, "target_accuracy": TARGETS[ds]}],
-                       "batches": BATCHES, "methods": ["ags"], "seeds": args.seeds, "nodes": 2,
+                       "batches": BATCHES, "methods": ["ags"], "seeds": args.seeds, "workers": 2,
                        "epochs": args.epochs}}  # fmt: skip
     (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(raw))
     print(f"[tta] {ds}: probes, fit, predictions (snakemake --until select) ...", flush=True)
@@ -82,7 +82,7 @@ def run_dataset(ds: str, args, work: Path) -> dict:
         sel = select(pred, config_mod.from_dict({**cfg.to_dict(), "objective": obj}))
         choices[obj] = int(sel["selected"]["global_batch"])
     acc = pd.read_csv(res / "compare" / "accuracy.csv")
-    p2 = pred[pred["nodes"] == 2].set_index("global_batch")
+    p2 = pred[pred["workers"] == 2].set_index("global_batch")
     rows = []
     for b, g in acc.groupby("global_batch"):
         rows.append({"global_batch": int(b), "measured_s": median_time(g["time_to_target_s"]),

@@ -4,9 +4,11 @@ import os
 from snakemake.exceptions import WorkflowError
 
 from tula import config as tula_config
+from tula import dataset_paths as tula_dataset_paths
 from tula import preflight as tula_preflight
 from tula import slurm as tula_slurm
 from tula import workflow as tula_workflow
+from tula.stages import check as tula_check
 from tula.stages import compare as tula_compare
 from tula.model.grid import search_set
 from tula.model.memory import max_local_batch
@@ -16,12 +18,10 @@ try:
         config, source="workflow/config.yaml (+ --config overrides)"
     )
     # a dataset path that does not exist stops here, before any job is queued
-    tula_config.check_dataset_paths(TULA)
+    tula_dataset_paths.check_dataset_paths(TULA)
 except tula_config.ConfigError as err:
     raise WorkflowError(str(err))
 
-# Jobs read this merged, validated copy of the config (also on SLURM nodes).
-CONFIG = str(tula_workflow.snapshot(config, ".snakemake/tula/config.json"))
 
 # --software-deployment-method conda: envs/tula.yaml with its `-e ..` made absolute, since
 # Snakemake creates environments from a copy under .snakemake/conda/.
@@ -45,7 +45,7 @@ def probe_files(wildcards):
     return expand(
         rules.probe.output[0],
         zip,
-        n=[p.nodes for p in search_set(TULA, bmax)],
+        n=[p.workers for p in search_set(TULA, bmax)],
         b=[p.global_batch for p in search_set(TULA, bmax)],
     )
 
@@ -84,7 +84,7 @@ def compare_threads(wildcards):
     cluster the job gets its own and the watcher here needs one."""
     if workflow.non_local_exec:
         return 1
-    return TULA.compare.nodes * TULA.hardware.threads_per_worker
+    return TULA.compare.workers * TULA.hardware.threads_per_worker
 
 
 # The generalization suite's runs: one compare_run job each (rules/compare.smk).
@@ -139,6 +139,32 @@ def profile_resource(name, rule):
             return None
         return value if value not in ("", "None") else None
     return None
+
+
+# hardware.device: auto under the SLURM executor: the partition's GRES decides (GPUs there:
+# CUDA jobs with --gres; none: CPU), said once here; the jobs read the decision.
+if workflow.non_local_exec and TULA.hardware.device == "auto":
+    _device, _said = tula_preflight.resolve_device(
+        TULA, profile_resource("slurm_partition", "probe")
+    )
+    print(f"tula: {_said}", flush=True)
+    if _device != "auto":
+        config.setdefault("hardware", {})["device"] = _device
+        TULA = tula_config.from_dict(config, source="workflow/config.yaml")
+
+# What the probe campaign buys, said before it runs (a dry run, or under the SLURM executor).
+if (
+    workflow.output_settings.dryrun or workflow.non_local_exec
+) and not workflow.remote_exec:
+    print(
+        f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}", flush=True
+    )
+
+# Jobs read this merged, validated copy of the config (also on SLURM nodes). A job's own
+# Snakemake (remote execution) reads the copy the workflow wrote; it does not write it.
+CONFIG = ".snakemake/tula/config.json"
+if not workflow.remote_exec:
+    tula_workflow.snapshot(config, CONFIG)
 
 
 onstart:

@@ -1,7 +1,8 @@
 rule probe:
     input:
         workload=rules.check.output,
-        memory=rules.memprobe.output,
+        # b_max for the sweep; a re-run memory probe (a grid change) does not re-buy the probes
+        memory=ancient(rules.memprobe.output),
     output:
         "results/probes/N{n}_B{b}.json",
     log:
@@ -23,5 +24,5 @@ rule probe:
         config=CONFIG,
         settings=settings("probe"),
     shell:
-        "tula probe --config {params.config} --nodes {wildcards.n} --global-batch {wildcards.b}"
+        "tula probe --config {params.config} --workers {wildcards.n} --global-batch {wildcards.b}"
         " --memory-probe {input.memory} --out {output} > {log} 2>&1"

@@ -21,7 +21,7 @@ GPU_NODES = "g01|32|gpu:a100:4(S:0-1)\ng02|32|gpu:a100:4(S:0-1)\ng03|32|gpu:a100
 # A config small enough for real multi-process runs on a 2-core machine.
 TINY = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
-    "grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 128},
+    "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
     "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120},
     "train": {"lr_decay_epochs": []},
 }
@@ -144,7 +144,7 @@ def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
             sync = 0.0 if n == 1 else float(s1 * perfmodel.sync_feature(collective, nn)[0]
                                              + a * perfmodel.LATENCY_TERMS[collective][1](nn)[0])  # fmt: skip
             e = rng.normal(1, noise, 2) if noise else (1, 1)
-            rows.append(dict(nodes=n, global_batch=B, local_batch=b, compute_time_s=comp * e[0],
+            rows.append(dict(workers=n, global_batch=B, local_batch=b, compute_time_s=comp * e[0],
                              step_time_s=comp * e[0] + sync * e[1], peak_mem_bytes=1e6 + 5e4 * b, status="ok",
                              source="probe", step_time_cv=noise or np.nan))  # fmt: skip
     df = pd.DataFrame(rows)

@@ -40,15 +40,15 @@ def test_console_script_runs():
 
 def test_user_error_is_one_clear_line(tmp_path, capsys):
     bad = tmp_path / "c.yaml"
-    bad.write_text("grid:\n  nodes: [0]\n")
+    bad.write_text("grid:\n  workers: [0]\n")
     assert main(["check", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "config key 'grid.nodes.0'" in err and "Traceback" not in err
+    assert "config key 'grid.workers.0'" in err and "Traceback" not in err
 
 
 def test_fit_on_all_failed_probes_says_so(tmp_path, capsys, tiny_config_file):
     m = tmp_path / "m.csv"
-    m.write_text("nodes,global_batch,local_batch,step_time_s,compute_time_s,sync_time_s,peak_mem_bytes,status\n"
+    m.write_text("workers,global_batch,local_batch,step_time_s,compute_time_s,sync_time_s,peak_mem_bytes,status\n"
                  "1,32,32,,,,,oom\n")  # fmt: skip
     assert main(["fit", "--config", str(tiny_config_file), "--measurements", str(m), "--memory-out",
                  str(tmp_path / "memory.json"), "--perf-out", str(tmp_path / "perf.json")]) == 2  # fmt: skip
@@ -68,11 +68,11 @@ def test_fit_predict_select_on_measurements_taken_elsewhere(tmp_path, capsys):
         for B in (64, 1024):  # partial search: only the extremes were measured
             b = B // n
             comp, sync = 0.01 + 0.0004 * b, 0.0 if n == 1 else 0.002 + 0.06 * (n - 1) / n
-            rows.append(dict(nodes=n, global_batch=B, local_batch=b, step_time_s=comp + sync, compute_time_s=comp,
+            rows.append(dict(workers=n, global_batch=B, local_batch=b, step_time_s=comp + sync, compute_time_s=comp,
                              sync_time_s=sync, peak_mem_bytes=2e9 + 3e7 * b, status="ok"))  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "m.csv", index=False)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"grid": {"nodes": [2, 4, 8, 16], "batch_min": 64, "batch_max": 1024},
+    cfg.write_text(yaml.safe_dump({"grid": {"workers": [2, 4, 8, 16], "batch_min": 64, "batch_max": 1024},
                                    "hardware": {"device_memory_gb": 32}, "objective": "time"}))  # fmt: skip
     c, m, md = str(cfg), str(tmp_path / "m.csv"), tmp_path / "model"
     mem, perf = str(md / "memory.json"), str(md / "perf.json")
@@ -86,4 +86,4 @@ def test_fit_predict_select_on_measurements_taken_elsewhere(tmp_path, capsys):
     assert perf["compute"]["form"] == "linear"  # exact linear data: the simplest form wins
     assert perf["compute"]["params"]["c1"] == pytest.approx(0.0004, rel=1e-6)  # exact data, exact recovery
     assert all(abs(r["error_pct"]) < 2.0 for r in perf["residuals"])  # near every probe (the data's sync has a constant s(N) lacks)
-    assert json.loads((tmp_path / "s.json").read_text())["selected"]["nodes"] in (2, 4, 8, 16)
+    assert json.loads((tmp_path / "s.json").read_text())["selected"]["workers"] in (2, 4, 8, 16)

@@ -3,15 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from tula import config
+from tula import config, dataset_paths
 from tula.config import ConfigError
 
 
 def test_defaults_fill_every_section():
     cfg = config.from_dict({})
-    assert cfg.grid.nodes == (1, 2)
+    assert cfg.grid.workers == (1, 2)
     assert cfg.search == "partial" and cfg.objective == "knee"
-    assert cfg.pricing.per_node_hour == 2.48
+    assert cfg.pricing.per_worker_hour == 2.48 and cfg.pricing.model == "worker_hour"
     assert cfg.hardware.memory_budget_bytes == pytest.approx(16e9 * 0.9)
 
 
@@ -26,18 +26,18 @@ def test_shipped_config_is_valid():
     "patch, key",
     [
         ({"grid": {"batch_min": -4}}, "grid.batch_min"),
-        ({"grid": {"nodes": [0, 2]}}, "grid.nodes.0"),
-        ({"grid": {"nodes": []}}, "grid.nodes"),
+        ({"grid": {"workers": [0, 2]}}, "grid.workers.0"),
+        ({"grid": {"workers": []}}, "grid.workers"),
         ({"objective": "fastest"}, "objective"),
         ({"search": "some"}, "search"),
-        ({"grid": {"nodes": [3], "batch_min": 32, "batch_max": 64}}, "grid.nodes"),
+        ({"grid": {"workers": [3], "batch_min": 32, "batch_max": 64}}, "grid.workers"),
         ({"grid": {"batch_min": 48, "batch_max": 64}}, "grid.batch_min"),
         ({"grid": {"batch_min": 128, "batch_max": 64}}, "grid.batch_min"),
         ({"grid": {"batchmax": 64}}, "grid"),
         ({"workload": {"dataset": "imagenet"}}, "workload.dataset"),
-        ({"pricing": {"per_node_hour": -1}}, "pricing.per_node_hour"),
+        ({"pricing": {"per_worker_hour": -1}}, "pricing.per_worker_hour"),
         ({"hardware": {"device": "cpu", "backend": "nccl"}}, "hardware.backend"),
-        ({"constraints": {"min_nodes": 4, "max_nodes": 2}}, "constraints.min_nodes"),
+        ({"constraints": {"min_workers": 4, "max_workers": 2}}, "constraints.min_workers"),
     ],
 )
 def test_bad_values_name_the_key(patch, key):
@@ -46,9 +46,33 @@ def test_bad_values_name_the_key(patch, key):
     assert f"'{key}'" in str(err.value)
 
 
+@pytest.mark.parametrize("old, message", [
+    ({"grid": {"nodes": [1, 2]}}, "config key 'grid.nodes' was renamed: use grid.workers"),
+    ({"grid": {"workers_per_node": 8}}, "config key 'grid.workers_per_node' was renamed: use cluster.workers_per_node"),
+    ({"constraints": {"min_nodes": 2}}, "config key 'constraints.min_nodes' was renamed: use constraints.min_workers"),
+    ({"constraints": {"max_nodes": 2}}, "config key 'constraints.max_nodes' was renamed: use constraints.max_workers"),
+    ({"compare": {"nodes": 2}}, "config key 'compare.nodes' was renamed: use compare.workers"),
+    ({"pricing": {"model": "node"}}, "config key 'pricing.model': `node` (it charged per worker) was renamed: use "
+                                     "`worker_hour`"),
+    ({"pricing": {"per_node_hour": 2.48}}, "config key 'pricing.per_node_hour': a whole node's price is used only "
+                                           "by `pricing.model: node_hour`"),
+    ({"pricing": {"model": "node_hour"}}, "config key 'pricing.per_node_hour': `pricing.model: node_hour` needs"),
+])  # fmt: skip
+def test_old_keys_are_refused_naming_their_replacement(old, message):
+    """A config written before N was called workers is never read under the old meaning."""
+    with pytest.raises(ConfigError) as err:
+        config.from_dict(old)
+    assert message in str(err.value)
+
+
+def test_node_hour_pricing_with_its_price_is_accepted():
+    cfg = config.from_dict({"pricing": {"model": "node_hour", "per_node_hour": 20.0}, "cluster": {"workers_per_node": 8}})
+    assert (cfg.pricing.model, cfg.pricing.per_node_hour, cfg.cluster.workers_per_node) == ("node_hour", 20.0, 8)
+
+
 def test_b_not_divisible_by_n_explains_why():
     with pytest.raises(ConfigError, match="does not divide the global batch"):
-        config.from_dict({"grid": {"nodes": [1, 3], "batch_min": 32, "batch_max": 64}})
+        config.from_dict({"grid": {"workers": [1, 3], "batch_min": 32, "batch_max": 64}})
 
 
 def test_load_errors_name_the_file(tmp_path):
@@ -71,32 +95,32 @@ def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defau
 
     wf = ROOT / "workflow" / "config.schema.yaml"
     assert wf.is_symlink() and os.path.samefile(wf, config.SCHEMA_PATH)
-    raw = {"grid": {"nodes": [1, 2]}, "workload": {"model": "resnet_tiny"}}
+    raw = {"grid": {"workers": [1, 2]}, "workload": {"model": "resnet_tiny"}}
     filled = json.loads(json.dumps(raw))
     validate(filled, str(wf), set_default=True)
     cfg = config.from_dict(raw)
-    assert (filled["grid"]["batch_min"], filled["grid"]["batch_max"], filled["grid"]["workers_per_node"]) == (
-        cfg.grid.batch_min, cfg.grid.batch_max, cfg.grid.workers_per_node)  # fmt: skip
+    assert (filled["grid"]["batch_min"], filled["grid"]["batch_max"], filled["cluster"]["workers_per_node"]) == (
+        cfg.grid.batch_min, cfg.grid.batch_max, cfg.cluster.workers_per_node)  # fmt: skip
     assert (filled["objective"], filled["search"]) == (cfg.objective, cfg.search)
     with pytest.raises(WorkflowError, match="'x' is not of type 'array'"):
-        validate({"grid": {"nodes": "x"}}, str(wf))
-    with pytest.raises(ConfigError, match="grid.nodes"):
-        config.from_dict({"grid": {"nodes": "x"}})
+        validate({"grid": {"workers": "x"}}, str(wf))
+    with pytest.raises(ConfigError, match="grid.workers"):
+        config.from_dict({"grid": {"workers": "x"}})
 
 
 def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading(tmp_path):
     npz = tmp_path / "d.npz"
     with pytest.raises(ConfigError, match=f"config key 'workload.dataset': npz file {npz} not found"):
-        config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"npz:{npz}"}}))
+        dataset_paths.check_dataset_paths(config.from_dict({"workload": {"dataset": f"npz:{npz}"}}))
     cfg = config.from_dict({"workload": {"dataset": f"npz:{npz}"}})
     npz.write_bytes(b"not a zip")
     with pytest.raises(ConfigError, match=f"config key 'workload.dataset': {npz} is not a readable .npz archive"):
-        config.check_dataset_paths(cfg)
+        dataset_paths.check_dataset_paths(cfg)
     np.savez(npz, x_train=np.zeros((4, 8)), y_train=np.zeros(4, int), x_test=np.zeros((2, 8)))
     with pytest.raises(ConfigError, match=r"missing array\(s\) y_test; an npz dataset needs x_train, y_train, x_test"):
-        config.check_dataset_paths(cfg)  # the array names only: nothing is loaded
+        dataset_paths.check_dataset_paths(cfg)  # the array names only: nothing is loaded
     np.savez(npz, x_train=np.zeros((4, 8)), y_train=np.zeros(4, int), x_test=np.zeros((2, 8)), y_test=np.zeros(2, int))
-    config.check_dataset_paths(cfg)  # the arrays' shapes and labels are `tula check`'s (it loads them)
+    dataset_paths.check_dataset_paths(cfg)  # the arrays' shapes and labels are `tula check`'s (it loads them)
     (tmp_path / "img" / "train").mkdir(parents=True)
     with pytest.raises(ConfigError, match="image folder .*img/val not found"):
-        config.check_dataset_paths(config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}}))
+        dataset_paths.check_dataset_paths(config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}}))

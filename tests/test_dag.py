@@ -49,13 +49,13 @@ def test_every_output_exists_and_parses(finished_run):
     m = pd.read_csv(res / "measurements.csv")
     pr = m[m["source"] == "probe"]
     # N2_B128 ran out of memory (injected) and fell back to the next smaller batch, in the same job
-    assert dict(zip(pr["nodes"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])) == {
+    assert dict(zip(pr["workers"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])) == {
         "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}  # fmt: skip
     assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2_B128.json")
     sweep = m[m["source"] == "sweep"]
     # every ok probe job timed the grid's other local batches up to b_max (the OOM corner none, its fallback its own)
     cfg = config.from_dict(TINY)
-    expected = sum(len(sweep_local_batches(cfg, int(r.nodes), int(r.local_batch), mp["max_local_batch"], 1437 // 4))
+    expected = sum(len(sweep_local_batches(cfg, int(r.workers), int(r.local_batch), mp["max_local_batch"], 1437 // 4))
                    for r in pr[pr["status"] == "ok"].itertuples())  # fmt: skip
     assert len(sweep) == expected == 12 and (sweep["status"] == "ok").all()  # 4 jobs x the 3 other local batches
     assert sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
@@ -66,11 +66,11 @@ def test_every_output_exists_and_parses(finished_run):
     assert perf["compute"]["form"] in perfmodel.COMPUTE_FORMS and perf["probes_fitted"] == 4
     pred = pd.read_csv(res / "predictions.csv")
     assert len(pred) == 6  # N in {1,2} x B in {32,64,128}, probed or not
-    assert not pred.query("nodes == 2 and global_batch == 128")["feasible"].item()  # the OOM point
+    assert not pred.query("workers == 2 and global_batch == 128")["feasible"].item()  # the OOM point
     sel = json.loads((res / "selection.json").read_text())
-    assert sel["objective"] == "knee" and (sel["selected"]["nodes"], sel["selected"]["global_batch"]) != (2, 128)
+    assert sel["objective"] == "knee" and (sel["selected"]["workers"], sel["selected"]["global_batch"]) != (2, 128)
     final = json.loads((res / "train" / "final.json").read_text())
-    assert (final["nodes"], final["global_batch"]) == (sel["selected"]["nodes"], sel["selected"]["global_batch"])
+    assert (final["workers"], final["global_batch"]) == (sel["selected"]["workers"], sel["selected"]["global_batch"])
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
     for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
         assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -112,6 +112,58 @@ def test_a_pricing_change_reruns_selection_not_probes(finished_run):
     assert set(sel["noise"]["versus"]) == {"time", "knee"} and "B_noise = " in sel["reason"]
 
 
+def planned_jobs(out: str) -> dict[str, int]:
+    """The "Job stats" table of a Snakemake dry run: rule -> jobs planned."""
+    table = out.split("Job stats:", 1)[1] if "Job stats:" in out else ""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m.group(1) != "total"}
+
+
+@pytest.mark.parametrize("change, reruns", [
+    ({"train": {"lr": 0.01}}, {"launch", "plot_training", "report"}),
+    ({"train": {"lr_decay_epochs": [1], "warmup_epochs": 1}}, {"launch", "plot_training", "report"}),
+    ({"workload": {"epochs": 3}}, {"predict", "select", "launch", "plot_selection", "plot_training", "report"}),
+    ({"objective": "time"}, {"select", "launch", "plot_selection", "plot_training", "report"}),
+    ({"pricing": {"per_worker_hour": 9.0}}, {"predict", "select", "launch", "plot_selection", "plot_training",
+                                             "report"}),
+    ({"probe": {"timed_steps": 4}}, {"probe", "aggregate", "fit", "predict", "select", "launch", "plot_selection",
+                                     "plot_training", "report"}),
+])  # fmt: skip
+def test_probes_are_bought_once(finished_run, change, reruns, tmp_path):
+    """What Snakemake plans after each kind of change: the learning rate, its schedule, the
+    epochs, the objective and the pricing reuse every probe job; what changes the timed step
+    re-runs every probe."""
+    wd, env = finished_run
+    (wd / "change.yaml").write_text(yaml.safe_dump(change))
+    r = snakemake(wd, "--configfile", "tiny.yaml", "change.yaml", "-n", env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    jobs = planned_jobs(r.stdout + r.stderr)
+    assert set(jobs) - {"all"} == reruns, (change, jobs)
+    assert jobs.get("probe", 0) in (0, 4)  # never a part of the campaign: none, or every probe
+    assert "tula: probe campaign: the memory probe (1 node) and 4 probe job(s)" in r.stdout + r.stderr
+
+
+def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
+    """Adding a batch to the grid (batch_max 128 -> 256) in a copy of a finished run: the
+    memory probe measures again (one worker), the two new corners are probed, and the four
+    probes already bought are neither run nor touched."""
+    import shutil
+
+    src, env = finished_run
+    wd = tmp_path / "wd"
+    shutil.copytree(src, wd, symlinks=True)
+    old = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
+    (wd / "wider.yaml").write_text(yaml.safe_dump({"grid": {"batch_max": 256}}))
+    r = snakemake(wd, "--configfile", "tiny.yaml", "wider.yaml", "--until", "aggregate",
+                  env={k: v for k, v in env.items() if k != FAULT_ENV})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    ran = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", r.stdout + r.stderr, re.M)
+    probes = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
+    assert {k: probes[k] for k in old} == old  # the probes bought before: not run again
+    mp_bmax = json.loads((wd / "results" / "memory_probe.json").read_text())["max_local_batch"]
+    assert sorted(set(probes) - set(old)) == sorted(f"N{n}_B256.json" for n in (1, 2) if 256 // n <= mp_bmax)
+    assert ran.count("probe") == len(set(probes) - set(old)) >= 1 and ran.count("memprobe") == 1, ran
+
+
 def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
 
     copy_workflow(tmp_path)
@@ -132,7 +184,7 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
 
 
 @pytest.mark.parametrize("text, message", [
-    ("grid:\n  nodes: [1, 3]\n  batch_min: 32\n", "config key 'grid.nodes': N=3 does not divide"),
+    ("grid:\n  workers: [1, 3]\n  batch_min: 32\n", "config key 'grid.workers': N=3 does not divide"),
     ("workload:\n  dataset: npz:/no/such/file.npz\n",
      "config key 'workload.dataset': npz file /no/such/file.npz not found"),
     ("workload:\n  dataset: imagefolder:/no/such/root\n",

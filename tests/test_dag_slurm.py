@@ -42,7 +42,7 @@ def test_two_task_probe_under_srun(slurm_cluster, tiny_config_file, tmp_path):
     tula = Path(sys.executable).parent / "tula"
     job = subprocess.run(
         ["sbatch", "--parsable", "-n", "2", "-o", str(tmp_path / "job-%j.out"),
-         "--wrap", f"{tula} probe --config {tiny_config_file} --nodes 2 --global-batch 64 --out {out}"],
+         "--wrap", f"{tula} probe --config {tiny_config_file} --workers 2 --global-batch 64 --out {out}"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert wait_for_job(job) == "COMPLETED"
@@ -72,8 +72,8 @@ def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
     line = next(ln for ln in job.splitlines() if ln.strip().startswith("resources:"))
     res = dict(kv.strip().split("=", 1) for kv in line.split(":", 1)[1].split(","))
     # the profile's default-resources, and the rule's own (one worker, probe.timeout_s + 5 min)
-    assert {k: res.get(k) for k in ("mem_mb", "tasks", "nodes", "cpus_per_task", "runtime")} == {
-        "mem_mb": "16000", "tasks": "1", "nodes": "1", "cpus_per_task": "1", "runtime": "15"}, line  # fmt: skip
+    assert {k: res.get(k) for k in ("mem_mb", "tasks", "workers", "cpus_per_task", "runtime")} == {
+        "mem_mb": "16000", "tasks": "1", "workers": "1", "cpus_per_task": "1", "runtime": "15"}, line  # fmt: skip
     assert "Shell command: tula memprobe" in job  # the profile's printshellcmds
     assert not (tmp_path / "results").exists()
 
@@ -113,7 +113,7 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
     wd = tmp_path_factory.mktemp("slurm-dag")
     copy_workflow(wd)
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    tiny = {**TINY, "grid": {**TINY["grid"], "workers_per_node": 2}}  # the test cluster has one node
+    tiny = {**TINY, "cluster": {"workers_per_node": 2}}  # the test cluster has one node
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     _test_profile(wd)
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
@@ -145,9 +145,9 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     res = wd / "results"
     sel = json.loads((res / "selection.json").read_text())["selected"]
     final = json.loads((res / "train" / "final.json").read_text())
-    assert (final["nodes"], final["global_batch"]) == (sel["nodes"], sel["global_batch"]) and final["steps"] > 0
+    assert (final["workers"], final["global_batch"]) == (sel["workers"], sel["global_batch"]) and final["steps"] > 0
     assert final["backend"] == "gloo" and len(pd.read_csv(res / "predictions.csv")) == 6  # N {1,2} x B {32,64,128}
-    assert f"Use N = {sel['nodes']}" in (res / "report.html").read_text()
+    assert f"Use N = {sel['workers']}" in (res / "report.html").read_text()
     assert (res / "plots" / "time_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     att = json.loads((wd / "results" / "train" / "attempts.json").read_text())
     assert att["executor"] == "slurm" and att["attempts"][0]["job_id"] == jobs["tula-train"][0]
@@ -157,11 +157,11 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
 def test_failed_probe_under_slurm_is_recorded_and_dag_finishes(dag_on_slurm):
     wd, _ = dag_on_slurm
     m = pd.read_csv(wd / "results" / "measurements.csv")
-    assert m.query("source == 'probe' and nodes == 2 and global_batch == 128")["status"].item() == "oom"
+    assert m.query("source == 'probe' and workers == 2 and global_batch == 128")["status"].item() == "oom"
     # the corner fell back to the next smaller batch inside the same SLURM job
-    assert m.query("source == 'probe' and nodes == 2 and global_batch == 64")["status"].item() == "ok"
+    assert m.query("source == 'probe' and workers == 2 and global_batch == 64")["status"].item() == "ok"
     sel = json.loads((wd / "results" / "selection.json").read_text())
-    assert (sel["selected"]["nodes"], sel["selected"]["global_batch"]) != (2, 128)
+    assert (sel["selected"]["workers"], sel["selected"]["global_batch"]) != (2, 128)
 
 
 def test_multi_task_probe_in_the_dag_used_srun(dag_on_slurm):
@@ -176,11 +176,11 @@ def _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, interrupt: list[str]) -> 
     """`tula launch` on the cluster (12 epochs, N=2 on the one node); once two epochs are done,
     run ``interrupt + [job id]``; wait for launch to finish. Returns the job id."""
     tiny_raw["workload"]["epochs"] = 12
-    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10, "poll_s": 1,
                           "checkpoint_every_steps": 5}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"workers": 2, "global_batch": 64}}))
     log = open(tmp_path / "launch.log", "w")
     proc = subprocess.Popen(["tula", "launch", "--config", "config.yaml", "--selection", "selection.json",
                              "--out-dir", "train"], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
@@ -230,10 +230,10 @@ def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(slurm_clus
 def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(slurm_cluster, tiny_raw, tmp_path, venv_path):
     from tula.stages import launch
 
-    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": "no_such_partition", "slurm_account": "root"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"workers": 2, "global_batch": 64}}))
     # the preflight knows the cluster's partitions before sbatch is asked
     with pytest.raises(RuntimeError, match=r"partition 'no_such_partition' does not exist on this cluster \(it has: "
                                            r"debug\): fix launch.slurm_partition"):  # fmt: skip
@@ -250,10 +250,10 @@ def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(slurm_clu
     """`tula launch` killed -9 (lost login session) while its job runs: running it again watches
     that same job to the end instead of submitting a second one."""
     tiny_raw["workload"]["epochs"] = 12
-    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10, "poll_s": 1}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"nodes": 2, "global_batch": 64}}))
+    (tmp_path / "selection.json").write_text(json.dumps({"selected": {"workers": 2, "global_batch": 64}}))
     cmd = ["tula", "launch", "--config", "config.yaml", "--selection", "selection.json", "--out-dir", "train"]
     first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     attempts = tmp_path / "train" / "attempts.json"
@@ -281,8 +281,8 @@ def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, t
     (tmp_path / "workflow" / "config.yaml").write_text("{}\n")
     _test_profile(tmp_path)
     suite = {"compare": {"workloads": [{"model": "small_cnn", "dataset": "digits", "target_accuracy": 0.5}],
-                         "batches": [64, 128], "methods": ["ags"], "seeds": 1, "nodes": 2, "epochs": 1},
-             "grid": {"workers_per_node": 2}}  # fmt: skip  # the test cluster has one node
+                         "batches": [64, 128], "methods": ["ags"], "seeds": 1, "workers": 2, "epochs": 1},
+             "cluster": {"workers_per_node": 2}}  # fmt: skip  # the test cluster has one node
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
@@ -300,6 +300,6 @@ def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, t
         run = tmp_path / "results" / "compare" / "runs" / name.removeprefix("tula-compare-")
         att = json.loads((run / "attempts.json").read_text())
         assert att["executor"] == "slurm" and att["attempts"][0]["job_id"] == job_id
-        assert json.loads((run / "final.json").read_text())["nodes"] == 2
+        assert json.loads((run / "final.json").read_text())["workers"] == 2
         steps = [line.split("|") for line in sacct("-j", job_id, "-o", "JobID,NTasks,State").splitlines() if line]
         assert ["2", "COMPLETED"] in [s[1:] for s in steps if "." in s[0]], steps  # a 2-task step: both workers

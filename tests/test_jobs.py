@@ -61,8 +61,8 @@ def test_the_history_round_trips_through_both_copies_of_attempts_json(tmp_path):
     copies = [tmp_path / "attempts.json", tmp_path / "checkpoints" / "attempts.json"]
     assert copies[0].read_text() == copies[1].read_text()
     prior = jobs.History.read(tmp_path)
-    assert {k: prior[k] for k in ("fingerprint", "nodes", "selected_batch", "executor", "outcome")} == {
-        "fingerprint": "fp", "nodes": 2, "selected_batch": 64, "executor": "local", "outcome": "running"}  # fmt: skip
+    assert {k: prior[k] for k in ("fingerprint", "workers", "selected_batch", "executor", "outcome")} == {
+        "fingerprint": "fp", "workers": 2, "selected_batch": 64, "executor": "local", "outcome": "running"}  # fmt: skip
     assert jobs.History.attempts_of(prior) == h.attempts
     copies[0].unlink()  # Snakemake deletes the rule's output when the rule fails: the copy by the checkpoints stays
     assert jobs.History.read(tmp_path)["attempts"][0]["outcome"] == "oom"

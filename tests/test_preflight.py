@@ -28,28 +28,28 @@ def _cfg(**over):
 
 def test_problems_name_the_config_keys_to_change():
     p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
-    cfg = _cfg(grid__nodes=[1, 8, 16], grid__workers_per_node=8, hardware__device="cuda", hardware__threads_per_worker=8,
+    cfg = _cfg(grid__workers=[1, 8, 16], cluster__workers_per_node=8, hardware__device="cuda", hardware__threads_per_worker=8,
                probe__timeout_s=3600)  # fmt: skip
     probe = next(n for n in preflight.job_needs(cfg, 1440) if n.what == "the probe at N=16")
     assert (probe.nodes, probe.tasks_per_node, probe.gpus_per_node, probe.cpus_per_node) == (2, 8, 8, 64)
     found = preflight.problems(cfg, p, probe)
     assert len(found) == 2
-    assert "8 GPU(s) per node (grid.workers_per_node=8, hardware.device=cuda)" in found[0] and "at most 4" in found[0]
+    assert "8 GPU(s) per node (cluster.workers_per_node=8, hardware.device=cuda)" in found[0] and "at most 4" in found[0]
     assert "64 CPUs per node" in found[1] and "hardware.threads_per_worker=8" in found[1]
     # 2 workers per node: 16 workers need 8 nodes, above the partition's 6 and MaxNodes=4
-    cfg = _cfg(grid__nodes=[1, 16], grid__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
+    cfg = _cfg(grid__workers=[1, 16], cluster__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
     (msg,) = preflight.problems(cfg, p, preflight.job_needs(cfg, 1440)[1])
-    assert msg.startswith("the probe at N=16 needs 8 node(s)") and "allows 4 per job" in msg and "grid.nodes" in msg
+    assert msg.startswith("the probe at N=16 needs 8 node(s)") and "allows 4 per job" in msg and "grid.workers" in msg
     # a time limit: probes ask for probe.timeout_s + 5 min, training for its runtime
-    cfg = _cfg(grid__nodes=[1, 4], grid__workers_per_node=4, hardware__device="cuda", probe__timeout_s=3 * 86400)
+    cfg = _cfg(grid__workers=[1, 4], cluster__workers_per_node=4, hardware__device="cuda", probe__timeout_s=3 * 86400)
     needs = preflight.job_needs(cfg, 4000)
     assert ["probe.timeout_s" in m for n in needs for m in preflight.problems(cfg, p, n)] == [True, True, False]
     (msg,) = preflight.problems(cfg, p, needs[2])
     assert "asks for 4000 min" in msg and "at most 2880 min" in msg and "launch.timeout_min" in msg
-    cfg = _cfg(grid__nodes=[1, 8], grid__workers_per_node=4, hardware__device="cuda")  # 2 nodes with 4 A100s: fits
+    cfg = _cfg(grid__workers=[1, 8], cluster__workers_per_node=4, hardware__device="cuda")  # 2 nodes with 4 A100s: fits
     assert [preflight.problems(cfg, p, n) for n in preflight.job_needs(cfg, 60)] == [[], [], []]
     # `tula launch` (and each run of the suite) checks the N it trains at, not the grid's largest
-    cfg = _cfg(grid__nodes=[1, 16], grid__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
+    cfg = _cfg(grid__workers=[1, 16], cluster__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
     train = preflight.job_needs(cfg, 60, train_nodes=4)[2]
     assert train.what == "training at N=4" and train.nodes == 2 and preflight.problems(cfg, p, train) == []
 
@@ -80,16 +80,42 @@ def _check(tmp_path, raw, *extra):
 
 @pytest.mark.slurm
 def test_check_cluster_refuses_more_nodes_than_the_partition_has(slurm_cluster, tiny_raw, tmp_path):
-    tiny_raw["grid"]["workers_per_node"] = 1  # N=2 on 2 nodes; the test cluster has one
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1  # N=2 on 2 nodes; the test cluster has one
     r = _check(tmp_path, tiny_raw)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "this grid cannot run on the cluster" in r.stderr
-    assert "the probe at N=2 needs 2 node(s) (1 worker(s) per node; grid.workers_per_node=1), but partition 'debug' " \
+    assert "the probe at N=2 needs 2 node(s) (1 worker(s) per node; cluster.workers_per_node=1), but partition 'debug' " \
            "has 1 node(s)" in r.stderr and "training at N=2 needs 2 node(s)" in r.stderr  # fmt: skip
-    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     r = _check(tmp_path, tiny_raw)
     assert r.returncode == 0, r.stderr
     assert "partition 'debug' (UP): 1 node(s)" in r.stdout and "ok: the probe at N=2: 1 node(s) x 2 worker(s)" in r.stdout
+    # hardware.device auto (the default) is decided from the partition's GRES: the test cluster has none
+    assert "hardware.device auto: partition 'debug' has no GPU (GRES): the jobs run on CPU" in r.stdout
+    assert "2 CPUs and 0 GPU(s) per node" in r.stdout
+
+
+def test_device_auto_follows_the_partitions_gpus(monkeypatch):
+    """A GPU partition turns auto into CUDA jobs that ask for --gres; a CPU one into CPU jobs;
+    an explicit device is kept; an unreadable cluster keeps auto and requests no GPU."""
+    gpu = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
+    cpu = slurm.parse_partition(GPU_PARTITION.replace("gpu", "cpu"), "c01|64|(null)\n")
+    cfg = _cfg(cluster__workers_per_node=4)
+    monkeypatch.setattr(preflight, "read_partition", lambda name: {"gpu": gpu, "cpu": cpu}[name])
+    device, said = preflight.resolve_device(cfg, "gpu")
+    assert device == "cuda" and "partition 'gpu' has GPUs (up to 4 per node)" in said
+    cuda = config.from_dict({**json.loads(json.dumps(TINY)), "cluster": {"workers_per_node": 4},
+                             "hardware": {"device": device}})  # fmt: skip
+    assert slurm.job_resources(cuda, 4)["gres"] == "gpu:4" and slurm.job_resources(cfg, 4)["gres"] is None
+    assert preflight.resolve_device(cfg, "cpu")[0] == "cpu"
+    assert preflight.resolve_device(_cfg(hardware__device="cuda"), "cpu") == ("cuda", "hardware.device is cuda")
+
+    def unreadable(name):
+        raise slurm.ClusterUnreadable("scontrol is not on PATH")
+
+    monkeypatch.setattr(preflight, "read_partition", unreadable)
+    assert preflight.resolve_device(cfg, None) == ("auto", "hardware.device auto: no partition to read (scontrol is "
+                                                           "not on PATH); no GPU is requested")  # fmt: skip
 
 
 @pytest.fixture
@@ -106,7 +132,7 @@ def short_partition(slurm_cluster):
 
 @pytest.mark.slurm
 def test_check_cluster_refuses_jobs_longer_than_the_time_limit(short_partition, tiny_raw, tmp_path):
-    tiny_raw["grid"]["workers_per_node"] = 2
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["probe"]["timeout_s"] = 600  # a probe job asks for 15 min
     prof = tmp_path / "prof"
     prof.mkdir()
@@ -127,7 +153,7 @@ def test_the_dag_refuses_before_submitting_anything(slurm_cluster, tmp_path):
     stops a grid the cluster cannot run before the memory probe is submitted."""
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "grid": {**TINY["grid"], "workers_per_node": 1}}))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "cluster": {"workers_per_node": 1}}))
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"] = {**profile["default-resources"], "slurm_account": "root", "mem_mb": 1000}
     (tmp_path / "prof").mkdir()
@@ -137,7 +163,7 @@ def test_the_dag_refuses_before_submitting_anything(slurm_cluster, tmp_path):
                        capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
-    assert "this grid cannot run on the cluster" in out and "grid.workers_per_node=1" in out, out[-3000:]
+    assert "this grid cannot run on the cluster" in out and "cluster.workers_per_node=1" in out, out[-3000:]
     submitted = subprocess.run(["sacct", "-n", "-X", "-P", "-S", started, "-o", "JobID,Comment"], capture_output=True,
                                text=True, check=True).stdout  # fmt: skip
     assert str(tmp_path) not in submitted and "rule_memory_probe" not in submitted, submitted
@@ -146,10 +172,10 @@ def test_the_dag_refuses_before_submitting_anything(slurm_cluster, tmp_path):
 
 @pytest.mark.slurm
 def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(slurm_cluster, tiny_raw, tmp_path):
-    tiny_raw["grid"]["workers_per_node"] = 1
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"nodes": 2, "global_batch": 64}})
-    with pytest.raises(RuntimeError, match=r"training at N=2 needs 2 node\(s\).*grid.workers_per_node=1"):
+    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
+    with pytest.raises(RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"):
         launch.run(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     assert not (tmp_path / "train" / "submitit").exists()  # nothing was submitted

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from conftest import GPU_NODES, GPU_PARTITION
 
-from tula import config, slurm
+from tula import config, jobs, slurm
 
 
 def test_nodelist_parsing_without_scontrol(monkeypatch):
@@ -32,7 +32,7 @@ def test_allocation_size_from_scontrol_when_snakemake_cleared_the_environment(mo
 
 
 def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
-    cfg = config.from_dict({"grid": {"nodes": [1, 8], "workers_per_node": 4}, "hardware": {"device": "cuda"}})
+    cfg = config.from_dict({"grid": {"workers": [1, 8]}, "cluster": {"workers_per_node": 4}, "hardware": {"device": "cuda"}})
     r = slurm.job_resources(cfg, 8, runtime_min=15)
     assert r == {"tasks": 8, "nodes": 2, "mpi": "srun", "cpus_per_task": 1, "gres": "gpu:4", "runtime": 15,
                  "slurm_extra": None}  # fmt: skip
@@ -54,12 +54,36 @@ def test_slurm_time_limits_and_gres_parse():
 
 
 def test_job_shape_one_task_per_gpu(tiny_raw):
-    tiny_raw["grid"]["workers_per_node"] = 4
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 4
     tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
     cfg = config.from_dict(tiny_raw)
     assert slurm.job_shape(cfg, 8) == slurm.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
     assert slurm.job_shape(cfg, 2) == slurm.JobShape(1, 2, 1, 2)
-    assert slurm.job_shape(cfg, 6).tasks_per_node == 1  # 6 workers do not fill 4-GPU nodes evenly
+    with pytest.raises(ValueError, match=r"N=6 does not fill whole nodes of cluster.workers_per_node=4"):
+        slurm.job_shape(cfg, 6)
+
+
+@pytest.mark.parametrize("per_node, workers", [(1, [1, 2, 4, 16]), (4, [1, 2, 4, 8, 16]), (6, [1, 2, 4]),
+                                               (8, [1, 2, 4, 8, 16, 32])])  # fmt: skip
+def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
+    """Every grid N of 1-, 4-, 6- and 8-GPU nodes: the probe rule's resources (sbatch through the
+    Snakemake SLURM plugin) and the production job's submitit parameters are one layout."""
+    # 6-GPU nodes: B is a power of two, so no N of whole 6-worker nodes divides it; N <= 6 shares one node
+    cfg = config.from_dict({"grid": {"workers": workers, "batch_min": 32, "batch_max": 2048},
+                            "cluster": {"workers_per_node": per_node}, "hardware": {"device": "cuda"}})  # fmt: skip
+    for n in cfg.grid.workers:
+        probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
+        params = jobs.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
+        prod = (params["nodes"], params["ntasks_per_node"], params.get("gpus_per_node", 0), params["cpus_per_task"])
+        assert (probe["nodes"], probe["tasks"] // probe["nodes"], int(probe["gres"].split(":")[1]),
+                probe["cpus_per_task"]) == prod, n  # fmt: skip
+        assert probe["tasks"] == n and prod[0] == max(1, n // per_node) and prod[1] == min(n, per_node)
+
+
+def test_grid_that_does_not_fill_nodes_is_refused_naming_the_key():
+    with pytest.raises(config.ConfigError, match=r"grid.workers': N=6 does not fill whole nodes of "
+                                                 r"cluster.workers_per_node=4.*use a multiple of 4"):  # fmt: skip
+        config.from_dict({"grid": {"workers": [1, 6]}, "cluster": {"workers_per_node": 4}})
 
 
 def test_scontrol_reports_the_allocation_and_the_job_state(slurm_cluster, tmp_path):

@@ -18,8 +18,8 @@ def test_snapshot_is_rewritten_only_on_change(tmp_path):
 
 
 def test_stage_settings_isolate_reruns():
-    a = config.from_dict({"pricing": {"per_node_hour": 1.0}})
-    b = config.from_dict({"pricing": {"per_node_hour": 9.0}})
+    a = config.from_dict({"pricing": {"per_worker_hour": 1.0}})
+    b = config.from_dict({"pricing": {"per_worker_hour": 9.0}})
     assert workflow.stage_settings(a, "probe") == workflow.stage_settings(b, "probe")
     assert workflow.stage_settings(a, "select") != workflow.stage_settings(b, "select")
     c = config.from_dict({"probe": {"timed_steps": 50}})

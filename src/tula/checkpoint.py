@@ -49,11 +49,11 @@ class Checkpointing:
     attempt: int = 1
 
 
-def fingerprint(train_settings: str, nodes: int, global_batch: int) -> str:
+def fingerprint(train_settings: str, workers: int, global_batch: int) -> str:
     """What a checkpoint must match to be resumed: the training settings (the JSON of
     ``workflow.stage_settings(cfg, "launch")``), N, and the B the run was launched at
     (relaunches at a smaller B keep the launch's fingerprint)."""
-    text = json.dumps([train_settings, nodes, global_batch])
+    text = json.dumps([train_settings, workers, global_batch])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -79,7 +79,7 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
     data = to_bytes({**state, "format": FORMAT, "step": step})
     pt = d / f"{_stem(step)}.pt"
     write_bytes(pt, data)
-    meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "nodes", "fingerprint", "complete") if k in state}
+    meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "workers", "fingerprint", "complete") if k in state}
     write_json(d / f"{_stem(step)}.json", {"format": FORMAT, "step": step, **meta, "bytes": len(data),
                                            "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
     if after_write is not None:

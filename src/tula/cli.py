@@ -31,7 +31,7 @@ from tula.config import ConfigError
 from tula.slurm import ClusterUnreadable, PreflightError
 
 EXAMPLES = """examples:
-  tula probe --config workflow/config.yaml --nodes 2 --global-batch 64 --out results/probes/N2_B64.json
+  tula probe --config workflow/config.yaml --workers 2 --global-batch 64 --out results/probes/N2_B64.json
   tula fit --config workflow/config.yaml --measurements results/measurements.csv \
       --memory-out results/model/memory.json --perf-out results/model/perf.json
   tula select --config workflow/config.yaml --predictions results/predictions.csv --out results/selection.json
@@ -88,7 +88,7 @@ def add_memprobe(sub) -> None:
 def cmd_probe(a) -> None:
     from tula.stages import probe
 
-    probe.run(a.config, a.nodes, a.global_batch, a.out, memory_probe=a.memory_probe)
+    probe.run(a.config, a.workers, a.global_batch, a.out, memory_probe=a.memory_probe)
 
 
 def add_probe(sub) -> None:
@@ -97,7 +97,7 @@ def add_probe(sub) -> None:
                                    "B/N, count memory (Eq. 3), and write the probe record. A failed probe "
                                    "(oom/error/timeout) is recorded with its status and exits 0.")  # fmt: skip
     _cfg_arg(s)
-    s.add_argument("--nodes", type=int, required=True, help="N: number of data-parallel workers")
+    s.add_argument("--workers", type=int, required=True, help="N: number of data-parallel workers")
     s.add_argument("--global-batch", type=int, required=True, help="B: global batch size (divisible by N)")
     s.add_argument("--out", required=True, help="probe record to write (results/probes/N{n}_B{b}.json)")
     s.add_argument("--memory-probe", help="results/memory_probe.json: bounds the compute sweep at b_max, and says "
@@ -213,7 +213,7 @@ def cmd_launch(a) -> None:
     final = launch.run(a.config, a.selection, a.out_dir, predictions=a.predictions, executor_hint=a.executor_hint,
                        timeout_min=a.timeout_min, partition=a.slurm_partition or None,
                        account=a.slurm_account or None, fresh=a.fresh)  # fmt: skip
-    print(f"[launch] done: N={final['nodes']} B={final['global_batch']}, test accuracy "
+    print(f"[launch] done: N={final['workers']} B={final['global_batch']}, test accuracy "
           f"{100 * final['final_test_acc']:.2f}% -> {a.out_dir}/ (final.json, metrics.csv, model.pt, attempts.json)")
 
 
@@ -268,7 +268,7 @@ def cmd_compare(a) -> None:
 def add_compare(sub) -> None:
     s = sub.add_parser("compare", help="generalization suite (run it with: snakemake --cores 2 compare)",
                        description="The two steps of rules/compare.smk: `run` trains one run of compare.workloads x "
-                                   "compare.batches x compare.methods x compare.seeds with compare.nodes workers; "
+                                   "compare.batches x compare.methods x compare.seeds with compare.workers workers; "
                                    "`aggregate` writes accuracy.csv, a Table-I-like table.md with time to target, "
                                    "and heatmap.png from their result.json files.")  # fmt: skip
     steps = s.add_subparsers(dest="action", required=True)

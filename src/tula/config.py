@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import numpy as np
 import yaml
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -53,16 +52,21 @@ class Data:
 
 @dataclass(frozen=True)
 class Grid:
-    nodes: tuple[int, ...]
+    workers: tuple[int, ...]
     batch_min: int
     batch_max: int
+
+
+@dataclass(frozen=True)
+class Cluster:
     workers_per_node: int
+    netlab: str | None = None
 
 
 @dataclass(frozen=True)
 class Constraints:
-    min_nodes: int | None
-    max_nodes: int | None
+    min_workers: int | None
+    max_workers: int | None
     min_batch: int | None
     max_batch: int | None
 
@@ -70,7 +74,8 @@ class Constraints:
 @dataclass(frozen=True)
 class Pricing:
     model: str
-    per_node_hour: float
+    per_worker_hour: float
+    per_node_hour: float | None
     per_gb_hour: float
     currency: str
 
@@ -81,6 +86,7 @@ class Hardware:
     backend: str
     collective: str
     threads_per_worker: int
+    comm_env: dict[str, str]
     device_memory_gb: float | None
     memory_margin: float
 
@@ -101,6 +107,7 @@ class ProbeSettings:
     noise_steps: int = 16
     exclusive: bool = True
     memory_batches: tuple[int, ...] | None = None
+    no_sync_fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ class CompareSettings:
     batches: tuple[int, ...]
     methods: tuple[str, ...]
     seeds: int
-    nodes: int
+    workers: int
     epochs: int
     target_fraction: float = 0.95
 
@@ -177,6 +184,7 @@ class Config:
     workload: Workload
     data: Data
     grid: Grid
+    cluster: Cluster
     search: str
     objective: str
     knee_on: str
@@ -220,12 +228,41 @@ def _key(error: jsonschema.ValidationError) -> str:
     return path or "<top level>"
 
 
+# Keys renamed when N became "workers" (issue 22): an old key is refused with its replacement,
+# never read under its old meaning.
+RENAMED = {
+    ("grid", "nodes"): "grid.workers (N counts workers: GPUs, or CPU processes)",
+    ("grid", "workers_per_node"): "cluster.workers_per_node",
+    ("constraints", "min_nodes"): "constraints.min_workers",
+    ("constraints", "max_nodes"): "constraints.max_workers",
+    ("compare", "nodes"): "compare.workers",
+}
+
+
+def _renamed_keys(raw: dict[str, Any]) -> list[str]:
+    problems = [f"config key '{sec}.{key}' was renamed: use {new}"
+                for (sec, key), new in RENAMED.items() if isinstance(raw.get(sec), dict) and key in raw[sec]]  # fmt: skip
+    pr = raw.get("pricing") if isinstance(raw.get("pricing"), dict) else {}
+    if pr.get("model") == "node":
+        problems.append("config key 'pricing.model': `node` (it charged per worker) was renamed: use `worker_hour` "
+                        "with pricing.per_worker_hour, or `node_hour` with pricing.per_node_hour if whole nodes "
+                        "are billed")  # fmt: skip
+    elif pr.get("per_node_hour") is not None and pr.get("model") != "node_hour":
+        problems.append("config key 'pricing.per_node_hour': a whole node's price is used only by "
+                        "`pricing.model: node_hour`; set that, or give the price of one worker as "
+                        "pricing.per_worker_hour (per_node_hour meant per worker before)")  # fmt: skip
+    return problems
+
+
 def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
     """Validate ``raw`` against the schema; return a copy with every default filled."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(raw).__name__}")
+    renamed = _renamed_keys(raw)
+    if renamed:
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed))
     data = copy.deepcopy(raw)
     validator = _validator_with_defaults()(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
@@ -251,20 +288,32 @@ def _check_semantics(d: dict[str, Any], source: str) -> None:
         problems.append(
             f"config key 'grid.batch_min': {g['batch_min']} is larger than grid.batch_max={g['batch_max']}"
         )
-    for n in g["nodes"]:
+    wpn = d["cluster"]["workers_per_node"]
+    for n in g["workers"]:
         if g["batch_min"] % n:
             problems.append(
-                f"config key 'grid.nodes': N={n} does not divide the global batch "
+                f"config key 'grid.workers': N={n} does not divide the global batch "
                 f"B={g['batch_min']} (grid.batch_min); every B must split evenly over N workers"
             )
+        if n > wpn and n % wpn:
+            problems.append(
+                f"config key 'grid.workers': N={n} does not fill whole nodes of cluster.workers_per_node={wpn}: "
+                f"a job of more workers than one node holds takes whole nodes, alike for probe and "
+                f"production; use a multiple of {wpn} (or fewer than {wpn + 1})"
+            )
+    if d["pricing"]["model"] == "node_hour" and d["pricing"]["per_node_hour"] is None:
+        problems.append("config key 'pricing.per_node_hour': `pricing.model: node_hour` needs the price of one node-hour")
     c = d["constraints"]
-    for lo, hi in (("min_nodes", "max_nodes"), ("min_batch", "max_batch")):
+    for lo, hi in (("min_workers", "max_workers"), ("min_batch", "max_batch")):
         if c[lo] is not None and c[hi] is not None and c[lo] > c[hi]:
             problems.append(f"config key 'constraints.{lo}': {c[lo]} is larger than constraints.{hi}={c[hi]}")
     cmp = d["compare"]
+    if cmp["workers"] > wpn and cmp["workers"] % wpn:
+        problems.append(f"config key 'compare.workers': {cmp['workers']} does not fill whole nodes of "
+                        f"cluster.workers_per_node={wpn}")  # fmt: skip
     for b in cmp["batches"]:
-        if b % cmp["nodes"]:
-            problems.append(f"config key 'compare.batches': B={b} is not divisible by compare.nodes={cmp['nodes']}")
+        if b % cmp["workers"]:
+            problems.append(f"config key 'compare.batches': B={b} is not divisible by compare.workers={cmp['workers']}")
     hw = d["hardware"]
     dt = d["data"]
     if dt["resize"] is not None and dt["resize"] < dt["image_size"]:
@@ -287,11 +336,11 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         workload=Workload(**d["workload"]),
         data=Data(**d["data"]),
         grid=Grid(
-            nodes=tuple(sorted(g["nodes"])),
+            workers=tuple(sorted(g["workers"])),
             batch_min=g["batch_min"],
             batch_max=g["batch_max"],
-            workers_per_node=g["workers_per_node"],
         ),
+        cluster=Cluster(**d["cluster"]),
         search=d["search"],
         objective=d["objective"],
         knee_on=d["knee_on"],
@@ -299,7 +348,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         knee_gain=d["knee_gain"],
         constraints=Constraints(**d["constraints"]),
         pricing=Pricing(**d["pricing"]),
-        hardware=Hardware(**d["hardware"]),
+        hardware=Hardware(**{**d["hardware"], "comm_env": {k: str(v) for k, v in d["hardware"]["comm_env"].items()}}),
         probe=ProbeSettings(**{**d["probe"], "memory_batches": tuple(d["probe"]["memory_batches"] or ()) or None}),
         train=_train_settings(t, d["workload"]["model"]),
         launch=LaunchSettings(**d["launch"]),
@@ -308,7 +357,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
             batches=tuple(d["compare"]["batches"]),
             methods=tuple(d["compare"]["methods"]),
             seeds=d["compare"]["seeds"],
-            nodes=d["compare"]["nodes"],
+            workers=d["compare"]["workers"],
             epochs=d["compare"]["epochs"],
             target_fraction=d["compare"]["target_fraction"],
         ),
@@ -320,44 +369,6 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
     return TrainSettings(**{**t, "lr": t["lr"] if t["lr"] is not None else lr,
                             "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
                             "lr_decay_epochs": tuple(t["lr_decay_epochs"])})  # fmt: skip
-
-
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-def check_npz_file(path: Path) -> list[str]:
-    """An ``npz:`` dataset file exists, is an .npz archive and holds the four arrays (their
-    names only: nothing is read). Returns the archive's array names."""
-    key = "config key 'workload.dataset'"
-    if not path.is_file():
-        raise ConfigError(f"{key}: npz file {path} not found")
-    try:
-        with np.load(path) as z:
-            files = list(z.files)
-    except Exception as exc:  # noqa: BLE001 - not an npz archive
-        raise ConfigError(f"{key}: {path} is not a readable .npz archive ({exc})") from None
-    missing = [k for k in NPZ_KEYS if k not in files]
-    if missing:
-        raise ConfigError(f"{key}: {path}: missing array(s) {', '.join(missing)}; an npz dataset needs "
-                          f"{', '.join(NPZ_KEYS)}")  # fmt: skip
-    return files
-
-
-def check_dataset_paths(cfg: Config) -> None:
-    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file
-    with its four arrays, an ``imagefolder:`` root with train/ and val/. Run where the workflow starts and by
-    ``tula check --config-only``, so a wrong path stops the run before any job is queued;
-    ``tula check`` then loads the data and checks its layout."""
-    spec = cfg.workload.dataset
-    key = "config key 'workload.dataset'"
-    if spec.startswith("npz:"):
-        check_npz_file(Path(spec[4:]))
-    elif spec.startswith("imagefolder:"):
-        root = Path(spec[len("imagefolder:"):])
-        for split in ("train", "val"):
-            if not (root / split).is_dir():
-                raise ConfigError(f"{key}: image folder {root / split} not found; imagefolder:<root> needs "
-                                  "root/train/<class>/* and root/val/<class>/*")  # fmt: skip
 
 
 def load(path: str | os.PathLike) -> Config:

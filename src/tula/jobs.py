@@ -76,7 +76,7 @@ class History:
 
     out: Path
     fingerprint: str
-    nodes: int
+    workers: int
     selected_batch: int
     executor: str
     outcome: str = "running"
@@ -96,7 +96,7 @@ class History:
     def write(self, outcome: str | None = None) -> None:
         if outcome is not None:
             self.outcome = outcome
-        record = {"fingerprint": self.fingerprint, "nodes": self.nodes, "selected_batch": self.selected_batch,
+        record = {"fingerprint": self.fingerprint, "workers": self.workers, "selected_batch": self.selected_batch,
                   "executor": self.executor, "outcome": self.outcome, "attempts": [asdict(a) for a in self.attempts]}
         for p in (self.out / "checkpoints" / "attempts.json", self.out / "attempts.json"):
             write_json(p, record)
@@ -165,14 +165,14 @@ def resumable(ck: Path, fingerprint: str) -> bool:
     return meta.get("fingerprint") == fingerprint and not meta.get("complete")
 
 
-def still_running(prior: dict[str, Any], out: Path, nodes: int) -> submitit.Job | None:
+def still_running(prior: dict[str, Any], out: Path, workers: int) -> submitit.Job | None:
     """The job of the last attempt when an earlier `tula launch` left it running (its login
     session died, Snakemake was killed): a SLURM job is re-attached to, never submitted twice."""
     last = (prior.get("attempts") or [{}])[-1]
     if last.get("outcome") != "running":
         return None
     if prior.get("executor") == "slurm":
-        job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(nodes)))
+        job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(workers)))
         return None if slurm.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
     pid = int(last["job_id"])
     try:

@@ -22,7 +22,8 @@ import yaml
 from tula.config import Config
 from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
 
-__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems"]
+__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems",
+           "resolve_device"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,26 @@ class JobNeed:
     runtime_min: int | None  # None: not known before the job is submitted
 
 
+def resolve_device(cfg: Config, partition: str | None) -> tuple[str, str]:
+    """``hardware.device: auto`` under SLURM, decided from the partition's GRES (the login node
+    has no GPU to look at): GPUs on its nodes -> ``cuda`` (jobs ask for ``--gres gpu:<per node>``),
+    none -> ``cpu``. Returns (device, the sentence that says so). Other settings are kept; a
+    cluster that cannot be read keeps ``auto`` (each worker then picks CUDA if it sees one, and
+    no GPU is requested)."""
+    if cfg.hardware.device != "auto":
+        return cfg.hardware.device, f"hardware.device is {cfg.hardware.device}"
+    try:
+        part = read_partition(partition)
+    except ClusterUnreadable as err:
+        return "auto", f"hardware.device auto: no partition to read ({err}); no GPU is requested"
+    gpus = max(part.node_gpus, default=0)
+    if gpus:
+        return "cuda", (f"hardware.device auto: partition '{part.name}' has GPUs (up to {gpus} per node): the jobs "
+                        f"run on CUDA and ask for --gres gpu:<workers per node>")  # fmt: skip
+    return "cpu", (f"hardware.device auto: partition '{part.name}' has no GPU (GRES): the jobs run on CPU; set "
+                   "hardware.device: cuda, or a GPU partition in the profile, if that is wrong")  # fmt: skip
+
+
 def probe_runtime_min(cfg: Config) -> int:
     """Minutes a (memory) probe job asks for: probe.timeout_s and five minutes for start-up."""
     return int(cfg.probe.timeout_s // 60) + 5
@@ -47,7 +68,7 @@ def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | Non
     the probe at the largest grid N (every N is probed in a full search, the corners in a
     partial one, so the largest always is) and training at that N (or at ``train_nodes``:
     `tula launch` knows the N it trains at). Every shape is :func:`job_shape`'s."""
-    n = max(cfg.grid.nodes)
+    n = max(cfg.grid.workers)
     tn = train_nodes or n
 
     def need(what: str, workers: int, runtime: int | None) -> JobNeed:
@@ -63,31 +84,31 @@ def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | Non
 def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
     """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change."""
     out: list[str] = []
-    wpn, threads = cfg.grid.workers_per_node, cfg.hardware.threads_per_worker
+    wpn, threads = cfg.cluster.workers_per_node, cfg.hardware.threads_per_worker
     fit = [i for i in range(len(part.node_cpus))
            if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node]  # fmt: skip
     limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
     if need.nodes > limit:
         out.append(f"{need.what} needs {need.nodes} node(s) ({need.tasks_per_node} worker(s) per node; "
-                   f"grid.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} node(s)"
+                   f"cluster.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} node(s)"
                    + (f" and allows {part.max_nodes} per job" if part.max_nodes else "")
-                   + ": lower the largest grid.nodes, raise grid.workers_per_node if the nodes have the GPUs and "
+                   + ": lower the largest grid.workers, raise cluster.workers_per_node if the nodes have the GPUs and "
                    "CPUs, or use a larger partition")  # fmt: skip
     elif len(fit) < need.nodes:
         if need.gpus_per_node and max(part.node_gpus, default=0) < need.gpus_per_node:
             out.append(f"{need.what} puts {need.tasks_per_node} worker(s) on a node and needs {need.gpus_per_node} "
-                       f"GPU(s) per node (grid.workers_per_node={wpn}, hardware.device=cuda), but the nodes of "
+                       f"GPU(s) per node (cluster.workers_per_node={wpn}, hardware.device=cuda), but the nodes of "
                        f"partition '{part.name}' have at most {max(part.node_gpus, default=0)}: set "
-                       "grid.workers_per_node to the GPUs per node")  # fmt: skip
+                       "cluster.workers_per_node to the GPUs per node")  # fmt: skip
         if max(part.node_cpus, default=0) < need.cpus_per_node:
             out.append(f"{need.what} needs {need.cpus_per_node} CPUs per node ({need.tasks_per_node} worker(s) x "
                        f"hardware.threads_per_worker={threads}), but the nodes of partition '{part.name}' have at "
                        f"most {max(part.node_cpus, default=0)}: lower hardware.threads_per_worker or "
-                       "grid.workers_per_node")  # fmt: skip
+                       "cluster.workers_per_node")  # fmt: skip
         if not out:
             out.append(f"{need.what} needs {need.nodes} node(s) with {need.cpus_per_node} CPUs and "
                        f"{need.gpus_per_node} GPU(s) each, but only {len(fit)} node(s) of partition '{part.name}' "
-                       "have that: lower the largest grid.nodes or grid.workers_per_node")  # fmt: skip
+                       "have that: lower the largest grid.workers or cluster.workers_per_node")  # fmt: skip
     if need.runtime_min is not None and part.max_time_min is not None and need.runtime_min > part.max_time_min:
         keys = ("probe.timeout_s (a probe job asks for it + 5 min)" if "probe" in need.what else
                 "launch.timeout_min, or the launch rule's runtime in the profile (set-resources)")  # fmt: skip

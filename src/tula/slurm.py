@@ -132,14 +132,18 @@ class JobShape:
 
 def job_shape(cfg: Config, n_workers: int) -> JobShape:
     """The shape of every job of N workers (memory probe, probes, production, the suite's
-    runs): as many workers on a node as it has GPUs (grid.workers_per_node), the same number
-    on every node (submitit asks for tasks per node), one per node when N does not fill
-    whole nodes."""
-    wpn = cfg.grid.workers_per_node
-    if n_workers % wpn and n_workers > wpn:
-        per_node = 1
-    else:
-        per_node = min(n_workers, wpn)
+    runs): as many workers on a node as it holds (cluster.workers_per_node), the same number
+    on every node (submitit asks for tasks per node). N above one node is a whole number of
+    nodes (the config refuses any other); N below it shares one node.
+
+    GPUs (one per worker) are asked for when the job runs on CUDA: ``hardware.device: cuda``,
+    or ``auto`` where the preflight found GPUs on the partition (it resolves ``auto`` into the
+    merged config the jobs read)."""
+    wpn = cfg.cluster.workers_per_node
+    if n_workers > wpn and n_workers % wpn:
+        raise ValueError(f"config key 'grid.workers': N={n_workers} does not fill whole nodes of "
+                         f"cluster.workers_per_node={wpn}")  # fmt: skip
+    per_node = min(n_workers, wpn)
     gpus = per_node if cfg.hardware.device == "cuda" else 0
     return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
 

@@ -122,7 +122,7 @@ def parse_worker_args(prog: str, argv: list[str] | None = None, batch_flag: str 
     ``memprobe_worker``); with ``batch_list`` the batch flag takes a comma-separated list."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description="One worker, started by torchrun or srun.")
     p.add_argument("--config", required=True)
-    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True)
     p.add_argument(batch_flag, required=True,
                    type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int)  # fmt: skip
     p.add_argument("--result-dir", required=True)

@@ -65,20 +65,34 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
 
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these
 # change (params rerun trigger), and only then: a new price re-runs select, not probes.
+_WORKLOAD = ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data")
+# What makes the timed step what it is; the learning rate and its schedule do not (issue 22:
+# probes are bought once: lr, lr_decay_*, warmup_epochs, base_batch, epochs, objective and
+# pricing reuse every probe).
+_STEP = ("hardware.device", "hardware.backend", "hardware.threads_per_worker", "hardware.comm_env", "cluster",
+         "train.method", "train.optimizer", "train.momentum", "train.weight_decay", "train.precision",
+         "train.channels_last", "train.ags_delta", "train.ags_small_batch", "train.ags_refresh_every_steps",
+         "train.ags_s_min", "train.static_scale", "train.lars_eta", "train.lars_exclude_1d", "train.polo_sync_epochs",
+         "train.polo_averages_per_epoch")
 _STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "check": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data"),
-    "probe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
-              "hardware.device", "hardware.backend", "hardware.threads_per_worker", "probe", "train",
-              "grid"),
-    "fit": ("search", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin"),
-    "predict": ("workload", "grid", "pricing", "hardware.device_memory_gb", "hardware.memory_margin", "train.base_batch"),
-    "memprobe": ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data",
-                     "hardware.device", "hardware.backend", "train.method", "train.precision", "train.channels_last",
-                     "train.optimizer", "grid", "probe.memory_batches"),
-    "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing"),
-    "launch": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker", "train"),
+    "check": _WORKLOAD,
+    # one probe job: its own (N, B) is its wildcards; the rest of the grid is not its business
+    # (adding a batch or a worker count runs only the new probes)
+    "probe": (*_WORKLOAD, *_STEP, "probe.warmup_steps", "probe.timed_steps", "probe.timeout_s", "probe.sweep_steps",
+              "probe.noise_steps", "probe.exclusive"),
+    "fit": ("search", "cluster", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin",
+            "probe.no_sync_fallback"),
+    "predict": ("workload", "grid", "cluster", "pricing", "hardware.device_memory_gb", "hardware.memory_margin",
+                "train.base_batch"),
+    # one worker: the batches it measures follow the grid (tula.model.memory.probe_batches); the
+    # probes read its b_max but do not re-run when it re-runs (ancient input, rules/probe.smk)
+    "memprobe": (*_WORKLOAD, *_STEP, "grid", "probe.memory_batches"),
+    "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing", "cluster"),
+    "launch": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker",
+               "hardware.comm_env", "cluster", "train"),
     # one run of the suite: not the lists of cells (adding a batch trains only the new runs)
-    "compare_run": ("compare.nodes", "compare.epochs", "workload.mnist1d_samples", "data", "hardware", "train"),
+    "compare_run": ("compare.workers", "compare.epochs", "workload.mnist1d_samples", "data", "hardware", "cluster",
+                    "train"),
     "compare": ("compare",),
 }  # fmt: skip
 

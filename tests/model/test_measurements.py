@@ -9,7 +9,7 @@ from tula.model import measurements
 
 def test_external_measurements_contract(tmp_path):
     p = tmp_path / "ext.csv"
-    pd.DataFrame([dict(nodes=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
+    pd.DataFrame([dict(workers=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
                        sync_time_s=0.1, peak_mem_bytes=5e9, status="ok")]).to_csv(p, index=False)  # fmt: skip
     assert len(measurements.load(p)) == 1
 
@@ -19,12 +19,12 @@ def test_external_measurements_contract(tmp_path):
     [
         (lambda d: d.drop(columns=["sync_time_s"]), "missing column.*sync_time_s"),
         (lambda d: d.assign(step_time_s=["fast"]), "column step_time_s"),
-        (lambda d: d.assign(local_batch=[32]), "local_batch x nodes"),
+        (lambda d: d.assign(local_batch=[32]), "local_batch x workers"),
     ],
 )
 def test_bad_measurements_name_file_and_column(tmp_path, change, message):
     p = tmp_path / "bad.csv"
-    base = pd.DataFrame([dict(nodes=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
+    base = pd.DataFrame([dict(workers=4, global_batch=256, local_batch=64, step_time_s=0.3, compute_time_s=0.2,
                               sync_time_s=0.1, peak_mem_bytes=5e9, status="ok")])  # fmt: skip
     change(base).to_csv(p, index=False)
     with pytest.raises(ValueError, match=message):
@@ -32,7 +32,7 @@ def test_bad_measurements_name_file_and_column(tmp_path, change, message):
 
 
 def test_source_rows_are_checked_for_what_they_must_carry(tmp_path):
-    row = dict(nodes=2, global_batch=64, local_batch=16, step_time_s=None, compute_time_s=None, sync_time_s=None,
+    row = dict(workers=2, global_batch=64, local_batch=16, step_time_s=None, compute_time_s=None, sync_time_s=None,
                peak_mem_bytes=600, status="ok", source="sweep")  # fmt: skip
     p = tmp_path / "m.csv"
     pd.DataFrame([row]).to_csv(p, index=False)

@@ -23,12 +23,12 @@ def test_an_oom_where_a_larger_local_batch_ran_bounds_nothing():
 
     from tula.model.memory import fit, oom_bound
 
-    rows = pd.DataFrame([dict(nodes=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
-                         dict(nodes=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
-                         dict(nodes=2, local_batch=64, status="oom", peak_mem_bytes=None)])  # fmt: skip
+    rows = pd.DataFrame([dict(workers=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
+                         dict(workers=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
+                         dict(workers=2, local_batch=64, status="oom", peak_mem_bytes=None)])  # fmt: skip
     assert oom_bound(rows) is None  # N=1 ran b=128: the N=2 OOM at b=64 is that point's, not a bound
     assert fit(rows, budget_bytes=None).max_local_batch() is None
-    above = pd.concat([rows, pd.DataFrame([dict(nodes=1, local_batch=256, status="oom", peak_mem_bytes=None)])])
+    above = pd.concat([rows, pd.DataFrame([dict(workers=1, local_batch=256, status="oom", peak_mem_bytes=None)])])
     assert oom_bound(above) == 256 and fit(above, budget_bytes=None).max_local_batch() == 255
 
 

@@ -54,20 +54,20 @@ def test_pool_weights_the_probes_by_their_standard_errors():
     import pandas as pd
 
     df = pd.DataFrame([
-        dict(nodes=2, global_batch=64, source="probe", status="ok", grad_sq=0.3, grad_sq_se=0.1, grad_trace=40.0,
+        dict(workers=2, global_batch=64, source="probe", status="ok", grad_sq=0.3, grad_sq_se=0.1, grad_trace=40.0,
              grad_trace_se=4.0),
-        dict(nodes=2, global_batch=256, source="probe", status="ok", grad_sq=0.2, grad_sq_se=0.05, grad_trace=44.0,
+        dict(workers=2, global_batch=256, source="probe", status="ok", grad_sq=0.2, grad_sq_se=0.05, grad_trace=44.0,
              grad_trace_se=2.0),
-        dict(nodes=1, global_batch=32, source="probe", status="ok"),  # one worker: none
-        dict(nodes=2, global_batch=512, source="probe", status="oom"),
-        dict(nodes=2, global_batch=64, local_batch=16, source="sweep", status="ok", grad_sq=9.0, grad_trace=9.0),
+        dict(workers=1, global_batch=32, source="probe", status="ok"),  # one worker: none
+        dict(workers=2, global_batch=512, source="probe", status="oom"),
+        dict(workers=2, global_batch=64, local_batch=16, source="sweep", status="ok", grad_sq=9.0, grad_trace=9.0),
     ])  # fmt: skip
     got = noise.pool(df)
     g2 = (0.3 / 0.01 + 0.2 / 0.0025) / (1 / 0.01 + 1 / 0.0025)  # inverse-variance weights 100 and 400
     tr = (40 / 16 + 44 / 4) / (1 / 16 + 1 / 4)
     assert got["grad_sq"] == pytest.approx(g2) and got["grad_trace"] == pytest.approx(tr)
     assert got["b_noise"] == pytest.approx(tr / g2) and got["grad_sq_se"] == pytest.approx((100 + 400) ** -0.5)
-    assert [(p["nodes"], p["global_batch"]) for p in got["probes"]] == [(2, 64), (2, 256)]
+    assert [(p["workers"], p["global_batch"]) for p in got["probes"]] == [(2, 64), (2, 256)]
     assert noise.pool(df.iloc[2:4]) is None  # no multi-worker estimate
     assert noise.pool(df.assign(grad_sq=-1.0)) is None  # noise-dominated: no scale
 

@@ -26,12 +26,12 @@ def gpu_like(n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=
         for B in batches:
             b = B // n
             e = rng.normal(1, noise, 2) if noise else (1.0, 1.0)
-            rows.append(dict(nodes=n, global_batch=B, local_batch=b, compute_time_s=comp(n, b) * e[0],
+            rows.append(dict(workers=n, global_batch=B, local_batch=b, compute_time_s=comp(n, b) * e[0],
                              step_time_s=step(n, b) * e[1], status="ok", source="probe", peak_mem_bytes=1.0,
                              step_time_cv=max(noise, 0.01)))  # fmt: skip
             for lb in (8, 16, 32, 64, 128, 256, 512) if sweep else ():
                 if lb != b:
-                    rows.append(dict(nodes=n, global_batch=B, local_batch=lb, status="ok", source="sweep",
+                    rows.append(dict(workers=n, global_batch=B, local_batch=lb, status="ok", source="sweep",
                                      compute_time_s=comp(n, lb) * (rng.normal(1, noise) if noise else 1.0),
                                      step_time_s=np.nan, peak_mem_bytes=np.nan))  # fmt: skip
     df = pd.DataFrame(rows)
@@ -136,3 +136,55 @@ def test_failed_probes_are_not_fitted():
     df.loc[0, "status"] = "oom"
     df.loc[0, "compute_time_s"] = 99.0
     assert perfmodel.fit(df, "ring").compute.params()["c1"] == pytest.approx(0.0002, rel=1e-4)
+
+
+def two_level_rows(per_node, workers, batches, s_r, s_n, rng, noise=0.01) -> pd.DataFrame:
+    """Probe rows of a hierarchical all-reduce: compute 5 ms + 0.1 ms per sample, then a ring
+    inside each node (s_r (g-1)/g) and one across the k nodes (s_n (k-1)/k), additive."""
+    rows = []
+    for n in workers:
+        k = -(-n // per_node)
+        g = n / k
+        for b in batches:
+            lb = b // n
+            c = 0.005 + 1e-4 * lb
+            s = s_r * (g - 1) / g + s_n * (k - 1) / k
+            e = rng.normal(1.0, noise, 2)
+            rows.append(dict(workers=n, nodes=k, global_batch=b, local_batch=lb, status="ok", source="probe",
+                             compute_time_s=c * e[0], step_time_s=(c + s) * e[1], sync_time_s=s, peak_mem_bytes=1.0,
+                             step_time_cv=noise))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_two_level_sync_predicts_across_the_node_boundary():
+    """8-GPU nodes, fast inside (2 ms) and slow between (40 ms): fitted on N = 1, 8 (one node)
+    and 16 (two nodes), the two-level form wins and predicts N = 32 (four nodes) and N = 4
+    within a few %; the one-level model, forced on the same rows, cannot."""
+    rng = np.random.default_rng(0)
+    probes = two_level_rows(8, [1, 8, 16], [256, 2048], 0.002, 0.040, rng)
+    perf = perfmodel.fit(probes, "ring", workers_per_node=8)
+    assert perf.step.form.name.endswith("two_level") or perf.step.form.name.endswith("bottleneck")
+    truth = two_level_rows(8, [4, 32], [512], 0.002, 0.040, rng, noise=0.0)
+    pred = perf.step_time_s(truth["workers"], truth["local_batch"])
+    assert np.abs(pred / truth["step_time_s"] - 1).max() < 0.05
+    one_level = perfmodel.fit(probes.drop(columns="nodes"), "ring", workers_per_node=64)  # every N on one node
+    err = np.abs(one_level.step_time_s(truth["workers"], truth["local_batch"]) / truth["step_time_s"] - 1)
+    assert err.max() > 0.15  # one curve through N = 8 and 16 misses the far side (19 % at N = 32 here)
+    assert perfmodel.PerfModel.from_dict(perf.to_dict()).step_time_s(32, 16) == pytest.approx(perf.step_time_s(32, 16))
+
+
+def test_one_worker_per_node_is_todays_model():
+    """With one worker per node every multi-worker job spans nodes: the two-level forms are not
+    offered, and the fit is exactly the one-level model's."""
+    rng = np.random.default_rng(1)
+    probes = two_level_rows(1, [1, 2, 4], [64, 512], 0.0, 0.02, rng)
+    perf = perfmodel.fit(probes, "ring", workers_per_node=1)
+    assert "two_level" not in perf.step.extra["why"] and "bottleneck" not in str(perf.step.extra.get("candidates"))
+    same = perfmodel.fit(probes.drop(columns="nodes"), "ring")
+    assert perf.step.theta == same.step.theta and perf.step.form.name == same.step.form.name
+
+
+def test_measurements_of_another_layout_are_refused():
+    probes = two_level_rows(8, [1, 16], [256], 0.002, 0.04, np.random.default_rng(2))
+    with pytest.raises(ValueError, match=r"N=16 ran on 2 node\(s\), but cluster.workers_per_node=4 puts it on 4"):
+        perfmodel.fit(probes, "ring", workers_per_node=4)

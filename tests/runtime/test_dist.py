@@ -1,6 +1,10 @@
 """Process groups (tula.runtime.dist): the rank and rendezvous of a worker under torchrun
 and under SLURM's srun, and the backend that follows the device."""
 
+import os
+
+import pandas as pd
+import pytest
 import torch
 
 from tula import config, slurm
@@ -27,3 +31,43 @@ def test_slurm_environment_derives_master_and_port():
     assert (w.rank, w.world_size, w.local_rank, w.launcher) == (3, 4, 1, "slurm")
     assert w.master_addr == "gpu07"
     assert w.master_port == slurm.master_port("123456") == 15000 + 123456 % 20000
+
+
+def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(tiny_raw, tmp_path, venv_path,
+                                                                             monkeypatch):  # fmt: skip
+    """hardware.comm_env reaches every worker of a real 2-worker probe and a real 2-worker
+    production job (gloo over loopback), each records what it ran with, and the report says
+    they match."""
+    import yaml
+
+    from tula.io import write_json
+    from tula.stages import launch, probe
+    from tula.stages.aggregate import comm_env_text
+    from tula.stages.report import comm_env_section
+
+    for k in [k for k in os.environ if k.startswith(dist.COMM_PREFIXES)]:
+        monkeypatch.delenv(k)
+    tiny_raw["hardware"] = {"comm_env": {"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}}
+    tiny_raw["launch"] = {"executor": "local", "poll_s": 0.5}
+    tiny_raw["workload"]["epochs"] = 1
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_raw))
+    rec = probe.run(tmp_path / "c.yaml", 2, 64, tmp_path / "N2_B64.json")
+    assert rec["status"] == "ok", rec.get("error")
+    # no NCCL_ALGO; the one variable Tula sets is what torchrun (the probe's launcher here) sets
+    # and submitit (production's) does not
+    expect = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert rec["env"]["comm_env"] == expect
+    assert rec["nodes"] == 2  # the layout of cluster.workers_per_node=1 (the paper's), whatever machine ran it
+    write_json(tmp_path / "sel.json", {"selected": {"workers": 2, "global_batch": 64}})
+    final = launch.run(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
+    assert final["comm_env"] == expect
+    meas = pd.DataFrame({"source": ["probe"], "comm_env": [comm_env_text(rec["env"])]})
+    assert "GLOO_SOCKET_IFNAME=lo, NCCL_DEBUG=WARN, TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in comm_env_section(meas, final)
+    assert "not the same" not in comm_env_section(meas, final)
+    assert "not the same" in comm_env_section(meas, {**final, "comm_env": {"NCCL_ALGO": "Tree"}})
+
+
+def test_comm_env_names_only_communication_variables():
+    with pytest.raises(config.ConfigError, match="hardware.comm_env"):
+        config.from_dict({"hardware": {"comm_env": {"PATH": "/tmp"}}})
+    assert config.from_dict({"hardware": {"comm_env": {"NCCL_ALGO": "Ring"}}}).hardware.comm_env == {"NCCL_ALGO": "Ring"}

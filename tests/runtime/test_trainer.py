@@ -17,10 +17,10 @@ from tula.runtime import trainer
 from tula.stages import launch
 
 
-def _run_dir(tmp_path, raw, nodes=2, batch=32):
+def _run_dir(tmp_path, raw, workers=2, batch=32):
     raw.setdefault("launch", {}).update(executor="local", poll_s=0.5, checkpoint_every_steps=4)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "selection.json", {"selected": {"nodes": nodes, "global_batch": batch}})
+    write_json(tmp_path / "selection.json", {"selected": {"workers": workers, "global_batch": batch}})
     return tmp_path
 
 
@@ -38,7 +38,7 @@ def folder_run(tmp_path, image_folder, venv_path):
 
 def test_image_folder_trains_with_two_gloo_and_two_loader_workers(folder_run):
     final = _launch(folder_run)
-    assert (final["nodes"], final["data_workers"], final["train_samples"]) == (2, 2, 120)
+    assert (final["workers"], final["data_workers"], final["train_samples"]) == (2, 2, 120)
     assert final["steps"] == 3 * math.ceil(120 / 32)
     m = pd.read_csv(folder_run / "train" / "metrics.csv")
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
@@ -77,7 +77,7 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
 
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     sel = tmp_path / "selection.json"
-    write_json(sel, {"selected": {"nodes": 2, "global_batch": 64}})
+    write_json(sel, {"selected": {"workers": 2, "global_batch": 64}})
     final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m.columns) == trainer.METRIC_COLUMNS
@@ -103,7 +103,7 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw))
     sel = tmp_path / "selection.json"
-    write_json(sel, {"selected": {"nodes": 1, "global_batch": 32}})
+    write_json(sel, {"selected": {"workers": 1, "global_batch": 32}})
     previous = tmp_path / "train" / "final.json"
     write_json(previous, {"from": "an earlier good run"})
     with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):

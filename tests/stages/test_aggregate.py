@@ -6,7 +6,7 @@ from tula.stages import aggregate
 
 
 def probe_record(n, b, status="ok", **kw):
-    rec = dict(nodes=n, global_batch=b, local_batch=b // n, status=status)
+    rec = dict(workers=n, global_batch=b, local_batch=b // n, status=status)
     if status == "ok":
         rec.update(step_time_s=0.02, compute_time_s=0.015, sync_time_s=0.005, peak_mem_bytes=1000,
                    memory={"param_bytes": 10, "grad_bytes": 10, "opt_bytes": 10, "act_bytes": 900, "batch_bytes": 70},
@@ -19,11 +19,11 @@ def test_aggregate_keeps_failed_probes(tmp_path):
     files = []
     noisy = probe_record(2, 64, grad_noise_scale=150.0, grad_sq=0.3, grad_trace=45.0)
     for rec in (noisy, probe_record(1, 32), probe_record(2, 128, "oom", error="out of memory")):
-        f = tmp_path / f"N{rec['nodes']}_B{rec['global_batch']}.json"
+        f = tmp_path / f"N{rec['workers']}_B{rec['global_batch']}.json"
         write_json(f, rec)
         files.append(f)
     df = aggregate.run(files, tmp_path / "m.csv")
-    assert list(zip(df["nodes"], df["global_batch"])) == [(1, 32), (2, 64), (2, 128)]
+    assert list(zip(df["workers"], df["global_batch"])) == [(1, 32), (2, 64), (2, 128)]
     back = measurements.load(tmp_path / "m.csv")
     assert list(back["status"]) == ["ok", "ok", "oom"]
     assert back.loc[0, "act_bytes"] == 900 and back.loc[0, "backend"] == "gloo"
@@ -46,7 +46,7 @@ def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
     aggregate.run([tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"], tmp_path / "m.csv",
                            memory_probe=tmp_path / "memory_probe.json")  # fmt: skip
     df = measurements.load(tmp_path / "m.csv")
-    key = list(zip(df["source"], df["nodes"], df["global_batch"], df["local_batch"], df["status"]))
+    key = list(zip(df["source"], df["workers"], df["global_batch"], df["local_batch"], df["status"]))
     assert key == [("probe", 2, 64, 32, "ok"), ("probe", 2, 256, 128, "ok"), ("probe", 2, 512, 256, "oom"),
                    ("sweep", 2, 64, 16, "ok"), ("sweep", 2, 64, 128, "oom"),
                    ("memory", 1, 8, 8, "ok"), ("memory", 1, 512, 512, "oom")]  # fmt: skip

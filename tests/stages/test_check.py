@@ -62,3 +62,40 @@ def test_check_warns_when_image_size_upsamples_the_stored_images(tmp_path, capsy
     cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": 16}}))
     assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
     assert "warning" not in capsys.readouterr().out and json.loads((tmp_path / "w.json").read_text())["warnings"] == []
+
+
+def test_the_probe_campaign_is_priced_before_it_runs():
+    """Jobs, nodes per job and node-hours at the probe time limit, for 4-GPU nodes: the
+    partial search's corners at N = 1 (one node) and N = 8 (two whole nodes), and N = 4, the
+    largest one-node N (the node boundary)."""
+    from tula import config
+    from tula.stages.check import campaign, describe_campaign
+
+    cfg = config.from_dict({"grid": {"workers": [1, 4, 8], "batch_min": 32, "batch_max": 256},
+                            "cluster": {"workers_per_node": 4}, "probe": {"timeout_s": 3300}})  # fmt: skip
+    c = campaign(cfg)
+    assert [(j["job"], j["nodes"]) for j in c["jobs"]] == [("memory probe", 1), ("N1_B32", 1), ("N1_B256", 1),
+                                                           ("N4_B32", 1), ("N4_B256", 1), ("N8_B32", 2),
+                                                           ("N8_B256", 2)]  # fmt: skip
+    assert (c["probe_jobs"], c["node_jobs"], c["hours_per_job_max"], c["node_hours_max"]) == (6, 9, 1.0, 9.0)
+    assert describe_campaign(c) == (
+        "probe campaign: the memory probe (1 node) and 6 probe job(s): 4 on 1 node(s) (N1_B32, N1_B256, N4_B32, "
+        "N4_B256); 2 on 2 node(s) (N8_B32, N8_B256); 9 node-jobs of at most 60 min (whole nodes: probe.exclusive), "
+        "at most 9.0 node-hours (every job at its time limit)")  # fmt: skip
+    # b_max known: only the points that fit (N = 1 has none at b <= 16)
+    assert [j["job"] for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == ["N4_B32", "N4_B64", "N8_B32",
+                                                                                "N8_B128"]  # fmt: skip
+
+
+def test_check_says_when_partial_search_adds_the_node_boundary(tmp_path, capsys):
+    import yaml
+
+    from tula.stages import check
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"grid": {"workers": [1, 4, 8, 16], "batch_min": 32,
+                                                              "batch_max": 256}, "cluster": {"workers_per_node": 8}}))  # fmt: skip
+    check.run(tmp_path / "c.yaml", config_only=True)
+    out = capsys.readouterr().out
+    assert ("the grid crosses a node boundary (cluster.workers_per_node=8): partial search also probes N=8 (the "
+            "largest on one node) and N=16 (the smallest on several)") in out
+    assert "N1_B32, N1_B256, N8_B32, N8_B256, N16_B32, N16_B256" in out and "6 probe job(s)" in out

@@ -119,7 +119,7 @@ def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_p
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     final = json.loads((out.parent / "final.json").read_text())
-    assert res["status"] == "ok" and final["method"] == "ags" and (final["nodes"], final["global_batch"]) == (2, 128)
+    assert res["status"] == "ok" and final["method"] == "ags" and (final["workers"], final["global_batch"]) == (2, 128)
     assert res["test_acc"] == final["final_test_acc"] and len(res["epochs"]) == 1
     # one epoch of 12 steps learns well past chance: 0.1 +- 0.016 over the 360 test samples; measured 0.4
     assert res["test_acc"] > 0.3
@@ -137,7 +137,7 @@ def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_p
 
 
 SUITE = {"compare": {"workloads": [{"model": "small_cnn", "dataset": "digits", "target_accuracy": 0.5}],
-                     "batches": [64, 128], "methods": ["lbt", "ags"], "seeds": 1, "nodes": 1, "epochs": 2}}  # fmt: skip
+                     "batches": [64, 128], "methods": ["lbt", "ags"], "seeds": 1, "workers": 1, "epochs": 2}}  # fmt: skip
 
 
 def test_the_suite_is_a_snakemake_fan_out_in_parallel(tmp_path, venv_path):

@@ -23,7 +23,7 @@ D = 1437  # digits training samples
 def run_dir(tmp_path, tiny_raw):
     tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"nodes": 2, "global_batch": 64}})
+    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
     return tmp_path
 
 
@@ -178,7 +178,7 @@ def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, t
     tiny_raw["workload"]["epochs"] = 1
     tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"nodes": 2, "global_batch": 64}})
+    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
     monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=0,batch=64,where=eval")
     _launch(tmp_path)
     a1, a2 = _attempts(tmp_path)["attempts"]
@@ -225,7 +225,7 @@ def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, v
 
 def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
-    pd.DataFrame({"nodes": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
+    pd.DataFrame({"workers": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
                   "feasible": [True, True, False, True, True], "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0]}).to_csv(pred)  # fmt: skip
     assert launch.smaller_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
     assert launch.smaller_batches(2, 256, None, floor=32) == [128, 64, 32]

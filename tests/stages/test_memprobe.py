@@ -38,7 +38,7 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     from tula.model.memory import next_probe_batch as next_batch
     from tula.model.memory import probe_batches as default_batches
 
-    cfg = config.from_dict({"grid": {"nodes": [1, 2], "batch_min": 32, "batch_max": 1024},
+    cfg = config.from_dict({"grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 1024},
                             "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9}})  # fmt: skip
     first = default_batches(cfg)
     assert first == [16, 64, 256]

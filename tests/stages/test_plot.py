@@ -16,15 +16,15 @@ def _pred():
     for n in (1, 2):
         for b in (32, 64, 128):
             t = 10.0 / n + b / 64
-            rows.append({"nodes": n, "global_batch": b, "local_batch": b // n, "train_time_s": t,
-                         "train_time_lo_s": 0.9 * t, "train_time_hi_s": 1.1 * t, "cost_node": t / 3600 * n * 2.48,
+            rows.append({"workers": n, "global_batch": b, "local_batch": b // n, "train_time_s": t,
+                         "train_time_lo_s": 0.9 * t, "train_time_hi_s": 1.1 * t, "cost_worker_hour": t / 3600 * n * 2.48,
                          "cost_memory": t, "feasible": b != 128 or n == 2, "probe_status": "ok" if b != 64 else "",
                          "measured_train_time_s": 1.05 * t if b != 64 else np.nan, "mem_bytes": 1e6 * b / n})  # fmt: skip
     return pd.DataFrame(rows)
 
 
-SELECTION = {"objective": "knee", "selected": {"nodes": 2, "global_batch": 64, "train_time_s": 6.0, "cost": 0.01},
-             "pricing": {"model": "node", "currency": "USD"}}  # fmt: skip
+SELECTION = {"objective": "knee", "selected": {"workers": 2, "global_batch": 64, "train_time_s": 6.0, "cost": 0.01},
+             "pricing": {"model": "worker_hour", "currency": "USD"}}  # fmt: skip
 
 
 def _lines(ax):
@@ -85,7 +85,7 @@ def test_attempt_marks_place_every_relaunch_and_resume_on_the_epoch_axis():
 def test_the_training_curve_has_a_noise_scale_panel_when_the_epochs_measured_one(tmp_path):
     metrics = pd.DataFrame({"epoch": [1, 2], "step": [23, 46], "train_loss": [1.0, 0.5], "test_loss": [1.1, 0.6],
                             "train_acc": [0.6, 0.8], "test_acc": [0.55, 0.75], "grad_noise_scale": [100.0, 150.0]})  # fmt: skip
-    final = {"nodes": 2, "global_batch": 64, "final_test_acc": 0.75}
+    final = {"workers": 2, "global_batch": 64, "final_test_acc": 0.75}
     fig = plot.training_curve(metrics, final, tmp_path / "tr.png")
     assert len(fig.axes) == 3 and fig._suptitle.get_text() == "Training at N=2, B=64: final test accuracy 75.00%"
     assert _lines(fig.axes[2])["B_noise (per epoch, AGS refresh)"] == ([1, 2], [100.0, 150.0])

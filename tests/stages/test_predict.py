@@ -13,7 +13,7 @@ from tula.stages import predict as predict_mod
 
 def _flat_perf(step_s: float) -> perfmodel.PerfModel:
     """A perf model whose every step takes ``step_s`` (fitted on exact flat data)."""
-    df = pd.DataFrame(dict(nodes=[1, 1, 1], global_batch=[1, 2, 4], local_batch=[1, 2, 4], status="ok",
+    df = pd.DataFrame(dict(workers=[1, 1, 1], global_batch=[1, 2, 4], local_batch=[1, 2, 4], status="ok",
                            compute_time_s=step_s, step_time_s=step_s, sync_time_s=0.0, peak_mem_bytes=1.0,
                            source="probe"))  # fmt: skip
     return perfmodel.fit(df, "ring")
@@ -21,22 +21,22 @@ def _flat_perf(step_s: float) -> perfmodel.PerfModel:
 
 
 def test_predict_eq4_arithmetic():
-    cfg = config.from_dict({"grid": {"nodes": [2], "batch_min": 64, "batch_max": 64}, "workload": {"epochs": 3},
-                            "pricing": {"per_node_hour": 3.6}})  # fmt: skip
+    cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 64}, "workload": {"epochs": 3},
+                            "pricing": {"per_worker_hour": 3.6}})  # fmt: skip
     mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
     row = predict_mod.predict(cfg, _flat_perf(0.1), mem, train_samples=1000).iloc[0]
     assert row["steps_per_epoch"] == 16  # ceil(1000 / 64)
     assert row["train_time_s"] == pytest.approx(3 * 16 * 0.1, rel=1e-6)
-    assert row["cost_node"] == pytest.approx(4.8 / 3600 * 2 * 3.6, rel=1e-6)
+    assert row["cost_worker_hour"] == pytest.approx(4.8 / 3600 * 2 * 3.6, rel=1e-6)
     assert row["cost_memory"] == pytest.approx(4.8 / 3600 * 2 * 1.0 * 0.15, rel=1e-6)
 
 
 def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
-    cfg = config.from_dict({"grid": {"nodes": [1], "batch_min": 32, "batch_max": 64}})
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 64}})
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
-    measured = pd.DataFrame([dict(nodes=1, global_batch=64, local_batch=64, status="oom", step_time_s=np.nan,
+    measured = pd.DataFrame([dict(workers=1, global_batch=64, local_batch=64, status="oom", step_time_s=np.nan,
                                   source="probe"),
-                             dict(nodes=1, global_batch=64, local_batch=32, status="ok", step_time_s=np.nan,
+                             dict(workers=1, global_batch=64, local_batch=32, status="ok", step_time_s=np.nan,
                                   compute_time_s=0.1, source="sweep")])  # fmt: skip
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 100, measured)
     assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
@@ -45,10 +45,10 @@ def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
 def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
     """B_noise = 100 pooled from two probes; workload.epochs = 3 reach the target at base_batch 128,
     so B needs 3 (1 + B/100)/(1 + 128/100) epochs (McCandlish et al.)."""
-    cfg = config.from_dict({"grid": {"nodes": [2], "batch_min": 64, "batch_max": 256}, "workload": {"epochs": 3},
+    cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 256}, "workload": {"epochs": 3},
                             "train": {"base_batch": 128}})  # fmt: skip
     mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
-    measured = pd.DataFrame([dict(nodes=2, global_batch=b, local_batch=b // 2, status="ok", step_time_s=0.1,
+    measured = pd.DataFrame([dict(workers=2, global_batch=b, local_batch=b // 2, status="ok", step_time_s=0.1,
                                   source="probe", grad_sq=1.0, grad_sq_se=0.1, grad_trace=100.0, grad_trace_se=5.0)
                              for b in (64, 256)])  # fmt: skip
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured)
@@ -58,7 +58,7 @@ def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
     assert pred.loc[1, "epochs_to_accuracy"] == pytest.approx(3.0)  # at base_batch: the configured epochs
     assert pred["time_to_accuracy_s"].tolist() == pytest.approx([e * s * 0.1 for e, s in zip(epochs, (16, 8, 4))])
     assert pred["cost_to_accuracy"].tolist() == pytest.approx(
-        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_node_hour).tolist())  # fmt: skip
+        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_worker_hour).tolist())  # fmt: skip
     no_noise = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured.drop(columns=["grad_sq", "grad_trace"]))
     assert no_noise["time_to_accuracy_s"].isna().all()
 

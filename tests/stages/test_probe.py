@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tula.faults import ENV as FAULT_ENV
+from tula.runtime.measure import PROFILER_TRIES
 from tula.stages import probe
 
 
@@ -25,7 +26,7 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # stepped once more for the Eq. 3 breakdown, which takes no position. Torch's CPU profiler now
     # and then cannot build a step's memory timeline: that memory step is measured again, one step more.
     c, extra = rec["optimizer_counters"], rec["profiler_retries"]
-    assert set(extra) == {"plain", "refresh"} and all(0 <= v < 3 for v in extra.values())
+    assert set(extra) == {"plain", "refresh"} and all(0 <= v < PROFILER_TRIES for v in extra.values())
     assert rec["steps_run"] == 13 + sum(extra.values()) and c["steps"] == 14 + sum(extra.values())
     assert c["refreshes"] == 5 + extra["refresh"]
     assert len(rec["epoch_start_step_times_s"]) == 3
@@ -134,7 +135,10 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(t
     monkeypatch.setenv(FAULT_ENV, "profiler:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
-    assert rec["steps_run"] == 14 and rec["peak_mem_bytes"] > 0  # one step more than without the failure
+    # one step more than without the failure (13 steps: test_two_process_gloo_probe), and one more for
+    # each failure of torch's own (about one step in ten: a measurement here once ran 15)
+    retried = rec["profiler_retries"]
+    assert retried["plain"] >= 1 and rec["steps_run"] == 13 + sum(retried.values()) and rec["peak_mem_bytes"] > 0
 
 
 def test_the_rank_that_failed_first_is_the_error_reported():

@@ -11,7 +11,7 @@ def test_cells_are_readable():
 
 
 def test_table_marks_selection_and_converts_headers():
-    df = pd.DataFrame({"nodes": [1, 2], "global_batch": [64, 64], "mem_bytes": [2**20, 2**21]})
+    df = pd.DataFrame({"workers": [1, 2], "global_batch": [64, 64], "mem_bytes": [2**20, 2**21]})
     html = _table(df, highlight=(2, 64))
     assert "<th>mem (MiB)</th>" in html and html.count("class=sel") == 1 and "nan" not in html
 
@@ -48,7 +48,7 @@ def test_training_curve_marks_relaunches_and_requeues():
 def test_summary_card_shows_predicted_vs_measured():
     from tula.stages.report import prediction_card
 
-    final = {"nodes": 2, "global_batch": 128, "predicted_step_time_s": 0.0267, "mean_step_time_s": 0.0250,
+    final = {"workers": 2, "global_batch": 128, "predicted_step_time_s": 0.0267, "mean_step_time_s": 0.0250,
              "predicted_step_time_interval_s": [0.020, 0.033], "predicted_train_time_s": 4.8,
              "predicted_train_time_interval_s": [3.6, 5.9], "step_time_ratio": 0.025 / 0.0267, "train_time_s": 4.5,
              "eval_time_s": 0.3, "checkpoint_time_s": 0.2, "startup_time_s": 4.9}  # fmt: skip
@@ -57,7 +57,7 @@ def test_summary_card_shows_predicted_vs_measured():
     assert "training time predicted 5s (4s–6s), measured 4s in training steps" in html
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_card(final)
-    assert "No prediction" in prediction_card({"nodes": 1})
+    assert "No prediction" in prediction_card({"workers": 1})
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
@@ -68,8 +68,8 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
                         "params_ci95": {"c0": [0.019, 0.021], "c1": [2.9e-4, 3.1e-4], "b0": [55.0, 65.0]},
                         "why": "leave-one-out error 1.2 % RMS over 40 points; linear: 30 %"},
             "step": None,
-            "residuals": [{"nodes": 1, "global_batch": 32, "error_pct": 1.0, "noise_pct": 3.0, "within_noise": True},
-                          {"nodes": 1, "global_batch": 512, "error_pct": -7.0, "noise_pct": 3.0, "within_noise": False}]}  # fmt: skip
+            "residuals": [{"workers": 1, "global_batch": 32, "error_pct": 1.0, "noise_pct": 3.0, "within_noise": True},
+                          {"workers": 1, "global_batch": 512, "error_pct": -7.0, "noise_pct": 3.0, "within_noise": False}]}  # fmt: skip
     html = model_section(perf)
     assert "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
     assert "within each probe's measured step-to-step noise at 1 of 2 probes" in html

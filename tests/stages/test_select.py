@@ -9,11 +9,11 @@ from tula.stages.select import NoFeasibleConfiguration, knee_of, select
 def table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
     rows = []
     for (n, b), t in times.items():
-        rows.append(dict(nodes=n, global_batch=b, local_batch=b // n, step_time_s=t / 10, train_time_s=t,
+        rows.append(dict(workers=n, global_batch=b, local_batch=b // n, step_time_s=t / 10, train_time_s=t,
                          cost=t * n, mem_bytes=1e6, feasible=True, probe_status=""))  # fmt: skip
     df = pd.DataFrame(rows)
     if feasible is not None:
-        df["feasible"] = [feasible.get((r.nodes, r.global_batch), True) for r in df.itertuples()]
+        df["feasible"] = [feasible.get((r.workers, r.global_batch), True) for r in df.itertuples()]
     return df
 
 
@@ -39,9 +39,9 @@ def test_no_knee_cases(times):
     assert knee_of(b, np.array(times)) is None
 
 
-def hyperbola(lo=32, hi=8192, nodes=2):
+def hyperbola(lo=32, hi=8192, workers=2):
     """T = 1000/B + 1: a doubling from B saves 500/(1000+B) of T, under 10 % once B > 4000."""
-    return {(nodes, b): 1000 / b + 1 for b in 2 ** np.arange(int(np.log2(lo)), int(np.log2(hi)) + 1)}
+    return {(workers, b): 1000 / b + 1 for b in 2 ** np.arange(int(np.log2(lo)), int(np.log2(hi)) + 1)}
 
 
 def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
@@ -90,7 +90,7 @@ def test_kneedle_rule_is_the_papers_knee():
 
 
 def test_knee_on_cost_uses_the_cost_curve():
-    # time keeps falling to B=8192 but cost (2 nodes here) flattens at B=512
+    # time keeps falling to B=8192 but cost (2 workers here) flattens at B=512
     times = {(2, b): t for b, t in CURVE.items()}
     df = table(times)
     df["cost"] = [100 / b + 1 if b <= 512 else 1.19 - b / 1e6 for b in df["global_batch"]]
@@ -110,23 +110,23 @@ def test_flat_curve_knee_is_the_smallest_batch_or_no_kneedle_knee():
 def test_knee_uses_fastest_n_per_batch():
     times = {(1, b): 2 * t for b, t in CURVE.items()} | {(2, b): t for b, t in CURVE.items()}
     sel = select(table(times), config.from_dict({"objective": "knee"}))
-    assert sel["selected"]["nodes"] == 2
-    assert all(p["nodes"] == 2 for p in sel["knee"]["envelope"])
+    assert sel["selected"]["workers"] == 2
+    assert all(p["workers"] == 2 for p in sel["knee"]["envelope"])
 
 
 def test_time_and_cost_objectives_differ():
-    t = {(1, 64): 10.0, (4, 64): 4.0}  # 4 nodes: faster (4 s) but dearer (16 node-s vs 10)
-    assert select(table(t), config.from_dict({"objective": "time"}))["selected"]["nodes"] == 4
+    t = {(1, 64): 10.0, (4, 64): 4.0}  # 4 workers: faster (4 s) but dearer (16 node-s vs 10)
+    assert select(table(t), config.from_dict({"objective": "time"}))["selected"]["workers"] == 4
     sel = select(table(t), config.from_dict({"objective": "cost"}))
-    assert sel["selected"]["nodes"] == 1 and sel["runner_up"]["nodes"] == 4
+    assert sel["selected"]["workers"] == 1 and sel["runner_up"]["workers"] == 4
 
 
 def test_constraints_and_infeasible_points_are_excluded():
     t = {(1, 64): 10.0, (2, 64): 6.0, (4, 64): 4.0, (4, 128): 2.0}
-    cfg = config.from_dict({"objective": "time", "constraints": {"max_nodes": 2}})
-    assert select(table(t), cfg)["selected"]["nodes"] == 2
+    cfg = config.from_dict({"objective": "time", "constraints": {"max_workers": 2}})
+    assert select(table(t), cfg)["selected"]["workers"] == 2
     sel = select(table(t, feasible={(4, 128): False}), config.from_dict({"objective": "time"}))
-    assert (sel["selected"]["nodes"], sel["selected"]["global_batch"]) == (4, 64)
+    assert (sel["selected"]["workers"], sel["selected"]["global_batch"]) == (4, 64)
     assert sel["excluded"]["infeasible_memory_or_oom"] == 1
 
 

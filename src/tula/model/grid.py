@@ -13,17 +13,17 @@ from tula.config import Config
 class Point:
     """One configuration: N workers, global batch B, local batch b = B / N."""
 
-    nodes: int
+    workers: int
     global_batch: int
 
     @property
     def local_batch(self) -> int:
-        return self.global_batch // self.nodes
+        return self.global_batch // self.workers
 
     @property
     def name(self) -> str:
         """File stem used under results/probes/."""
-        return f"N{self.nodes}_B{self.global_batch}"
+        return f"N{self.workers}_B{self.global_batch}"
 
 
 def batch_sizes(cfg: Config) -> list[int]:
@@ -36,8 +36,16 @@ def batch_sizes(cfg: Config) -> list[int]:
 
 
 def grid(cfg: Config) -> list[Point]:
-    """Every candidate (N, B): each N of grid.nodes times each B (B divisible by N by config check)."""
-    return [Point(n, b) for n in cfg.grid.nodes for b in batch_sizes(cfg)]
+    """Every candidate (N, B): each N of grid.workers times each B (B divisible by N by config check)."""
+    return [Point(n, b) for n in cfg.grid.workers for b in batch_sizes(cfg)]
+
+
+def boundary_workers(cfg: Config) -> tuple[int, ...]:
+    """(largest N > 1 on one node, smallest N on several) when the grid has both, else ()."""
+    wpn = cfg.cluster.workers_per_node
+    inside = [n for n in cfg.grid.workers if 1 < n <= wpn]
+    across = [n for n in cfg.grid.workers if n > wpn]
+    return (max(inside), min(across)) if inside and across else ()
 
 
 def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
@@ -45,7 +53,9 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     ``max_local_batch``, b_max of the memory probe; None = unbounded).
 
     ``full``: every grid point that fits. ``partial`` (§III-A.2): min and max N, each at the
-    smallest B and at the largest B that fits there (grid.batch_max when memory allows).
+    smallest B and at the largest B that fits there (grid.batch_max when memory allows); when
+    the grid crosses a node boundary (:func:`boundary_workers`), also the largest one-node N
+    and the smallest multi-node N, alike, so the sync model sees both sides of it.
     """
     def fits(p: Point) -> bool:
         return max_local_batch is None or p.local_batch <= max_local_batch
@@ -53,29 +63,29 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     points = [p for p in grid(cfg) if fits(p)]
     if cfg.search == "full":
         return points
-    ns = cfg.grid.nodes
+    ns = cfg.grid.workers
     corners: set[Point] = set()
-    for n in {min(ns), max(ns)}:
-        at_n = sorted(p.global_batch for p in points if p.nodes == n)
+    for n in {min(ns), max(ns), *boundary_workers(cfg)}:
+        at_n = sorted(p.global_batch for p in points if p.workers == n)
         if at_n:
             corners |= {Point(n, at_n[0]), Point(n, at_n[-1])}
     return sorted(corners)
 
 
-def sweep_local_batches(cfg: Config, nodes: int, own_local_batch: int, max_local_batch: int | None,
+def sweep_local_batches(cfg: Config, workers: int, own_local_batch: int, max_local_batch: int | None,
                         train_samples: int | None = None) -> list[int]:
-    """The other local batches a probe job at N=``nodes`` times compute at (issue: the
+    """The other local batches a probe job at N=``workers`` times compute at (issue: the
     compute curve from every probe job): every local batch of the grid (B'/N' for each B'
     and N'), up to b_max, whose global batch at this N fits in one epoch of data."""
     out = set()
-    for n in cfg.grid.nodes:
+    for n in cfg.grid.workers:
         for b in batch_sizes(cfg):
             lb = b // n
             if lb == own_local_batch or lb < 1:
                 continue
             if max_local_batch is not None and lb > max_local_batch:
                 continue
-            if train_samples is not None and lb * nodes > train_samples:
+            if train_samples is not None and lb * workers > train_samples:
                 continue
             out.add(lb)
     return sorted(out)

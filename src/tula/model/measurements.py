@@ -5,7 +5,7 @@ tool) can be written in this form and fed to ``tula fit`` / ``tula predict``.
 Required columns (units in the names):
 
 =================  ============================================================
-nodes              N, data-parallel workers (GPUs) of the job that measured the row
+workers            N, data-parallel workers (GPUs, or CPU processes) of the job that measured the row
 global_batch       B, samples per optimizer step over all workers, of that job
 local_batch        b, samples per worker per step (B / N for probe rows)
 step_time_s        mean wall time of one synchronous training step (s)
@@ -25,10 +25,11 @@ Optional ``source`` says what a row is (absent: every row is a probe):
 - ``memory``: the memory probe (one worker, before any timing probe): local_batch and
   peak_mem_bytes; the times are empty.
 
-Other optional columns written by ``tula aggregate``: step_time_iqr_s, compute_time_iqr_s,
+Other optional columns written by ``tula aggregate``: nodes (the nodes that job ran on: N /
+cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s, compute_time_iqr_s,
 step_time_cv, compute_time_cv, epoch_start_extra_s, rss_peak_bytes, grad_bytes_per_step,
 param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples, wall_s, device,
-backend, error, probe_file; and on multi-worker probe rows the gradient noise scale
+backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``), error, probe_file; and on multi-worker probe rows the gradient noise scale
 (tula.model.noise): grad_noise_scale = B_noise = grad_trace / grad_sq, grad_sq = |G|^2 and
 grad_trace = tr(Sigma), the per-sample gradient covariance's trace, with grad_sq_se and
 grad_trace_se their standard errors over the noise steps (empty for N = 1).
@@ -42,12 +43,12 @@ import numpy as np
 import pandas as pd
 
 REQUIRED = [
-    "nodes", "global_batch", "local_batch", "step_time_s", "compute_time_s", "sync_time_s", "peak_mem_bytes", "status",
+    "workers", "global_batch", "local_batch", "step_time_s", "compute_time_s", "sync_time_s", "peak_mem_bytes", "status",
 ]  # fmt: skip
 OPTIONAL = [
-    "source", "step_time_iqr_s", "compute_time_iqr_s", "step_time_cv", "compute_time_cv", "epoch_start_extra_s",
+    "source", "nodes", "step_time_iqr_s", "compute_time_iqr_s", "step_time_cv", "compute_time_cv", "epoch_start_extra_s",
     "rss_peak_bytes", "grad_bytes_per_step", "param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes",
-    "train_samples", "wall_s", "device", "backend", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
+    "train_samples", "wall_s", "device", "backend", "comm_env", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
     "grad_sq_se", "grad_trace_se",
 ]  # fmt: skip
 NUMERIC = [c for c in REQUIRED if c != "status"]
@@ -55,8 +56,8 @@ SOURCES = ("probe", "sweep", "memory")
 # The numbers an ok row of each source must carry.
 FILLED = {
     "probe": NUMERIC,
-    "sweep": ["nodes", "global_batch", "local_batch", "compute_time_s"],
-    "memory": ["nodes", "global_batch", "local_batch", "peak_mem_bytes"],
+    "sweep": ["workers", "global_batch", "local_batch", "compute_time_s"],
+    "memory": ["workers", "global_batch", "local_batch", "peak_mem_bytes"],
 }
 
 
@@ -92,10 +93,10 @@ def load(path: str | Path) -> pd.DataFrame:
             i = int(bad.idxmax())
             raise ValueError(f"{p}: row {i + 2}, column {c}: {df.at[i, c]!r} is not a non-negative number")
         df[c] = vals
-    bad_div = ok & (df["source"] == "probe") & (df["local_batch"] * df["nodes"] != df["global_batch"])
+    bad_div = ok & (df["source"] == "probe") & (df["local_batch"] * df["workers"] != df["global_batch"])
     if bad_div.any():
         i = int(bad_div.idxmax())
-        raise ValueError(f"{p}: row {i + 2}: local_batch x nodes != global_batch")
+        raise ValueError(f"{p}: row {i + 2}: local_batch x workers != global_batch")
     return df
 
 

@@ -116,8 +116,8 @@ def probe_batches(cfg: Config) -> list[int]:
     smallest local batch, x4 and x16, capped at the grid's largest local batch."""
     if cfg.probe.memory_batches:
         return sorted(set(cfg.probe.memory_batches))
-    lo = max(cfg.grid.batch_min // max(cfg.grid.nodes), 1)
-    hi = cfg.grid.batch_max // min(cfg.grid.nodes)
+    lo = max(cfg.grid.batch_min // max(cfg.grid.workers), 1)
+    hi = cfg.grid.batch_max // min(cfg.grid.workers)
     return sorted({min(lo * f, hi) for f in (1, 4, 16)} | ({hi} if hi < lo * 4 else set()))
 
 
@@ -132,7 +132,7 @@ def next_probe_batch(cfg: Config, points: list[dict]) -> int | None:
     if len(ok) < 2 or len(points) >= len(probe_batches(cfg)) + EXTRA_MEMORY_POINTS:
         return None
     bmax = from_points(ok, oom, cfg.hardware.memory_budget_bytes).max_local_batch()
-    grid_b = sorted({b // n for n in cfg.grid.nodes for b in batch_sizes(cfg) if b // n >= 1})
+    grid_b = sorted({b // n for n in cfg.grid.workers for b in batch_sizes(cfg) if b // n >= 1})
     fits = [b for b in grid_b if bmax is None or b <= bmax]
     if not fits:
         return None

@@ -121,6 +121,6 @@ def pool(measured) -> dict[str, Any] | None:
     b = tr / g2
     b_se = abs(b) * math.hypot(tr_se / tr if tr else float("nan"), g2_se / g2)
     return {"b_noise": b, "b_noise_se": b_se, "grad_sq": g2, "grad_sq_se": g2_se, "grad_trace": tr,
-            "grad_trace_se": tr_se, "probes": [{"nodes": int(r.nodes), "global_batch": int(r.global_batch),
+            "grad_trace_se": tr_se, "probes": [{"workers": int(r.workers), "global_batch": int(r.global_batch),
                                                "b_noise": float(r.grad_trace / r.grad_sq) if r.grad_sq > 0 else None}
                                               for r in rows.itertuples()]}  # fmt: skip

@@ -20,6 +20,13 @@ step, fitted on the multi-worker probes' step times given the compute model:
     with s(N) = s1*x(N) (bandwidth: x = (N-1)/N ring | N param. server | log2 N tree) and, when at
     least three values of N are probed, + a*l(N) (latency: l = N-1, ring and ps; a tree's
     latency grows as log2 N like its bandwidth term, so s1 covers both).
+  A job of N workers runs g = N / k workers on each of its k nodes (cluster.workers_per_node).
+  When the probes saw both sides of a node boundary (a multi-worker job on one node and one on
+  several), two more forms of s compete, each additive or overlapped like the above:
+    two_level           s_r*x(g) + s_n*x(k)            hierarchical: inside the node, then across
+                                                       nodes (AdaptDL/Pollux's two levels); with
+                                                       one worker per node it is s_n*x(N), today's
+    bottleneck          (s_r if k = 1 else s_n)*x(N)   one flat ring, as fast as its slowest link
 
 All parameters are bounded at zero or above (gamma in [1, 8]), so compute is never negative
 nor decreasing in b. The chosen forms, their parameters with 95 % intervals and why each won
@@ -28,6 +35,7 @@ are recorded in perf.json, with every probe's residual beside its measured noise
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,13 +59,13 @@ LATENCY_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
 INF = np.inf
 
 
-def sync_feature(collective: str, nodes) -> np.ndarray:
+def sync_feature(collective: str, workers) -> np.ndarray:
     if collective not in COLLECTIVE_TERMS:
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
-    return COLLECTIVE_TERMS[collective][1](np.asarray(nodes, dtype=float))
+    return COLLECTIVE_TERMS[collective][1](np.asarray(workers, dtype=float))
 
 
-# -- compute forms (inputs b: local batch, n: nodes) --------------------------------------
+# -- compute forms (inputs b: local batch, n: workers) --------------------------------------
 
 
 def _lin(th, X):
@@ -162,11 +170,60 @@ def step_forms(collective: str, latency: bool) -> list[Form]:
     ]  # fmt: skip
 
 
+def _two_level_s(th, X):
+    return th[0] * X["xg"] + th[1] * X["xk"]
+
+
+def _bottleneck_s(th, X):
+    return (th[0] * (1.0 - X["multi"]) + th[1] * X["multi"]) * X["x"]
+
+
+def _with_s(s_of, overlap: bool):
+    def f(th, X):
+        s = np.maximum(s_of(th, X), 0.0)
+        if not overlap:
+            return X["c"] + s
+        g, c = th[-1], np.maximum(X["c"], 1e-12)
+        m = np.maximum(c, s)
+        return m * ((c / m) ** g + (s / m) ** g) ** (1.0 / g)
+
+    return f
+
+
+def _level_starts(overlap: bool):
+    def starts(X, y):
+        extra = np.maximum(y - X["c"], 1e-9)
+        one, multi = X["multi"] < 0.5, X["multi"] >= 0.5
+        s_r = float(np.mean(extra[one] / np.maximum(X["x"][one], 1e-9))) if one.any() else float(np.mean(extra))
+        s_n = float(np.mean(extra[multi] / np.maximum(X["x"][multi], 1e-9))) if multi.any() else s_r
+        base = [np.array([max(s_r, 1e-9), max(s_n, 1e-9)]), np.array([max(s_r, 1e-9) / 2, max(s_n, 1e-9) * 2])]
+        if not overlap:
+            return base
+        return [np.append(b * f, g) for b in base for f, g in ((1.0, 1.0), (1.5, 2.0), (3.0, 4.0))]
+
+    return starts
+
+
+def two_level_forms(collective: str) -> list[Form]:
+    """The sync forms that tell a node's inside from the links between nodes (used when the
+    probes saw both: a multi-worker job on one node and one on several)."""
+    x = COLLECTIVE_TERMS[collective][0]
+    texts = {"two_level": f"s_r*{x.replace('N', 'g')} + s_n*{x.replace('N', 'k')}",
+             "bottleneck": f"(s_r if k = 1 else s_n)*{x}"}  # fmt: skip
+    out = []
+    for name, s_of in (("two_level", _two_level_s), ("bottleneck", _bottleneck_s)):
+        s = texts[name]
+        out += [Form(f"additive_{name}", ("s_r", "s_n"), _with_s(s_of, False), (0, 0), (INF, INF),
+                     _level_starts(False), f"t_compute + {s}"),
+                Form(f"overlap_{name}", ("s_r", "s_n", "gamma"), _with_s(s_of, True), (0, 0, 1.0), (INF, INF, 8.0),
+                     _level_starts(True), f"(t_compute^gamma + ({s})^gamma)^(1/gamma)")]  # fmt: skip
+    return out
+
+
 def _step_form(name: str, collective: str) -> Form:
-    for latency in (False, True):
-        for f in step_forms(collective, latency):
-            if f.name == name:
-                return f
+    for f in step_forms(collective, False) + step_forms(collective, True) + two_level_forms(collective):
+        if f.name == name:
+            return f
     raise ValueError(f"perf.json: unknown step form {name!r}")
 
 
@@ -176,36 +233,40 @@ class PerfModel:
     compute: Fitted  # compute_time_s vs (local batch, N)
     step: Fitted | None  # step_time_s of N > 1 given the compute model; None: no multi-worker probe
     residuals: tuple[dict[str, Any], ...] = ()
+    workers_per_node: int = 1  # cluster.workers_per_node: k = ceil(N / it) nodes, g = N / k on each
 
-    def _cx(self, nodes, local_batch) -> Inputs:
+    def _cx(self, workers, local_batch) -> Inputs:
         b = np.asarray(local_batch, dtype=float)
-        n = np.broadcast_to(np.asarray(nodes, dtype=float), b.shape).astype(float)
+        n = np.broadcast_to(np.asarray(workers, dtype=float), b.shape).astype(float)
         return {"b": b, "n": n}
 
-    def compute_time_s(self, nodes, local_batch) -> np.ndarray:
-        return np.maximum(self.compute.predict(self._cx(nodes, local_batch)), 0.0)
+    def compute_time_s(self, workers, local_batch) -> np.ndarray:
+        return np.maximum(self.compute.predict(self._cx(workers, local_batch)), 0.0)
 
-    def _sx(self, nodes, local_batch) -> Inputs:
-        X = self._cx(nodes, local_batch)
-        return {"c": self.compute_time_s(nodes, local_batch), "x": sync_feature(self.collective, X["n"]),
-                "l": LATENCY_TERMS[self.collective][1](X["n"]), "n": X["n"]}  # fmt: skip
+    def _sx(self, workers, local_batch) -> Inputs:
+        X = self._cx(workers, local_batch)
+        k = np.ceil(X["n"] / self.workers_per_node)
+        return {"c": self.compute_time_s(workers, local_batch), "x": sync_feature(self.collective, X["n"]),
+                "l": LATENCY_TERMS[self.collective][1](X["n"]), "n": X["n"], "k": k,
+                "xg": sync_feature(self.collective, X["n"] / k), "xk": sync_feature(self.collective, k),
+                "multi": (k > 1).astype(float)}  # fmt: skip
 
-    def step_time_s(self, nodes, local_batch) -> np.ndarray:
-        c = self.compute_time_s(nodes, local_batch)
+    def step_time_s(self, workers, local_batch) -> np.ndarray:
+        c = self.compute_time_s(workers, local_batch)
         if self.step is None:
             return c
-        X = self._sx(nodes, local_batch)
+        X = self._sx(workers, local_batch)
         return np.where(X["n"] <= 1, c, np.maximum(self.step.predict(X), c))  # sync never makes a step faster
 
-    def sync_time_s(self, nodes, local_batch) -> np.ndarray:
-        return self.step_time_s(nodes, local_batch) - self.compute_time_s(nodes, local_batch)
+    def sync_time_s(self, workers, local_batch) -> np.ndarray:
+        return self.step_time_s(workers, local_batch) - self.compute_time_s(workers, local_batch)
 
-    def step_time_interval_s(self, nodes, local_batch, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    def step_time_interval_s(self, workers, local_batch, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         """95 % prediction interval of a step: the compute and step fits' half-widths in quadrature."""
-        t = self.step_time_s(nodes, local_batch)
-        half = self.compute.half_width(self._cx(nodes, local_batch), alpha)
+        t = self.step_time_s(workers, local_batch)
+        half = self.compute.half_width(self._cx(workers, local_batch), alpha)
         if self.step is not None:
-            X = self._sx(nodes, local_batch)
+            X = self._sx(workers, local_batch)
             half = np.sqrt(half**2 + np.where(X["n"] <= 1, 0.0, self.step.half_width(X, alpha)) ** 2)
         return np.maximum(t - half, 0.0), t + half
 
@@ -214,6 +275,7 @@ class PerfModel:
             "equation": "step_time_s = compute(b, N) (+) sync(N), forms chosen by held-out error  (Eq. 2)",
             "collective": self.collective,
             "sync_term": COLLECTIVE_TERMS[self.collective][0],
+            "workers_per_node": self.workers_per_node,
             "compute": self.compute.to_dict(),
             "step": self.step.to_dict() if self.step is not None else None,
             "residuals": list(self.residuals),
@@ -224,7 +286,7 @@ class PerfModel:
         try:
             return cls(d["collective"], _fitted(d["compute"], COMPUTE_FORMS[d["compute"]["form"]]),
                        _fitted(d["step"], _step_form(d["step"]["form"], d["collective"])) if d.get("step") else None,
-                       tuple(d.get("residuals", ())))  # fmt: skip
+                       tuple(d.get("residuals", ())), int(d.get("workers_per_node", 1)))  # fmt: skip
         except KeyError as exc:
             raise ValueError(f"perf.json: missing {exc}; re-run `tula fit`") from None
 
@@ -235,45 +297,64 @@ def _fitted(d: dict[str, Any], form: Form) -> Fitted:
                   {k: d[k] for k in ("criterion", "cross_validation", "candidates", "why", "interval_from") if k in d})  # fmt: skip
 
 
-def fit(measurements: pd.DataFrame, collective: str) -> PerfModel:
-    """Choose and fit the compute and step forms on the ok rows."""
+def fit(measurements: pd.DataFrame, collective: str, workers_per_node: int = 1) -> PerfModel:
+    """Choose and fit the compute and step forms on the ok rows; a job of N workers ran on
+    ceil(N / workers_per_node) nodes (a ``nodes`` column, where the measurements have one,
+    must agree: the model predicts the layout the probes measured)."""
     if collective not in COLLECTIVE_TERMS:
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
     ok = measurements[measurements["status"] == "ok"]
     comp = ok[np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce")) & (ok["compute_time_s"] > 0)]
     if comp.empty:
         raise ValueError("step-time model: no successful compute-time measurement to fit")
-    Xc = {"b": comp["local_batch"].to_numpy(float), "n": comp["nodes"].to_numpy(float)}
+    Xc = {"b": comp["local_batch"].to_numpy(float), "n": comp["workers"].to_numpy(float)}
     forms = compute_forms(float(Xc["b"].max()))
     if len(np.unique(Xc["n"])) < 2:
         forms = [f for f in forms if not f.name.endswith("_shared")]  # one N: sharing cannot be seen
     compute = curvefit.choose(forms, Xc, comp["compute_time_s"].to_numpy(float), "compute model")
-    model = PerfModel(collective, compute, None)
+    model = PerfModel(collective, compute, None, workers_per_node=workers_per_node)
     probes = ok[(ok["source"] == "probe") if "source" in ok.columns else slice(None)]
     probes = probes[np.isfinite(pd.to_numeric(probes["step_time_s"], errors="coerce")) & (probes["step_time_s"] > 0)]
-    multi = probes[probes["nodes"] > 1]
+    _check_layout(probes, workers_per_node)
+    multi = probes[probes["workers"] > 1]
     if len(multi):
-        n = multi["nodes"].to_numpy(float)
+        n = multi["workers"].to_numpy(float)
         X = model._sx(n, multi["local_batch"].to_numpy(float))
-        latency = probes["nodes"].nunique() >= 3 and len(np.unique(n)) >= 2 and collective != "tree"
+        latency = probes["workers"].nunique() >= 3 and len(np.unique(n)) >= 2 and collective != "tree"
         forms = step_forms(collective, False) + (step_forms(collective, True) if latency else [])
+        if (X["multi"] > 0).any() and ((X["multi"] == 0) & (X["n"] > 1)).any():
+            forms += two_level_forms(collective)  # both sides of a node boundary were measured
         forms.sort(key=lambda f: len(f.params))
         noise = pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float) if "step_time_cv" in multi else None
         step = curvefit.choose(forms, X, multi["step_time_s"].to_numpy(float), "step model", noise)
-        model = PerfModel(collective, compute, step)
-    return PerfModel(collective, compute, model.step, tuple(residuals(model, probes)))
+        model = PerfModel(collective, compute, step, workers_per_node=workers_per_node)
+    return PerfModel(collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node)
+
+
+def _check_layout(probes: pd.DataFrame, workers_per_node: int) -> None:
+    if "nodes" not in probes.columns:
+        return
+    nodes = pd.to_numeric(probes["nodes"], errors="coerce")
+    expect = np.ceil(probes["workers"].to_numpy(float) / workers_per_node)
+    bad = nodes.notna() & (nodes.to_numpy(float) != expect)
+    if bad.any():
+        r = probes[bad].iloc[0]
+        raise ValueError(f"measurements: the probe of N={int(r['workers'])} ran on {int(r['nodes'])} node(s), but "
+                         f"cluster.workers_per_node={workers_per_node} puts it on {int(expect[bad.to_numpy()][0])}: "
+                         "the model would predict another layout than the one measured; set "
+                         "cluster.workers_per_node to the probes' (or probe again)")  # fmt: skip
 
 
 def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
     """Each probe's measured step time beside the model's, and its own step-to-step noise."""
     out = []
-    pred = model.step_time_s(probes["nodes"].to_numpy(float), probes["local_batch"].to_numpy(float))
+    pred = model.step_time_s(probes["workers"].to_numpy(float), probes["local_batch"].to_numpy(float))
     for (_, r), p in zip(probes.iterrows(), pred):
         err = 100.0 * (p - r["step_time_s"]) / r["step_time_s"]
         cv = r.get("step_time_cv")
         noise = 100.0 * float(cv) if cv is not None and np.isfinite(cv) else None
-        out.append({"nodes": int(r["nodes"]), "global_batch": int(r["global_batch"]),
-                    "measured_step_time_s": float(r["step_time_s"]), "predicted_step_time_s": float(p),
+        out.append({"workers": int(r["workers"]), "nodes": int(math.ceil(r["workers"] / model.workers_per_node)),
+                    "global_batch": int(r["global_batch"]), "measured_step_time_s": float(r["step_time_s"]), "predicted_step_time_s": float(p),
                     "error_pct": float(err), "noise_pct": noise,
                     "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip
     return out

@@ -1,27 +1,42 @@
 """Cost of a training run (Eq. 4b). A price is data from the config, not code.
 
-- node pricing:   C = T[h] * N * per_node_hour
-- memory pricing: C = T[h] * N * mem_GB * per_gb_hour   (§IV-C.2, GB of device memory used)
+- worker_hour:  C = T[h] * N * per_worker_hour                       (each worker / GPU billed)
+- node_hour:    C = T[h] * ceil(N / workers_per_node) * per_node_hour (whole nodes billed)
+- memory:       C = T[h] * N * mem_GB * per_gb_hour   (§IV-C.2, GB of device memory used)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tula.config import Pricing
+from tula.config import Config
+
+UNITS = {"worker_hour": "worker-hour", "node_hour": "node-hour", "memory": "GB-hour"}
 
 
-def node_cost(train_time_s, nodes, per_node_hour: float):
-    return np.asarray(train_time_s, dtype=float) / 3600.0 * np.asarray(nodes) * per_node_hour
+def nodes_of(workers, workers_per_node: int) -> np.ndarray:
+    """Nodes a job of N workers takes: ceil(N / workers per node) (see :func:`tula.slurm.job_shape`)."""
+    return np.ceil(np.asarray(workers, dtype=float) / workers_per_node)
 
 
-def memory_cost(train_time_s, nodes, mem_bytes, per_gb_hour: float):
+def worker_cost(train_time_s, workers, per_worker_hour: float):
+    return np.asarray(train_time_s, dtype=float) / 3600.0 * np.asarray(workers) * per_worker_hour
+
+
+def node_cost(train_time_s, workers, workers_per_node: int, per_node_hour: float):
+    return np.asarray(train_time_s, dtype=float) / 3600.0 * nodes_of(workers, workers_per_node) * per_node_hour
+
+
+def memory_cost(train_time_s, workers, mem_bytes, per_gb_hour: float):
     gb = np.asarray(mem_bytes, dtype=float) / 1e9
-    return np.asarray(train_time_s, dtype=float) / 3600.0 * np.asarray(nodes) * gb * per_gb_hour
+    return np.asarray(train_time_s, dtype=float) / 3600.0 * np.asarray(workers) * gb * per_gb_hour
 
 
-def cost(train_time_s, nodes, mem_bytes, pricing: Pricing):
+def cost(train_time_s, workers, mem_bytes, cfg: Config):
     """Cost under the configured pricing model (``pricing.model``)."""
-    if pricing.model == "memory":
-        return memory_cost(train_time_s, nodes, mem_bytes, pricing.per_gb_hour)
-    return node_cost(train_time_s, nodes, pricing.per_node_hour)
+    p = cfg.pricing
+    if p.model == "memory":
+        return memory_cost(train_time_s, workers, mem_bytes, p.per_gb_hour)
+    if p.model == "node_hour":
+        return node_cost(train_time_s, workers, cfg.cluster.workers_per_node, p.per_node_hour)
+    return worker_cost(train_time_s, workers, p.per_worker_hour)

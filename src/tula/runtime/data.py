@@ -31,7 +31,8 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import default_collate
 
-from tula.config import NPZ_KEYS, Config, ConfigError, Data, Workload, check_npz_file
+from tula.config import Config, ConfigError, Data, Workload
+from tula.dataset_paths import NPZ_KEYS, check_npz_file
 
 KEY = "config key 'workload.dataset'"
 

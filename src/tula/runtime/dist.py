@@ -13,6 +13,7 @@ Backend: NCCL on CUDA devices (ring all-reduce when NCCL_ALGO=Ring), gloo on CPU
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import socket
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as torch_dist
 
 from tula import slurm
-from tula.config import Hardware
+from tula.config import Cluster, Hardware
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,46 @@ def resolve_backend(hw: Hardware, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.device, str]:
-    """Join the process group described by the environment; return (env, device, backend)."""
+LAB_SUBNET = "10.77.0"  # scripts/netlab.sh: node i is LAB_SUBNET.(i+1), the root namespace .254
+CLONE_NEWNET = 0x40000000
+
+
+def join_lab_node(lab: str, rank: int, workers_per_node: int) -> str:
+    """Move this worker into its node of the network lab (scripts/netlab.sh): the network
+    namespace ``<lab>-n<rank // workers_per_node>``, before any socket of the process group
+    exists. Its peers on the same node are then reached over that node's own stack; the others
+    across the lab's shaped links. gloo advertises the node's lab address (lab0). The
+    rendezvous: rank 0's node, or under torchrun its agent's store in the root namespace
+    (the lab's bridge address)."""
+    node = rank // workers_per_node
+    path = f"/var/run/netns/{lab}-n{node}"
+    if not os.path.exists(path):
+        raise RuntimeError(f"config key 'cluster.netlab' is {lab!r} but {path} does not exist: run "
+                           f"`scripts/netlab.sh up` (as root) with at least {node + 1} node(s)")  # fmt: skip
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {path} (needs root)")
+    finally:
+        os.close(fd)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lab0"
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    os.environ["MASTER_ADDR"] = f"{LAB_SUBNET}.254" if agent else f"{LAB_SUBNET}.1"
+    return f"{lab}-n{node}"
+
+
+def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None) -> tuple[WorkerEnv, torch.device, str]:
+    """Join the process group described by the environment; return (env, device, backend).
+    With ``cluster.netlab``, first move into this rank's node of the network lab."""
     wenv = worker_env()
+    if cluster is not None and cluster.netlab:
+        join_lab_node(cluster.netlab, wenv.rank, cluster.workers_per_node)
     torch.set_num_threads(hw.threads_per_worker)
     device = resolve_device(hw, wenv.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = resolve_backend(hw, device)
-    if backend == "nccl" and hw.collective == "ring":
-        os.environ.setdefault("NCCL_ALGO", "Ring")  # the collective the sync model assumes (paper §IV-B)
+    os.environ.update({**LAUNCHER_ENV, **hw.comm_env})  # the same in every probe and production worker
     if not torch_dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
         os.environ.setdefault("MASTER_PORT", str(wenv.master_port or _free_port()))
@@ -93,6 +124,19 @@ def init(hw: Hardware, timeout_s: float = 300.0) -> tuple[WorkerEnv, torch.devic
             timeout=datetime.timedelta(seconds=timeout_s),
         )
     return wenv, device, backend
+
+
+COMM_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TP_SOCKET_")
+# What torchrun sets in its workers and srun / submitit do not: set in every worker, whoever
+# started it, so a probe run under torchrun and production under srun communicate alike
+# (hardware.comm_env can override it).
+LAUNCHER_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def comm_env() -> dict[str, str]:
+    """The communication library's variables this worker runs with (from hardware.comm_env or
+    inherited from the job's environment): recorded with every measurement."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(COMM_PREFIXES)}
 
 
 def shutdown(ok: bool = True) -> None:

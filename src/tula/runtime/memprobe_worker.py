@@ -28,9 +28,9 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
     OOM; then at the largest grid batch the fitted model says fits (:func:`next_probe_batch`)."""
     out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
     try:
-        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
+        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster)
         replica = Replica(cfg, device, batches[0], 0, 1)
-        out["env"] = {"device": device.type, "backend": backend, "precision": cfg.train.precision,
+        out["env"] = {"device": device.type, "backend": backend, "comm_env": dist.comm_env(), "precision": cfg.train.precision,
                       "method": cfg.train.method, "torch": torch.__version__}  # fmt: skip
         replica.next_timed_step()  # the first step ever creates the optimizer state: not a measurement
         todo = list(batches)

@@ -43,6 +43,7 @@ def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Conf
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
         "backend": backend,
+        "comm_env": dist.comm_env(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "world_size": wenv.world_size,
@@ -66,9 +67,9 @@ def _sweep(replica, cfg: config_mod.Config, point: Point, max_local_batch: int |
     Peak memory is measured on a plain step. Smallest first; the first OOM (agreed by every
     rank) ends the sweep."""
     rows: list[dict] = []
-    for lb in sweep_local_batches(cfg, point.nodes, point.local_batch, max_local_batch,
+    for lb in sweep_local_batches(cfg, point.workers, point.local_batch, max_local_batch,
                                   replica.data.train_size // SWEEP_MIN_STEPS):  # fmt: skip
-        replica.set_global_batch(lb * point.nodes)
+        replica.set_global_batch(lb * point.workers)
         row: dict[str, Any] = {"local_batch": lb}
         try:
             with replica.ddp.no_sync():
@@ -94,9 +95,9 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
     result = workers.result_path(result_dir, rank)
     after = ""  # what runs after the measurement, named if it fails; "" while measuring
     try:
-        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s)
-        if wenv.world_size != point.nodes:
-            raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.nodes}")
+        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster)
+        if wenv.world_size != point.workers:
+            raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
         replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
         mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
         # the memory step took a batch but no position: the epoch's iterator starts over
@@ -286,7 +287,7 @@ def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
 def _worker_main(argv: list[str] | None = None) -> None:
     a = workers.parse_worker_args("tula.runtime.probe_worker", argv)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
-    run_worker(config_mod.load(a.config), Point(a.nodes, a.global_batch), Path(a.result_dir), bmax)
+    run_worker(config_mod.load(a.config), Point(a.workers, a.global_batch), Path(a.result_dir), bmax)
 
 
 if __name__ == "__main__":

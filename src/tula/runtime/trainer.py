@@ -82,16 +82,16 @@ class Trainer:
     """The production run of one worker in named phases: :meth:`restore`, :meth:`train_epoch`
     (steps), :meth:`end_of_epoch`, :meth:`checkpoint`, :meth:`finish`."""
 
-    def __init__(self, cfg: config_mod.Config, nodes: int, global_batch: int, out_dir: Path,
+    def __init__(self, cfg: config_mod.Config, workers: int, global_batch: int, out_dir: Path,
                  ckpt: Checkpointing | None = None):  # fmt: skip
-        self.wenv, self.device, self.backend = dist.init(cfg.hardware)
-        if self.wenv.world_size != nodes:
-            raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={nodes}")
-        self.cfg, self.nodes, self.global_batch, self.out, self.ckpt = cfg, nodes, global_batch, out_dir, ckpt
+        self.wenv, self.device, self.backend = dist.init(cfg.hardware, cluster=cfg.cluster)
+        if self.wenv.world_size != workers:
+            raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={workers}")
+        self.cfg, self.workers, self.global_batch, self.out, self.ckpt = cfg, workers, global_batch, out_dir, ckpt
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = StopSignals() if ckpt else None
-        self.replica = Replica(cfg, self.device, global_batch, self.rank, nodes)
+        self.replica = Replica(cfg, self.device, global_batch, self.rank, workers)
         if self.stops:
             self.replica.stop_code = lambda: self.stops.code
         injector = tula_faults.Injector(self.faults, self.rank)
@@ -102,7 +102,7 @@ class Trainer:
         self.rows: list[dict[str, Any]] = []
         self.epoch_time = 0.0
         self.resumed_from = 0
-        self.label = f"train N={nodes} B={global_batch}"
+        self.label = f"train N={workers} B={global_batch}"
         self.seg: dict[str, Any] = {}
 
     # -- phases ------------------------------------------------------------------------
@@ -191,12 +191,12 @@ class Trainer:
                 mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__
-        per_rank: list[Any] = [None] * self.nodes
+        per_rank: list[Any] = [None] * self.workers
         torch_dist.all_gather_object(per_rank, mine)
         if self.rank == 0 and all(p is not None for p in per_rank):
             try:
                 state = {**replica.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
-                         "nodes": self.nodes, "complete": complete, "ranks": per_rank, "rows": self.rows,
+                         "workers": self.workers, "complete": complete, "ranks": per_rank, "rows": self.rows,
                          "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
                          "attempt": self.attempt}  # fmt: skip
                 hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, replica.pos.step) else None
@@ -216,7 +216,7 @@ class Trainer:
         if self.rank == 0:
             steps = max(replica.pos.step, 1)
             final = {
-                "nodes": self.nodes, "global_batch": self.global_batch, "local_batch": self.global_batch // self.nodes,
+                "workers": self.workers, "global_batch": self.global_batch, "local_batch": self.global_batch // self.workers,
                 "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
                 "optimizer": t.optimizer, "method": t.method, "precision": t.precision,
                 "channels_last": replica.channels_last, "data_workers": self.cfg.data.num_workers,
@@ -227,7 +227,7 @@ class Trainer:
                 "best_test_acc": max(x["test_acc"] for x in self.rows),
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
                 "mean_step_time_s": self.times["train_time_s"] / steps,
-                "backend": self.backend, "device": str(self.device),
+                "backend": self.backend, "device": str(self.device), "comm_env": dist.comm_env(),
             }  # fmt: skip
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
@@ -280,7 +280,7 @@ class Trainer:
             "message": message, "time": time.time()})  # fmt: skip
 
     def _oom(self, exc: StepOOM) -> dict[str, Any]:
-        messages: list[Any] = [None] * self.nodes
+        messages: list[Any] = [None] * self.workers
         torch_dist.all_gather_object(messages, exc.message)
         exc.message = next(messages[replica] for replica in exc.ranks)
         step = self.replica.pos.step

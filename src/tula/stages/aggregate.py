@@ -13,6 +13,11 @@ from tula.io import read_json, write_csv
 from tula.model.measurements import OPTIONAL, REQUIRED, SOURCES
 
 
+def comm_env_text(env: dict) -> str:
+    """A worker's communication variables as one CSV cell, ``K=V;K=V`` (empty: none set)."""
+    return ";".join(f"{k}={v}" for k, v in sorted((env.get("comm_env") or {}).items()))
+
+
 def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     """The rows of one probe record: the probe itself, its sweep rows, and the records of
     any smaller batches it fell back to after an OOM."""
@@ -21,11 +26,11 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes"):
         row[k] = mem.get(k)
     env = record.get("env") or {}
-    row["device"], row["backend"] = env.get("device"), env.get("backend")
+    row["device"], row["backend"], row["comm_env"] = env.get("device"), env.get("backend"), comm_env_text(env)
     row["source"], row["probe_file"] = "probe", probe_file
     rows = [row]
     for sw in record.get("sweep") or []:
-        rows.append({"nodes": record["nodes"], "global_batch": record["global_batch"], "local_batch": sw["local_batch"],
+        rows.append({"workers": record["workers"], "nodes": record.get("nodes"), "global_batch": record["global_batch"], "local_batch": sw["local_batch"],
                      "compute_time_s": sw.get("compute_time_s"), "compute_time_cv": sw.get("compute_time_cv"),
                      "peak_mem_bytes": sw.get("peak_mem_bytes"), "status": sw["status"], "error": sw.get("error"),
                      "source": "sweep", "probe_file": probe_file, "device": row["device"],
@@ -37,7 +42,7 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
 
 def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
     env = record.get("env") or {}
-    return [{"nodes": 1, "global_batch": p["local_batch"], "local_batch": p["local_batch"],
+    return [{"workers": 1, "nodes": 1, "global_batch": p["local_batch"], "local_batch": p["local_batch"],
              "peak_mem_bytes": p.get("peak_mem_bytes"), "status": p["status"], "error": p.get("error"),
              "source": "memory", "probe_file": path, "device": env.get("device"), "backend": env.get("backend"),
              **{k: (p.get("memory") or {}).get(k) for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes",
@@ -51,7 +56,7 @@ def run(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | 
     rows = []
     for f in sorted(map(str, probe_files)):
         rec = read_json(f)
-        missing = [k for k in ("nodes", "global_batch", "status") if k not in rec]
+        missing = [k for k in ("workers", "global_batch", "status") if k not in rec]
         if missing:
             raise ValueError(f"{f}: not a probe record (missing {', '.join(missing)})")
         rows += rows_from_probe(rec, f)
@@ -64,7 +69,7 @@ def run(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | 
         rows += rows_from_memory_probe(rec, str(memory_probe))
     order = {s: i for i, s in enumerate(SOURCES)}
     df = pd.DataFrame(rows, columns=REQUIRED + OPTIONAL)
-    df = df.assign(_o=df["source"].map(order)).sort_values(["_o", "nodes", "global_batch", "local_batch"], kind="stable")
+    df = df.assign(_o=df["source"].map(order)).sort_values(["_o", "workers", "global_batch", "local_batch"], kind="stable")
     df = df.drop(columns="_o")
     write_csv(out, df)
     probes = df[df["source"] == "probe"]

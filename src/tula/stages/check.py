@@ -13,10 +13,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from tula import config as config_mod
-from tula import preflight
+from tula import preflight, slurm
+from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
-from tula.model.grid import grid, search_set
+from tula.model.grid import boundary_workers, grid, search_set
 
 
 def run(config, out=None, config_only: bool = False, profile: str | None = None,
@@ -26,10 +30,16 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     (tula.slurm); unless ``config_only``, load the dataset and run the model on real
     samples, and write the workload's description."""
     cfg = config_mod.load(config)
-    config_mod.check_dataset_paths(cfg)
+    check_dataset_paths(cfg)
     pts = search_set(cfg)
     print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
           f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
+    edge = boundary_workers(cfg)
+    if edge and cfg.search == "partial":
+        print(f"the grid crosses a node boundary (cluster.workers_per_node={cfg.cluster.workers_per_node}): partial "
+              f"search also probes N={edge[0]} (the largest on one node) and N={edge[1]} (the smallest on several), "
+              "so the sync model sees both sides of it")  # fmt: skip
+    print(describe_campaign(campaign(cfg)))
     if profile or cluster:
         prof = preflight.read_profile(profile) if profile else {}
         if profile:
@@ -38,6 +48,9 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
                   f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
                   f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
         if cluster:
+            device, said = preflight.resolve_device(cfg, prof.get("probe_partition"))
+            print(said)
+            cfg = replace(cfg, hardware=replace(cfg.hardware, device=device))  # as the workflow's jobs will run
             report = preflight.preflight(
                 cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
                 cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
@@ -56,6 +69,30 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     if out:
         write_json(out, {**w, "warnings": [upsampling] if upsampling else []})
     return w
+
+
+def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict[str, Any]:
+    """What the probe campaign buys before it runs: the memory probe and every probe job of
+    the search set (before the memory probe, b_max unknown: the most it can be), each job's
+    nodes (:func:`tula.slurm.job_shape`) and the node-hours if every job ran to its time
+    limit (probe.timeout_s + 5 min): an upper bound."""
+    hours = preflight.probe_runtime_min(cfg) / 60
+    jobs = [("memory probe", 1, slurm.job_shape(cfg, 1).nodes)]
+    jobs += [(p.name, p.workers, slurm.job_shape(cfg, p.workers).nodes) for p in search_set(cfg, max_local_batch)]
+    return {"jobs": [{"job": j, "workers": w, "nodes": n} for j, w, n in jobs], "probe_jobs": len(jobs) - 1,
+            "node_jobs": sum(n for _, _, n in jobs), "node_hours_max": sum(n for _, _, n in jobs) * hours,
+            "hours_per_job_max": hours, "exclusive": cfg.probe.exclusive}  # fmt: skip
+
+
+def describe_campaign(c: dict[str, Any]) -> str:
+    by_nodes: dict[int, list[str]] = {}
+    for j in c["jobs"][1:]:
+        by_nodes.setdefault(j["nodes"], []).append(j["job"])
+    per = "; ".join(f"{len(names)} on {n} node(s) ({', '.join(names)})" for n, names in sorted(by_nodes.items()))
+    return (f"probe campaign: the memory probe (1 node) and {c['probe_jobs']} probe job(s): {per}; "
+            f"{c['node_jobs']} node-jobs of at most {60 * c['hours_per_job_max']:.0f} min"
+            f"{' (whole nodes: probe.exclusive)' if c['exclusive'] else ''}, at most {c['node_hours_max']:.1f} "
+            "node-hours (every job at its time limit)")  # fmt: skip
 
 
 UPSAMPLE_WARN = 1.25  # data.image_size above this many times an image folder's stored side is worth a warning

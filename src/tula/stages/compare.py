@@ -2,7 +2,7 @@
 per model x batch x method, as a Snakemake fan-out (``rules/compare.smk``).
 
 - ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B,
-  method, seed) in :func:`runs`. It is a real training with ``compare.nodes`` workers,
+  method, seed) in :func:`runs`. It is a real training with ``compare.workers`` workers,
   submitted like the production job (:func:`tula.stages.launch.run`: submitit, an sbatch job under
   the SLURM profile, local processes otherwise; requeued from its checkpoints) and running
   the same training step, under the config's ``train`` settings with ``train.method`` and
@@ -92,11 +92,11 @@ def run_one(cfg_path: str | Path, run_id: str, out: str | Path, executor_hint: s
     out = Path(out)
     d = out.parent
     write_json(d / "config.json", _run_config(raw, run, cfg.compare))
-    write_json(d / "selection.json", {"selected": {"nodes": cfg.compare.nodes, "global_batch": run.global_batch}})
+    write_json(d / "selection.json", {"selected": {"workers": cfg.compare.workers, "global_batch": run.global_batch}})
     result: dict[str, Any] = {"run": run.id, "model": run.model, "dataset": run.dataset,
                               "global_batch": run.global_batch, "method": run.method, "seed": run.seed,
-                              "nodes": cfg.compare.nodes, "started": time.time()}  # fmt: skip
-    print(f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.nodes} B={run.global_batch}, "
+                              "workers": cfg.compare.workers, "started": time.time()}  # fmt: skip
+    print(f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.workers} B={run.global_batch}, "
           f"method {run.method}, seed {run.seed}", flush=True)  # fmt: skip
     try:
         final = launch.run(d / "config.json", d / "selection.json", d, executor_hint=executor_hint,

@@ -37,12 +37,12 @@ from tula.jobs import Attempt, History
 
 
 def selected_point(path) -> tuple[int, int]:
-    """(nodes, global_batch) of a selection.json; the error names the file."""
+    """(workers, global_batch) of a selection.json; the error names the file."""
     sel = read_json(path)
     try:
-        return int(sel["selected"]["nodes"]), int(sel["selected"]["global_batch"])
+        return int(sel["selected"]["workers"]), int(sel["selected"]["global_batch"])
     except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{path}: no selected.nodes / selected.global_batch; re-run `tula select`") from None
+        raise ValueError(f"{path}: no selected.workers / selected.global_batch; re-run `tula select`") from None
 
 
 class OutOfMemory(RuntimeError):
@@ -53,8 +53,8 @@ class ProductionJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
 
-    def __init__(self, config: str, nodes: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing):
-        self.config, self.nodes, self.global_batch, self.out_dir, self.ckpt = config, nodes, global_batch, out_dir, ckpt
+    def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing):
+        self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = config, workers, global_batch, out_dir, ckpt
 
     def __call__(self) -> dict[str, Any]:
         cfg = config_mod.load(self.config)
@@ -63,25 +63,25 @@ class ProductionJob(submitit.helpers.Checkpointable):
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
         from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
 
-        return Trainer(cfg, self.nodes, self.global_batch, Path(self.out_dir), self.ckpt).run()
+        return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt).run()
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
 
 
-def smaller_batches(nodes: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
+def smaller_batches(workers: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
     """Global batches to try after an OOM at ``batch``, best first: the grid's batches for N
     below ``batch`` that the memory model calls feasible, largest predicted memory first;
     without predictions, halving. Each must split over N workers and be >= ``floor``."""
     if predictions and Path(predictions).exists():
         p = pd.read_csv(predictions)
-        p = p[(p["nodes"] == nodes) & (p["global_batch"] < batch) & p["feasible"].astype(bool)]
+        p = p[(p["workers"] == workers) & (p["global_batch"] < batch) & p["feasible"].astype(bool)]
         cands = [int(b) for b in p.sort_values("mem_bytes", ascending=False)["global_batch"]]
     else:
         cands, b = [], batch // 2
         while b >= 1:
             cands.append(b)
             b //= 2
-    return [b for b in cands if b % nodes == 0 and b >= max(floor, nodes)]
+    return [b for b in cands if b % workers == 0 and b >= max(floor, workers)]
 
 
 class Launch:
@@ -91,11 +91,11 @@ class Launch:
     def __init__(self, cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions, executor_hint,
                  timeout_min, partition, account, job_name: str):  # fmt: skip
         self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
-        self.nodes, self.selected_batch = selected_point(selection)
+        self.workers, self.selected_batch = selected_point(selection)
         self.out = Path(out_dir).resolve()
         self.ck = self.out / "checkpoints"
         self.predictions, self.partition, self.account, self.job_name = predictions, partition, account, job_name
-        self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.nodes,
+        self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.workers,
                                                   self.selected_batch)  # fmt: skip
         self.kind = jobs.resolve_executor(self.cfg, executor_hint)
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
@@ -111,7 +111,7 @@ class Launch:
             return
         try:
             preflight.preflight(self.cfg, train_partition=self.cfg.launch.slurm_partition or self.partition,
-                            train_runtime_min=self.limit, training_only=True, train_nodes=self.nodes)  # fmt: skip
+                            train_runtime_min=self.limit, training_only=True, train_nodes=self.workers)  # fmt: skip
         except slurm.ClusterUnreadable:
             pass  # sbatch says what is wrong
         except preflight.PreflightError as exc:
@@ -123,7 +123,7 @@ class Launch:
         job still running, if any."""
         prior = History.read(self.out)
         same_run = not fresh and prior.get("fingerprint") == self.fingerprint
-        job = jobs.still_running(prior, self.out, self.nodes) if same_run else None
+        job = jobs.still_running(prior, self.out, self.workers) if same_run else None
         if not (job or (not fresh and jobs.resumable(self.ck, self.fingerprint))):
             for stale in (self.ck, self.out / "oom"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -132,7 +132,7 @@ class Launch:
         elif not same_run:
             prior = {}  # the checkpoints are this run's but its record is gone: the history starts here
         executor = prior.get("executor", self.kind) if job else self.kind
-        self.history = History(self.out, self.fingerprint, self.nodes, self.selected_batch, executor,
+        self.history = History(self.out, self.fingerprint, self.workers, self.selected_batch, executor,
                                attempts=History.attempts_of(prior))  # fmt: skip
         attempts = self.history.attempts
         if attempts and attempts[-1].outcome == "running" and not job:  # its launcher died; the job is gone
@@ -148,7 +148,7 @@ class Launch:
         batch = attempts[-1].global_batch if attempts else self.selected_batch
         if batch in self.tried:
             batch = self.next_batch(batch)
-        print(f"[launch] training N={self.nodes} B={batch} with the {self.history.executor} executor; job folder "
+        print(f"[launch] training N={self.workers} B={batch} with the {self.history.executor} executor; job folder "
               f"{self.out / 'submitit'}" + (f"; resuming ({len(attempts)} earlier attempt(s), newest checkpoint: "
                                            f"step {self.checkpoint_step()})" if attempts else ""), flush=True)  # fmt: skip
         return batch
@@ -160,12 +160,12 @@ class Launch:
         n, L = len(self.history.attempts) + 1, self.cfg.launch
         ckpt = checkpoint.Checkpointing(self.ck, self.fingerprint, L.checkpoint_every_steps, L.checkpoint_every_epochs,
                                         L.keep_checkpoints, attempt=n)  # fmt: skip
-        executor = jobs.make_executor(self.cfg, self.kind, self.out / "submitit", self.nodes, self.limit,
+        executor = jobs.make_executor(self.cfg, self.kind, self.out / "submitit", self.workers, self.limit,
                                       self.partition, self.account, self.job_name)  # fmt: skip
-        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.nodes, batch, str(self.out), ckpt), self.kind)
-        att = Attempt(n, batch, batch // self.nodes, str(job.job_id), self.checkpoint_step())
+        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt), self.kind)
+        att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step())
         self.history.attempts.append(att)
-        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // self.nodes} per worker), "
+        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // self.workers} per worker), "
               f"from step {att.start_step}", flush=True)  # fmt: skip
         return att, job
 
@@ -205,23 +205,23 @@ class Launch:
                                f"{att.checkpoint_step} is kept: run the same command again to resume from it")  # fmt: skip
         if att.outcome != "oom":
             self.history.write("failed")
-            raise RuntimeError(f"training at N={self.nodes} B={att.global_batch} failed (attempt {att.attempt}, job "
+            raise RuntimeError(f"training at N={self.workers} B={att.global_batch} failed (attempt {att.attempt}, job "
                                f"{job.job_id}): {att.reason}\nlogs: {self.out / 'submitit'}\n{jobs.log_tail(job)}")  # fmt: skip
         if not shrink:
             self.history.write("oom")
-            raise OutOfMemory(f"out of memory training at N={self.nodes} B={att.global_batch} (attempt {att.attempt}, "
+            raise OutOfMemory(f"out of memory training at N={self.workers} B={att.global_batch} (attempt {att.attempt}, "
                               f"job {job.job_id}): {att.reason}")  # fmt: skip
         self.tried.add(att.global_batch)
         return self.next_batch(att.global_batch)
 
     def next_batch(self, batch: int) -> int:
-        left = [b for b in smaller_batches(self.nodes, batch, self.predictions, self.cfg.grid.batch_min)
+        left = [b for b in smaller_batches(self.workers, batch, self.predictions, self.cfg.grid.batch_min)
                 if b not in self.tried]  # fmt: skip
         if not left:
             self.history.write("failed")
-            raise RuntimeError(f"out of memory at every global batch tried for N={self.nodes} "
+            raise RuntimeError(f"out of memory at every global batch tried for N={self.workers} "
                                f"({', '.join(map(str, sorted(self.tried, reverse=True)))}) and no smaller batch >= "
-                               f"grid.batch_min={self.cfg.grid.batch_min} divides over {self.nodes} workers; lower "
+                               f"grid.batch_min={self.cfg.grid.batch_min} divides over {self.workers} workers; lower "
                                "grid.batch_min, use more workers, or a device with more memory")  # fmt: skip
         print(f"[launch] out of memory at B={batch}: relaunching at B={left[0]} from the last checkpoint", flush=True)
         return left[0]
@@ -229,7 +229,7 @@ class Launch:
     def finish(self) -> dict[str, Any]:
         final = self.out / "final.json"
         if not final.exists() or final.stat().st_mtime < self.started:
-            raise RuntimeError(f"training at N={self.nodes} reported success but wrote no {final}")
+            raise RuntimeError(f"training at N={self.workers} reported success but wrote no {final}")
         self.history.write("completed")
         return record_prediction(final, self.predictions)
 
@@ -265,7 +265,7 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
     if not predictions or not Path(predictions).exists():
         return final
     p = pd.read_csv(predictions)
-    match = p[(p["nodes"] == final["nodes"]) & (p["global_batch"] == final["global_batch"])]
+    match = p[(p["workers"] == final["workers"]) & (p["global_batch"] == final["global_batch"])]
     if match.empty:
         return final
     row = match.iloc[0]
@@ -282,7 +282,7 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
     })  # fmt: skip
     write_json(final_path, final)
     lo, hi = final["predicted_step_time_interval_s"]
-    print(f"[launch] prediction check at N={final['nodes']} B={final['global_batch']}: step predicted "
+    print(f"[launch] prediction check at N={final['workers']} B={final['global_batch']}: step predicted "
           f"{1e3 * pred_step:.2f} ms (95 % interval {1e3 * lo:.2f}-{1e3 * hi:.2f}), measured "
           f"{1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f}); training time predicted "
           f"{pred_T:.1f} s, measured {final['train_time_s']:.1f} s in steps (+ {final['eval_time_s']:.1f} s "

@@ -35,7 +35,7 @@ def run(cfg_path: str | Path, out: str | Path) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
-    launch = workers.start(1, ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--nodes", "1",
+    launch = workers.start(1, ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--workers", "1",
                                "--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
                            threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s)  # fmt: skip
     res_path = workers.result_path(work, 0)

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from tula.io import read_json, write_bytes  # noqa: E402
 from tula.model import measurements as measurements_mod  # noqa: E402
 from tula.model.perf import PerfModel  # noqa: E402
+from tula.model.pricing import UNITS  # noqa: E402
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:
@@ -40,7 +41,7 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
     """One line per N of ``y`` against B (log2 axis); probes as points; the choice starred."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (n, g) in enumerate(pred.sort_values("global_batch").groupby("nodes")):
+    for i, (n, g) in enumerate(pred.sort_values("global_batch").groupby("workers")):
         c = colors[i % len(colors)]
         ax.plot(g["global_batch"], g[y], "-", color=c, label=f"N={n} predicted")
         if y == "train_time_s" and {"train_time_lo_s", "train_time_hi_s"} <= set(g.columns):
@@ -53,10 +54,10 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
             if len(m):
                 ax.plot(m["global_batch"], m[measured_y], "o", color=c, mfc="none", ms=8, label=f"N={n} probed")
     sel = selection["selected"]
-    row = pred[(pred["nodes"] == sel["nodes"]) & (pred["global_batch"] == sel["global_batch"])]
+    row = pred[(pred["workers"] == sel["workers"]) & (pred["global_batch"] == sel["global_batch"])]
     if len(row):
         ax.plot(row["global_batch"], row[y], "*", color="crimson", ms=18, zorder=5,
-                label=f"selected ({selection['objective']}): N={sel['nodes']}, B={sel['global_batch']}")  # fmt: skip
+                label=f"selected ({selection['objective']}): N={sel['workers']}, B={sel['global_batch']}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(pred["global_batch"].unique()))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -72,18 +73,18 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
 def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     sel = selection["selected"]
     return curve_vs_batch(pred, selection, "train_time_s", "measured_train_time_s", "training time T (s)",
-                   f"Training time vs batch — selected N={sel['nodes']}, B={sel['global_batch']}: "
+                   f"Training time vs batch — selected N={sel['workers']}, B={sel['global_batch']}: "
                    f"{_fmt_time(sel['train_time_s'])}", path)  # fmt: skip
 
 
 def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     pred = pred.copy()
     pr = selection["pricing"]
-    col = "cost_memory" if pr["model"] == "memory" else "cost_node"
+    col = f"cost_{pr['model']}"
     scale = (pred[col] / pred["train_time_s"]).where(pred["train_time_s"] > 0, 0.0)
     pred["measured_cost"] = pred["measured_train_time_s"] * scale
     sel = selection["selected"]
-    unit = "worker-hour" if pr["model"] == "node" else "GB-hour"  # C = T x N x price: N workers
+    unit = UNITS[pr["model"]]
     return curve_vs_batch(pred, selection, col, "measured_cost", f"cost C ({pr['currency']}, per {unit} pricing)",
                    f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}", path)  # fmt: skip
 
@@ -96,7 +97,7 @@ def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     src = ok["source"] if "source" in ok.columns else pd.Series("probe", index=ok.index)
-    for i, (n, g) in enumerate(ok.groupby("nodes")):
+    for i, (n, g) in enumerate(ok.groupby("workers")):
         c = colors[i % len(colors)]
         xs = np.geomspace(max(ok["local_batch"].min(), 1), ok["local_batch"].max(), 80)
         ax.plot(xs, 1e3 * model.compute_time_s(np.full_like(xs, n), xs), "-", color=c,
@@ -193,7 +194,7 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
     for ax in (a1, a2):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Training at N={final['nodes']}, B={final['global_batch']}: "
+    fig.suptitle(f"Training at N={final['workers']}, B={final['global_batch']}: "
                  f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
     save_figure(fig, path)
     return fig

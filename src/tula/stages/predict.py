@@ -23,9 +23,10 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
     feasibility, and the probe's measurement where there was one."""
     pts = grid(cfg)
-    df = pd.DataFrame({"nodes": [p.nodes for p in pts], "global_batch": [p.global_batch for p in pts]})
-    df["local_batch"] = df["global_batch"] // df["nodes"]
-    n, b = df["nodes"].to_numpy(float), df["local_batch"].to_numpy(float)
+    df = pd.DataFrame({"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df.insert(1, "nodes", pricing_mod.nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
+    df["local_batch"] = df["global_batch"] // df["workers"]
+    n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
     df["compute_time_s"] = perf.compute_time_s(n, b)
     df["step_time_s"] = perf.step_time_s(n, b)
     df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
@@ -36,17 +37,22 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     df["train_time_s"] = steps * df["step_time_s"]
     df["train_time_lo_s"], df["train_time_hi_s"] = steps * df["step_time_lo_s"], steps * df["step_time_hi_s"]
     df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
-    df["cost_node"] = pricing_mod.node_cost(df["train_time_s"], df["nodes"], cfg.pricing.per_node_hour)
-    df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["nodes"], df["mem_bytes"], cfg.pricing.per_gb_hour)
-    df["cost"] = df["cost_memory"] if cfg.pricing.model == "memory" else df["cost_node"]
+    df["cost_worker_hour"] = pricing_mod.worker_cost(df["train_time_s"], df["workers"], cfg.pricing.per_worker_hour)
+    df["cost_node_hour"] = (math.nan if cfg.pricing.per_node_hour is None else pricing_mod.node_cost(
+        df["train_time_s"], df["workers"], cfg.cluster.workers_per_node, cfg.pricing.per_node_hour))  # fmt: skip
+    df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["workers"], df["mem_bytes"], cfg.pricing.per_gb_hour)
+    df["cost"] = df[f"cost_{cfg.pricing.model}"]
     df["feasible"] = mem.feasible(df["local_batch"])
+    # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free" communication
+    df["sync_measured"] = (df["workers"] == 1) | (perf.step is not None)
+    df["feasible"] &= df["sync_measured"]
     df["probe_status"] = ""
     df["measured_step_time_s"] = math.nan
     df["measured_train_time_s"] = math.nan
     if measured is not None and len(measured):
-        m = measurements_mod.probes(measured).set_index(["nodes", "global_batch"])
+        m = measurements_mod.probes(measured).set_index(["workers", "global_batch"])
         for i, row in df.iterrows():
-            key = (row["nodes"], row["global_batch"])
+            key = (row["workers"], row["global_batch"])
             if key in m.index:
                 rec = m.loc[key]
                 rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
@@ -75,7 +81,7 @@ def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
     df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
     df["epochs_to_accuracy"] = noise.epochs_to_accuracy(cfg.workload.epochs, df["global_batch"], base, bn)
     df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
-    df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["nodes"], df["mem_bytes"], cfg.pricing)
+    df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg)
 
 
 def train_samples_of(cfg: Config, df: pd.DataFrame, given: int | None = None) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tula import config as config_mod
-from tula import workers
+from tula import slurm, workers
 from tula.io import read_json, write_json
 from tula.model.grid import Point, batch_sizes, search_set
 from tula.model.memory import max_local_batch
@@ -46,7 +46,8 @@ def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResul
     """Merge the per-rank files (and how the launch ended) into one probe record."""
     record: dict[str, Any] = {
         "schema": SCHEMA,
-        "nodes": point.nodes,
+        "workers": point.workers,
+        "nodes": slurm.job_shape(cfg, point.workers).nodes,
         "global_batch": point.global_batch,
         "local_batch": point.local_batch,
         "model": cfg.workload.model,
@@ -82,17 +83,17 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    print(f"[probe {point.name}] N={point.nodes} B={point.global_batch} (b={point.local_batch} per worker), "
+    print(f"[probe {point.name}] N={point.workers} B={point.global_batch} (b={point.local_batch} per worker), "
           f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
-    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--nodes", str(point.nodes),
+    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--workers", str(point.workers),
                    "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
     if memory_probe:
         worker_args += ["--memory-probe", str(memory_probe)]
     launch = workers.start(
-        point.nodes, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
+        point.workers, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
     )
     ranks = []
-    for r in range(point.nodes):
+    for r in range(point.workers):
         p = workers.result_path(work, r)
         if p.exists():
             try:
@@ -118,13 +119,13 @@ def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | P
     if cfg.search != "partial":
         return []  # a full search probes every smaller batch anyway
     bmax = max_local_batch(memory_probe) if memory_probe else None
-    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.nodes == point.nodes)
+    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.workers == point.workers)
     if not at_n or point.global_batch != at_n[-1]:
         return []
     return [b for b in sorted(batch_sizes(cfg), reverse=True) if at_n[0] < b < point.global_batch]
 
 
-def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
+def run(cfg_path: str | Path, workers: int, global_batch: int, out: str | Path,
         memory_probe: str | Path | None = None) -> dict:  # fmt: skip
     """Launch the N workers of one probe, then write ``out``; returns the record.
 
@@ -132,9 +133,9 @@ def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
     partial search's largest-B corner runs out of memory anyway, the next smaller batches are
     probed in the same job until one fits; their records go under ``fallbacks``."""
     cfg = config_mod.load(cfg_path)
-    if global_batch % nodes:
-        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={nodes}")
-    point = Point(nodes, global_batch)
+    if global_batch % workers:
+        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={workers}")
+    point = Point(workers, global_batch)
     out = Path(out)
     work = out.parent / f".{out.stem}.ranks"
     record = _probe_once(cfg, cfg_path, point, work, memory_probe)
@@ -142,7 +143,7 @@ def run(cfg_path: str | Path, nodes: int, global_batch: int, out: str | Path,
         record["fallbacks"] = []
         for b in fallback_batches(cfg, point, memory_probe):
             print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
-            fb = _probe_once(cfg, cfg_path, Point(nodes, b), work, memory_probe)
+            fb = _probe_once(cfg, cfg_path, Point(workers, b), work, memory_probe)
             record["fallbacks"].append(fb)
             if fb["status"] != "oom":
                 break

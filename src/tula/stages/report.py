@@ -46,7 +46,7 @@ def _table(df: pd.DataFrame, highlight: tuple[int, int] | None = None) -> str:
     heads = [c.replace("_bytes", " (MiB)") for c in cols]
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"]
     for _, row in df.iterrows():
-        sel = highlight and (int(row["nodes"]), int(row["global_batch"])) == highlight
+        sel = highlight and (int(row["workers"]), int(row["global_batch"])) == highlight
         cells = [f"<td>{html.escape(_cell(c, row[c]))}</td>" for c in cols]
         out.append(f"<tr{' class=sel' if sel else ''}>" + "".join(cells) + "</tr>")
     return "\n".join(out) + "</table>"
@@ -83,7 +83,7 @@ def prediction_card(final: dict) -> str:
     inside = lo <= final["mean_step_time_s"] <= hi
     verdict = ("inside the prediction's 95 % interval" if inside else
                "<span class=bad>outside the prediction's 95 % interval</span>")  # fmt: skip
-    return (f"<p><b>Predicted vs measured</b> at N={final['nodes']}, B={final['global_batch']}: step "
+    return (f"<p><b>Predicted vs measured</b> at N={final['workers']}, B={final['global_batch']}: step "
             f"predicted {1e3 * final['predicted_step_time_s']:.2f} ms ({1e3 * lo:.2f}–{1e3 * hi:.2f}), measured "
             f"{1e3 * final['mean_step_time_s']:.2f} ms (×{ratio:.3f}, {verdict}); training time predicted "
             f"{fmt_duration(final['predicted_train_time_s'])} ({fmt_duration(tlo)}–{fmt_duration(thi)}), measured "
@@ -105,6 +105,15 @@ def model_section(perf: dict | None) -> str:
                        in zip(f["params"].items(), f["params_ci95"].values()))  # fmt: skip
         parts.append(f"<p><b>{label}</b>: <code>{html.escape(f['form'])}</code>: {html.escape(f['equation'])}; "
                      f"{html.escape(ps)} (95 % intervals). Why: {html.escape(f.get('why', ''))}.</p>")  # fmt: skip
+    multi = perf.get("multi_worker_probes")
+    if multi is not None:
+        ok = [f"N={p['workers']} B={p['global_batch']}" for p in multi if p["status"] == "ok"]
+        bad = [f"N={p['workers']} B={p['global_batch']} ({p['status']})" for p in multi if p["status"] != "ok"]
+        parts.append("<p>" + (f"Sync measured at {', '.join(ok)}." if ok else
+                              "<span class=bad>No multi-worker probe succeeded: communication was not measured, "
+                              "and only N = 1 is predicted (probe.no_sync_fallback).</span>")
+                     + (f" <span class=bad>No sync measured at {', '.join(bad)}.</span>" if bad and ok else "")
+                     + "</p>")  # fmt: skip
     res = pd.DataFrame(perf.get("residuals") or [])
     if len(res):
         inside = int(res["within_noise"].fillna(False).astype(bool).sum())
@@ -117,7 +126,7 @@ def noise_section(predictions: pd.DataFrame, chosen_batch: int) -> str:
     """The gradient noise scale pooled from the probes, the critical batch, and where the
     chosen B sits: the statistical efficiency it keeps and the epochs it needs."""
     if "b_noise" not in predictions.columns or predictions["b_noise"].isna().all():
-        return ("<h2>Gradient noise scale</h2><p>Not measured: it needs multi-worker probes (a grid.nodes value "
+        return ("<h2>Gradient noise scale</h2><p>Not measured: it needs multi-worker probes (a grid.workers value "
                 "&ge; 2) with probe.noise_steps &gt; 0.</p>")  # fmt: skip
     bn, se = float(predictions["b_noise"].iloc[0]), float(predictions["b_noise_se"].iloc[0])
     row = predictions[predictions["global_batch"] == chosen_batch].iloc[0]
@@ -131,16 +140,32 @@ def noise_section(predictions: pd.DataFrame, chosen_batch: int) -> str:
             "this errs toward smaller batches.</p>")  # fmt: skip
 
 
+def comm_env_section(measurements: pd.DataFrame, final: dict) -> str:
+    """The NCCL_*/GLOO_* variables the probes and the production job ran with (hardware.comm_env
+    or the jobs' environment); a difference is flagged: the probes timed another setting."""
+    probes = measurements[measurements["source"] == "probe"] if "source" in measurements.columns else measurements
+    seen = sorted({v if isinstance(v, str) else "" for v in probes["comm_env"]}) if "comm_env" in probes.columns else []
+    prod = ";".join(f"{k}={v}" for k, v in sorted((final.get("comm_env") or {}).items()))
+    show = lambda t: html.escape(t.replace(";", ", ")) if t else "none"  # noqa: E731
+    same = seen == [prod]
+    return (f"<p><b>Communication environment</b> (hardware.comm_env and the jobs' NCCL_*/GLOO_* variables): "
+            f"probes: {'; '.join(show(t) for t in seen) or 'not recorded'}; production: {show(prod)}"
+            + ("" if same or "comm_env" not in final else " <span class=bad>— not the same: the probes timed "
+               "another communication setting than production ran</span>") + ".</p>")  # fmt: skip
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
            plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None,
            perf: dict | None = None, workload: dict | None = None) -> None:  # fmt: skip
     s = selection["selected"]
     cur = s["currency"]
     failed = measurements[measurements["status"] != "ok"]
-    pred_cols = ["nodes", "global_batch", "local_batch", "step_time_s", "train_time_s", "cost", "mem_bytes",
-                 "feasible", "probe_status", "measured_step_time_s"]  # fmt: skip
-    meas_cols = [c for c in ["source", "nodes", "global_batch", "local_batch", "status", "step_time_s", "compute_time_s",
-                             "sync_time_s", "step_time_cv", "peak_mem_bytes", "error"] if c in measurements.columns]  # fmt: skip
+    pred_cols = [c for c in ["workers", "nodes", "global_batch", "local_batch", "step_time_s", "train_time_s", "cost",
+                             "mem_bytes", "feasible", "probe_status", "measured_step_time_s"]
+                 if c in predictions.columns]  # fmt: skip
+    meas_cols = [c for c in ["source", "workers", "nodes", "global_batch", "local_batch", "status", "step_time_s",
+                             "compute_time_s", "sync_time_s", "step_time_cv", "peak_mem_bytes", "error"]
+                 if c in measurements.columns]  # fmt: skip
     parts = [
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1><p class=sub>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} "
@@ -148,7 +173,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         "".join(f"<div class='card bad'>{html.escape(w)}</div>" for w in (workload or {}).get("warnings", [])),
         "<div class=card><div class=big>Use N = {n} workers, global batch B = {b} ({lb} per worker)</div>"
         "<p>Predicted training time {t} ({ts:.4g} s), cost {c:.4g} {cur}, memory {m:.1f} MiB per worker.</p>"
-        "<p>{reason}</p></div>".format(n=s["nodes"], b=s["global_batch"], lb=s["local_batch"],
+        "<p>{reason}</p></div>".format(n=s["workers"], b=s["global_batch"], lb=s["local_batch"],
                                       t=fmt_duration(s["train_time_s"]), ts=s["train_time_s"], c=s["cost"], cur=cur,
                                       m=s["mem_bytes"] / 2**20, reason=html.escape(selection["reason"])),  # fmt: skip
         "<div class=card><b>Training at the selected point</b>: {e} epochs, {st} steps, final test accuracy "
@@ -157,7 +182,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
             w=fmt_duration(final["train_time_s"]),
             relaunch="" if final["global_batch"] == s["global_batch"] else
             f" <span class=bad>Finished at B={final['global_batch']}: B={s['global_batch']} ran out of memory "
-            "(see Attempts below).</span>") + prediction_card(final),  # fmt: skip
+            "(see Attempts below).</span>") + prediction_card(final) + comm_env_section(measurements, final),  # fmt: skip
         "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name != "training.png") + "</div>",
         "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
@@ -168,7 +193,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         parts.append(f"<h2 class=bad>{len(failed)} measurement(s) did not succeed</h2>" + _table(failed[meas_cols]))
     parts += [
         "<h2>Predictions for every grid point</h2>",
-        _table(predictions[pred_cols], (s["nodes"], s["global_batch"])),
+        _table(predictions[pred_cols], (s["workers"], s["global_batch"])),
         "<h2>Probe measurements</h2>",
         _table(measurements[meas_cols]),
         "<p class=sub>Files: results/measurements.csv, results/model/{memory,perf}.json, results/predictions.csv, "

@@ -32,6 +32,7 @@ from tula import config as config_mod
 from tula.config import Config
 from tula.io import write_json
 from tula.model import noise
+from tula.model.pricing import UNITS
 
 
 class NoFeasibleConfiguration(ValueError):
@@ -43,8 +44,8 @@ def candidates(pred: pd.DataFrame, cfg: Config) -> tuple[pd.DataFrame, dict[str,
     keep = pred["feasible"].astype(bool)
     excluded = {"infeasible_memory_or_oom": int((~keep).sum())}
     for name, mask in (
-        ("below_min_nodes", pred["nodes"] < c.min_nodes if c.min_nodes else None),
-        ("above_max_nodes", pred["nodes"] > c.max_nodes if c.max_nodes else None),
+        ("below_min_workers", pred["workers"] < c.min_workers if c.min_workers else None),
+        ("above_max_workers", pred["workers"] > c.max_workers if c.max_workers else None),
         ("below_min_batch", pred["global_batch"] < c.min_batch if c.min_batch else None),
         ("above_max_batch", pred["global_batch"] > c.max_batch if c.max_batch else None),
     ):
@@ -94,7 +95,8 @@ def _envelope(cand: pd.DataFrame, col: str) -> pd.DataFrame:
 
 def _summary(row: pd.Series, currency: str) -> dict[str, Any]:
     return {
-        "nodes": int(row["nodes"]),
+        "workers": int(row["workers"]),
+        "nodes": int(row["nodes"]) if "nodes" in row else None,
         "global_batch": int(row["global_batch"]),
         "local_batch": int(row["local_batch"]),
         "step_time_s": float(row["step_time_s"]),
@@ -121,11 +123,11 @@ def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     """Objective time or cost: the least predicted T or C."""
     col, what, unit = ("train_time_s", "training time T", "s") if cfg.objective == "time" else (
         "cost", "cost C", cfg.pricing.currency)  # fmt: skip
-    ranked = cand.sort_values([col, "nodes", "global_batch"])
+    ranked = cand.sort_values([col, "workers", "global_batch"])
     best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     reason = f"minimum {what}: {best[col]:.4g} {unit}"
     if runner is not None:
-        reason += f"; runner-up N={int(runner['nodes'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
+        reason += f"; runner-up N={int(runner['workers'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
     return Choice(best, runner, reason)
 
 
@@ -157,7 +159,7 @@ def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
 def _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened) -> dict[str, Any]:
     """selection.json's ``knee``: both rules' answers, per N too, and the envelope with its gains."""
     per_nodes = {}
-    for n, g in cand.sort_values("global_batch").groupby("nodes"):
+    for n, g in cand.sort_values("global_batch").groupby("workers"):
         gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
         per_nodes[str(int(n))] = {"marginal": marginal_knee(gb, gy, cfg.knee_gain)[0], "kneedle": knee_of(gb, gy)}
     return {
@@ -170,7 +172,7 @@ def _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b,
         "kneedle": {"global_batch": kneedle_b, "found": kneedle_b is not None,
                     "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), x = B (linear axis)"},
         "per_nodes": per_nodes,
-        "envelope": [{"global_batch": int(r["global_batch"]), "nodes": int(r["nodes"]), col: float(r[col]),
+        "envelope": [{"global_batch": int(r["global_batch"]), "workers": int(r["workers"]), col: float(r[col]),
                       "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None}
                      for i, (_, r) in enumerate(env.iterrows())],
     }  # fmt: skip
@@ -211,21 +213,21 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     unit = unit or cfg.pricing.currency
     if col not in cand.columns or cand[col].isna().all():
         raise ValueError(f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no probe "
-                         "gave: it comes from multi-worker probes (a grid.nodes value >= 2) with probe.noise_steps "
+                         "gave: it comes from multi-worker probes (a grid.workers value >= 2) with probe.noise_steps "
                          "> 0, and needs a positive |G|^2 estimate; use objective time, cost or knee otherwise")  # fmt: skip
-    ranked = cand.sort_values([col, "nodes", "global_batch"])
+    ranked = cand.sort_values([col, "workers", "global_batch"])
     best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     bn, b = float(best["b_noise"]), int(best["global_batch"])
 
     def at(row) -> dict[str, Any]:
-        return {"nodes": int(row["nodes"]), "global_batch": int(row["global_batch"]), col: float(row[col]),
+        return {"workers": int(row["workers"]), "global_batch": int(row["global_batch"]), col: float(row[col]),
                 "ratio_to_chosen": float(row[col] / best[col]),
                 "statistical_efficiency": noise.statistical_efficiency(float(row["global_batch"]), bn)}  # fmt: skip
 
     versus = {}
     for other in ("time", "knee"):
         sel = select(pred, replace(cfg, objective=other))["selected"]
-        versus[other] = at(cand[(cand["nodes"] == sel["nodes"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0])
+        versus[other] = at(cand[(cand["workers"] == sel["workers"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0])
     block = {
         "b_noise": bn, "b_noise_se": float(best["b_noise_se"]), "critical_batch": bn,
         "chosen_over_critical": b / bn, "statistical_efficiency": noise.statistical_efficiency(b, bn),
@@ -240,8 +242,8 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
               f"B={b}); gradient noise scale B_noise = {bn:.0f} ± {block['b_noise_se']:.0f} (the critical batch), "
               f"B = {b / bn:.2f}x B_noise, statistical efficiency {100 * block['statistical_efficiency']:.0f} %")  # fmt: skip
     for other, v in versus.items():
-        if (v["nodes"], v["global_batch"]) != (int(best["nodes"]), b):
-            reason += (f"; objective {other} would pick N={v['nodes']} B={v['global_batch']}, "
+        if (v["workers"], v["global_batch"]) != (int(best["workers"]), b):
+            reason += (f"; objective {other} would pick N={v['workers']} B={v['global_batch']}, "
                        f"{100 * (v['ratio_to_chosen'] - 1):.0f} % {worse} to accuracy")  # fmt: skip
         else:
             reason += f"; objective {other} picks the same point"
@@ -261,7 +263,7 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
         raise NoFeasibleConfiguration(
             "no feasible configuration: every grid point is excluded "
             f"({', '.join(f'{k}: {v}' for k, v in excluded.items() if v)}). Widen the grid "
-            "(grid.nodes, grid.batch_min/batch_max), relax `constraints`, or raise hardware.device_memory_gb."
+            "(grid.workers, grid.batch_min/batch_max), relax `constraints`, or raise hardware.device_memory_gb."
         )
     cur = cfg.pricing.currency
     choice = OBJECTIVES[cfg.objective](pred, cand, cfg)
@@ -271,8 +273,10 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     out["selected"] = _summary(choice.best, cur)
     out["runner_up"] = _summary(choice.runner, cur) if choice.runner is not None else None
     out["reason"] = choice.reason
-    out["pricing"] = {"model": cfg.pricing.model, "per_node_hour": cfg.pricing.per_node_hour,
-                      "per_gb_hour": cfg.pricing.per_gb_hour, "currency": cur}  # fmt: skip
+    out["pricing"] = {"model": cfg.pricing.model, "unit": UNITS[cfg.pricing.model],
+                      "per_worker_hour": cfg.pricing.per_worker_hour, "per_node_hour": cfg.pricing.per_node_hour,
+                      "per_gb_hour": cfg.pricing.per_gb_hour, "currency": cur,
+                      "workers_per_node": cfg.cluster.workers_per_node}  # fmt: skip
     if not math.isfinite(out["selected"]["train_time_s"]):
         raise ValueError("selection: the selected point has no finite predicted time; check results/model/perf.json")
     return out
@@ -284,5 +288,5 @@ def run(config, predictions, out) -> dict[str, Any]:
     sel = select(pd.read_csv(predictions), cfg)
     write_json(out, sel)
     s = sel["selected"]
-    print(f"[select] objective {sel['objective']}: N={s['nodes']} B={s['global_batch']} — {sel['reason']} -> {out}")
+    print(f"[select] objective {sel['objective']}: N={s['workers']} B={s['global_batch']} — {sel['reason']} -> {out}")
     return sel
