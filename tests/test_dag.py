@@ -118,27 +118,25 @@ def planned_jobs(out: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m.group(1) != "total"}
 
 
-@pytest.mark.parametrize("change, reruns", [
-    ({"train": {"lr": 0.01}}, {"launch", "plot_training", "report"}),
-    ({"train": {"lr_decay_epochs": [1], "warmup_epochs": 1}}, {"launch", "plot_training", "report"}),
-    ({"workload": {"epochs": 3}}, {"predict", "select", "launch", "plot_selection", "plot_training", "report"}),
-    ({"objective": "time"}, {"select", "launch", "plot_selection", "plot_training", "report"}),
-    ({"pricing": {"per_worker_hour": 9.0}}, {"predict", "select", "launch", "plot_selection", "plot_training",
-                                             "report"}),
-    ({"probe": {"timed_steps": 4}}, {"probe", "aggregate", "fit", "predict", "select", "launch", "plot_selection",
-                                     "plot_training", "report"}),
+@pytest.mark.parametrize("change, probes, reruns", [
+    ({"train": {"lr": 0.01}}, 0, {"launch"}),
+    ({"train": {"lr_decay_epochs": [1], "warmup_epochs": 1}}, 0, {"launch"}),
+    ({"workload": {"epochs": 3}}, 0, {"predict", "launch"}),
+    ({"objective": "time"}, 0, {"select", "launch"}),
+    ({"pricing": {"per_worker_hour": 9.0}}, 0, {"predict", "select"}),
+    ({"probe": {"timed_steps": 4}}, 4, {"aggregate", "fit", "predict"}),
 ])  # fmt: skip
-def test_probes_are_bought_once(finished_run, change, reruns, tmp_path):
+def test_probes_are_bought_once(finished_run, change, probes, reruns, tmp_path):
     """What Snakemake plans after each kind of change: the learning rate, its schedule, the
-    epochs, the objective and the pricing reuse every probe job; what changes the timed step
-    re-runs every probe."""
+    epochs, the objective and the pricing re-run their own stages and reuse every probe job
+    and the memory probe; what changes the timed step re-runs every probe. (Other tests of
+    this module leave the light stages in other states; the probes are what is counted.)"""
     wd, env = finished_run
     (wd / "change.yaml").write_text(yaml.safe_dump(change))
     r = snakemake(wd, "--configfile", "tiny.yaml", "change.yaml", "-n", env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     jobs = planned_jobs(r.stdout + r.stderr)
-    assert set(jobs) - {"all"} == reruns, (change, jobs)
-    assert jobs.get("probe", 0) in (0, 4)  # never a part of the campaign: none, or every probe
+    assert jobs.get("probe", 0) == probes and "memprobe" not in jobs and reruns <= set(jobs), (change, jobs)
     assert "tula: probe campaign: the memory probe (1 node) and 4 probe job(s)" in r.stdout + r.stderr
 
 

@@ -72,8 +72,8 @@ def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
     line = next(ln for ln in job.splitlines() if ln.strip().startswith("resources:"))
     res = dict(kv.strip().split("=", 1) for kv in line.split(":", 1)[1].split(","))
     # the profile's default-resources, and the rule's own (one worker, probe.timeout_s + 5 min)
-    assert {k: res.get(k) for k in ("mem_mb", "tasks", "workers", "cpus_per_task", "runtime")} == {
-        "mem_mb": "16000", "tasks": "1", "workers": "1", "cpus_per_task": "1", "runtime": "15"}, line  # fmt: skip
+    assert {k: res.get(k) for k in ("mem_mb", "tasks", "nodes", "cpus_per_task", "runtime")} == {
+        "mem_mb": "16000", "tasks": "1", "nodes": "1", "cpus_per_task": "1", "runtime": "15"}, line  # fmt: skip
     assert "Shell command: tula memprobe" in job  # the profile's printshellcmds
     assert not (tmp_path / "results").exists()
 
