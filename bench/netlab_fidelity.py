@@ -27,11 +27,10 @@ import numpy as np
 import pandas as pd
 import yaml
 from _harness import ROOT
-from two_level import adaptdl as adaptdl_model
+from two_level import adaptdl, tula
 
 from tula import config as config_mod
 from tula.io import write_json
-from tula.model import perf as perfmodel
 from tula.model.grid import grid, search_set
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
@@ -62,20 +61,8 @@ def measure(cfg_path: Path, out: Path) -> pd.DataFrame:
 
 
 def models(per_node: int):
-    def tula(two_level: bool):
-        def make(train):
-            if two_level:
-                perf = perfmodel.fit(train, "ring", workers_per_node=per_node)
-            else:
-                perf = perfmodel.fit(train.drop(columns="nodes"), "ring", workers_per_node=64)
-            return (lambda n, b: perf.step_time_s(n, b)), (perf.step.form.name if perf.step else "-")
-
-        return make
-
-    def adaptdl(train):
-        return adaptdl_model(train, per_node)
-
-    return {"tula_one_level": tula(False), "tula_two_level": tula(True), "adaptdl": adaptdl}
+    return {"tula_one_level": lambda t: tula(t, False, per_node), "tula_two_level": lambda t: tula(t, True, per_node),
+            "adaptdl": lambda t: adaptdl(t, per_node)}
 
 
 def errors(df: pd.DataFrame, cfg) -> dict:

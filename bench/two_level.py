@@ -87,11 +87,11 @@ def rows(cl: Cluster, points, rng) -> pd.DataFrame:
                          "peak_mem_bytes": 1.0, "status": "ok", "source": "probe", "step_time_cv": NOISE})  # fmt: skip
 
 
-def tula(train: pd.DataFrame, two_level: bool):
+def tula(train: pd.DataFrame, two_level: bool, per_node: int = PER_NODE):
     if two_level:
-        perf = perfmodel.fit(train, "ring", workers_per_node=PER_NODE)
-    else:  # as before issue 22: one curve in N, whatever the nodes
-        perf = perfmodel.fit(train.drop(columns="nodes"), "ring", workers_per_node=max(WORKERS))
+        perf = perfmodel.fit(train, "ring", workers_per_node=per_node)
+    else:  # as before issue 22: one curve in N, whatever the nodes (all on one "node")
+        perf = perfmodel.fit(train.drop(columns="nodes"), "ring", workers_per_node=int(train["workers"].max()))
     return lambda n, b: perf.step_time_s(n, b), perf.step.form.name if perf.step else "-"
 
 

@@ -40,6 +40,12 @@ def grid(cfg: Config) -> list[Point]:
     return [Point(n, b) for n in cfg.grid.workers for b in batch_sizes(cfg)]
 
 
+def nodes_of(workers, workers_per_node: int) -> np.ndarray:
+    """Nodes a job of N workers takes: ceil(N / cluster.workers_per_node) (the layout of
+    :func:`tula.slurm.job_shape`, which the shared layer computes itself)."""
+    return np.ceil(np.asarray(workers, dtype=float) / workers_per_node)
+
+
 def boundary_workers(cfg: Config) -> tuple[int, ...]:
     """(largest N > 1 on one node, smallest N on several) when the grid has both, else ()."""
     wpn = cfg.cluster.workers_per_node

@@ -35,7 +35,6 @@ are recorded in perf.json, with every probe's residual beside its measured noise
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +43,7 @@ import pandas as pd
 
 from tula.model import curvefit
 from tula.model.curvefit import Fitted, Form, Inputs
+from tula.model.grid import nodes_of
 
 COLLECTIVE_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
     "ring": ("(N-1)/N", lambda n: (n - 1.0) / n),
@@ -130,18 +130,30 @@ def _s(th, X, latency: bool):
 
 
 def _additive(latency: bool):
-    return lambda th, X: X["c"] + _s(th, X, latency)
+    return _with_s(lambda th, X: _s(th, X, latency), overlap=False)
 
 
 def _overlap(latency: bool):
+    return _with_s(lambda th, X: _s(th, X, latency), overlap=True)
+
+
+def _with_s(s_of, overlap: bool):
+    """The step from the compute and a sync form ``s_of``: added, or overlapped with exponent
+    gamma (the last parameter; AdaptDL's)."""
     def f(th, X):
-        g = th[-1]
-        s = np.maximum(_s(th, X, latency), 0.0)
-        c = np.maximum(X["c"], 1e-12)
+        s = np.maximum(s_of(th, X), 0.0)
+        if not overlap:
+            return X["c"] + s
+        g, c = th[-1], np.maximum(X["c"], 1e-12)
         m = np.maximum(c, s)
         return m * ((c / m) ** g + (s / m) ** g) ** (1.0 / g)
 
     return f
+
+
+def _with_gamma(base: list[np.ndarray]) -> list[np.ndarray]:
+    """Overlap forms' starts: each additive start, its sync scaled, with a gamma appended."""
+    return [np.append(b * f, g) for b in base for f, g in ((1.0, 1.0), (1.5, 2.0), (3.0, 4.0))]
 
 
 def _step_starts(latency: bool, overlap: bool):
@@ -150,9 +162,7 @@ def _step_starts(latency: bool, overlap: bool):
         base = [np.array([s1, 0.0]) if latency else np.array([s1])]
         if latency:
             base.append(np.array([s1 / 2, s1 / 2 / max(float(X["l"].max()), 1.0)]))
-        if not overlap:
-            return base
-        return [np.append(b * f, g) for b in base for f, g in ((1.0, 1.0), (1.5, 2.0), (3.0, 4.0))]
+        return _with_gamma(base) if overlap else base
 
     return starts
 
@@ -178,18 +188,6 @@ def _bottleneck_s(th, X):
     return (th[0] * (1.0 - X["multi"]) + th[1] * X["multi"]) * X["x"]
 
 
-def _with_s(s_of, overlap: bool):
-    def f(th, X):
-        s = np.maximum(s_of(th, X), 0.0)
-        if not overlap:
-            return X["c"] + s
-        g, c = th[-1], np.maximum(X["c"], 1e-12)
-        m = np.maximum(c, s)
-        return m * ((c / m) ** g + (s / m) ** g) ** (1.0 / g)
-
-    return f
-
-
 def _level_starts(overlap: bool):
     def starts(X, y):
         extra = np.maximum(y - X["c"], 1e-9)
@@ -197,9 +195,7 @@ def _level_starts(overlap: bool):
         s_r = float(np.mean(extra[one] / np.maximum(X["x"][one], 1e-9))) if one.any() else float(np.mean(extra))
         s_n = float(np.mean(extra[multi] / np.maximum(X["x"][multi], 1e-9))) if multi.any() else s_r
         base = [np.array([max(s_r, 1e-9), max(s_n, 1e-9)]), np.array([max(s_r, 1e-9) / 2, max(s_n, 1e-9) * 2])]
-        if not overlap:
-            return base
-        return [np.append(b * f, g) for b in base for f, g in ((1.0, 1.0), (1.5, 2.0), (3.0, 4.0))]
+        return _with_gamma(base) if overlap else base
 
     return starts
 
@@ -245,7 +241,7 @@ class PerfModel:
 
     def _sx(self, workers, local_batch) -> Inputs:
         X = self._cx(workers, local_batch)
-        k = np.ceil(X["n"] / self.workers_per_node)
+        k = nodes_of(X["n"], self.workers_per_node)
         return {"c": self.compute_time_s(workers, local_batch), "x": sync_feature(self.collective, X["n"]),
                 "l": LATENCY_TERMS[self.collective][1](X["n"]), "n": X["n"], "k": k,
                 "xg": sync_feature(self.collective, X["n"] / k), "xk": sync_feature(self.collective, k),
@@ -335,7 +331,7 @@ def _check_layout(probes: pd.DataFrame, workers_per_node: int) -> None:
     if "nodes" not in probes.columns:
         return
     nodes = pd.to_numeric(probes["nodes"], errors="coerce")
-    expect = np.ceil(probes["workers"].to_numpy(float) / workers_per_node)
+    expect = nodes_of(probes["workers"].to_numpy(float), workers_per_node)
     bad = nodes.notna() & (nodes.to_numpy(float) != expect)
     if bad.any():
         r = probes[bad].iloc[0]
@@ -353,7 +349,7 @@ def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
         err = 100.0 * (p - r["step_time_s"]) / r["step_time_s"]
         cv = r.get("step_time_cv")
         noise = 100.0 * float(cv) if cv is not None and np.isfinite(cv) else None
-        out.append({"workers": int(r["workers"]), "nodes": int(math.ceil(r["workers"] / model.workers_per_node)),
+        out.append({"workers": int(r["workers"]), "nodes": int(nodes_of(r["workers"], model.workers_per_node)),
                     "global_batch": int(r["global_batch"]), "measured_step_time_s": float(r["step_time_s"]), "predicted_step_time_s": float(p),
                     "error_pct": float(err), "noise_pct": noise,
                     "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip

@@ -10,13 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from tula.config import Config
+from tula.model.grid import nodes_of
 
 UNITS = {"worker_hour": "worker-hour", "node_hour": "node-hour", "memory": "GB-hour"}
-
-
-def nodes_of(workers, workers_per_node: int) -> np.ndarray:
-    """Nodes a job of N workers takes: ceil(N / workers per node) (see :func:`tula.slurm.job_shape`)."""
-    return np.ceil(np.asarray(workers, dtype=float) / workers_per_node)
 
 
 def worker_cost(train_time_s, workers, per_worker_hour: float):

@@ -14,7 +14,7 @@ from tula.io import read_json, write_csv
 from tula.model import measurements as measurements_mod
 from tula.model import noise
 from tula.model import pricing as pricing_mod
-from tula.model.grid import grid, steps_per_epoch
+from tula.model.grid import grid, nodes_of, steps_per_epoch
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel
 
@@ -24,7 +24,7 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     feasibility, and the probe's measurement where there was one."""
     pts = grid(cfg)
     df = pd.DataFrame({"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]})
-    df.insert(1, "nodes", pricing_mod.nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
+    df.insert(1, "nodes", nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
     df["local_batch"] = df["global_batch"] // df["workers"]
     n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
     df["compute_time_s"] = perf.compute_time_s(n, b)

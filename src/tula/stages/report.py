@@ -13,6 +13,7 @@ import pandas as pd
 from tula.io import atomic_write, read_json
 from tula.model import noise
 from tula.progress import fmt_duration
+from tula.stages.aggregate import comm_env_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -145,7 +146,7 @@ def comm_env_section(measurements: pd.DataFrame, final: dict) -> str:
     or the jobs' environment); a difference is flagged: the probes timed another setting."""
     probes = measurements[measurements["source"] == "probe"] if "source" in measurements.columns else measurements
     seen = sorted({v if isinstance(v, str) else "" for v in probes["comm_env"]}) if "comm_env" in probes.columns else []
-    prod = ";".join(f"{k}={v}" for k, v in sorted((final.get("comm_env") or {}).items()))
+    prod = comm_env_text(final)
     show = lambda t: html.escape(t.replace(";", ", ")) if t else "none"  # noqa: E731
     same = seen == [prod]
     return (f"<p><b>Communication environment</b> (hardware.comm_env and the jobs' NCCL_*/GLOO_* variables): "
