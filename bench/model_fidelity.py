@@ -399,7 +399,7 @@ def plot_b(outdir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tula.stages.plot import _save
+    from tula.stages.plot import save_figure
 
     cl, cfg = Cluster(), syn_config()
     rng = np.random.default_rng(0)
@@ -423,7 +423,7 @@ def plot_b(outdir: Path) -> None:
     ax.set_title("Synthetic V100 cluster: truth (dots), partial-search fit (lines), probes (stars)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    _save(fig, outdir / "fidelity_synthetic.png")
+    save_figure(fig, outdir / "fidelity_synthetic.png")
 
 
 def main() -> None:
