@@ -14,6 +14,7 @@ rule launch:
         final="results/train/final.json",
         model="results/train/model.pt",
         attempts="results/train/attempts.json",
+        steps="results/train/steps.csv",
     log:
         "results/logs/launch.log",
     benchmark:

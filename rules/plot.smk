@@ -47,10 +47,16 @@ rule plot_training:
         metrics=rules.launch.output.metrics,
         final=rules.launch.output.final,
         attempts=rules.launch.output.attempts,
+        steps=rules.launch.output.steps,
     output:
-        report(
+        training=report(
             "results/plots/training.png",
             caption="../workflow/report/training.rst",
+            category="Training",
+        ),
+        steps=report(
+            "results/plots/steps.png",
+            caption="../workflow/report/steps.rst",
             category="Training",
         ),
     log:
@@ -59,4 +65,5 @@ rule plot_training:
         CONDA_ENV
     shell:
         "tula plot training --metrics {input.metrics} --final {input.final}"
-        " --attempts {input.attempts} --training-plot {output} > {log} 2>&1"
+        " --attempts {input.attempts} --training-plot {output.training}"
+        " --steps {input.steps} --steps-plot {output.steps} > {log} 2>&1"

@@ -212,8 +212,8 @@ def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):
         names = z.namelist()
     assert sum(n.endswith("/report.html") for n in names) == 1, names
     pngs = sorted(n.rsplit("/", 1)[1] for n in names if n.endswith(".png"))
-    assert pngs == ["compute_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png", "time_vs_batch.png",
-                    "training.png"], names  # the rules' report() outputs, each once
+    assert pngs == ["compute_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png", "steps.png",
+                    "time_vs_batch.png", "training.png"], names  # the rules' report() outputs, each once
 
 
 def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(finished_run):

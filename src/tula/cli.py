@@ -182,8 +182,8 @@ def cmd_plot(a) -> None:
                            a.memory_plot, a.compute_plot)  # fmt: skip
         made = [a.time_plot, a.cost_plot, a.memory_plot, a.compute_plot]
     else:
-        plot.run_training(a.metrics, a.final, a.attempts, a.training_plot)
-        made = [a.training_plot]
+        plot.run_training(a.metrics, a.final, a.attempts, a.training_plot, a.steps, a.steps_plot)
+        made = [a.training_plot, *([a.steps_plot] if a.steps and a.steps_plot else [])]
     print(f"[plot] -> {', '.join(map(str, made))}")
 
 
@@ -204,6 +204,8 @@ def add_plot(sub) -> None:
     r.add_argument("--final", required=True, help="training final JSON (results/train/final.json)")
     r.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json): marks relaunches")
     r.add_argument("--training-plot", required=True, help="PNG to write: the training curve")
+    r.add_argument("--steps", help="the job's monitored steps (results/train/steps.csv)")
+    r.add_argument("--steps-plot", help="PNG to write: step and sync time over the run, with the predicted band")
     s.set_defaults(func=cmd_plot)
 
 

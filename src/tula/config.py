@@ -159,6 +159,8 @@ class LaunchSettings:
     checkpoint_every_epochs: int | None
     keep_checkpoints: int
     poll_s: float
+    monitor_every_steps: int | str | None = "auto"
+    replan: str = "record"
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,8 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
     if renamed:
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed))
     data = copy.deepcopy(raw)
+    if isinstance(data.get("launch"), dict) and data["launch"].get("replan") is False:
+        data["launch"]["replan"] = "off"  # YAML reads an unquoted `off` as false
     validator = _validator_with_defaults()(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:

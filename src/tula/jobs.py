@@ -51,6 +51,12 @@ def segments(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
     return [s for s in (read_json(path) if path.exists() else []) if s.get("attempt") == attempt]
 
 
+def drifts(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
+    """The drifts the job's rank 0 recorded in drift.json during ``attempt``."""
+    path = Path(out_dir) / "drift.json"
+    return [d for d in (read_json(path) if path.exists() else []) if d.get("attempt") == attempt]
+
+
 @dataclass
 class Attempt:
     """One submitted job at one global batch (``outcome``: running, completed, oom, stopped,
@@ -66,6 +72,7 @@ class Attempt:
     outcome: str = "running"
     reason: str = ""
     segments: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[dict[str, Any]] = field(default_factory=list)  # network drift the job found (tula.model.drift)
 
 
 @dataclass

@@ -90,3 +90,18 @@ def test_the_training_curve_has_a_noise_scale_panel_when_the_epochs_measured_one
     assert len(fig.axes) == 3 and fig._suptitle.get_text() == "Training at N=2, B=64: final test accuracy 75.00%"
     assert _lines(fig.axes[2])["B_noise (per epoch, AGS refresh)"] == ([1, 2], [100.0, 150.0])
     assert len(plot.training_curve(metrics.drop(columns="grad_noise_scale"), final, tmp_path / "t2.png").axes) == 2
+
+
+def test_the_monitored_steps_figure_draws_sync_against_its_band_and_marks_each_drift(tmp_path):
+    steps = pd.DataFrame({"step": [10, 20, 30], "workers": 4, "global_batch": 128, "step_time_s": [0.05, 0.06, 0.09],
+                          "compute_time_s": [0.04, 0.04, 0.04], "sync_time_s": [0.01, 0.02, 0.05],
+                          "predicted_sync_s": 0.01, "sync_lo_s": 0.0, "sync_hi_s": 0.02})  # fmt: skip
+    drifts = [{"step": 30, "direction": "slower", "action": "recorded"}]
+    fig = plot.sync_over_run(steps, drifts, tmp_path / "s.png")
+    lines = _lines(fig.axes[0])
+    assert lines["sync = step - compute"] == ([10, 20, 30], [10.0, 20.0, 50.0])  # ms
+    assert lines["predicted sync"][1] == [10.0] * 3
+    assert [t.get_text() for t in fig.axes[0].texts] == ["drift (slower): recorded"]
+    assert (tmp_path / "s.png").stat().st_size > 0
+    empty = plot.sync_over_run(steps.iloc[:0], [], tmp_path / "e.png")
+    assert "no monitored steps" in empty.axes[0].texts[0].get_text() and (tmp_path / "e.png").exists()

@@ -87,3 +87,14 @@ def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_bat
     assert "B_noise = <b>128</b> &plusmn; 12" in html and "B = 256 is 2.00&times; B_noise" in html
     assert "worth 33 %" in html and "7.5 epochs" in html
     assert "Not measured" in noise_section(pred.assign(b_noise=float("nan")), 64)
+
+
+def test_the_drift_card_says_what_the_monitored_steps_found():
+    from tula.stages.report import drift_card
+
+    assert "No monitored steps" in drift_card({"monitored_steps": 0})
+    assert "none" in drift_card({"monitored_steps": 7, "drift": []}) and "7 monitored steps" in drift_card(
+        {"monitored_steps": 7, "drift": []})
+    d = {"step": 40, "reason": "sync 41.0 ms vs predicted 12.0 ms (8.9-15.6) for 40 steps", "action": "recorded"}
+    card = drift_card({"monitored_steps": 9, "drift": [d]})
+    assert "found 1 time(s) in 9 monitored steps" in card and "step 40: sync 41.0 ms vs predicted 12.0 ms" in card

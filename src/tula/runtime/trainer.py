@@ -28,10 +28,12 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
+from tula.model import drift
 from tula.progress import Progress, fmt_duration
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM, agree, oom_place
-from tula.runtime.optim import TulaOptimizer
+from tula.runtime.monitor import Monitor
+from tula.runtime.optim import TulaOptimizer, load_optimizer_state
 from tula.runtime.replica import Position, Replica
 
 METRIC_COLUMNS = [
@@ -83,7 +85,7 @@ class Trainer:
     (steps), :meth:`end_of_epoch`, :meth:`checkpoint`, :meth:`finish`."""
 
     def __init__(self, cfg: config_mod.Config, workers: int, global_batch: int, out_dir: Path,
-                 ckpt: Checkpointing | None = None):  # fmt: skip
+                 ckpt: Checkpointing | None = None, band: dict[str, float] | None = None):  # fmt: skip
         self.wenv, self.device, self.backend = dist.init(cfg.hardware, cluster=cfg.cluster)
         if self.wenv.world_size != workers:
             raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={workers}")
@@ -98,7 +100,10 @@ class Trainer:
         if injector:
             self.replica.inject_faults(injector)
         # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
-        self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0}
+        self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0,
+                      "monitor_time_s": 0.0}  # fmt: skip
+        self.band = drift.Band(**band) if band else None  # the predicted sync at (N, B): the drift detector's
+        self.monitor: Monitor | None = None
         self.rows: list[dict[str, Any]] = []
         self.epoch_time = 0.0
         self.resumed_from = 0
@@ -118,7 +123,7 @@ class Trainer:
         own = state["ranks"][self.rank].get("replica")
         if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
             replica.ddp.module.load_state_dict(own["model"])
-            replica.opt.load_state_dict(own["optimizer"])
+            load_optimizer_state(replica.opt, own["optimizer"])
         checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
         replica.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
@@ -141,7 +146,7 @@ class Trainer:
                 self.first_step_at = time.time()
                 self.times["startup_time_s"] += self.first_step_at - self.process_started
                 self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
-            timed = replica.timed_step(batches)
+            timed = self.monitor.paired_step(batches) if self.monitor and self.monitor.due() else replica.timed_step(batches)
             if timed is None:
                 return
             dt, stop = timed
@@ -228,6 +233,7 @@ class Trainer:
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
                 "mean_step_time_s": self.times["train_time_s"] / steps,
                 "backend": self.backend, "device": str(self.device), "comm_env": dist.comm_env(),
+                **(self.monitor.summary() if self.monitor else {"monitored_steps": 0, "drift": []}),
             }  # fmt: skip
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
@@ -249,6 +255,9 @@ class Trainer:
         self.process_started, self.first_step_at = _process_started(), None
         self.restore()
         replica, cfg, epochs = self.replica, self.cfg, self.cfg.workload.epochs
+        if self.ckpt:  # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
+            every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
+            self.monitor = Monitor(replica, every, self.out, self.attempt, self.band, self.resumed_from, self.times)
         if self.rank == 0:
             print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {replica.data.train_size} training "
                   f"samples, {replica.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
 from tula.jobs import Attempt, History
+from tula.model import drift
 
 
 def selected_point(path) -> tuple[int, int]:
@@ -53,8 +55,10 @@ class ProductionJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
 
-    def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing):
+    def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing,
+                 band: dict[str, float] | None = None):  # fmt: skip
         self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = config, workers, global_batch, out_dir, ckpt
+        self.band = band  # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
 
     def __call__(self) -> dict[str, Any]:
         cfg = config_mod.load(self.config)
@@ -63,7 +67,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
         from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
 
-        return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt).run()
+        return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band).run()
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
 
@@ -162,7 +166,10 @@ class Launch:
                                         L.keep_checkpoints, attempt=n)  # fmt: skip
         executor = jobs.make_executor(self.cfg, self.kind, self.out / "submitit", self.workers, self.limit,
                                       self.partition, self.account, self.job_name)  # fmt: skip
-        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt), self.kind)
+        row = prediction_row(self.predictions, self.workers, batch)
+        band = asdict(drift.Band.from_prediction(row)) if row is not None and self.workers > 1 else None
+        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band),
+                          self.kind)  # fmt: skip
         att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step())
         self.history.attempts.append(att)
         print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // self.workers} per worker), "
@@ -188,6 +195,10 @@ class Launch:
             raise
         att.outcome, att.reason = jobs.outcome(job, self.out, att.attempt)
         att.segments, att.checkpoint_step = jobs.segments(self.out, att.attempt), self.checkpoint_step()
+        att.drift = jobs.drifts(self.out, att.attempt)
+        for d in att.drift:
+            print(f"[launch] attempt {att.attempt}: network drift at step {d['step']}: {d['reason']} — {d['action']}",
+                  flush=True)  # fmt: skip
         if att.segments:  # where the workers really started (a damaged newest checkpoint was skipped) and ended
             att.start_step, att.end_step = att.segments[0]["start_step"], att.segments[-1]["end_step"]
         self.history.write()
@@ -256,19 +267,24 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
         batch, job = launch.after(att, job, shrink), None
 
 
+def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> dict[str, Any] | None:
+    """predictions.csv's row at (N, B), or None (no predictions, or the point is not in them)."""
+    if not predictions or not Path(predictions).exists():
+        return None
+    p = pd.read_csv(predictions)
+    match = p[(p["workers"] == workers) & (p["global_batch"] == batch)]
+    return None if match.empty else match.iloc[0].to_dict()
+
+
 def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[str, Any]:
     """Put the prediction for the point the job trained beside what the job measured, in
     final.json: predicted step time (with its 95 % interval) against the mean training step,
     predicted training time against the time spent in training steps (evaluation,
     checkpoints and start-up are reported apart: Eq. 4a does not model them)."""
     final = read_json(final_path)
-    if not predictions or not Path(predictions).exists():
+    row = prediction_row(predictions, final["workers"], final["global_batch"])
+    if row is None:
         return final
-    p = pd.read_csv(predictions)
-    match = p[(p["workers"] == final["workers"]) & (p["global_batch"] == final["global_batch"])]
-    if match.empty:
-        return final
-    row = match.iloc[0]
     pred_step, pred_T = float(row["step_time_s"]), float(row["train_time_s"])
     final.update({
         "predicted_step_time_s": pred_step,

@@ -200,6 +200,40 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
     return fig
 
 
+def sync_over_run(steps: pd.DataFrame, drifts: list[dict], path) -> Figure:
+    """The production job's monitored steps (results/train/steps.csv): step and sync time over
+    the run against the band the drift detector accepts around the predicted sync, and where it
+    found drift. An empty steps.csv (one worker, post-local SGD, or launch.replan: off) gets a
+    figure that says so."""
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    if steps.empty:
+        ax.text(0.5, 0.5, "no monitored steps (one worker, post-local SGD, or launch.replan: off)",
+                ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+        ax.set_axis_off()
+        save_figure(fig, path)
+        return fig
+    x = steps["step"]
+    ax.plot(x, 1e3 * steps["step_time_s"], ".", ms=5, color="tab:blue", label="step (synced)")
+    ax.plot(x, 1e3 * steps["compute_time_s"], ".", ms=4, color="tab:green", alpha=0.6, label="compute-only step")
+    ax.plot(x, 1e3 * steps["sync_time_s"], "o", ms=4, color="tab:red", label="sync = step - compute")
+    if steps["predicted_sync_s"].notna().any():
+        ax.plot(x, 1e3 * steps["predicted_sync_s"], "--", color="tab:red", lw=1, label="predicted sync")
+        ax.fill_between(x, 1e3 * steps["sync_lo_s"], 1e3 * steps["sync_hi_s"], color="tab:red", alpha=0.12,
+                        label="band the detector accepts")  # fmt: skip
+    for d in drifts:
+        ax.axvline(d["step"], color="k", ls=":", lw=1.2)
+        ax.annotate(f"drift ({d['direction']}): {d['action']}", (d["step"], 1), xycoords=("data", "axes fraction"),
+                    rotation=90, va="top", ha="right", fontsize=8)  # fmt: skip
+    ax.set_xlabel("training step")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(f"Monitored steps: {len(steps)} paired compute-only steps, N={int(steps['workers'].iloc[-1])}, "
+                 f"B={int(steps['global_batch'].iloc[-1])}")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=3)
+    save_figure(fig, path)
+    return fig
+
+
 def run_selection(predictions, selection, measurements, memory, perf, time_plot, cost_plot, memory_plot,
                   compute_plot) -> None:  # fmt: skip
     """``tula plot --selection ...``: the selection figures from the results files."""
@@ -210,6 +244,9 @@ def run_selection(predictions, selection, measurements, memory, perf, time_plot,
     compute_vs_batch(meas, read_json(perf), compute_plot)
 
 
-def run_training(metrics, final, attempts, training_plot) -> None:
-    """``tula plot --metrics ...``: the training curve."""
-    training_curve(pd.read_csv(metrics), read_json(final), training_plot, read_json(attempts) if attempts else None)
+def run_training(metrics, final, attempts, training_plot, steps=None, steps_plot=None) -> None:
+    """``tula plot --metrics ...``: the training curve (and, with ``steps``, the monitored steps)."""
+    fin = read_json(final)
+    training_curve(pd.read_csv(metrics), fin, training_plot, read_json(attempts) if attempts else None)
+    if steps and steps_plot:
+        sync_over_run(pd.read_csv(steps), fin.get("drift", []), steps_plot)

@@ -74,6 +74,25 @@ def attempts_table(attempts: dict | None) -> str:
         "attempt, each from the checkpoint written when the signal came.</p>"
 
 
+TRAINING_PLOTS = ("training.png", "steps.png")
+
+
+def drift_card(final: dict) -> str:
+    """What the job's own sync measurements said against the prediction (launch.replan)."""
+    n = final.get("monitored_steps", 0)
+    if not n:
+        return ("<p class=sub>No monitored steps: the job did not time its sync while it trained (one worker, "
+                "post-local SGD, or launch.replan: off).</p>")  # fmt: skip
+    drifts = final.get("drift", [])
+    if not drifts:
+        return (f"<p><b>Network drift</b>: none — the sync time of {n} monitored steps stayed, as a median of 5, "
+                "inside the predicted band (results/train/steps.csv).</p>")  # fmt: skip
+    items = "".join(f"<li>step {d['step']}: {html.escape(d['reason'])} — {html.escape(d['action'])}</li>" for d in drifts)
+    return (f"<p class=bad><b>Network drift</b> found {len(drifts)} time(s) in {n} monitored steps "
+            f"(results/train/drift.json):</p><ul>{items}</ul><p class=sub>launch.replan: record writes a drift down "
+            "and trains on at the same (N, B); the time it costs is in the measured step above.</p>")  # fmt: skip
+
+
 def prediction_card(final: dict) -> str:
     """'predicted vs measured' for the point the job trained (from final.json)."""
     if final.get("predicted_step_time_s") is None:
@@ -184,9 +203,10 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
             relaunch="" if final["global_batch"] == s["global_batch"] else
             f" <span class=bad>Finished at B={final['global_batch']}: B={s['global_batch']} ran out of memory "
             "(see Attempts below).</span>") + prediction_card(final) + comm_env_section(measurements, final),  # fmt: skip
-        "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name != "training.png") + "</div>",
+        "<div class=grid>" + "".join(f"<div>{_img(p)}</div>" for p in plots if p.name not in TRAINING_PLOTS) + "</div>",
         "<h2>Training job</h2>" + "".join(_img(p) for p in plots if p.name == "training.png")
-        + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}",
+        + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}"
+        + "".join(_img(p) for p in plots if p.name == "steps.png") + drift_card(final),
     ]
     parts.append(model_section(perf))
     parts.append(noise_section(predictions, s["global_batch"]))

@@ -1,0 +1,112 @@
+"""Has the job's communication drifted from its prediction? (paper §VI's open problem; issue 23)
+
+The production job times a paired compute-only step now and then (:mod:`tula.runtime.monitor`),
+so it knows its sync time (the slowest rank's synced step minus its compute-only step) while it
+trains. One such observation is noisy: a difference of two step times, each with the probe's
+7-11 % step-to-step scatter on this machine, and now and then one slow step. So the detector
+decides on the **median of the last** ``window`` observations: one or two slow steps in five
+cannot move it, a change that holds for most of the window does. It fires when that median is
+out of the band
+
+    predicted sync interval  widened by  ``tolerance`` x the predicted step
+
+on either side (slower *or* faster: a network that recovers is drift too). The widening is
+the part that matters for a plan: a sync change worth less than ``tolerance`` of a step
+cannot move the choice of (N, B) by much, and it absorbs the probe-to-production difference
+of the step (0.9-1.2x, BENCHMARKS.md) that the interval of the fit does not know about.
+
+After firing, the detector re-arms around what it observed: a later change is a new drift,
+the same level is not reported again. No torch here: the launcher and the report use it too.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WINDOW = 5  # observations in the median: 3 of 5 beyond the band fire, 2 slow steps do not
+TOLERANCE = 0.2  # x the predicted step, either side of the sync interval
+
+
+@dataclass(frozen=True)
+class Band:
+    """The sync time the model predicts at the job's (N, B): centre, 95 % interval, and the
+    band the detector accepts (the interval widened by ``tolerance`` x the predicted step)."""
+
+    predicted_s: float
+    lo_s: float
+    hi_s: float
+    step_s: float
+    tolerance: float = TOLERANCE
+
+    @property
+    def accept_lo_s(self) -> float:
+        return max(self.lo_s - self.tolerance * self.step_s, 0.0)
+
+    @property
+    def accept_hi_s(self) -> float:
+        return self.hi_s + self.tolerance * self.step_s
+
+    def contains(self, sync_s: float) -> bool:
+        return self.accept_lo_s <= sync_s <= self.accept_hi_s
+
+    @staticmethod
+    def from_prediction(row: dict[str, Any], tolerance: float = TOLERANCE) -> Band:
+        """From a predictions.csv row: sync = step - compute, its interval the step's."""
+        step, compute = float(row["step_time_s"]), float(row["compute_time_s"])
+        sync = max(step - compute, 0.0)
+        lo = max(float(row["step_time_lo_s"]) - compute, 0.0)
+        hi = max(float(row["step_time_hi_s"]) - compute, sync)
+        return Band(sync, min(lo, sync), hi, step, tolerance)
+
+
+@dataclass
+class Drift:
+    """One decision: from ``since_step`` to ``step`` the median sync was ``observed_s``."""
+
+    step: int
+    since_step: int
+    observed_s: float
+    predicted_s: float
+    lo_s: float
+    hi_s: float
+    direction: str  # "slower" or "faster"
+    observations: int
+
+    def describe(self) -> str:
+        return (f"sync {1e3 * self.observed_s:.1f} ms vs predicted {1e3 * self.predicted_s:.1f} ms "
+                f"({1e3 * self.lo_s:.1f}-{1e3 * self.hi_s:.1f}) for {self.step - self.since_step} steps "
+                f"(median of the last {self.observations} observations, steps {self.since_step}-{self.step})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reason": self.describe()}
+
+
+@dataclass
+class Detector:
+    """Feed it ``observe(step, sync_s)``; it returns a :class:`Drift` when the windowed median
+    leaves the band (then re-arms around the new level), else None."""
+
+    band: Band
+    window: int = WINDOW
+    seen: list[tuple[int, float]] = field(default_factory=list)
+    level: Band | None = None  # after a drift: the band around the level observed
+
+    def observe(self, step: int, sync_s: float) -> Drift | None:
+        self.seen.append((step, float(sync_s)))
+        if len(self.seen) < self.window:
+            return None
+        last = self.seen[-self.window :]
+        med = statistics.median(s for _, s in last)
+        ref = self.level or self.band
+        if ref.contains(med):
+            return None
+        b = self.band
+        drift = Drift(step=step, since_step=last[0][0], observed_s=med, predicted_s=b.predicted_s, lo_s=b.lo_s,
+                      hi_s=b.hi_s, direction="slower" if med > ref.accept_hi_s else "faster",
+                      observations=self.window)  # fmt: skip
+        # re-arm around what is observed now: the same level is not a new drift
+        self.level = Band(med, med, med, b.step_s, b.tolerance) if not b.contains(med) else None
+        self.seen = self.seen[-1:]
+        return drift

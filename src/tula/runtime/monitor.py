@@ -1,0 +1,155 @@
+"""The production job keeps measuring (issue 23): now and then a paired compute-only step.
+
+At a monitored step every rank runs the training step twice on the same batch: first under
+``DDP.no_sync()`` (the probe's compute-only step, the same :meth:`Replica.step`), after which
+everything that step changed is put back exactly (model, optimizer, schedule, scaler,
+position, epoch sums, RNG), then the real synced step. Training is bit-for-bit what it would
+have been without monitoring (``tests/runtime/test_monitor.py``). The pair's times, the
+slowest rank's each (one all-reduce), give compute and sync apart while the job trains; rank
+0 appends them to ``steps.csv`` and feeds the drift detector (:mod:`tula.model.drift`).
+
+How often: ``launch.monitor_every_steps``. ``auto`` keeps the measured cost of monitoring
+(the extra compute-only step, the snapshot and its restore) at or below 1 % of the training
+steps: after each pair the next one is ``ceil(cost / (1 % x step))`` steps later, computed
+from the agreed times so every rank takes the same steps. Post-local SGD has no per-step
+all-reduce to time and is not monitored.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import asdict
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+import torch
+import torch.distributed as torch_dist
+
+from tula import checkpoint
+from tula.io import read_json, write_csv, write_json
+from tula.model import drift as drift_mod
+from tula.runtime.optim import load_optimizer_state
+from tula.runtime.replica import Replica, refresh_due
+
+COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
+FIRST_AFTER = 20  # auto: the first pair after this many steps (past warm-up and the epoch start)
+COLUMNS = ["step", "epoch", "workers", "global_batch", "step_time_s", "compute_time_s", "sync_time_s",
+           "monitor_cost_s", "predicted_sync_s", "sync_lo_s", "sync_hi_s", "attempt", "time"]  # fmt: skip
+
+
+def _snapshot(replica: Replica) -> dict[str, Any]:
+    """Everything one training step changes, copied (to host memory: no extra device memory)."""
+    cpu = lambda sd: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v) for k, v in sd.items()}  # noqa: E731
+    return {"model": cpu(replica.ddp.module.state_dict()), "optimizer": copy.deepcopy(replica.opt.state_dict()),
+            "scheduler": replica.sched.state_dict(), "scaler": replica.scaler.state_dict(),
+            "pos": dataclasses.replace(replica.pos), "stats": replica.stats.clone(), "rng": checkpoint.rng_state(),
+            "fields": {k: copy.copy(getattr(replica, k)) for k in ("last_chunk", "refreshed", "force_refresh", "noise_pairs")},
+            # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
+            # step before synced its gradients: a no_sync step turns that off for the next one
+            "ddp_forward_sync": replica.ddp.require_forward_param_sync}  # fmt: skip
+
+
+def _restore(replica: Replica, snap: dict[str, Any]) -> None:
+    replica.ddp.module.load_state_dict(snap["model"])
+    load_optimizer_state(replica.opt, snap["optimizer"])
+    replica.sched.load_state_dict(snap["scheduler"])
+    replica.scaler.load_state_dict(snap["scaler"])
+    replica.pos, replica.stats = snap["pos"], snap["stats"]
+    for k, v in snap["fields"].items():
+        setattr(replica, k, v)
+    checkpoint.set_rng_state(snap["rng"])
+    replica.ddp.require_forward_param_sync = snap["ddp_forward_sync"]
+
+
+class Monitor:
+    """When to monitor, the paired step, and (rank 0) steps.csv, drift.json and the detector.
+
+    Across a requeue or a relaunch the rows and drifts of steps up to the checkpoint resumed
+    from are kept (later steps are trained again, and measured again)."""
+
+    def __init__(self, replica: Replica, every: int | str | None, out_dir: Path, attempt: int,
+                 band: drift_mod.Band | None, resumed_from: int, times: dict[str, float]):  # fmt: skip
+        self.replica, self.out, self.attempt, self.band, self.times = replica, Path(out_dir), attempt, band, times
+        self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
+        self.every = None if every in (None, "auto") else int(every)
+        self.next_step = resumed_from + (self.every or FIRST_AFTER)
+        self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
+        self.rows, self.drifts = [], []
+        if replica.rank == 0:
+            steps, drifts = self.out / "steps.csv", self.out / "drift.json"
+            if steps.exists() and resumed_from > 0:
+                self.rows = [r for r in pd.read_csv(steps).to_dict("records") if r["step"] <= resumed_from]
+            if drifts.exists() and resumed_from > 0:
+                self.drifts = [d for d in read_json(drifts) if d["step"] <= resumed_from]
+            write_csv(steps, pd.DataFrame(self.rows, columns=COLUMNS))
+            write_json(drifts, self.drifts)
+
+    def summary(self) -> dict[str, Any]:
+        """For final.json (rank 0): how much was monitored, what it cost, the drifts found."""
+        return {"monitored_steps": len(self.rows), "monitor_every_steps": self.replica.cfg.launch.monitor_every_steps,
+                "drift": self.drifts, "drift_band_s": asdict(self.band) if self.band else None}  # fmt: skip
+
+    def due(self) -> bool:
+        r = self.replica
+        # a plain step: not an epoch's first (loader refill, AGS refresh) nor an AGS refresh
+        return (self.enabled and r.pos.step >= self.next_step and r.pos.offset > 0 and not r.force_refresh
+                and not refresh_due(r.t, False, r.pos.step))  # fmt: skip
+
+    def paired_step(self, batches: Iterator) -> tuple[float, int] | None:
+        """Fetch the next batch; a compute-only step on it (then undone), then the real step.
+        Returns (seconds of the real step, fetch included; its stop code) or None at the
+        epoch's end, as :meth:`Replica.timed_step` does."""
+        r = self.replica
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        fetch = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        snap = _snapshot(r)
+        t2 = time.perf_counter()
+        with r.ddp.no_sync():
+            r.step(*batch)
+        r.sync_device()
+        compute = fetch + time.perf_counter() - t2
+        _restore(r, snap)
+        overhead = time.perf_counter() - t1
+        t3 = time.perf_counter()
+        stop = r.step(*batch)
+        r.sync_device()
+        step = fetch + time.perf_counter() - t3
+        agreed = torch.tensor([step, compute, overhead], dtype=torch.float64)
+        torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX)  # the slowest rank's, as the probe takes it
+        step, compute, overhead = agreed.tolist()
+        self.times["monitor_time_s"] += overhead
+        self._schedule(step, overhead)
+        if r.rank == 0:
+            self._record(step, compute, overhead)
+        return step, stop
+
+    def _schedule(self, step_s: float, cost_s: float) -> None:
+        every = self.every or max(1, math.ceil(cost_s / (COST_SHARE * max(step_s, 1e-9))))
+        self.next_step = self.replica.pos.step - 1 + every  # the pair's step index + k (pos.step counts it done)
+
+    def _record(self, step_s: float, compute_s: float, cost_s: float) -> None:
+        r, b = self.replica, self.band
+        sync = max(step_s - compute_s, 0.0)
+        self.rows.append({"step": r.pos.step, "epoch": r.pos.epoch, "workers": r.world, "global_batch": r.global_batch,
+                          "step_time_s": step_s, "compute_time_s": compute_s, "sync_time_s": sync,
+                          "monitor_cost_s": cost_s, "predicted_sync_s": b.predicted_s if b else math.nan,
+                          "sync_lo_s": b.accept_lo_s if b else math.nan, "sync_hi_s": b.accept_hi_s if b else math.nan,
+                          "attempt": self.attempt, "time": time.time()})  # fmt: skip
+        write_csv(self.out / "steps.csv", pd.DataFrame(self.rows, columns=COLUMNS))
+        if self.detector is None:
+            return
+        found = self.detector.observe(r.pos.step, sync)
+        if found is not None:
+            self.drifts.append({**found.to_dict(), "workers": r.world, "global_batch": r.global_batch,
+                                "attempt": self.attempt, "time": time.time(), "action": "recorded"})  # fmt: skip
+            write_json(self.out / "drift.json", self.drifts)
+            print(f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; recorded (launch.replan: record)",
+                  flush=True)  # fmt: skip

@@ -1,0 +1,77 @@
+"""The production job keeps measuring: paired compute-only steps that leave training bit for
+bit unchanged, steps.csv as they come, and drift recorded (never acted on) under
+``launch.replan: record``. Real runs: `tula launch`, submitit's local executor, 2 gloo workers."""
+
+import copy
+import json
+import math
+import statistics
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import TINY, bitwise_equal, load_params
+
+from tula.io import write_json
+from tula.runtime.monitor import COLUMNS
+from tula.stages import launch
+
+D, B = 1437, 64  # digits training samples; the global batch
+STEPS1 = math.ceil(D / B)
+
+
+def _run(tmp_path, tiny_raw, name, predictions=None, **launch_cfg):
+    d = tmp_path / name
+    d.mkdir()
+    tiny_raw["launch"] = {"poll_s": 0.5, "executor": "local", **launch_cfg}
+    (d / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
+    write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
+    final = launch.run(d / "config.yaml", d / "selection.json", d / "train", predictions=predictions)
+    return d / "train", final
+
+
+@pytest.fixture(scope="module")
+def unmonitored(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("off"), copy.deepcopy(TINY), "off", replan="off")
+
+
+def test_monitored_training_is_bitwise_the_unmonitored_one(tmp_path, tiny_raw, unmonitored, venv_path):
+    off_dir, off_final = unmonitored
+    out, final = _run(tmp_path, tiny_raw, "every3", monitor_every_steps=3)
+    assert bitwise_equal(load_params(out / "model.pt"), load_params(off_dir / "model.pt"))
+    assert final["final_test_acc"] == off_final["final_test_acc"] and final["steps"] == off_final["steps"]
+    rows = pd.read_csv(out / "steps.csv")
+    assert list(rows.columns) == COLUMNS
+    # every 3rd step from step 3, never an epoch's first step: the pair is taken before the step,
+    # so a row's step is the count after it
+    expected = [s + 1 for s in range(3, 2 * STEPS1, 3) if s % STEPS1 != 0 and s < 2 * STEPS1]
+    assert list(rows["step"]) == expected
+    assert (rows["workers"] == 2).all() and (rows["global_batch"] == B).all()
+    assert (rows["compute_time_s"] > 0).all() and (rows["step_time_s"] > 0).all()
+    assert rows["sync_time_s"].tolist() == pytest.approx((rows["step_time_s"] - rows["compute_time_s"]).clip(lower=0).tolist())
+    assert final["monitored_steps"] == len(rows) and final["monitor_time_s"] > 0 and final["drift"] == []
+    assert off_final["monitored_steps"] == 0 and pd.read_csv(off_dir / "steps.csv").empty  # replan: off
+
+
+def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_path):
+    """A prediction of no sync at all (a band of 0 +- 0.1 % of a 1 ms step): the gloo all-reduce
+    that the job really pays is a sustained drift, found after 3 of 5 observations, recorded in
+    drift.json, attempts.json and final.json; the job trains on at the same (N, B)."""
+    pred = tmp_path / "predictions.csv"
+    pd.DataFrame([{"workers": 2, "global_batch": B, "step_time_s": 1e-3, "compute_time_s": 1e-3, "step_time_lo_s": 1e-3,
+                   "step_time_hi_s": 1e-3, "train_time_s": 1.0, "train_time_lo_s": 1.0, "train_time_hi_s": 1.0}]).to_csv(pred, index=False)  # fmt: skip
+    out, final = _run(tmp_path, tiny_raw, "rec", predictions=pred, monitor_every_steps=2)
+    rows = pd.read_csv(out / "steps.csv")
+    assert rows["sync_hi_s"].iloc[0] == pytest.approx(1e-3 * 0.2)  # the band the job was given
+    slow = rows[rows["sync_time_s"] > rows["sync_hi_s"]]
+    assert len(slow) >= 3, rows  # the job did pay for its all-reduce
+    att = json.loads((out / "attempts.json").read_text())["attempts"]
+    assert len(att) == 1 and att[0]["outcome"] == "completed" and att[0]["global_batch"] == B
+    drifts = att[0]["drift"]
+    assert drifts and drifts == final["drift"] == json.loads((out / "drift.json").read_text())
+    first = drifts[0]
+    assert first["direction"] == "slower" and first["action"] == "recorded" and first["predicted_s"] == 0.0
+    sync, hi = rows["sync_time_s"].tolist(), rows["sync_hi_s"].iloc[0]
+    fires = [i for i in range(4, len(sync)) if statistics.median(sync[i - 4 : i + 1]) > hi]
+    assert first["step"] == int(rows["step"].iloc[fires[0]])  # the first window of 5 whose median is out
+    assert "vs predicted 0.0 ms" in first["reason"]
