@@ -1,3 +1,4 @@
+import contextlib
 import copy
 import os
 import shutil
@@ -171,3 +172,33 @@ def load_params(path) -> dict:
     import torch
 
     return torch.load(path, map_location="cpu")
+
+
+@contextlib.contextmanager
+def when_step_reached(steps_csv: Path, step: float, action):
+    """While the block runs: once the production job's steps.csv (tula.runtime.monitor) has a
+    row at or past ``step``, call ``action()`` once (a thread looks every 0.2 s). Yields a dict
+    that gets that row's step. The network lab's tests and bench/drift.py slow a link so."""
+    import threading
+
+    done: dict = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            try:
+                last = int(pd.read_csv(steps_csv)["step"].iloc[-1])
+            except (FileNotFoundError, IndexError, KeyError, pd.errors.EmptyDataError):
+                continue
+            if last >= step:
+                action()
+                done["step"] = last
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        thread.join()

@@ -4,6 +4,7 @@ joined by a bridge, each link shaped with tc tbf; real 4-worker gloo probes plac
 re-shaped while the lab runs. Needs root; CI runs as root, and there a lab that cannot be
 made fails the tests instead of skipping them. The lab is removed however the tests end."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT
+from contextlib import nullcontext
+
+from conftest import ROOT, when_step_reached
 
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
@@ -22,6 +25,7 @@ from tula.stages.aggregate import rows_from_probe
 LAB = "tulat"  # not the default lab's name: a user's own lab is left alone
 NETLAB = [str(ROOT / "scripts" / "netlab.sh")]
 RATE, SLOWER = "50mbit", "12mbit"
+D_DIGITS = 1437  # digits training samples
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
@@ -136,3 +140,67 @@ def test_a_slower_link_raises_the_predicted_sync_across_nodes_only(campaign):
     n2 = recs["N2_B32"]["step_times_s"]
     moved = abs(float(after.step_time_s(2, 32)) / float(before.step_time_s(2, 32)) - 1)
     assert moved <= max(2 * float(np.std(n2) / np.mean(n2)), 0.25), moved
+
+
+def _predictions(perf, epochs: int, path: Path) -> Path:
+    """predictions.csv from the fitted model at B = 128 for N = 1, 2 (one node) and 4 (two)."""
+    import math
+
+    rows = []
+    for n in (1, 2, 4):
+        b, spe = 128, math.ceil(D_DIGITS / 128)
+        lo, hi = perf.step_time_interval_s(n, b // n)
+        step, comp = float(perf.step_time_s(n, b // n)), float(perf.compute_time_s(n, b // n))
+        rows.append({"workers": n, "nodes": 1 if n <= 2 else 2, "global_batch": b, "local_batch": b // n,
+                     "compute_time_s": comp, "sync_time_s": step - comp, "step_time_s": step, "step_time_lo_s": float(lo),
+                     "step_time_hi_s": float(hi), "steps_per_epoch": spe, "epochs": epochs,
+                     "train_time_s": epochs * spe * step, "train_time_lo_s": epochs * spe * float(lo),
+                     "train_time_hi_s": epochs * spe * float(hi), "cost": epochs * spe * step * n, "mem_bytes": 1e6,
+                     "feasible": True, "probe_status": "ok"})  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def _production(d: Path, name: str, recs, slow_at: float | None):
+    """`tula launch` at N = 4, B = 128 on the two lab nodes (launch.replan: move, monitored every
+    2 steps), the model fitted on the campaign's probes; with ``slow_at``, the link is re-shaped
+    to SLOWER once that share of the steps is done."""
+    from tula.io import write_json
+    from tula.model import perf as perfmodel
+    from tula.stages import launch
+
+    run, epochs = d / name, 25
+    run.mkdir()
+    raw = yaml.safe_load(_config(d, 2, f"{name}_cfg").read_text())
+    raw["workload"]["epochs"], raw["objective"] = epochs, "time"
+    raw["launch"] = {"executor": "local", "poll_s": 0.5, "monitor_every_steps": 2, "replan": "move"}
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    write_json(run / "selection.json", {"selected": {"workers": 4, "global_batch": 128}})
+    pred = _predictions(perfmodel.fit(_table(recs.values()), "ring", workers_per_node=2), epochs, run / "predictions.csv")
+    slow = lambda: lab("rate", SLOWER)  # noqa: E731
+    with when_step_reached(run / "train" / "steps.csv", slow_at * epochs * 12, slow) if slow_at else nullcontext({}) as slowed:
+        try:
+            final = launch.run(run / "config.yaml", run / "selection.json", run / "train", predictions=pred)
+        finally:
+            if slow_at:
+                lab("rate", RATE)
+    return run, final, slowed
+
+
+def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
+    d, _, recs, _, _ = campaign
+    run, final, slowed = _production(d, "move", recs, slow_at=0.3)
+    att = json.loads((run / "train" / "attempts.json").read_text())["attempts"]
+    assert [(a["workers"], a["outcome"]) for a in att] == [(4, "moved"), (2, "completed")], [a["reason"] for a in att]
+    moved = [x for x in att[0]["drift"] if x["action"] == "moved"]
+    assert len(moved) == 1 and moved[0]["step"] > slowed["step"] and "between nodes" in moved[0]["reason"]
+    m = pd.read_csv(run / "train" / "metrics.csv")
+    assert len(m) == 25 and (m["samples"] == D_DIGITS).all() and final["workers"] == 2
+
+
+def test_the_same_run_with_the_link_unchanged_never_moves(campaign):
+    d, _, recs, _, _ = campaign
+    run, final, _ = _production(d, "stay", recs, slow_at=None)
+    att = json.loads((run / "train" / "attempts.json").read_text())["attempts"]
+    assert [(a["workers"], a["outcome"]) for a in att] == [(4, "completed")], [a["reason"] for a in att]
+    assert final["monitored_steps"] > 50 and not [x for x in att[0]["drift"] if x["action"] == "moved"]

@@ -33,6 +33,11 @@ never for a probe. ``rank`` limits it to one rank; each fault fires at most once
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
     preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). A run
     resumed at step K does not send it again.
+``slowsync:step=K,ms=M[,workers=N]``
+    from step K on, every synced step of the production job waits M ms after backward, as a
+    slower network would make its gradient all-reduce (only at N workers, when given;
+    compute-only steps under ``no_sync`` do not wait). The network lab (scripts/netlab.sh)
+    slows a real link; this is the same drift where no lab can be made.
 ``truncate:step=K``
     the checkpoint written at step K is cut to half its size after it was written, as a torn
     write would leave it. The next resume must fall back to the previous one.
@@ -57,8 +62,10 @@ KINDS = {
     "profiler": {"rank", "point"},
     "signal": {"step", "sig", "rank"},
     "truncate": {"step"},
+    "slowsync": {"step", "ms", "workers"},
 }
-NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "signal": ("step", "sig"), "truncate": ("step",)}
+NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "signal": ("step", "sig"), "truncate": ("step",),
+         "slowsync": ("step", "ms")}  # fmt: skip
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
 PLACE_OF = {"error": "start", "profiler": "profiler"}  # where the other kinds fire
@@ -73,6 +80,8 @@ class Fault:
     sig: str | None = None
     where: str = "forward"
     point: str | None = None
+    ms: int | None = None
+    workers: int | None = None
 
     @property
     def place(self) -> str:
@@ -104,9 +113,9 @@ def _parse_one(item: str) -> Fault:
     if where not in WHERE:
         raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
     try:
-        number = {k: int(kv[k]) for k in ("step", "rank", "batch") if k in kv}
+        number = {k: int(kv[k]) for k in ("step", "rank", "batch", "ms", "workers") if k in kv}
     except ValueError:
-        raise ValueError(f"{ENV}: step, rank and batch must be integers in {item!r}") from None
+        raise ValueError(f"{ENV}: step, rank, batch, ms and workers must be integers in {item!r}") from None
     return Fault(kind, sig=kv.get("sig"), where=where, point=kv.get("point"), **number)
 
 
@@ -152,6 +161,11 @@ def maybe_signal(faults: list[Fault], step: int, rank: int, resumed_at: int) -> 
     for f in faults:
         if f.kind == "signal" and f.step == step and step != resumed_at and f.rank in (None, rank):
             os.kill(os.getpid(), SIGNALS[f.sig])
+
+
+def sync_delay_s(faults: list[Fault], step: int, world: int) -> float:
+    """Seconds a synced step at ``step`` waits in its communication (``slowsync``), 0 if none."""
+    return sum(f.ms / 1e3 for f in faults if f.kind == "slowsync" and step >= f.step and f.workers in (None, world))
 
 
 def truncate_due(faults: list[Fault], step: int) -> bool:

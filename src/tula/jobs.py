@@ -51,6 +51,16 @@ def segments(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
     return [s for s in (read_json(path) if path.exists() else []) if s.get("attempt") == attempt]
 
 
+def move_request_path(out_dir: Path) -> Path:
+    """`tula launch` writes this (launch.replan: move) to ask the running job to checkpoint and stop."""
+    return Path(out_dir) / "move.request"
+
+
+def started_path(out_dir: Path) -> Path:
+    """Rank 0 writes this at the first step of each (re)start: {attempt, first_step_time, step}."""
+    return Path(out_dir) / "started.json"
+
+
 def drifts(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
     """The drifts the job's rank 0 recorded in drift.json during ``attempt``."""
     path = Path(out_dir) / "drift.json"
@@ -73,6 +83,8 @@ class Attempt:
     reason: str = ""
     segments: list[dict[str, Any]] = field(default_factory=list)
     drift: list[dict[str, Any]] = field(default_factory=list)  # network drift the job found (tula.model.drift)
+    workers: int | None = None  # N of this attempt (None in records written before moves existed: the selected N)
+    submitted: float | None = None  # when it was submitted (epoch seconds): what a relaunch costs
 
 
 @dataclass
@@ -210,12 +222,15 @@ class Echo:
             sys.stdout.flush()
 
 
-def wait(job: submitit.Job, poll_s: float) -> None:
-    """Until the job ends, echoing task 0's log; the scheduler is asked at most every 15 s."""
+def wait(job: submitit.Job, poll_s: float, check=None) -> None:
+    """Until the job ends, echoing task 0's log; the scheduler is asked at most every 15 s.
+    ``check()`` (if given) is called at every poll (tula launch's drift watch)."""
     echo = Echo(Path(job.paths.stdout))
     last_force = time.monotonic()
     while True:
         echo()
+        if check is not None:
+            check()
         force = time.monotonic() - last_force > max(poll_s, 15)
         if job.done(force_check=force):
             break

@@ -98,3 +98,20 @@ def test_the_drift_card_says_what_the_monitored_steps_found():
     d = {"step": 40, "reason": "sync 41.0 ms vs predicted 12.0 ms (8.9-15.6) for 40 steps", "action": "recorded"}
     card = drift_card({"monitored_steps": 9, "drift": [d]})
     assert "found 1 time(s) in 9 monitored steps" in card and "step 40: sync 41.0 ms vs predicted 12.0 ms" in card
+
+
+def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
+    from tula.stages.plot import attempt_marks
+    from tula.stages.report import attempts_table
+
+    why = "sync 41.0 ms vs predicted 12.0 ms; moved from N=4 B=128 to N=2 B=128, predicted to save 31 % of the remaining time"
+    rec = {"selected_batch": 128, "workers": 4, "attempts": [
+        {"attempt": 1, "job_id": "7", "workers": 4, "global_batch": 128, "local_batch": 32, "start_step": 0,
+         "end_step": 90, "outcome": "moved", "reason": why, "segments": [{"start_step": 0}]},
+        {"attempt": 2, "job_id": "8", "workers": 2, "global_batch": 128, "local_batch": 64, "start_step": 90,
+         "end_step": 300, "outcome": "completed", "reason": "trained every epoch", "segments": [{"start_step": 90}]}]}  # fmt: skip
+    html = attempts_table(rec)
+    assert f"<p>Network drift: {why}.</p>" in html and "<td>4</td><td>128</td><td>32</td>" in html
+    assert "<td>moved</td>" in html and "relaunched" not in html  # a move is not an error
+    metrics = pd.DataFrame({"epoch": [1, 2, 3], "step": [100, 200, 300]})
+    assert attempt_marks(metrics, rec) == [(0.9, "N=2 B=128 (moved at N=4 B=128)", True)]

@@ -148,8 +148,11 @@ class Monitor:
             return
         found = self.detector.observe(r.pos.step, sync)
         if found is not None:
+            move = r.cfg.launch.replan == "move"
             self.drifts.append({**found.to_dict(), "workers": r.world, "global_batch": r.global_batch,
-                                "attempt": self.attempt, "time": time.time(), "action": "recorded"})  # fmt: skip
+                                "attempt": self.attempt, "time": time.time(),
+                                "epochs_done": r.pos.epochs_done(r.data.train_size),
+                                "action": "reported to tula launch" if move else "recorded"})  # fmt: skip
             write_json(self.out / "drift.json", self.drifts)
-            print(f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; recorded (launch.replan: record)",
-                  flush=True)  # fmt: skip
+            print(f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; {self.drifts[-1]['action']} "
+                  f"(launch.replan: {r.cfg.launch.replan})", flush=True)  # fmt: skip

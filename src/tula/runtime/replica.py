@@ -99,6 +99,7 @@ class Replica:
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
         self.phase = "forward"  # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
         self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults): inject(place)
+        self.sync_delay: Callable[[int], float] | None = None  # fault injection: slowsync's wait at a step
         self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
         self.eval_retries: list[dict[str, Any]] = []
         self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
@@ -172,6 +173,8 @@ class Replica:
         if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
         self.scaler.scale(loss).backward()
+        if self.sync_delay is not None and self.ddp.require_backward_grad_sync:  # fault injection: a slower network
+            time.sleep(self.sync_delay(self.pos.step))
         self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
         self.refreshed = self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step)
         if self.refreshed:

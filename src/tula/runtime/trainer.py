@@ -3,7 +3,7 @@ around the one training step (:class:`tula.runtime.replica.Replica`), in named p
 restore, step, end of epoch, checkpoint, finish.
 
 It survives what a cluster does to a job: SLURM's USR2 before the time limit or on
-preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`StopSignals`) that
+preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`tula.runtime.stops.StopSignals`) that
 every rank agrees on at the next step, checkpoint, and stop (submitit requeues the job on
 USR2); an out-of-memory error anywhere ends the attempt with a record the launcher reads.
 """
@@ -11,7 +11,6 @@ USR2); an out-of-memory error anywhere ends the attempt with a record the launch
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -30,44 +29,16 @@ from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
 from tula.progress import Progress, fmt_duration
-from tula.runtime import dist
+from tula.runtime import dist, stops
 from tula.runtime.agreement import StepOOM, agree, oom_place
 from tula.runtime.monitor import Monitor
 from tula.runtime.optim import TulaOptimizer, load_optimizer_state
-from tula.runtime.replica import Position, Replica
+from tula.runtime.replica import Replica
 
 METRIC_COLUMNS = [
     "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
-    "grad_noise_scale", "grad_sq", "grad_trace",
+    "grad_noise_scale", "grad_sq", "grad_trace", "samples", "workers", "global_batch",
 ]  # fmt: skip
-
-class StopSignals:
-    """SIGTERM / SIGUSR2 set a flag; the training loop acts on it at the next step boundary
-    once every rank agrees, so a checkpoint is never taken in the middle of a step.
-
-    USR2 is what SLURM sends before the time limit or on preemption (``--signal=USR2@...``,
-    set by submitit); after the checkpoint submitit's own handler requeues the job. TERM is
-    scancel, ``scontrol requeue`` or a preemption without grace: checkpoint, then exit.
-    """
-
-    CODES = {signal.SIGTERM: 1, signal.SIGINT: 1, signal.SIGUSR2: 2}  # SIGINT: Ctrl-C on a local run
-
-    def __init__(self) -> None:
-        self.code, self.name = 0, ""
-        self.previous = {sig: signal.getsignal(sig) for sig in self.CODES}
-        for sig in self.CODES:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        sig = signal.Signals(signum)
-        if self.CODES[sig] >= self.code:
-            self.code, self.name = self.CODES[sig], sig.name
-
-    def requeue_handler(self):
-        """submitit's checkpoint-and-requeue handler, when running under submitit."""
-        h = self.previous[signal.SIGUSR2]
-        return h if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler" else None
-
 
 def _process_started() -> float:
     """When this process started (epoch seconds): start-up is counted from there."""
@@ -92,10 +63,14 @@ class Trainer:
         self.cfg, self.workers, self.global_batch, self.out, self.ckpt = cfg, workers, global_batch, out_dir, ckpt
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
-        self.stops = StopSignals() if ckpt else None
+        self.stops = stops.StopSignals() if ckpt else None
         self.replica = Replica(cfg, self.device, global_batch, self.rank, workers)
         if self.stops:
-            self.replica.stop_code = lambda: self.stops.code
+            request = jobs.move_request_path(out_dir)
+            self.replica.stop_code = (lambda: self.stops.move_requested(request)) if self.rank == 0 else (
+                lambda: self.stops.code)  # fmt: skip
+        if any(f.kind == "slowsync" for f in self.faults):
+            self.replica.sync_delay = lambda step: tula_faults.sync_delay_s(self.faults, step, workers)
         injector = tula_faults.Injector(self.faults, self.rank)
         if injector:
             self.replica.inject_faults(injector)
@@ -120,12 +95,18 @@ class Trainer:
             return
         replica = self.replica
         replica.load_state(state, state["step"])
-        own = state["ranks"][self.rank].get("replica")
+        ranks = state["ranks"]
+        own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
         if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
             replica.ddp.module.load_state_dict(own["model"])
             load_optimizer_state(replica.opt, own["optimizer"])
-        checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
-        replica.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
+        if len(ranks) == self.workers:
+            checkpoint.set_rng_state(ranks[self.rank]["rng"])
+            replica.stats = ranks[self.rank]["epoch_stats"].to(self.device)
+        else:  # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
+            checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
+            total = sum(r["epoch_stats"] for r in ranks)
+            replica.stats = (total if self.rank == 0 else torch.zeros_like(total)).to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
         self.times.update({k: state.get(k, 0.0) for k in self.times})
         self.resumed_from = replica.pos.step
@@ -134,7 +115,8 @@ class Trainer:
             replica.force_refresh = _follow_new_batch(replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank)
         if self.rank == 0:
             print(f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch {replica.pos.epoch}, "
-                  f"{replica.pos.offset}/{replica.data.train_size} samples; written at B={state['global_batch']})", flush=True)  # fmt: skip
+                  f"{replica.pos.offset}/{replica.data.train_size} samples; written at N={len(ranks)} "
+                  f"B={state['global_batch']})", flush=True)  # fmt: skip
 
     def train_epoch(self) -> None:
         """Steps until the epoch's data is used up (or a stop is agreed on)."""
@@ -146,6 +128,10 @@ class Trainer:
                 self.first_step_at = time.time()
                 self.times["startup_time_s"] += self.first_step_at - self.process_started
                 self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
+                if self.rank == 0 and self.ckpt:  # tula launch: what a (re)launch costs, submission to first step
+                    write_json(jobs.started_path(self.out), {"attempt": self.attempt, "first_step_time": self.first_step_at,
+                                                              "process_started": self.process_started,
+                                                              "step": replica.pos.step})  # fmt: skip
             timed = self.monitor.paired_step(batches) if self.monitor and self.monitor.due() else replica.timed_step(batches)
             if timed is None:
                 return
@@ -156,7 +142,7 @@ class Trainer:
             if self.ckpt and (stop or (every and replica.pos.step % every == 0)):
                 self.checkpoint()
             if stop:
-                _stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
+                stops.stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
 
     def end_of_epoch(self, epochs: int, progress: Progress) -> None:
         replica = self.replica
@@ -167,6 +153,7 @@ class Trainer:
         row = {"epoch": replica.pos.epoch - 1, "step": replica.pos.step, "lr": replica.opt.param_groups[0]["lr"],
                "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
                "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9),
+               "samples": samples, "workers": self.workers, "global_batch": self.global_batch,
                **replica.epoch_noise()}  # fmt: skip
         self.rows.append(row)
         self.epoch_time = 0.0
@@ -372,24 +359,3 @@ def _follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> 
               + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
               flush=True)  # fmt: skip
     return isinstance(opt, TulaOptimizer)
-
-
-def _stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out_dir: Path, rank: int,
-          label: str) -> None:  # fmt: skip
-    """After the stop checkpoint: record the segment, leave the process group, and either let
-    submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
-    sig = stops.name.removeprefix("SIG") if stops.name and stops.CODES[signal.Signals[stops.name]] == code else (
-        "USR2" if code == 2 else "TERM")  # this rank's own signal, else the one the peers agreed on
-    requeue = stops.requeue_handler() if code == 2 else None
-    if rank == 0:
-        what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
-        print(f"[{label}] SIG{sig} received: stopped after step {pos.step}, {what}", flush=True)
-        jobs.add_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
-                                  "ended": _now(), "reason": f"SIG{sig} (preemption, time limit or cancel): {what}"})  # fmt: skip
-    dist.shutdown(ok=True)
-    sys.stdout.flush()
-    if requeue is not None:
-        requeue(signal.SIGUSR2, None)  # rank 0: scontrol requeue (or the local executor's requeue) and exit
-    raise SystemExit(0 if requeue is not None else 128 + signal.SIGTERM)
-
-

@@ -2,7 +2,7 @@
 
 Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller batches
 until a feasible configuration is found". One *attempt* is one submitit job at one global
-batch B (N is kept; :class:`tula.jobs.Attempt`):
+batch B at one N (:class:`tula.jobs.Attempt`):
 
 - the job is a :class:`ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2
   before the time limit or on preemption makes every rank checkpoint at the next step
@@ -10,7 +10,12 @@ batch B (N is kept; :class:`tula.jobs.Attempt`):
   scancel or ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
 - if a rank runs out of memory, all ranks agree, the job ends with outcome ``oom``, and
   the next attempt resumes from the last checkpoint at the next smaller feasible B (the
-  memory model's order from predictions.csv, else B/2) until one trains or none is left.
+  memory model's order from predictions.csv, else B/2) until one trains or none is left;
+- with ``launch.replan: move``, a drift the job reports (its sync outside the predicted band,
+  :mod:`tula.runtime.monitor`) is re-planned (:mod:`tula.stages.replan`); if another (N, B)
+  pays for the relaunch, the job is asked to checkpoint and stop, and the next attempt
+  continues there from that checkpoint (every sample once per epoch: the position is in
+  samples, independent of N and B).
 
 Every attempt is written to ``results/train/attempts.json`` (:class:`tula.jobs.History`);
 submitit's job folder and logs are in ``results/train/submitit/``. The rank-0 log is echoed
@@ -33,9 +38,10 @@ import submitit
 from tula import checkpoint, jobs, preflight, slurm, workers, workflow
 from tula import config as config_mod
 from tula import faults as tula_faults
-from tula.io import read_json, write_json
+from tula.io import read_json, write_bytes, write_json
 from tula.jobs import Attempt, History
 from tula.model import drift
+from tula.stages import replan
 
 
 def selected_point(path) -> tuple[int, int]:
@@ -95,12 +101,15 @@ class Launch:
     def __init__(self, cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions, executor_hint,
                  timeout_min, partition, account, job_name: str):  # fmt: skip
         self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
-        self.workers, self.selected_batch = selected_point(selection)
+        self.workers, self.selected_batch = selected_point(selection)  # workers: the current attempt's N (a move changes it)
+        self.selected_workers = self.workers
         self.out = Path(out_dir).resolve()
         self.ck = self.out / "checkpoints"
         self.predictions, self.partition, self.account, self.job_name = predictions, partition, account, job_name
-        self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.workers,
+        self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.selected_workers,
                                                   self.selected_batch)  # fmt: skip
+        self.move: replan.Decision | None = None  # the move `watch` decided on (launch.replan: move)
+        self.decisions: dict[int, dict[str, str]] = {}  # drift step -> what tula launch decided
         self.kind = jobs.resolve_executor(self.cfg, executor_hint)
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
         self.tried: set[int] = set()  # global batches that ran out of memory
@@ -127,6 +136,8 @@ class Launch:
         job still running, if any."""
         prior = History.read(self.out)
         same_run = not fresh and prior.get("fingerprint") == self.fingerprint
+        if same_run and prior.get("attempts"):  # after a move, the run goes on at the last attempt's N
+            self.workers = prior["attempts"][-1].get("workers") or self.workers
         job = jobs.still_running(prior, self.out, self.workers) if same_run else None
         if not (job or (not fresh and jobs.resumable(self.ck, self.fingerprint))):
             for stale in (self.ck, self.out / "oom"):
@@ -166,13 +177,16 @@ class Launch:
                                         L.keep_checkpoints, attempt=n)  # fmt: skip
         executor = jobs.make_executor(self.cfg, self.kind, self.out / "submitit", self.workers, self.limit,
                                       self.partition, self.account, self.job_name)  # fmt: skip
+        jobs.move_request_path(self.out).unlink(missing_ok=True)
+        submitted = time.time()
         row = prediction_row(self.predictions, self.workers, batch)
         band = asdict(drift.Band.from_prediction(row)) if row is not None and self.workers > 1 else None
         job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band),
                           self.kind)  # fmt: skip
-        att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step())
+        att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step(), workers=self.workers,
+                      submitted=submitted)  # fmt: skip
         self.history.attempts.append(att)
-        print(f"[launch] attempt {n}: job {job.job_id}, global batch {batch} ({batch // self.workers} per worker), "
+        print(f"[launch] attempt {n}: job {job.job_id}, N={self.workers}, global batch {batch} ({batch // self.workers} per worker), "
               f"from step {att.start_step}", flush=True)  # fmt: skip
         return att, job
 
@@ -186,8 +200,10 @@ class Launch:
         """Wait for the attempt's job, then record how it ended (Ctrl-C or Snakemake stopping
         cancels it: scancel; the workers checkpoint on the TERM)."""
         self.history.write()
+        self.move, self.decisions = None, {}
+        watch_drift = self._drift_watch(att, job) if self.cfg.launch.replan == "move" and self.predictions else None
         try:
-            jobs.wait(job, self.cfg.launch.poll_s)
+            jobs.wait(job, self.cfg.launch.poll_s, check=watch_drift)
         except BaseException:
             job.cancel(check=False)
             att.outcome, att.reason = "cancelled", "tula launch was interrupted; the job was cancelled"
@@ -195,7 +211,9 @@ class Launch:
             raise
         att.outcome, att.reason = jobs.outcome(job, self.out, att.attempt)
         att.segments, att.checkpoint_step = jobs.segments(self.out, att.attempt), self.checkpoint_step()
-        att.drift = jobs.drifts(self.out, att.attempt)
+        att.drift = [{**d, **self.decisions.get(d["step"], {})} for d in jobs.drifts(self.out, att.attempt)]
+        if self.move is not None and att.outcome == "stopped":
+            att.outcome, att.reason = "moved", self.move.reason
         for d in att.drift:
             print(f"[launch] attempt {att.attempt}: network drift at step {d['step']}: {d['reason']} — {d['action']}",
                   flush=True)  # fmt: skip
@@ -206,6 +224,39 @@ class Launch:
         print(f"[launch] attempt {att.attempt} ended: {att.outcome}"
               + (f" after {resumed} preemption/requeue(s), each resumed from its checkpoint" if resumed else "")
               + (f" — {att.reason}" if att.reason and att.outcome != "completed" else ""), flush=True)  # fmt: skip
+
+    def _drift_watch(self, att: Attempt, job: submitit.Job):
+        """A check for :func:`jobs.wait`: on each new drift the job reports, decide
+        (:func:`replan.decide`); on a move, ask the job to checkpoint and stop (a request file
+        rank 0 looks for), and say so. Returns True once a move is asked for."""
+
+        def check() -> bool:
+            if self.move is not None:
+                return False
+            for d in jobs.drifts(self.out, att.attempt):
+                if d["step"] in self.decisions:
+                    continue
+                dec = replan.decide(self.cfg, self.predictions, self.workers, att.global_batch, d, self.relaunch_s(att))
+                self.decisions[d["step"]] = {"action": "moved" if dec.move else "stayed", "reason": dec.reason}
+                print(f"[launch] drift at step {d['step']}: {dec.reason}", flush=True)
+                if dec.move:
+                    self.move = dec
+                    write_bytes(jobs.move_request_path(self.out), f"to N={dec.workers} B={dec.global_batch}".encode())
+                    return True
+            return False
+
+        return check
+
+    def relaunch_s(self, att: Attempt) -> float:
+        """What a relaunch costs: this attempt's submission to its first step (started.json;
+        after a requeue inside the attempt, its process start to first step: no queue wait seen)."""
+        started = jobs.started_path(self.out)
+        if att.submitted and started.exists():
+            s = read_json(started)
+            if s.get("attempt") == att.attempt:
+                since = att.submitted if s.get("step") == att.start_step else s.get("process_started", att.submitted)
+                return max(float(s["first_step_time"]) - float(since), 0.0)
+        return 0.0
 
     def after(self, att: Attempt, job: submitit.Job, shrink: bool) -> int:
         """The global batch of the next attempt after one that did not complete; raises when
@@ -242,7 +293,12 @@ class Launch:
         if not final.exists() or final.stat().st_mtime < self.started:
             raise RuntimeError(f"training at N={self.workers} reported success but wrote no {final}")
         self.history.write("completed")
-        return record_prediction(final, self.predictions)
+        result = record_prediction(final, self.predictions)
+        drifts = [d for a in self.history.attempts for d in a.drift]  # with what tula launch decided on each
+        if drifts != result.get("drift", []):
+            result["drift"] = drifts
+            write_json(final, result)
+        return result
 
 
 def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
@@ -264,6 +320,9 @@ def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predic
         launch.watch(att, job)
         if att.outcome == "completed":
             return launch.finish()
+        if att.outcome == "moved":  # launch.replan: move — the rest at the re-planned (N, B), from the checkpoint
+            launch.workers, batch, job = launch.move.workers, launch.move.global_batch, None
+            continue
         batch, job = launch.after(att, job, shrink), None
 
 

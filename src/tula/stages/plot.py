@@ -156,8 +156,10 @@ def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[fl
     for a in attempts.get("attempts", []):
         if prev is not None:
             why = "OOM" if prev["outcome"] == "oom" else prev["outcome"]
-            marks.append((float(np.interp(a["start_step"], steps, epochs)),
-                          f"B={a['global_batch']} ({why} at B={prev['global_batch']})", True))  # fmt: skip
+            n, pn = a.get("workers"), prev.get("workers")
+            where = f"N={n} B={a['global_batch']}" if n and n != pn else f"B={a['global_batch']}"
+            was = f"N={pn} B={prev['global_batch']}" if n and n != pn else f"B={prev['global_batch']}"
+            marks.append((float(np.interp(a["start_step"], steps, epochs)), f"{where} ({why} at {was})", True))
         for seg in a.get("segments", [])[1:]:
             marks.append((float(np.interp(seg["start_step"], steps, epochs)), "resumed", False))
         prev = a

@@ -57,19 +57,21 @@ def attempts_table(attempts: dict | None) -> str:
     """One row per attempt of the training job: batch, steps, how it ended and why."""
     if not attempts or not attempts.get("attempts"):
         return "<p class=sub>No attempts.json: the training job's attempts are not known.</p>"
-    out = ["<table><tr><th>attempt</th><th>job</th><th>global batch</th><th>per worker</th><th>steps</th>"
+    out = ["<table><tr><th>attempt</th><th>job</th><th>N</th><th>global batch</th><th>per worker</th><th>steps</th>"
            "<th>resumed</th><th>outcome</th><th style='text-align:left'>why it ended</th></tr>"]  # fmt: skip
     for a in attempts["attempts"]:
         resumed = max(len(a.get("segments", [])) - 1, 0)
-        cls = " class=bad" if a["outcome"] not in ("completed", "running") else ""
+        cls = " class=bad" if a["outcome"] not in ("completed", "running", "moved") else ""
         steps = f"{a['start_step']} → {a['end_step'] if a['end_step'] is not None else '?'}"
-        out.append(f"<tr><td>{a['attempt']}</td><td>{html.escape(str(a['job_id']))}</td><td>{a['global_batch']}</td>"
+        out.append(f"<tr><td>{a['attempt']}</td><td>{html.escape(str(a['job_id']))}</td>"
+                   f"<td>{a.get('workers') or attempts.get('workers', '')}</td><td>{a['global_batch']}</td>"
                    f"<td>{a['local_batch']}</td><td>{steps}</td><td>{resumed}×</td><td{cls}>{html.escape(a['outcome'])}</td>"
                    f"<td style='text-align:left'>{html.escape(a['reason'])}</td></tr>")  # fmt: skip
-    sel = attempts["selected_batch"]
-    last = attempts["attempts"][-1]["global_batch"]
-    note = (f"<p>Out of memory at the selected B={sel}: the job was relaunched from its last checkpoint at "
-            f"B={last}.</p>" if last != sel else "")  # fmt: skip
+    moves = [a for a in attempts["attempts"] if a["outcome"] == "moved"]
+    after_oom = [(a, b) for a, b in zip(attempts["attempts"], attempts["attempts"][1:]) if a["outcome"] == "oom"]
+    note = "".join(f"<p>Out of memory at B={a['global_batch']}: the job was relaunched from its last checkpoint at "
+                   f"B={b['global_batch']}.</p>" for a, b in after_oom) + "".join(
+        f"<p>Network drift: {html.escape(a['reason'])}.</p>" for a in moves)  # fmt: skip
     return note + "\n".join(out) + "</table><p class=sub>resumed: requeues (preemption, time limit) inside the " \
         "attempt, each from the checkpoint written when the signal came.</p>"
 
