@@ -191,11 +191,12 @@ def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
     d, _, recs, _, _ = campaign
     run, final, slowed = _production(d, "move", recs, slow_at=0.3)
     att = json.loads((run / "train" / "attempts.json").read_text())["attempts"]
-    assert [(a["workers"], a["outcome"]) for a in att] == [(4, "moved"), (2, "completed")], [a["reason"] for a in att]
+    # to one node: N = 2 (or N = 1, if the re-fit says so; the test's objective is time)
+    assert [(a["workers"] <= 2, a["outcome"]) for a in att] == [(False, "moved"), (True, "completed")], [a["reason"] for a in att]
     moved = [x for x in att[0]["drift"] if x["action"] == "moved"]
     assert len(moved) == 1 and moved[0]["step"] > slowed["step"] and "between nodes" in moved[0]["reason"]
     m = pd.read_csv(run / "train" / "metrics.csv")
-    assert len(m) == 25 and (m["samples"] == D_DIGITS).all() and final["workers"] == 2
+    assert len(m) == 25 and (m["samples"] == D_DIGITS).all() and final["workers"] == att[1]["workers"]
 
 
 def test_the_same_run_with_the_link_unchanged_never_moves(campaign):
