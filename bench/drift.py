@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 from _harness import ROOT, tests_helper
@@ -72,7 +73,7 @@ def probe_and_predict(d: Path, raw: dict, points, per_node: int) -> Path:
     perf = perfmodel.fit(pd.DataFrame(rows), "ring", workers_per_node=per_node)
     epochs, out = raw["workload"]["epochs"], []
     for n, b in points:
-        lo, hi = (float(x) for x in perf.step_time_interval_s(n, b // n))
+        lo, hi = (float(x[0]) for x in perf.step_time_interval_s(np.array([n]), np.array([b // n])))
         step, comp, spe = float(perf.step_time_s(n, b // n)), float(perf.compute_time_s(n, b // n)), steps_per_epoch(D, b)
         out.append({"workers": n, "nodes": -(-n // per_node), "global_batch": b, "local_batch": b // n,
                     "compute_time_s": comp, "sync_time_s": step - comp, "step_time_s": step, "step_time_lo_s": lo,

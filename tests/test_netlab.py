@@ -149,7 +149,7 @@ def _predictions(perf, epochs: int, path: Path) -> Path:
     rows = []
     for n in (1, 2, 4):
         b, spe = 128, math.ceil(D_DIGITS / 128)
-        lo, hi = perf.step_time_interval_s(n, b // n)
+        lo, hi = (x[0] for x in perf.step_time_interval_s(np.array([n]), np.array([b // n])))
         step, comp = float(perf.step_time_s(n, b // n)), float(perf.compute_time_s(n, b // n))
         rows.append({"workers": n, "nodes": 1 if n <= 2 else 2, "global_batch": b, "local_batch": b // n,
                      "compute_time_s": comp, "sync_time_s": step - comp, "step_time_s": step, "step_time_lo_s": float(lo),
