@@ -169,7 +169,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     from tula.model import perf as perfmodel
     from tula.stages import launch
 
-    run, epochs = d / name, 25
+    run, epochs = d / name, 50  # long enough that a move pays for its relaunch (15-35 s here) with room
     run.mkdir()
     raw = yaml.safe_load(_config(d, 2, f"{name}_cfg").read_text())
     raw["workload"]["epochs"], raw["objective"] = epochs, "time"
@@ -196,7 +196,7 @@ def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
     moved = [x for x in att[0]["drift"] if x["action"] == "moved"]
     assert len(moved) == 1 and moved[0]["step"] > slowed["step"] and "between nodes" in moved[0]["reason"]
     m = pd.read_csv(run / "train" / "metrics.csv")
-    assert len(m) == 25 and (m["samples"] == D_DIGITS).all() and final["workers"] == att[1]["workers"]
+    assert len(m) == 50 and (m["samples"] == D_DIGITS).all() and final["workers"] == att[1]["workers"]
 
 
 def test_the_same_run_with_the_link_unchanged_never_moves(campaign):

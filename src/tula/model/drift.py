@@ -15,8 +15,8 @@ the part that matters for a plan: a sync change worth less than ``tolerance`` of
 cannot move the choice of (N, B) by much, and it absorbs the probe-to-production difference
 of the step (0.9-1.2x, BENCHMARKS.md) that the interval of the fit does not know about.
 
-After firing, the detector re-arms around what it observed: a later change is a new drift,
-the same level is not reported again. No torch here: the launcher and the report use it too.
+After firing, the detector re-arms around what it observed (a band as wide as the predicted
+one): a later change is a new drift, the same level with its scatter is not reported again. No torch here: the launcher and the report use it too.
 """
 
 from __future__ import annotations
@@ -106,7 +106,9 @@ class Detector:
         drift = Drift(step=step, since_step=last[0][0], observed_s=med, predicted_s=b.predicted_s, lo_s=b.lo_s,
                       hi_s=b.hi_s, direction="slower" if med > ref.accept_hi_s else "faster",
                       observations=self.window)  # fmt: skip
-        # re-arm around what is observed now: the same level is not a new drift
-        self.level = Band(med, med, med, b.step_s, b.tolerance) if not b.contains(med) else None
+        # re-arm around what is observed now, as wide as the predicted interval was: the same
+        # level, with its own scatter, is not a new drift
+        w = (b.hi_s - b.lo_s) / 2
+        self.level = Band(med, max(med - w, 0.0), med + w, b.step_s, b.tolerance) if not b.contains(med) else None
         self.seen = self.seen[-1:]
         return drift
