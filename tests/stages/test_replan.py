@@ -12,7 +12,8 @@ import yaml
 
 from tula import config, faults
 from tula.io import write_json
-from tula.stages import launch, replan
+from tula.stages import launch
+from tula.stages import select as replan
 
 D, B = 1437, 64
 

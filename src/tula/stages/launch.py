@@ -12,7 +12,7 @@ batch B at one N (:class:`tula.jobs.Attempt`):
   the next attempt resumes from the last checkpoint at the next smaller feasible B (the
   memory model's order from predictions.csv, else B/2) until one trains or none is left;
 - with ``launch.replan: move``, a drift the job reports (its sync outside the predicted band,
-  :mod:`tula.runtime.monitor`) is re-planned (:mod:`tula.stages.replan`); if another (N, B)
+  :mod:`tula.runtime.monitor`) is re-planned (:func:`tula.stages.select.decide`); if another (N, B)
   pays for the relaunch, the job is asked to checkpoint and stop, and the next attempt
   continues there from that checkpoint (every sample once per epoch: the position is in
   samples, independent of N and B).
@@ -41,7 +41,7 @@ from tula import faults as tula_faults
 from tula.io import read_json, write_bytes, write_json
 from tula.jobs import Attempt, History
 from tula.model import drift
-from tula.stages import replan
+from tula.stages import select as select_mod
 
 
 def selected_point(path) -> tuple[int, int]:
@@ -108,7 +108,7 @@ class Launch:
         self.predictions, self.partition, self.account, self.job_name = predictions, partition, account, job_name
         self.fingerprint = checkpoint.fingerprint(workflow.stage_settings(self.cfg, "launch"), self.selected_workers,
                                                   self.selected_batch)  # fmt: skip
-        self.move: replan.Decision | None = None  # the move `watch` decided on (launch.replan: move)
+        self.move: select_mod.Decision | None = None  # the move `watch` decided on (launch.replan: move)
         self.decisions: dict[int, dict[str, str]] = {}  # drift step -> what tula launch decided
         self.kind = jobs.resolve_executor(self.cfg, executor_hint)
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
@@ -227,7 +227,7 @@ class Launch:
 
     def _drift_watch(self, att: Attempt, job: submitit.Job):
         """A check for :func:`jobs.wait`: on each new drift the job reports, decide
-        (:func:`replan.decide`); on a move, ask the job to checkpoint and stop (a request file
+        (:func:`select_mod.decide`); on a move, ask the job to checkpoint and stop (a request file
         rank 0 looks for), and say so. Returns True once a move is asked for."""
 
         def check() -> bool:
@@ -236,7 +236,7 @@ class Launch:
             for d in jobs.drifts(self.out, att.attempt):
                 if d["step"] in self.decisions:
                     continue
-                dec = replan.decide(self.cfg, self.predictions, self.workers, att.global_batch, d, self.relaunch_s(att))
+                dec = select_mod.decide(self.cfg, self.predictions, self.workers, att.global_batch, d, self.relaunch_s(att))
                 self.decisions[d["step"]] = {"action": "moved" if dec.move else "stayed", "reason": dec.reason}
                 print(f"[launch] drift at step {d['step']}: {dec.reason}", flush=True)
                 if dec.move:
