@@ -294,3 +294,23 @@ def test_lars_evaluates_the_closure_once_before_scaling():
     loss = opt.step(closure)
     assert len(calls) == 1 and float(loss.detach()) > 0
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), plain.parameters()))  # scaled exactly as without
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")
+@pytest.mark.parametrize("method", ["ags", "lars", "polo"])
+def test_an_lr_schedule_reaches_the_wrapped_optimizer_after_a_resume(one_process_group, method):
+    """torch's Optimizer.load_state_dict builds new param_groups; a wrapper sharing the old ones
+    (TulaOptimizer, LARS, torch's PostLocalSGDOptimizer) would leave a resumed warm-up or decay
+    stuck at the checkpoint's LR. load_optimizer_state links them again."""
+    from tula import config
+    from tula.runtime.optim import build_method, load_optimizer_state
+
+    t = config.from_dict({"train": {"method": method, "lr": 1.0}}).train
+    p = [torch.nn.Parameter(torch.ones(3))]
+    opt, _ = build_method(method, t, p, 64, 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5**e)
+    load_optimizer_state(opt, copy.deepcopy(opt.state_dict()))
+    sched.last_epoch += 2  # as if two steps had been taken: the next step sets 0.5**3
+    sched.step()
+    inner = opt.optim
+    assert inner.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.125

@@ -295,6 +295,18 @@ class LARS(torch.optim.Optimizer):
         self.optim.load_state_dict(state_dict)
 
 
+def load_optimizer_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """``opt.load_state_dict``, then the wrapper's ``param_groups`` linked again to the wrapped
+    optimizer's: torch's ``Optimizer.load_state_dict`` builds new groups, and a wrapper that
+    shares them (TulaOptimizer, LARS, torch's PostLocalSGDOptimizer) would keep the old ones,
+    so an LR scheduler's later changes would no longer reach the optimizer that steps (a
+    resumed warm-up or decay would stop where the checkpoint was)."""
+    opt.load_state_dict(state_dict)
+    inner = getattr(opt, "optim", None)
+    if inner is not None:
+        opt.param_groups = inner.param_groups
+
+
 METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
 
 

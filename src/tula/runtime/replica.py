@@ -41,7 +41,7 @@ from tula.runtime import data as data_mod
 from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree
 from tula.runtime.nets import build_model
-from tula.runtime.optim import build_method, lr_factor, refresh_scales
+from tula.runtime.optim import build_method, load_optimizer_state, lr_factor, refresh_scales
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -351,7 +351,7 @@ class Replica:
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
         self.ddp.module.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.opt, state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
