@@ -31,7 +31,7 @@ from tula.io import write_bytes, write_csv, write_json
 from tula.progress import Progress, fmt_duration
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM, agree, oom_place
-from tula.runtime.optim import TulaOptimizer
+from tula.runtime.optim import TulaOptimizer, load_optimizer_state
 from tula.runtime.replica import Position, Replica
 
 METRIC_COLUMNS = [
@@ -118,7 +118,7 @@ class Trainer:
         own = state["ranks"][self.rank].get("replica")
         if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
             replica.ddp.module.load_state_dict(own["model"])
-            replica.opt.load_state_dict(own["optimizer"])
+            load_optimizer_state(replica.opt, own["optimizer"])
         checkpoint.set_rng_state(state["ranks"][self.rank]["rng"])
         replica.stats = state["ranks"][self.rank]["epoch_stats"].to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
