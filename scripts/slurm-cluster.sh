@@ -116,7 +116,22 @@ CONF
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
     local t=$1 what=$2; shift 2
     for _ in $(seq $(( t * 5 ))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    sinfo -h -N -o '[slurm-cluster] node %N: %T, reason: %E' 2>/dev/null >&2 || true
+    squeue -h -o '[slurm-cluster] job %i: %T on %N (%r)' 2>/dev/null >&2 || true
     die "timed out after ${t}s waiting for $what (logs: $STATE/log/)"
+}
+
+# A test cluster starts empty: jobs that slurmctld recovered from its saved state (a run that
+# was killed, a machine that restarted) would hold the node until their time limit ran out,
+# and pending ones would start in the middle of the tests. Cancelling them (instead of wiping
+# the saved state) keeps job ids increasing, so sacct never sees one id twice.
+cancel_leftovers() {
+    local ids
+    ids=$(squeue -h -o %i | tr '\n' ' ')
+    [ -n "${ids// /}" ] || return 0
+    # shellcheck disable=SC2086
+    scancel $ids
+    log "cancelled jobs left by an earlier run: $ids"
 }
 
 up() {
@@ -151,8 +166,9 @@ up() {
     sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
     slurmctld
     wait_for 30 slurmctld scontrol ping
+    cancel_leftovers
     slurmd
-    wait_for 60 "node $HOST idle" bash -c "sinfo -h -n $HOST -o %t | grep -qE '^(idle|mix)'"
+    wait_for 120 "node $HOST idle" bash -c "sinfo -h -n $HOST -o %t | grep -qE '^(idle|mix)'"
     sacctmgr -i add account root Cluster="$CLUSTER" >/dev/null 2>&1 || true
     sacctmgr -i add user root Account=root Cluster="$CLUSTER" >/dev/null 2>&1 || true
     log "cluster '$CLUSTER' up: $(sinfo -h -o '%P %D %t %c CPUs %m MB')"
