@@ -72,10 +72,14 @@ def test_every_output_exists_and_parses(finished_run):
     final = json.loads((res / "train" / "final.json").read_text())
     assert (final["workers"], final["global_batch"]) == (sel["selected"]["workers"], sel["selected"]["global_batch"])
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
-    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training"):
+    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training", "steps"):
         assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = pd.read_csv(res / "train" / "steps.csv")  # the job's own monitored steps (none at N = 1)
+    assert {"step", "compute_time_s", "sync_time_s", "predicted_sync_s"} <= set(steps.columns)
+    assert len(steps) == final["monitored_steps"] and (final["workers"] > 1 or len(steps) == 0)
     html = (res / "report.html").read_text()
-    assert "Use N = " in html and html.count("data:image/png;base64,") == 5 and "did not succeed" in html
+    assert "Use N = " in html and html.count("data:image/png;base64,") == 6 and "did not succeed" in html
+    assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (len(steps) == 0)
     assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
     perf = json.loads((res / "model" / "perf.json").read_text())
     assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4  # the ok probes
