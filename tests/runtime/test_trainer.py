@@ -88,6 +88,9 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / final["steps"])
     assert all(final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
     assert abs(m["epoch_time_s"].sum() - final["train_time_s"]) < 1e-6
+    # the job's wall time, from its process's start: every part above, and a little besides
+    parts = sum(final[k] for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
+    assert parts < final["wall_time_s"] < parts + 5.0
     # the gradient noise scale of each epoch, from AGS's refresh at its first step (reference sub-batch
     # ags_small_batch against B): one pair an epoch, |G|^2 and tr(Sigma) recorded as measured
     assert m["grad_sq"].notna().all() and m["grad_trace"].notna().all()

@@ -40,7 +40,7 @@ METRIC_COLUMNS = [
     "grad_noise_scale", "grad_sq", "grad_trace", "samples", "workers", "global_batch",
 ]  # fmt: skip
 
-def _process_started() -> float:
+def process_started() -> float:
     """When this process started (epoch seconds): start-up is counted from there."""
     try:
         return psutil.Process().create_time()
@@ -82,6 +82,8 @@ class Trainer:
         self.rows: list[dict[str, Any]] = []
         self.epoch_time = 0.0
         self.resumed_from = 0
+        self.wall_before = 0.0  # the wall time of earlier attempts, to their last checkpoint
+        self.process_started, self.first_step_at = process_started(), None
         self.label = f"train N={workers} B={global_batch}"
         self.seg: dict[str, Any] = {}
 
@@ -109,6 +111,7 @@ class Trainer:
             replica.stats = (total if self.rank == 0 else torch.zeros_like(total)).to(self.device)
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
         self.times.update({k: state.get(k, 0.0) for k in self.times})
+        self.wall_before = state.get("wall_time_s", 0.0)
         self.resumed_from = replica.pos.step
         if state["global_batch"] != self.global_batch:
             replica.noise_pairs = []  # measured at the old B
@@ -166,40 +169,19 @@ class Trainer:
             self.checkpoint()
 
     def checkpoint(self, complete: bool = False) -> None:
-        """Every rank's RNG states and partial-epoch sums go to rank 0, which writes the file.
-
-        Out of memory on any rank (device or host) while it gathers its part or while rank 0
-        serialises and writes: nothing half-written is left (the writes are atomic and the
-        manifest comes last), every rank learns it from one all-reduce after the write, and
-        all raise :class:`StepOOM` (``where="checkpoint"``)."""
+        """This run's checkpoint (:func:`write_checkpoint`), its time counted."""
         t0 = time.perf_counter()
-        replica = self.replica
-        err, mine = "", None
-        try:
-            if replica.inject is not None:
-                replica.inject("checkpoint")
-            mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
-            if replica.replicas_differ() and self.rank != 0:  # rank 0's model and optimizer are the file's own
-                mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            err = str(exc) or type(exc).__name__
-        per_rank: list[Any] = [None] * self.workers
-        torch_dist.all_gather_object(per_rank, mine)
-        if self.rank == 0 and all(p is not None for p in per_rank):
-            try:
-                state = {**replica.state(), "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch,
-                         "workers": self.workers, "complete": complete, "ranks": per_rank, "rows": self.rows,
-                         "epoch_time_s": self.epoch_time, **self.times, "method": self.cfg.train.method,
-                         "attempt": self.attempt}  # fmt: skip
-                hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, replica.pos.step) else None
-                checkpoint.save(self.ckpt.directory, state, replica.pos.step, keep=self.ckpt.keep, after_write=hook)
-            except (torch.OutOfMemoryError, MemoryError) as exc:
-                err = str(exc) or type(exc).__name__
-        _, failed = agree(bool(err))
-        if failed:
-            replica.free_cached_memory()
-            raise StepOOM(failed, err, where="checkpoint")
+        hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, self.replica.pos.step) else None
+        write_checkpoint(self.replica, self.ckpt.directory, self.ckpt.keep, {
+            "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch, "workers": self.workers,
+            "complete": complete, "rows": self.rows, "epoch_time_s": self.epoch_time, **self.times,
+            "wall_time_s": self.wall_time(), "method": self.cfg.train.method, "attempt": self.attempt}, hook)  # fmt: skip
         self.times["checkpoint_time_s"] += time.perf_counter() - t0
+
+    def wall_time(self) -> float:
+        """Seconds this run has taken so far: each attempt from its process's start (earlier
+        attempts to their last checkpoint; time in the queue not counted)."""
+        return self.wall_before + time.time() - self.process_started
 
     def finish(self) -> dict[str, Any]:
         replica, t = self.replica, self.cfg.train
@@ -218,7 +200,7 @@ class Trainer:
                 "train_samples": replica.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
                 "best_test_acc": max(x["test_acc"] for x in self.rows),
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
-                "mean_step_time_s": self.times["train_time_s"] / steps,
+                "mean_step_time_s": self.times["train_time_s"] / steps, "wall_time_s": self.wall_time(),
                 "backend": self.backend, "device": str(self.device), "comm_env": dist.comm_env(),
                 **(self.monitor.summary() if self.monitor else {"monitored_steps": 0, "drift": []}),
             }  # fmt: skip
@@ -239,7 +221,6 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train every epoch. Returns ``{"outcome": "completed" | "oom", ...}``; on a stop
         signal it checkpoints and exits (SystemExit) without returning."""
-        self.process_started, self.first_step_at = _process_started(), None
         self.restore()
         replica, cfg, epochs = self.replica, self.cfg, self.cfg.workload.epochs
         if self.ckpt:  # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
@@ -291,6 +272,39 @@ class Trainer:
         dist.shutdown(ok=True)
         return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where,
                 "place": what}
+
+
+def write_checkpoint(replica: Replica, directory: Path, keep: int, extra: dict[str, Any], after_write=None) -> None:
+    """The production job's checkpoint (the probe times the same call): every rank's RNG
+    states and partial-epoch sums (and its own model between post-local SGD averages) go to
+    rank 0, which writes them with the replica's state and ``extra``.
+
+    Out of memory on any rank (device or host) while it gathers its part or while rank 0
+    serialises and writes: nothing half-written is left (the writes are atomic and the
+    manifest comes last), every rank learns it from one all-reduce after the write, and
+    all raise :class:`StepOOM` (``where="checkpoint"``)."""
+    rank, world = replica.rank, replica.world
+    err, mine = "", None
+    try:
+        if replica.inject is not None:
+            replica.inject("checkpoint")
+        mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
+        if replica.replicas_differ() and rank != 0:  # rank 0's model and optimizer are the file's own
+            mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        err = str(exc) or type(exc).__name__
+    per_rank: list[Any] = [None] * world
+    torch_dist.all_gather_object(per_rank, mine)
+    if rank == 0 and all(p is not None for p in per_rank):
+        try:
+            state = {**replica.state(), **extra, "ranks": per_rank}
+            checkpoint.save(directory, state, replica.pos.step, keep=keep, after_write=after_write)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            err = str(exc) or type(exc).__name__
+    _, failed = agree(bool(err))
+    if failed:
+        replica.free_cached_memory()
+        raise StepOOM(failed, err, where="checkpoint")
 
 
 def _to_cpu(obj: Any) -> Any:
