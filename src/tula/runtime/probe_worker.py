@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -33,6 +34,7 @@ from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import measure_step, step_peak_bytes, timing_stats
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
+from tula.runtime.trainer import process_started, write_checkpoint
 
 SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (start, short last batch aside)
 EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
@@ -99,6 +101,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
         if wenv.world_size != point.workers:
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
         replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
+        startup_s = time.time() - process_started()  # as the production job counts it: to its first step
         mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
         # the memory step took a batch but no position: the epoch's iterator starts over
         injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name)
@@ -117,6 +120,11 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
                        memory=mem.to_dict(), profiler_retries=retried,  # extra steps: CPU profiler failures
                        env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg), sweep=[])  # fmt: skip
             write_json(result, out)  # the probe's own measurement stands even if what follows fails
+        after = "overheads"
+        paid = _overheads(replica, result_dir, startup_s)
+        if rank == 0:
+            out.update(paid)
+            write_json(result, out)
         after = "noise"
         if cfg.probe.noise_steps > 0:
             noise_record = _gradient_noise(replica, cfg.probe.noise_steps)  # before the sweep changes the batch
@@ -135,7 +143,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
     except Exception as exc:  # recorded, never silently dropped
         out = _failure(out, exc, rank, after)
     write_json(result, out)
-    dist.shutdown(ok=out["status"] == "ok" and "sweep_error" not in out and "noise_error" not in out)
+    dist.shutdown(ok=out["status"] == "ok" and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep")))
     if out["status"] != "ok":
         sys.exit(1)
 
@@ -150,6 +158,29 @@ def _failure(out: dict[str, Any], exc: Exception, rank: int, after: str) -> dict
         return {"rank": rank, "status": "oom", "error": f"out of memory on rank {rank}: {first}"}
     return {"rank": rank, "status": "error", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(), "failed_at": time.time()}  # fmt: skip
+
+
+def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str, Any]:
+    """What the production job pays besides its steps, measured once as it pays it: start-up
+    (process start to the first step), one evaluation pass (:meth:`Replica.evaluate`) and one
+    checkpoint write (:func:`tula.runtime.trainer.write_checkpoint`, beside the probe's
+    result, then removed); each the slowest rank's. An epoch's start is in the step time
+    already (``epoch_start_extra_s``). Out of memory here is noted, not the probe's outcome."""
+    try:
+        t0 = time.perf_counter()
+        replica.evaluate()
+        t1 = time.perf_counter()
+        write_checkpoint(replica, result_dir / "checkpoint", keep=1, extra={"probe": True})
+        mine = (startup_s, t1 - t0, time.perf_counter() - t1)
+    except StepOOM as exc:
+        return {"overheads_error": f"out of memory {exc.where} on rank(s) {exc.ranks}"}
+    finally:
+        if replica.rank == 0:
+            shutil.rmtree(result_dir / "checkpoint", ignore_errors=True)
+    gathered: list[Any] = [None] * replica.world
+    torch_dist.all_gather_object(gathered, mine)
+    startup, ev, ck = (max(g[i] for g in gathered) for i in range(3))
+    return {"startup_time_s": startup, "eval_time_s": ev, "checkpoint_time_s": ck}
 
 
 def _timed(replica: Replica, sync: bool) -> tuple[float, str]:
