@@ -83,7 +83,7 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "fit": ("search", "cluster", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin",
             "probe.no_sync_fallback"),
     "predict": ("workload", "grid", "cluster", "pricing", "hardware.device_memory_gb", "hardware.memory_margin",
-                "train.base_batch"),
+                "train.base_batch", "launch.checkpoint_every_steps", "launch.checkpoint_every_epochs"),
     # one worker: the batches it measures follow the grid (tula.model.memory.probe_batches); the
     # probes read its b_max but do not re-run when it re-runs (ancient input, rules/probe.smk)
     "memprobe": (*_WORKLOAD, *_STEP, "grid", "probe.memory_batches"),

@@ -63,8 +63,49 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
                 elif rec["status"] == "oom":
                     df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
     df["feasible"] = df["feasible"].astype(bool)
+    _wall_time(df, cfg, measured)
     _time_to_accuracy(df, cfg, noise.pool(measured) if measured is not None else None)
     return df
+
+
+OVERHEADS = ("startup_time_s", "eval_time_s", "checkpoint_time_s")
+
+
+def checkpoints_written(epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None) -> int:
+    """The checkpoints a run that is never stopped writes: every k-th step, at the end of
+    every k-th epoch but the last, and the final one (as tula.runtime.trainer does)."""
+    steps = epochs * steps_per_epoch
+    return (steps // every_steps if every_steps else 0) + ((epochs - 1) // every_epochs if every_epochs else 0) + 1
+
+
+def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:
+    """What the job pays besides its steps, beside T: start-up, one evaluation pass per
+    epoch and each checkpoint write, as the probes measured them (their median at the same
+    N; at an N not probed, the nearest probed N's, its evaluation scaled by N0/N, as the
+    test set is sharded over the workers). ``wall_time_s`` = start-up + T + E x evaluation
+    + checkpoints x write; NaN where no probe measured them (records from before they did)."""
+    L = cfg.launch
+    df["checkpoints"] = [checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
+                         for e, s in zip(df["epochs"], df["steps_per_epoch"])]  # fmt: skip
+    ok = measurements_mod.probes(measured) if measured is not None and len(measured) else None
+    if ok is not None:
+        ok = ok[ok["status"] == "ok"]
+        ok = ok[[c for c in ("workers", *OVERHEADS) if c in ok.columns]].dropna()
+    if ok is None or ok.empty or len(ok.columns) < 1 + len(OVERHEADS):
+        for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):
+            df[c] = math.nan
+        return
+    per_n = ok.groupby("workers")[list(OVERHEADS)].median()
+    probed = per_n.index.to_numpy()
+    n = df["workers"].to_numpy()
+    n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]  # the nearest probed N of each row
+    near = per_n.loc[n0]
+    df["startup_time_s"] = near["startup_time_s"].to_numpy()
+    df["eval_time_s"] = near["eval_time_s"].to_numpy() * n0 / n
+    df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
+    besides = df["startup_time_s"] + df["epochs"] * df["eval_time_s"] + df["checkpoints"] * df["checkpoint_time_s"]
+    df["wall_time_s"] = df["train_time_s"] + besides
+    df["wall_time_lo_s"], df["wall_time_hi_s"] = df["train_time_lo_s"] + besides, df["train_time_hi_s"] + besides
 
 
 def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
