@@ -71,6 +71,9 @@ def test_every_output_exists_and_parses(finished_run):
     assert sel["objective"] == "knee" and (sel["selected"]["workers"], sel["selected"]["global_batch"]) != (2, 128)
     final = json.loads((res / "train" / "final.json").read_text())
     assert (final["workers"], final["global_batch"]) == (sel["selected"]["workers"], sel["selected"]["global_batch"])
+    # the wall time predicted part by part from what the probes measured, beside what the job paid
+    assert [p["part"] for p in final["wall_check"]] == ["steps", "start-up", "evaluation", "checkpoints", "rest", "wall time"]
+    assert final["wall_time_ratio"] == pytest.approx(final["wall_time_s"] / final["predicted_wall_time_s"])
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
     for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training", "steps"):
         assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

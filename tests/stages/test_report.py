@@ -58,6 +58,13 @@ def test_summary_card_shows_predicted_vs_measured():
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_card(final)
     assert "No prediction" in prediction_card({"workers": 1})
+    assert "wall time was not predicted" in prediction_card(final)  # probes from before the wall-time parts
+    final["wall_check"] = [{"part": "steps", "predicted_s": 4.8, "measured_s": 4.5, "ratio": 4.5 / 4.8},
+                           {"part": "rest", "predicted_s": None, "measured_s": 0.1, "ratio": None},
+                           {"part": "wall time", "predicted_s": 9.0, "measured_s": 10.0, "ratio": 10.0 / 9.0}]
+    html = prediction_card(final)
+    assert "<td>steps</td><td>5s</td><td>4s</td><td>×0.94</td>" in html and "not modelled" in html
+    assert "<tr class=bad><td>wall time</td>" in html  # 11 % over: more than the 5 % the prediction aims at
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():

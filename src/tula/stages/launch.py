@@ -25,6 +25,7 @@ the job trained beside what the job measured (:func:`record_prediction`).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -335,11 +336,19 @@ def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> 
     return None if match.empty else match.iloc[0].to_dict()
 
 
+WALL_PARTS = (  # (name, final.json's measured key, how the prediction of it is made from predictions.csv's row)
+    ("steps", "train_time_s", lambda r: r["train_time_s"]),
+    ("start-up", "startup_time_s", lambda r: r["startup_time_s"]),
+    ("evaluation", "eval_time_s", lambda r: r["epochs"] * r["eval_time_s"]),
+    ("checkpoints", "checkpoint_time_s", lambda r: r["checkpoints"] * r["checkpoint_time_s"]),
+)
+
+
 def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[str, Any]:
     """Put the prediction for the point the job trained beside what the job measured, in
     final.json: predicted step time (with its 95 % interval) against the mean training step,
-    predicted training time against the time spent in training steps (evaluation,
-    checkpoints and start-up are reported apart: Eq. 4a does not model them)."""
+    and the job's wall time part by part (``wall_check``: steps, start-up, evaluation,
+    checkpoints, and what neither models, the rest) against what it paid."""
     final = read_json(final_path)
     row = prediction_row(predictions, final["workers"], final["global_batch"])
     if row is None:
@@ -353,14 +362,34 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
         "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
         "train_time_ratio": final["train_time_s"] / pred_T if pred_T > 0 else None,
         "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); train_time_s counts "
-                           "training steps only; eval_time_s, checkpoint_time_s and startup_time_s are apart",
+                           "training steps only; wall_check compares each part of the wall time",
     })  # fmt: skip
+    final.update(_wall_check(final, row))
     write_json(final_path, final)
     lo, hi = final["predicted_step_time_interval_s"]
     print(f"[launch] prediction check at N={final['workers']} B={final['global_batch']}: step predicted "
           f"{1e3 * pred_step:.2f} ms (95 % interval {1e3 * lo:.2f}-{1e3 * hi:.2f}), measured "
-          f"{1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f}); training time predicted "
-          f"{pred_T:.1f} s, measured {final['train_time_s']:.1f} s in steps (+ {final['eval_time_s']:.1f} s "
-          f"evaluation, {final['checkpoint_time_s']:.1f} s checkpoints, {final['startup_time_s']:.1f} s start-up)",
-          flush=True)  # fmt: skip
+          f"{1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f})", flush=True)  # fmt: skip
+    for part in final.get("wall_check") or []:
+        pred = "not predicted" if part["predicted_s"] is None else f"predicted {part['predicted_s']:.1f} s"
+        ratio = "" if part["ratio"] is None else f" (x{part['ratio']:.3f})"
+        print(f"[launch]   {part['part']:<12} {pred}, paid {part['measured_s']:.1f} s{ratio}", flush=True)
     return final
+
+
+def _wall_check(final: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """Each part of the wall time, predicted (predictions.csv) against paid (final.json)."""
+    if final.get("wall_time_s") is None or not math.isfinite(float(row.get("wall_time_s", math.nan))):
+        return {}
+
+    def part(name: str, predicted: float | None, measured: float) -> dict[str, Any]:
+        ratio = measured / predicted if predicted else None
+        return {"part": name, "predicted_s": predicted, "measured_s": measured, "ratio": ratio}
+
+    parts = [part(name, float(pred(row)), float(final[key])) for name, key, pred in WALL_PARTS]
+    rest = final["wall_time_s"] - sum(p["measured_s"] for p in parts)
+    wall = float(row["wall_time_s"])
+    parts += [part("rest", None, rest), part("wall time", wall, float(final["wall_time_s"]))]
+    return {"wall_check": parts, "predicted_wall_time_s": wall,
+            "predicted_wall_time_interval_s": [float(row["wall_time_lo_s"]), float(row["wall_time_hi_s"])],
+            "wall_time_ratio": final["wall_time_s"] / wall if wall > 0 else None}

@@ -109,9 +109,26 @@ def prediction_card(final: dict) -> str:
             f"predicted {1e3 * final['predicted_step_time_s']:.2f} ms ({1e3 * lo:.2f}–{1e3 * hi:.2f}), measured "
             f"{1e3 * final['mean_step_time_s']:.2f} ms (×{ratio:.3f}, {verdict}); training time predicted "
             f"{fmt_duration(final['predicted_train_time_s'])} ({fmt_duration(tlo)}–{fmt_duration(thi)}), measured "
-            f"{fmt_duration(final['train_time_s'])} in training steps. Not in the prediction: evaluation "
-            f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}, "
-            f"start-up {fmt_duration(final['startup_time_s'])}.</p>")
+            f"{fmt_duration(final['train_time_s'])} in training steps.</p>" + wall_table(final))
+
+
+def wall_table(final: dict) -> str:
+    """The job's wall time part by part, predicted against paid (final.json's wall_check)."""
+    parts = final.get("wall_check")
+    if not parts:
+        return ("<p class=sub>The wall time was not predicted (the probes did not measure start-up, evaluation "
+                f"and checkpoints): evaluation {fmt_duration(final['eval_time_s'])}, checkpoints "
+                f"{fmt_duration(final['checkpoint_time_s'])}, start-up {fmt_duration(final['startup_time_s'])}.</p>")
+    rows = []
+    for p in parts:
+        pred = "—" if p["predicted_s"] is None else fmt_duration(p["predicted_s"])
+        ratio = "not modelled" if p["ratio"] is None else f"×{p['ratio']:.2f}"
+        off = p["ratio"] is not None and p["part"] == "wall time" and abs(p["ratio"] - 1) > 0.05
+        rows.append(f"<tr{' class=bad' if off else ''}><td>{html.escape(p['part'])}</td><td>{pred}</td>"
+                    f"<td>{fmt_duration(p['measured_s'])}</td><td>{ratio}</td></tr>")
+    return ("<table><tr><th>wall time</th><th>predicted</th><th>paid</th><th>paid / predicted</th></tr>"
+            + "".join(rows) + "</table><p class=sub>Start-up, one evaluation pass and one checkpoint write were "
+            "measured once by the probes; the rest (end-of-epoch bookkeeping, monitoring) is not modelled.</p>")
 
 
 def model_section(perf: dict | None) -> str:
