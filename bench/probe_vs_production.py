@@ -7,10 +7,15 @@ the point Tula chose and trained, for three workloads, each run through the whol
       2 DataLoader workers per training worker, crop + flip augmentation;
   (c) mnist1d with resnet_tiny in bf16;
   (d) the shipped default with `objective: time_to_accuracy` (it trains at a smaller B than
-      the knee, one the partial search did not probe).
+      the knee, one the partial search did not probe);
+  (e) a new user's image folder (Pillow PNGs, 24 x 24 px, 10 classes) with the default model,
+      2 DataLoader workers per training worker, N = 2, 3 epochs (issue 23).
+
+The wall time is compared part by part as well (final.json's wall_check: steps, start-up,
+one evaluation pass per epoch and each checkpoint write, as the probes measured them).
 
     .venv/bin/python bench/probe_vs_production.py [REPEATS] [--only a_default,d_default_tta]
-                                                    # default 3 repeats, all four; ~6 min per round
+                                                    # default 3 repeats, all five; ~6 min per round
 
 Prints one row per run and the median per workload: step_time_ratio (= final.json's
 mean_step_time_s / predicted_step_time_s), production / probe at the same point (after the
@@ -46,10 +51,15 @@ def workloads(scratch: Path) -> dict[str, dict]:
     bf16 = json.loads(json.dumps(base))
     bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)
     bf16["train"].update(precision="bf16", lr_decay_epochs=[])
+    small = make_image_folder(scratch / "images24", classes=10, train_per_class=48, val_per_class=12, size=24)
+    folder24 = json.loads(json.dumps(base))  # issue 23's new user: the default model on a folder of 24 px images
+    folder24["workload"].update(dataset=f"imagefolder:{small}", epochs=3)
+    folder24["data"] = {"image_size": 24, "num_workers": 2}
+    folder24["grid"]["workers"] = [2]
     tta = json.loads(json.dumps(base))
     tta["objective"] = "time_to_accuracy"
     return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16,
-            "d_default_tta": tta}
+            "d_default_tta": tta, "e_imagefolder_24px": folder24}
 
 
 def one_run(workdir: Path, cfg: dict) -> dict:
@@ -69,7 +79,9 @@ def one_run(workdir: Path, cfg: dict) -> dict:
             "inside": lo <= final["mean_step_time_s"] <= hi, "pred_ms": 1e3 * final["predicted_step_time_s"],
             "meas_ms": 1e3 * final["mean_step_time_s"], "T_ratio": final["train_time_ratio"], "dag_s": wall,
             "eval_s": final["eval_time_s"], "ckpt_s": final["checkpoint_time_s"],
-            "startup_s": final["startup_time_s"], "acc": final["final_test_acc"]}  # fmt: skip
+            "startup_s": final["startup_time_s"], "acc": final["final_test_acc"],
+            "wall_ratio": final.get("wall_time_ratio"), "wall_s": final.get("wall_time_s"),
+            "parts": {p["part"]: p["ratio"] for p in final.get("wall_check") or []}}  # fmt: skip
 
 
 def main() -> None:
@@ -97,7 +109,9 @@ def main() -> None:
                       f"| probed there {row['direct_ms']:8.2f} ms, production/probe {row['direct_ratio']:.3f} | "
                       f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio {row['T_ratio']:.3f}, "
                       f"DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, checkpoints {row['ckpt_s']:.1f} s, "
-                      f"start-up {row['startup_s']:.1f} s), test acc {100 * row['acc']:.1f}%", flush=True)  # fmt: skip
+                      f"start-up {row['startup_s']:.1f} s), test acc {100 * row['acc']:.1f}%; wall time "
+                      f"{row['wall_s']:.1f} s, paid / predicted {row['wall_ratio']:.3f} "
+                      f"({', '.join(f'{k} {v:.2f}' for k, v in row['parts'].items() if v is not None)})", flush=True)  # fmt: skip
         print("\n| workload | production / predicted (median) | runs | inside 95 % interval | production / probe "
               "at the same point (median) | runs | median DAG wall |")
         print("|---|---|---|---|---|---|---|")
@@ -106,6 +120,14 @@ def main() -> None:
             print(f"| {name} | **{statistics.median(ratios):.3f}** | {', '.join(f'{x:.3f}' for x in ratios)} | "
                   f"{sum(r['inside'] for r in rs)}/{len(rs)} | **{statistics.median(direct):.3f}** | "
                   f"{', '.join(f'{x:.3f}' for x in direct)} | {statistics.median(r['dag_s'] for r in rs):.1f} s |")
+
+        print("\n| workload | wall time paid / predicted (median) | runs | steps | start-up | evaluation | checkpoints |")
+        print("|---|---|---|---|---|---|---|")
+        for name, rs in rows.items():
+            walls = [r["wall_ratio"] for r in rs]
+            med = {k: statistics.median(r["parts"][k] for r in rs) for k in ("steps", "start-up", "evaluation", "checkpoints")}
+            print(f"| {name} | **{statistics.median(walls):.3f}** | {', '.join(f'{x:.3f}' for x in walls)} | "
+                  + " | ".join(f"{v:.3f}" for v in med.values()) + " |")
 
 
 if __name__ == "__main__":
