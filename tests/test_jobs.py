@@ -3,6 +3,9 @@ for SLURM, a job left running by a dead launcher, which checkpoints a run may re
 a finished job's outcome is read."""
 
 import functools
+import pickle
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -10,6 +13,7 @@ from conftest import checkpoint_state
 from job_bodies import finish_with
 
 from tula import checkpoint, config, jobs
+from tula.runtime.job import ProductionJob
 
 
 @pytest.mark.parametrize("cfg_part, cfg_acct, expect", [
@@ -96,3 +100,16 @@ def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_s
                                                          "exiting")  # fmt: skip
     assert jobs.segments(tmp_path, 5)[0]["end_step"] == 13 and jobs.segments(tmp_path, 4) == []
 
+
+
+def test_the_production_job_unpickles_without_the_launcher(tmp_path):
+    """submitit unpickles the job in every task before it runs; its module is imported then.
+    The launcher's module (pandas' frames, the selection) cost each task 1.5 s of start-up the
+    probe's workers do not pay, so the job is a module of its own."""
+    ck = checkpoint.Checkpointing(directory=tmp_path, fingerprint="f", every_steps=None, every_epochs=1, keep=2)
+    blob = tmp_path / "job.pkl"
+    blob.write_bytes(pickle.dumps(ProductionJob("config.json", 2, 64, str(tmp_path), ck)))
+    code = (f"import pickle, sys; job = pickle.loads(open({str(blob)!r}, 'rb').read()); "
+            "print(type(job).__module__, sorted(m for m in sys.modules if m.startswith('tula.stages') or m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(maxsplit=1)
+    assert out == ["tula.runtime.job", "[]\n"]  # no stage, and no torch until the job runs

@@ -251,7 +251,7 @@ def log_tail(job: submitit.Job, n: int = 30) -> str:
 
 def _error_line(text: str) -> str:
     """The last 'SomeError: message' line of a worker's traceback."""
-    found = re.findall(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.M)
+    found = re.findall(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.MULTILINE)
     return found[-1].strip() if found else ""
 
 

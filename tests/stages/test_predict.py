@@ -76,19 +76,22 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
                             "launch": {"checkpoint_every_epochs": 1}})  # fmt: skip
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
     probe = dict(global_batch=64, status="ok", step_time_s=0.1, compute_time_s=0.1, source="probe")
-    measured = pd.DataFrame([dict(probe, workers=1, local_batch=64, startup_time_s=4.0, eval_time_s=0.8, checkpoint_time_s=0.2),
-                             dict(probe, workers=2, local_batch=32, startup_time_s=5.0, eval_time_s=0.5, checkpoint_time_s=0.3),
-                             dict(probe, workers=2, local_batch=32, startup_time_s=7.0, eval_time_s=0.3, checkpoint_time_s=0.1),
-                             ])  # fmt: skip
+    measured = pd.DataFrame([
+        dict(probe, workers=1, local_batch=64, startup_time_s=4.0, eval_first_time_s=1.2, eval_time_s=0.8, checkpoint_time_s=0.2),
+        dict(probe, workers=2, local_batch=32, startup_time_s=5.0, eval_first_time_s=0.9, eval_time_s=0.5, checkpoint_time_s=0.3),
+        dict(probe, workers=2, local_batch=32, startup_time_s=7.0, eval_first_time_s=0.7, eval_time_s=0.3, checkpoint_time_s=0.1),
+    ])  # fmt: skip
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured).set_index("workers")
     # N=2: the median of its two probes; N=4 was not probed: N=2's, evaluation halved (sharded)
-    assert pred.loc[2, ["startup_time_s", "eval_time_s", "checkpoint_time_s"]].tolist() == pytest.approx([6.0, 0.4, 0.2])
-    assert pred.loc[4, ["startup_time_s", "eval_time_s", "checkpoint_time_s"]].tolist() == pytest.approx([6.0, 0.2, 0.2])
+    cols = ["startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s"]
+    assert pred.loc[2, cols].tolist() == pytest.approx([6.0, 0.8, 0.4, 0.2])
+    assert pred.loc[4, cols].tolist() == pytest.approx([6.0, 0.4, 0.2, 0.2])
     assert (pred["checkpoints"] == 3).all()  # end of epochs 1 and 2, and the final one
     T = 3 * 16 * 0.1
-    assert pred.loc[1, "wall_time_s"] == pytest.approx(4.0 + T + 3 * 0.8 + 3 * 0.2)
-    assert pred.loc[4, "wall_time_s"] == pytest.approx(6.0 + T + 3 * 0.2 + 3 * 0.2)
-    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(6.0 + 0.6 + 0.6)
+    # the first evaluation pass (cold) once, a later pass for each further epoch
+    assert pred.loc[1, "wall_time_s"] == pytest.approx(4.0 + T + 1.2 + 2 * 0.8 + 3 * 0.2)
+    assert pred.loc[4, "wall_time_s"] == pytest.approx(6.0 + T + 0.4 + 2 * 0.2 + 3 * 0.2)
+    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(6.0 + 0.8 + 0.6)
     # probes from before these were measured: no wall time, said as NaN rather than guessed
-    old = measured.drop(columns=["startup_time_s", "eval_time_s", "checkpoint_time_s"])
+    old = measured.drop(columns=["eval_first_time_s"])
     assert predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, old)["wall_time_s"].isna().all()

@@ -4,7 +4,7 @@ Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller 
 until a feasible configuration is found". One *attempt* is one submitit job at one global
 batch B at one N (:class:`tula.jobs.Attempt`):
 
-- the job is a :class:`ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2
+- the job is a :class:`tula.runtime.job.ProductionJob` (``submitit.helpers.Checkpointable``): SLURM's USR2
   before the time limit or on preemption makes every rank checkpoint at the next step
   boundary, and submitit requeues the job, which resumes from that checkpoint (TERM, from
   scancel or ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
@@ -36,12 +36,13 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, jobs, preflight, slurm, workers, workflow
+from tula import checkpoint, jobs, preflight, slurm, workflow
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_bytes, write_json
 from tula.jobs import Attempt, History
 from tula.model import drift
+from tula.stages import predict as predict_mod
 from tula.stages import select as select_mod
 
 
@@ -56,27 +57,6 @@ def selected_point(path) -> tuple[int, int]:
 
 class OutOfMemory(RuntimeError):
     """The job ran out of memory and :func:`run` was told not to relaunch it smaller."""
-
-
-class ProductionJob(submitit.helpers.Checkpointable):
-    """What each of the job's N tasks runs: join the process group that submitit describes
-    (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run."""
-
-    def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing,
-                 band: dict[str, float] | None = None):  # fmt: skip
-        self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = config, workers, global_batch, out_dir, ckpt
-        self.band = band  # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
-
-    def __call__(self) -> dict[str, Any]:
-        cfg = config_mod.load(self.config)
-        os.environ.update(workers.worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
-        on_cuda = cfg.hardware.device == "cuda"
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
-        from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
-
-        return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band).run()
-
-    # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.
 
 
 def smaller_batches(workers: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
@@ -182,6 +162,8 @@ class Launch:
         submitted = time.time()
         row = prediction_row(self.predictions, self.workers, batch)
         band = asdict(drift.Band.from_prediction(row)) if row is not None and self.workers > 1 else None
+        from tula.runtime.job import ProductionJob  # the job's class (no torch): runtime, as the tasks unpickle it
+
         job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band),
                           self.kind)  # fmt: skip
         att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step(), workers=self.workers,
@@ -339,7 +321,7 @@ def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> 
 WALL_PARTS = (  # (name, final.json's measured key, how the prediction of it is made from predictions.csv's row)
     ("steps", "train_time_s", lambda r: r["train_time_s"]),
     ("start-up", "startup_time_s", lambda r: r["startup_time_s"]),
-    ("evaluation", "eval_time_s", lambda r: r["epochs"] * r["eval_time_s"]),
+    ("evaluation", "eval_time_s", predict_mod.evaluation_time),
     ("checkpoints", "checkpoint_time_s", lambda r: r["checkpoints"] * r["checkpoint_time_s"]),
 )
 

@@ -68,7 +68,7 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     return df
 
 
-OVERHEADS = ("startup_time_s", "eval_time_s", "checkpoint_time_s")
+OVERHEADS = ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s")
 
 
 def checkpoints_written(epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None) -> int:
@@ -78,12 +78,19 @@ def checkpoints_written(epochs: int, steps_per_epoch: int, every_steps: int | No
     return (steps // every_steps if every_steps else 0) + ((epochs - 1) // every_epochs if every_epochs else 0) + 1
 
 
+def evaluation_time(row):
+    """The run's evaluation: its first pass, then one later pass per further epoch (a
+    predictions.csv row, or the frame)."""
+    return row["eval_first_time_s"] + (row["epochs"] - 1) * row["eval_time_s"]
+
+
 def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:
     """What the job pays besides its steps, beside T: start-up, one evaluation pass per
-    epoch and each checkpoint write, as the probes measured them (their median at the same
-    N; at an N not probed, the nearest probed N's, its evaluation scaled by N0/N, as the
-    test set is sharded over the workers). ``wall_time_s`` = start-up + T + E x evaluation
-    + checkpoints x write; NaN where no probe measured them (records from before they did)."""
+    epoch (the first, cold, apart) and each checkpoint write, as the probes measured them
+    (their median at the same N; at an N not probed, the nearest probed N's, its evaluation
+    scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
+    + T + first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe
+    measured them (records from before they did)."""
     L = cfg.launch
     df["checkpoints"] = [checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
                          for e, s in zip(df["epochs"], df["steps_per_epoch"])]  # fmt: skip
@@ -101,9 +108,10 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]  # the nearest probed N of each row
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    df["eval_time_s"] = near["eval_time_s"].to_numpy() * n0 / n
+    for c in ("eval_first_time_s", "eval_time_s"):
+        df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
-    besides = df["startup_time_s"] + df["epochs"] * df["eval_time_s"] + df["checkpoints"] * df["checkpoint_time_s"]
+    besides = df["startup_time_s"] + evaluation_time(df) + df["checkpoints"] * df["checkpoint_time_s"]
     df["wall_time_s"] = df["train_time_s"] + besides
     df["wall_time_lo_s"], df["wall_time_hi_s"] = df["train_time_lo_s"] + besides, df["train_time_hi_s"] + besides
 

@@ -127,8 +127,8 @@ def wall_table(final: dict) -> str:
         rows.append(f"<tr{' class=bad' if off else ''}><td>{html.escape(p['part'])}</td><td>{pred}</td>"
                     f"<td>{fmt_duration(p['measured_s'])}</td><td>{ratio}</td></tr>")
     return ("<table><tr><th>wall time</th><th>predicted</th><th>paid</th><th>paid / predicted</th></tr>"
-            + "".join(rows) + "</table><p class=sub>Start-up, one evaluation pass and one checkpoint write were "
-            "measured once by the probes; the rest (end-of-epoch bookkeeping, monitoring) is not modelled.</p>")
+            + "".join(rows) + "</table><p class=sub>Start-up, a first and a later evaluation pass and one checkpoint "
+            "write were measured by the probes; the rest (end-of-epoch bookkeeping, monitoring) is not modelled.</p>")
 
 
 def model_section(perf: dict | None) -> str:
