@@ -46,9 +46,17 @@ def test_probe_faults_are_for_their_probe_and_production_faults_never_reach_a_pr
         faults.Injector(fs, rank=0, point="N2_B64")("profiler", 5, 64)
 
 
+def test_a_crash_is_for_the_probes_first_attempts_only():
+    fs = faults.parse("crash:point=N2_B64,rank=1;crash:point=N4_B32,attempts=2")
+    assert [(f.kind, f.rank, f.attempts, f.place) for f in fs] == [("crash", 1, None, "profiler"), ("crash", None, 2, "profiler")]
+    assert faults.Injector(fs, rank=1, point="N2_B64") and not faults.Injector(fs, rank=0, point="N2_B64")
+    assert not faults.Injector(fs, rank=1, point="N2_B64", attempt=2)  # the launch after the crash is clean
+    assert faults.Injector(fs, rank=0, point="N4_B32", attempt=2) and not faults.Injector(fs, rank=0, point="N4_B32", attempt=3)
+
+
 @pytest.mark.parametrize("bad, msg", [
     ("boom:step=1", "unknown fault kind 'boom'"), ("signal:sig=USR2", "needs step="), ("truncate:", "needs step="),
-    ("error:rank=1", "needs point="), ("signal:step=1,sig=KILL", "sig= one of USR2, TERM, USR1"),
+    ("error:rank=1", "needs point="), ("crash:rank=1", "needs point="), ("crash:point=N2_B64,attempts=x", "integers"), ("signal:step=1,sig=KILL", "sig= one of USR2, TERM, USR1"),
     ("oom:step=x", "integers"), ("oom:step=1,when=2", "bad field 'when=2'"),
     ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint"),
 ])  # fmt: skip

@@ -29,6 +29,11 @@ never for a probe. ``rank`` limits it to one rank; each fault fires at most once
 ``profiler:point=P[,rank=R]``
     the first CPU memory timeline of the probe fails (torch's profiler's "version mismatch"
     AssertionError, seen about once in ten probes here); the ranks measure one more step.
+``crash:point=P[,rank=R][,attempts=A]``
+    the worker dies by SIGSEGV where the profiler's memory timeline is built, without writing
+    its result (torch's CPU profiler did this once in a CI run; a node's hiccup looks the
+    same), in the probe's first A launches (default 1). A probe that loses a rank so is
+    launched once more.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
     preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). A run
@@ -60,15 +65,16 @@ KINDS = {
     "oom": {"step", "rank", "batch", "where", "point"},
     "error": {"rank", "point"},
     "profiler": {"rank", "point"},
+    "crash": {"rank", "point", "attempts"},
     "signal": {"step", "sig", "rank"},
     "truncate": {"step"},
     "slowsync": {"step", "ms", "workers"},
 }
-NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "signal": ("step", "sig"), "truncate": ("step",),
+NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "crash": ("point",), "signal": ("step", "sig"), "truncate": ("step",),
          "slowsync": ("step", "ms")}  # fmt: skip
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
-PLACE_OF = {"error": "start", "profiler": "profiler"}  # where the other kinds fire
+PLACE_OF = {"error": "start", "profiler": "profiler", "crash": "profiler"}  # where the other kinds fire
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Fault:
     point: str | None = None
     ms: int | None = None
     workers: int | None = None
+    attempts: int | None = None
 
     @property
     def place(self) -> str:
@@ -113,9 +120,9 @@ def _parse_one(item: str) -> Fault:
     if where not in WHERE:
         raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
     try:
-        number = {k: int(kv[k]) for k in ("step", "rank", "batch", "ms", "workers") if k in kv}
+        number = {k: int(kv[k]) for k in ("step", "rank", "batch", "ms", "workers", "attempts") if k in kv}
     except ValueError:
-        raise ValueError(f"{ENV}: step, rank, batch, ms and workers must be integers in {item!r}") from None
+        raise ValueError(f"{ENV}: step, rank, batch, ms, workers and attempts must be integers in {item!r}") from None
     return Fault(kind, sig=kv.get("sig"), where=where, point=kv.get("point"), **number)
 
 
@@ -127,12 +134,13 @@ class Injector:
     """Raises the faults due in this process where the step calls it: ``injector(place, step,
     global_batch)`` at each place an error can happen (inside the model's forward, at the
     start of backward, while checkpointing, as a probe starts, after a memory timeline).
-    ``point``: the probe's (N, B) name; None in the production job. Each fault fires once."""
+    ``point``: the probe's (N, B) name; None in the production job; ``attempt``: which launch
+    of that probe this is (a ``crash`` fires in the first ``attempts``). Each fault fires once."""
 
-    def __init__(self, faults: list[Fault], rank: int, point: str | None = None):
+    def __init__(self, faults: list[Fault], rank: int, point: str | None = None, attempt: int = 1):
         self.rank, self.point = rank, point
-        self.faults = [f for f in faults if f.kind in ("oom", "error", "profiler") and f.point == point
-                       and f.rank in (None, rank)]  # fmt: skip
+        self.faults = [f for f in faults if f.kind in ("oom", "error", "profiler", "crash") and f.point == point
+                       and f.rank in (None, rank) and (f.kind != "crash" or attempt <= (f.attempts or 1))]  # fmt: skip
         self.fired: set[Fault] = set()
 
     def __bool__(self) -> bool:
@@ -143,6 +151,8 @@ class Injector:
             if (f.place == place and f.step in (None, step) and f.batch in (None, global_batch)
                     and f not in self.fired):  # fmt: skip
                 self.fired.add(f)
+                if f.kind == "crash":  # dies as a segfault does: no exception, no result written
+                    os.kill(os.getpid(), signal.SIGSEGV)
                 raise _exception(f, place, step, self.rank, global_batch, self.point)
 
 

@@ -127,6 +127,7 @@ def parse_worker_args(prog: str, argv: list[str] | None = None, batch_flag: str 
                    type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int)  # fmt: skip
     p.add_argument("--result-dir", required=True)
     p.add_argument("--memory-probe", default=None, help="results/memory_probe.json: b_max for the compute sweep")
+    p.add_argument("--attempt", type=int, default=1, help="which launch of this probe (one more after a lost rank)")
     return p.parse_args(argv)
 
 

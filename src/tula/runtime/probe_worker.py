@@ -88,7 +88,8 @@ def _sweep(replica, cfg: config_mod.Config, point: Point, max_local_batch: int |
     return rows
 
 
-def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local_batch: int | None = None) -> None:
+def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local_batch: int | None = None,
+               attempt: int = 1) -> None:  # fmt: skip
     """Body of one worker process (rank r of N): the probe's own measurement, then the
     gradient noise scale and the compute sweep. Writes result_dir/rank{r}.json; a failure
     is recorded there (once the measurement stands, a later failure is only noted beside it)."""
@@ -104,7 +105,7 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
         startup_s = time.time() - process_started()  # as the production job counts it: to its first step
         mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
         # the memory step took a batch but no position: the epoch's iterator starts over
-        injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name)
+        injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
         if injector:  # after the memory step: an OOM meets the step's agreement
             replica.inject_faults(injector)
             replica.inject("start")
@@ -323,7 +324,7 @@ def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
 def _worker_main(argv: list[str] | None = None) -> None:
     a = workers.parse_worker_args("tula.runtime.probe_worker", argv)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
-    run_worker(config_mod.load(a.config), Point(a.workers, a.global_batch), Path(a.result_dir), bmax)
+    run_worker(config_mod.load(a.config), Point(a.workers, a.global_batch), Path(a.result_dir), bmax, a.attempt)
 
 
 if __name__ == "__main__":

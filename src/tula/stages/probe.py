@@ -78,7 +78,7 @@ def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResul
 
 
 def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
-                memory_probe: str | Path | None) -> dict:  # fmt: skip
+                memory_probe: str | Path | None, attempt: int = 1) -> dict:  # fmt: skip
     """Launch the N workers at one point and combine what they wrote into a record."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -89,6 +89,8 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
                    "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
     if memory_probe:
         worker_args += ["--memory-probe", str(memory_probe)]
+    if attempt > 1:
+        worker_args += ["--attempt", str(attempt)]
     launch = workers.start(
         point.workers, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
     )
@@ -103,6 +105,12 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
     shutil.rmtree(work, ignore_errors=True)
     record = _combine(point, ranks, launch, cfg)
     record["started_at"] = started
+    lost = sorted(set(range(point.workers)) - {r.get("rank") for r in ranks})
+    if record["status"] == "error" and lost and not launch.timed_out:
+        # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
+        # saw the connection drop, so the error they report is not the cause
+        record.update(lost_ranks=lost, error=f"rank(s) {lost} died without writing a result (killed by a signal: "
+                                             f"a segfault or the out-of-memory killer); {record['error']}")  # fmt: skip
     if record["status"] == "ok":
         print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
               f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
@@ -111,6 +119,22 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
     else:
         print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
     return record
+
+
+def _probe_point(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
+                 memory_probe: str | Path | None) -> dict:  # fmt: skip
+    """One probe, launched once more when a rank died without writing its result: such a
+    crash is the machine's (torch's CPU profiler segfaulted once in a CI run), not the
+    point's, and one lost launch should not cost the user the point. An error the ranks
+    reported, an OOM or a timeout is the point's own and recorded as it is. The record keeps
+    the first launch's error under ``retried_after``."""
+    record = _probe_once(cfg, cfg_path, point, work, memory_probe)
+    if not record.get("lost_ranks"):
+        return record
+    print(f"[probe {point.name}] a worker was lost: launching the probe once more", flush=True)
+    again = _probe_once(cfg, cfg_path, point, work, memory_probe, attempt=2)
+    again["retried_after"] = {"error": record["error"], "lost_ranks": record["lost_ranks"]}
+    return again
 
 
 def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | Path | None) -> list[int]:
@@ -138,12 +162,12 @@ def run(cfg_path: str | Path, workers: int, global_batch: int, out: str | Path,
     point = Point(workers, global_batch)
     out = Path(out)
     work = out.parent / f".{out.stem}.ranks"
-    record = _probe_once(cfg, cfg_path, point, work, memory_probe)
+    record = _probe_point(cfg, cfg_path, point, work, memory_probe)
     if record["status"] == "oom":
         record["fallbacks"] = []
         for b in fallback_batches(cfg, point, memory_probe):
             print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
-            fb = _probe_once(cfg, cfg_path, Point(workers, b), work, memory_probe)
+            fb = _probe_point(cfg, cfg_path, Point(workers, b), work, memory_probe)
             record["fallbacks"].append(fb)
             if fb["status"] != "oom":
                 break
