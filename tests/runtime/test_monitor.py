@@ -13,7 +13,7 @@ import yaml
 from conftest import TINY, bitwise_equal, load_params
 
 from tula.io import write_json
-from tula.runtime.monitor import COLUMNS
+from tula.runtime.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
 from tula.stages import launch
 
 D, B = 1437, 64  # digits training samples; the global batch
@@ -75,3 +75,21 @@ def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_p
     fires = [i for i in range(4, len(sync)) if statistics.median(sync[i - 4 : i + 1]) > hi]
     assert first["step"] == int(rows["step"].iloc[fires[0]])  # the first window of 5 whose median is out
     assert "vs predicted 0.0 ms" in first["reason"]
+
+
+@pytest.mark.parametrize("cost_steps", [0.5, 1.1, 3.0])
+def test_auto_monitoring_pays_at_most_one_percent_of_the_steps_all_pairs_counted(cost_steps):
+    """Pairs placed by ``auto`` over a long run, each costing ``cost_steps`` steps: at every pair,
+    all pairs so far (the first one too) are within COST_SHARE of the steps trained."""
+    step_s, since = 0.017, 40  # resumed at step 40: the budget counts this attempt's steps
+    at, spent, pairs = since + FIRST_AFTER, 0.0, []
+    while at < since + 5000:
+        spent += cost_steps * step_s
+        pairs.append(at)
+        if len(pairs) > 1 or cost_steps <= 1:  # the first pair's cost is not known before it: assumed one step
+            assert spent <= COST_SHARE * (at - since) * step_s + 1e-12
+        nxt = next_auto_pair(at, since, spent, cost_steps * step_s, step_s)
+        assert nxt > at
+        assert spent + cost_steps * step_s <= COST_SHARE * (nxt - since) * step_s + 1e-12  # the next one paid for too
+        at = nxt
+    assert abs(len(pairs) - 5000 * COST_SHARE / cost_steps) <= 1  # as often as the budget allows, not less

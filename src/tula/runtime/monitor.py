@@ -10,8 +10,12 @@ slowest rank's each (one all-reduce), give compute and sync apart while the job 
 
 How often: ``launch.monitor_every_steps``. ``auto`` keeps the measured cost of monitoring
 (the extra compute-only step, the snapshot and its restore) at or below 1 % of the training
-steps: after each pair the next one is ``ceil(cost / (1 % x step))`` steps later, computed
-from the agreed times so every rank takes the same steps. Post-local SGD has no per-step
+steps, all of it counted: a pair costs about one step (19 ms against a 17 ms step, digits on
+2 workers), so the first comes 100 steps in, and each next one where what the pairs cost so
+far plus one more like the last is 1 % of the steps trained (:func:`next_auto_pair`),
+computed from the agreed times so every rank takes the same steps. (Scheduled from each
+pair's own cost alone, the first pair at step 20 was not paid for: 1.19 % of a 460-step run,
+BENCHMARKS.md.) Post-local SGD has no per-step
 all-reduce to time and is not monitored.
 """
 
@@ -36,9 +40,16 @@ from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica, refresh_due
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
-FIRST_AFTER = 20  # auto: the first pair after this many steps (past warm-up and the epoch start)
+FIRST_AFTER = 100  # auto: the first pair (about one step's cost) after this many steps: 1 % from the start
 COLUMNS = ["step", "epoch", "workers", "global_batch", "step_time_s", "compute_time_s", "sync_time_s",
            "monitor_cost_s", "predicted_sync_s", "sync_lo_s", "sync_hi_s", "attempt", "time"]  # fmt: skip
+
+
+def next_auto_pair(at: int, since: int, spent_s: float, cost_s: float, step_s: float) -> int:
+    """``auto``: the step of the next pair after the one at step ``at``: the first at which the
+    pairs paid since step ``since`` (``spent_s``) plus one more costing ``cost_s`` stay within
+    COST_SHARE of the steps trained since then at ``step_s`` each."""
+    return max(at + 1, since + math.ceil((spent_s + cost_s) / (COST_SHARE * max(step_s, 1e-9))))
 
 
 def _snapshot(replica: Replica) -> dict[str, Any]:
@@ -76,6 +87,7 @@ class Monitor:
         self.replica, self.out, self.attempt, self.band, self.times = replica, Path(out_dir), attempt, band, times
         self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
         self.every = None if every in (None, "auto") else int(every)
+        self.since, self.spent_s = resumed_from, 0.0  # auto's budget: this attempt's steps and pairs
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
         self.rows, self.drifts = [], []
@@ -126,14 +138,15 @@ class Monitor:
         torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX)  # the slowest rank's, as the probe takes it
         step, compute, overhead = agreed.tolist()
         self.times["monitor_time_s"] += overhead
+        self.spent_s += overhead
         self._schedule(step, overhead)
         if r.rank == 0:
             self._record(step, compute, overhead)
         return step, stop
 
     def _schedule(self, step_s: float, cost_s: float) -> None:
-        every = self.every or max(1, math.ceil(cost_s / (COST_SHARE * max(step_s, 1e-9))))
-        self.next_step = self.replica.pos.step - 1 + every  # the pair's step index + k (pos.step counts it done)
+        at = self.replica.pos.step - 1  # the pair's step index (pos.step counts it done)
+        self.next_step = at + self.every if self.every else next_auto_pair(at, self.since, self.spent_s, cost_s, step_s)
 
     def _record(self, step_s: float, compute_s: float, cost_s: float) -> None:
         r, b = self.replica, self.band
