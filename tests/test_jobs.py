@@ -101,7 +101,6 @@ def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_s
     assert jobs.segments(tmp_path, 5)[0]["end_step"] == 13 and jobs.segments(tmp_path, 4) == []
 
 
-
 def test_the_production_job_unpickles_without_the_launcher(tmp_path):
     """submitit unpickles the job in every task before it runs; its module is imported then.
     The launcher's module (pandas' frames, the selection) cost each task 1.5 s of start-up the

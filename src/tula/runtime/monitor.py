@@ -87,7 +87,8 @@ class Monitor:
         self.replica, self.out, self.attempt, self.band, self.times = replica, Path(out_dir), attempt, band, times
         self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
         self.every = None if every in (None, "auto") else int(every)
-        self.since, self.spent_s = resumed_from, 0.0  # auto's budget: this attempt's steps and pairs
+        # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier attempts' too)
+        self.since, self.spent_before = resumed_from, times["monitor_time_s"]
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
         self.rows, self.drifts = [], []
@@ -138,7 +139,6 @@ class Monitor:
         torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX)  # the slowest rank's, as the probe takes it
         step, compute, overhead = agreed.tolist()
         self.times["monitor_time_s"] += overhead
-        self.spent_s += overhead
         self._schedule(step, overhead)
         if r.rank == 0:
             self._record(step, compute, overhead)
@@ -146,7 +146,11 @@ class Monitor:
 
     def _schedule(self, step_s: float, cost_s: float) -> None:
         at = self.replica.pos.step - 1  # the pair's step index (pos.step counts it done)
-        self.next_step = at + self.every if self.every else next_auto_pair(at, self.since, self.spent_s, cost_s, step_s)
+        if self.every:
+            self.next_step = at + self.every
+        else:
+            spent = self.times["monitor_time_s"] - self.spent_before  # the pairs since (re)start, this one included
+            self.next_step = next_auto_pair(at, self.since, spent, cost_s, step_s)
 
     def _record(self, step_s: float, compute_s: float, cost_s: float) -> None:
         r, b = self.replica, self.band
