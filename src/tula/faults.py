@@ -70,8 +70,10 @@ KINDS = {
     "truncate": {"step"},
     "slowsync": {"step", "ms", "workers"},
 }
-NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "crash": ("point",), "signal": ("step", "sig"), "truncate": ("step",),
-         "slowsync": ("step", "ms")}  # fmt: skip
+NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "crash": ("point",), "signal": ("step", "sig"),
+         "truncate": ("step",), "slowsync": ("step", "ms")}  # fmt: skip
+PROBE_KINDS = {kind for kind, fields in KINDS.items() if "point" in fields}  # the kinds a probe can be given
+INTEGERS = ("step", "rank", "batch", "ms", "workers", "attempts")  # the fields that are numbers
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
 PLACE_OF = {"error": "start", "profiler": "profiler", "crash": "profiler"}  # where the other kinds fire
@@ -120,9 +122,10 @@ def _parse_one(item: str) -> Fault:
     if where not in WHERE:
         raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
     try:
-        number = {k: int(kv[k]) for k in ("step", "rank", "batch", "ms", "workers", "attempts") if k in kv}
+        number = {k: int(kv[k]) for k in INTEGERS if k in kv}
     except ValueError:
-        raise ValueError(f"{ENV}: step, rank, batch, ms, workers and attempts must be integers in {item!r}") from None
+        names = f"{', '.join(INTEGERS[:-1])} and {INTEGERS[-1]}"
+        raise ValueError(f"{ENV}: {names} must be integers in {item!r}") from None
     return Fault(kind, sig=kv.get("sig"), where=where, point=kv.get("point"), **number)
 
 
@@ -139,7 +142,7 @@ class Injector:
 
     def __init__(self, faults: list[Fault], rank: int, point: str | None = None, attempt: int = 1):
         self.rank, self.point = rank, point
-        self.faults = [f for f in faults if f.kind in ("oom", "error", "profiler", "crash") and f.point == point
+        self.faults = [f for f in faults if f.kind in PROBE_KINDS and f.point == point
                        and f.rank in (None, rank) and (f.kind != "crash" or attempt <= (f.attempts or 1))]  # fmt: skip
         self.fired: set[Fault] = set()
 
