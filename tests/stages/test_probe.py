@@ -153,14 +153,16 @@ def test_a_rank_that_dies_without_a_result_is_probed_once_more(tiny_config_file,
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["step_time_s"] > 0 and "lost_ranks" not in rec
-    assert rec["retried_after"]["lost_ranks"] == [1] and "rank(s) [1] died without writing a result" in rec["retried_after"]["error"]
+    # rank 1 is lost; rank 0 too when torchrun stopped it before it wrote its error (1 run in 20 here)
+    lost = rec["retried_after"]["lost_ranks"]
+    assert 1 in lost and f"rank(s) {lost} died without writing a result" in rec["retried_after"]["error"]
     assert json.loads((tmp_path / "N2_B64.json").read_text())["retried_after"] == rec["retried_after"]
 
 
 def test_a_rank_lost_twice_is_an_error_that_names_it(tiny_config_file, tmp_path, venv_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "crash:point=N2_B64,rank=1,attempts=2")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
-    assert rec["status"] == "error" and 1 in rec["lost_ranks"] and rec["retried_after"]["lost_ranks"] == rec["lost_ranks"]
+    assert rec["status"] == "error" and 1 in rec["lost_ranks"] and 1 in rec["retried_after"]["lost_ranks"]
     assert rec["error"].startswith(f"rank(s) {rec['lost_ranks']} died without writing a result (killed by a signal")
 
 

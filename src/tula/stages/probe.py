@@ -108,9 +108,11 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
     lost = sorted(set(range(point.workers)) - {r.get("rank") for r in ranks})
     if record["status"] == "error" and lost and not launch.timed_out:
         # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
-        # saw the connection drop, so the error they report is not the cause
+        # saw the connection drop, so the error they report is not the cause; a peer may also have
+        # been stopped by the launcher before it wrote its own (torchrun tears the group down)
         record.update(lost_ranks=lost, error=f"rank(s) {lost} died without writing a result (killed by a signal: "
-                                             f"a segfault or the out-of-memory killer); {record['error']}")  # fmt: skip
+                                             f"a segfault or the out-of-memory killer, or stopped by the launcher "
+                                             f"after a peer died); {record['error']}")  # fmt: skip
     if record["status"] == "ok":
         print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
               f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
