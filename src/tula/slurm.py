@@ -244,6 +244,14 @@ def master_addr(nodelist: str) -> str:
     return first
 
 
+EPHEMERAL_LOW = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
+PORT_BASE = 10000
+
+
 def master_port(job_id: str) -> int:
-    """A port every task of one job derives alike: 15000 + (job id mod 20000)."""
-    return 15000 + int(job_id) % 20000
+    """A port every task of one job derives alike from its job id: ``10000 + (digits of the
+    id mod 22768)``, below Linux's ephemeral range (32768-60999 by default). A port in that
+    range can be held at any moment by an outgoing connection on the node (submitit's own
+    choice, a random port in 20000-60000, was: a relaunched job failed with EADDRINUSE in CI).
+    An array task's id (``123_4``) counts its digits."""
+    return PORT_BASE + int(re.sub(r"\D", "", str(job_id))) % (EPHEMERAL_LOW - PORT_BASE)

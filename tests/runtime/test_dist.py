@@ -30,7 +30,17 @@ def test_slurm_environment_derives_master_and_port():
     w = dist.worker_env(env)
     assert (w.rank, w.world_size, w.local_rank, w.launcher) == (3, 4, 1, "slurm")
     assert w.master_addr == "gpu07"
-    assert w.master_port == slurm.master_port("123456") == 15000 + 123456 % 20000
+    assert w.master_port == slurm.master_port("123456") == 10000 + 123456 % 22768
+
+
+def test_the_rendezvous_port_lies_below_the_ephemeral_range():
+    """A port an outgoing connection can hold is never chosen: a relaunched production job
+    failed in CI with EADDRINUSE on submitit's random port 47220."""
+    low, _ = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    ports = [slurm.master_port(str(j)) for j in range(0, 4_000_000, 997)] + [slurm.master_port("4242_7")]
+    assert all(10000 <= p < min(low, slurm.EPHEMERAL_LOW) for p in ports)
+    assert slurm.master_port("4242_7") == slurm.master_port("42427")
+    assert len(set(ports)) > 3000  # spread, not one port for every job
 
 
 def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(tiny_raw, tmp_path, venv_path,

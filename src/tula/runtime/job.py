@@ -9,7 +9,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint
+from tula import checkpoint, slurm
 from tula.config import load as load_config
 from tula.workers import worker_environment
 
@@ -33,6 +33,9 @@ class ProductionJob(submitit.helpers.Checkpointable):
         cfg = load_config(self.config)
         os.environ.update(worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
         on_cuda = cfg.hardware.device == "cuda"
+        # every task derives the rendezvous port alike, outside the ephemeral range (see
+        # slurm.master_port); a MASTER_PORT the user exported wins
+        os.environ.setdefault("MASTER_PORT", str(slurm.master_port(submitit.JobEnvironment().job_id)))
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
         from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
 
