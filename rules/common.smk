@@ -5,6 +5,7 @@ from snakemake.exceptions import WorkflowError
 
 from tula import config as tula_config
 from tula import dataset_paths as tula_dataset_paths
+from tula import devices as tula_devices
 from tula import preflight as tula_preflight
 from tula import slurm as tula_slurm
 from tula import workflow as tula_workflow
@@ -141,16 +142,28 @@ def profile_resource(name, rule):
     return None
 
 
-# hardware.device: auto under the SLURM executor: the partition's GRES decides (GPUs there:
-# CUDA jobs with --gres; none: CPU), said once here; the jobs read the decision.
-if workflow.non_local_exec and TULA.hardware.device == "auto":
-    _device, _said = tula_preflight.resolve_device(
-        TULA, profile_resource("slurm_partition", "probe")
+# Where the jobs run (hardware.device, hardware.backend), decided once for every job by
+# tula.devices: under the SLURM executor from the partition's GRES, here from this machine's
+# GPUs (CUDA only where every grid point has a GPU per worker, else CPU and gloo). Said here
+# (the log), by `tula check` and in the report; the jobs read it from the snapshot below.
+if not workflow.remote_exec:
+    try:
+        _decision = tula_devices.for_config(
+            TULA,
+            "slurm" if workflow.non_local_exec else "local",
+            (
+                profile_resource("slurm_partition", "probe")
+                if workflow.non_local_exec
+                else None
+            ),
+        )
+    except tula_devices.DeviceError as err:
+        raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
+    print(f"tula: {_decision.why}", flush=True)
+    config.setdefault("hardware", {}).update(
+        device=_decision.device, backend=_decision.backend, device_why=_decision.why
     )
-    print(f"tula: {_said}", flush=True)
-    if _device != "auto":
-        config.setdefault("hardware", {})["device"] = _device
-        TULA = tula_config.from_dict(config, source="workflow/config.yaml")
+    TULA = tula_config.from_dict(config, source="workflow/config.yaml")
 
 # What the probe campaign buys, said before it runs (a dry run, or under the SLURM executor).
 if (

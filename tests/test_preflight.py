@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
 
-from tula import config, preflight, slurm
+from tula import config, devices, preflight, slurm
 from tula.io import write_json
 from tula.stages import launch
 
@@ -91,31 +91,31 @@ def test_check_cluster_refuses_more_nodes_than_the_partition_has(slurm_cluster, 
     assert r.returncode == 0, r.stderr
     assert "partition 'debug' (UP): 1 node(s)" in r.stdout and "ok: the probe at N=2: 1 node(s) x 2 worker(s)" in r.stdout
     # hardware.device auto (the default) is decided from the partition's GRES: the test cluster has none
-    assert "hardware.device auto: partition 'debug' has no GPU (GRES): the jobs run on CPU" in r.stdout
+    assert "device: hardware.device auto: partition 'debug' has no GPU: CPU and gloo" in r.stdout
     assert "2 CPUs and 0 GPU(s) per node" in r.stdout
 
 
 def test_device_auto_follows_the_partitions_gpus(monkeypatch):
-    """A GPU partition turns auto into CUDA jobs that ask for --gres; a CPU one into CPU jobs;
-    an explicit device is kept; an unreadable cluster keeps auto and requests no GPU."""
+    """Under SLURM a GPU partition turns auto into CUDA jobs that ask for --gres; a CPU one into
+    CPU jobs; an explicit device is kept; an unreadable cluster asks for no GPU and says so."""
     gpu = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
     cpu = slurm.parse_partition(GPU_PARTITION.replace("gpu", "cpu"), "c01|64|(null)\n")
     cfg = _cfg(cluster__workers_per_node=4)
-    monkeypatch.setattr(preflight, "read_partition", lambda name: {"gpu": gpu, "cpu": cpu}[name])
-    device, said = preflight.resolve_device(cfg, "gpu")
-    assert device == "cuda" and "partition 'gpu' has GPUs (up to 4 per node)" in said
-    cuda = config.from_dict({**json.loads(json.dumps(TINY)), "cluster": {"workers_per_node": 4},
-                             "hardware": {"device": device}})  # fmt: skip
+    monkeypatch.setattr(slurm, "read_partition", lambda name: {"gpu": gpu, "cpu": cpu}[name])
+    d = devices.for_config(cfg, "slurm", "gpu")
+    assert (d.device, d.backend) == ("cuda", "nccl") and "partition 'gpu' has 4 GPU(s)" in d.why
+    cuda = devices.apply(cfg, d)
     assert slurm.job_resources(cuda, 4)["gres"] == "gpu:4" and slurm.job_resources(cfg, 4)["gres"] is None
-    assert preflight.resolve_device(cfg, "cpu")[0] == "cpu"
-    assert preflight.resolve_device(_cfg(hardware__device="cuda"), "cpu") == ("cuda", "hardware.device is cuda")
+    d = devices.for_config(cfg, "slurm", "cpu")
+    assert (d.device, d.backend) == ("cpu", "gloo")
+    assert devices.for_config(_cfg(hardware__device="cuda"), "slurm", "cpu").device == "cuda"
 
     def unreadable(name):
         raise slurm.ClusterUnreadable("scontrol is not on PATH")
 
-    monkeypatch.setattr(preflight, "read_partition", unreadable)
-    assert preflight.resolve_device(cfg, None) == ("auto", "hardware.device auto: no partition to read (scontrol is "
-                                                           "not on PATH); no GPU is requested")  # fmt: skip
+    monkeypatch.setattr(slurm, "read_partition", unreadable)
+    d = devices.for_config(cfg, "slurm", None)
+    assert d.device == "cpu" and "could not be read" in d.why and "scontrol is not on PATH" in d.why
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ class Data:
     """Input pipeline (DataLoader) and image-folder transforms."""
 
     num_workers: int
+    on_device: str | bool
     pin_memory: str | bool
     persistent_workers: bool
     prefetch_factor: int
@@ -89,6 +90,7 @@ class Hardware:
     comm_env: dict[str, str]
     device_memory_gb: float | None
     memory_margin: float
+    device_why: str = ""  # written by the workflow with its decision of `auto` (tula.devices)
 
     @property
     def memory_budget_bytes(self) -> float | None:
@@ -106,6 +108,7 @@ class ProbeSettings:
     sweep_steps: int = 6
     noise_steps: int = 16
     exclusive: bool = True
+    block_steps: int = 5
     memory_batches: tuple[int, ...] | None = None
     no_sync_fallback: bool = False
 
@@ -132,6 +135,7 @@ class TrainSettings:
     polo_averages_per_epoch: int
     precision: str
     channels_last: bool
+    compile: str = "off"
 
 
 # Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay
@@ -372,7 +376,8 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
     lr, wd = family_defaults(model)
     return TrainSettings(**{**t, "lr": t["lr"] if t["lr"] is not None else lr,
                             "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
-                            "lr_decay_epochs": tuple(t["lr_decay_epochs"])})  # fmt: skip
+                            "lr_decay_epochs": tuple(t["lr_decay_epochs"]),
+                            "compile": {True: "on", False: "off"}.get(t["compile"], t["compile"])})  # fmt: skip
 
 
 def load(path: str | os.PathLike) -> Config:

@@ -22,8 +22,7 @@ import yaml
 from tula.config import Config
 from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
 
-__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems",
-           "resolve_device"]
+__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems"]
 
 
 @dataclass(frozen=True)
@@ -36,26 +35,6 @@ class JobNeed:
     cpus_per_node: int
     gpus_per_node: int
     runtime_min: int | None  # None: not known before the job is submitted
-
-
-def resolve_device(cfg: Config, partition: str | None) -> tuple[str, str]:
-    """``hardware.device: auto`` under SLURM, decided from the partition's GRES (the login node
-    has no GPU to look at): GPUs on its nodes -> ``cuda`` (jobs ask for ``--gres gpu:<per node>``),
-    none -> ``cpu``. Returns (device, the sentence that says so). Other settings are kept; a
-    cluster that cannot be read keeps ``auto`` (each worker then picks CUDA if it sees one, and
-    no GPU is requested)."""
-    if cfg.hardware.device != "auto":
-        return cfg.hardware.device, f"hardware.device is {cfg.hardware.device}"
-    try:
-        part = read_partition(partition)
-    except ClusterUnreadable as err:
-        return "auto", f"hardware.device auto: no partition to read ({err}); no GPU is requested"
-    gpus = max(part.node_gpus, default=0)
-    if gpus:
-        return "cuda", (f"hardware.device auto: partition '{part.name}' has GPUs (up to {gpus} per node): the jobs "
-                        f"run on CUDA and ask for --gres gpu:<workers per node>")  # fmt: skip
-    return "cpu", (f"hardware.device auto: partition '{part.name}' has no GPU (GRES): the jobs run on CPU; set "
-                   "hardware.device: cuda, or a GPU partition in the profile, if that is wrong")  # fmt: skip
 
 
 def probe_runtime_min(cfg: Config) -> int:

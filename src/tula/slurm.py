@@ -137,8 +137,8 @@ def job_shape(cfg: Config, n_workers: int) -> JobShape:
     nodes (the config refuses any other); N below it shares one node.
 
     GPUs (one per worker) are asked for when the job runs on CUDA: ``hardware.device: cuda``,
-    or ``auto`` where the preflight found GPUs on the partition (it resolves ``auto`` into the
-    merged config the jobs read)."""
+    or ``auto`` where :func:`tula.devices.for_config` found GPUs on the partition (the workflow
+    and `tula launch` write its decision into the config the jobs read)."""
     wpn = cfg.cluster.workers_per_node
     if n_workers > wpn and n_workers % wpn:
         raise ValueError(f"config key 'grid.workers': N={n_workers} does not fill whole nodes of "
@@ -171,7 +171,7 @@ def job_resources(cfg: Config, n_workers: int, runtime_min: int | None = None,
     ============== ==================================== =========================
 
     A value of None leaves the resource unset. GPUs are requested when
-    ``hardware.device`` is ``cuda`` (``auto`` cannot know the cluster's nodes).
+    ``hardware.device`` is ``cuda`` (``auto`` is decided before, by :mod:`tula.devices`).
     """
     shape = job_shape(cfg, n_workers)
     return {

@@ -18,12 +18,6 @@ def test_torchrun_environment():
         1, 2, 1, "10.0.0.1", 29400, "torchrun")  # fmt: skip
 
 
-def test_backend_follows_device():
-    hw = config.from_dict({}).hardware
-    assert dist.resolve_backend(hw, torch.device("cpu")) == "gloo"
-    assert dist.resolve_backend(hw, torch.device("cuda", 0)) == "nccl"
-
-
 def test_slurm_environment_derives_master_and_port():
     env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
            "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123456"}  # fmt: skip

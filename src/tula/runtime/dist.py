@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from tula import slurm
+from tula import devices, slurm
 from tula.config import Cluster, Hardware
+from tula.runtime import agreement
 
 
 @dataclass(frozen=True)
@@ -60,18 +61,26 @@ def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
     return WorkerEnv(0, 1, 0, "127.0.0.1", 0, "single")
 
 
-def resolve_device(hw: Hardware, local_rank: int = 0) -> torch.device:
-    if hw.device == "cuda" or (hw.device == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("config key 'hardware.device' is cuda but no CUDA device is visible")
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+def local_workers(wenv: WorkerEnv) -> int:
+    """Workers of this job on this machine (torchrun's LOCAL_WORLD_SIZE, srun's tasks per node;
+    a single-host launch: all of them)."""
+    per_node = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    return int(per_node) if per_node.isdigit() else wenv.world_size
 
 
-def resolve_backend(hw: Hardware, device: torch.device) -> str:
-    if hw.backend != "auto":
-        return hw.backend
-    return "nccl" if device.type == "cuda" else "gloo"
+def resolve_device(hw: Hardware, wenv: WorkerEnv) -> tuple[torch.device, str]:
+    """This worker's device and backend: :func:`tula.devices.decide` with the GPUs this worker
+    sees. The workflow and `tula launch` decide ``auto`` before a job starts; a worker started
+    by hand (``tula probe``) decides it here, alike. ``cuda`` with fewer GPUs than this
+    machine's workers is refused, naming the keys, before NCCL would put two ranks on one GPU."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        d = devices.decide(hw.device, hw.backend, local_workers(wenv), gpus, f"this node ({hostname()})")
+    except devices.DeviceError as exc:
+        raise RuntimeError(str(exc)) from None
+    if d.device == "cuda":
+        return torch.device("cuda", wenv.local_rank % gpus), d.backend
+    return torch.device("cpu"), d.backend
 
 
 LAB_SUBNET = "10.77.0"  # scripts/netlab.sh: node i is LAB_SUBNET.(i+1), the root namespace .254
@@ -109,10 +118,12 @@ def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None)
     if cluster is not None and cluster.netlab:
         join_lab_node(cluster.netlab, wenv.rank, cluster.workers_per_node)
     torch.set_num_threads(hw.threads_per_worker)
-    device = resolve_device(hw, wenv.local_rank)
+    device, backend = resolve_device(hw, wenv)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = resolve_backend(hw, device)
+        # cuDNN picks the fastest convolution per shape; the first step at each shape pays the
+        # search, which the probe measures as first_steps_time_s (start-up), not as the step
+        torch.backends.cudnn.benchmark = True
     os.environ.update({**LAUNCHER_ENV, **hw.comm_env})  # the same in every probe and production worker
     if not torch_dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
@@ -123,6 +134,9 @@ def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None)
             world_size=wenv.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        # the step's flags (OOM, stop) travel over the CPU: beside NCCL, a gloo group of the same ranks
+        agreement.HOST_GROUP[0] = (torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+                                   if backend == "nccl" and wenv.world_size > 1 else None)  # fmt: skip
     return wenv, device, backend
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, slurm
+from tula import checkpoint, devices, slurm
 from tula.config import load as load_config
 from tula.workers import worker_environment
 
@@ -25,12 +25,15 @@ class ProductionJob(submitit.helpers.Checkpointable):
     probe's start-up did not predict the job's. `tula launch` imports it to submit it."""
 
     def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing,
-                 band: dict[str, float] | None = None):  # fmt: skip
+                 band: dict[str, float] | None = None, device: devices.Decision | None = None):  # fmt: skip
         self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = config, workers, global_batch, out_dir, ckpt
+        self.device = device  # tula launch's decision (tula.devices), which its job request followed
         self.band = band  # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
 
     def __call__(self) -> dict[str, Any]:
         cfg = load_config(self.config)
+        if self.device is not None:
+            cfg = devices.apply(cfg, self.device)
         os.environ.update(worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
         on_cuda = cfg.hardware.device == "cuda"
         # every task derives the rendezvous port alike, outside the ephemeral range (see

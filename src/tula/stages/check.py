@@ -6,6 +6,9 @@
 - with ``--profile``, the Snakemake profile is read (partitions, account, training runtime);
   with ``--cluster``, the grid's jobs are checked against the SLURM partitions
   (:func:`tula.preflight.preflight`);
+- where the jobs run (:func:`tula.devices.for_config`: ``hardware.device: auto`` decided from
+  this machine's GPUs, or with ``--cluster`` the partition's), said in one line; ``cuda`` with
+  fewer GPUs than the grid needs is refused here, naming ``grid.workers``;
 - unless ``--config-only``, the dataset loads and the model maps a batch of real samples to
   (batch, num_classes) (:func:`tula.runtime.nets.check_workload`), and the workload's
   description is written (``results/workload.json``).
@@ -13,11 +16,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from tula import config as config_mod
-from tula import preflight, slurm
+from tula import devices, preflight, slurm
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
 from tula.model.grid import boundary_workers, grid, search_set
@@ -40,17 +42,17 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
               f"search also probes N={edge[0]} (the largest on one node) and N={edge[1]} (the smallest on several), "
               "so the sync model sees both sides of it")  # fmt: skip
     print(describe_campaign(campaign(cfg)))
+    prof = preflight.read_profile(profile) if profile else {}
+    decision = devices.for_config(cfg, "slurm" if cluster else "local", prof.get("probe_partition"))
+    print(f"device: {decision.why}")
+    cfg = devices.apply(cfg, decision)  # as the workflow's jobs will run
     if profile or cluster:
-        prof = preflight.read_profile(profile) if profile else {}
         if profile:
             print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
                   f"{prof['probe_partition'] or '(cluster default)'}, training on "
                   f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
                   f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
         if cluster:
-            device, said = preflight.resolve_device(cfg, prof.get("probe_partition"))
-            print(said)
-            cfg = replace(cfg, hardware=replace(cfg.hardware, device=device))  # as the workflow's jobs will run
             report = preflight.preflight(
                 cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
                 cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
@@ -67,7 +69,8 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     if upsampling:
         print(upsampling)
     if out:
-        write_json(out, {**w, "warnings": [upsampling] if upsampling else []})
+        write_json(out, {**w, "device": {"device": decision.device, "backend": decision.backend, "why": decision.why},
+                         "warnings": [upsampling] if upsampling else []})  # fmt: skip
     return w
 
 

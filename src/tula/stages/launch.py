@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 import submitit
 
-from tula import checkpoint, jobs, preflight, slurm, workflow
+from tula import checkpoint, devices, jobs, preflight, slurm, workflow
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_bytes, write_json
@@ -82,6 +82,14 @@ class Launch:
     def __init__(self, cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions, executor_hint,
                  timeout_min, partition, account, job_name: str):  # fmt: skip
         self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
+        self.kind = jobs.resolve_executor(self.cfg, executor_hint)
+        # where the job runs (tula.devices; the workflow's config has it decided already): by hand
+        # on SLURM with device auto, the partition's GRES decides, so a GPU partition gets --gres
+        try:
+            self.device = devices.for_config(self.cfg, self.kind, self.cfg.launch.slurm_partition or partition)
+        except preflight.PreflightError as exc:  # a partition the cluster does not have, named
+            raise RuntimeError(str(exc)) from None
+        self.cfg = devices.apply(self.cfg, self.device)
         self.workers, self.selected_batch = selected_point(selection)  # workers: the current attempt's N (a move changes it)
         self.selected_workers = self.workers
         self.out = Path(out_dir).resolve()
@@ -91,7 +99,6 @@ class Launch:
                                                   self.selected_batch)  # fmt: skip
         self.move: select_mod.Decision | None = None  # the move `watch` decided on (launch.replan: move)
         self.decisions: dict[int, dict[str, str]] = {}  # drift step -> what tula launch decided
-        self.kind = jobs.resolve_executor(self.cfg, executor_hint)
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
         self.tried: set[int] = set()  # global batches that ran out of memory
         self.history: History
@@ -144,7 +151,8 @@ class Launch:
         batch = attempts[-1].global_batch if attempts else self.selected_batch
         if batch in self.tried:
             batch = self.next_batch(batch)
-        print(f"[launch] training N={self.workers} B={batch} with the {self.history.executor} executor; job folder "
+        print(f"[launch] training N={self.workers} B={batch} on {self.device.device.upper()} ({self.device.why}) "
+              f"with the {self.history.executor} executor; job folder "
               f"{self.out / 'submitit'}" + (f"; resuming ({len(attempts)} earlier attempt(s), newest checkpoint: "
                                            f"step {self.checkpoint_step()})" if attempts else ""), flush=True)  # fmt: skip
         return batch
@@ -164,7 +172,8 @@ class Launch:
         band = asdict(drift.Band.from_prediction(row)) if row is not None and self.workers > 1 else None
         from tula.runtime.job import ProductionJob  # the job's class (no torch): runtime, as the tasks unpickle it
 
-        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band),
+        job = jobs.submit(executor, ProductionJob(str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band,
+                                                  self.device),
                           self.kind)  # fmt: skip
         att = Attempt(n, batch, batch // self.workers, str(job.job_id), self.checkpoint_step(), workers=self.workers,
                       submitted=submitted)  # fmt: skip
@@ -321,6 +330,7 @@ def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> 
 WALL_PARTS = (  # (name, final.json's measured key, how the prediction of it is made from predictions.csv's row)
     ("steps", "train_time_s", lambda r: r["train_time_s"]),
     ("start-up", "startup_time_s", lambda r: r["startup_time_s"]),
+    ("first steps", "first_steps_time_s", lambda r: r.get("first_steps_time_s", 0.0)),
     ("evaluation", "eval_time_s", predict_mod.evaluation_time),
     ("checkpoints", "checkpoint_time_s", lambda r: r["checkpoints"] * r["checkpoint_time_s"]),
 )
@@ -368,7 +378,7 @@ def _wall_check(final: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
         ratio = measured / predicted if predicted else None
         return {"part": name, "predicted_s": predicted, "measured_s": measured, "ratio": ratio}
 
-    parts = [part(name, float(pred(row)), float(final[key])) for name, key, pred in WALL_PARTS]
+    parts = [part(name, float(pred(row)), float(final.get(key, 0.0))) for name, key, pred in WALL_PARTS]
     rest = final["wall_time_s"] - sum(p["measured_s"] for p in parts)
     wall = float(row["wall_time_s"])
     parts += [part("rest", None, rest), part("wall time", wall, float(final["wall_time_s"]))]
