@@ -73,13 +73,13 @@ _STEP = ("hardware.device", "hardware.backend", "hardware.threads_per_worker", "
          "train.method", "train.optimizer", "train.momentum", "train.weight_decay", "train.precision",
          "train.channels_last", "train.ags_delta", "train.ags_small_batch", "train.ags_refresh_every_steps",
          "train.ags_s_min", "train.static_scale", "train.lars_eta", "train.lars_exclude_1d", "train.polo_sync_epochs",
-         "train.polo_averages_per_epoch")
+         "train.polo_averages_per_epoch", "train.compile")
 _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "check": _WORKLOAD,
     # one probe job: its own (N, B) is its wildcards; the rest of the grid is not its business
     # (adding a batch or a worker count runs only the new probes)
     "probe": (*_WORKLOAD, *_STEP, "probe.warmup_steps", "probe.timed_steps", "probe.timeout_s", "probe.sweep_steps",
-              "probe.noise_steps", "probe.exclusive"),
+              "probe.noise_steps", "probe.exclusive", "probe.block_steps"),
     "fit": ("search", "cluster", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin",
             "probe.no_sync_fallback"),
     "predict": ("workload", "grid", "cluster", "pricing", "hardware.device_memory_gb", "hardware.memory_margin",

@@ -37,3 +37,35 @@ def test_a_relaunch_at_a_smaller_batch_consumes_every_sample_exactly_once():
 def test_a_tail_smaller_than_n_is_left_out():
     idx, steps = consumed(10, 4, 3, seed=0, epoch=1, start=0)  # 4 + 4, then 2 < 3 workers
     assert steps == 2 and len(idx) == 8 and loader.next_chunk(10, 4, 8, 3) == 0
+
+
+def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_position():
+    """data.on_device: the training set kept on the device and each batch gathered there gives
+    the DataLoader's batches, value for value, in the sampler's order: every sample once per
+    epoch, and a resumed run (a position mid-epoch) goes on alike. On CPU both paths run for
+    real; on CUDA the gather runs on the device (bench/gpu_step.py)."""
+    import torch
+
+    from tula import config
+    from tula.runtime import data as data_mod
+
+    cfg = {o: config.from_dict({"workload": {"dataset": "digits"}, "data": {"on_device": o}}) for o in (True, False)}
+    data = data_mod.load_config(cfg[True])
+    for rank, world, epoch, offset in ((0, 1, 1, 0), (1, 2, 3, 0), (0, 2, 2, 320)):
+        got = {}
+        for on, c in cfg.items():
+            ld, sampler = loader.train_loader(c, data, 64, rank, world, torch.device("cpu"))
+            feed = loader.DeviceFeed(c, data, ld, sampler, torch.device("cpu"), channels_last=False)
+            assert feed.resident is on
+            sampler.set_position(epoch, offset)
+            got[on] = list(feed)
+        assert len(got[True]) == len(got[False]) == len(sampler) > 0
+        for (xa, ya), (xb, yb) in zip(got[True], got[False]):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    # the whole epoch from the start: every sample once over the ranks
+    seen = []
+    for rank in (0, 1):
+        ld, sampler = loader.train_loader(cfg[True], data, 64, rank, 2, torch.device("cpu"))
+        sampler.set_position(1, 0)
+        seen += [x for x, _ in loader.DeviceFeed(cfg[True], data, ld, sampler, torch.device("cpu"), False)]
+    assert sum(len(x) for x in seen) == data.train_size  # 1437: the short last batch split 15 + 14

@@ -168,7 +168,7 @@ def test_ddp_replicas_stay_bit_identical_with_ags(tmp_path):
 
 
 def test_lr_factor_for_each_method():
-    from tula.runtime.optim import lr_factor
+    from tula.runtime.methods import lr_factor
 
     spe, B = 10, 1024  # k = 1024 / 128 = 8
     f = lambda m, step, decays=(): lr_factor(m, step, spe, B, 128, 5, decays, 0.1)  # noqa: E731
@@ -182,7 +182,7 @@ def test_lr_factor_for_each_method():
 
 
 def test_lars_trust_ratio_by_hand():
-    from tula.runtime.optim import LARS
+    from tula.runtime.methods import LARS
 
     w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))  # ||w|| = 5
     b = torch.nn.Parameter(torch.tensor([1.0]))  # 1-D: excluded from the trust ratio
@@ -208,7 +208,7 @@ def test_build_method_uses_torch_post_local_sgd_and_ags_smax(one_process_group):
     from torch.distributed.optim import PostLocalSGDOptimizer
 
     from tula import config
-    from tula.runtime.optim import build_method
+    from tula.runtime.methods import build_method
 
     t = config.from_dict({"train": {"method": "polo"}}).train
     opt, _ = build_method("polo", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)
@@ -270,7 +270,7 @@ def test_lars_evaluates_the_closure_once_before_scaling():
     """torch.optim's convention: step(closure) evaluates the closure (which recomputes the
     gradients) first; LARS then scales those gradients. Evaluated after the scaling, as
     before, the closure would put the unscaled gradients back."""
-    from tula.runtime.optim import LARS
+    from tula.runtime.methods import LARS
 
     def setup():
         torch.manual_seed(2)
@@ -303,7 +303,8 @@ def test_an_lr_schedule_reaches_the_wrapped_optimizer_after_a_resume(one_process
     (TulaOptimizer, LARS, torch's PostLocalSGDOptimizer) would leave a resumed warm-up or decay
     stuck at the checkpoint's LR. load_optimizer_state links them again."""
     from tula import config
-    from tula.runtime.optim import build_method, load_optimizer_state
+    from tula.runtime.methods import build_method
+    from tula.runtime.optim import load_optimizer_state
 
     t = config.from_dict({"train": {"method": method, "lr": 1.0}}).train
     p = [torch.nn.Parameter(torch.ones(3))]

@@ -69,3 +69,30 @@ def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_p
     assert r.pos.offset == 32 and r.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
     loss, acc = r.evaluate()
     assert loss > 0 and 0 <= acc <= 1 and r.eval_retries == []
+
+
+@pytest.mark.parametrize("every", [None, 4])
+def test_a_timed_block_holds_plain_steps_only(one_process_group, every):
+    """The probe times blocks of plain steps with one synchronisation per block; an epoch's first
+    step, its short last batch and a mid-epoch AGS refresh are never inside a block: each is
+    timed alone, with its kind (issue 30: timings a GPU can trust)."""
+    cfg = config.from_dict({"train": {"ags_refresh_every_steps": every}})
+    r = Replica(cfg, torch.device("cpu"), 64, 0, 1)  # digits: 1437 samples, 22 full batches and one of 29
+    seen = []
+    while [k for k, _ in seen].count("partial") < 2:  # two epochs
+        offset, step = r.pos.offset, r.pos.step
+        t, kind, n = r.next_timed_block(5)
+        seen.append((kind, n))
+        assert t > 0 and 1 <= n <= 5
+        if kind == "plain":
+            assert offset > 0 and offset + n * 64 <= 1437 - 29  # full batches of one epoch
+            assert not every or (step % every) + n <= every  # no refresh inside
+        else:
+            assert n == 1
+        if kind == "start":
+            assert offset in (0, 1437) and r.pos.offset == 64  # the last epoch closed, the new one's first batch
+    kinds = [k for k, _ in seen]
+    assert kinds.count("start") == 2 and kinds.count("partial") == 2
+    refreshes = [s for s in range(2 * 23) if every and s % every == 0 and s not in (0, 23)]  # not the starts
+    assert kinds.count("refresh") == len(refreshes)
+    assert sum(n for k, n in seen if k == "plain") + kinds.count("refresh") == 2 * 21

@@ -84,12 +84,15 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     assert final["steps"] == 2 * steps_per_epoch(1437, 64)
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
     assert final["final_test_acc"] > 0.5  # digits, 2 epochs: far above 10 % chance
-    # time is reported apart: training steps, evaluation, checkpoints, process start-up
-    assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / final["steps"])
+    # time is reported apart: training steps, the first step at each shape (the full batch and
+    # the epoch's short last one, 1437 % 64 = 29: two), evaluation, checkpoints, process start-up
+    assert final["first_steps"] == 2 and final["first_steps_time_s"] > 0
+    assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / (final["steps"] - 2))
     assert all(final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
-    assert abs(m["epoch_time_s"].sum() - final["train_time_s"]) < 1e-6
+    assert m["epoch_time_s"].sum() == pytest.approx(final["train_time_s"] + final["first_steps_time_s"], abs=1e-6)
     # the job's wall time, from its process's start: every part above, and a little besides
-    parts = sum(final[k] for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
+    parts = sum(final[k] for k in ("train_time_s", "first_steps_time_s", "eval_time_s", "checkpoint_time_s",
+                                   "startup_time_s"))
     assert parts < final["wall_time_s"] < parts + 5.0
     # the gradient noise scale of each epoch, from AGS's refresh at its first step (reference sub-batch
     # ags_small_batch against B): one pair an epoch, |G|^2 and tr(Sigma) recorded as measured

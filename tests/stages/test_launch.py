@@ -236,19 +236,41 @@ def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_p
     pred = tmp_path / "predictions.csv"
     pd.DataFrame([{"workers": 2, "global_batch": 64, "step_time_s": 0.1, "step_time_lo_s": 0.09, "step_time_hi_s": 0.11,
                    "train_time_s": 10.0, "train_time_lo_s": 9.0, "train_time_hi_s": 11.0, "epochs": 4,
-                   "startup_time_s": 3.0, "eval_first_time_s": 0.8, "eval_time_s": 0.4, "checkpoint_time_s": 0.25,
-                   "checkpoints": 4,
-                   "wall_time_s": 16.0, "wall_time_lo_s": 15.0, "wall_time_hi_s": 17.0}]).to_csv(pred, index=False)  # fmt: skip
+                   "startup_time_s": 3.0, "first_steps_time_s": 0.7, "eval_first_time_s": 0.8, "eval_time_s": 0.4,
+                   "checkpoint_time_s": 0.25, "checkpoints": 4,
+                   "wall_time_s": 16.7, "wall_time_lo_s": 15.7, "wall_time_hi_s": 17.7}]).to_csv(pred, index=False)  # fmt: skip
     final_path = tmp_path / "final.json"
     write_json(final_path, {"workers": 2, "global_batch": 64, "mean_step_time_s": 0.11, "train_time_s": 11.0,
-                            "startup_time_s": 3.3, "eval_time_s": 2.0, "checkpoint_time_s": 1.5, "wall_time_s": 18.3})  # fmt: skip
+                            "startup_time_s": 3.3, "first_steps_time_s": 0.6, "eval_time_s": 2.0, "checkpoint_time_s": 1.5,
+                            "wall_time_s": 18.9})  # fmt: skip
     final = launch.record_prediction(final_path, pred)
     assert json.loads(final_path.read_text()) == final
     parts = {p["part"]: p for p in final["wall_check"]}
-    assert list(parts) == ["steps", "start-up", "evaluation", "checkpoints", "rest", "wall time"]
+    assert list(parts) == ["steps", "start-up", "first steps", "evaluation", "checkpoints", "rest", "wall time"]
+    assert parts["first steps"]["predicted_s"] == 0.7 and parts["first steps"]["measured_s"] == 0.6
     assert parts["evaluation"]["predicted_s"] == pytest.approx(2.0)  # the first pass 0.8, then 3 x 0.4
     assert parts["checkpoints"]["predicted_s"] == 1.0  # 4 x 0.25
     assert parts["checkpoints"]["ratio"] == pytest.approx(1.5)
     assert parts["rest"] == {"part": "rest", "predicted_s": None, "measured_s": pytest.approx(0.5), "ratio": None}
-    assert final["wall_time_ratio"] == pytest.approx(18.3 / 16.0) and final["predicted_wall_time_interval_s"] == [15.0, 17.0]
+    assert final["wall_time_ratio"] == pytest.approx(18.9 / 16.7) and final["predicted_wall_time_interval_s"] == [15.7, 17.7]
     assert "checkpoints  predicted 1.0 s, paid 1.5 s (x1.500)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint(run_dir, venv_path, monkeypatch):
+    """train.compile on: torch.compile of the model in the production job; an out-of-memory
+    error still relaunches at a smaller batch, from the checkpoint; each new shape's first step
+    (compilation) is counted apart from the steady step."""
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    raw["train"]["compile"] = "on"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64")
+    final = _launch(run_dir)
+    a1, a2 = _attempts(run_dir)["attempts"]
+    assert (a1["outcome"], a1["checkpoint_step"], a2["outcome"], a2["start_step"]) == ("oom", 5, "completed", 5)
+    assert final["compile"] == "on" and final["global_batch"] == 32
+    assert final["steps"] == 5 + math.ceil((D - 5 * 64) / 32) + math.ceil(D / 32)
+    # each shape's first step, compiled and timed apart: attempt 1's full batch at B=64, then
+    # attempt 2's full and short batches at B=32 (the run's times carry over its attempts)
+    assert final["first_steps"] == 3 and final["first_steps_time_s"] > 0
+    assert final["final_test_acc"] > 0.5

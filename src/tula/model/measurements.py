@@ -50,6 +50,7 @@ OPTIONAL = [
     "rss_peak_bytes", "grad_bytes_per_step", "param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes",
     "train_samples", "wall_s", "device", "backend", "comm_env", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
     "grad_sq_se", "grad_trace_se", "startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s",
+    "first_steps_time_s", "block_steps",
 ]  # fmt: skip
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

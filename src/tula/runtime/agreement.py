@@ -53,6 +53,25 @@ def agree(failed: bool, payload: torch.Tensor | None = None, op: str = "sum") ->
     return buf[: payload.numel()].view_as(payload).to(payload.dtype), failed_ranks
 
 
+HOST_GROUP: list = [None]  # a gloo group beside an NCCL one (tula.runtime.dist.init): flags the host knows
+
+
+def agree_host(failed: bool, code: int = 0) -> tuple[int, list[int]]:
+    """The step's agreement on what each rank's host already knows (it caught an out-of-memory
+    error, a stop was asked: ``code``): one all-reduce of a small CPU tensor, over the gloo
+    group beside NCCL's (or gloo's own group on CPU). It never waits for the device, so the
+    host can queue the next step while the device still runs this one. Returns (the largest
+    code, the ranks that failed); with one process nothing is sent."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+        return code, [0] if failed else []
+    world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+    buf = torch.zeros(world + 1, dtype=torch.float64)
+    buf[rank], buf[world] = float(bool(failed)), float(code)
+    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX, group=HOST_GROUP[0])
+    vals = buf.tolist()  # a CPU tensor: no device read
+    return int(vals[world]), [k for k in range(world) if vals[k] > 0]
+
+
 def _device() -> torch.device:
     """The device collectives of this group run on: NCCL needs CUDA tensors, gloo takes CPU ones."""
     if torch_dist.get_backend() == "nccl":

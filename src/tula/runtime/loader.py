@@ -48,12 +48,17 @@ class EpochBatchSampler(Sampler[list]):
     def set_position(self, epoch: int, offset: int) -> None:
         self.epoch, self.offset = epoch, offset
 
-    def __iter__(self) -> Iterator[list]:
-        perm = epoch_permutation(self.n, self.seed, self.epoch)
+    def chunks(self) -> Iterator[tuple[int, int]]:
+        """(offset, samples) of each global batch left in the epoch."""
         off = self.offset
         while (k := next_chunk(self.n, self.batch, off, self.world)) > 0:
-            yield [(self.epoch, int(i)) for i in perm[off + self.rank : off + k : self.world]]
+            yield off, k
             off += k
+
+    def __iter__(self) -> Iterator[list]:
+        perm = epoch_permutation(self.n, self.seed, self.epoch).tolist()  # a host list once per epoch
+        for off, k in self.chunks():
+            yield [(self.epoch, i) for i in perm[off + self.rank : off + k : self.world]]
 
     def __len__(self) -> int:
         steps, off = 0, self.offset
@@ -123,3 +128,106 @@ def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: 
     samples per worker and batch."""
     sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
     return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))
+
+
+# -- batches on the device ---------------------------------------------------------------
+
+RESIDENT_SHARE = 0.25  # data.on_device auto: an in-memory set is kept on the GPU up to this share of its memory
+
+
+def resident_bytes(data: WorkloadData) -> int | None:
+    """Bytes of an in-memory training set (inputs and labels), None for one read per sample."""
+    train = data.train
+    if not (hasattr(train, "x") and hasattr(train, "y") and hasattr(train, "__getitems__")):
+        return None
+    return train.x.numel() * train.x.element_size() + train.y.numel() * train.y.element_size()
+
+
+def keep_on_device(cfg: Config, data: WorkloadData, device: torch.device) -> bool:
+    """``data.on_device``: keep the in-memory training set on the device, each batch a gather
+    there? auto: on CUDA, where the set takes at most RESIDENT_SHARE of the device's memory
+    (hardware.device_memory_gb less its margin, else the device's own): the memory probe
+    measures with it there, so the memory model's fixed part holds it. true: wherever the set
+    is in memory (on CPU the same tensors, no DataLoader); false: never."""
+    nbytes = resident_bytes(data)
+    if nbytes is None or cfg.data.on_device is False:
+        return False
+    if cfg.data.on_device is True:
+        return True
+    if device.type != "cuda":
+        return False
+    budget = cfg.hardware.memory_budget_bytes or torch.cuda.get_device_properties(device).total_memory
+    return nbytes <= RESIDENT_SHARE * budget
+
+
+class DeviceFeed:
+    """This rank's training batches on the device, in the sampler's order from its position.
+
+    Two sources, one order (the sampler's: every sample once per epoch, resume unchanged):
+
+    - resident (:func:`keep_on_device`): the training set was copied to the device once; an
+      epoch's permutation goes there once, and each batch is a gather on the device. Nothing
+      crosses the bus per step, nothing waits for the host.
+    - streamed: the DataLoader (its workers, pinned memory) hands the next batch while the
+      current step runs on the device; it is copied on a side CUDA stream, and the step's
+      stream waits for that copy only. The host gathers batch k+1 while the device computes
+      step k, because the step is queued without a host read (:meth:`Replica.step`).
+
+    On CPU both are the plain gather; the code path is the same.
+    """
+
+    def __init__(self, cfg: Config, data: WorkloadData, loader: DataLoader, sampler: EpochBatchSampler,
+                 device: torch.device, channels_last: bool):  # fmt: skip
+        self.loader, self.sampler, self.device, self.channels_last = loader, sampler, device, channels_last
+        self.resident = keep_on_device(cfg, data, device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
+        if self.resident:
+            self.x = data.train.x.to(device)
+            self.y = data.train.y.to(device)
+            if channels_last and self.x.ndim == 4:
+                self.x = self.x.contiguous(memory_format=torch.channels_last)
+
+    def retarget(self, loader: DataLoader, sampler: EpochBatchSampler) -> "DeviceFeed":
+        """The same feed (a resident set stays where it is) over another batch size's loader."""
+        self.loader, self.sampler = loader, sampler
+        return self
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._gathered() if self.resident else self._streamed()
+
+    def _gathered(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        s = self.sampler
+        perm = epoch_permutation(s.n, s.seed, s.epoch)
+        if self.device.type == "cuda":
+            perm = perm.pin_memory()
+        perm = perm.to(self.device, non_blocking=True)
+        for off, k in s.chunks():
+            idx = perm[off + s.rank : off + k : s.world]
+            # indexing keeps the resident set's channels_last layout (index_select would return
+            # NCHW, and the step would copy the batch once more to convert it)
+            yield self.x[idx], self.y[idx]
+
+    def _prepare(self, batch):
+        if batch is None:
+            return None
+        x, y = batch
+        if self.stream is None:
+            return self._layout(x.to(self.device)), y.to(self.device)
+        with torch.cuda.stream(self.stream):
+            return self._layout(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x
+
+    def _streamed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        it = iter(self.loader)
+        ahead = self._prepare(next(it, None))
+        while ahead is not None:
+            x, y = ahead
+            if self.stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(self.stream)
+                x.record_stream(current)
+                y.record_stream(current)
+            yield x, y  # the step is queued on the device; then the next batch is gathered and copied
+            ahead = self._prepare(next(it, None))

@@ -39,7 +39,7 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
             point: dict[str, Any] = {"local_batch": b, "verifies_b_max": b not in batches}
             try:
                 replica.set_global_batch(b)
-                mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
+                mem = measure_step(replica.ddp, replica.opt, replica.eager_forward_loss, *replica.to_device(*next(replica.epoch_batches())))
                 peaks = step_peak_bytes(replica)
                 point.update(status="ok", peak_mem_bytes=max(peaks.values()), plain_peak_bytes=peaks["plain"],
                              refresh_peak_bytes=peaks.get("refresh"), memory=mem.to_dict())  # fmt: skip

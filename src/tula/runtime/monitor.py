@@ -36,8 +36,10 @@ import torch.distributed as torch_dist
 from tula import checkpoint
 from tula.io import read_json, write_csv, write_json
 from tula.model import drift as drift_mod
+from tula.runtime import agreement
 from tula.runtime.optim import load_optimizer_state
-from tula.runtime.replica import Replica, refresh_due
+from tula.runtime.methods import refresh_due
+from tula.runtime.replica import Replica
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
 FIRST_AFTER = 100  # auto: the first pair (about one step's cost) after this many steps: 1 % from the start
@@ -117,6 +119,7 @@ class Monitor:
         Returns (seconds of the real step, fetch included; its stop code) or None at the
         epoch's end, as :meth:`Replica.timed_step` does."""
         r = self.replica
+        r.sync_device()  # the steps queued before it are not its time
         t0 = time.perf_counter()
         batch = next(batches, None)
         if batch is None:
@@ -136,7 +139,8 @@ class Monitor:
         r.sync_device()
         step = fetch + time.perf_counter() - t3
         agreed = torch.tensor([step, compute, overhead], dtype=torch.float64)
-        torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX)  # the slowest rank's, as the probe takes it
+        # the slowest rank's, as the probe takes it; over the CPU group (a CPU tensor, NCCL or not)
+        torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX, group=agreement.HOST_GROUP[0])
         step, compute, overhead = agreed.tolist()
         self.times["monitor_time_s"] += overhead
         self._schedule(step, overhead)

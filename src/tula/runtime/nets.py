@@ -235,3 +235,17 @@ def check_workload(cfg) -> dict:
     stored = data_mod.stored_image_size(d.train)
     return {**d.describe(), "model": cfg.workload.model, "parameters": params, "stored_image_size": stored,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
+
+
+def compiled(module: torch.nn.Module) -> torch.nn.Module:
+    """``train.compile: on``: torch.compile of the DDP module (its graph split at DDP's buckets, so
+    the gradient all-reduce still overlaps backward). One graph per shape (``dynamic=False``):
+    the full batch and an epoch's short last one each compile once, and a probe's sweep
+    compiles each local batch it times, so the limit of graphs kept is raised."""
+    import torch._dynamo  # only where train.compile is on
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 64))
+    return torch.compile(module, dynamic=False)

@@ -38,11 +38,18 @@ def squared_global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms)) ** 2
 
 
+def variability(sq_norm: torch.Tensor, prev_sq_norm: torch.Tensor) -> torch.Tensor:
+    """Eq. 5 on the device, with no host read: Delta = |G^2 - G_prev^2| / G_prev^2; infinite
+    (a sensitive step) where there is no usable previous norm (NaN: none yet, <= 0, inf)."""
+    usable = torch.isfinite(prev_sq_norm) & (prev_sq_norm > 0)
+    safe_prev = torch.where(usable, prev_sq_norm, torch.ones_like(prev_sq_norm))
+    return torch.where(usable, (sq_norm - prev_sq_norm).abs() / safe_prev, torch.full_like(sq_norm, math.inf))
+
+
 def grad_variability(sq_norm: float, prev_sq_norm: float | None) -> float:
-    """Eq. 5. Infinite (a sensitive step) when there is no previous norm to compare with."""
-    if prev_sq_norm is None or prev_sq_norm <= 0 or not math.isfinite(prev_sq_norm):
-        return math.inf
-    return abs(sq_norm - prev_sq_norm) / prev_sq_norm
+    """Eq. 5 on host numbers (:func:`variability`). Infinite when there is no previous norm."""
+    prev = math.nan if prev_sq_norm is None else prev_sq_norm
+    return float(variability(torch.tensor(sq_norm, dtype=torch.float64), torch.tensor(prev, dtype=torch.float64)))
 
 
 def ags_scales(
@@ -84,10 +91,53 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.defaults = optim.defaults
         self.mode, self.delta, self.static_scale = mode, delta, static_scale
         self.s_max, self.s_min, self.eps = s_max, s_min, eps
-        self.prev_sq_norm: float | None = None
-        self.last_delta = math.inf
-        self.counters = {"steps": 0, "scaled": 0, "sensitive": 0, "skipped_nonfinite": 0, "refreshes": 0,
-                         "unscaled_params": 0}  # fmt: skip
+        # Where the step reads the device nowhere: the previous ||G||^2 and Delta live on the
+        # device (NaN: none yet), and so do the counts that depend on them (scaled, sensitive,
+        # skipped_nonfinite); `counters` reads them, at an epoch's end or a checkpoint.
+        self._prev: torch.Tensor | None = None
+        self._delta: torch.Tensor | None = None
+        self._counts: torch.Tensor | None = None  # scaled, sensitive, skipped_nonfinite
+        self._host = {"steps": 0, "refreshes": 0, "unscaled_params": 0}
+
+    DEVICE_COUNTERS = ("scaled", "sensitive", "skipped_nonfinite")
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Steps taken, scaled, sensitive, skipped (non-finite), refreshes, unscaled parameters.
+        Reading it reads the device: at an epoch's end, a checkpoint or the job's end."""
+        dev = [0, 0, 0] if self._counts is None else [int(v) for v in self._counts.tolist()]
+        return {"steps": self._host["steps"], **dict(zip(self.DEVICE_COUNTERS, dev)),
+                "refreshes": self._host["refreshes"], "unscaled_params": self._host["unscaled_params"]}  # fmt: skip
+
+    @counters.setter
+    def counters(self, values: dict[str, int]) -> None:
+        for k in self._host:
+            self._host[k] = int(values.get(k, self._host[k]))
+        dev = [float(values.get(k, 0)) for k in self.DEVICE_COUNTERS]
+        self._counts = torch.tensor(dev, dtype=torch.float64, device=self._device())
+
+    @property
+    def prev_sq_norm(self) -> float | None:
+        """||G||^2 of the last finite step (a device read), None before the first one."""
+        if self._prev is None:
+            return None
+        v = float(self._prev)
+        return None if math.isnan(v) else v
+
+    @prev_sq_norm.setter
+    def prev_sq_norm(self, value: float | None) -> None:
+        v = math.nan if value is None else float(value)
+        self._prev = torch.tensor(v, dtype=torch.float32, device=self._device())
+
+    @property
+    def last_delta(self) -> float:
+        return math.inf if self._delta is None else float(self._delta)
+
+    def _device(self) -> torch.device:
+        for g in self.param_groups:
+            for p in g["params"]:
+                return p.device
+        return torch.device("cpu")
 
     # -- torch.optim.Optimizer surface -------------------------------------------------
     @property
@@ -117,36 +167,61 @@ class TulaOptimizer(torch.optim.Optimizer):
                 loss = closure()
         params = self._params_with_grad()
         grads = [p.grad for p in params]
-        sq = float(squared_global_norm(grads))
-        self.counters["steps"] += 1
-        if not math.isfinite(sq):
-            self.counters["skipped_nonfinite"] += 1  # never let inf/nan reach the weights
+        self._host["steps"] += 1
+        if not grads:
+            self.optim.step()
             return loss
-        self.last_delta = grad_variability(sq, self.prev_sq_norm)
-        self.prev_sq_norm = sq
-        if self.last_delta >= self.delta:
-            self.counters["sensitive"] += 1
-        elif self.mode == "static":
-            torch._foreach_mul_(grads, self.static_scale)
-            self.counters["scaled"] += 1
+        sq = squared_global_norm(grads).float()
+        finite = torch.isfinite(sq)
+        if self._prev is None:
+            self.prev_sq_norm = None
+        if self._counts is None:
+            self.counters = self._host
+        prev = self._prev
+        delta = variability(sq, prev)
+        sensitive = delta >= self.delta
+        apply = finite & ~sensitive
+        scaled = torch.zeros_like(finite)
+        if self.mode == "static":
+            torch._foreach_mul_(grads, torch.where(apply, self.static_scale, 1.0))
+            scaled = apply
         elif self.mode == "ags":
-            self._scale_by_factors(params)
-        self.optim.step()
+            scaled = self._scale_by_factors(params, apply)
+        self._delta = torch.where(finite, delta, self._delta if self._delta is not None else torch.full_like(sq, math.inf))
+        self._prev = torch.where(finite, sq, prev)
+        self._counts += torch.stack([scaled, finite & sensitive, ~finite]).to(self._counts.dtype)
+        # A non-finite gradient never reaches the weights: a fused optimizer (build_method's)
+        # skips the update on the device (found_inf); any other is asked on the host.
+        if not all(g.get("fused") for g in self.param_groups):
+            if bool(finite):
+                self.optim.step()
+            return loss
+        self.optim.found_inf = (~finite).float()
+        try:
+            self.optim.step()
+        finally:
+            self.optim.found_inf = None
         return loss
 
-    def _scale_by_factors(self, params: list[torch.nn.Parameter]) -> None:
+    def _scale_by_factors(self, params: list[torch.nn.Parameter], apply: torch.Tensor) -> torch.Tensor:
+        """Each gradient times its factor where ``apply`` (a device bool) holds, as it was
+        otherwise: g *= 1 + (s - 1) * apply, with no read of ``apply`` on the host."""
         scaled = [(p.grad, self.state[p]["ags_scale"]) for p in params if "ags_scale" in self.state[p]]
-        if scaled:
-            torch._foreach_mul_([g for g, _ in scaled], [s for _, s in scaled])
-            self.counters["scaled"] += 1
-        self.counters["unscaled_params"] += len(params) - len(scaled)  # a gradient with no factor measured yet
+        self._host["unscaled_params"] += len(params) - len(scaled)  # a gradient with no factor measured yet
+        if not scaled:
+            return torch.zeros_like(apply)
+        factors = torch._foreach_sub([s for _, s in scaled], 1.0)
+        torch._foreach_mul_(factors, apply.to(factors[0].dtype))
+        torch._foreach_add_(factors, 1.0)
+        torch._foreach_mul_([g for g, _ in scaled], factors)
+        return apply
 
     def set_scales(self, params: list[torch.nn.Parameter], g_small: list[torch.Tensor],
                    g_large: list[torch.Tensor]) -> None:  # fmt: skip
         """UPDATEGRADSCALE: each parameter's factor from its small- and large-batch gradients."""
         for p, s in zip(params, ags_scales(g_small, g_large, self.s_max, self.s_min, self.eps)):
             self.state[p]["ags_scale"] = s
-        self.counters["refreshes"] += 1
+        self._host["refreshes"] += 1
 
     def forget_scales(self) -> None:
         """Drop every factor (they were measured at another batch); the next refresh measures them again."""
@@ -170,7 +245,9 @@ class TulaOptimizer(torch.optim.Optimizer):
         t = state_dict["tula"]
         if t["mode"] != self.mode:
             raise ValueError(f"checkpoint was written with scaling mode {t['mode']!r}, this run uses {self.mode!r}")
-        self.prev_sq_norm, self.last_delta = t["prev_sq_norm"], t["last_delta"]
+        self.prev_sq_norm = t["prev_sq_norm"]
+        delta = t.get("last_delta", math.inf)
+        self._delta = torch.tensor(math.inf if delta is None else float(delta), device=self._device())
         self.counters = {**self.counters, **t["counters"]}
         if t.get("scales"):  # written before the factors were per-parameter state: one list, parameter order
             params = [p for g in self.param_groups for p in g["params"]]
@@ -248,53 +325,6 @@ def _restore(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         p.grad = g
 
 
-class LARS(torch.optim.Optimizer):
-    """Layer-wise adaptive rate scaling (You et al.) around a momentum-SGD optimizer.
-
-    Per parameter tensor: g <- (g + wd*w) * trust, trust = eta * ||w|| / (||g|| + wd*||w||),
-    then the wrapped optimizer (built with weight_decay=0) steps. 1-D tensors (biases,
-    norm scales) keep trust 1 and plain weight decay when ``exclude_1d``.
-    """
-
-    def __init__(self, optim: torch.optim.Optimizer, weight_decay: float, eta: float = 0.001, exclude_1d: bool = True):
-        self.optim, self.param_groups, self.defaults = optim, optim.param_groups, optim.defaults
-        self.weight_decay, self.eta, self.exclude_1d = weight_decay, eta, exclude_1d
-
-    @property
-    def state(self):  # type: ignore[override]
-        return self.optim.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:  # type: ignore[override]
-        self.optim.zero_grad(set_to_none=set_to_none)
-
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        """Trust-ratio scaling, then the wrapped optimizer's step. ``closure`` is evaluated once,
-        first (it recomputes the gradients), never after the scaling it would undo."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        w_norms = torch._foreach_norm(params)
-        g_norms = torch._foreach_norm([p.grad for p in params])
-        for p, wn, gn in zip(params, w_norms, g_norms):
-            p.grad.add_(p, alpha=self.weight_decay)
-            if self.exclude_1d and p.ndim <= 1:
-                continue
-            denom = gn + self.weight_decay * wn
-            trust = torch.where((wn > 0) & (denom > 0), self.eta * wn / denom, torch.ones_like(wn))
-            p.grad.mul_(trust)
-        self.optim.step()
-        return loss
-
-    def state_dict(self):  # type: ignore[override]
-        return self.optim.state_dict()
-
-    def load_state_dict(self, state_dict):  # type: ignore[override]
-        self.optim.load_state_dict(state_dict)
-
-
 def load_optimizer_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """``opt.load_state_dict``, then the wrapper's ``param_groups`` linked again to the wrapped
     optimizer's: torch's ``Optimizer.load_state_dict`` builds new groups, and a wrapper that
@@ -305,64 +335,3 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any])
     inner = getattr(opt, "optim", None)
     if inner is not None:
         opt.param_groups = inner.param_groups
-
-
-METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
-
-
-def lr_factor(method: str, step: int, steps_per_epoch: int, global_batch: int, base_batch: int,
-              warmup_epochs: int, decay_epochs: tuple[int, ...], decay_factor: float) -> float:  # fmt: skip
-    """Multiplier of train.lr at a global step.
-
-    lrs / lars: linear scaling k = B / base_batch (Goyal et al.), reached by a linear warm-up
-    from 1 over ``warmup_epochs``; polo: warm-up from 0 to 1 over ``warmup_epochs`` (paper:
-    all baselines warm up for 5 epochs); lbt / static / ags: 1. Times the step decays.
-    """
-    epoch = step / max(steps_per_epoch, 1)
-    warm = min(1.0, epoch / warmup_epochs) if warmup_epochs > 0 else 1.0
-    if method in ("lrs", "lars"):
-        k = global_batch / base_batch
-        f = 1.0 + (k - 1.0) * warm
-    elif method == "polo":
-        f = max(warm, 1.0 / max(warmup_epochs * steps_per_epoch, 1))
-    else:
-        f = 1.0
-    return f * decay_factor ** sum(1 for e in decay_epochs if step >= e * steps_per_epoch)
-
-
-def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int):
-    """Optimizer for ``train.method`` (t = the config's TrainSettings), and a function that
-    prepares the DDP module for it (post-local SGD registers its comm hook)."""
-    if method not in METHODS:
-        raise ValueError(f"config key 'train.method': unknown method {method!r} ({', '.join(METHODS)})")
-    wd = 0.0 if method == "lars" else t.weight_decay
-    base = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=wd)
-
-    def no_hook(ddp) -> None:
-        return None
-
-    if method in ("lbt", "lrs"):
-        return base, no_hook
-    if method == "lars":
-        return LARS(base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d), no_hook
-    if method == "polo":
-        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that starts, so only polo's
-        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook  # noqa: I001 - see above
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager  # polo only, as above
-        from torch.distributed.optim import PostLocalSGDOptimizer  # polo only, as above
-
-        start = t.polo_sync_epochs * steps_per_epoch
-        period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
-
-        def hook(ddp) -> None:
-            # After `start`, no gradient all-reduce at all: each worker steps locally (one GPU
-            # per node in the paper) and parameters are averaged every `period` steps.
-            state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=start,
-                                      post_local_gradient_allreduce=False)  # fmt: skip
-            ddp.register_comm_hook(state, post_localSGD_hook)
-            ddp.tula_polo_state = state  # a resumed run sets state.iter (tula.runtime.replica.set_post_local_iter)
-
-        return PostLocalSGDOptimizer(base, PeriodicModelAverager(period=period, warmup_steps=start)), hook
-    s_max = math.sqrt(global_batch / t.ags_small_batch)
-    return TulaOptimizer(base, mode=method, delta=t.ags_delta, static_scale=t.static_scale, s_max=s_max,
-                         s_min=t.ags_s_min), no_hook  # fmt: skip

@@ -76,7 +76,11 @@ def _sweep(replica, cfg: config_mod.Config, point: Point, max_local_batch: int |
         try:
             with replica.ddp.no_sync():
                 replica.next_timed_step()  # warm-up: the allocator and caches meet the new shape
-                times = [replica.next_timed_step() for _ in range(cfg.probe.sweep_steps)]
+                times, timed = [], 0
+                while timed < cfg.probe.sweep_steps:  # blocks, one synchronisation each
+                    t, kind, n = replica.next_timed_block(min(cfg.probe.block_steps, cfg.probe.sweep_steps - timed))
+                    times.append((t, kind))
+                    timed += n
                 peak = step_peak_bytes(replica, refresh=False)["plain"]
         except StepOOM as exc:
             row.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
@@ -103,16 +107,16 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
             raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
         replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
         startup_s = time.time() - process_started()  # as the production job counts it: to its first step
-        mem = measure_step(replica.ddp, replica.opt, replica.forward_loss, *replica.to_device(*next(replica.epoch_batches())))
+        mem = measure_step(replica.ddp, replica.opt, replica.eager_forward_loss, *replica.to_device(*next(replica.epoch_batches())))
         # the memory step took a batch but no position: the epoch's iterator starts over
         injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
         if injector:  # after the memory step: an OOM meets the step's agreement
             replica.inject_faults(injector)
             replica.inject("start")
-        synced, compute = _time_steps(replica, cfg, point.name)
+        synced, compute, first_steps = _time_steps(replica, cfg, point.name)
         retried: dict[str, int] = {}
         peaks = step_peak_bytes(replica, retries=retried)  # a plain step and an AGS refresh step, each measured alone
-        mine = {"host": dist.hostname(), "step": [t for t, _ in synced], "compute": [t for t, _ in compute],
+        mine = {"host": dist.hostname(), "step": [t for t, _ in synced], "first_steps": first_steps, "compute": [t for t, _ in compute],
                 "peak": max(peaks.values()), "peaks": peaks, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(gathered, mine)
@@ -189,27 +193,44 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     return {"startup_time_s": startup, "eval_first_time_s": first, "eval_time_s": ev, "checkpoint_time_s": ck}
 
 
-def _timed(replica: Replica, sync: bool) -> tuple[float, str]:
-    """(seconds, kind) of one training step, synced or compute-only (no_sync)."""
+def _timed(replica: Replica, sync: bool, block: int = 1) -> tuple[float, str]:
+    """(seconds per step, kind) of a block of training steps timed together
+    (:meth:`Replica.next_timed_block`), synced or compute-only (no_sync)."""
     with contextlib.nullcontext() if sync else replica.ddp.no_sync():
-        t, kind = replica.next_timed_step()
+        t, kind, _ = replica.next_timed_block(block)
     return t, "plain" if kind == "partial" else kind  # training pays its short batches as they come
 
 
-def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[list, list]:
-    """Warm-up pairs, then timed pairs of a synced and a compute-only step; then further epoch
-    starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each are timed. Returns the
-    synced and the compute-only (seconds, kind) lists."""
+def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[list, list, float]:
+    """The first step at this shape alone (and its compute-only twin), warm-up pairs, then
+    pairs of blocks of ``probe.block_steps`` synced and compute-only steps, each block timed
+    with one synchronisation at its end, until ``probe.timed_steps`` of each kind are timed;
+    then further epoch starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each are
+    timed, and the first short last batch. Returns the synced and the compute-only (seconds
+    per step, kind) lists, one entry per block, and the first steps' seconds (the full
+    batch's and the short last batch's first step: what training pays once per shape)."""
+    block = cfg.probe.block_steps
     progress = Progress(f"probe {name}", 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps), enabled=replica.rank == 0)
+    first, _ = _timed(replica, sync=True)  # compilation, cuDNN's autotuning, the allocator's growth
+    _timed(replica, sync=False)
+    # the epoch's short last batch is a shape of its own: its first step now, so that what follows
+    # (warm-up from a new epoch's start, the timed blocks, the memory steps) is not changed by it
+    short = replica.first_short_step_time()
     done = 0
-    synced, compute = [], []
-    for i in range(cfg.probe.warmup_steps + cfg.probe.timed_steps):
-        step, comp = _timed(replica, sync=True), _timed(replica, sync=False)
-        if i >= cfg.probe.warmup_steps:  # the warm-up pairs meet both kinds of step, untimed
-            synced.append(step)
-            compute.append(comp)
+    for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
+        _timed(replica, sync=True)
+        _timed(replica, sync=False)
         done += 2
-        progress.update(done, "warm-up " if i < cfg.probe.warmup_steps else "timed ")
+        progress.update(done, "warm-up ")
+    synced, compute = [], []
+    timed = 0
+    while timed < cfg.probe.timed_steps:
+        n = min(block, cfg.probe.timed_steps - timed)
+        synced.append(_timed(replica, sync=True, block=n))
+        compute.append(_timed(replica, sync=False, block=n))
+        timed += n
+        done += 2 * n
+        progress.update(done, "timed ")
 
     def count(kind: str) -> int:
         return sum(k == kind for _, k in synced)
@@ -220,7 +241,7 @@ def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[li
     while replica.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
         replica.force_refresh = True
         synced.append(_timed(replica, sync=True))
-    return synced, compute
+    return synced, compute, first + short
 
 
 def _measurement(replica: Replica, gathered: list[dict], synced: list, compute: list) -> dict[str, Any]:
@@ -252,6 +273,8 @@ def _measurement(replica: Replica, gathered: list[dict], synced: list, compute: 
         "plain_peak_bytes": int(max(g["peaks"]["plain"] for g in gathered)),  # each the largest rank's
         "refresh_peak_bytes": int(max(refresh_peaks)) if refresh_peaks else None,
         "rss_peak_bytes": int(max(g["rss"] for g in gathered)), "train_samples": replica.data.train_size,
+        "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered), "block_steps": replica.cfg.probe.block_steps,
+        "compile": replica.t.compile, "on_device": replica.feed.resident,
         "steps_run": replica.pos.step,
         "optimizer_counters": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
     }  # fmt: skip
@@ -270,10 +293,30 @@ def _sweep_all(replica: Replica, cfg: config_mod.Config, point: Point, max_local
         out["sweep"] = _sweep_rows(swept)
 
 
+def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+    share of one global batch, at the current weights: forward and backward under
+    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
+    the worker's squared norm riding along. No optimizer step; the gradients are
+    cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
+    x, y = replica.to_device(x, y)
+    replica.opt.zero_grad(set_to_none=True)
+    with replica.ddp.no_sync():
+        _, loss = replica.forward_loss(x, y)
+        loss.float().backward()
+    grads = [p.grad.reshape(-1).float() for p in replica.ddp.parameters() if p.grad is not None]
+    flat = torch.cat(grads)
+    buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+    torch_dist.all_reduce(buf)
+    buf /= replica.world
+    replica.opt.zero_grad(set_to_none=True)
+    return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+
+
 def _gradient_noise(replica, steps: int) -> dict[str, Any]:
     """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
     (rank 0's, given to every rank first): ``steps`` untimed steps of
-    :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
+    :func:`gradient_norms` over full batches, none twice (every rank takes part),
     estimated by tula.model.noise. One worker has no second batch size."""
     if replica.world == 1:
         return {"gradient_noise": {"b_noise": None, "why": "one worker: no second batch size to compare with"}}
@@ -292,7 +335,7 @@ def _gradient_noise(replica, steps: int) -> dict[str, Any]:
         if i % full == 0:  # an epoch's full batches, then those of the next epoch's new order: no batch twice
             replica.sampler.set_position(replica.pos.epoch + i // full, 0)
             batches = iter(replica.loader)
-        s, g = replica.gradient_norms(*next(batches))
+        s, g = gradient_norms(replica, *next(batches))
         small.append(s)
         big.append(g)
     seconds = time.perf_counter() - t0

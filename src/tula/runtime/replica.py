@@ -34,25 +34,17 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import config as config_mod
-from tula.config import TrainSettings
 from tula.model import noise
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader
-from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.nets import build_model
-from tula.runtime.optim import build_method, load_optimizer_state, lr_factor, refresh_scales
+from tula.runtime.agreement import StepOOM, agree, agree_host
+from tula.runtime.methods import build_method, lr_factor, refresh_due, set_post_local_iter
+from tula.runtime.nets import build_model, compiled
+from tula.runtime.optim import load_optimizer_state, refresh_scales
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-
-
-def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
-    """AGS refreshes its factors on the first step of each epoch, or every k steps."""
-    if t.method != "ags":
-        return False
-    k = t.ags_refresh_every_steps
-    return global_step % k == 0 if k else epoch_start
 
 
 @dataclass
@@ -83,6 +75,7 @@ class Replica:
             model = model.to(memory_format=torch.channels_last)
         model = model.to(device)
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.net = compiled(self.ddp) if t.compile == "on" else self.ddp  # what the step's forward calls
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
         self.opt, prepare_ddp = build_method(t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch)
         prepare_ddp(self.ddp)
@@ -104,6 +97,7 @@ class Replica:
         self.eval_retries: list[dict[str, Any]] = []
         self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.loader, self.sampler = loader.train_loader(cfg, self.data, global_batch, rank, world, device)
+        self.feed = loader.DeviceFeed(cfg, self.data, self.loader, self.sampler, device, self.channels_last)
         self._eval_loader = None
         self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
 
@@ -125,11 +119,15 @@ class Replica:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, loss) under the configured precision; x, y already on the device."""
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, loss) under the configured precision; x, y already on the device. ``eager``:
+        the uncompiled model (the memory count of Eq. 3 hooks autograd's saved tensors)."""
         with self.autocast():
-            logits = self.ddp(x)
+            logits = (self.ddp if eager else self.net)(x)
             return logits, self.loss_fn(logits, y)
+
+    def eager_forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_loss(x, y, eager=True)
 
     def sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -165,8 +163,9 @@ class Replica:
             oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
         if oom:
             self.free_cached_memory()
-        # One tiny all-reduce per step: did any rank run out of memory, was a stop asked?
-        stop, failed = agree(bool(oom), torch.tensor([float(self.stop_code())], device=self.device), op="max")
+        # One tiny all-reduce per step, over the CPU: did any rank run out of memory, was a stop
+        # asked? Both are known to the host, so the host never waits for the device here.
+        stop, failed = agree_host(bool(oom), self.stop_code())
         if failed:
             raise StepOOM(failed, oom, where="forward")
         self.phase = "backward"
@@ -196,28 +195,10 @@ class Replica:
         self.pos.offset += chunk
         self.last_chunk = chunk
         self.sched.step()
-        n = torch.tensor(float(len(y)), dtype=torch.float64, device=self.device)
-        self.stats += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(), n])
-        return int(stop.item())
-
-    def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
-        share of one global batch, at the current weights: forward and backward under
-        ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
-        the worker's squared norm riding along. No optimizer step; the gradients are
-        cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
-        x, y = self.to_device(x, y)
-        self.opt.zero_grad(set_to_none=True)
-        with self.ddp.no_sync():
-            _, loss = self.forward_loss(x, y)
-            loss.float().backward()
-        grads = [p.grad.reshape(-1).float() for p in self.ddp.parameters() if p.grad is not None]
-        flat = torch.cat(grads)
-        buf = torch.cat([flat, flat.pow(2).sum().view(1)])
-        torch_dist.all_reduce(buf)
-        buf /= self.world
-        self.opt.zero_grad(set_to_none=True)
-        return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+        n = len(y)
+        self.stats[:2] += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double()])
+        self.stats[2] += n
+        return stop
 
     def set_global_batch(self, global_batch: int) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step):
@@ -227,6 +208,7 @@ class Replica:
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
         self.loader, self.sampler = loader.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
                                                           self.device)  # fmt: skip
+        self.feed = self.feed.retarget(self.loader, self.sampler)
         self.pos = Position(self.pos.step, self.pos.epoch, 0)
         self.stats.zero_()
         self._batches = None
@@ -244,9 +226,10 @@ class Replica:
         return 1.0 / k if self.t.method == "ags" and k else 0.0
 
     def epoch_batches(self) -> Iterator:
-        """This rank's batches from the current position to the end of the epoch."""
+        """This rank's batches, on the device, from the current position to the end of the
+        epoch (:class:`tula.runtime.loader.DeviceFeed`: the next one prepared while a step runs)."""
         self.sampler.set_position(self.pos.epoch, self.pos.offset)
-        return iter(self.loader)
+        return iter(self.feed)
 
     def next_timed_step(self) -> tuple[float, str]:
         """Time the next training step wherever training stands, closing an epoch (untimed, as
@@ -263,21 +246,69 @@ class Replica:
                 return got[0], "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
             self.restart_epoch()
 
+    def first_short_step_time(self) -> float:
+        """Seconds of the first step at the epoch's short last batch (what a new shape costs
+        once: compilation, autotuning), 0.0 where the epoch has none: run from that batch's
+        position (the probe's steps need no true position); the next step starts an epoch."""
+        tail = self.data.train_size % self.global_batch
+        if tail < self.world:
+            return 0.0
+        self.pos.offset, self._batches = self.data.train_size - tail, None
+        t, _ = self.next_timed_step()
+        return t
+
     def restart_epoch(self) -> None:
         """Close the epoch in progress; the next step starts a new one."""
         self.end_epoch()
         self._batches = None
 
-    def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
-        """Fetch the next batch and run :meth:`step`; (seconds from fetch to the end of the
-        step, stop code), or None when the epoch has no batch left."""
-        t0 = time.perf_counter()
+    def run_step(self, batches: Iterator) -> int | None:
+        """Fetch the next batch and run :meth:`step`, queued without waiting for the device;
+        its stop code, or None when the epoch has no batch left."""
         batch = next(batches, None)
-        if batch is None:
+        return None if batch is None else self.step(*batch)
+
+    def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
+        """One step timed alone: the device drained first, then from fetching the batch to the
+        end of the step (device synchronised); (seconds, stop code), or None when the epoch has
+        no batch left. Training and the probe's blocks run steps without this."""
+        self.sync_device()
+        t0 = time.perf_counter()
+        stop = self.run_step(batches)
+        if stop is None:
             return None
-        stop = self.step(*batch)
         self.sync_device()
         return time.perf_counter() - t0, stop
+
+    def plain_steps_ahead(self) -> int:
+        """Steps from here that are plain: full batches of this epoch before its short last one,
+        not the epoch's first, nor a mid-epoch AGS refresh."""
+        if self.pos.offset == 0 or self.force_refresh:
+            return 0
+        n = (self.data.train_size - self.pos.offset) // self.global_batch
+        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else None
+        if not k:
+            return n
+        into = self.pos.step % k  # the step after k-1 plain ones refreshes (refresh_due)
+        return min(n, k - into) if into else 0
+
+    def next_timed_block(self, steps: int) -> tuple[float, str, int]:
+        """Time up to ``steps`` plain steps together, with one device synchronisation at the end
+        (and the device drained before): (seconds per step, "plain", steps). An epoch's first
+        step, its short last batch and a mid-epoch refresh are timed alone
+        (:meth:`next_timed_step`) and returned with their kind and 1."""
+        if self._batches is None:
+            self._batches = self.epoch_batches()
+        n = min(steps, self.plain_steps_ahead())
+        if n < 1:
+            t, kind = self.next_timed_step()
+            return t, kind, 1
+        self.sync_device()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.run_step(self._batches)
+        self.sync_device()
+        return (time.perf_counter() - t0) / n, "plain", n
 
     def epoch_noise(self) -> dict[str, float | None]:
         """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
@@ -363,10 +394,3 @@ class Replica:
         self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
         self.pos = Position(step, state["epoch"], state["offset"])
         set_post_local_iter(self.ddp, step)
-
-
-def set_post_local_iter(ddp: DDP, step: int) -> None:
-    """Post-local SGD's hook counts steps in its own state; a resumed run continues the count."""
-    state = getattr(ddp, "tula_polo_state", None)
-    if state is not None:
-        state.iter = step

@@ -31,6 +31,7 @@ from tula.model import drift
 from tula.progress import Progress, fmt_duration
 from tula.runtime import dist, stops
 from tula.runtime.agreement import StepOOM, agree, oom_place
+from tula.runtime.methods import follow_new_batch
 from tula.runtime.monitor import Monitor
 from tula.runtime.optim import TulaOptimizer, load_optimizer_state
 from tula.runtime.replica import Replica
@@ -76,7 +77,8 @@ class Trainer:
             self.replica.inject_faults(injector)
         # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
         self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0,
-                      "monitor_time_s": 0.0}  # fmt: skip
+                      "first_steps_time_s": 0.0, "first_steps": 0, "monitor_time_s": 0.0}  # fmt: skip
+        self.shapes_met: set[str] = set()  # batch shapes this attempt has stepped at (first_steps_time_s)
         self.band = drift.Band(**band) if band else None  # the predicted sync at (N, B): the drift detector's
         self.monitor: Monitor | None = None
         self.rows: list[dict[str, Any]] = []
@@ -115,16 +117,30 @@ class Trainer:
         self.resumed_from = replica.pos.step
         if state["global_batch"] != self.global_batch:
             replica.noise_pairs = []  # measured at the old B
-            replica.force_refresh = _follow_new_batch(replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank)
+            replica.force_refresh = follow_new_batch(replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank)
         if self.rank == 0:
             print(f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch {replica.pos.epoch}, "
                   f"{replica.pos.offset}/{replica.data.train_size} samples; written at N={len(ranks)} "
                   f"B={state['global_batch']})", flush=True)  # fmt: skip
 
     def train_epoch(self) -> None:
-        """Steps until the epoch's data is used up (or a stop is agreed on)."""
+        """Steps until the epoch's data is used up (or a stop is agreed on). Steps are queued
+        without waiting for the device; their time is taken over a stretch of steps, with one
+        synchronisation where the stretch ends (the epoch's end, a checkpoint, a monitored
+        pair). The first step of the attempt and the first short last batch are timed alone:
+        they pay what a new shape costs once (compilation, cuDNN's autotuning, the allocator's
+        growth) and are counted in ``first_steps_time_s``, not in the step time."""
         replica = self.replica
         batches = replica.epoch_batches()
+        stretch = time.perf_counter()
+
+        def close() -> float:  # the stretch's time, into the epoch's and training's
+            replica.sync_device()
+            dt = time.perf_counter() - stretch
+            self.epoch_time += dt
+            self.times["train_time_s"] += dt
+            return dt
+
         while True:
             tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, self.resumed_from)
             if self.first_step_at is None:
@@ -135,17 +151,39 @@ class Trainer:
                     write_json(jobs.started_path(self.out), {"attempt": self.attempt, "first_step_time": self.first_step_at,
                                                               "process_started": self.process_started,
                                                               "step": replica.pos.step})  # fmt: skip
-            timed = self.monitor.paired_step(batches) if self.monitor and self.monitor.due() else replica.timed_step(batches)
+            first = self._first_of_shape()
+            if first or (self.monitor and self.monitor.due()):
+                close()
+                timed = replica.timed_step(batches) if first else self.monitor.paired_step(batches)
+                if timed is not None:
+                    dt, stop = timed
+                    self.epoch_time += dt
+                    self.times["first_steps_time_s" if first else "train_time_s"] += dt
+                    if first:
+                        self.shapes_met.add(first)
+                        self.times["first_steps"] += 1
+                stretch = time.perf_counter()
+            else:
+                stop = replica.run_step(batches)
+                timed = None if stop is None else (0.0, stop)
             if timed is None:
+                close()
                 return
-            dt, stop = timed
-            self.epoch_time += dt
-            self.times["train_time_s"] += dt
             every = self.ckpt.every_steps if self.ckpt else None
             if self.ckpt and (stop or (every and replica.pos.step % every == 0)):
+                close()
                 self.checkpoint()
+                stretch = time.perf_counter()
             if stop:
                 stops.stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
+
+    def _first_of_shape(self) -> str:
+        """"full" or "short" where the next step is the first of this attempt at that batch
+        shape (the epoch's short last batch has its own), else ""."""
+        r = self.replica
+        left = r.data.train_size - r.pos.offset
+        shape = "full" if left >= r.global_batch else "short" if left >= r.world else ""
+        return shape if shape and shape not in self.shapes_met else ""
 
     def end_of_epoch(self, epochs: int, progress: Progress) -> None:
         replica = self.replica
@@ -192,7 +230,7 @@ class Trainer:
             final = {
                 "workers": self.workers, "global_batch": self.global_batch, "local_batch": self.global_batch // self.workers,
                 "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
-                "optimizer": t.optimizer, "method": t.method, "precision": t.precision,
+                "optimizer": t.optimizer, "method": t.method, "precision": t.precision, "compile": t.compile,
                 "channels_last": replica.channels_last, "data_workers": self.cfg.data.num_workers,
                 "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
                 "fp16_skipped_steps": _skipped(replica), "epochs": self.cfg.workload.epochs, "steps": replica.pos.step,
@@ -200,7 +238,7 @@ class Trainer:
                 "train_samples": replica.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
                 "best_test_acc": max(x["test_acc"] for x in self.rows),
                 "final_train_loss": self.rows[-1]["train_loss"], **self.times,
-                "mean_step_time_s": self.times["train_time_s"] / steps, "wall_time_s": self.wall_time(),
+                "mean_step_time_s": self.times["train_time_s"] / max(steps - self.times["first_steps"], 1), "wall_time_s": self.wall_time(),
                 "backend": self.backend, "device": str(self.device), "comm_env": dist.comm_env(),
                 **(self.monitor.summary() if self.monitor else {"monitored_steps": 0, "drift": []}),
             }  # fmt: skip
@@ -349,27 +387,3 @@ def _load_checkpoint(ckpt: Checkpointing, rank: int) -> dict[str, Any] | None:
     if rank != 0 and chosen[0] is not None:
         state = checkpoint.from_bytes(Path(chosen[0]).read_bytes())  # rank 0 verified this file
     return state if chosen[0] is not None else None
-
-
-def _follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> bool:
-    """Adapt the restored optimizer to a relaunch at a smaller global batch (paper rules):
-
-    - AGS: s_max = sqrt(B / ags_small_batch) is recomputed for the new B (build_method did);
-      the per-parameter factors, ratios measured at the old B, are dropped and re-measured on
-      the first step, and the previous gradient norm is forgotten (its scale depends on B),
-      so that first step counts as sensitive and is not scaled.
-    - LRS / LARS: the linear-scaling factor k = B / base_batch follows the new B from this
-      step on; LBT, static and AGS keep their LR (they do not scale it with B).
-    - Momentum buffers and the step count carry over; the data position is in samples.
-    Returns True: the AGS factors must be refreshed at the next step.
-    """
-    if isinstance(opt, TulaOptimizer):
-        opt.forget_scales()
-        opt.prev_sq_norm = None
-    for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
-        group["lr"] = base * lam(sched.last_epoch)
-    if rank == 0:
-        print(f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
-              + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
-              flush=True)  # fmt: skip
-    return isinstance(opt, TulaOptimizer)

@@ -90,7 +90,9 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     (their median at the same N; at an N not probed, the nearest probed N's, its evaluation
     scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
     + T + first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe
-    measured them (records from before they did)."""
+    measured them (records from before they did). Start-up also holds the first steps at
+    each shape training meets (``first_steps_time_s``: the full batch's and the short last
+    batch's first step, compilation and autotuning in them), the probes' median at that N."""
     L = cfg.launch
     df["checkpoints"] = [checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
                          for e, s in zip(df["epochs"], df["steps_per_epoch"])]  # fmt: skip
@@ -102,16 +104,20 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):
             df[c] = math.nan
         return
+    first = measurements_mod.probes(measured)
+    first = first[first["status"] == "ok"].groupby("workers")["first_steps_time_s"].median() if (
+        "first_steps_time_s" in first.columns) else None  # fmt: skip
     per_n = ok.groupby("workers")[list(OVERHEADS)].median()
     probed = per_n.index.to_numpy()
     n = df["workers"].to_numpy()
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]  # the nearest probed N of each row
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
+    df["first_steps_time_s"] = first.reindex(n0).fillna(0.0).to_numpy() if first is not None else 0.0
     for c in ("eval_first_time_s", "eval_time_s"):
         df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
-    besides = df["startup_time_s"] + evaluation_time(df) + df["checkpoints"] * df["checkpoint_time_s"]
+    besides = df["startup_time_s"] + df["first_steps_time_s"] + evaluation_time(df) + df["checkpoints"] * df["checkpoint_time_s"]
     df["wall_time_s"] = df["train_time_s"] + besides
     df["wall_time_lo_s"], df["wall_time_hi_s"] = df["train_time_lo_s"] + besides, df["train_time_hi_s"] + besides
 

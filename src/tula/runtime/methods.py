@@ -1,0 +1,164 @@
+"""The training methods of the paper's comparison (§V): the optimizer each ``train.method``
+steps with (AGS and static scaling through :class:`tula.runtime.optim.TulaOptimizer`; LARS;
+post-local SGD through torch's ``PostLocalSGDOptimizer``; plain large-batch SGD), its
+learning-rate schedule, when AGS refreshes its factors, and how a method follows a relaunch
+at another global batch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tula.config import TrainSettings
+from tula.runtime.optim import TulaOptimizer
+
+
+class LARS(torch.optim.Optimizer):
+    """Layer-wise adaptive rate scaling (You et al.) around a momentum-SGD optimizer.
+
+    Per parameter tensor: g <- (g + wd*w) * trust, trust = eta * ||w|| / (||g|| + wd*||w||),
+    then the wrapped optimizer (built with weight_decay=0) steps. 1-D tensors (biases,
+    norm scales) keep trust 1 and plain weight decay when ``exclude_1d``.
+    """
+
+    def __init__(self, optim: torch.optim.Optimizer, weight_decay: float, eta: float = 0.001, exclude_1d: bool = True):
+        self.optim, self.param_groups, self.defaults = optim, optim.param_groups, optim.defaults
+        self.weight_decay, self.eta, self.exclude_1d = weight_decay, eta, exclude_1d
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.optim.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # type: ignore[override]
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        """Trust-ratio scaling, then the wrapped optimizer's step. ``closure`` is evaluated once,
+        first (it recomputes the gradients), never after the scaling it would undo."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        w_norms = torch._foreach_norm(params)
+        g_norms = torch._foreach_norm([p.grad for p in params])
+        for p, wn, gn in zip(params, w_norms, g_norms):
+            p.grad.add_(p, alpha=self.weight_decay)
+            if self.exclude_1d and p.ndim <= 1:
+                continue
+            denom = gn + self.weight_decay * wn
+            trust = torch.where((wn > 0) & (denom > 0), self.eta * wn / denom, torch.ones_like(wn))
+            p.grad.mul_(trust)
+        self.optim.step()
+        return loss
+
+    def state_dict(self):  # type: ignore[override]
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict):  # type: ignore[override]
+        self.optim.load_state_dict(state_dict)
+
+
+METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
+
+
+def lr_factor(method: str, step: int, steps_per_epoch: int, global_batch: int, base_batch: int,
+              warmup_epochs: int, decay_epochs: tuple[int, ...], decay_factor: float) -> float:  # fmt: skip
+    """Multiplier of train.lr at a global step.
+
+    lrs / lars: linear scaling k = B / base_batch (Goyal et al.), reached by a linear warm-up
+    from 1 over ``warmup_epochs``; polo: warm-up from 0 to 1 over ``warmup_epochs`` (paper:
+    all baselines warm up for 5 epochs); lbt / static / ags: 1. Times the step decays.
+    """
+    epoch = step / max(steps_per_epoch, 1)
+    warm = min(1.0, epoch / warmup_epochs) if warmup_epochs > 0 else 1.0
+    if method in ("lrs", "lars"):
+        k = global_batch / base_batch
+        f = 1.0 + (k - 1.0) * warm
+    elif method == "polo":
+        f = max(warm, 1.0 / max(warmup_epochs * steps_per_epoch, 1))
+    else:
+        f = 1.0
+    return f * decay_factor ** sum(1 for e in decay_epochs if step >= e * steps_per_epoch)
+
+
+def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int):
+    """Optimizer for ``train.method`` (t = the config's TrainSettings), and a function that
+    prepares the DDP module for it (post-local SGD registers its comm hook)."""
+    if method not in METHODS:
+        raise ValueError(f"config key 'train.method': unknown method {method!r} ({', '.join(METHODS)})")
+    wd = 0.0 if method == "lars" else t.weight_decay
+    # fused: one kernel for the update, and it honours found_inf (TulaOptimizer's skip of a
+    # non-finite step, decided on the device)
+    base = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=wd, fused=True)
+
+    def no_hook(ddp) -> None:
+        return None
+
+    if method in ("lbt", "lrs"):
+        return base, no_hook
+    if method == "lars":
+        return LARS(base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d), no_hook
+    if method == "polo":
+        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that starts, so only polo's
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook  # noqa: I001 - see above
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager  # polo only, as above
+        from torch.distributed.optim import PostLocalSGDOptimizer  # polo only, as above
+
+        start = t.polo_sync_epochs * steps_per_epoch
+        period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
+
+        def hook(ddp) -> None:
+            # After `start`, no gradient all-reduce at all: each worker steps locally (one GPU
+            # per node in the paper) and parameters are averaged every `period` steps.
+            state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=start,
+                                      post_local_gradient_allreduce=False)  # fmt: skip
+            ddp.register_comm_hook(state, post_localSGD_hook)
+            ddp.tula_polo_state = state  # a resumed run sets state.iter (set_post_local_iter)
+
+        return PostLocalSGDOptimizer(base, PeriodicModelAverager(period=period, warmup_steps=start)), hook
+    s_max = math.sqrt(global_batch / t.ags_small_batch)
+    return TulaOptimizer(base, mode=method, delta=t.ags_delta, static_scale=t.static_scale, s_max=s_max,
+                         s_min=t.ags_s_min), no_hook  # fmt: skip
+
+
+def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
+    """AGS refreshes its factors on the first step of each epoch, or every k steps."""
+    if t.method != "ags":
+        return False
+    k = t.ags_refresh_every_steps
+    return global_step % k == 0 if k else epoch_start
+
+
+def set_post_local_iter(ddp: DDP, step: int) -> None:
+    """Post-local SGD's hook counts steps in its own state; a resumed run continues the count."""
+    state = getattr(ddp, "tula_polo_state", None)
+    if state is not None:
+        state.iter = step
+
+
+def follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> bool:
+    """Adapt the restored optimizer to a relaunch at a smaller global batch (paper rules):
+
+    - AGS: s_max = sqrt(B / ags_small_batch) is recomputed for the new B (build_method did);
+      the per-parameter factors, ratios measured at the old B, are dropped and re-measured on
+      the first step, and the previous gradient norm is forgotten (its scale depends on B),
+      so that first step counts as sensitive and is not scaled.
+    - LRS / LARS: the linear-scaling factor k = B / base_batch follows the new B from this
+      step on; LBT, static and AGS keep their LR (they do not scale it with B).
+    - Momentum buffers and the step count carry over; the data position is in samples.
+    Returns True: the AGS factors must be refreshed at the next step.
+    """
+    if isinstance(opt, TulaOptimizer):
+        opt.forget_scales()
+        opt.prev_sq_norm = None
+    for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * lam(sched.last_epoch)
+    if rank == 0:
+        print(f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
+              + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
+              flush=True)  # fmt: skip
+    return isinstance(opt, TulaOptimizer)
