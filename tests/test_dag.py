@@ -72,7 +72,8 @@ def test_every_output_exists_and_parses(finished_run):
     final = json.loads((res / "train" / "final.json").read_text())
     assert (final["workers"], final["global_batch"]) == (sel["selected"]["workers"], sel["selected"]["global_batch"])
     # the wall time predicted part by part from what the probes measured, beside what the job paid
-    assert [p["part"] for p in final["wall_check"]] == ["steps", "start-up", "evaluation", "checkpoints", "rest", "wall time"]
+    assert [p["part"] for p in final["wall_check"]] == ["steps", "start-up", "first steps", "evaluation", "checkpoints", "rest",
+                                                "wall time"]
     assert final["wall_time_ratio"] == pytest.approx(final["wall_time_s"] / final["predicted_wall_time_s"])
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
     for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training", "steps"):
@@ -81,6 +82,8 @@ def test_every_output_exists_and_parses(finished_run):
     assert {"step", "compute_time_s", "sync_time_s", "predicted_sync_s"} <= set(steps.columns)
     assert len(steps) == final["monitored_steps"] and (final["workers"] > 1 or len(steps) == 0)
     html = (res / "report.html").read_text()
+    assert "Ran on <b>CPU</b> with gloo: hardware.device auto: this machine has no GPU" in html
+    assert json.loads((res / "workload.json").read_text())["device"]["device"] == "cpu"
     assert "Use N = " in html and html.count("data:image/png;base64,") == 6 and "did not succeed" in html
     assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (len(steps) == 0)
     assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
@@ -186,6 +189,10 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
                                               "plot_selection", "plot_training", "predict", "report", "select")} | {
         "total": "11"}  # fmt: skip
     assert not (tmp_path / "results" / "memory_probe.json").exists()
+    # hardware.device auto, decided once here (no GPU in CI): said in the log, written for the jobs
+    assert "tula: hardware.device auto: this machine has no GPU: CPU and gloo; backend gloo" in out
+    snap = config.load(tmp_path / ".snakemake" / "tula" / "config.json").hardware
+    assert (snap.device, snap.backend) == ("cpu", "gloo") and "no GPU" in snap.device_why
 
 
 @pytest.mark.parametrize("text, message", [
@@ -194,6 +201,8 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
      "config key 'workload.dataset': npz file /no/such/file.npz not found"),
     ("workload:\n  dataset: imagefolder:/no/such/root\n",
      "config key 'workload.dataset': image folder /no/such/root/train not found"),
+    ("hardware:\n  device: cuda\n",  # CI has no GPU: cuda is refused before anything runs
+     "config key 'hardware.device' is cuda, but this machine has no GPU: set hardware.device: auto"),
 ])  # fmt: skip
 def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
     copy_workflow(tmp_path)

@@ -193,6 +193,16 @@ def comm_env_section(measurements: pd.DataFrame, final: dict) -> str:
                "another communication setting than production ran</span>") + ".</p>")  # fmt: skip
 
 
+def device_line(workload: dict | None) -> str:
+    """Where the probes and training ran and why (tula.devices' decision, as `tula check`
+    wrote it to results/workload.json)."""
+    d = (workload or {}).get("device")
+    if not d:
+        return ""
+    return (f"<p class=sub>Ran on <b>{html.escape(d['device'].upper())}</b> with {html.escape(d['backend'])}: "
+            f"{html.escape(d['why'])}.</p>")
+
+
 def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFrame, final: dict,
            plots: list[Path], out: str | Path, title: str = "Tula report", attempts: dict | None = None,
            perf: dict | None = None, workload: dict | None = None) -> None:  # fmt: skip
@@ -208,7 +218,8 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
     parts = [
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1><p class=sub>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} "
-        f"from results/ — objective <b>{html.escape(selection['objective'])}</b></p>",
+        f"from results/ — objective <b>{html.escape(selection['objective'])}</b></p>"
+        + device_line(workload),
         "".join(f"<div class='card bad'>{html.escape(w)}</div>" for w in (workload or {}).get("warnings", [])),
         "<div class=card><div class=big>Use N = {n} workers, global batch B = {b} ({lb} per worker)</div>"
         "<p>Predicted training time {t} ({ts:.4g} s), cost {c:.4g} {cur}, memory {m:.1f} MiB per worker.</p>"
