@@ -39,7 +39,7 @@ class Workload:
 class Data:
     """Input pipeline (DataLoader) and image-folder transforms."""
 
-    num_workers: int
+    num_workers: int | str  # a count, or "auto" (runtime.loader.loader_workers)
     on_device: str | bool
     pin_memory: str | bool
     persistent_workers: bool
@@ -109,6 +109,7 @@ class ProbeSettings:
     noise_steps: int = 16
     exclusive: bool = True
     block_steps: int = 5
+    input_batches: int = 10
     memory_batches: tuple[int, ...] | None = None
     no_sync_fallback: bool = False
 

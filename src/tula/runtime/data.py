@@ -8,8 +8,8 @@ Sources (config key ``workload.dataset``):
 - ``npz:<path>``: arrays ``x_train, y_train, x_test, y_test``; x is (n, L), (n, H, W),
   (n, C, L) or (n, C, H, W) (channels first); y holds class ids 0..K-1.
   These three are held in memory and standardised with the training set's mean and std.
-- ``imagefolder:<root>``: ``root/train/<class>/*`` and ``root/val/<class>/*`` read by
-  torchvision's ``ImageFolder``, with the ``data`` section's transforms (train: random
+- ``imagefolder:<root>``: ``root/train/<class>/*`` and ``root/val/<class>/*``, decoded and
+  augmented by :mod:`tula.runtime.images` with the ``data`` section's settings (train: random
   resized crop or crop + flip; test: resize + center crop; ImageNet normalisation).
 - ``package.module:callable``: your own; called with no arguments, it returns
   ``(train_dataset, test_dataset)``, map-style torch Datasets yielding ``(tensor, int)``.
@@ -127,56 +127,6 @@ def _in_memory(x_tr, x_te, y_tr, y_te) -> tuple[TensorSet, TensorSet]:
             TensorSet(torch.from_numpy((x_te - mean) / std), torch.from_numpy(y_te)))  # fmt: skip
 
 
-# -- image folders ----------------------------------------------------------------------
-
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def image_transforms(d: Data):
-    """(train, test) torchvision transforms of the ``data`` section."""
-    from torchvision import transforms as T
-
-    size = d.image_size
-    resize = d.resize or round(size * 8 / 7)
-    tail = [T.ToTensor()] + ([T.Normalize(IMAGENET_MEAN, IMAGENET_STD)] if d.normalize == "imagenet" else [])
-    test = T.Compose([T.Resize(resize), T.CenterCrop(size), *tail])
-    if d.train_augment == "random_resized_crop":
-        train = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *tail])
-    elif d.train_augment == "crop_flip":
-        train = T.Compose([T.Resize(size), T.CenterCrop(size), T.RandomCrop(size, padding=max(size // 8, 1)),
-                           T.RandomHorizontalFlip(), *tail])  # fmt: skip
-    else:
-        train = test
-    return train, test
-
-
-def _image_folder(root: str, d: Data):
-    top = Path(root)
-    for split in ("train", "val"):
-        sub = top / split
-        if not sub.is_dir():
-            raise ConfigError(f"{KEY}: image folder {sub} not found; imagefolder:<root> needs root/train/<class>/* "
-                              "and root/val/<class>/*")  # fmt: skip
-        classes = [c for c in sorted(sub.iterdir()) if c.is_dir()]
-        if not classes:
-            raise ConfigError(f"{KEY}: {sub} has no class folders; put each class's images in {sub}/<class>/")
-    try:
-        from torchvision.datasets import ImageFolder
-    except Exception as exc:  # noqa: BLE001 - ImportError or a binary mismatch with torch
-        raise ConfigError(f"{KEY}: imagefolder datasets need torchvision, which does not import here ({exc})") from None
-    train_tf, test_tf = image_transforms(d)
-    try:
-        train, test = ImageFolder(str(top / "train"), transform=train_tf), ImageFolder(str(top / "val"), transform=test_tf)
-    except (FileNotFoundError, RuntimeError) as exc:  # a class folder without any image file
-        raise ConfigError(f"{KEY}: {top}: {exc}") from None
-    if train.classes != test.classes:
-        only_train = sorted(set(train.classes) - set(test.classes))
-        only_val = sorted(set(test.classes) - set(train.classes))
-        raise ConfigError(f"{KEY}: {top}/train and {top}/val have different class folders (only in train: "
-                          f"{only_train or 'none'}; only in val: {only_val or 'none'})")  # fmt: skip
-    return train, test
-
-
 # -- the user's datasets ----------------------------------------------------------------
 
 
@@ -291,7 +241,9 @@ def load(w: Workload, d: Data) -> WorkloadData:
     elif spec.startswith("npz:"):
         train, test = _in_memory(*_npz(spec[4:]))
     elif spec.startswith("imagefolder:"):
-        train, test = _image_folder(spec[len("imagefolder:"):], d)
+        from tula.runtime.images import image_folder
+
+        train, test = image_folder(spec[len("imagefolder:"):], d, KEY)
     elif ":" in spec:
         train, test = _user_datasets(spec)
     else:

@@ -61,11 +61,11 @@ def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
     return WorkerEnv(0, 1, 0, "127.0.0.1", 0, "single")
 
 
-def local_workers(wenv: WorkerEnv) -> int:
+def local_workers(world_size: int) -> int:
     """Workers of this job on this machine (torchrun's LOCAL_WORLD_SIZE, srun's tasks per node;
-    a single-host launch: all of them)."""
+    a single-host launch: all ``world_size`` of them)."""
     per_node = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    return int(per_node) if per_node.isdigit() else wenv.world_size
+    return int(per_node) if per_node.isdigit() else world_size
 
 
 def resolve_device(hw: Hardware, wenv: WorkerEnv) -> tuple[torch.device, str]:
@@ -75,7 +75,7 @@ def resolve_device(hw: Hardware, wenv: WorkerEnv) -> tuple[torch.device, str]:
     machine's workers is refused, naming the keys, before NCCL would put two ranks on one GPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        d = devices.decide(hw.device, hw.backend, local_workers(wenv), gpus, f"this node ({hostname()})")
+        d = devices.decide(hw.device, hw.backend, local_workers(wenv.world_size), gpus, f"this node ({hostname()})")
     except devices.DeviceError as exc:
         raise RuntimeError(str(exc)) from None
     if d.device == "cuda":

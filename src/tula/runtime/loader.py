@@ -13,6 +13,7 @@ and a resumed run sees exactly the images an uninterrupted one would.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterator
 
 import torch
@@ -21,6 +22,8 @@ from torch.utils.data import Dataset as TorchDataset
 
 from tula.config import Config, Data
 from tula.runtime.data import WorkloadData, collate
+from tula.runtime.dist import local_workers
+from tula.runtime.images import sample_seed
 
 
 def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -> int:
@@ -68,21 +71,26 @@ class EpochBatchSampler(Sampler[list]):
 
 
 class Seeded(TorchDataset):
-    """Wraps a dataset indexed by ``(epoch, index)``: each sample's random transforms draw from
-    torch's RNG seeded by (seed, epoch, index), restored afterwards, so augmentation does not
-    depend on loader workers, their number, or where a resumed run started."""
+    """Wraps a dataset indexed by ``(epoch, index)`` so that each sample's random augmentation
+    depends on (seed, epoch, index) only, not on loader workers, their number, or where a
+    resumed run started. An image folder draws its own from a per-sample generator
+    (``seeded``); any other dataset's transforms draw from torch's RNG, seeded the same way
+    for the sample and restored afterwards."""
 
     def __init__(self, base: TorchDataset, seed: int):
         self.base, self.seed = base, seed
         self.batched = hasattr(base, "__getitems__")
+        self.own_draws = hasattr(base, "seeded")
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, i = key
+        if self.own_draws:
+            return self.base.seeded(self.seed, epoch, i)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 2_147_483_647 + i) % 2**63)
+            torch.manual_seed(sample_seed(self.seed, epoch, i))
             return self.base[i]
 
     def __getitems__(self, keys: list[tuple[int, int]]):
@@ -106,10 +114,31 @@ class ShardSampler(Sampler[list]):
         return math.ceil(len(self.idx) / self.batch)
 
 
-def _loader_options(d: Data, device: torch.device) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_workers": d.num_workers, "collate_fn": collate,
+MAX_AUTO_WORKERS = 16  # data.num_workers auto: loader processes per training worker at most
+
+
+def cores_per_worker(world: int) -> int:
+    """CPU cores this training worker may use: the cores this process may run on (SLURM binds
+    a task to its --cpus-per-task) shared by this machine's training workers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(cores // max(local_workers(world), 1), 1)
+
+
+def loader_workers(d: Data, data: WorkloadData, world: int) -> int:
+    """``data.num_workers``: a number as given; ``auto`` = 0 for an in-memory set (one
+    indexing operation per batch, no per-sample work to spread), else one loader process per
+    core this training worker has beside its own (at most MAX_AUTO_WORKERS)."""
+    if d.num_workers != "auto":
+        return int(d.num_workers)
+    if hasattr(data.train, "__getitems__"):
+        return 0
+    return min(cores_per_worker(world) - 1, MAX_AUTO_WORKERS)
+
+
+def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_workers": workers, "collate_fn": collate,
                             "pin_memory": device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)}  # fmt: skip
-    if d.num_workers > 0:
+    if workers > 0:
         opts.update(persistent_workers=d.persistent_workers, prefetch_factor=d.prefetch_factor)
     return opts
 
@@ -118,7 +147,8 @@ def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, 
                  device: torch.device) -> tuple[DataLoader, EpochBatchSampler]:  # fmt: skip
     """The training DataLoader of one rank and its sampler (position it before iterating)."""
     sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
-    loader = DataLoader(Seeded(data.train, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))
+    opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
+    loader = DataLoader(Seeded(data.train, cfg.workload.seed), batch_sampler=sampler, **opts)
     return loader, sampler
 
 
@@ -127,7 +157,8 @@ def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: 
     """The test set sharded over the ranks, ``batch_size`` (default ``data.eval_batch_size``)
     samples per worker and batch."""
     sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
-    return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **_loader_options(cfg.data, device))
+    opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
+    return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **opts)
 
 
 # -- batches on the device ---------------------------------------------------------------

@@ -231,7 +231,7 @@ class Trainer:
                 "workers": self.workers, "global_batch": self.global_batch, "local_batch": self.global_batch // self.workers,
                 "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
                 "optimizer": t.optimizer, "method": t.method, "precision": t.precision, "compile": t.compile,
-                "channels_last": replica.channels_last, "data_workers": self.cfg.data.num_workers,
+                "channels_last": replica.channels_last, "data_workers": replica.loader.num_workers,
                 "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
                 "fp16_skipped_steps": _skipped(replica), "epochs": self.cfg.workload.epochs, "steps": replica.pos.step,
                 "eval_batch_size": replica.eval_batch, "eval_oom_retries": replica.eval_retries,
@@ -267,7 +267,7 @@ class Trainer:
         if self.rank == 0:
             print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {replica.data.train_size} training "
                   f"samples, {replica.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
-                  f"{cfg.train.precision}, backend {self.backend} on {self.device}, {cfg.data.num_workers} loader "
+                  f"{cfg.train.precision}, backend {self.backend} on {self.device}, {replica.loader.num_workers} loader "
                   f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
         progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
                             start=replica.pos.epoch - 1)  # fmt: skip
