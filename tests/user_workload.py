@@ -7,6 +7,8 @@
 The dataset is map-style and built lazily per item, like a real on-disk dataset would be.
 """
 
+import time
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -33,6 +35,22 @@ class Blobs(Dataset):
 
 def make_datasets():
     return Blobs(300, 0), Blobs(90, 10_000)
+
+
+class SlowBlobs(Blobs):
+    """Blobs read as from a slow disk: SLOW_SAMPLE_S of sleep per training sample."""
+
+    def __getitem__(self, i: int):
+        time.sleep(SLOW_SAMPLE_S)
+        return super().__getitem__(i)
+
+
+SLOW_SAMPLE_S = 0.004
+
+
+def make_slow_datasets():
+    """A training set whose input, not its model, sets the step's pace."""
+    return SlowBlobs(300, 0), Blobs(90, 10_000)
 
 
 class TinyNet(nn.Module):

@@ -79,7 +79,8 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     # one probe job: its own (N, B) is its wildcards; the rest of the grid is not its business
     # (adding a batch or a worker count runs only the new probes)
     "probe": (*_WORKLOAD, *_STEP, "probe.warmup_steps", "probe.timed_steps", "probe.timeout_s", "probe.sweep_steps",
-              "probe.noise_steps", "probe.exclusive", "probe.block_steps"),
+              "probe.noise_steps", "probe.exclusive", "probe.block_steps",
+              "probe.input_batches"),
     "fit": ("search", "cluster", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin",
             "probe.no_sync_fallback"),
     "predict": ("workload", "grid", "cluster", "pricing", "hardware.device_memory_gb", "hardware.memory_margin",

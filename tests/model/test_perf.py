@@ -188,3 +188,33 @@ def test_measurements_of_another_layout_are_refused():
     probes = two_level_rows(8, [1, 16], [256], 0.002, 0.04, np.random.default_rng(2))
     with pytest.raises(ValueError, match=r"N=16 ran on 2 node\(s\), but cluster.workers_per_node=4 puts it on 4"):
         perfmodel.fit(probes, "ring", workers_per_node=4)
+
+
+def test_the_input_floor_is_fitted_with_node_sharing_and_bounds_the_step_from_below():
+    """Probes on one node (cluster.workers_per_node 8) whose input per batch is 1 ms per sample,
+    slowed 20 % per other worker on the node (their loaders share its cores): the floor's form
+    and coefficients come back, the step never predicts faster than its input, and the points
+    where the input takes >= INPUT_BOUND of the step are the input-bound ones."""
+    rng = np.random.default_rng(0)
+    df = synthetic("ring", rng)
+
+    def inp(n, b):
+        return 0.001 * b * (1 + 0.2 * (n - 1))
+
+    df["input_time_s"] = [inp(r.workers, r.local_batch) for r in df.itertuples()]
+    model = perfmodel.fit(df, "ring", workers_per_node=8)
+    assert model.input.form.name == "linear_shared"
+    assert model.input.theta == pytest.approx((0.0, 0.001, 0.2), abs=2e-4)
+    n, b = np.array([1, 2, 4, 8, 8]), np.array([256, 128, 64, 32, 4])
+    t_in = model.input_time_s(n, b)
+    assert t_in == pytest.approx(inp(n, b), rel=0.02)
+    step = model.step_time_s(n, b)
+    assert np.all(step >= t_in) and np.all(step >= model.model_step_time_s(n, b))
+    assert list(model.input_bound(n, b)) == list(t_in >= perfmodel.INPUT_BOUND * step)
+    assert model.input_bound(1, 256) and not model.input_bound(8, 4)  # 0.26 s of input; 7 ms of sync beside 6 ms
+    lo, hi = model.step_time_interval_s(n, b)
+    assert np.all(lo >= t_in) and np.all(hi >= step)
+    again = perfmodel.PerfModel.from_dict(model.to_dict())  # perf.json keeps the floor
+    assert again.step_time_s(n, b) == pytest.approx(step) and again.input.form.name == "linear_shared"
+    # the residuals are of the floored step, and say which probes the input bounded
+    assert any(r["input_bound"] for r in model.residuals) and not all(r["input_bound"] for r in model.residuals)

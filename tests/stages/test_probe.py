@@ -138,6 +138,44 @@ def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(tmp_path, ve
     assert rec["memory"]["param_bytes"] == 4 * (16 * 32 + 32 + 32 * 3 + 3)
 
 
+def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(tmp_path, venv_path, user_pythonpath):
+    """A training set that sleeps 4 ms per sample (user_workload.SlowBlobs) under a model that
+    steps in well under a millisecond: the probe reads the input alone, finds it sets the pace,
+    and the step model's floor predicts the measured steps within the probes' noise."""
+    import yaml
+
+    from tula.model import measurements, perf
+    from tula.stages import aggregate
+
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(yaml.safe_dump({"workload": {"model": "user_workload:make_model", "dataset": "user_workload:make_slow_datasets",
+                                                "epochs": 1},
+                                   "grid": {"workers": [1], "batch_min": 8, "batch_max": 16},
+                                   "data": {"num_workers": 0}, "probe": {"warmup_steps": 1, "timed_steps": 10, "input_batches": 4}}))  # fmt: skip
+    files = []
+    for b in (8, 16):
+        files.append(tmp_path / f"N1_B{b}.json")
+        rec = probe.run(cfg, 1, b, files[-1])
+        assert rec["status"] == "ok", rec.get("error")
+        assert rec["env"]["data_workers"] == 0
+        assert b * 0.004 <= rec["input_time_s"] <= b * 0.004 * 1.5  # the sleeps, and a little Python
+        assert rec["input_bound"] and rec["input_time_s"] >= 0.8 * rec["step_time_s"]
+    aggregate.run(files, tmp_path / "measurements.csv")
+    df = measurements.load(tmp_path / "measurements.csv")
+    model = perf.fit(df, "ring")
+    assert model.input is not None and model.input.form.name in ("per_sample", "linear")
+    probes = measurements.probes(df)
+    for r in probes.itertuples():
+        predicted = float(model.step_time_s(1, r.local_batch))
+        assert bool(model.input_bound(1, r.local_batch)) and predicted >= float(model.input_time_s(1, r.local_batch))
+        # within the probe's own scatter (its timed blocks' CV, three times) or 10 %: two probes
+        # leave the floor's form to the simplest, per sample
+        assert abs(predicted / r.step_time_s - 1) <= max(3 * r.step_time_cv, 0.10)
+    # where no input was read, there is no floor, and nothing is called input-bound
+    plain = perf.fit(df.drop(columns=["input_time_s"]), "ring")
+    assert plain.input is None and not plain.input_bound(1, 16)
+
+
 def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(tiny_config_file, tmp_path, venv_path,
                                                                               monkeypatch):  # fmt: skip
     """torch's profiler sometimes cannot build a step's memory timeline (AssertionError "version

@@ -122,3 +122,18 @@ def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
     assert "<td>moved</td>" in html and "relaunched" not in html  # a move is not an error
     metrics = pd.DataFrame({"epoch": [1, 2, 3], "step": [100, 200, 300]})
     assert attempt_marks(metrics, rec) == [(0.9, "N=2 B=128 (moved at N=4 B=128)", True)]
+
+
+def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_it():
+    from tula.stages.report import input_section
+
+    pred = pd.DataFrame({"workers": [1, 2, 4], "global_batch": [64, 64, 64], "step_time_s": [0.10, 0.06, 0.05],
+                         "input_time_s": [0.095, 0.05, 0.01], "input_bound": [True, True, False]})  # fmt: skip
+    meas = pd.DataFrame({"data_workers": [3, 3, 1]})
+    card = input_section(pred, meas, (2, 64))
+    assert "The input sets the pace</b> at N=1 B=64, N=2 B=64 " in card and "N=4" not in card
+    assert "the selected point is one of them" in card and "the probes read with 1, 3" in card
+    assert "data.num_workers" in card and "--cpus-per-task" in card
+    calm = input_section(pred.assign(input_bound=False), meas, (4, 64))
+    assert "at most 95 % of a predicted step" in calm and "does not set the pace" in calm
+    assert input_section(pred.assign(input_time_s=float("nan")), meas, (1, 64)) == ""  # not measured: not said

@@ -32,7 +32,10 @@ param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples, wall_
 backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``), error, probe_file; and on multi-worker probe rows the gradient noise scale
 (tula.model.noise): grad_noise_scale = B_noise = grad_trace / grad_sq, grad_sq = |G|^2 and
 grad_trace = tr(Sigma), the per-sample gradient covariance's trace, with grad_sq_se and
-grad_trace_se their standard errors over the noise steps (empty for N = 1).
+grad_trace_se their standard errors over the noise steps (empty for N = 1); and on probe rows
+input_time_s, the input pipeline's time per batch read alone (no model; the slowest rank's),
+the floor of :mod:`tula.model.floor`, with input_bound (it took at least INPUT_BOUND, 80 %, of the step) and
+data_workers (the loader processes each worker read with).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ OPTIONAL = [
     "rss_peak_bytes", "grad_bytes_per_step", "param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes",
     "train_samples", "wall_s", "device", "backend", "comm_env", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
     "grad_sq_se", "grad_trace_se", "startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s",
-    "first_steps_time_s", "block_steps",
+    "first_steps_time_s", "block_steps", "input_time_s", "input_bound", "data_workers",
 ]  # fmt: skip
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

@@ -43,6 +43,7 @@ import pandas as pd
 
 from tula.model import curvefit
 from tula.model.curvefit import Fitted, Form, Inputs
+from tula.model.floor import INPUT_BOUND, INPUT_FORMS, fit_input
 from tula.model.grid import nodes_of
 
 COLLECTIVE_TERMS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
@@ -230,6 +231,7 @@ class PerfModel:
     step: Fitted | None  # step_time_s of N > 1 given the compute model; None: no multi-worker probe
     residuals: tuple[dict[str, Any], ...] = ()
     workers_per_node: int = 1  # cluster.workers_per_node: k = ceil(N / it) nodes, g = N / k on each
+    input: Fitted | None = None  # input_time_s vs (local batch, workers per node); None: not measured
 
     def _cx(self, workers, local_batch) -> Inputs:
         b = np.asarray(local_batch, dtype=float)
@@ -247,15 +249,32 @@ class PerfModel:
                 "xg": sync_feature(self.collective, X["n"] / k), "xk": sync_feature(self.collective, k),
                 "multi": (k > 1).astype(float)}  # fmt: skip
 
-    def step_time_s(self, workers, local_batch) -> np.ndarray:
+    def model_step_time_s(self, workers, local_batch) -> np.ndarray:
+        """The step from compute and sync alone, without the input floor."""
         c = self.compute_time_s(workers, local_batch)
         if self.step is None:
             return c
         X = self._sx(workers, local_batch)
         return np.where(X["n"] <= 1, c, np.maximum(self.step.predict(X), c))  # sync never makes a step faster
 
+    def input_time_s(self, workers, local_batch) -> np.ndarray:
+        """The input pipeline's time per batch alone; 0 where it was not measured."""
+        X = self._cx(workers, local_batch)
+        if self.input is None:
+            return np.zeros_like(X["b"])
+        return np.maximum(self.input.predict({"b": X["b"], "n": X["n"] / nodes_of(X["n"], self.workers_per_node)}), 0.0)
+
+    def step_time_s(self, workers, local_batch) -> np.ndarray:
+        """A step: no faster than its compute and sync, nor than its input (the floor)."""
+        return np.maximum(self.model_step_time_s(workers, local_batch), self.input_time_s(workers, local_batch))
+
+    def input_bound(self, workers, local_batch) -> np.ndarray:
+        """Where the input alone takes at least INPUT_BOUND of the step: it sets the pace."""
+        t_in = self.input_time_s(workers, local_batch)
+        return (t_in > 0) & (t_in >= INPUT_BOUND * self.step_time_s(workers, local_batch))
+
     def sync_time_s(self, workers, local_batch) -> np.ndarray:
-        return self.step_time_s(workers, local_batch) - self.compute_time_s(workers, local_batch)
+        return self.model_step_time_s(workers, local_batch) - self.compute_time_s(workers, local_batch)
 
     def step_time_interval_s(self, workers, local_batch, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         """95 % prediction interval of a step: the compute and step fits' half-widths in quadrature."""
@@ -264,16 +283,19 @@ class PerfModel:
         if self.step is not None:
             X = self._sx(workers, local_batch)
             half = np.sqrt(half**2 + np.where(X["n"] <= 1, 0.0, self.step.half_width(X, alpha)) ** 2)
-        return np.maximum(t - half, 0.0), t + half
+        floor = self.input_time_s(workers, local_batch)
+        return np.maximum(np.maximum(t - half, 0.0), floor), np.maximum(t + half, floor)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "equation": "step_time_s = compute(b, N) (+) sync(N), forms chosen by held-out error  (Eq. 2)",
+            "equation": "step_time_s = max(compute(b, N) (+) sync(N), input(b, g)), forms chosen by held-out error  (Eq. 2 "
+                        "with the input pipeline's floor)",
             "collective": self.collective,
             "sync_term": COLLECTIVE_TERMS[self.collective][0],
             "workers_per_node": self.workers_per_node,
             "compute": self.compute.to_dict(),
             "step": self.step.to_dict() if self.step is not None else None,
+            "input": self.input.to_dict() if self.input is not None else None,
             "residuals": list(self.residuals),
         }
 
@@ -282,7 +304,8 @@ class PerfModel:
         try:
             return cls(d["collective"], _fitted(d["compute"], COMPUTE_FORMS[d["compute"]["form"]]),
                        _fitted(d["step"], _step_form(d["step"]["form"], d["collective"])) if d.get("step") else None,
-                       tuple(d.get("residuals", ())), int(d.get("workers_per_node", 1)))  # fmt: skip
+                       tuple(d.get("residuals", ())), int(d.get("workers_per_node", 1)),
+                       _fitted(d["input"], INPUT_FORMS[d["input"]["form"]]) if d.get("input") else None)  # fmt: skip
         except KeyError as exc:
             raise ValueError(f"perf.json: missing {exc}; re-run `tula fit`") from None
 
@@ -308,10 +331,11 @@ def fit(measurements: pd.DataFrame, collective: str, workers_per_node: int = 1) 
     if len(np.unique(Xc["n"])) < 2:
         forms = [f for f in forms if not f.name.endswith("_shared")]  # one N: sharing cannot be seen
     compute = curvefit.choose(forms, Xc, comp["compute_time_s"].to_numpy(float), "compute model")
-    model = PerfModel(collective, compute, None, workers_per_node=workers_per_node)
     probes = ok[(ok["source"] == "probe") if "source" in ok.columns else slice(None)]
     probes = probes[np.isfinite(pd.to_numeric(probes["step_time_s"], errors="coerce")) & (probes["step_time_s"] > 0)]
     _check_layout(probes, workers_per_node)
+    floor = fit_input(probes, workers_per_node)
+    model = PerfModel(collective, compute, None, workers_per_node=workers_per_node, input=floor)
     multi = probes[probes["workers"] > 1]
     if len(multi):
         n = multi["workers"].to_numpy(float)
@@ -323,8 +347,8 @@ def fit(measurements: pd.DataFrame, collective: str, workers_per_node: int = 1) 
         forms.sort(key=lambda f: len(f.params))
         noise = pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float) if "step_time_cv" in multi else None
         step = curvefit.choose(forms, X, multi["step_time_s"].to_numpy(float), "step model", noise)
-        model = PerfModel(collective, compute, step, workers_per_node=workers_per_node)
-    return PerfModel(collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node)
+        model = PerfModel(collective, compute, step, workers_per_node=workers_per_node, input=floor)
+    return PerfModel(collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node, floor)
 
 
 def _check_layout(probes: pd.DataFrame, workers_per_node: int) -> None:
@@ -352,5 +376,6 @@ def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
         out.append({"workers": int(r["workers"]), "nodes": int(nodes_of(r["workers"], model.workers_per_node)),
                     "global_batch": int(r["global_batch"]), "measured_step_time_s": float(r["step_time_s"]), "predicted_step_time_s": float(p),
                     "error_pct": float(err), "noise_pct": noise,
+                    "input_bound": bool(model.input_bound(r["workers"], r["local_batch"])),
                     "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip
     return out

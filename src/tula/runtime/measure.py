@@ -14,6 +14,7 @@ import contextlib
 import json
 import statistics
 import tempfile
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -190,3 +191,31 @@ def timing_stats(xs: list[float]) -> dict[str, float]:
     mean = statistics.fmean(xs)
     cv = statistics.pstdev(xs) / mean if mean > 0 else float("nan")
     return {"mean": mean, "median": statistics.median(xs), "iqr": q[2] - q[0], "cv": cv}
+
+
+def input_time_s(replica: Replica, batches: int) -> float | None:
+    """Seconds per full batch of this rank's input pipeline alone: its feed (loader workers,
+    the copy to the device) run from epoch starts with no model, as a step would take it.
+
+    The first batch (the loader workers' start) is left out; short last batches are skipped.
+    None where no full batch follows the first. Training's own position is untouched: its
+    next step starts a fresh pass over the feed where training stands."""
+    sampler, epoch, timed = replica.sampler, replica.pos.epoch, []
+    full = replica.global_batch // replica.world
+    for _ in range(batches + 1):  # epochs: enough for `batches` batches even at one per epoch
+        sampler.set_position(epoch, 0)
+        t0 = time.perf_counter()
+        for x, _ in replica.feed:
+            if replica.device.type == "cuda":
+                torch.cuda.current_stream(replica.device).synchronize()
+            t1 = time.perf_counter()
+            if x.shape[0] == full:
+                timed.append(t1 - t0)
+            t0 = time.perf_counter()
+            if len(timed) > batches:
+                break
+        if len(timed) > batches:
+            break
+        epoch += 1
+    replica.forget_batches()
+    return statistics.fmean(timed[1:]) if len(timed) > 1 else None

@@ -28,10 +28,11 @@ from tula.io import write_json
 from tula.model import noise
 from tula.model.grid import Point, sweep_local_batches
 from tula.model.memory import max_local_batch
+from tula.model.floor import INPUT_BOUND
 from tula.progress import Progress
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM
-from tula.runtime.measure import measure_step, step_peak_bytes, timing_stats
+from tula.runtime.measure import input_time_s, measure_step, step_peak_bytes, timing_stats
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.trainer import process_started, write_checkpoint
@@ -40,7 +41,7 @@ SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (sta
 EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
 
 
-def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Config) -> dict:
+def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Config, data_workers: int) -> dict:
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
@@ -54,7 +55,7 @@ def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Conf
         "threads_per_worker": cfg.hardware.threads_per_worker,
         "precision": cfg.train.precision,
         "method": cfg.train.method,
-        "data_workers": cfg.data.num_workers,
+        "data_workers": data_workers,  # data.num_workers, "auto" decided
     }
 
 
@@ -115,15 +116,14 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
             replica.inject("start")
         synced, compute, first_steps = _time_steps(replica, cfg, point.name)
         retried: dict[str, int] = {}
-        peaks = step_peak_bytes(replica, retries=retried)  # a plain step and an AGS refresh step, each measured alone
-        mine = {"host": dist.hostname(), "step": [t for t, _ in synced], "first_steps": first_steps, "compute": [t for t, _ in compute],
-                "peak": max(peaks.values()), "peaks": peaks, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        mine = _this_rank(replica, cfg, synced, compute, first_steps, retried)
         gathered: list[Any] = [None] * wenv.world_size
         torch_dist.all_gather_object(gathered, mine)
         if rank == 0:
             out.update(_measurement(replica, gathered, synced, compute), grad_bytes_per_step=mem.grad_bytes,
                        memory=mem.to_dict(), profiler_retries=retried,  # extra steps: CPU profiler failures
-                       env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg), sweep=[])  # fmt: skip
+                       env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg, replica.loader.num_workers),
+                       sweep=[])  # fmt: skip
             write_json(result, out)  # the probe's own measurement stands even if what follows fails
         after = "overheads"
         paid = _overheads(replica, result_dir, startup_s)
@@ -151,6 +151,18 @@ def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local
     dist.shutdown(ok=out["status"] == "ok" and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep")))
     if out["status"] != "ok":
         sys.exit(1)
+
+
+def _this_rank(replica: Replica, cfg: config_mod.Config, synced: list, compute: list, first_steps: float,
+               retried: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+    """What this rank measured, for rank 0 to gather: its step times, its memory peaks (a
+    plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
+    peaks = step_peak_bytes(replica, retries=retried)
+    reads = max(cfg.probe.input_batches, 3 * replica.loader.num_workers) if cfg.probe.input_batches else 0
+    return {"host": dist.hostname(), "step": [t for t, _ in synced], "first_steps": first_steps,
+            "compute": [t for t, _ in compute], "peak": max(peaks.values()), "peaks": peaks,
+            "input": input_time_s(replica, reads) if reads else None,  # all ranks at once: they share the node
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # fmt: skip
 
 
 def _failure(out: dict[str, Any], exc: Exception, rank: int, after: str) -> dict[str, Any]:
@@ -274,10 +286,18 @@ def _measurement(replica: Replica, gathered: list[dict], synced: list, compute: 
         "refresh_peak_bytes": int(max(refresh_peaks)) if refresh_peaks else None,
         "rss_peak_bytes": int(max(g["rss"] for g in gathered)), "train_samples": replica.data.train_size,
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered), "block_steps": replica.cfg.probe.block_steps,
-        "compile": replica.t.compile, "on_device": replica.feed.resident,
+        "compile": replica.t.compile, "on_device": replica.feed.resident, **_input(gathered, s["mean"] + extra),
         "steps_run": replica.pos.step,
         "optimizer_counters": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
     }  # fmt: skip
+
+
+def _input(gathered: list[dict], step_s: float) -> dict[str, Any]:
+    """The input pipeline's time per batch (the slowest rank's) and whether it sets the pace."""
+    times = [g["input"] for g in gathered if g.get("input")]
+    if not times:
+        return {"input_time_s": None, "input_bound": None}
+    return {"input_time_s": max(times), "input_bound": bool(max(times) >= INPUT_BOUND * step_s)}
 
 
 def _sweep_all(replica: Replica, cfg: config_mod.Config, point: Point, max_local_batch: int | None, out: dict,

@@ -260,6 +260,10 @@ class Replica:
     def restart_epoch(self) -> None:
         """Close the epoch in progress; the next step starts a new one."""
         self.end_epoch()
+        self.forget_batches()
+
+    def forget_batches(self) -> None:
+        """The feed was used elsewhere: the next step starts a new pass where training stands."""
         self._batches = None
 
     def run_step(self, batches: Iterator) -> int | None:

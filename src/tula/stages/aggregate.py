@@ -27,6 +27,7 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
         row[k] = mem.get(k)
     env = record.get("env") or {}
     row["device"], row["backend"], row["comm_env"] = env.get("device"), env.get("backend"), comm_env_text(env)
+    row["data_workers"] = env.get("data_workers")
     row["source"], row["probe_file"] = "probe", probe_file
     rows = [row]
     for sw in record.get("sweep") or []:

@@ -29,7 +29,9 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
     df["compute_time_s"] = perf.compute_time_s(n, b)
     df["step_time_s"] = perf.step_time_s(n, b)
-    df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
+    df["sync_time_s"] = perf.sync_time_s(n, b)
+    df["input_time_s"] = perf.input_time_s(n, b) if perf.input is not None else math.nan
+    df["input_bound"] = perf.input_bound(n, b)
     df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
     df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"].to_numpy())
     df["epochs"] = cfg.workload.epochs

@@ -77,6 +77,14 @@ def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResul
     return record
 
 
+def _input_note(record: dict) -> str:
+    t = record.get("input_time_s")
+    if not t:
+        return ""
+    bound = " — INPUT-BOUND: the input pipeline sets the pace (see the report)" if record.get("input_bound") else ""
+    return f"; input alone {t * 1e3:.2f} ms per batch{bound}"
+
+
 def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
                 memory_probe: str | Path | None, attempt: int = 1) -> dict:  # fmt: skip
     """Launch the N workers at one point and combine what they wrote into a record."""
@@ -117,7 +125,8 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
         print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
               f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
               f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
-              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches", flush=True)  # fmt: skip
+              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches"
+              + _input_note(record), flush=True)  # fmt: skip
     else:
         print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
     return record

@@ -12,6 +12,7 @@ import pandas as pd
 
 from tula.io import atomic_write, read_json
 from tula.model import noise
+from tula.model.floor import INPUT_BOUND
 from tula.progress import fmt_duration
 from tula.stages.aggregate import comm_env_text
 
@@ -136,7 +137,7 @@ def model_section(perf: dict | None) -> str:
     if not perf:
         return ""
     parts = ["<h2>Step-time model</h2>"]
-    for key, label in (("compute", "Compute"), ("step", "Step (sync)")):
+    for key, label in (("compute", "Compute"), ("step", "Step (sync)"), ("input", "Input floor")):
         f = perf.get(key)
         if not f:
             continue
@@ -193,6 +194,29 @@ def comm_env_section(measurements: pd.DataFrame, final: dict) -> str:
                "another communication setting than production ran</span>") + ".</p>")  # fmt: skip
 
 
+def input_section(predictions: pd.DataFrame, measurements: pd.DataFrame, chosen: tuple[int, int]) -> str:
+    """Where the input pipeline, not the model or the network, sets the pace, and what would
+    lift it; one line where it was timed and nowhere close."""
+    if "input_time_s" not in predictions.columns or predictions["input_time_s"].isna().all():
+        return ""
+    share = predictions["input_time_s"] / predictions["step_time_s"]
+    bound = predictions[predictions["input_bound"].astype(bool)]
+    if bound.empty:
+        return (f"<p><b>Input</b>: the input pipeline read alone takes at most {100 * share.max():.0f} % of a "
+                "predicted step at any grid point: it does not set the pace.</p>")  # fmt: skip
+    points = ", ".join(f"N={int(r.workers)} B={int(r.global_batch)}" for r in bound.itertuples())
+    workers = sorted({int(w) for w in pd.to_numeric(measurements.get("data_workers", pd.Series(dtype=float)),
+                                                    errors="coerce").dropna()})  # fmt: skip
+    here = any((int(r.workers), int(r.global_batch)) == chosen for r in bound.itertuples())
+    return ("<div class='card bad'><b>The input sets the pace</b> at " + html.escape(points) + " (the input "
+            f"pipeline alone takes at least {100 * INPUT_BOUND:.0f} % of the step there" + ("; the selected point is one of them" if here else "")
+            + "). A faster model, a faster network or more workers per batch would not make those steps faster. "
+            "What would: more loader processes per worker (data.num_workers"
+            + (f", the probes read with {', '.join(map(str, workers))}" if workers else "") + "), more CPU cores per "
+            "worker (SLURM's --cpus-per-task, or fewer workers per node: each node's loaders share its cores), "
+            "or lighter decoding (smaller stored images, data.image_size).</div>")  # fmt: skip
+
+
 def device_line(workload: dict | None) -> str:
     """Where the probes and training ran and why (tula.devices' decision, as `tula check`
     wrote it to results/workload.json)."""
@@ -209,11 +233,11 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
     s = selection["selected"]
     cur = s["currency"]
     failed = measurements[measurements["status"] != "ok"]
-    pred_cols = [c for c in ["workers", "nodes", "global_batch", "local_batch", "step_time_s", "train_time_s", "cost",
-                             "mem_bytes", "feasible", "probe_status", "measured_step_time_s"]
+    pred_cols = [c for c in ["workers", "nodes", "global_batch", "local_batch", "step_time_s", "input_time_s", "input_bound",
+                             "train_time_s", "cost", "mem_bytes", "feasible", "probe_status", "measured_step_time_s"]
                  if c in predictions.columns]  # fmt: skip
     meas_cols = [c for c in ["source", "workers", "nodes", "global_batch", "local_batch", "status", "step_time_s",
-                             "compute_time_s", "sync_time_s", "step_time_cv", "peak_mem_bytes", "error"]
+                             "compute_time_s", "sync_time_s", "input_time_s", "step_time_cv", "peak_mem_bytes", "error"]
                  if c in measurements.columns]  # fmt: skip
     parts = [
         f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
@@ -238,6 +262,7 @@ def render(selection: dict, predictions: pd.DataFrame, measurements: pd.DataFram
         + f"<p><b>Attempts</b> (results/train/attempts.json)</p>{attempts_table(attempts)}"
         + "".join(_img(p) for p in plots if p.name == "steps.png") + drift_card(final),
     ]
+    parts.append(input_section(predictions, measurements, (s["workers"], s["global_batch"])))
     parts.append(model_section(perf))
     parts.append(noise_section(predictions, s["global_batch"]))
     if len(failed):
