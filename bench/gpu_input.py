@@ -8,6 +8,9 @@ Variants, each through a DataLoader with the same batch sampler and loader worke
   tula     Tula's imagefolder dataset as the probe and production read it
            (tula.runtime.images: torchvision.io decoding into uint8 tensors, a per-sample
            torch.Generator for the crop box and flip, tensor crop/resize/normalise)
+  tula_decode_on_device   (JPEG only) data.decode: gpu through Tula's feed on --device:
+           loader workers read bytes and boxes, the batch is decoded and transformed on the
+           device (nvJPEG on CUDA; on CPU the same code in the training process)
 
 Then the parts alone, per image: decoding (PIL's open + convert + to tensor against
 torchvision.io's decode_image) and per-sample seeding (fork_rng + manual_seed against a
@@ -102,6 +105,26 @@ def images_per_s(dataset, sampler, workers: int, batches: int, repeats: int) -> 
     return statistics.median(rates), rates
 
 
+def feed_images_per_s(raw: dict, ds, device: torch.device, workers: int, batch: int, batches: int,
+                      repeats: int) -> tuple[float, list[float]]:  # fmt: skip
+    """Images/s through Tula's DeviceFeed (decoding on the device), synchronised per batch."""
+    cfg = config_mod.from_dict({**raw, "data": {**raw["data"], "decode": "gpu", "num_workers": workers}})
+    dl, sampler = loader_mod.train_loader(cfg, ds, batch, 0, 1, device)
+    feed = loader_mod.DeviceFeed(cfg, ds, dl, sampler, device, channels_last=True)
+    rates = []
+    for epoch in range(1, repeats + 1):
+        sampler.set_position(epoch, 0)
+        it = iter(feed)
+        next(it)
+        t0, seen = time.perf_counter(), 0
+        for _, (x, _) in zip(range(batches), it):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seen += x.shape[0]
+        rates.append(seen / (time.perf_counter() - t0))
+    return statistics.median(rates), rates
+
+
 def per_image_us(fn, items, repeats: int = 3) -> float:
     best = []
     for _ in range(repeats):
@@ -151,8 +174,8 @@ def main() -> None:
     torch.set_num_threads(1)  # as in a loader worker; the main process is one of them at 0 workers
     scratch = Path(tempfile.mkdtemp(prefix="tula-gpu-input-"))
     root = a.folder or make_folder(scratch / "images", a.images, a.format)
-    cfg = config_mod.from_dict({"workload": {"dataset": f"imagefolder:{root}"},
-                                "data": {"image_size": a.size, "train_augment": "random_resized_crop"}})  # fmt: skip
+    raw = {"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": a.size, "train_augment": "random_resized_crop"}}
+    cfg = config_mod.from_dict(raw)
     tula_ds = loader_mod.Seeded(data_mod.load_config(cfg).train, cfg.workload.seed)
     before_ds = Before(root, a.size, cfg.workload.seed)
     n = len(tula_ds)
@@ -163,6 +186,12 @@ def main() -> None:
             rate, rates = images_per_s(ds, sampler, workers, min(a.batches, len(sampler) - 1), a.repeats)
             rows.append({"variant": name, "workers": workers, "images_per_s": rate, "passes": rates})
             print(f"{name:7s} workers={workers:2d}  {rate:8.1f} images/s  passes {[round(r) for r in rates]}", flush=True)
+        if a.format == "jpg":
+            rate, rates = feed_images_per_s(raw, data_mod.load_config(cfg), torch.device(a.device), workers, a.batch,
+                                            min(a.batches, n // a.batch - 1), a.repeats)  # fmt: skip
+            rows.append({"variant": "tula_decode_on_device", "workers": workers, "images_per_s": rate, "passes": rates})
+            print(f"tula_decode_on_device workers={workers:2d}  {rate:8.1f} images/s  passes {[round(r) for r in rates]}",
+                  flush=True)  # fmt: skip
     by = {(r["variant"], r["workers"]): r["images_per_s"] for r in rows}
     for workers in sorted({r["workers"] for r in rows}):
         print(f"workers={workers:2d}  tula / before = {by['tula', workers] / by['before', workers]:.2f}x")

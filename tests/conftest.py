@@ -125,6 +125,22 @@ def make_image_folder(root: Path, classes: int = 10, train_per_class: int = 12, 
     return root
 
 
+def make_jpeg_folder(root: Path, n: int = 3, size: tuple[int, int] = (37, 29)) -> Path:
+    """root/{train,val}/<class>/*.jpg written by Pillow, sizes varying per image."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        for c in range(2):
+            d = root / split / f"c{c}"
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                h, w = size[1] + 3 * (i % 5), size[0] - 2 * (i % 5)
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i}.jpg", quality=90)
+    return root
+
+
 @pytest.fixture
 def image_folder(tmp_path):
     return make_image_folder(tmp_path / "images")

@@ -49,6 +49,7 @@ class Data:
     resize: int | None
     train_augment: str
     normalize: str
+    decode: str = "auto"  # auto | cpu | gpu (runtime.images.decode_on_device)
 
 
 @dataclass(frozen=True)

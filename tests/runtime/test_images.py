@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from conftest import make_jpeg_folder
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
@@ -98,3 +99,45 @@ def test_num_workers_auto_counts_the_cores_each_training_worker_has(image_folder
     assert loader.loader_workers(folder_config(image_folder, num_workers=2).data, folder, world=1) == 2
     with pytest.raises(ConfigError, match="data.num_workers"):
         folder_config(image_folder, num_workers="many")
+
+
+@pytest.mark.parametrize("augment", ["random_resized_crop", "crop_flip", "none"])
+def test_the_device_decoding_path_gives_the_cpu_paths_images_from_the_same_boxes(tmp_path, augment):
+    """data.decode: gpu's plumbing, run on CPU tensors (torchvision's decode_jpeg takes a
+    batch on the CPU too): loader workers hand file bytes and boxes, the feed decodes the batch
+    and crops, resizes, flips and normalises it as tensors. With the same decoder on both sides
+    (libjpeg-turbo here; nvJPEG on CUDA may differ by a few levels) the images are the CPU
+    path's, sample for sample, and so are the boxes, at any loader-worker count and resumed."""
+    root = make_jpeg_folder(tmp_path / "jpegs")
+    cpu_cfg = folder_config(root, train_augment=augment, decode="cpu", num_workers=0)
+    gpu_cfg = folder_config(root, train_augment=augment, decode="gpu", num_workers=2)
+    ds = data.load_config(cpu_cfg)
+    assert images.decode_on_device(gpu_cfg.data, "cpu", ds.train)
+    assert not images.decode_on_device(folder_config(root).data, "cpu", ds.train)  # auto: only on CUDA
+    assert images.decode_on_device(folder_config(root).data, "cuda", ds.train)
+    dev = torch.device("cpu")
+    got = {}
+    for name, cfg in (("cpu", cpu_cfg), ("gpu", gpu_cfg)):
+        dl, sampler = loader.train_loader(cfg, ds, 4, 0, 1, dev)
+        feed = loader.DeviceFeed(cfg, ds, dl, sampler, dev, channels_last=False)
+        sampler.set_position(2, 2)  # resumed mid-epoch
+        got[name] = [(x, y) for x, y in feed]
+    assert len(got["cpu"]) == len(got["gpu"]) == 1  # 6 samples, from the 3rd: one batch of 4
+    (xc, yc), (xg, yg) = got["cpu"][0], got["gpu"][0]
+    assert xc.shape == xg.shape == (4, 3, 16, 16) and torch.equal(yc, yg)
+    assert torch.allclose(xc, xg, atol=1e-5)
+    enc, _ = ds.train.encoded(3, 2, [0, 1])  # the boxes are the CPU path's draws
+    for i, box in zip([0, 1], enc.boxes.tolist()):
+        img = images.decode(ds.train.samples[i][0])
+        a = images.augment_params(ds.train.d, 3, 2, i, img.shape[1], img.shape[2])
+        assert box == ([a.top, a.left, a.height, a.width, int(a.flip)] if augment != "none" else [0, 0, 0, 0, 0])
+
+
+def test_gpu_decoding_of_files_that_are_not_jpeg_is_refused_naming_the_key(image_folder):
+    ds = data.load_config(folder_config(image_folder))  # PNGs
+    with pytest.raises(ConfigError, match=r"data.decode.*JPEG files only.*\.png is not one"):
+        images.decode_on_device(folder_config(image_folder, decode="gpu").data, "cuda", ds.train)
+    assert not images.decode_on_device(folder_config(image_folder).data, "cuda", ds.train)  # auto: the CPU path
+    digits = data.load_config(config.from_dict({"workload": {"dataset": "digits"}, "data": {"decode": "gpu"}}))
+    with pytest.raises(ConfigError, match="data.decode.*imagefolder"):
+        images.decode_on_device(config.from_dict({"data": {"decode": "gpu"}}).data, "cuda", digits.train)

@@ -62,6 +62,11 @@ def test_check_warns_when_image_size_upsamples_the_stored_images(tmp_path, capsy
     cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": 16}}))
     assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
     assert "warning" not in capsys.readouterr().out and json.loads((tmp_path / "w.json").read_text())["warnings"] == []
+    assert json.loads((tmp_path / "w.json").read_text())["decode"] == "cpu"  # auto, on this machine without a GPU
+    # GPU decoding reads JPEGs only: refused before any job, naming the key and a file
+    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"decode": "gpu"}}))
+    assert main(["check", "--config", str(cfg)]) == 2
+    assert re.search(r"data.decode.*JPEG files only.*\.png is not one", capsys.readouterr().err)
 
 
 def test_the_probe_campaign_is_priced_before_it_runs():

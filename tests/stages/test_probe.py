@@ -176,6 +176,27 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(t
     assert plain.input is None and not plain.input_bound(1, 16)
 
 
+def test_a_probe_decodes_jpegs_on_the_device_path(tmp_path, venv_path):
+    """data.decode: gpu's plumbing through a whole probe of two workers on CPU tensors: the memory
+    step, the timed steps, the input read alone, the gradient noise steps and the sweep all take
+    their batches decoded by the feed, and evaluation its CPU views."""
+    import yaml
+    from conftest import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "jpegs", n=24)
+    cfg = tmp_path / "jpeg.yaml"
+    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}", "epochs": 1},
+                                   "grid": {"workers": [2], "batch_min": 8, "batch_max": 16},
+                                   "data": {"image_size": 16, "decode": "gpu", "num_workers": 1},
+                                   "probe": {"warmup_steps": 1, "timed_steps": 3, "noise_steps": 4}}))  # fmt: skip
+    rec = probe.run(cfg, 2, 16, tmp_path / "N2_B16.json")
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["input_time_s"] > 0 and rec["env"]["data_workers"] == 1
+    assert rec["memory"]["batch_bytes"] == 8 * 3 * 16 * 16 * 4 + 8 * 8  # decoded float images + labels
+    assert rec["grad_noise_scale"] is not None and all(s["status"] == "ok" for s in rec["sweep"])
+    assert rec["eval_time_s"] > 0
+
+
 def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(tiny_config_file, tmp_path, venv_path,
                                                                               monkeypatch):  # fmt: skip
     """torch's profiler sometimes cannot build a step's memory timeline (AssertionError "version

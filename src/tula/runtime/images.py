@@ -142,6 +142,54 @@ def train_view(img: torch.Tensor, d: Data, a: Augment) -> torch.Tensor:
     return F.horizontal_flip(img) if a.flip else img
 
 
+class Encoded:
+    """A batch of JPEG files not yet decoded: each file's bytes (Python ``bytes``: a loader
+    worker hands them over by pickling, where a tensor each would cost a shared-memory file
+    descriptor) and each sample's augmentation as rows (top, left, height, width, flip) of
+    ``boxes``; ``train``: training views (else evaluation views). pin_memory leaves it as is."""
+
+    def __init__(self, data: list[bytes], boxes: torch.Tensor, train: bool):
+        self.data, self.boxes, self.train = data, boxes, train
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def decode_batch(enc: Encoded, d: Data, device: torch.device) -> torch.Tensor:
+    """An encoded batch decoded on ``device`` (nvJPEG on CUDA, in one call for the batch) and
+    cropped, resized, flipped and normalised there: the same views as the CPU path, from the
+    same boxes. CUDA's decoder and libjpeg-turbo may differ by a few pixel levels."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in enc.data]
+    imgs = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+    boxes = enc.boxes.tolist()  # a CPU tensor: no wait for the device
+    views = [train_view(img, d, Augment(*box[:4], flip=bool(box[4]))) if enc.train else test_view(img, d)
+             for img, box in zip(imgs, boxes)]  # fmt: skip
+    return normalise(torch.stack(views), d)
+
+
+JPEG = (".jpg", ".jpeg")
+
+
+def decode_on_device(d: Data, device_type: str, ds) -> bool:
+    """``data.decode``: are this training set's files decoded on the device? ``gpu``: yes (JPEG
+    files only: nvJPEG); ``cpu``: no; ``auto``: on CUDA where every file is a JPEG. Other
+    datasets have no files to decode."""
+    if d.decode == "cpu":
+        return False
+    if not isinstance(ds, ImageFiles):
+        if d.decode == "gpu":
+            raise ConfigError("config key 'data.decode': gpu decodes the JPEG files of imagefolder: datasets; "
+                              "this dataset has none: set data.decode: auto or cpu")  # fmt: skip
+        return False
+    other = next((p for p, _ in ds.samples if not p.lower().endswith(JPEG)), None)
+    if d.decode == "gpu" and other is not None:
+        raise ConfigError(f"config key 'data.decode': gpu decodes JPEG files only (nvJPEG), and {other} is not "
+                          "one: set data.decode: auto (JPEG folders on the GPU, others on the CPU) or cpu")  # fmt: skip
+    return d.decode == "gpu" or (device_type == "cuda" and other is None)
+
+
 class ImageFiles(torch.utils.data.Dataset):
     """One split of an image folder (torchvision's ``ImageFolder`` finds the files and classes).
 
@@ -169,6 +217,22 @@ class ImageFiles(torch.utils.data.Dataset):
         img = decode(path)
         a = augment_params(self.d, seed, epoch, i, img.shape[-2], img.shape[-1])
         return normalise(train_view(img, self.d, a), self.d), label
+
+    def encoded(self, seed: int, epoch: int, keys: list[int]) -> tuple[Encoded, torch.Tensor]:
+        """Samples ``keys`` of ``epoch`` as file bytes and boxes (:func:`decode_batch` decodes
+        them): the box comes from the image's size in its header, drawn as :meth:`seeded` draws it."""
+        from PIL import Image
+
+        data, boxes = [], []
+        for i in keys:
+            path = self.samples[i][0]
+            with Image.open(path) as im:  # the header only
+                width, height = im.size
+            a = augment_params(self.d, seed, epoch, i, height, width) if self.train else Augment(0, 0, 0, 0, False)
+            data.append(Path(path).read_bytes())
+            boxes.append((a.top, a.left, a.height, a.width, int(a.flip)))
+        labels = torch.tensor([self.targets[i] for i in keys], dtype=torch.long)
+        return Encoded(data, torch.tensor(boxes, dtype=torch.long), self.train), labels
 
 
 def image_folder(root: str, d: Data, key: str) -> tuple[ImageFiles, ImageFiles]:

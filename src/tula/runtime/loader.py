@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data import Dataset as TorchDataset
 
 from tula.config import Config, Data
-from tula.runtime.data import WorkloadData, collate
+from tula.runtime.data import Batched, WorkloadData, collate
 from tula.runtime.dist import local_workers
-from tula.runtime.images import sample_seed
+from tula.runtime.images import Encoded, decode_batch, decode_on_device, sample_seed
 
 
 def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -> int:
@@ -77,8 +77,8 @@ class Seeded(TorchDataset):
     (``seeded``); any other dataset's transforms draw from torch's RNG, seeded the same way
     for the sample and restored afterwards."""
 
-    def __init__(self, base: TorchDataset, seed: int):
-        self.base, self.seed = base, seed
+    def __init__(self, base: TorchDataset, seed: int, encoded: bool = False):
+        self.base, self.seed, self.encoded = base, seed, encoded
         self.batched = hasattr(base, "__getitems__")
         self.own_draws = hasattr(base, "seeded")
 
@@ -96,6 +96,8 @@ class Seeded(TorchDataset):
     def __getitems__(self, keys: list[tuple[int, int]]):
         if self.batched:  # in memory, no transforms: one indexing operation
             return self.base.__getitems__([i for _, i in keys])
+        if self.encoded:  # file bytes and boxes, decoded on the device (images.decode_batch)
+            return Batched(self.base.encoded(self.seed, keys[0][0], [i for _, i in keys]))
         return [self[k] for k in keys]
 
 
@@ -148,7 +150,8 @@ def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, 
     """The training DataLoader of one rank and its sampler (position it before iterating)."""
     sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
     opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
-    loader = DataLoader(Seeded(data.train, cfg.workload.seed), batch_sampler=sampler, **opts)
+    encoded = decode_on_device(cfg.data, device.type, data.train)
+    loader = DataLoader(Seeded(data.train, cfg.workload.seed, encoded), batch_sampler=sampler, **opts)
     return loader, sampler
 
 
@@ -210,6 +213,7 @@ class DeviceFeed:
     def __init__(self, cfg: Config, data: WorkloadData, loader: DataLoader, sampler: EpochBatchSampler,
                  device: torch.device, channels_last: bool):  # fmt: skip
         self.loader, self.sampler, self.device, self.channels_last = loader, sampler, device, channels_last
+        self.data_cfg = cfg.data
         self.resident = keep_on_device(cfg, data, device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
         if self.resident:
@@ -243,9 +247,14 @@ class DeviceFeed:
             return None
         x, y = batch
         if self.stream is None:
-            return self._layout(x.to(self.device)), y.to(self.device)
-        with torch.cuda.stream(self.stream):
-            return self._layout(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
+            return self._layout(self._on_device(x)), y.to(self.device)
+        with torch.cuda.stream(self.stream):  # the copy (or the decoding) beside the running step
+            return self._layout(self._on_device(x)), y.to(self.device, non_blocking=True)
+
+    def _on_device(self, x):
+        if isinstance(x, Encoded):
+            return decode_batch(x, self.data_cfg, self.device)
+        return x.to(self.device, non_blocking=self.stream is not None)
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x

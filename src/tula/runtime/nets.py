@@ -25,6 +25,7 @@ from torch import nn
 
 from tula.runtime import data as data_mod
 from tula.runtime.data import import_callable
+from tula.runtime.images import decode_on_device
 
 
 class _Ops:
@@ -233,7 +234,9 @@ def check_workload(cfg) -> dict:
     check_forward(cfg.workload.model, model, sample, d.num_classes)
     params = sum(p.numel() for p in model.parameters())
     stored = data_mod.stored_image_size(d.train)
+    on_device = decode_on_device(cfg.data, cfg.hardware.device, d.train)  # data.decode gpu on PNGs: refused here
     return {**d.describe(), "model": cfg.workload.model, "parameters": params, "stored_image_size": stored,
+            "decode": ("gpu" if on_device else "cpu") if stored else None,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
 
 

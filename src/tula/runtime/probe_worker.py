@@ -354,7 +354,7 @@ def _gradient_noise(replica, steps: int) -> dict[str, Any]:
     for i in range(steps):
         if i % full == 0:  # an epoch's full batches, then those of the next epoch's new order: no batch twice
             replica.sampler.set_position(replica.pos.epoch + i // full, 0)
-            batches = iter(replica.loader)
+            batches = iter(replica.feed)  # on the device, decoded there where data.decode is gpu
         s, g = gradient_norms(replica, *next(batches))
         small.append(s)
         big.append(g)
