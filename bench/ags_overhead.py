@@ -1,4 +1,4 @@
-"""Step-time overhead of TulaOptimizer (AGS) against the bare optimizer it wraps (issue #5).
+"""Step-time overhead of TulaOptimizer (AGS) against the bare optimizer it wraps.
 
 Same model, data and base optimizer (SGD, momentum 0.9); one process, one thread. Blocks
 of STEPS steps alternate between the two (interleaved, so drift hits both alike); the

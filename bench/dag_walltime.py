@@ -35,7 +35,7 @@ def run_dag(workdir: Path, python: Path) -> float:
 def rule_times(wd: Path) -> tuple[list[float], float]:
     probe_s = [float(p.read_text().splitlines()[1].split()[0]) for p in (wd / "results/benchmarks/probe").glob("*.tsv")]
     bench = next(p for p in (wd / "results/benchmarks/launch.tsv", wd / "results/benchmarks/train.tsv") if p.exists())
-    train_s = float(bench.read_text().splitlines()[1].split()[0])  # the rule was `train` before issue 21
+    train_s = float(bench.read_text().splitlines()[1].split()[0])  # older checkouts named the rule `train`
     return probe_s, train_s
 
 

@@ -1,4 +1,4 @@
-"""Network drift during training (issue 23): does the production job notice that its link got
+"""Network drift during training: does the production job notice that its link got
 slower, how soon, does moving pay, does it stay quiet when nothing changes, and what does
 monitoring cost?
 

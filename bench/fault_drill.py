@@ -1,4 +1,4 @@
-"""Fault drill (issue #12): an out-of-memory error injected at each place of the production
+"""Fault drill: an out-of-memory error injected at each place of the production
 job, 3 runs each, 2 workers (gloo, submitit's local executor), small_cnn on digits, 2 epochs
 at B=64 (23 steps per epoch), a checkpoint every 5 steps and at each epoch's end.
 

@@ -1,5 +1,5 @@
-"""Tula's training step against a plain PyTorch loop, side by side in one process (issue: fast
-and steady on the GPU).
+"""Tula's training step against a plain PyTorch loop, side by side in one process: is
+Tula's step fast and steady on the GPU?
 
 For each global batch B (one worker), at the same model, precision and memory format:
 

@@ -1,4 +1,4 @@
-"""What the production job's safety costs (issue #6): checkpoints, the per-step agreement,
+"""What the production job's safety costs: checkpoints, the per-step agreement,
 and a requeue or an OOM relaunch end to end.
 
 A. Checkpoint size, write time (torch.save + SHA-256 + atomic write + fsync + manifest) and

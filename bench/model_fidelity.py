@@ -1,4 +1,4 @@
-"""Fidelity of Tula's memory, step-time and knee models (issue #11).
+"""Fidelity of Tula's memory, step-time and knee models.
 
 Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md):
 

@@ -1,4 +1,4 @@
-"""Held-out step-time error on the network lab (issue 22, item 9): real 4-worker gloo probes
+"""Held-out step-time error on the network lab: real 4-worker gloo probes
 on 2 "nodes" x 2 workers (scripts/netlab.sh: network namespaces joined by tbf-shaped links),
 at two link rates; Tula's one-level model, Tula's two-level model and AdaptDL's performance
 model (``adaptdl.goodput.fit_perf_params``, the ``bench`` extra) fitted on the same rows.

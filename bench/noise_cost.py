@@ -1,4 +1,4 @@
-"""What the gradient noise scale costs a probe (issue #13): real 2-worker probes (gloo,
+"""What the gradient noise scale costs a probe: real 2-worker probes (gloo,
 small_cnn on digits, the test suite's tiny probe settings) at a few global batches; per
 point the median over --runs of the noise steps' time per step against the probe's
 training step, their total against the probe's wall time, and the estimate itself.

@@ -9,7 +9,7 @@ the point Tula chose and trained, for three workloads, each run through the whol
   (d) the shipped default with `objective: time_to_accuracy` (it trains at a smaller B than
       the knee, one the partial search did not probe);
   (e) a new user's image folder (Pillow PNGs, 24 x 24 px, 10 classes) with the default model,
-      2 DataLoader workers per training worker, N = 2, 3 epochs (issue 23).
+      2 DataLoader workers per training worker, N = 2, 3 epochs.
 
 The wall time is compared part by part as well (final.json's wall_check: steps, start-up,
 one evaluation pass per epoch and each checkpoint write, as the probes measured them).
@@ -52,7 +52,7 @@ def workloads(scratch: Path) -> dict[str, dict]:
     bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)
     bf16["train"].update(precision="bf16", lr_decay_epochs=[])
     small = make_image_folder(scratch / "images24", classes=10, train_per_class=48, val_per_class=12, size=24)
-    folder24 = json.loads(json.dumps(base))  # issue 23's new user: the default model on a folder of 24 px images
+    folder24 = json.loads(json.dumps(base))  # a new user: the default model on a folder of 24 px images
     folder24["workload"].update(dataset=f"imagefolder:{small}", epochs=3)
     folder24["data"] = {"image_size": 24, "num_workers": 2}
     folder24["grid"]["workers"] = [2]

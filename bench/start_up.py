@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-# what each process imports in this checkout, and (for --against) in the one before issue 21
+# what each process imports in this checkout, and (for --against) in another checkout
 PROCESSES = {
     "tula probe (launcher)": ("tula.stages.probe", "tula.probe"),
     "probe worker": ("tula.runtime.probe_worker", "tula.probe, tula.train, tula.memprobe"),
@@ -40,7 +40,7 @@ def seconds(python: str, modules: str, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--against", help="the Python of an environment with the checkout before issue 21 installed")
+    ap.add_argument("--against", help="the Python of an environment with another checkout installed (to compare against)")
     a = ap.parse_args()
     print("| process | this checkout | " + ("before | ratio |" if a.against else "") + "\n|---|---:|" +
           ("---:|---:|" if a.against else ""))  # fmt: skip

@@ -1,5 +1,5 @@
 """Does `objective: time_to_accuracy` choose the batch that really reaches a target accuracy
-fastest? (issue #13, item 3)
+fastest?
 
 For each dataset (digits, mnist1d), in a fresh copy of the workflow (results/bench_tta/<ds>/):
 

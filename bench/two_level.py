@@ -1,5 +1,5 @@
-"""Held-out step-time error of the sync model on multi-GPU nodes (issue 22, item 9): Tula's
-one-level model (every N on one curve, as before issue 22), Tula's two-level model
+"""Held-out step-time error of the sync model on multi-GPU nodes: Tula's
+one-level model (every N on one curve, whatever the nodes), Tula's two-level model
 (cluster.workers_per_node) and AdaptDL's performance model (``adaptdl.goodput.fit_perf_params``,
 the ``bench`` extra: the package itself, fitted on the same probe rows), side by side.
 
@@ -90,7 +90,7 @@ def rows(cl: Cluster, points, rng) -> pd.DataFrame:
 def tula(train: pd.DataFrame, two_level: bool, per_node: int = PER_NODE):
     if two_level:
         perf = perfmodel.fit(train, "ring", workers_per_node=per_node)
-    else:  # as before issue 22: one curve in N, whatever the nodes (all on one "node")
+    else:  # the one-level model: one curve in N, whatever the nodes (all on one "node")
         perf = perfmodel.fit(train.drop(columns="nodes"), "ring", workers_per_node=int(train["workers"].max()))
     return lambda n, b: perf.step_time_s(n, b), perf.step.form.name if perf.step else "-"
 

@@ -1,8 +1,9 @@
-"""The package map holds (DESIGN.md, "Package map"): the import contracts of pyproject.toml
+"""The package map holds (docs/architecture.md): the import contracts of pyproject.toml
 (import-linter), no torch when a stage, an equation or a shared module is imported, a reason
 beside every function-local import, and modules and functions a reader can take in."""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,19 @@ def test_no_function_over_the_limit_without_a_reason():
                 if n > MAX_FUNCTION_LINES and LONG_REASON not in (ast.get_docstring(node) or ""):
                     long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines with no '{LONG_REASON} ...' in the docstring: {long}"
+
+
+UPSTREAM_REFERENCES = ("kneed issue",)  # another project's tracker, cited for why its behaviour is kept
+
+
+def test_code_says_why_not_when():
+    """No issue numbers of this project in code, docstrings or comments: the history lives in
+    git and BENCHMARKS.md, the code says why."""
+    cited = re.compile(r"\b[Ii]ssues? #?[0-9]+")
+    found = []
+    for f in sorted([*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+                     *(ROOT / "rules").glob("*.smk"), ROOT / "Snakefile"]):  # fmt: skip
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if cited.search(line) and not any(u in line for u in UPSTREAM_REFERENCES):
+                found.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "issue numbers in code:\n" + "\n".join(found)

@@ -236,7 +236,7 @@ def _key(error: jsonschema.ValidationError) -> str:
     return path or "<top level>"
 
 
-# Keys renamed when N became "workers" (issue 22): an old key is refused with its replacement,
+# Keys renamed when N became "workers": an old key is refused with its replacement,
 # never read under its old meaning.
 RENAMED = {
     ("grid", "nodes"): "grid.workers (N counts workers: GPUs, or CPU processes)",

@@ -66,9 +66,9 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these
 # change (params rerun trigger), and only then: a new price re-runs select, not probes.
 _WORKLOAD = ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data")
-# What makes the timed step what it is; the learning rate and its schedule do not (issue 22:
-# probes are bought once: lr, lr_decay_*, warmup_epochs, base_batch, epochs, objective and
-# pricing reuse every probe).
+# What makes the timed step what it is; the learning rate and its schedule do not: probes
+# are bought once, and lr, lr_decay_*, warmup_epochs, base_batch, epochs, objective and
+# pricing reuse every probe.
 _STEP = ("hardware.device", "hardware.backend", "hardware.threads_per_worker", "hardware.comm_env", "cluster",
          "train.method", "train.optimizer", "train.momentum", "train.weight_decay", "train.precision",
          "train.channels_last", "train.ags_delta", "train.ags_small_batch", "train.ags_refresh_every_steps",

@@ -1,4 +1,4 @@
-"""No host stall in a steady-state step (issue 30): the CPU must be able to queue step k+1
+"""No host stall in a steady-state step: the CPU must be able to queue step k+1
 while the device runs step k, so a steady step reads nothing back from the device. Counted
 here on CPU over 10 steady-state steps of every method, by wrapping every Python-level way a
 tensor's value reaches the host (``Tensor.item``, ``float(t)``, ``int(t)``, ``bool(t)``,

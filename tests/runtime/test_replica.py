@@ -75,7 +75,7 @@ def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_p
 def test_a_timed_block_holds_plain_steps_only(one_process_group, every):
     """The probe times blocks of plain steps with one synchronisation per block; an epoch's first
     step, its short last batch and a mid-epoch AGS refresh are never inside a block: each is
-    timed alone, with its kind (issue 30: timings a GPU can trust)."""
+    timed alone, with its kind: timings a GPU can trust."""
     cfg = config.from_dict({"train": {"ags_refresh_every_steps": every}})
     r = Replica(cfg, torch.device("cpu"), 64, 0, 1)  # digits: 1437 samples, 22 full batches and one of 29
     seen = []

@@ -1,4 +1,4 @@
-"""Has the job's communication drifted from its prediction? (paper §VI's open problem; issue 23)
+"""Has the job's communication drifted from its prediction? (paper §VI's open problem)
 
 The production job times a paired compute-only step now and then (:mod:`tula.runtime.monitor`),
 so it knows its sync time (the slowest rank's synced step minus its compute-only step) while it

@@ -80,7 +80,7 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
 
 def sweep_local_batches(cfg: Config, workers: int, own_local_batch: int, max_local_batch: int | None,
                         train_samples: int | None = None) -> list[int]:
-    """The other local batches a probe job at N=``workers`` times compute at (issue: the
+    """The other local batches a probe job at N=``workers`` times compute at (the
     compute curve from every probe job): every local batch of the grid (B'/N' for each B'
     and N'), up to b_max, whose global batch at this N fits in one epoch of data."""
     out = set()

@@ -1,4 +1,4 @@
-"""Re-plan on drift (issue 23): the sync part re-fitted with the production job's own
+"""Re-plan on drift: the sync part re-fitted with the production job's own
 observations, and the grid re-predicted for the work that is left.
 
 The re-fit keeps the compute part (Eq. 4's compute curve: it was measured on the same

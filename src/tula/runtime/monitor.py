@@ -1,4 +1,4 @@
-"""The production job keeps measuring (issue 23): now and then a paired compute-only step.
+"""The production job keeps measuring: now and then a paired compute-only step.
 
 At a monitored step every rank runs the training step twice on the same batch: first under
 ``DDP.no_sync()`` (the probe's compute-only step, the same :meth:`Replica.step`), after which

@@ -310,7 +310,7 @@ class Decision:
 
 def decide(cfg: Config, predictions: str | Path, workers: int, batch: int, drift: dict[str, Any],
            relaunch_s: float) -> Decision:  # fmt: skip
-    """Re-selection on drift, for `tula launch` (launch.replan: move; issue 23): where to train
+    """Re-selection on drift, for `tula launch` (launch.replan: move): where to train
     the rest after ``drift`` (a drift.json entry: observed_s, epochs_done), and whether moving
     there pays for the relaunch.
 
