@@ -7,6 +7,7 @@ rule predict:
         measurements=rules.aggregate.output[0],
         memory=rules.fit.output.memory,
         perf=rules.fit.output.perf,
+        workload=rules.check.output[0],
     output:
         "results/predictions.csv",
     log:
@@ -18,4 +19,5 @@ rule predict:
         settings=settings("predict"),
     shell:
         "tula predict --config {params.config} --measurements {input.measurements}"
-        " --memory {input.memory} --perf {input.perf} --out {output} > {log} 2>&1"
+        " --memory {input.memory} --perf {input.perf} --workload {input.workload}"
+        " --out {output} > {log} 2>&1"

@@ -141,7 +141,7 @@ def add_fit(sub) -> None:
 def cmd_predict(a) -> None:
     from tula.stages import predict
 
-    predict.run(a.config, a.measurements, a.memory, a.perf, a.out, a.train_samples)
+    predict.run(a.config, a.measurements, a.memory, a.perf, a.out, a.train_samples, a.workload)
 
 
 def add_predict(sub) -> None:
@@ -153,7 +153,8 @@ def add_predict(sub) -> None:
     s.add_argument("--memory", required=True, help="memory model JSON (results/model/memory.json)")
     s.add_argument("--perf", required=True, help="step-time model JSON (results/model/perf.json)")
     s.add_argument("--train-samples", type=int, default=None,
-                   help="D, training samples per epoch (default: from the probes, else from the dataset)")  # fmt: skip
+                   help="D, training samples per epoch (default: from the probes, else from --workload)")  # fmt: skip
+    s.add_argument("--workload", default=None, help="results/workload.json (tula check's), for D when no probe recorded it")
     s.add_argument("--out", required=True, help="CSV to write (results/predictions.csv)")
     s.set_defaults(func=cmd_predict)
 

@@ -40,3 +40,13 @@ def test_memory_fit_and_max_feasible_batch_by_hand():
     assert mm.max_local_batch() == 20
     assert list(mm.feasible([20, 21])) == [True, False]
     assert memory.MemoryModel(mm.fit, None).max_local_batch() is None
+
+
+def test_one_fallback_policy_for_the_probe_and_the_production_job():
+    """After an OOM at B: the smaller batches, largest first, that split over N, at least the
+    floor and one sample per worker; repeated or unsorted candidates change nothing."""
+    from tula.model.memory import smaller_batches
+
+    assert smaller_batches([32, 256, 64, 128, 64, 96], 256, 2, floor=32) == [128, 96, 64, 32]
+    assert smaller_batches([8, 4, 2, 1], 16, 4, floor=1) == [8, 4]
+    assert smaller_batches([128, 64], 64, 2, floor=1) == []

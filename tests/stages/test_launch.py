@@ -227,9 +227,9 @@ def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
     pd.DataFrame({"workers": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
                   "feasible": [True, True, False, True, True], "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0]}).to_csv(pred)  # fmt: skip
-    assert launch.smaller_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
-    assert launch.smaller_batches(2, 256, None, floor=32) == [128, 64, 32]
-    assert launch.smaller_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
+    assert launch.fallback_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
+    assert launch.fallback_batches(2, 256, None, floor=32) == [128, 64, 32]
+    assert launch.fallback_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
 
 
 def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_paid(tmp_path, capsys):

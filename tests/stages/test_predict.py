@@ -95,3 +95,19 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
     # probes from before these were measured: no wall time, said as NaN rather than guessed
     old = measured.drop(columns=["eval_first_time_s"])
     assert predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, old)["wall_time_s"].isna().all()
+
+
+def test_the_training_set_size_comes_from_the_probes_else_from_tula_checks_workload_json(tmp_path):
+    """D without loading the dataset: --train-samples, else the probes' record, else
+    results/workload.json; neither is an error that says what to pass."""
+    import json
+
+    probes = pd.DataFrame({"workers": [1], "train_samples": [1437]})
+    bare = pd.DataFrame({"workers": [1]})
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps({"train_samples": 300}))
+    assert predict_mod.train_samples_of(probes, 50, workload) == 50
+    assert predict_mod.train_samples_of(probes, None, workload) == 1437
+    assert predict_mod.train_samples_of(bare, None, workload) == 300
+    with pytest.raises(ValueError, match="--train-samples or --workload results/workload.json"):
+        predict_mod.train_samples_of(bare, None, tmp_path / "missing.json")

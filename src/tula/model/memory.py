@@ -111,6 +111,15 @@ def oom_bound(measurements: pd.DataFrame) -> int | None:
 EXTRA_MEMORY_POINTS = 2  # measurements at the fitted b_max (a second one when the first moved it)
 
 
+def smaller_batches(batches, below: int, workers: int, floor: int) -> list[int]:
+    """After an out-of-memory error at global batch ``below``: the batches to try instead, in
+    the order the memory model gives (memory grows with the batch at a fixed N, so the largest
+    that may fit first), each splitting over the N workers, at least ``floor`` and one sample
+    per worker. The one fallback policy of the probe and the production job."""
+    keep = {int(b) for b in batches if floor <= b < below and b % workers == 0 and b >= workers}
+    return sorted(keep, reverse=True)
+
+
 def probe_batches(cfg: Config) -> list[int]:
     """The local batches the memory probe measures: probe.memory_batches, or the grid's
     smallest local batch, x4 and x16, capped at the grid's largest local batch."""

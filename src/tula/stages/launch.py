@@ -42,6 +42,7 @@ from tula import faults as tula_faults
 from tula.io import read_json, write_bytes, write_json
 from tula.jobs import Attempt, History
 from tula.model import drift
+from tula.model.memory import smaller_batches
 from tula.stages import predict as predict_mod
 from tula.stages import select as select_mod
 
@@ -59,20 +60,15 @@ class OutOfMemory(RuntimeError):
     """The job ran out of memory and :func:`run` was told not to relaunch it smaller."""
 
 
-def smaller_batches(workers: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
-    """Global batches to try after an OOM at ``batch``, best first: the grid's batches for N
-    below ``batch`` that the memory model calls feasible, largest predicted memory first;
-    without predictions, halving. Each must split over N workers and be >= ``floor``."""
+def fallback_batches(workers: int, batch: int, predictions: str | Path | None, floor: int) -> list[int]:
+    """Global batches to try after an OOM at ``batch`` (:func:`tula.model.memory.smaller_batches`):
+    the grid's batches for N that the memory model calls feasible; without predictions, halving."""
     if predictions and Path(predictions).exists():
         p = pd.read_csv(predictions)
-        p = p[(p["workers"] == workers) & (p["global_batch"] < batch) & p["feasible"].astype(bool)]
-        cands = [int(b) for b in p.sort_values("mem_bytes", ascending=False)["global_batch"]]
+        cands = p[(p["workers"] == workers) & p["feasible"].astype(bool)]["global_batch"].tolist()
     else:
-        cands, b = [], batch // 2
-        while b >= 1:
-            cands.append(b)
-            b //= 2
-    return [b for b in cands if b % workers == 0 and b >= max(floor, workers)]
+        cands = [batch >> k for k in range(1, batch.bit_length())]
+    return smaller_batches(cands, batch, workers, floor)
 
 
 class Launch:
@@ -269,7 +265,7 @@ class Launch:
         return self.next_batch(att.global_batch)
 
     def next_batch(self, batch: int) -> int:
-        left = [b for b in smaller_batches(self.workers, batch, self.predictions, self.cfg.grid.batch_min)
+        left = [b for b in fallback_batches(self.workers, batch, self.predictions, self.cfg.grid.batch_min)
                 if b not in self.tried]  # fmt: skip
         if not left:
             self.history.write("failed")

@@ -141,25 +141,26 @@ def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
     df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg)
 
 
-def train_samples_of(cfg: Config, df: pd.DataFrame, given: int | None = None) -> int:
-    """D: given, else recorded by the probes, else counted from the dataset."""
+def train_samples_of(df: pd.DataFrame, given: int | None = None, workload: str | Path | None = None) -> int:
+    """D: given, else recorded by the probes, else by `tula check` in results/workload.json."""
     if given:
         return given
     if "train_samples" in df.columns and df["train_samples"].notna().any():
         return int(df["train_samples"].dropna().iloc[0])
-    from tula.runtime import data  # torch, only when neither --train-samples nor a probe gave D
-
-    return data.load_config(cfg).train_size
+    if workload and Path(workload).exists() and read_json(workload).get("train_samples"):
+        return int(read_json(workload)["train_samples"])
+    raise ValueError("predict: the number of training samples D is unknown: no probe recorded it; pass "
+                     "--train-samples or --workload results/workload.json (written by `tula check`)")  # fmt: skip
 
 
 def run(config: str | Path, measurements: str | Path, memory: str | Path, perf: str | Path, out: str | Path,
-        train_samples: int | None = None) -> pd.DataFrame:  # fmt: skip
+        train_samples: int | None = None, workload: str | Path | None = None) -> pd.DataFrame:  # fmt: skip
     """``tula predict``: read the config, measurements and fitted models; write ``out``."""
     cfg = config_mod.load(config)
     df = measurements_mod.load(measurements)
     perf_m = PerfModel.from_dict(read_json(perf))
     mem_m = MemoryModel.from_dict(read_json(memory))
-    D = train_samples_of(cfg, df, train_samples)
+    D = train_samples_of(df, train_samples, workload)
     pred = predict(cfg, perf_m, mem_m, D, df)
     write_csv(out, pred)
     print(f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} samples, "

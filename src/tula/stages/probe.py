@@ -38,7 +38,7 @@ from tula import config as config_mod
 from tula import slurm, workers
 from tula.io import read_json, write_json
 from tula.model.grid import Point, batch_sizes, search_set
-from tula.model.memory import max_local_batch
+from tula.model.memory import max_local_batch, smaller_batches
 
 SCHEMA = "tula.probe/1"
 
@@ -157,7 +157,7 @@ def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | P
     at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.workers == point.workers)
     if not at_n or point.global_batch != at_n[-1]:
         return []
-    return [b for b in sorted(batch_sizes(cfg), reverse=True) if at_n[0] < b < point.global_batch]
+    return smaller_batches(batch_sizes(cfg), point.global_batch, point.workers, floor=at_n[0] + 1)
 
 
 def run(cfg_path: str | Path, workers: int, global_batch: int, out: str | Path,
