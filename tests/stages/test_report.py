@@ -136,4 +136,6 @@ def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_i
     assert "data.num_workers" in card and "--cpus-per-task" in card
     calm = input_section(pred.assign(input_bound=False), meas, (4, 64))
     assert "at most 95 % of a predicted step" in calm and "does not set the pace" in calm
+    tiny = input_section(pred.assign(input_bound=False, input_time_s=[4e-5, 4e-5, 4e-5]), meas, (4, 64))
+    assert "at most 0.08 % of a predicted step" in tiny  # small shares keep their digits, not "0 %"
     assert input_section(pred.assign(input_time_s=float("nan")), meas, (1, 64)) == ""  # not measured: not said

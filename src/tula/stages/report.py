@@ -202,7 +202,7 @@ def input_section(predictions: pd.DataFrame, measurements: pd.DataFrame, chosen:
     share = predictions["input_time_s"] / predictions["step_time_s"]
     bound = predictions[predictions["input_bound"].astype(bool)]
     if bound.empty:
-        return (f"<p><b>Input</b>: the input pipeline read alone takes at most {100 * share.max():.0f} % of a "
+        return (f"<p><b>Input</b>: the input pipeline read alone takes at most {100 * share.max():.2g} % of a "
                 "predicted step at any grid point: it does not set the pace.</p>")  # fmt: skip
     points = ", ".join(f"N={int(r.workers)} B={int(r.global_batch)}" for r in bound.itertuples())
     workers = sorted({int(w) for w in pd.to_numeric(measurements.get("data_workers", pd.Series(dtype=float)),
