@@ -12,6 +12,7 @@ validate(config, schema="workflow/config.schema.yaml")
 
 
 include: "rules/common.smk"
+include: "rules/hooks.smk"
 include: "rules/check.smk"
 include: "rules/memprobe.smk"
 include: "rules/probe.smk"

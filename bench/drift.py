@@ -43,7 +43,8 @@ from _harness import ROOT, tests_helper
 from tula.io import write_json
 from tula.model import perf as perfmodel
 from tula.model.grid import steps_per_epoch
-from tula.stages import launch, probe
+from tula.production import launcher
+from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
 when_step_reached = tests_helper("when_step_reached")  # the tests' watcher of steps.csv
@@ -105,7 +106,7 @@ def train(d: Path, raw: dict, at: tuple[int, int], predictions: Path, name: str,
         contextlib.nullcontext({}))  # fmt: skip
     with slow as slowed:
         try:
-            final = launch.run(run / "config.yaml", run / "selection.json", run / "train", predictions=predictions)
+            final = launcher.train(run / "config.yaml", run / "selection.json", run / "train", predictions=predictions)
         finally:
             if slow_at:
                 lab("rate", RATE)

@@ -55,7 +55,7 @@ from tula.model import perf as perfmodel
 from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
 from tula.stages.aggregate import rows_from_memory_probe, rows_from_probe
 from tula.stages.predict import predict
-from tula.stages.select import select
+from tula.model.choice import select
 
 
 def pct(pred, true) -> np.ndarray:
@@ -399,7 +399,7 @@ def plot_b(outdir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tula.stages.plot import save_figure
+    from tula.figures import save_figure
 
     cl, cfg = Cluster(), syn_config()
     rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
 """Start-up of each kind of process Tula starts: the seconds to import what it imports, median
 of REPEATS fresh interpreters, this checkout against another (``--against PYTHON``, whose
-environment has an older checkout installed; its module names are given with ``--old``).
+environment has an older checkout installed: the layout before the production job had a
+package of its own, e5f8c3f, whose module names are the second column of PROCESSES).
 
 Every probe and training job starts several of these (the launcher, N workers), so a second
 here is a second per process in every job.
@@ -18,12 +19,14 @@ import time
 
 # what each process imports in this checkout, and (for --against) in another checkout
 PROCESSES = {
-    "tula probe (launcher)": ("tula.stages.probe", "tula.probe"),
-    "probe worker": ("tula.runtime.probe_worker", "tula.probe, tula.train, tula.memprobe"),
-    "memory-probe worker": ("tula.runtime.memprobe_worker", "tula.memprobe, tula.train"),
-    "tula launch (launcher)": ("tula.stages.launch", "tula.launch"),
-    "training worker": ("tula.runtime.trainer", "tula.train"),
-    "tula fit": ("tula.stages.fit", "tula.fit"),
+    "tula probe (launcher)": ("tula.stages.probe", "tula.stages.probe"),
+    "probe worker": ("tula.runtime.probe_worker", "tula.runtime.probe_worker"),
+    "memory-probe worker": ("tula.runtime.memprobe_worker", "tula.runtime.memprobe_worker"),
+    "tula launch (launcher)": ("tula.stages.launch", "tula.stages.launch"),
+    "production job's task (unpickles the job)": ("tula.production.job", "tula.runtime.job"),
+    "training worker": ("tula.production.trainer", "tula.runtime.trainer"),
+    "tula fit": ("tula.stages.fit", "tula.stages.fit"),
+    "tula select": ("tula.stages.select", "tula.stages.select"),
     "tula --help": ("tula.cli", "tula.cli"),
 }
 

@@ -6,7 +6,7 @@ For each dataset (digits, mnist1d), in a fresh copy of the workflow (results/ben
 1. prediction: `snakemake --cores 2 --until select` with small_cnn, grid.workers [2], B 32…512,
    the shipped search (partial), probes, fit and predictions as a user gets them, and
    objective time_to_accuracy; then the choices of `time_to_accuracy`, `time` and `knee` on
-   the same predictions.csv (tula.stages.select.select, objective replaced);
+   the same predictions.csv (tula.model.choice.select, objective replaced);
 2. measurement: `snakemake --cores 2 compare`: every B of the grid trained with N = 2 and the
    production method (train.method, AGS) for EPOCHS epochs, SEEDS seeds each, one Snakemake
    job per run; time to target = training-step time summed to the first epoch whose test
@@ -37,7 +37,7 @@ from _harness import snakemake as run_snakemake
 from tula import config as config_mod
 from tula.io import read_json, write_json
 from tula.stages.compare import median_time_input
-from tula.stages.select import select
+from tula.model.choice import select
 
 # A target each dataset's base batch reaches within the shipped 15 epochs (pilot: digits
 # reaches 99 % at B=128 in 4 epochs, mnist1d 96 % in 11), well above where large batches stall.

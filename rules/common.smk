@@ -1,7 +1,12 @@
-# Grid expansion, the config snapshot the jobs read, and input/param functions.
+# The validated config, and the input, parameter and resource functions the rules use.
+# Nothing here acts while Snakemake parses: the device is decided when the first job asks
+# for it, and the config snapshot the jobs read is written by `onstart` (rules/hooks.smk),
+# so `snakemake -n` and `--lint` write nothing and ask the cluster nothing.
+import functools
 import os
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 from tula import config as tula_config
 from tula import dataset_paths as tula_dataset_paths
@@ -25,13 +30,11 @@ except tula_config.ConfigError as err:
 
 
 # --software-deployment-method conda: envs/tula.yaml with its `-e ..` made absolute, since
-# Snakemake creates environments from a copy under .snakemake/conda/.
-CONDA_ENV = str(
-    tula_workflow.conda_env(
-        os.path.join(workflow.basedir, "envs", "tula.yaml"),
-        ".snakemake/tula/conda-env.yaml",
-    )
-)
+# Snakemake creates environments from a copy under .snakemake/conda/. Written only when
+# Snakemake deploys with conda (it reads the file before any hook runs); never otherwise.
+CONDA_ENV = os.path.join(workflow.basedir, "envs", "tula.yaml")
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    CONDA_ENV = str(tula_workflow.conda_env(CONDA_ENV, ".snakemake/tula/conda-env.yaml"))
 
 
 wildcard_constraints:
@@ -64,7 +67,7 @@ def settings(stage):
     """Param function: the config values a stage depends on (its rerun trigger)."""
 
     def _settings(wildcards):
-        return tula_workflow.stage_settings(TULA, stage)
+        return tula_workflow.stage_settings(decided(), stage)
 
     return _settings
 
@@ -97,15 +100,21 @@ PROBE_RUNTIME_MIN = tula_preflight.probe_runtime_min(TULA)
 
 
 def probe_resource(name):
-    """Resource function: what the SLURM job of probe N{n}_B{b} asks for (tula.slurm.job_resources)."""
+    """Resource function: what the SLURM job of probe N{n}_B{b} asks for
+    (tula.slurm.job_resources), on the decided device."""
 
     def _resource(wildcards):
         res = tula_slurm.job_resources(
-            TULA, int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive
+            decided(), int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive
         )
         return res[name]
 
     return _resource
+
+
+def memprobe_gres(wildcards):
+    """Resource function: the memory probe's GPU (one worker), on the decided device."""
+    return tula_slurm.job_resources(decided(), 1)["gres"]
 
 
 def launch_args(wildcards, resources):
@@ -142,61 +151,41 @@ def profile_resource(name, rule):
     return None
 
 
-# Where the jobs run (hardware.device, hardware.backend), decided once for every job by
-# tula.devices: under the SLURM executor from the partition's GRES, here from this machine's
-# GPUs (CUDA only where every grid point has a GPU per worker, else CPU and gloo). Said here
-# (the log), by `tula check` and in the report; the jobs read it from the snapshot below.
-if not workflow.remote_exec:
+def profile_settings():
+    """The probes' and the training job's partition, account and runtime, as Snakemake gives
+    them (profile and command line; tula.preflight.cluster_settings, as `tula check --profile`)."""
+    return tula_preflight.cluster_settings(profile_resource)
+
+
+@functools.cache
+def decided():
+    """TULA with hardware.device and hardware.backend decided (tula.devices), once, when the
+    first job asks: under the SLURM executor from the partition's GRES, here from this
+    machine's GPUs (CUDA only where every grid point has a GPU per worker, else CPU and gloo).
+    Said here (the log), by `tula check` and in the report; the jobs read it from the
+    snapshot onstart writes. A job's own Snakemake (remote execution) decides nothing: its
+    job reads the snapshot."""
+    if workflow.remote_exec:
+        return TULA
     try:
-        _decision = tula_devices.for_config(
+        decision = tula_devices.for_config(
             TULA,
             "slurm" if workflow.non_local_exec else "local",
-            (
-                profile_resource("slurm_partition", "probe")
-                if workflow.non_local_exec
-                else None
-            ),
+            profile_settings()["probe_partition"] if workflow.non_local_exec else None,
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
-    print(f"tula: {_decision.why}", flush=True)
-    config.setdefault("hardware", {}).update(
-        device=_decision.device, backend=_decision.backend, device_why=_decision.why
-    )
-    TULA = tula_config.from_dict(config, source="workflow/config.yaml")
+    print(f"tula: {decision.why}", flush=True)
+    return tula_devices.apply(TULA, decision)
 
-# What the probe campaign buys, said before it runs (a dry run, or under the SLURM executor).
-if (
-    workflow.output_settings.dryrun or workflow.non_local_exec
-) and not workflow.remote_exec:
+
+# Jobs read the merged, validated config with the device decided (also on SLURM nodes):
+# onstart writes it (rules/hooks.smk).
+CONFIG = ".snakemake/tula/config.json"
+
+# What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
+# here; a run under the SLURM executor says it in onstart, beside the preflight.
+if workflow.output_settings.dryrun and not workflow.remote_exec:
     print(
         f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}", flush=True
     )
-
-# Jobs read this merged, validated copy of the config (also on SLURM nodes). A job's own
-# Snakemake (remote execution) reads the copy the workflow wrote; it does not write it.
-CONFIG = ".snakemake/tula/config.json"
-if not workflow.remote_exec:
-    tula_workflow.snapshot(config, CONFIG)
-
-
-onstart:
-    # Under the SLURM executor, before anything is submitted: can the partitions run the
-    # memory probe, the probes and training? (tula.slurm; `tula check --cluster` alike)
-    if workflow.non_local_exec:
-        try:
-            report = tula_preflight.preflight(
-                TULA,
-                probe_partition=profile_resource("slurm_partition", "probe"),
-                train_partition=TULA.launch.slurm_partition
-                or profile_resource("slurm_partition", "launch"),
-                train_runtime_min=TULA.launch.timeout_min
-                or profile_resource("runtime", "launch"),
-            )
-            print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
-        except tula_preflight.ClusterUnreadable as err:
-            print(f"tula preflight skipped: {err}", flush=True)
-        except tula_preflight.PreflightError as err:
-            raise WorkflowError(
-                f"{err}\n(see workflow/config.yaml and the profile)"
-            )

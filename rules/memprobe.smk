@@ -17,7 +17,7 @@ checkpoint memprobe:
         tasks=1,
         nodes=1,
         cpus_per_task=TULA.hardware.threads_per_worker,
-        gres=tula_slurm.job_resources(TULA, 1)["gres"],
+        gres=memprobe_gres,
         runtime=PROBE_RUNTIME_MIN,
     params:
         config=CONFIG,

@@ -192,7 +192,7 @@ def load_params(path) -> dict:
 
 @contextlib.contextmanager
 def when_step_reached(steps_csv: Path, step: float, action):
-    """While the block runs: once the production job's steps.csv (tula.runtime.monitor) has a
+    """While the block runs: once the production job's steps.csv (tula.production.monitor) has a
     row at or past ``step``, call ``action()`` once (a thread looks every 0.2 s). Yields a dict
     that gets that row's step. The network lab's tests and bench/drift.py slow a link so."""
     import threading

@@ -188,11 +188,18 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
     assert counts == {rule: "1" for rule in ("aggregate", "all", "check", "fit", "launch", "memprobe",
                                               "plot_selection", "plot_training", "predict", "report", "select")} | {
         "total": "11"}  # fmt: skip
-    assert not (tmp_path / "results" / "memory_probe.json").exists()
-    # hardware.device auto, decided once here (no GPU in CI): said in the log, written for the jobs
-    assert "tula: hardware.device auto: this machine has no GPU: CPU and gloo; backend gloo" in out
-    snap = config.load(tmp_path / ".snakemake" / "tula" / "config.json").hardware
+    # hardware.device auto, decided once (no GPU in CI) and said; a dry run writes nothing of
+    # Tula's: no results, no config snapshot (onstart writes it before a real run's first job)
+    assert out.count("tula: hardware.device auto: this machine has no GPU: CPU and gloo; backend gloo") == 1
+    assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "tula").exists()
+
+
+def test_the_jobs_read_the_decided_device_from_the_snapshot(finished_run):
+    wd, _ = finished_run
+    snap = config.load(wd / ".snakemake" / "tula" / "config.json").hardware
     assert (snap.device, snap.backend) == ("cpu", "gloo") and "no GPU" in snap.device_why
+    probe = json.loads(next((wd / "results" / "probes").glob("N1_*.json")).read_text())
+    assert (probe["env"]["device"], probe["env"]["backend"]) == ("cpu", "gloo")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -213,9 +220,12 @@ def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
     assert not (tmp_path / "results").exists()
 
 
-def test_lint_is_clean(venv_path):
-    r = subprocess.run(["snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True)
+def test_lint_is_clean_and_writes_nothing(tmp_path, venv_path):
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    r = subprocess.run(["snakemake", "--lint"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and "good condition" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "tula").exists()
 
 
 def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):

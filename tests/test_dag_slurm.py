@@ -228,7 +228,7 @@ def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(slurm_clus
 
 
 def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(slurm_cluster, tiny_raw, tmp_path, venv_path):
-    from tula.stages import launch
+    from tula.production import launcher
 
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": "no_such_partition", "slurm_account": "root"}
@@ -237,13 +237,13 @@ def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(slurm_cluster
     # the preflight knows the cluster's partitions before sbatch is asked
     with pytest.raises(RuntimeError, match=r"partition 'no_such_partition' does not exist on this cluster \(it has: "
                                            r"debug\): fix launch.slurm_partition"):  # fmt: skip
-        launch.run(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
+        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     # what only sbatch knows (here a node feature no node has) is sbatch's own error, named
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root",
                           "slurm_additional": {"constraint": "no_such_feature"}}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     with pytest.raises(RuntimeError, match=r"sbatch refused the training job: .*[Ff]eature.*launch.slurm_additional"):
-        launch.run(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train2")
+        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train2")
 
 
 def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(slurm_cluster, tiny_raw, tmp_path, venv_path):

@@ -167,7 +167,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     to SLOWER once that share of the steps is done."""
     from tula.io import write_json
     from tula.model import perf as perfmodel
-    from tula.stages import launch
+    from tula.production import launcher
 
     run, epochs = d / name, 50  # long enough that a move pays for its relaunch (15-35 s here) with room
     run.mkdir()
@@ -180,7 +180,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     slow = lambda: lab("rate", SLOWER)  # noqa: E731
     with when_step_reached(run / "train" / "steps.csv", slow_at * epochs * 12, slow) if slow_at else nullcontext({}) as slowed:
         try:
-            final = launch.run(run / "config.yaml", run / "selection.json", run / "train", predictions=pred)
+            final = launcher.train(run / "config.yaml", run / "selection.json", run / "train", predictions=pred)
         finally:
             if slow_at:
                 lab("rate", RATE)

@@ -15,7 +15,7 @@ from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
 
 from tula import config, devices, preflight, slurm
 from tula.io import write_json
-from tula.stages import launch
+from tula.production import launcher
 
 
 def _cfg(**over):
@@ -63,6 +63,12 @@ def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):
     (tmp_path / "config.yaml").write_text("default-resources:\n  runtime: one hour\n")
     with pytest.raises(preflight.PreflightError, match=r"default-resources.runtime must be a whole number, not 'one hour'"):
         preflight.read_profile(str(tmp_path))
+    # a rule's own set-resources win over the defaults, for the probes as for training
+    (tmp_path / "config.yaml").write_text(
+        "default-resources:\n  slurm_partition: cpu\n  slurm_account: lab\n  runtime: 30\n"
+        "set-resources:\n  probe:\n    slurm_partition: short\n  launch:\n    slurm_partition: gpu\n    runtime: 600\n")
+    assert preflight.read_profile(str(tmp_path)) == {"executor": None, "probe_partition": "short", "account": "lab",
+                                                     "train_partition": "gpu", "train_runtime_min": 600}  # fmt: skip
 
 
 # -- against the real test cluster ------------------------------------------------------
@@ -177,5 +183,5 @@ def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(slurm_clust
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
     with pytest.raises(RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"):
-        launch.run(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
+        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     assert not (tmp_path / "train" / "submitit").exists()  # nothing was submitted

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 from conftest import GPU_NODES, GPU_PARTITION
 
-from tula import config, jobs, slurm
+from tula import config, slurm
+from tula.production import history
 
 
 def test_nodelist_parsing_without_scontrol(monkeypatch):
@@ -73,7 +74,7 @@ def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
                             "cluster": {"workers_per_node": per_node}, "hardware": {"device": "cuda"}})  # fmt: skip
     for n in cfg.grid.workers:
         probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
-        params = jobs.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
+        params = history.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
         prod = (params["nodes"], params["ntasks_per_node"], params.get("gpus_per_node", 0), params["cpus_per_task"])
         assert (probe["nodes"], probe["tasks"] // probe["nodes"], int(probe["gres"].split(":")[1]),
                 probe["cpus_per_task"]) == prod, n  # fmt: skip

@@ -213,11 +213,9 @@ def add_plot(sub) -> None:
 def cmd_launch(a) -> None:
     from tula.stages import launch
 
-    final = launch.run(a.config, a.selection, a.out_dir, predictions=a.predictions, executor_hint=a.executor_hint,
-                       timeout_min=a.timeout_min, partition=a.slurm_partition or None,
-                       account=a.slurm_account or None, fresh=a.fresh)  # fmt: skip
-    print(f"[launch] done: N={final['workers']} B={final['global_batch']}, test accuracy "
-          f"{100 * final['final_test_acc']:.2f}% -> {a.out_dir}/ (final.json, metrics.csv, model.pt, attempts.json)")
+    launch.run(a.config, a.selection, a.out_dir, predictions=a.predictions, executor_hint=a.executor_hint,
+               timeout_min=a.timeout_min, partition=a.slurm_partition or None,
+               account=a.slurm_account or None, fresh=a.fresh)  # fmt: skip
 
 
 def add_launch(sub) -> None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from tula.config import Config
 from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
 
-__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "job_needs", "problems"]
+__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "cluster_settings", "job_needs", "problems"]
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,25 @@ def read_profile(directory: str) -> dict[str, Any]:
                 raise PreflightError(f"profile {path}: {key}.{name} must be a whole number, not {block[name]!r}")
     if prof.get("executor") not in (None, "slurm", "local"):
         raise PreflightError(f"profile {path}: executor {prof['executor']!r}: Tula runs under 'slurm' (or local)")
+    sets = prof.get("set-resources") or {}
+
+    def resource(name: str, rule: str) -> Any:
+        return (sets.get(rule) or {}).get(name, defaults.get(name))
+
+    return {"executor": prof.get("executor"), **cluster_settings(resource)}
+
+
+def cluster_settings(resource: Callable[[str, str], Any]) -> dict[str, Any]:
+    """What Tula takes from a Snakemake profile, however it was read: ``resource(name, rule)``
+    is the resource ``name`` that ``rule``'s jobs get (set-resources for the rule, else
+    default-resources; None when unset). ``tula check --profile`` reads it from the profile's
+    file (:func:`read_profile`); the workflow from Snakemake's own resource settings, which
+    hold the command line's overrides too (rules/common.smk)."""
     return {
-        "executor": prof.get("executor"),
-        "probe_partition": defaults.get("slurm_partition"),
-        "account": defaults.get("slurm_account"),
-        "train_partition": train.get("slurm_partition", defaults.get("slurm_partition")),
-        "train_runtime_min": train.get("runtime", defaults.get("runtime")),
+        "probe_partition": resource("slurm_partition", "probe"),
+        "account": resource("slurm_account", "probe"),
+        "train_partition": resource("slurm_partition", "launch"),
+        "train_runtime_min": resource("runtime", "launch"),
     }
 
 

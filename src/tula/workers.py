@@ -8,7 +8,7 @@ places it is started from:
   machine); each worker finds its rank in the variables either sets
   (:func:`tula.runtime.dist.worker_env`);
 - :func:`worker_environment` is the environment of every worker, probe and production
-  alike (the production job's tasks are started by submitit: ``tula.stages.launch``);
+  alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
 - each rank writes its result to ``<dir>/rank<r>.json`` (:func:`result_path`), which the
   launcher collects after the workers exit, also when they failed.
 

@@ -9,6 +9,7 @@ re-runs a rule when the config values its output depends on change, and only the
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -61,6 +62,15 @@ def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
         with atomic_write(p) as fh:
             fh.write(text)
     return p
+
+
+def decided_raw(raw: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The raw config ``raw`` with ``cfg``'s decided device written in (hardware.device,
+    backend and why: :mod:`tula.devices`), for the snapshot the jobs read."""
+    out = copy.deepcopy(raw)
+    hw = cfg.hardware
+    out.setdefault("hardware", {}).update(device=hw.device, backend=hw.backend, device_why=hw.device_why)
+    return out
 
 
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these

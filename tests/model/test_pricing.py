@@ -9,7 +9,7 @@ from tula.model import perf as perfmodel
 from tula.model.linfit import fit_linear
 from tula.model.pricing import memory_cost, node_cost, nodes_of, worker_cost
 from tula.stages import predict as predict_mod
-from tula.stages.select import select
+from tula.model.choice import select
 
 
 def test_pricing_arithmetic():

@@ -45,8 +45,9 @@ def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(tiny
     import yaml
 
     from tula.io import write_json
-    from tula.stages import launch, probe
-    from tula.stages.aggregate import comm_env_text
+    from tula.production import launcher
+    from tula.stages import probe
+    from tula.model.measurements import comm_env_text
     from tula.stages.report import comm_env_section
 
     for k in [k for k in os.environ if k.startswith(dist.COMM_PREFIXES)]:
@@ -63,7 +64,7 @@ def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(tiny
     assert rec["env"]["comm_env"] == expect
     assert rec["nodes"] == 2  # the layout of cluster.workers_per_node=1 (the paper's), whatever machine ran it
     write_json(tmp_path / "sel.json", {"selected": {"workers": 2, "global_batch": 64}})
-    final = launch.run(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
+    final = launcher.train(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
     assert final["comm_env"] == expect
     meas = pd.DataFrame({"source": ["probe"], "comm_env": [comm_env_text(rec["env"])]})
     assert "GLOO_SOCKET_IFNAME=lo, NCCL_DEBUG=WARN, TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in comm_env_section(meas, final)

@@ -1,6 +1,6 @@
 """Has the job's communication drifted from its prediction? (paper §VI's open problem)
 
-The production job times a paired compute-only step now and then (:mod:`tula.runtime.monitor`),
+The production job times a paired compute-only step now and then (:mod:`tula.production.monitor`),
 so it knows its sync time (the slowest rank's synced step minus its compute-only step) while it
 trains. One such observation is noisy: a difference of two step times, each with the probe's
 7-11 % step-to-step scatter on this machine, and now and then one slow step. So the detector

@@ -107,3 +107,8 @@ def load(path: str | Path) -> pd.DataFrame:
 def probes(df: pd.DataFrame) -> pd.DataFrame:
     """The timed DDP probe rows (not the sweep or memory rows)."""
     return df[df["source"] == "probe"] if "source" in df.columns else df
+
+
+def comm_env_text(env: dict) -> str:
+    """A worker's communication variables as one CSV cell, ``K=V;K=V`` (empty: none set)."""
+    return ";".join(f"{k}={v}" for k, v in sorted((env.get("comm_env") or {}).items()))

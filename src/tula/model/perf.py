@@ -379,3 +379,9 @@ def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
                     "input_bound": bool(model.input_bound(r["workers"], r["local_batch"])),
                     "within_noise": None if noise is None else bool(abs(err) <= noise)})  # fmt: skip
     return out
+
+
+def evaluation_time(row):
+    """The run's evaluation: its first pass, then one later pass per further epoch (a
+    predictions.csv row, or the frame)."""
+    return row["eval_first_time_s"] + (row["epochs"] - 1) * row["eval_time_s"]

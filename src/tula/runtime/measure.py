@@ -19,6 +19,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+import psutil
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -219,3 +220,14 @@ def input_time_s(replica: Replica, batches: int) -> float | None:
         epoch += 1
     replica.forget_batches()
     return statistics.fmean(timed[1:]) if len(timed) > 1 else None
+
+
+def process_started() -> float:
+    """When this process started (epoch seconds): start-up is counted from there."""
+    try:
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: count from import
+        return _IMPORTED
+
+
+_IMPORTED = time.time()

@@ -32,10 +32,10 @@ from tula.model.floor import INPUT_BOUND
 from tula.progress import Progress
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM
-from tula.runtime.measure import input_time_s, measure_step, step_peak_bytes, timing_stats
+from tula.runtime.measure import input_time_s, measure_step, process_started, step_peak_bytes, timing_stats
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
-from tula.runtime.trainer import process_started, write_checkpoint
+from tula.runtime.snapshot import write_checkpoint
 
 SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (start, short last batch aside)
 EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
@@ -183,7 +183,7 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     job's first pass pays what a first pass does -- the test loader, first forwards at the
     evaluation batch -- and its later ones do not; one pass timed alone predicted the job's
     evaluation 0.63-0.85x over 6 runs) and one checkpoint write
-    (:func:`tula.runtime.trainer.write_checkpoint`, beside the probe's result, then removed);
+    (:func:`tula.runtime.snapshot.write_checkpoint`, beside the probe's result, then removed);
     each the slowest rank's. An epoch's start is in the step time already
     (``epoch_start_extra_s``). Out of memory here is noted, not the probe's outcome."""
     try:

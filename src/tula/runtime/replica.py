@@ -15,7 +15,7 @@ Out of memory is agreed on wherever a collective follows that every rank makes a
 step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a
 checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
 backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
-(``oom/``) instead (:mod:`tula.runtime.trainer`).
+(``oom/``) instead (:mod:`tula.production.trainer`).
 
 :meth:`Replica.timed_step` times one step from fetching its batch to the end of the step
 (device synchronised), the way the probe and the production job both time it. The probe's

@@ -10,12 +10,7 @@ from typing import Iterable
 import pandas as pd
 
 from tula.io import read_json, write_csv
-from tula.model.measurements import OPTIONAL, REQUIRED, SOURCES
-
-
-def comm_env_text(env: dict) -> str:
-    """A worker's communication variables as one CSV cell, ``K=V;K=V`` (empty: none set)."""
-    return ";".join(f"{k}={v}" for k, v in sorted((env.get("comm_env") or {}).items()))
+from tula.model.measurements import OPTIONAL, REQUIRED, SOURCES, comm_env_text
 
 
 def rows_from_probe(record: dict, probe_file: str) -> list[dict]:

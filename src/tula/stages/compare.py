@@ -3,7 +3,7 @@ per model x batch x method, as a Snakemake fan-out (``rules/compare.smk``).
 
 - ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B,
   method, seed) in :func:`runs`. It is a real training with ``compare.workers`` workers,
-  submitted like the production job (:func:`tula.stages.launch.run`: submitit, an sbatch job under
+  submitted like the production job (:func:`tula.production.launcher.train`: submitit, an sbatch job under
   the SLURM profile, local processes otherwise; requeued from its checkpoints) and running
   the same training step, under the config's ``train`` settings with ``train.method`` and
   the seed replaced. It writes ``runs/<id>/result.json``: the status, the final accuracies
@@ -33,8 +33,8 @@ import pandas as pd
 
 from tula import config as config_mod
 from tula.io import read_json, write_bytes, write_csv, write_json
-from tula.stages import launch
-from tula.stages.plot import plt, save_figure
+from tula.figures import plt, save_figure
+from tula.production import launcher
 
 METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags"]
 COLUMNS = ["model", "dataset", "global_batch", "method", "seed", "status", "test_acc", "best_test_acc",
@@ -99,10 +99,10 @@ def run_one(cfg_path: str | Path, run_id: str, out: str | Path, executor_hint: s
     print(f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.workers} B={run.global_batch}, "
           f"method {run.method}, seed {run.seed}", flush=True)  # fmt: skip
     try:
-        final = launch.run(d / "config.json", d / "selection.json", d, executor_hint=executor_hint,
-                           timeout_min=timeout_min, partition=partition, account=account, shrink=False,
-                           job_name=f"tula-compare-{run.id}")  # fmt: skip
-    except launch.OutOfMemory as exc:
+        final = launcher.train(d / "config.json", d / "selection.json", d, executor_hint=executor_hint,
+                              timeout_min=timeout_min, partition=partition, account=account, shrink=False,
+                              job_name=f"tula-compare-{run.id}")  # fmt: skip
+    except launcher.OutOfMemory as exc:
         result.update(status="oom", error=str(exc), epochs=[])
     else:
         m = pd.read_csv(d / "metrics.csv")

@@ -6,29 +6,16 @@ with the relaunches and resumes marked. Each figure function returns the figure 
 
 from __future__ import annotations
 
-import io
-from pathlib import Path
+import numpy as np
+import pandas as pd
+import matplotlib.ticker
+from matplotlib.figure import Figure
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from tula.io import read_json, write_bytes  # noqa: E402
-from tula.model import measurements as measurements_mod  # noqa: E402
-from tula.model.perf import PerfModel  # noqa: E402
-from tula.model.pricing import UNITS  # noqa: E402
-
-
-def save_figure(fig: Figure, path: str | Path) -> None:
-    """Write ``fig`` as a PNG (atomically) and close it; its artists stay readable."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_bytes(path, buf.getvalue())
+from tula.figures import plt, save_figure
+from tula.io import read_json
+from tula.model import measurements as measurements_mod
+from tula.model.perf import PerfModel
+from tula.model.pricing import UNITS
 
 
 def _fmt_time(s: float) -> str:

@@ -16,7 +16,7 @@ from tula.model import noise
 from tula.model import pricing as pricing_mod
 from tula.model.grid import grid, nodes_of, steps_per_epoch
 from tula.model.memory import MemoryModel
-from tula.model.perf import PerfModel
+from tula.model.perf import PerfModel, evaluation_time
 
 
 def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -75,15 +75,9 @@ OVERHEADS = ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_t
 
 def checkpoints_written(epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None) -> int:
     """The checkpoints a run that is never stopped writes: every k-th step, at the end of
-    every k-th epoch but the last, and the final one (as tula.runtime.trainer does)."""
+    every k-th epoch but the last, and the final one (as tula.production.trainer does)."""
     steps = epochs * steps_per_epoch
     return (steps // every_steps if every_steps else 0) + ((epochs - 1) // every_epochs if every_epochs else 0) + 1
-
-
-def evaluation_time(row):
-    """The run's evaluation: its first pass, then one later pass per further epoch (a
-    predictions.csv row, or the frame)."""
-    return row["eval_first_time_s"] + (row["epochs"] - 1) * row["eval_time_s"]
 
 
 def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:

@@ -13,8 +13,8 @@ import pandas as pd
 from tula.io import atomic_write, read_json
 from tula.model import noise
 from tula.model.floor import INPUT_BOUND
+from tula.model.measurements import comm_env_text
 from tula.progress import fmt_duration
-from tula.stages.aggregate import comm_env_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

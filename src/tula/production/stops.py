@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tula import jobs
+from tula.production import history
 from tula.runtime import dist
 from tula.runtime.replica import Position
 
@@ -70,7 +70,7 @@ def stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out_
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
         print(f"[{label}] {stops.reason or f'SIG{sig} received'}: stopped after step {pos.step}, {what}", flush=True)
-        jobs.add_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
+        history.add_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
                                   "ended": _now(), "reason": f"{why}: {what}"})  # fmt: skip
     dist.shutdown(ok=True)
     sys.stdout.flush()

@@ -14,7 +14,7 @@ from conftest import bitwise_equal, load_params
 
 from tula import config, faults
 from tula.io import write_json
-from tula.stages import launch
+from tula.production import confirm, launcher
 
 D = 1437  # digits training samples
 
@@ -28,7 +28,7 @@ def run_dir(tmp_path, tiny_raw):
 
 
 def _launch(d, out="train", **kw):
-    return launch.run(d / "config.yaml", d / "selection.json", d / out, **kw)
+    return launcher.train(d / "config.yaml", d / "selection.json", d / out, **kw)
 
 
 def _attempts(d, out="train"):
@@ -227,9 +227,9 @@ def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
     pd.DataFrame({"workers": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
                   "feasible": [True, True, False, True, True], "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0]}).to_csv(pred)  # fmt: skip
-    assert launch.fallback_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
-    assert launch.fallback_batches(2, 256, None, floor=32) == [128, 64, 32]
-    assert launch.fallback_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
+    assert launcher.fallback_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
+    assert launcher.fallback_batches(2, 256, None, floor=32) == [128, 64, 32]
+    assert launcher.fallback_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
 
 
 def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_paid(tmp_path, capsys):
@@ -243,7 +243,7 @@ def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_p
     write_json(final_path, {"workers": 2, "global_batch": 64, "mean_step_time_s": 0.11, "train_time_s": 11.0,
                             "startup_time_s": 3.3, "first_steps_time_s": 0.6, "eval_time_s": 2.0, "checkpoint_time_s": 1.5,
                             "wall_time_s": 18.9})  # fmt: skip
-    final = launch.record_prediction(final_path, pred)
+    final = confirm.record_prediction(final_path, pred)
     assert json.loads(final_path.read_text()) == final
     parts = {p["part"]: p for p in final["wall_check"]}
     assert list(parts) == ["steps", "start-up", "first steps", "evaluation", "checkpoints", "rest", "wall time"]

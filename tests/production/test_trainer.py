@@ -13,8 +13,8 @@ from conftest import bitwise_equal, load_params
 from tula import faults
 from tula.io import write_json
 from tula.model.grid import steps_per_epoch
-from tula.runtime import trainer
-from tula.stages import launch
+from tula.production import trainer
+from tula.production import launcher
 
 
 def _run_dir(tmp_path, raw, workers=2, batch=32):
@@ -25,7 +25,7 @@ def _run_dir(tmp_path, raw, workers=2, batch=32):
 
 
 def _launch(d, out="train"):
-    return launch.run(d / "config.yaml", d / "selection.json", d / out)
+    return launcher.train(d / "config.yaml", d / "selection.json", d / out)
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     sel = tmp_path / "selection.json"
     write_json(sel, {"selected": {"workers": 2, "global_batch": 64}})
-    final = launch.run(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
+    final = launcher.train(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m.columns) == trainer.METRIC_COLUMNS
     assert final["steps"] == 2 * steps_per_epoch(1437, 64)
@@ -113,5 +113,5 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     previous = tmp_path / "train" / "final.json"
     write_json(previous, {"from": "an earlier good run"})
     with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):
-        launch.run(cfg, sel, tmp_path / "train", executor_hint="local")
+        launcher.train(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

@@ -12,8 +12,8 @@ import yaml
 
 from tula import config, faults
 from tula.io import write_json
-from tula.stages import launch
-from tula.stages import select as replan
+from tula.model import choice
+from tula.production import launcher
 
 D, B = 1437, 64
 
@@ -43,7 +43,7 @@ def _drift(observed, epochs_done=2.0):
 
 def test_a_slow_sync_moves_to_the_point_that_finishes_the_rest_sooner(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    d = replan.decide(_cfg(), tmp_path / "p.csv", 2, B, _drift(0.085), relaunch_s=8.0)
+    d = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085), relaunch_s=8.0)
     # left: 18 epochs x 23 steps; at N=2 40 + 85 ms a step = 51.8 s, at N=1 60 ms = 24.8 s; minus 8 s relaunch: 37 %
     assert (d.move, d.workers, d.global_batch) == (True, 1, B)
     assert d.saving == pytest.approx((18 * 23 * (0.125 - 0.060) - 8.0) / (18 * 23 * 0.125))
@@ -53,16 +53,16 @@ def test_a_slow_sync_moves_to_the_point_that_finishes_the_rest_sooner(tmp_path):
 
 def test_it_stays_when_the_saving_does_not_pay_for_the_relaunch(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    late = replan.decide(_cfg(), tmp_path / "p.csv", 2, B, _drift(0.085, epochs_done=19.5), relaunch_s=8.0)
+    late = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085, epochs_done=19.5), relaunch_s=8.0)
     assert not late.move and "not more than the 10 % margin; stayed" in late.reason
-    mild = replan.decide(_cfg(), tmp_path / "p.csv", 2, B, _drift(0.012), relaunch_s=0.0)  # 52 ms a step: still best
+    mild = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.012), relaunch_s=0.0)  # 52 ms a step: still best
     assert not mild.move and "is still the time choice; stayed" in mild.reason
 
 
 def test_a_cost_objective_weighs_the_price_of_the_workers(tmp_path):
     # N=2 costs two workers: at 40 + 25 ms against 60 ms on one worker, one worker is cheaper by far
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    d = replan.decide(_cfg("cost"), tmp_path / "p.csv", 2, B, _drift(0.025), relaunch_s=1.0)
+    d = choice.decide(_cfg("cost"), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.025), relaunch_s=1.0)
     assert (d.move, d.workers) == (True, 1) and "of the remaining cost" in d.reason
 
 
@@ -80,7 +80,7 @@ def run_dir(tmp_path, tiny_raw):
 
 def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "slowsync:step=30,ms=150,workers=2")
-    final = launch.run(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
+    final = launcher.train(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
                        predictions=run_dir / "predictions.csv")  # fmt: skip
     rec = json.loads((run_dir / "train" / "attempts.json").read_text())
     a1, a2 = rec["attempts"]
@@ -100,7 +100,7 @@ def test_move_without_a_drift_never_moves(run_dir, venv_path):
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
     raw["workload"]["epochs"] = 4
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
-    final = launch.run(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
+    final = launcher.train(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
                        predictions=run_dir / "predictions.csv")  # fmt: skip
     att = json.loads((run_dir / "train" / "attempts.json").read_text())["attempts"]
     assert [(a["workers"], a["outcome"]) for a in att] == [(2, "completed")]

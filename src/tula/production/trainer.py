@@ -3,7 +3,7 @@ around the one training step (:class:`tula.runtime.replica.Replica`), in named p
 restore, step, end of epoch, checkpoint, finish.
 
 It survives what a cluster does to a job: SLURM's USR2 before the time limit or on
-preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`tula.runtime.stops.StopSignals`) that
+preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`tula.production.stops.StopSignals`) that
 every rank agrees on at the next step, checkpoint, and stop (submitit requeues the job on
 USR2); an out-of-memory error anywhere ends the attempt with a record the launcher reads.
 """
@@ -18,39 +18,30 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
 import torch
 import torch.distributed as torch_dist
 
-from tula import checkpoint, jobs
+from tula import checkpoint
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
 from tula.progress import Progress, fmt_duration
-from tula.runtime import dist, stops
-from tula.runtime.agreement import StepOOM, agree, oom_place
+from tula.production import history, stops
+from tula.production.monitor import Monitor
+from tula.runtime import dist
+from tula.runtime.agreement import StepOOM, oom_place
 from tula.runtime.methods import follow_new_batch
-from tula.runtime.monitor import Monitor
 from tula.runtime.optim import TulaOptimizer, load_optimizer_state
+from tula.runtime.measure import process_started
 from tula.runtime.replica import Replica
+from tula.runtime.snapshot import write_checkpoint
 
 METRIC_COLUMNS = [
     "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
     "grad_noise_scale", "grad_sq", "grad_trace", "samples", "workers", "global_batch",
 ]  # fmt: skip
-
-def process_started() -> float:
-    """When this process started (epoch seconds): start-up is counted from there."""
-    try:
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: count from import
-        return _IMPORTED
-
-
-_IMPORTED = time.time()
-
 
 class Trainer:
     """The production run of one worker in named phases: :meth:`restore`, :meth:`train_epoch`
@@ -67,7 +58,7 @@ class Trainer:
         self.stops = stops.StopSignals() if ckpt else None
         self.replica = Replica(cfg, self.device, global_batch, self.rank, workers)
         if self.stops:
-            request = jobs.move_request_path(out_dir)
+            request = history.move_request_path(out_dir)
             self.replica.stop_code = (lambda: self.stops.move_requested(request)) if self.rank == 0 else (
                 lambda: self.stops.code)  # fmt: skip
         if any(f.kind == "slowsync" for f in self.faults):
@@ -148,7 +139,7 @@ class Trainer:
                 self.times["startup_time_s"] += self.first_step_at - self.process_started
                 self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
                 if self.rank == 0 and self.ckpt:  # tula launch: what a (re)launch costs, submission to first step
-                    write_json(jobs.started_path(self.out), {"attempt": self.attempt, "first_step_time": self.first_step_at,
+                    write_json(history.started_path(self.out), {"attempt": self.attempt, "first_step_time": self.first_step_at,
                                                               "process_started": self.process_started,
                                                               "step": replica.pos.step})  # fmt: skip
             first = self._first_of_shape()
@@ -245,7 +236,7 @@ class Trainer:
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
-                jobs.add_segment(self.out, {**self.seg, "end_step": replica.pos.step, "outcome": "completed",
+                history.add_segment(self.out, {**self.seg, "end_step": replica.pos.step, "outcome": "completed",
                                            "ended": _now(), "reason": "trained every epoch"})  # fmt: skip
             print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} steps "
                   f"(mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
@@ -290,7 +281,7 @@ class Trainer:
 
     def _oom_record(self, where: str, message: str) -> None:
         step = self.replica.pos.step
-        write_json(jobs.oom_record_path(self.out, self.attempt, self.rank), {
+        write_json(history.oom_record_path(self.out, self.attempt, self.rank), {
             "step": step, "global_batch": self.global_batch, "where": where, "place": oom_place(where, step),
             "message": message, "time": time.time()})  # fmt: skip
 
@@ -305,55 +296,11 @@ class Trainer:
         if self.rank == 0:
             print(f"[{self.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}", flush=True)
             if self.ckpt:
-                jobs.add_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
+                history.add_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
                                            "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
         dist.shutdown(ok=True)
         return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where,
                 "place": what}
-
-
-def write_checkpoint(replica: Replica, directory: Path, keep: int, extra: dict[str, Any], after_write=None) -> None:
-    """The production job's checkpoint (the probe times the same call): every rank's RNG
-    states and partial-epoch sums (and its own model between post-local SGD averages) go to
-    rank 0, which writes them with the replica's state and ``extra``.
-
-    Out of memory on any rank (device or host) while it gathers its part or while rank 0
-    serialises and writes: nothing half-written is left (the writes are atomic and the
-    manifest comes last), every rank learns it from one all-reduce after the write, and
-    all raise :class:`StepOOM` (``where="checkpoint"``)."""
-    rank, world = replica.rank, replica.world
-    err, mine = "", None
-    try:
-        if replica.inject is not None:
-            replica.inject("checkpoint")
-        mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
-        if replica.replicas_differ() and rank != 0:  # rank 0's model and optimizer are the file's own
-            mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        err = str(exc) or type(exc).__name__
-    per_rank: list[Any] = [None] * world
-    torch_dist.all_gather_object(per_rank, mine)
-    if rank == 0 and all(p is not None for p in per_rank):
-        try:
-            state = {**replica.state(), **extra, "ranks": per_rank}
-            checkpoint.save(directory, state, replica.pos.step, keep=keep, after_write=after_write)
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            err = str(exc) or type(exc).__name__
-    _, failed = agree(bool(err))
-    if failed:
-        replica.free_cached_memory()
-        raise StepOOM(failed, err, where="checkpoint")
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A copy of a (nested) state dict with every tensor on the CPU, to send to rank 0."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 def _skipped(replica: Replica) -> int | None:

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from tula import config
-from tula.stages.select import NoFeasibleConfiguration, knee_of, select
+from tula.model.choice import NoFeasibleConfiguration, knee_of, select
 
 
 def table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:

@@ -18,11 +18,11 @@ class ProductionJob(submitit.helpers.Checkpointable):
     """What each of the job's N tasks runs: join the process group that submitit describes
     (``TorchDistributedEnvironment``) and train from the newest checkpoint of this run.
 
-    A module of its own, with no torch until the job runs: submitit unpickles this object in
-    every task before it runs, importing its module. In :mod:`tula.stages.launch` it made each
-    task import the launcher too (pandas' frames, the selection), 1.5 s of start-up that the
-    probe's workers do not pay (3.84 s vs 2.39 s to import on the development machine), so the
-    probe's start-up did not predict the job's. `tula launch` imports it to submit it."""
+    A module of its own, with no torch until the job runs and none of the launcher: submitit
+    unpickles this object in every task before it runs, importing its module, and the
+    launcher's imports (pandas' frames, the selection) would add start-up that the probe's
+    workers do not pay, so the probe's start-up would not predict the job's (BENCHMARKS.md,
+    start-up). `tula launch` imports it to submit it."""
 
     def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing,
                  band: dict[str, float] | None = None, device: devices.Decision | None = None):  # fmt: skip
@@ -40,7 +40,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         # slurm.master_port); a MASTER_PORT the user exported wins
         os.environ.setdefault("MASTER_PORT", str(slurm.master_port(submitit.JobEnvironment().job_id)))
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
-        from tula.runtime.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
+        from tula.production.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
 
         return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band).run()
 

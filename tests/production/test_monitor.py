@@ -13,8 +13,8 @@ import yaml
 from conftest import TINY, bitwise_equal, load_params
 
 from tula.io import write_json
-from tula.runtime.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
-from tula.stages import launch
+from tula.production.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
+from tula.production import launcher
 
 D, B = 1437, 64  # digits training samples; the global batch
 STEPS1 = math.ceil(D / B)
@@ -26,7 +26,7 @@ def _run(tmp_path, tiny_raw, name, predictions=None, **launch_cfg):
     tiny_raw["launch"] = {"poll_s": 0.5, "executor": "local", **launch_cfg}
     (d / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
-    final = launch.run(d / "config.yaml", d / "selection.json", d / "train", predictions=predictions)
+    final = launcher.train(d / "config.yaml", d / "selection.json", d / "train", predictions=predictions)
     return d / "train", final
 
 

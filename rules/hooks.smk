@@ -1,0 +1,28 @@
+# What runs once before the first job, and never in a dry run, `--lint` or a job's own
+# Snakemake: the config snapshot the jobs read and, under the SLURM executor, the price of the
+# probe campaign and the preflight (can the partitions run the memory probe, the probes and
+# training? tula.slurm; `tula check --cluster` alike).
+
+
+onstart:
+    tula_workflow.snapshot(tula_workflow.decided_raw(config, decided()), CONFIG)
+    if workflow.non_local_exec:
+        print(
+            f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}",
+            flush=True,
+        )
+        profile = profile_settings()
+        try:
+            report = tula_preflight.preflight(
+                TULA,
+                probe_partition=profile["probe_partition"],
+                train_partition=TULA.launch.slurm_partition
+                or profile["train_partition"],
+                train_runtime_min=TULA.launch.timeout_min
+                or profile["train_runtime_min"],
+            )
+            print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
+        except tula_preflight.ClusterUnreadable as err:
+            print(f"tula preflight skipped: {err}", flush=True)
+        except tula_preflight.PreflightError as err:
+            raise WorkflowError(f"{err}\n(see workflow/config.yaml and the profile)")
