@@ -35,6 +35,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
+	ruff format --check src tests bench
+	ruff check src tests bench
 	snakemake --lint
 	snakefmt --check Snakefile rules/
 	lint-imports

@@ -41,31 +41,48 @@ def _or_exit(r: subprocess.CompletedProcess, what: str) -> subprocess.CompletedP
     return r
 
 
-def snakemake(workdir: Path, *args: str, cores: int = 2, fresh: bool = False, extra_env: dict | None = None,
-              python: Path | None = None) -> float:  # fmt: skip
+def snakemake(
+    workdir: Path,
+    *args: str,
+    cores: int = 2,
+    fresh: bool = False,
+    extra_env: dict | None = None,
+    python: Path | None = None,
+) -> float:
     """`snakemake --cores N ARGS` in ``workdir`` (``fresh``: from empty results; ``python``: the
-    environment to run it in); its wall time in seconds. Exits with the end of its log when it fails."""
+    environment to run it in); its wall time in seconds. Exits with the end of its log when it
+    fails."""
     if fresh:
         shutil.rmtree(workdir / "results", ignore_errors=True)
         shutil.rmtree(workdir / ".snakemake", ignore_errors=True)
     t0 = time.perf_counter()
-    r = subprocess.run(["snakemake", "--cores", str(cores), *args], cwd=workdir,
-                       env=env(python, **(extra_env or {})), capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        ["snakemake", "--cores", str(cores), *args],
+        cwd=workdir,
+        env=env(python, **(extra_env or {})),
+        capture_output=True,
+        text=True,
+    )
     _or_exit(r, f"snakemake {' '.join(args)} in {workdir}")
     return time.perf_counter() - t0
 
 
-def tula(*args: str, cwd: Path | None = None, extra_env: dict | None = None,
-         check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+def tula(
+    *args: str, cwd: Path | None = None, extra_env: dict | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """`tula ARGS`; with ``check``, exits with the end of its log when it fails."""
-    r = subprocess.run(["tula", *args], cwd=cwd, env=env(None, **(extra_env or {})), capture_output=True, text=True)
+    r = subprocess.run(
+        ["tula", *args], cwd=cwd, env=env(None, **(extra_env or {})), capture_output=True, text=True
+    )
     return _or_exit(r, f"tula {' '.join(args)}") if check else r
 
 
 def tests_helper(name: str) -> Any:
     """A helper of tests/conftest.py (``make_image_folder``: the Pillow image-folder generator),
     loaded from its file."""
-    spec = importlib.util.spec_from_file_location("tula_tests_conftest", ROOT / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location(
+        "tula_tests_conftest", ROOT / "tests" / "conftest.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, name)

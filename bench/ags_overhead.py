@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    ds = data.load_config(config.from_dict({"workload": {"dataset": a.dataset, "mnist1d_samples": 4000}}))
+    ds = data.load_config(
+        config.from_dict({"workload": {"dataset": a.dataset, "mnist1d_samples": 4000}})
+    )
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(0)
 
@@ -81,12 +83,23 @@ def main() -> None:
         refresh_scales(m, opt, loss_fn, ds.train.x[idx[:32]], ds.train.y[idx[:32]])
         refresh.append(time.perf_counter() - t0)
     assert opt.counters["scaled"] > 0
-    print(f"{a.model} on {a.dataset}, batch {a.batch}, {a.rounds} interleaved rounds x {a.steps} steps")
-    print(f"median step: bare {1e3 * statistics.median(bare_s):.3f} ms, AGS {1e3 * statistics.median(ags_s):.3f} ms")
+    print(
+        f"{a.model} on {a.dataset}, batch {a.batch}, {a.rounds} interleaved rounds x {a.steps} "
+        "steps"
+    )
+    print(
+        f"median step: bare {1e3 * statistics.median(bare_s):.3f} ms, AGS "
+        f"{1e3 * statistics.median(ags_s):.3f} ms"
+    )
     q = statistics.quantiles(ratios, n=4)
-    print(f"AGS / bare step-time ratio: median {statistics.median(ratios):.4f} (IQR {q[0]:.4f}-{q[2]:.4f})")
-    print(f"one refresh (sub-batch 32): median {1e3 * statistics.median(refresh):.3f} ms "
-          f"= {statistics.median(refresh) / statistics.median(bare_s):.2f} bare steps")  # fmt: skip
+    print(
+        f"AGS / bare step-time ratio: median {statistics.median(ratios):.4f} (IQR "
+        f"{q[0]:.4f}-{q[2]:.4f})"
+    )
+    print(
+        f"one refresh (sub-batch 32): median {1e3 * statistics.median(refresh):.3f} ms = "
+        f"{statistics.median(refresh) / statistics.median(bare_s):.2f} bare steps"
+    )
 
 
 if __name__ == "__main__":

@@ -33,34 +33,55 @@ def run_dag(workdir: Path, python: Path) -> float:
 
 
 def rule_times(wd: Path) -> tuple[list[float], float]:
-    probe_s = [float(p.read_text().splitlines()[1].split()[0]) for p in (wd / "results/benchmarks/probe").glob("*.tsv")]
-    bench = next(p for p in (wd / "results/benchmarks/launch.tsv", wd / "results/benchmarks/train.tsv") if p.exists())
-    train_s = float(bench.read_text().splitlines()[1].split()[0])  # older checkouts named the rule `train`
+    probe_s = [
+        float(p.read_text().splitlines()[1].split()[0])
+        for p in (wd / "results/benchmarks/probe").glob("*.tsv")
+    ]
+    bench = next(
+        p
+        for p in (wd / "results/benchmarks/launch.tsv", wd / "results/benchmarks/train.tsv")
+        if p.exists()
+    )
+    # older checkouts named the rule `train`
+    train_s = float(bench.read_text().splitlines()[1].split()[0])
     return probe_s, train_s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("repeats", nargs="?", type=int, default=3)
-    ap.add_argument("--against", help="DIR:PYTHON of another checkout and environment, run interleaved")
+    ap.add_argument(
+        "--against", help="DIR:PYTHON of another checkout and environment, run interleaved"
+    )
     a = ap.parse_args()
     variants = {"this checkout": (ROOT, Path(sys.executable))}
     if a.against:
         d, py = a.against.split(":", 1)
         variants = {"before (--against)": (Path(d), Path(py)), **variants}
     with tempfile.TemporaryDirectory(prefix="tula-bench-") as tmp:
-        dirs = {name: copy_workflow(Path(tmp) / f"wf{i}", root) for i, (name, (root, _)) in enumerate(variants.items())}
+        dirs = {
+            name: copy_workflow(Path(tmp) / f"wf{i}", root)
+            for i, (name, (root, _)) in enumerate(variants.items())
+        }
         walls: dict[str, list[float]] = {name: [] for name in variants}
         for i in range(a.repeats):
             for name, (_, py) in variants.items():  # interleaved
                 walls[name].append(run_dag(dirs[name], py))
                 probe_s, train_s = rule_times(dirs[name])
-                print(f"run {i + 1}/{a.repeats} {name}: {walls[name][-1]:.1f} s ({len(probe_s)} probes "
-                      f"{sum(probe_s):.1f} s, median {statistics.median(probe_s):.1f} s each; train {train_s:.1f} s)",
-                      flush=True)  # fmt: skip
+                print(
+                    f"run {i + 1}/{a.repeats} {name}: {walls[name][-1]:.1f} s ({len(probe_s)} "
+                    "probes "
+                    f"{sum(probe_s):.1f} s, median {statistics.median(probe_s):.1f} s each; train "
+                    f"{train_s:.1f} s)",
+                    flush=True,
+                )
         for name, w in walls.items():
-            print(f"{name}: median DAG wall time over {a.repeats} runs {statistics.median(w):.1f} s "
-                  f"(min {min(w):.1f}, max {max(w):.1f})")  # fmt: skip
+            print(
+                f"{name}: median DAG wall time over {a.repeats} runs {statistics.median(w):.1f} s "
+                f"(min {min(w):.1f}, max {max(w):.1f})"
+            )
         if a.against:
             before, after = (statistics.median(w) for w in walls.values())
             print(f"after / before: {after / before:.3f}")

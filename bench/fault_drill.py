@@ -46,8 +46,12 @@ def drill(out: Path) -> dict:
     rec = json.loads((out / "attempts.json").read_text())
     final = json.loads((out / "final.json").read_text())
     atts = rec["attempts"]
-    row = {"outcomes": " → ".join(f"{a['outcome']} (B={a['global_batch']})" for a in atts),
-           "completed": rec["outcome"] == "completed", "steps_redone": 0, "recovery_s": None}  # fmt: skip
+    row = {
+        "outcomes": " → ".join(f"{a['outcome']} (B={a['global_batch']})" for a in atts),
+        "completed": rec["outcome"] == "completed",
+        "steps_redone": 0,
+        "recovery_s": None,
+    }
     if len(atts) > 1:
         marker = json.loads(next((out / "oom").glob("attempt1-rank*.json")).read_text())
         segs = json.loads((out / "segments.json").read_text())
@@ -67,10 +71,15 @@ def main() -> None:
     results: dict[str, list[dict]] = {p: [] for p in PLACES}
     with tempfile.TemporaryDirectory() as d:
         cfgp = Path(d) / "c.yaml"
-        cfgp.write_text(yaml.safe_dump({"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
-                                        "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
-                                        "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5,
-                                                   "executor": "local"}}))  # fmt: skip
+        cfgp.write_text(
+            yaml.safe_dump(
+                {
+                    "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
+                    "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
+                    "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"},
+                }
+            )
+        )
         sel = Path(d) / "sel.json"
         sel.write_text('{"selected": {"workers": 2, "global_batch": 64}}')
         for i in range(a.runs):
@@ -78,19 +87,48 @@ def main() -> None:
                 out = Path(d) / f"{place}-{i}"
                 env = dict(os.environ, TULA_INJECT_FAULT=fault)
                 t0 = time.perf_counter()
-                r = subprocess.run([tula, "launch", "--config", str(cfgp), "--selection", str(sel), "--out-dir",
-                                    str(out)], env=env, capture_output=True, text=True)  # fmt: skip
+                r = subprocess.run(
+                    [
+                        tula,
+                        "launch",
+                        "--config",
+                        str(cfgp),
+                        "--selection",
+                        str(sel),
+                        "--out-dir",
+                        str(out),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 wall = time.perf_counter() - t0
-                row = drill(out) if r.returncode == 0 else {"outcomes": f"launch failed: {r.stderr[-300:]}",
-                                                            "completed": False, "steps_redone": None,
-                                                            "recovery_s": None}  # fmt: skip
+                row = (
+                    drill(out)
+                    if r.returncode == 0
+                    else {
+                        "outcomes": f"launch failed: {r.stderr[-300:]}",
+                        "completed": False,
+                        "steps_redone": None,
+                        "recovery_s": None,
+                    }
+                )
                 results[place].append({**row, "wall_s": wall})
-                print(f"run {i + 1} {place}: {row['outcomes']}, redone {row['steps_redone']}, recovery "
-                      f"{row['recovery_s']}, wall {wall:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"run {i + 1} {place}: {row['outcomes']}, redone {row['steps_redone']}, "
+                    f"recovery {row['recovery_s']}, wall {wall:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     base = statistics.median(r["wall_s"] for r in results["none"])
-    print(f"\n## Fault drill: OOM at each place, {a.runs} runs each, 2 workers, digits, 2 epochs, B=64\n")
-    print("| place | outcome (every run) | completed | steps redone | fault → resumed training (median, range) "
-          "| wall time (median) | vs no fault |")
+    print(
+        f"\n## Fault drill: OOM at each place, {a.runs} runs each, 2 workers, digits, 2 epochs, "
+        "B=64\n"
+    )
+    print(
+        "| place | outcome (every run) | completed | steps redone | fault → resumed training "
+        "(median, range) | wall time (median) | vs no fault |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for place, rows in results.items():
         outcomes = sorted({r["outcomes"] for r in rows})
@@ -98,8 +136,10 @@ def main() -> None:
         rec_s = f"{statistics.median(rec):.2f} s ({min(rec):.2f}–{max(rec):.2f})" if rec else "—"
         redone = sorted({r["steps_redone"] for r in rows}, key=str)
         wall = statistics.median(r["wall_s"] for r in rows)
-        print(f"| {place} | {' / '.join(outcomes)} | {sum(r['completed'] for r in rows)}/{len(rows)} | "
-              f"{', '.join(map(str, redone))} | {rec_s} | {wall:.1f} s | {wall / base:.2f}x |")
+        print(
+            f"| {place} | {' / '.join(outcomes)} | {sum(r['completed'] for r in rows)}/{len(rows)} "
+            f"| {', '.join(map(str, redone))} | {rec_s} | {wall:.1f} s | {wall / base:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -54,17 +54,25 @@ def _one_image(args) -> None:
     k = i % 10
     h, w = 300 + (i % 7) * 10, 360 - (i % 5) * 12  # about the size of ../shared/gpu/mkjpeg.py's
     base = np.array([(k * 37) % 256, (k * 91) % 256, (k * 53) % 256], np.float32)
-    img = base + rng.normal(0, 40, (h, w, 3)) + np.linspace(-40, 40, w)[None, :, None] * (1 if k % 2 else -1)
+    img = (
+        base
+        + rng.normal(0, 40, (h, w, 3))
+        + np.linspace(-40, 40, w)[None, :, None] * (1 if k % 2 else -1)
+    )
     out = Path(root) / split / f"class_{k}"
     out.mkdir(parents=True, exist_ok=True)
     from PIL import Image
 
-    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(out / f"{i:06d}.{fmt}", **({"quality": 90} if fmt == "jpg" else {}))
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+        out / f"{i:06d}.{fmt}", **({"quality": 90} if fmt == "jpg" else {})
+    )
 
 
 def make_folder(root: Path, images: int, fmt: str) -> Path:
     val = max(images // 10, 10)
-    jobs = [(str(root), i, "train", fmt) for i in range(images)] + [(str(root), images + i, "val", fmt) for i in range(val)]
+    jobs = [(str(root), i, "train", fmt) for i in range(images)] + [
+        (str(root), images + i, "val", fmt) for i in range(val)
+    ]
     with Pool(os.cpu_count()) as p:
         p.map(_one_image, jobs, chunksize=32)
     return root
@@ -77,7 +85,14 @@ class Before(torch.utils.data.Dataset):
         from torchvision import transforms as T
         from torchvision.datasets import ImageFolder
 
-        tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        tf = T.Compose(
+            [
+                T.RandomResizedCrop(size),
+                T.RandomHorizontalFlip(),
+                T.ToTensor(),
+                T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            ]
+        )
         self.base, self.seed = ImageFolder(str(root / "train"), transform=tf), seed
 
     def __len__(self) -> int:
@@ -90,9 +105,17 @@ class Before(torch.utils.data.Dataset):
             return self.base[i]
 
 
-def images_per_s(dataset, sampler, workers: int, batches: int, repeats: int) -> tuple[float, list[float]]:
-    dl = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=data_mod.collate,
-                    persistent_workers=workers > 0, prefetch_factor=4 if workers else None)  # fmt: skip
+def images_per_s(
+    dataset, sampler, workers: int, batches: int, repeats: int
+) -> tuple[float, list[float]]:
+    dl = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        collate_fn=data_mod.collate,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None,
+    )
     rates = []
     for epoch in range(1, repeats + 1):
         sampler.set_position(epoch, 0)
@@ -105,10 +128,13 @@ def images_per_s(dataset, sampler, workers: int, batches: int, repeats: int) -> 
     return statistics.median(rates), rates
 
 
-def feed_images_per_s(raw: dict, ds, device: torch.device, workers: int, batch: int, batches: int,
-                      repeats: int) -> tuple[float, list[float]]:  # fmt: skip
+def feed_images_per_s(
+    raw: dict, ds, device: torch.device, workers: int, batch: int, batches: int, repeats: int
+) -> tuple[float, list[float]]:
     """Images/s through Tula's DeviceFeed (decoding on the device), synchronised per batch."""
-    cfg = config_mod.from_dict({**raw, "data": {**raw["data"], "decode": "gpu", "num_workers": workers}})
+    cfg = config_mod.from_dict(
+        {**raw, "data": {**raw["data"], "decode": "gpu", "num_workers": workers}}
+    )
     dl, sampler = loader_mod.train_loader(cfg, ds, batch, 0, 1, device)
     feed = loader_mod.DeviceFeed(cfg, ds, dl, sampler, device, channels_last=True)
     rates = []
@@ -154,14 +180,22 @@ def parts(root: Path, n: int = 100) -> dict:
         return torch.rand((), generator=torch.Generator().manual_seed(sample_seed(0, 1, i)))
 
     keys = list(range(1000))
-    return {"decode_pil_us": per_image_us(pil, files), "decode_torchvision_io_us": per_image_us(decode, files),
-            "seed_fork_rng_us": per_image_us(fork, keys), "seed_generator_us": per_image_us(own, keys)}  # fmt: skip
+    return {
+        "decode_pil_us": per_image_us(pil, files),
+        "decode_torchvision_io_us": per_image_us(decode, files),
+        "seed_fork_rng_us": per_image_us(fork, keys),
+        "seed_generator_us": per_image_us(own, keys),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--folder", type=Path, help="an image folder (root/train/<class>/*); default: one made here")
+    ap.add_argument(
+        "--folder", type=Path, help="an image folder (root/train/<class>/*); default: one made here"
+    )
     ap.add_argument("--format", default="png", choices=["png", "jpg"])
     ap.add_argument("--images", type=int, default=600)
     ap.add_argument("--size", type=int, default=64, help="data.image_size")
@@ -174,7 +208,10 @@ def main() -> None:
     torch.set_num_threads(1)  # as in a loader worker; the main process is one of them at 0 workers
     scratch = Path(tempfile.mkdtemp(prefix="tula-gpu-input-"))
     root = a.folder or make_folder(scratch / "images", a.images, a.format)
-    raw = {"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": a.size, "train_augment": "random_resized_crop"}}
+    raw = {
+        "workload": {"dataset": f"imagefolder:{root}"},
+        "data": {"image_size": a.size, "train_augment": "random_resized_crop"},
+    }
     cfg = config_mod.from_dict(raw)
     tula_ds = loader_mod.Seeded(data_mod.load_config(cfg).train, cfg.workload.seed)
     before_ds = Before(root, a.size, cfg.workload.seed)
@@ -183,23 +220,61 @@ def main() -> None:
     for workers in [int(w) for w in a.workers.split(",")]:
         for name, ds in (("before", before_ds), ("tula", tula_ds)):
             sampler = loader_mod.EpochBatchSampler(n, a.batch, 0, 1, cfg.workload.seed)
-            rate, rates = images_per_s(ds, sampler, workers, min(a.batches, len(sampler) - 1), a.repeats)
-            rows.append({"variant": name, "workers": workers, "images_per_s": rate, "passes": rates})
-            print(f"{name:7s} workers={workers:2d}  {rate:8.1f} images/s  passes {[round(r) for r in rates]}", flush=True)
+            rate, rates = images_per_s(
+                ds, sampler, workers, min(a.batches, len(sampler) - 1), a.repeats
+            )
+            rows.append(
+                {"variant": name, "workers": workers, "images_per_s": rate, "passes": rates}
+            )
+            print(
+                f"{name:7s} workers={workers:2d}  {rate:8.1f} images/s  passes "
+                f"{[round(r) for r in rates]}",
+                flush=True,
+            )
         if a.format == "jpg":
-            rate, rates = feed_images_per_s(raw, data_mod.load_config(cfg), torch.device(a.device), workers, a.batch,
-                                            min(a.batches, n // a.batch - 1), a.repeats)  # fmt: skip
-            rows.append({"variant": "tula_decode_on_device", "workers": workers, "images_per_s": rate, "passes": rates})
-            print(f"tula_decode_on_device workers={workers:2d}  {rate:8.1f} images/s  passes {[round(r) for r in rates]}",
-                  flush=True)  # fmt: skip
+            rate, rates = feed_images_per_s(
+                raw,
+                data_mod.load_config(cfg),
+                torch.device(a.device),
+                workers,
+                a.batch,
+                min(a.batches, n // a.batch - 1),
+                a.repeats,
+            )
+            rows.append(
+                {
+                    "variant": "tula_decode_on_device",
+                    "workers": workers,
+                    "images_per_s": rate,
+                    "passes": rates,
+                }
+            )
+            print(
+                f"tula_decode_on_device workers={workers:2d}  {rate:8.1f} images/s  passes "
+                f"{[round(r) for r in rates]}",
+                flush=True,
+            )
     by = {(r["variant"], r["workers"]): r["images_per_s"] for r in rows}
     for workers in sorted({r["workers"] for r in rows}):
-        print(f"workers={workers:2d}  tula / before = {by['tula', workers] / by['before', workers]:.2f}x")
+        print(
+            f"workers={workers:2d}  tula / before = "
+            f"{by['tula', workers] / by['before', workers]:.2f}x"
+        )
     p = parts(root)
     print("per image: " + ", ".join(f"{k} {v:.0f}" for k, v in p.items()))
-    result = {"device": torch.cuda.get_device_name() if a.device == "cuda" else f"cpu ({os.cpu_count()} cores)",
-              "torch": torch.__version__, "format": a.format, "images": n, "image_size": a.size, "batch": a.batch,
-              "rows": rows, "parts": p, "command": " ".join(sys.argv)}  # fmt: skip
+    result = {
+        "device": torch.cuda.get_device_name()
+        if a.device == "cuda"
+        else f"cpu ({os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "format": a.format,
+        "images": n,
+        "image_size": a.size,
+        "batch": a.batch,
+        "rows": rows,
+        "parts": p,
+        "command": " ".join(sys.argv),
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1))
     print("wrote", a.out)

@@ -16,8 +16,9 @@ the step is the median block mean, its scatter the blocks' CV. Then host reads: 
 10 steady-state steps under torch.cuda.set_sync_debug_mode("error") (a synchronising call
 raises), and the first-step costs the probe records.
 
-    python bench/gpu_step.py --device cuda --model tv_resnet50 --size 224 --batches 32,64,128,256,512,1024
-    python bench/gpu_step.py --device cpu      # the same script on this 2-core machine (small_cnn, 8 px)
+    python bench/gpu_step.py --device cuda --model tv_resnet50 --size 224 \
+        --batches 32,64,128,256,512,1024
+    python bench/gpu_step.py --device cpu   # this 2-core machine (small_cnn, 8 px)
 
 Prints one row per (B, variant) and writes --out (JSON).
 """
@@ -59,9 +60,18 @@ def tula_config(a, npz: Path, method: str = "ags", compile_on: bool = False) -> 
     raw = {
         "workload": {"model": a.model, "dataset": f"npz:{npz}", "epochs": 1},
         "grid": {"workers": [1], "batch_min": min(a.batches), "batch_max": max(a.batches)},
-        "hardware": {"device": a.device, "device_memory_gb": a.memory_gb, "threads_per_worker": a.threads},
-        "train": {"method": method, "precision": a.precision, "channels_last": a.device == "cuda",
-                  "compile": "on" if compile_on else "off", "lr": 0.1},
+        "hardware": {
+            "device": a.device,
+            "device_memory_gb": a.memory_gb,
+            "threads_per_worker": a.threads,
+        },
+        "train": {
+            "method": method,
+            "precision": a.precision,
+            "channels_last": a.device == "cuda",
+            "compile": "on" if compile_on else "off",
+            "lr": 0.1,
+        },
         "data": {"eval_batch_size": 256},
     }
     return config_mod.from_dict(raw, source="bench/gpu_step.py")
@@ -84,7 +94,11 @@ def blocks(run_block, device, warm: int, n_blocks: int, block: int) -> dict:
         done, seconds = run_block(block)
         means.append(seconds / done)
     med = statistics.median(means)
-    return {"step_s": med, "cv": statistics.pstdev(means) / statistics.fmean(means), "blocks": means}
+    return {
+        "step_s": med,
+        "cv": statistics.pstdev(means) / statistics.fmean(means),
+        "blocks": means,
+    }
 
 
 def plain(a, device, B: int, compiled: bool) -> dict:
@@ -122,7 +136,9 @@ def plain(a, device, B: int, compiled: bool) -> dict:
     return out
 
 
-def tula(a, device, npz: Path, B: int, compiled: bool, production: bool, method: str = "ags") -> dict:
+def tula(
+    a, device, npz: Path, B: int, compiled: bool, production: bool, method: str = "ags"
+) -> dict:
     cfg = tula_config(a, npz, method, compiled)
     r = Replica(cfg, device, B, 0, 1)
     t0 = time.perf_counter()
@@ -137,12 +153,16 @@ def tula(a, device, npz: Path, B: int, compiled: bool, production: bool, method:
                 done, seconds = done + n, seconds + t * n
         return done, seconds
 
-    def production_stretch(k: int) -> tuple[int, float]:  # Trainer.train_epoch: steps queued, one sync at the end
+    # Trainer.train_epoch: steps queued, one sync at the end
+    def production_stretch(
+        k: int,
+    ) -> tuple[int, float]:
         done, seconds = 0, 0.0
         while done < k:
             n = min(k - done, r.plain_steps_ahead())
             if n < 1:
-                r.next_timed_step()  # an epoch's start or its short last batch: timed apart, as the trainer does
+                # an epoch's start or its short last batch: timed apart, as the trainer does
+                r.next_timed_step()
                 continue
             r._batches = r.epoch_batches() if r._batches is None else r._batches
             sync(device)
@@ -153,15 +173,18 @@ def tula(a, device, npz: Path, B: int, compiled: bool, production: bool, method:
             done, seconds = done + n, seconds + time.perf_counter() - t0
         return done, seconds
 
-    out = blocks(production_stretch if production else probe_block, device, a.warm, a.blocks, a.block)
+    out = blocks(
+        production_stretch if production else probe_block, device, a.warm, a.blocks, a.block
+    )
     out["first_step_s"] = first
-    del r
+    r = None  # the replica (and its device memory) goes before the next point
     return out
 
 
 def host_reads(a, device, npz: Path, B: int) -> dict:
     """Each method's 10 steady-state steps with CUDA's sync debug mode on "error"."""
-    if device.type != "cuda":  # nothing to synchronise with: tests/runtime/test_host_reads.py counts reads on CPU
+    # nothing to synchronise with: tests/runtime/test_host_reads.py counts reads on CPU
+    if device.type != "cuda":
         return {m: "not checked on CPU (see tests/runtime/test_host_reads.py)" for m in METHODS}
     res = {}
     for method in METHODS:
@@ -200,8 +223,11 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--block", type=int, default=5)
-    ap.add_argument("--variants", default="plain,tula_probe,tula_production,plain_compiled,tula_probe_compiled,"
-                                          "tula_production_compiled")
+    ap.add_argument(
+        "--variants",
+        default="plain,tula_probe,tula_production,plain_compiled,tula_probe_compiled,"
+        "tula_production_compiled",
+    )
     ap.add_argument("--no-host-reads", action="store_true")
     ap.add_argument("--out", default="gpu_step.json")
     a = ap.parse_args()
@@ -210,19 +236,35 @@ def main() -> None:
     a.size = a.size or (224 if gpu else 8)
     a.precision = a.precision or ("bf16" if gpu else "fp32")
     a.memory_gb = a.memory_gb if a.memory_gb is not None else (80 if gpu else None)
-    a.batches = [int(b) for b in (a.batches or ("32,64,128,256,512,1024" if gpu else "32,64,128")).split(",")]
+    a.batches = [
+        int(b) for b in (a.batches or ("32,64,128,256,512,1024" if gpu else "32,64,128")).split(",")
+    ]
     comp = [int(b) for b in a.compile_batches.split(",")] if a.compile_batches else a.batches
-    a.samples = a.samples or max(a.batches) * (2 * a.block + 3)  # whole blocks between an epoch's start and end
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561"})
+    # whole blocks between an epoch's start and end
+    a.samples = a.samples or max(a.batches) * (2 * a.block + 3)
+    os.environ.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561"}
+    )
     tmp = Path(tempfile.mkdtemp())
     npz = tmp / "data.npz"
     make_npz(npz, a.samples, a.size)
     _, device, backend = dist.init(tula_config(a, npz).hardware)
     name = torch.cuda.get_device_name(device) if gpu else "cpu"
-    print(f"device {name}, backend {backend}, torch {torch.__version__}, {a.model} {a.size}px {a.precision}, "
-          f"{a.samples} samples", flush=True)
-    result = {"device": name, "torch": torch.__version__, "model": a.model, "size": a.size, "precision": a.precision,
-              "block": a.block, "blocks": a.blocks, "rows": []}
+    print(
+        f"device {name}, backend {backend}, torch {torch.__version__}, {a.model} {a.size}px "
+        f"{a.precision}, {a.samples} samples",
+        flush=True,
+    )
+    result = {
+        "device": name,
+        "torch": torch.__version__,
+        "model": a.model,
+        "size": a.size,
+        "precision": a.precision,
+        "block": a.block,
+        "blocks": a.blocks,
+        "rows": [],
+    }
     runners = {
         "plain": lambda B: plain(a, device, B, False),
         "plain_compiled": lambda B: plain(a, device, B, True),
@@ -246,11 +288,21 @@ def main() -> None:
             base[v] = r["step_s"]
             ref = base.get("plain_compiled" if "compiled" in v else "plain")
             ratio = r["step_s"] / ref if ref else None
-            row = {"batch": B, "variant": v, **r, "images_per_s": B / r["step_s"], "ratio_to_plain": ratio,
-                   "wall_s": time.perf_counter() - t0}
+            row = {
+                "batch": B,
+                "variant": v,
+                **r,
+                "images_per_s": B / r["step_s"],
+                "ratio_to_plain": ratio,
+                "wall_s": time.perf_counter() - t0,
+            }
             result["rows"].append(row)
-            print(f"B={B:5d} {v:26s} {1e3 * r['step_s']:8.2f} ms  {B / r['step_s']:8.0f} img/s  CV {100 * r['cv']:5.2f} %  "
-                  f"first {r['first_step_s']:.2f} s" + (f"  x{ratio:.3f} of plain" if ratio else ""), flush=True)
+            print(
+                f"B={B:5d} {v:26s} {1e3 * r['step_s']:8.2f} ms  {B / r['step_s']:8.0f} img/s  CV "
+                f"{100 * r['cv']:5.2f} %  "
+                f"first {r['first_step_s']:.2f} s" + (f"  x{ratio:.3f} of plain" if ratio else ""),
+                flush=True,
+            )
             if gpu:
                 torch.cuda.empty_cache()
         Path(a.out).write_text(json.dumps(result, indent=1))

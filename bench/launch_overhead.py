@@ -53,8 +53,16 @@ def part_a(reps: int) -> None:
         loss_fn(model(x), y).backward()
         refresh_scales(model, opt, loss_fn, x[:32], y[:32])
         opt.step()
-        state = {"fingerprint": "bench", "epoch": 1, "offset": 256, "global_batch": 256, "workers": 1,
-                 "model": model.state_dict(), "optimizer": opt.state_dict(), "ranks": [checkpoint.rng_state()]}  # fmt: skip
+        state = {
+            "fingerprint": "bench",
+            "epoch": 1,
+            "offset": 256,
+            "global_batch": 256,
+            "workers": 1,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "ranks": [checkpoint.rng_state()],
+        }
         writes, loads = [], []
         with tempfile.TemporaryDirectory() as d:
             for i in range(reps):
@@ -67,8 +75,10 @@ def part_a(reps: int) -> None:
                 assert loaded.step == i + 1
             size = pt.stat().st_size
         n_params = sum(p.numel() for p in model.parameters())
-        print(f"| {name} | {n_params:,} | {size / 2**20:.2f} MiB | {1e3 * statistics.median(writes):.1f} ms "
-              f"| {1e3 * statistics.median(loads):.1f} ms |")  # fmt: skip
+        print(
+            f"| {name} | {n_params:,} | {size / 2**20:.2f} MiB | "
+            f"{1e3 * statistics.median(writes):.1f} ms | {1e3 * statistics.median(loads):.1f} ms |"
+        )
 
 
 def _part_b_worker(rank: int, world: int, port: int, steps: int, rounds: int, q) -> None:
@@ -77,7 +87,9 @@ def _part_b_worker(rank: int, world: int, port: int, steps: int, rounds: int, q)
     torch_dist.init_process_group("gloo", rank=rank, world_size=world)
     ds = data.load_config(config.from_dict({"workload": {"dataset": "digits"}}))
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(build_model("small_cnn", ds.input_shape, ds.num_classes))
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        build_model("small_cnn", ds.input_shape, ds.num_classes)
+    )
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     b = 128 // world
@@ -107,9 +119,14 @@ def part_b(rounds: int) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = 29000 + os.getpid() % 1000
-    mp.start_processes(_part_b_worker, args=(2, port, 20, rounds, q), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        _part_b_worker, args=(2, port, 20, rounds, q), nprocs=2, join=True, start_method="spawn"
+    )
     step, agree = q.get()
-    print("\n## B. Per-step agreement (OOM / stop flags) vs a DDP step, 2 processes, gloo, small_cnn, B=128\n")
+    print(
+        "\n## B. Per-step agreement (OOM / stop flags) vs a DDP step, 2 processes, gloo, "
+        "small_cnn, B=128\n"
+    )
     print("| DDP training step (median) | agreement all-reduce (median) | overhead |")
     print("|---:|---:|---:|")
     print(f"| {1e3 * step:.2f} ms | {1e3 * agree:.3f} ms | {100 * agree / step:.1f} % |")
@@ -117,14 +134,23 @@ def part_b(rounds: int) -> None:
 
 def part_c(runs: int) -> None:
     tula = str(Path(sys.executable).parent / "tula")
-    cases = {"uninterrupted": "", "USR2 at step 20 (requeue)": "signal:step=20,sig=USR2",
-             "OOM at step 20 (relaunch at B=32)": "oom:step=20,rank=1,batch=64"}  # fmt: skip
+    cases = {
+        "uninterrupted": "",
+        "USR2 at step 20 (requeue)": "signal:step=20,sig=USR2",
+        "OOM at step 20 (relaunch at B=32)": "oom:step=20,rank=1,batch=64",
+    }
     times: dict[str, list[float]] = {k: [] for k in cases}
     with tempfile.TemporaryDirectory() as d:
         cfgp = Path(d) / "c.yaml"
-        cfgp.write_text(yaml.safe_dump({"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
-                                        "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
-                                        "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5}}))  # fmt: skip
+        cfgp.write_text(
+            yaml.safe_dump(
+                {
+                    "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2},
+                    "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
+                    "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5},
+                }
+            )
+        )
         sel = Path(d) / "sel.json"
         sel.write_text('{"selected": {"workers": 2, "global_batch": 64}}')
         for i in range(runs):
@@ -132,11 +158,26 @@ def part_c(runs: int) -> None:
                 out = Path(d) / f"run{i}-{len(times[name])}-{abs(hash(name))}"
                 env = dict(os.environ, TULA_INJECT_FAULT=fault)
                 t0 = time.perf_counter()
-                subprocess.run([tula, "launch", "--config", str(cfgp), "--selection", str(sel), "--out-dir", str(out)],
-                               check=True, env=env, capture_output=True)  # fmt: skip
+                subprocess.run(
+                    [
+                        tula,
+                        "launch",
+                        "--config",
+                        str(cfgp),
+                        "--selection",
+                        str(sel),
+                        "--out-dir",
+                        str(out),
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
                 times[name].append(time.perf_counter() - t0)
     base = statistics.median(times["uninterrupted"])
-    print(f"\n## C. `tula launch` wall time, 2 workers, digits, 2 epochs, B=64 (median of {runs})\n")
+    print(
+        f"\n## C. `tula launch` wall time, 2 workers, digits, 2 epochs, B=64 (median of {runs})\n"
+    )
     print("| run | wall time | vs uninterrupted |")
     print("|---|---:|---:|")
     for name, ts in times.items():

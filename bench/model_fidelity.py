@@ -46,29 +46,37 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from _harness import ROOT
 
+from _harness import ROOT
 from tula import config as config_mod
 from tula.io import read_json, write_json
 from tula.model import memory
 from tula.model import perf as perfmodel
+from tula.model.choice import select
 from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
 from tula.stages.aggregate import rows_from_memory_probe, rows_from_probe
 from tula.stages.predict import predict
-from tula.model.choice import select
 
 
 def pct(pred, true) -> np.ndarray:
-    return 100.0 * np.abs(np.asarray(pred, float) - np.asarray(true, float)) / np.asarray(true, float)
+    return (
+        100.0 * np.abs(np.asarray(pred, float) - np.asarray(true, float)) / np.asarray(true, float)
+    )
 
 
 def summary(errors) -> dict:
     e = np.asarray(list(errors), float)
-    return {"median_pct": float(np.median(e)), "max_pct": float(np.max(e)), "n": int(e.size)} if e.size else {"n": 0}
+    return (
+        {"median_pct": float(np.median(e)), "max_pct": float(np.max(e)), "n": int(e.size)}
+        if e.size
+        else {"n": 0}
+    )
 
 
 def step_of(perf: perfmodel.PerfModel, points) -> np.ndarray:
-    return perf.step_time_s(np.array([p[0] for p in points], float), np.array([p[1] // p[0] for p in points], float))
+    return perf.step_time_s(
+        np.array([p[0] for p in points], float), np.array([p[1] // p[0] for p in points], float)
+    )
 
 
 # -- (a) this machine ---------------------------------------------------------------------
@@ -108,45 +116,84 @@ def part_a(repeats: int, out: Path) -> dict:
     for r in range(repeats):
         for i, p in enumerate(points):
             f = out / "probes" / f"r{r}" / f"{p.name}.json"
-            rec = read_json(f) if f.exists() else probe.run(cfg_path, p.workers, p.global_batch, f, memory_probe=mp_path)
+            rec = (
+                read_json(f)
+                if f.exists()
+                else probe.run(cfg_path, p.workers, p.global_batch, f, memory_probe=mp_path)
+            )
             if rec["status"] != "ok":
                 sys.exit(f"probe {p.name} repeat {r} failed: {rec.get('error')}")
             rows += [{**row, "repeat": r, "job": p} for row in rows_from_probe(rec, str(f))]
-            print(f"[fidelity a] repeat {r + 1}/{repeats}, point {i + 1}/{len(points)} "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"[fidelity a] repeat {r + 1}/{repeats}, point {i + 1}/{len(points)} "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
     m = pd.DataFrame(rows)
     mem_rows = pd.DataFrame(rows_from_memory_probe(mp, str(mp_path)))
     pr = m[m["source"] == "probe"]
     truth = pr.groupby(["workers", "global_batch"])["step_time_s"].median()
     floor = noise_floor(pr)
-    errs: dict[str, list[float]] = {"partial": [], "partial_without_sweep": [], "full": [], "partial_on_corners": []}
+    errs: dict[str, list[float]] = {
+        "partial": [],
+        "partial_without_sweep": [],
+        "full": [],
+        "partial_on_corners": [],
+    }
     forms: dict[str, list[str]] = {"partial": [], "full": []}
     for r in range(repeats):
         mr = m[m["repeat"] == r]
         fit_rows = pd.concat([mr[mr["job"].isin(corners)], mem_rows], ignore_index=True)
         perf = perfmodel.fit(fit_rows, cfg.hardware.collective)
-        forms["partial"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
+        forms["partial"].append(
+            f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}"
+        )
         held = [(p.workers, p.global_batch) for p in points if p not in corners]
         errs["partial"] += list(pct(step_of(perf, held), [truth[k] for k in held]))
         no_sweep = perfmodel.fit(fit_rows[fit_rows["source"] != "sweep"], cfg.hardware.collective)
-        errs["partial_without_sweep"] += list(pct(step_of(no_sweep, held), [truth[k] for k in held]))
+        errs["partial_without_sweep"] += list(
+            pct(step_of(no_sweep, held), [truth[k] for k in held])
+        )
         own = [(p.workers, p.global_batch) for p in corners]
-        meas = [pr[(pr["repeat"] == r) & (pr["workers"] == n) & (pr["global_batch"] == b)]["step_time_s"].item() for n, b in own]
+        meas = [
+            pr[(pr["repeat"] == r) & (pr["workers"] == n) & (pr["global_batch"] == b)][
+                "step_time_s"
+            ].item()
+            for n, b in own
+        ]
         errs["partial_on_corners"] += list(pct(step_of(perf, own), meas))
         for p in points:
-            perf = perfmodel.fit(pd.concat([mr[mr["job"] != p], mem_rows], ignore_index=True), cfg.hardware.collective)
-            forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}")
-            errs["full"] += list(pct(step_of(perf, [(p.workers, p.global_batch)]), [truth[(p.workers, p.global_batch)]]))
+            perf = perfmodel.fit(
+                pd.concat([mr[mr["job"] != p], mem_rows], ignore_index=True),
+                cfg.hardware.collective,
+            )
+            forms["full"].append(
+                f"{perf.compute.form.name}/{perf.step.form.name if perf.step else '-'}"
+            )
+            errs["full"] += list(
+                pct(
+                    step_of(perf, [(p.workers, p.global_batch)]),
+                    [truth[(p.workers, p.global_batch)]],
+                )
+            )
     res = {
-        "workload": {"model": cfg.workload.model, "dataset": cfg.workload.dataset, "points": len(points),
-                     "repeats": repeats, "max_local_batch": bmax, "sweep_rows_per_job": float(
-                         (m["source"] == "sweep").sum() / (repeats * len(points)))},  # fmt: skip
+        "workload": {
+            "model": cfg.workload.model,
+            "dataset": cfg.workload.dataset,
+            "points": len(points),
+            "repeats": repeats,
+            "max_local_batch": bmax,
+            "sweep_rows_per_job": float((m["source"] == "sweep").sum() / (repeats * len(points))),
+        },
         "noise_floor_pct": floor,
         "within_probe_step_cv_pct": float(100 * pr["step_time_cv"].median()),
         "errors": {k: summary(v) for k, v in errs.items()},
         "ratio_to_noise_floor": {k: summary(v)["median_pct"] / floor for k, v in errs.items()},
         "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()},
-        "truth": [{"workers": n, "global_batch": b, "step_time_s": float(t)} for (n, b), t in truth.items()],
+        "truth": [
+            {"workers": n, "global_batch": b, "step_time_s": float(t)}
+            for (n, b), t in truth.items()
+        ],
     }
     return res
 
@@ -172,12 +219,20 @@ class Cluster:
 
     def sync(self, n):
         n = np.asarray(n, float)
-        return np.where(n > 1, 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * self.grad_bytes / self.bandwidth, 0.0)
+        return np.where(
+            n > 1,
+            2 * (n - 1) * self.alpha + 2 * (n - 1) / n * self.grad_bytes / self.bandwidth,
+            0.0,
+        )
 
     def step(self, n, b):
         c, s = self.compute(b), self.sync(n)
         fwd, bwd = c / 3, 2 * c / 3
-        return np.where(np.asarray(n) > 1, fwd + np.maximum(bwd, (1 - self.last_bucket) * s) + self.last_bucket * s, c)
+        return np.where(
+            np.asarray(n) > 1,
+            fwd + np.maximum(bwd, (1 - self.last_bucket) * s) + self.last_bucket * s,
+            c,
+        )
 
     def mem(self, b):
         return self.mem0 + self.mem1 * np.asarray(b, float)
@@ -187,9 +242,14 @@ class Cluster:
 
 
 def syn_config(batch_max: int = 8192, search: str = "partial") -> config_mod.Config:
-    return config_mod.from_dict({"grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": batch_max},
-                                 "search": search, "objective": "knee",
-                                 "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
+    return config_mod.from_dict(
+        {
+            "grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": batch_max},
+            "search": search,
+            "objective": "knee",
+            "hardware": {"device_memory_gb": 32, "memory_margin": 0.1},
+        }
+    )
 
 
 def noisy(x, rng):
@@ -200,15 +260,25 @@ def mem_noisy(x, rng):
     return float(x) * (1 + MEM_NOISE * rng.standard_normal())
 
 
-def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tuple[list[dict], int | None]:
-    """Tula's memory probe on the cluster: its default batches, then its b_max check (next_probe_batch)."""
+def syn_memory_probe(
+    cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE
+) -> tuple[list[dict], int | None]:
+    """Tula's memory probe on the cluster: its default batches, then its b_max check
+    (next_probe_batch)."""
     from tula.model.memory import next_probe_batch, probe_batches
 
     def point(b):
         ok = cl.mem(b) <= 32e9
-        return {"workers": 1, "global_batch": b, "local_batch": b, "status": "ok" if ok else "oom",
-                "peak_mem_bytes": float(cl.mem(b)) * (1 + mem_noise * rng.standard_normal()) if ok else None,
-                "source": "memory"}  # fmt: skip
+        return {
+            "workers": 1,
+            "global_batch": b,
+            "local_batch": b,
+            "status": "ok" if ok else "oom",
+            "peak_mem_bytes": float(cl.mem(b)) * (1 + mem_noise * rng.standard_normal())
+            if ok
+            else None,
+            "source": "memory",
+        }
 
     pts = []
     for b in probe_batches(cfg):
@@ -218,7 +288,9 @@ def syn_memory_probe(cfg, cl: Cluster, rng, mem_noise: float = MEM_NOISE) -> tup
     while (b := next_probe_batch(cfg, pts)) is not None:
         pts.append(point(b))
     ok = [p for p in pts if p["status"] == "ok"]
-    model = memory.from_points(ok, [p for p in pts if p["status"] == "oom"], cfg.hardware.memory_budget_bytes)
+    model = memory.from_points(
+        ok, [p for p in pts if p["status"] == "oom"], cfg.hardware.memory_budget_bytes
+    )
     return pts, model.max_local_batch()
 
 
@@ -226,21 +298,58 @@ def syn_job(cfg, cl: Cluster, p: Point, bmax, rng, sweep: bool = True) -> list[d
     """The rows of one simulated probe job: its probe row and (with ``sweep``) its sweep rows."""
     b = p.local_batch
     if cl.mem(b) > 32e9:
-        return [{"workers": p.workers, "global_batch": p.global_batch, "local_batch": b, "status": "oom",
-                 "source": "probe", "job": p}]  # fmt: skip
+        return [
+            {
+                "workers": p.workers,
+                "global_batch": p.global_batch,
+                "local_batch": b,
+                "status": "oom",
+                "source": "probe",
+                "job": p,
+            }
+        ]
     comp, step = noisy(cl.compute(b), rng), noisy(cl.step(p.workers, b), rng)
-    rows = [{"workers": p.workers, "global_batch": p.global_batch, "local_batch": b, "status": "ok", "source": "probe",
-             "compute_time_s": comp, "step_time_s": step, "sync_time_s": max(step - comp, 0.0),
-             "step_time_cv": NOISE, "peak_mem_bytes": mem_noisy(cl.mem(b), rng), "job": p}]  # fmt: skip
+    rows = [
+        {
+            "workers": p.workers,
+            "global_batch": p.global_batch,
+            "local_batch": b,
+            "status": "ok",
+            "source": "probe",
+            "compute_time_s": comp,
+            "step_time_s": step,
+            "sync_time_s": max(step - comp, 0.0),
+            "step_time_cv": NOISE,
+            "peak_mem_bytes": mem_noisy(cl.mem(b), rng),
+            "job": p,
+        }
+    ]
     if sweep:
         for lb in sweep_local_batches(cfg, p.workers, b, bmax, D_SYN // 4):
             if cl.mem(lb) > 32e9:
-                rows.append({"workers": p.workers, "global_batch": p.global_batch, "local_batch": lb, "status": "oom",
-                             "source": "sweep", "job": p})  # fmt: skip
+                rows.append(
+                    {
+                        "workers": p.workers,
+                        "global_batch": p.global_batch,
+                        "local_batch": lb,
+                        "status": "oom",
+                        "source": "sweep",
+                        "job": p,
+                    }
+                )
                 break
-            rows.append({"workers": p.workers, "global_batch": p.global_batch, "local_batch": lb, "status": "ok",
-                         "source": "sweep", "compute_time_s": noisy(cl.compute(lb), rng),
-                         "peak_mem_bytes": mem_noisy(cl.mem(lb), rng), "job": p})  # fmt: skip
+            rows.append(
+                {
+                    "workers": p.workers,
+                    "global_batch": p.global_batch,
+                    "local_batch": lb,
+                    "status": "ok",
+                    "source": "sweep",
+                    "compute_time_s": noisy(cl.compute(lb), rng),
+                    "peak_mem_bytes": mem_noisy(cl.mem(lb), rng),
+                    "job": p,
+                }
+            )
     return rows
 
 
@@ -255,7 +364,11 @@ def feasible_points(cfg, cl: Cluster) -> list[Point]:
 def part_b(seeds: int, full_seeds: int) -> dict:
     cl = Cluster()
     cfg = syn_config()
-    errs: dict[str, list[float]] = {"partial_with_sweep": [], "partial_without_sweep": [], "full": []}
+    errs: dict[str, list[float]] = {
+        "partial_with_sweep": [],
+        "partial_without_sweep": [],
+        "full": [],
+    }
     forms: dict[str, list[str]] = {k: [] for k in errs}
     feas = feasible_points(cfg, cl)
     for seed in range(seeds):
@@ -268,20 +381,35 @@ def part_b(seeds: int, full_seeds: int) -> dict:
             rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng, sweep)]
             perf = syn_fit(rows)
             forms[key].append(f"{perf.compute.form.name}/{perf.step.form.name}")
-            errs[key] += list(pct(step_of(perf, [(p.workers, p.global_batch) for p in held]), truth))
+            errs[key] += list(
+                pct(step_of(perf, [(p.workers, p.global_batch) for p in held]), truth)
+            )
     for seed in range(full_seeds):
         rng = np.random.default_rng(1000 + seed)
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
-        jobs = {p: syn_job(cfg, cl, p, bmax, rng) for p in search_set(syn_config(search="full"), bmax)}
+        jobs = {
+            p: syn_job(cfg, cl, p, bmax, rng) for p in search_set(syn_config(search="full"), bmax)
+        }
         for p in jobs:
             perf = syn_fit(mrows + [r for q, rows in jobs.items() if q != p for r in rows])
             forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name}")
-            errs["full"] += list(pct(step_of(perf, [(p.workers, p.global_batch)]), cl.step(p.workers, p.local_batch)))
+            errs["full"] += list(
+                pct(step_of(perf, [(p.workers, p.global_batch)]), cl.step(p.workers, p.local_batch))
+            )
         print(f"[fidelity b] full search, seed {seed + 1}/{full_seeds}", flush=True)
-    return {"cluster": {"workers": [1, 2, 4, 8, 16], "batch": [32, 8192], "b_max_true": cl.bmax(), "noise_pct": 100 * NOISE,
-                        "feasible_points": len(feas), "seeds_partial": seeds, "seeds_full": full_seeds},
-            "errors": {k: summary(v) for k, v in errs.items()},
-            "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()}}  # fmt: skip
+    return {
+        "cluster": {
+            "workers": [1, 2, 4, 8, 16],
+            "batch": [32, 8192],
+            "b_max_true": cl.bmax(),
+            "noise_pct": 100 * NOISE,
+            "feasible_points": len(feas),
+            "seeds_partial": seeds,
+            "seeds_full": full_seeds,
+        },
+        "errors": {k: summary(v) for k, v in errs.items()},
+        "forms": {k: pd.Series(v).value_counts().to_dict() for k, v in forms.items()},
+    }
 
 
 # -- (c) knee stability, (d) wasted probes ------------------------------------------------
@@ -289,7 +417,9 @@ def part_b(seeds: int, full_seeds: int) -> dict:
 
 def true_table(cfg, cl: Cluster) -> pd.DataFrame:
     pts = grid(cfg)
-    df = pd.DataFrame({"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df = pd.DataFrame(
+        {"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]}
+    )
     df["local_batch"] = df["global_batch"] // df["workers"]
     df["step_time_s"] = cl.step(df["workers"], df["local_batch"])
     df["train_time_s"] = np.ceil(D_SYN / df["global_batch"]) * df["step_time_s"]
@@ -323,12 +453,17 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         t_min = float(feas["train_time_s"].min())
         best_t = feas.groupby("global_batch")["train_time_s"].min()
         true_sel = select(tt, cfg)["knee"]
-        out["true_curve"][bm] = {"marginal": true_sel["marginal"]["global_batch"], "kneedle": true_sel["kneedle"]["global_batch"]}
+        out["true_curve"][bm] = {
+            "marginal": true_sel["marginal"]["global_batch"],
+            "kneedle": true_sel["kneedle"]["global_batch"],
+        }
         rec: dict = {"marginal": [], "kneedle": []}
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
             mrows, bmax = syn_memory_probe(cfg, cl, rng)
-            rows = mrows + [r for p in search_set(cfg, bmax) for r in syn_job(cfg, cl, p, bmax, rng)]
+            rows = mrows + [
+                r for p in search_set(cfg, bmax) for r in syn_job(cfg, cl, p, bmax, rng)
+            ]
             perf = syn_fit(rows)
             mem = memory.fit(pd.DataFrame(rows), cfg.hardware.memory_budget_bytes)
             pred = predict(cfg, perf, mem, D_SYN)
@@ -340,12 +475,22 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
                     continue
                 knees[rule].setdefault(seed, []).append(b)
                 rec[rule].append({"knee": b, "true_T_over_min": float(best_t[b] / t_min)})
-        out["per_batch_max"][bm] = {rule: {"knees": pd.Series([r["knee"] for r in v]).value_counts().to_dict(),
-                                           "true_T_over_min_median": float(np.median([r["true_T_over_min"] for r in v if r["knee"]])),
-                                           "true_T_over_min_max": float(np.max([r["true_T_over_min"] for r in v if r["knee"]]))}
-                                    for rule, v in rec.items()}  # fmt: skip
-    out["max_move_doublings"] = {rule: int(max((np.ptp(np.log2(v)) for v in d.values() if len(v) == 3), default=-1))
-                                 for rule, d in knees.items()}  # fmt: skip
+        out["per_batch_max"][bm] = {
+            rule: {
+                "knees": pd.Series([r["knee"] for r in v]).value_counts().to_dict(),
+                "true_T_over_min_median": float(
+                    np.median([r["true_T_over_min"] for r in v if r["knee"]])
+                ),
+                "true_T_over_min_max": float(
+                    np.max([r["true_T_over_min"] for r in v if r["knee"]])
+                ),
+            }
+            for rule, v in rec.items()
+        }
+    out["max_move_doublings"] = {
+        rule: int(max((np.ptp(np.log2(v)) for v in d.values() if len(v) == 3), default=-1))
+        for rule, d in knees.items()
+    }
     return out
 
 
@@ -353,12 +498,22 @@ def part_d(seeds: int) -> dict:
     cl = Cluster()
     out = {}
     for workers in ([1, 2, 4, 8, 16], [2, 4, 8, 16]):
-        cfg = config_mod.from_dict({"grid": {"workers": workers, "batch_min": 32, "batch_max": 8192},
-                                    "hardware": {"device_memory_gb": 32, "memory_margin": 0.1}})  # fmt: skip
+        cfg = config_mod.from_dict(
+            {
+                "grid": {"workers": workers, "batch_min": 32, "batch_max": 8192},
+                "hardware": {"device_memory_gb": 32, "memory_margin": 0.1},
+            }
+        )
         old = search_set(cfg)
         wasted_old = sum(cl.mem(p.local_batch) > 32e9 for p in old)
-        rec = {"old_corners": [p.name for p in old], "old_wasted": int(wasted_old),
-               "new_corners_seed0": [p.name for p in search_set(cfg, syn_memory_probe(cfg, cl, np.random.default_rng(0))[1])]}  # fmt: skip
+        rec = {
+            "old_corners": [p.name for p in old],
+            "old_wasted": int(wasted_old),
+            "new_corners_seed0": [
+                p.name
+                for p in search_set(cfg, syn_memory_probe(cfg, cl, np.random.default_rng(0))[1])
+            ],
+        }
         for label, mem_noise in (("", MEM_NOISE), ("_mem_noise_3pct", 0.03)):
             wasted, extra = [], []
             for seed in range(seeds):
@@ -383,10 +538,18 @@ def part_e(finals: list[Path]) -> dict:
         if d.get("predicted_step_time_s") is None:
             continue
         lo, hi = d.get("predicted_step_time_interval_s") or (None, None)
-        rows.append({"file": str(f), "workers": d["workers"], "global_batch": d["global_batch"],
-                     "predicted_step_time_s": d["predicted_step_time_s"], "measured_step_time_s": d["mean_step_time_s"],
-                     "interval_s": [lo, hi], "inside": lo is not None and lo <= d["mean_step_time_s"] <= hi,
-                     "ratio": d["step_time_ratio"]})  # fmt: skip
+        rows.append(
+            {
+                "file": str(f),
+                "workers": d["workers"],
+                "global_batch": d["global_batch"],
+                "predicted_step_time_s": d["predicted_step_time_s"],
+                "measured_step_time_s": d["mean_step_time_s"],
+                "interval_s": [lo, hi],
+                "inside": lo is not None and lo <= d["mean_step_time_s"] <= hi,
+                "ratio": d["step_time_ratio"],
+            }
+        )
     return {"runs": rows}
 
 
@@ -410,7 +573,9 @@ def plot_b(outdir: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, n in enumerate(cfg.grid.workers):
-        bs = np.array([b for b in batch_sizes(cfg) if b // n >= 1 and cl.mem(b // n) <= cl.budget], float)
+        bs = np.array(
+            [b for b in batch_sizes(cfg) if b // n >= 1 and cl.mem(b // n) <= cl.budget], float
+        )
         c = colors[i % len(colors)]
         ax.plot(bs, cl.step(n, bs // n), "o", color=c, ms=4, label=f"N={n} truth")
         ax.plot(bs, perf.step_time_s(np.full_like(bs, n), bs // n), "-", color=c, alpha=0.7)
@@ -427,10 +592,14 @@ def plot_b(outdir: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--parts", default="abcde")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seeds", type=int, default=20, help="synthetic partial-search seeds (full: seeds / 10)")
+    ap.add_argument(
+        "--seeds", type=int, default=20, help="synthetic partial-search seeds (full: seeds / 10)"
+    )
     ap.add_argument("--final", nargs="*", default=[str(ROOT / "results" / "train" / "final.json")])
     ap.add_argument("--out", default=str(ROOT / "results" / "fidelity"))
     a = ap.parse_args()
@@ -451,9 +620,22 @@ def main() -> None:
         result["e_production"] = part_e([Path(f) for f in a.final])
     result["wall_s"] = time.perf_counter() - t0
     write_json(path, result)
-    print(json.dumps({k: v for k, v in result.items() if k != "a_this_machine"} | (
-        {"a_this_machine": {k: v for k, v in result["a_this_machine"].items() if k != "truth"}}
-        if "a_this_machine" in result else {}), indent=1, default=str))  # fmt: skip
+    print(
+        json.dumps(
+            {k: v for k, v in result.items() if k != "a_this_machine"}
+            | (
+                {
+                    "a_this_machine": {
+                        k: v for k, v in result["a_this_machine"].items() if k != "truth"
+                    }
+                }
+                if "a_this_machine" in result
+                else {}
+            ),
+            indent=1,
+            default=str,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,21 +26,29 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from _harness import ROOT
-from two_level import adaptdl, tula
 
+from _harness import ROOT
 from tula import config as config_mod
 from tula.io import write_json
 from tula.model.grid import grid, search_set
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
+from two_level import adaptdl, tula
 
 PER_NODE = 2
-RAW = {"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 1, "seed": 0},
-       "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 256},
-       "cluster": {"workers_per_node": PER_NODE, "netlab": "tula"},
-       "probe": {"warmup_steps": 2, "timed_steps": 10, "timeout_s": 300, "sweep_steps": 0, "noise_steps": 0},
-       "train": {"lr_decay_epochs": []}}  # fmt: skip
+RAW = {
+    "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 1, "seed": 0},
+    "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 256},
+    "cluster": {"workers_per_node": PER_NODE, "netlab": "tula"},
+    "probe": {
+        "warmup_steps": 2,
+        "timed_steps": 10,
+        "timeout_s": 300,
+        "sweep_steps": 0,
+        "noise_steps": 0,
+    },
+    "train": {"lr_decay_epochs": []},
+}
 
 
 def lab(*args: str) -> None:
@@ -61,8 +69,11 @@ def measure(cfg_path: Path, out: Path) -> pd.DataFrame:
 
 
 def models(per_node: int):
-    return {"tula_one_level": lambda t: tula(t, False, per_node), "tula_two_level": lambda t: tula(t, True, per_node),
-            "adaptdl": lambda t: adaptdl(t, per_node)}
+    return {
+        "tula_one_level": lambda t: tula(t, False, per_node),
+        "tula_two_level": lambda t: tula(t, True, per_node),
+        "adaptdl": lambda t: adaptdl(t, per_node),
+    }
 
 
 def errors(df: pd.DataFrame, cfg) -> dict:
@@ -71,13 +82,26 @@ def errors(df: pd.DataFrame, cfg) -> dict:
     for name, make in models(PER_NODE).items():
         train, held = df[df["point"].isin(corners)], df[~df["point"].isin(corners)]
         pred, form = make(train)
-        part = np.abs(pred(held["workers"], held["local_batch"]) / held["step_time_s"].to_numpy() - 1)
+        part = np.abs(
+            pred(held["workers"], held["local_batch"]) / held["step_time_s"].to_numpy() - 1
+        )
         full = []
         for i in range(len(df)):
             p_i, _ = make(df.drop(index=df.index[i]))
-            full.append(abs(p_i(df["workers"].iloc[[i]], df["local_batch"].iloc[[i]])[0] / df["step_time_s"].iloc[i] - 1))
-        out[name] = {"partial": 100 * float(np.median(part)), "partial_max": 100 * float(part.max()),
-                     "full": 100 * float(np.median(full)), "full_max": 100 * float(max(full)), "form": form}  # fmt: skip
+            full.append(
+                abs(
+                    p_i(df["workers"].iloc[[i]], df["local_batch"].iloc[[i]])[0]
+                    / df["step_time_s"].iloc[i]
+                    - 1
+                )
+            )
+        out[name] = {
+            "partial": 100 * float(np.median(part)),
+            "partial_max": 100 * float(part.max()),
+            "full": 100 * float(np.median(full)),
+            "full_max": 100 * float(max(full)),
+            "form": form,
+        }
     return out
 
 
@@ -100,22 +124,36 @@ def main() -> None:
                 df = measure(cfg_path, out)
                 sync4 = df[df["workers"] == 4]["sync_time_s"].median()
                 sync2 = df[df["workers"] == 2]["sync_time_s"].median()
-                results[rate] = {"errors": errors(df, cfg), "noise_pct": 100 * float(df["step_time_cv"].median()),
-                                 "sync_ms_one_node_N2": 1e3 * sync2, "sync_ms_two_nodes_N4": 1e3 * sync4,
-                                 "rows": df.drop(columns=["error"], errors="ignore").to_dict("records")}  # fmt: skip
+                results[rate] = {
+                    "errors": errors(df, cfg),
+                    "noise_pct": 100 * float(df["step_time_cv"].median()),
+                    "sync_ms_one_node_N2": 1e3 * sync2,
+                    "sync_ms_two_nodes_N4": 1e3 * sync4,
+                    "rows": df.drop(columns=["error"], errors="ignore").to_dict("records"),
+                }
                 print(f"{rate}: measured in {time.time() - t0:.0f} s", flush=True)
         finally:
             lab("down")
     write_json(ROOT / "results" / "fidelity" / "netlab.json", results)
-    print("\n| link | search | Tula one-level | Tula two-level | AdaptDL | probes' noise (CV) | sync N=2 (1 node) / N=4 (2 nodes) |")
+    print(
+        "\n| link | search | Tula one-level | Tula two-level | AdaptDL | probes' noise (CV) | sync "
+        "N=2 (1 node) / N=4 (2 nodes) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for rate, r in results.items():
         for search in ("partial", "full"):
-            cells = [f"{r['errors'][m][search]:.1f} % (max {r['errors'][m][search + '_max']:.0f} %)"
-                     for m in ("tula_one_level", "tula_two_level", "adaptdl")]  # fmt: skip
-            print(f"| {rate} | {search} | " + " | ".join(cells) + f" | {r['noise_pct']:.1f} % | "
-                  f"{r['sync_ms_one_node_N2']:.1f} / {r['sync_ms_two_nodes_N4']:.1f} ms |")
-    print("\nforms (two-level): " + "; ".join(f"{k}: {r['errors']['tula_two_level']['form']}" for k, r in results.items()))
+            cells = [
+                f"{r['errors'][m][search]:.1f} % (max {r['errors'][m][search + '_max']:.0f} %)"
+                for m in ("tula_one_level", "tula_two_level", "adaptdl")
+            ]
+            print(
+                f"| {rate} | {search} | " + " | ".join(cells) + f" | {r['noise_pct']:.1f} % | "
+                f"{r['sync_ms_one_node_N2']:.1f} / {r['sync_ms_two_nodes_N4']:.1f} ms |"
+            )
+    print(
+        "\nforms (two-level): "
+        + "; ".join(f"{k}: {r['errors']['tula_two_level']['form']}" for k, r in results.items())
+    )
 
 
 if __name__ == "__main__":

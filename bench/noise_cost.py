@@ -33,19 +33,36 @@ def main() -> None:
         cfg = Path(d) / "c.yaml"
         cfg.write_text(yaml.safe_dump(CONFIG))
         for batch in (64, 256):
-            recs = [probe.run(cfg, 2, batch, Path(d) / f"N2_B{batch}-{i}.json") for i in range(a.runs)]
+            recs = [
+                probe.run(cfg, 2, batch, Path(d) / f"N2_B{batch}-{i}.json") for i in range(a.runs)
+            ]
             gn = [r["gradient_noise"] for r in recs]
             med = statistics.median
-            rows.append((batch, med(g["time_per_step_s"] for g in gn), med(r["step_time_s"] for r in recs),
-                         med(g["time_s"] for g in gn), med(r["wall_s"] for r in recs),
-                         [(r["grad_noise_scale"], r["gradient_noise"]["b_noise_se"]) for r in recs]))  # fmt: skip
-    print(f"\n## Gradient noise scale in the probe: cost (N=2, small_cnn on digits, 16 noise steps, median of {a.runs})\n")
-    print("| B | noise step | training step | ratio | noise steps in all | probe wall time | share | B_noise ± s.e. (each run) |")
+            rows.append(
+                (
+                    batch,
+                    med(g["time_per_step_s"] for g in gn),
+                    med(r["step_time_s"] for r in recs),
+                    med(g["time_s"] for g in gn),
+                    med(r["wall_s"] for r in recs),
+                    [(r["grad_noise_scale"], r["gradient_noise"]["b_noise_se"]) for r in recs],
+                )
+            )
+    print(
+        "\n## Gradient noise scale in the probe: cost (N=2, small_cnn on digits, 16 noise steps, "
+        f"median of {a.runs})\n"
+    )
+    print(
+        "| B | noise step | training step | ratio | noise steps in all | probe wall time | share | "
+        "B_noise ± s.e. (each run) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
     for b, per, step, tot, wall, est in rows:
         runs = ", ".join(f"{v:.0f} ± {se:.0f}" if v is not None else "none" for v, se in est)
-        print(f"| {b} | {1e3 * per:.1f} ms | {1e3 * step:.1f} ms | {per / step:.2f}x | {tot:.2f} s | {wall:.1f} s | "
-              f"{100 * tot / wall:.1f} % | {runs} |")
+        print(
+            f"| {b} | {1e3 * per:.1f} ms | {1e3 * step:.1f} ms | {per / step:.2f}x | {tot:.2f} s | "
+            f"{wall:.1f} s | {100 * tot / wall:.1f} % | {runs} |"
+        )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
 from _harness import ROOT, copy_workflow, snakemake, tests_helper, tula
 
 make_image_folder = tests_helper("make_image_folder")  # the tests' Pillow image-folder generator
@@ -41,25 +42,40 @@ make_image_folder = tests_helper("make_image_folder")  # the tests' Pillow image
 
 def workloads(scratch: Path) -> dict[str, dict]:
     base = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
-    images = make_image_folder(scratch / "images", classes=10, train_per_class=48, val_per_class=12, size=36)
+    images = make_image_folder(
+        scratch / "images", classes=10, train_per_class=48, val_per_class=12, size=36
+    )
     folder = json.loads(json.dumps(base))
     folder["workload"].update(model="tv_resnet18", dataset=f"imagefolder:{images}", epochs=3)
-    folder["data"] = {"image_size": 32, "resize": 32, "train_augment": "crop_flip", "num_workers": 2}
+    folder["data"] = {
+        "image_size": 32,
+        "resize": 32,
+        "train_augment": "crop_flip",
+        "num_workers": 2,
+    }
     folder["grid"].update(batch_min=32, batch_max=128)
     folder["probe"] = {"warmup_steps": 2, "timed_steps": 8}
     folder["train"].update(lr=0.05, lr_decay_epochs=[])
     bf16 = json.loads(json.dumps(base))
     bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)
     bf16["train"].update(precision="bf16", lr_decay_epochs=[])
-    small = make_image_folder(scratch / "images24", classes=10, train_per_class=48, val_per_class=12, size=24)
-    folder24 = json.loads(json.dumps(base))  # a new user: the default model on a folder of 24 px images
+    small = make_image_folder(
+        scratch / "images24", classes=10, train_per_class=48, val_per_class=12, size=24
+    )
+    # a new user: the default model on a folder of 24 px images
+    folder24 = json.loads(json.dumps(base))
     folder24["workload"].update(dataset=f"imagefolder:{small}", epochs=3)
     folder24["data"] = {"image_size": 24, "num_workers": 2}
     folder24["grid"]["workers"] = [2]
     tta = json.loads(json.dumps(base))
     tta["objective"] = "time_to_accuracy"
-    return {"a_default": base, "b_imagefolder_resnet18": folder, "c_mnist1d_resnet_tiny_bf16": bf16,
-            "d_default_tta": tta, "e_imagefolder_24px": folder24}
+    return {
+        "a_default": base,
+        "b_imagefolder_resnet18": folder,
+        "c_mnist1d_resnet_tiny_bf16": bf16,
+        "d_default_tta": tta,
+        "e_imagefolder_24px": folder24,
+    }
 
 
 def one_run(workdir: Path, cfg: dict) -> dict:
@@ -70,18 +86,39 @@ def one_run(workdir: Path, cfg: dict) -> dict:
     # production runs" from "the fit predicts a point it did not probe".
     n, b = final["workers"], final["global_batch"]
     out = workdir / "results" / "direct_probe.json"
-    tula("probe", "--config", ".snakemake/tula/config.json", "--workers", str(n), "--global-batch", str(b), "--out",
-         str(out), cwd=workdir)  # fmt: skip
+    tula(
+        "probe",
+        "--config",
+        ".snakemake/tula/config.json",
+        "--workers",
+        str(n),
+        "--global-batch",
+        str(b),
+        "--out",
+        str(out),
+        cwd=workdir,
+    )
     direct = json.loads(out.read_text())["step_time_s"]
     lo, hi = final["predicted_step_time_interval_s"]
-    return {"N": n, "B": b, "ratio": final["step_time_ratio"], "direct_ratio": final["mean_step_time_s"] / direct,
-            "direct_ms": 1e3 * direct,
-            "inside": lo <= final["mean_step_time_s"] <= hi, "pred_ms": 1e3 * final["predicted_step_time_s"],
-            "meas_ms": 1e3 * final["mean_step_time_s"], "T_ratio": final["train_time_ratio"], "dag_s": wall,
-            "eval_s": final["eval_time_s"], "ckpt_s": final["checkpoint_time_s"],
-            "startup_s": final["startup_time_s"], "acc": final["final_test_acc"],
-            "wall_ratio": final.get("wall_time_ratio"), "wall_s": final.get("wall_time_s"),
-            "parts": {p["part"]: p["ratio"] for p in final.get("wall_check") or []}}  # fmt: skip
+    return {
+        "N": n,
+        "B": b,
+        "ratio": final["step_time_ratio"],
+        "direct_ratio": final["mean_step_time_s"] / direct,
+        "direct_ms": 1e3 * direct,
+        "inside": lo <= final["mean_step_time_s"] <= hi,
+        "pred_ms": 1e3 * final["predicted_step_time_s"],
+        "meas_ms": 1e3 * final["mean_step_time_s"],
+        "T_ratio": final["train_time_ratio"],
+        "dag_s": wall,
+        "eval_s": final["eval_time_s"],
+        "ckpt_s": final["checkpoint_time_s"],
+        "startup_s": final["startup_time_s"],
+        "acc": final["final_test_acc"],
+        "wall_ratio": final.get("wall_time_ratio"),
+        "wall_s": final.get("wall_time_s"),
+        "parts": {p["part"]: p["ratio"] for p in final.get("wall_check") or []},
+    }
 
 
 def main() -> None:
@@ -104,30 +141,52 @@ def main() -> None:
             for name, cfg in configs.items():  # interleaved: round i runs every workload once
                 row = one_run(dirs[name], cfg)
                 rows[name].append(row)
-                print(f"round {i + 1} {name:28s} N={row['N']} B={row['B']:4d} predicted {row['pred_ms']:8.2f} ms "
-                      f"measured {row['meas_ms']:8.2f} ms ratio {row['ratio']:.3f} "
-                      f"| probed there {row['direct_ms']:8.2f} ms, production/probe {row['direct_ratio']:.3f} | "
-                      f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio {row['T_ratio']:.3f}, "
-                      f"DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, checkpoints {row['ckpt_s']:.1f} s, "
-                      f"start-up {row['startup_s']:.1f} s), test acc {100 * row['acc']:.1f}%; wall time "
-                      f"{row['wall_s']:.1f} s, paid / predicted {row['wall_ratio']:.3f} "
-                      f"({', '.join(f'{k} {v:.2f}' for k, v in row['parts'].items() if v is not None)})", flush=True)  # fmt: skip
-        print("\n| workload | production / predicted (median) | runs | inside 95 % interval | production / probe "
-              "at the same point (median) | runs | median DAG wall |")
+                print(
+                    f"round {i + 1} {name:28s} N={row['N']} B={row['B']:4d} predicted "
+                    f"{row['pred_ms']:8.2f} ms measured {row['meas_ms']:8.2f} ms ratio "
+                    f"{row['ratio']:.3f} | probed there {row['direct_ms']:8.2f} ms, "
+                    f"production/probe {row['direct_ratio']:.3f} | "
+                    f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio "
+                    f"{row['T_ratio']:.3f}, DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, "
+                    f"checkpoints {row['ckpt_s']:.1f} s, start-up {row['startup_s']:.1f} s), test "
+                    f"acc {100 * row['acc']:.1f}%; wall time {row['wall_s']:.1f} s, paid / "
+                    f"predicted {row['wall_ratio']:.3f} ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items() if v is not None)
+                    + ")",
+                    flush=True,
+                )
+        print(
+            "\n| workload | production / predicted (median) | runs | inside 95 % interval | "
+            "production / probe at the same point (median) | runs | median DAG wall |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name, rs in rows.items():
             ratios, direct = [r["ratio"] for r in rs], [r["direct_ratio"] for r in rs]
-            print(f"| {name} | **{statistics.median(ratios):.3f}** | {', '.join(f'{x:.3f}' for x in ratios)} | "
-                  f"{sum(r['inside'] for r in rs)}/{len(rs)} | **{statistics.median(direct):.3f}** | "
-                  f"{', '.join(f'{x:.3f}' for x in direct)} | {statistics.median(r['dag_s'] for r in rs):.1f} s |")
+            print(
+                f"| {name} | **{statistics.median(ratios):.3f}** | "
+                f"{', '.join(f'{x:.3f}' for x in ratios)} | "
+                f"{sum(r['inside'] for r in rs)}/{len(rs)} | **{statistics.median(direct):.3f}** | "
+                f"{', '.join(f'{x:.3f}' for x in direct)} | "
+                f"{statistics.median(r['dag_s'] for r in rs):.1f} s |"
+            )
 
-        print("\n| workload | wall time paid / predicted (median) | runs | steps | start-up | evaluation | checkpoints |")
+        print(
+            "\n| workload | wall time paid / predicted (median) | runs | steps | start-up | "
+            "evaluation | checkpoints |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name, rs in rows.items():
             walls = [r["wall_ratio"] for r in rs]
-            med = {k: statistics.median(r["parts"][k] for r in rs) for k in ("steps", "start-up", "evaluation", "checkpoints")}
-            print(f"| {name} | **{statistics.median(walls):.3f}** | {', '.join(f'{x:.3f}' for x in walls)} | "
-                  + " | ".join(f"{v:.3f}" for v in med.values()) + " |")
+            med = {
+                k: statistics.median(r["parts"][k] for r in rs)
+                for k in ("steps", "start-up", "evaluation", "checkpoints")
+            }
+            print(
+                f"| {name} | **{statistics.median(walls):.3f}** | "
+                f"{', '.join(f'{x:.3f}' for x in walls)} | "
+                + " | ".join(f"{v:.3f}" for v in med.values())
+                + " |"
+            )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ small_cnn, AGS), N = 2, for each B: `tula probe` at (2, B), then `tula launch` t
 there for a few epochs, repeats interleaved. No fit is involved, so the ratio says only
 whether the probe's step is the production step at that batch.
 
-    .venv/bin/python bench/probe_vs_production_by_batch.py [--batches 32,64,128] [--repeats 2] [--epochs 4]
-                                                                    # ~1 min per (B, repeat)
+    .venv/bin/python bench/probe_vs_production_by_batch.py [--batches 32,64,128] \
+        [--repeats 2] [--epochs 4]          # ~1 min per (B, repeat)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+
 from _harness import ROOT, tula
 
 
@@ -36,23 +37,53 @@ def main() -> None:
         for rep in range(args.repeats):
             for b in batches:
                 probe = wd / f"probe_{b}_{rep}.json"
-                tula("probe", "--config", "config.yaml", "--workers", "2", "--global-batch", str(b), "--out", str(probe),
-                     cwd=wd)  # fmt: skip
-                (wd / "sel.json").write_text(json.dumps({"selected": {"workers": 2, "global_batch": b}}))
+                tula(
+                    "probe",
+                    "--config",
+                    "config.yaml",
+                    "--workers",
+                    "2",
+                    "--global-batch",
+                    str(b),
+                    "--out",
+                    str(probe),
+                    cwd=wd,
+                )
+                (wd / "sel.json").write_text(
+                    json.dumps({"selected": {"workers": 2, "global_batch": b}})
+                )
                 out = wd / f"prod_{b}_{rep}"
-                tula("launch", "--config", "config.yaml", "--selection", "sel.json", "--out-dir", str(out), "--fresh",
-                     cwd=wd)  # fmt: skip
+                tula(
+                    "launch",
+                    "--config",
+                    "config.yaml",
+                    "--selection",
+                    "sel.json",
+                    "--out-dir",
+                    str(out),
+                    "--fresh",
+                    cwd=wd,
+                )
                 p, f = json.loads(probe.read_text()), json.loads((out / "final.json").read_text())
                 epochs = pd.read_csv(out / "metrics.csv")["epoch_time_s"]
                 per_step = [t / f["steps"] * args.epochs for t in epochs]  # each epoch's mean step
-                row = {"B": b, "repeat": rep + 1, "probe_ms": 1e3 * p["step_time_s"],
-                       "probe_median_ms": 1e3 * p["step_time_median_s"], "production_ms": 1e3 * f["mean_step_time_s"],
-                       "ratio": f["mean_step_time_s"] / p["step_time_s"],
-                       "epoch_step_ms": [round(1e3 * t, 2) for t in per_step]}  # fmt: skip
+                row = {
+                    "B": b,
+                    "repeat": rep + 1,
+                    "probe_ms": 1e3 * p["step_time_s"],
+                    "probe_median_ms": 1e3 * p["step_time_median_s"],
+                    "production_ms": 1e3 * f["mean_step_time_s"],
+                    "ratio": f["mean_step_time_s"] / p["step_time_s"],
+                    "epoch_step_ms": [round(1e3 * t, 2) for t in per_step],
+                }
                 rows.append(row)
-                print(f"repeat {rep + 1} B={b:4d}: probe {row['probe_ms']:.2f} ms (median {row['probe_median_ms']:.2f}), "
-                      f"production {row['production_ms']:.2f} ms, ratio {row['ratio']:.3f}; "
-                      f"production's mean step by epoch {row['epoch_step_ms']} ms", flush=True)  # fmt: skip
+                print(
+                    f"repeat {rep + 1} B={b:4d}: probe {row['probe_ms']:.2f} ms (median "
+                    f"{row['probe_median_ms']:.2f}), production {row['production_ms']:.2f} ms, "
+                    f"ratio {row['ratio']:.3f}; production's mean step by epoch "
+                    f"{row['epoch_step_ms']} ms",
+                    flush=True,
+                )
     print("\n| B | production / probe, median | runs | probe step (ms) | production step (ms) |")
     print("|---:|---:|---|---|---|")
     for b in batches:
@@ -62,8 +93,10 @@ def main() -> None:
             return ", ".join(format(r[key], fmt) for r in rs)  # noqa: B023 (used at once)
 
         med = statistics.median(r["ratio"] for r in rs)
-        print(f"| {b} | **{med:.3f}** | {listed('ratio', '.3f')} | {listed('probe_ms', '.1f')} | "
-              f"{listed('production_ms', '.1f')} |")  # fmt: skip
+        print(
+            f"| {b} | **{med:.3f}** | {listed('ratio', '.3f')} | {listed('probe_ms', '.1f')} | "
+            f"{listed('production_ms', '.1f')} |"
+        )
 
 
 if __name__ == "__main__":

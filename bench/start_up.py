@@ -43,10 +43,17 @@ def seconds(python: str, modules: str, repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--against", help="the Python of an environment with another checkout installed (to compare against)")
+    ap.add_argument(
+        "--against",
+        help="the Python of an environment with another checkout installed (to compare against)",
+    )
     a = ap.parse_args()
-    print("| process | this checkout | " + ("before | ratio |" if a.against else "") + "\n|---|---:|" +
-          ("---:|---:|" if a.against else ""))  # fmt: skip
+    print(
+        "| process | this checkout | "
+        + ("before | ratio |" if a.against else "")
+        + "\n|---|---:|"
+        + ("---:|---:|" if a.against else "")
+    )
     for name, (now, old) in PROCESSES.items():
         t = seconds(sys.executable, now, a.repeats)
         row = f"| {name} | {t:.2f} s |"

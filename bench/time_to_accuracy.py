@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+
 from _harness import ROOT, copy_workflow
 from _harness import snakemake as run_snakemake
-
 from tula import config as config_mod
 from tula.io import read_json, write_json
-from tula.stages.compare import median_time_input
 from tula.model.choice import select
+from tula.stages.compare import median_time_input
 
 # A target each dataset's base batch reaches within the shipped 15 epochs (pilot: digits
 # reaches 99 % at B=128 in 4 epochs, mnist1d 96 % in 11), well above where large batches stall.
@@ -63,16 +63,25 @@ def median_time(times: pd.Series) -> float:
 def run_dataset(ds: str, args, work: Path) -> dict:
     wd = work / ds
     workdir(wd)
-    raw = {"workload": {"model": "small_cnn", "dataset": ds},
-           "grid": {"workers": [2], "batch_min": min(BATCHES), "batch_max": max(BATCHES)},
-           "objective": "time_to_accuracy",
-           "compare": {"workloads": [{"model": "small_cnn", "dataset": ds, "target_accuracy": TARGETS[ds]}],
-                       "batches": BATCHES, "methods": ["ags"], "seeds": args.seeds, "workers": 2,
-                       "epochs": args.epochs}}  # fmt: skip
+    raw = {
+        "workload": {"model": "small_cnn", "dataset": ds},
+        "grid": {"workers": [2], "batch_min": min(BATCHES), "batch_max": max(BATCHES)},
+        "objective": "time_to_accuracy",
+        "compare": {
+            "workloads": [{"model": "small_cnn", "dataset": ds, "target_accuracy": TARGETS[ds]}],
+            "batches": BATCHES,
+            "methods": ["ags"],
+            "seeds": args.seeds,
+            "workers": 2,
+            "epochs": args.epochs,
+        },
+    }
     (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(raw))
     print(f"[tta] {ds}: probes, fit, predictions (snakemake --until select) ...", flush=True)
     t_pred = snakemake(wd, "--until", "select")
-    print(f"[tta] {ds}: {len(BATCHES) * args.seeds} training runs (snakemake compare) ...", flush=True)
+    print(
+        f"[tta] {ds}: {len(BATCHES) * args.seeds} training runs (snakemake compare) ...", flush=True
+    )
     t_meas = snakemake(wd, "compare")
     res = wd / "results"
     pred = pd.read_csv(res / "predictions.csv")
@@ -85,37 +94,66 @@ def run_dataset(ds: str, args, work: Path) -> dict:
     p2 = pred[pred["workers"] == 2].set_index("global_batch")
     rows = []
     for b, g in acc.groupby("global_batch"):
-        rows.append({"global_batch": int(b), "measured_s": median_time(g["time_to_target_s"]),
-                     "reached": int(g["time_to_target_s"].notna().sum()), "seeds": len(g),
-                     "epochs_to_target": float(g["epochs_to_target"].median()) if g["epochs_to_target"].notna().any() else None,
-                     "step_time_s": float((g["train_time_s"] / g["epochs"]).median()),
-                     "final_acc": float(g["test_acc"].mean()),
-                     "predicted_s": float(p2.loc[b, "time_to_accuracy_s"]) if b in p2.index else None,
-                     "predicted_epochs": float(p2.loc[b, "epochs_to_accuracy"]) if b in p2.index else None,
-                     "predicted_epoch_s": float(p2.loc[b, "train_time_s"] / cfg.workload.epochs) if b in p2.index else None})  # fmt: skip
+        rows.append(
+            {
+                "global_batch": int(b),
+                "measured_s": median_time(g["time_to_target_s"]),
+                "reached": int(g["time_to_target_s"].notna().sum()),
+                "seeds": len(g),
+                "epochs_to_target": float(g["epochs_to_target"].median())
+                if g["epochs_to_target"].notna().any()
+                else None,
+                "step_time_s": float((g["train_time_s"] / g["epochs"]).median()),
+                "final_acc": float(g["test_acc"].mean()),
+                "predicted_s": float(p2.loc[b, "time_to_accuracy_s"]) if b in p2.index else None,
+                "predicted_epochs": float(p2.loc[b, "epochs_to_accuracy"])
+                if b in p2.index
+                else None,
+                "predicted_epoch_s": float(p2.loc[b, "train_time_s"] / cfg.workload.epochs)
+                if b in p2.index
+                else None,
+            }
+        )
     table = pd.DataFrame(rows).sort_values("global_batch")
     best = table.loc[table["measured_s"].idxmin()]
     measured = dict(zip(table["global_batch"], table["measured_s"]))
     sel = read_json(res / "selection.json")
-    out = {"dataset": ds, "target": TARGETS[ds], "epochs_budget": args.epochs, "seeds": args.seeds,
-           "b_noise": sel["noise"]["b_noise"], "b_noise_se": sel["noise"].get("b_noise_se"),
-           "best_batch": int(best["global_batch"]), "best_s": float(best["measured_s"]), "choices": {},
-           "table": table.to_dict(orient="records"), "wall_s": {"predict": t_pred, "measure": t_meas}}  # fmt: skip
+    out = {
+        "dataset": ds,
+        "target": TARGETS[ds],
+        "epochs_budget": args.epochs,
+        "seeds": args.seeds,
+        "b_noise": sel["noise"]["b_noise"],
+        "b_noise_se": sel["noise"].get("b_noise_se"),
+        "best_batch": int(best["global_batch"]),
+        "best_s": float(best["measured_s"]),
+        "choices": {},
+        "table": table.to_dict(orient="records"),
+        "wall_s": {"predict": t_pred, "measure": t_meas},
+    }
     for obj, b in choices.items():
-        out["choices"][obj] = {"global_batch": b, "measured_s": measured.get(b, np.inf),
-                               "vs_best": measured.get(b, np.inf) / float(best["measured_s"])}  # fmt: skip
+        out["choices"][obj] = {
+            "global_batch": b,
+            "measured_s": measured.get(b, np.inf),
+            "vs_best": measured.get(b, np.inf) / float(best["measured_s"]),
+        }
     return out
 
 
 def markdown(res: list[dict]) -> str:
     lines = []
     for r in res:
-        lines += [f"**{r['dataset']}**, target {100 * r['target']:.0f} % test accuracy, B_noise = {r['b_noise']:.0f}"
-                  + (f" ± {r['b_noise_se']:.0f}" if r.get("b_noise_se") else "") + f" ({r['seeds']} seeds, "
-                  f"≤ {r['epochs_budget']} epochs, N = 2):", "",
-                  "| B | measured time to target (s, median) | reached | epochs to target | predicted (s) | "
-                  "predicted epochs | measured / predicted epoch (s) | final acc (%) |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"**{r['dataset']}**, target {100 * r['target']:.0f} % test accuracy, B_noise = "
+            f"{r['b_noise']:.0f}"
+            + (f" ± {r['b_noise_se']:.0f}" if r.get("b_noise_se") else "")
+            + f" ({r['seeds']} seeds, "
+            f"≤ {r['epochs_budget']} epochs, N = 2):",
+            "",
+            "| B | measured time to target (s, median) | reached | epochs to target | predicted "
+            "(s) | predicted epochs | measured / predicted epoch (s) | final acc (%) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for t in r["table"]:
             ms = "not reached" if not np.isfinite(t["measured_s"]) else f"{t['measured_s']:.2f}"
             ms = f"**{ms}**" if t["global_batch"] == r["best_batch"] else ms
@@ -123,17 +161,29 @@ def markdown(res: list[dict]) -> str:
             pr = "—" if t["predicted_s"] is None else f"{t['predicted_s']:.2f}"
             pe = "—" if t["predicted_epochs"] is None else f"{t['predicted_epochs']:.1f}"
             pep = "—" if t["predicted_epoch_s"] is None else f"{t['predicted_epoch_s']:.3f}"
-            lines.append(f"| {t['global_batch']} | {ms} | {t['reached']}/{t['seeds']} | {ep} | {pr} | {pe} | "
-                         f"{t['step_time_s']:.3f} / {pep} | {100 * t['final_acc']:.1f} |")  # fmt: skip
-        lines += ["", "| objective | chosen B | measured time to target (s) | / best |", "|---|---|---|---|"]
+            lines.append(
+                f"| {t['global_batch']} | {ms} | {t['reached']}/{t['seeds']} | {ep} | {pr} | {pe} "
+                f"| {t['step_time_s']:.3f} / {pep} | {100 * t['final_acc']:.1f} |"
+            )
+        lines += [
+            "",
+            "| objective | chosen B | measured time to target (s) | / best |",
+            "|---|---|---|---|",
+        ]
         for obj, c in r["choices"].items():
             ms = "not reached" if not np.isfinite(c["measured_s"]) else f"{c['measured_s']:.2f}"
             vb = "∞" if not np.isfinite(c["vs_best"]) else f"{c['vs_best']:.2f}×"
             lines.append(f"| `{obj}` | {c['global_batch']} | {ms} | {vb} |")
         tta, tm = r["choices"]["time_to_accuracy"], r["choices"]["time"]
-        lines += ["", f"time_to_accuracy within 10 % of the best: **{'yes' if tta['vs_best'] <= 1.10 else 'no'}** "
-                  f"({tta['vs_best']:.2f}×); better than `time`'s choice: **"
-                  f"{'yes' if tta['measured_s'] < tm['measured_s'] else ('same B' if tta['global_batch'] == tm['global_batch'] else 'no')}**.", ""]  # fmt: skip
+        same_b = tta["global_batch"] == tm["global_batch"]
+        better = "yes" if tta["measured_s"] < tm["measured_s"] else ("same B" if same_b else "no")
+        lines += [
+            "",
+            "time_to_accuracy within 10 % of the best: "
+            f"**{'yes' if tta['vs_best'] <= 1.10 else 'no'}** "
+            f"({tta['vs_best']:.2f}×); better than `time`'s choice: **{better}**.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -148,14 +198,35 @@ def plot(res: list[dict], path: Path) -> None:
     for ax, r in zip(axes[0], res):
         t = pd.DataFrame(r["table"])
         reached = t[np.isfinite(t["measured_s"])]
-        ax.plot(reached["global_batch"], reached["measured_s"], "o-", color="k", label="measured (median over seeds)")
+        ax.plot(
+            reached["global_batch"],
+            reached["measured_s"],
+            "o-",
+            color="k",
+            label="measured (median over seeds)",
+        )
         for b in t.loc[~np.isfinite(t["measured_s"]), "global_batch"]:
-            ax.annotate("not reached", (b, ax.get_ylim()[1] if len(reached) else 1), ha="center", fontsize=8)
-        ax.plot(t["global_batch"], t["predicted_s"], "--", color="0.5", label="predicted (time_to_accuracy)")
+            ax.annotate(
+                "not reached", (b, ax.get_ylim()[1] if len(reached) else 1), ha="center", fontsize=8
+            )
+        ax.plot(
+            t["global_batch"],
+            t["predicted_s"],
+            "--",
+            color="0.5",
+            label="predicted (time_to_accuracy)",
+        )
         for i, (obj, c) in enumerate(r["choices"].items()):
             y = c["measured_s"] if np.isfinite(c["measured_s"]) else reached["measured_s"].max()
             m, col = marks[obj]
-            ax.plot([c["global_batch"]], [y * (1 + 0.04 * i)], m, color=col, ms=11, label=f"{obj}: B={c['global_batch']}")
+            ax.plot(
+                [c["global_batch"]],
+                [y * (1 + 0.04 * i)],
+                m,
+                color=col,
+                ms=11,
+                label=f"{obj}: B={c['global_batch']}",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch B (N = 2)")
         ax.set_ylabel("training-step time to target (s)")

@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 import pandas as pd
-from _harness import ROOT
 
+from _harness import ROOT
 from tula import config as config_mod
 from tula.io import write_json
 from tula.model import perf as perfmodel
@@ -81,17 +81,30 @@ def rows(cl: Cluster, points, rng) -> pd.DataFrame:
     b = np.array([p.local_batch for p in points], float)
     comp = cl.compute(b) * rng.normal(1, NOISE, len(b))
     step = cl.step(n, b) * rng.normal(1, NOISE, len(b))
-    return pd.DataFrame({"workers": n.astype(int), "nodes": np.ceil(n / PER_NODE).astype(int),
-                         "global_batch": [p.global_batch for p in points], "local_batch": b.astype(int),
-                         "compute_time_s": comp, "step_time_s": step, "sync_time_s": step - comp,
-                         "peak_mem_bytes": 1.0, "status": "ok", "source": "probe", "step_time_cv": NOISE})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "workers": n.astype(int),
+            "nodes": np.ceil(n / PER_NODE).astype(int),
+            "global_batch": [p.global_batch for p in points],
+            "local_batch": b.astype(int),
+            "compute_time_s": comp,
+            "step_time_s": step,
+            "sync_time_s": step - comp,
+            "peak_mem_bytes": 1.0,
+            "status": "ok",
+            "source": "probe",
+            "step_time_cv": NOISE,
+        }
+    )
 
 
 def tula(train: pd.DataFrame, two_level: bool, per_node: int = PER_NODE):
     if two_level:
         perf = perfmodel.fit(train, "ring", workers_per_node=per_node)
     else:  # the one-level model: one curve in N, whatever the nodes (all on one "node")
-        perf = perfmodel.fit(train.drop(columns="nodes"), "ring", workers_per_node=int(train["workers"].max()))
+        perf = perfmodel.fit(
+            train.drop(columns="nodes"), "ring", workers_per_node=int(train["workers"].max())
+        )
     return lambda n, b: perf.step_time_s(n, b), perf.step.form.name if perf.step else "-"
 
 
@@ -101,8 +114,13 @@ def adaptdl(train: pd.DataFrame, per_node: int = PER_NODE):
     from adaptdl import goodput
 
     nodes = np.ceil(train["workers"].to_numpy() / per_node)
-    p = goodput.fit_perf_params(nodes, train["workers"].to_numpy(), train["local_batch"].to_numpy(),
-                                train["compute_time_s"].to_numpy(), train["step_time_s"].to_numpy())  # fmt: skip
+    p = goodput.fit_perf_params(
+        nodes,
+        train["workers"].to_numpy(),
+        train["local_batch"].to_numpy(),
+        train["compute_time_s"].to_numpy(),
+        train["step_time_s"].to_numpy(),
+    )
 
     def predict(n, b):
         n, b = np.asarray(n, float), np.asarray(b, float)
@@ -113,7 +131,11 @@ def adaptdl(train: pd.DataFrame, per_node: int = PER_NODE):
     return predict, "adaptdl"
 
 
-MODELS = {"tula_one_level": lambda t: tula(t, False), "tula_two_level": lambda t: tula(t, True), "adaptdl": adaptdl}
+MODELS = {
+    "tula_one_level": lambda t: tula(t, False),
+    "tula_two_level": lambda t: tula(t, True),
+    "adaptdl": adaptdl,
+}
 
 
 def errors(cl: Cluster, cfg, rng) -> dict:
@@ -133,10 +155,17 @@ def errors(cl: Cluster, cfg, rng) -> dict:
         part = np.abs(pred(table["workers"][held], table["local_batch"][held]) / truth[held] - 1)
         multi = (table["workers"][held] > PER_NODE).to_numpy()
         p_f, _ = make(table[fitted])
-        full = np.abs(p_f(table["workers"][~fitted], table["local_batch"][~fitted]) / truth[~fitted] - 1)
-        out[model] = {"partial": 100 * np.median(part), "partial_max": 100 * part.max(),
-                      "partial_multi_node": 100 * np.median(part[multi]),
-                      "full": 100 * np.median(full), "full_max": 100 * full.max(), "form": form}  # fmt: skip
+        full = np.abs(
+            p_f(table["workers"][~fitted], table["local_batch"][~fitted]) / truth[~fitted] - 1
+        )
+        out[model] = {
+            "partial": 100 * np.median(part),
+            "partial_max": 100 * part.max(),
+            "partial_multi_node": 100 * np.median(part[multi]),
+            "full": 100 * np.median(full),
+            "full_max": 100 * full.max(),
+            "form": form,
+        }
     return out
 
 
@@ -144,28 +173,50 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     a = ap.parse_args()
-    cfg = config_mod.from_dict({"grid": {"workers": WORKERS, "batch_min": 256, "batch_max": 16384},
-                                "cluster": {"workers_per_node": PER_NODE}})  # fmt: skip
+    cfg = config_mod.from_dict(
+        {
+            "grid": {"workers": WORKERS, "batch_min": 256, "batch_max": 16384},
+            "cluster": {"workers_per_node": PER_NODE},
+        }
+    )
     print(f"partial search probes: {', '.join(p.name for p in search_set(cfg))}")
     results: dict = {}
     t0 = time.time()
     for scen, params in SCENARIOS.items():
-        runs = [errors(Cluster(*params), cfg, np.random.default_rng(seed)) for seed in range(a.seeds)]
-        results[scen] = {m: {k: (float(np.median([r[m][k] for r in runs])) if k != "form" else
-                                 sorted({r[m]["form"] for r in runs})) for k in runs[0][m]}
-                         for m in MODELS}  # fmt: skip
+        runs = [
+            errors(Cluster(*params), cfg, np.random.default_rng(seed)) for seed in range(a.seeds)
+        ]
+        results[scen] = {
+            m: {
+                k: (
+                    float(np.median([r[m][k] for r in runs]))
+                    if k != "form"
+                    else sorted({r[m]["form"] for r in runs})
+                )
+                for k in runs[0][m]
+            }
+            for m in MODELS
+        }
         print(f"{scen}: done ({time.time() - t0:.0f} s)", flush=True)
-    write_json(ROOT / "results" / "fidelity" / "two_level.json", {"seeds": a.seeds, "noise": NOISE, "results": results})
+    write_json(
+        ROOT / "results" / "fidelity" / "two_level.json",
+        {"seeds": a.seeds, "noise": NOISE, "results": results},
+    )
     print("\nmedian held-out step-time error over seeds of the per-seed median (max) over points\n")
-    print("| scenario | search | Tula one-level | Tula two-level | AdaptDL |\n|---|---|---:|---:|---:|")
+    print(
+        "| scenario | search | Tula one-level | Tula two-level | AdaptDL "
+        "|\n|---|---|---:|---:|---:|"
+    )
     for scen, r in results.items():
         for search in ("partial", "full"):
             cells = [f"{r[m][search]:.1f} % (max {r[m][search + '_max']:.0f} %)" for m in MODELS]
             print(f"| {scen} | {search} | " + " | ".join(cells) + " |")
         cells = [f"{r[m]['partial_multi_node']:.1f} %" for m in MODELS]
         print(f"| {scen} | partial, multi-node points only | " + " | ".join(cells) + " |")
-    print("\nforms chosen (two-level): " + "; ".join(f"{s}: {', '.join(r['tula_two_level']['form'])}"
-                                                  for s, r in results.items()))  # fmt: skip
+    print(
+        "\nforms chosen (two-level): "
+        + "; ".join(f"{s}: {', '.join(r['tula_two_level']['form'])}" for s, r in results.items())
+    )
 
 
 if __name__ == "__main__":

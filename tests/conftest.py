@@ -13,11 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # A GPU partition as scontrol and sinfo describe it (tests of tula.slurm and tula.preflight).
 GPU_PARTITION = (
-    "PartitionName=gpu AllowGroups=ALL Default=NO MaxNodes=4 MaxTime=2-00:00:00 State=UP TotalCPUs=192 "
-    "TotalNodes=6 Nodes=g[01-06]"
+    "PartitionName=gpu AllowGroups=ALL Default=NO MaxNodes=4 MaxTime=2-00:00:00 State=UP "
+    "TotalCPUs=192 TotalNodes=6 Nodes=g[01-06]"
 )
-GPU_NODES = "g01|32|gpu:a100:4(S:0-1)\ng02|32|gpu:a100:4(S:0-1)\ng03|32|gpu:a100:4(S:0-1)\ng04|32|gpu:a100:4\n" \
-            "g05|32|gpu:v100:2,gpu:t4:1\ng06|32|(null)\ng01|32|gpu:a100:4(S:0-1)\n"  # fmt: skip
+GPU_NODES = (
+    "g01|32|gpu:a100:4(S:0-1)\ng02|32|gpu:a100:4(S:0-1)\ng03|32|gpu:a100:4(S:0-1)\ng04|32|gpu:a100:4\n"
+    "g05|32|gpu:v100:2,gpu:t4:1\ng06|32|(null)\ng01|32|gpu:a100:4(S:0-1)\n"
+)
 
 # A config small enough for real multi-process runs on a 2-core machine.
 TINY = {
@@ -75,7 +77,10 @@ def slurm_cluster():
     if slurm_controller_answers():
         return True
     if os.environ.get("TULA_REQUIRE_SLURM") == "1":
-        pytest.fail("TULA_REQUIRE_SLURM=1 but no SLURM controller answers (scripts/slurm-cluster.sh up failed?)")
+        pytest.fail(
+            "TULA_REQUIRE_SLURM=1 but no SLURM controller answers (scripts/slurm-cluster.sh up "
+            "failed?)"
+        )
     pytest.skip("no SLURM controller answers (start one as root: scripts/slurm-cluster.sh up)")
 
 
@@ -89,7 +94,9 @@ SLOW_FIXTURES = {"venv_path", "finished_run", "dag_on_slurm", "slurm_cluster", "
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slurm"):
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
+            "slurm"
+        ):
             item.add_marker(pytest.mark.slow)
 
 
@@ -101,8 +108,9 @@ def user_pythonpath(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
 
 
-def make_image_folder(root: Path, classes: int = 10, train_per_class: int = 12, val_per_class: int = 4,
-                      size: int = 20) -> Path:  # fmt: skip
+def make_image_folder(
+    root: Path, classes: int = 10, train_per_class: int = 12, val_per_class: int = 4, size: int = 20
+) -> Path:
     """root/train/<class>/*.png and root/val/<class>/*.png: RGB PNGs written with Pillow; each
     class has its own colour and stripe direction (learnable), plus per-image noise."""
     import numpy as np
@@ -113,7 +121,9 @@ def make_image_folder(root: Path, classes: int = 10, train_per_class: int = 12, 
         for c in range(classes):
             d = root / split / f"class_{c:02d}"
             d.mkdir(parents=True, exist_ok=True)
-            colour = np.array([(37 * c) % 256, (91 * c + 50) % 256, (151 * c + 100) % 256], dtype=float)
+            colour = np.array(
+                [(37 * c) % 256, (91 * c + 50) % 256, (151 * c + 100) % 256], dtype=float
+            )
             for i in range(n):
                 img = np.tile(colour, (size, size, 1)) + rng.normal(0, 20, (size, size, 3))
                 stripes = (np.arange(size) // 2) % 2 == 0
@@ -137,7 +147,9 @@ def make_jpeg_folder(root: Path, n: int = 3, size: tuple[int, int] = (37, 29)) -
             d.mkdir(parents=True, exist_ok=True)
             for i in range(n):
                 h, w = size[1] + 3 * (i % 5), size[0] - 2 * (i % 5)
-                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i}.jpg", quality=90)
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
+                    d / f"{i}.jpg", quality=90
+                )
     return root
 
 
@@ -158,12 +170,28 @@ def synthetic(collective: str, rng, noise: float = 0.0) -> pd.DataFrame:
             b = B // n
             comp = c0 + c1 * b
             nn = np.array([float(n)])
-            sync = 0.0 if n == 1 else float(s1 * perfmodel.sync_feature(collective, nn)[0]
-                                             + a * perfmodel.LATENCY_TERMS[collective][1](nn)[0])  # fmt: skip
+            sync = (
+                0.0
+                if n == 1
+                else float(
+                    s1 * perfmodel.sync_feature(collective, nn)[0]
+                    + a * perfmodel.LATENCY_TERMS[collective][1](nn)[0]
+                )
+            )
             e = rng.normal(1, noise, 2) if noise else (1, 1)
-            rows.append(dict(workers=n, global_batch=B, local_batch=b, compute_time_s=comp * e[0],
-                             step_time_s=comp * e[0] + sync * e[1], peak_mem_bytes=1e6 + 5e4 * b, status="ok",
-                             source="probe", step_time_cv=noise or np.nan))  # fmt: skip
+            rows.append(
+                dict(
+                    workers=n,
+                    global_batch=B,
+                    local_batch=b,
+                    compute_time_s=comp * e[0],
+                    step_time_s=comp * e[0] + sync * e[1],
+                    peak_mem_bytes=1e6 + 5e4 * b,
+                    status="ok",
+                    source="probe",
+                    step_time_cv=noise or np.nan,
+                )
+            )
     df = pd.DataFrame(rows)
     df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
     return df
@@ -173,7 +201,13 @@ def checkpoint_state(v):
     """A small training state to checkpoint (tests of tula.checkpoint and of resuming)."""
     import torch
 
-    return {"fingerprint": "f", "epoch": 1, "offset": 0, "global_batch": 8, "w": torch.full((3,), float(v))}
+    return {
+        "fingerprint": "f",
+        "epoch": 1,
+        "offset": 0,
+        "global_batch": 8,
+        "w": torch.full((3,), float(v)),
+    }
 
 
 def bitwise_equal(a: dict, b: dict) -> bool:

@@ -2,8 +2,8 @@
 foreign one is skipped."""
 
 import torch
-from conftest import checkpoint_state
 
+from conftest import checkpoint_state
 from tula import checkpoint
 
 
@@ -25,8 +25,12 @@ def test_checkpoint_without_manifest_or_of_another_run_is_not_used(tmp_path):
     (tmp_path / "step-000000010.json").unlink()  # the write was interrupted before its manifest
     loaded, _ = checkpoint.load_latest(tmp_path)
     assert loaded.step == 5
-    loaded, warnings = checkpoint.load_latest(tmp_path, accept=lambda s: "other run" if s["fingerprint"] != "g" else "")
+    loaded, warnings = checkpoint.load_latest(
+        tmp_path, accept=lambda s: "other run" if s["fingerprint"] != "g" else ""
+    )
     assert loaded is None and "other run" in warnings[0]
-    (tmp_path / "step-000000005.pt").write_bytes(b"x" * (tmp_path / "step-000000005.pt").stat().st_size)
+    (tmp_path / "step-000000005.pt").write_bytes(
+        b"x" * (tmp_path / "step-000000005.pt").stat().st_size
+    )
     loaded, warnings = checkpoint.load_latest(tmp_path)
     assert loaded is None and "SHA-256" in warnings[0]

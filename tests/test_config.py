@@ -46,18 +46,39 @@ def test_bad_values_name_the_key(patch, key):
     assert f"'{key}'" in str(err.value)
 
 
-@pytest.mark.parametrize("old, message", [
-    ({"grid": {"nodes": [1, 2]}}, "config key 'grid.nodes' was renamed: use grid.workers"),
-    ({"grid": {"workers_per_node": 8}}, "config key 'grid.workers_per_node' was renamed: use cluster.workers_per_node"),
-    ({"constraints": {"min_nodes": 2}}, "config key 'constraints.min_nodes' was renamed: use constraints.min_workers"),
-    ({"constraints": {"max_nodes": 2}}, "config key 'constraints.max_nodes' was renamed: use constraints.max_workers"),
-    ({"compare": {"nodes": 2}}, "config key 'compare.nodes' was renamed: use compare.workers"),
-    ({"pricing": {"model": "node"}}, "config key 'pricing.model': `node` (it charged per worker) was renamed: use "
-                                     "`worker_hour`"),
-    ({"pricing": {"per_node_hour": 2.48}}, "config key 'pricing.per_node_hour': a whole node's price is used only "
-                                           "by `pricing.model: node_hour`"),
-    ({"pricing": {"model": "node_hour"}}, "config key 'pricing.per_node_hour': `pricing.model: node_hour` needs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "old, message",
+    [
+        ({"grid": {"nodes": [1, 2]}}, "config key 'grid.nodes' was renamed: use grid.workers"),
+        (
+            {"grid": {"workers_per_node": 8}},
+            "config key 'grid.workers_per_node' was renamed: use cluster.workers_per_node",
+        ),
+        (
+            {"constraints": {"min_nodes": 2}},
+            "config key 'constraints.min_nodes' was renamed: use constraints.min_workers",
+        ),
+        (
+            {"constraints": {"max_nodes": 2}},
+            "config key 'constraints.max_nodes' was renamed: use constraints.max_workers",
+        ),
+        ({"compare": {"nodes": 2}}, "config key 'compare.nodes' was renamed: use compare.workers"),
+        (
+            {"pricing": {"model": "node"}},
+            "config key 'pricing.model': `node` (it charged per worker) was renamed: use "
+            "`worker_hour`",
+        ),
+        (
+            {"pricing": {"per_node_hour": 2.48}},
+            "config key 'pricing.per_node_hour': a whole node's price is used only by "
+            "`pricing.model: node_hour`",
+        ),
+        (
+            {"pricing": {"model": "node_hour"}},
+            "config key 'pricing.per_node_hour': `pricing.model: node_hour` needs",
+        ),
+    ],
+)
 def test_old_keys_are_refused_naming_their_replacement(old, message):
     """A config written before N was called workers is never read under the old meaning."""
     with pytest.raises(ConfigError) as err:
@@ -66,8 +87,17 @@ def test_old_keys_are_refused_naming_their_replacement(old, message):
 
 
 def test_node_hour_pricing_with_its_price_is_accepted():
-    cfg = config.from_dict({"pricing": {"model": "node_hour", "per_node_hour": 20.0}, "cluster": {"workers_per_node": 8}})
-    assert (cfg.pricing.model, cfg.pricing.per_node_hour, cfg.cluster.workers_per_node) == ("node_hour", 20.0, 8)
+    cfg = config.from_dict(
+        {
+            "pricing": {"model": "node_hour", "per_node_hour": 20.0},
+            "cluster": {"workers_per_node": 8},
+        }
+    )
+    assert (cfg.pricing.model, cfg.pricing.per_node_hour, cfg.cluster.workers_per_node) == (
+        "node_hour",
+        20.0,
+        8,
+    )
 
 
 def test_b_not_divisible_by_n_explains_why():
@@ -89,9 +119,10 @@ def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defau
     link to the packaged one (a copy could drift), and Snakemake fills the defaults tula uses."""
     import os
 
-    from conftest import ROOT
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
+
+    from conftest import ROOT
 
     wf = ROOT / "workflow" / "config.schema.yaml"
     assert wf.is_symlink() and os.path.samefile(wf, config.SCHEMA_PATH)
@@ -99,8 +130,11 @@ def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defau
     filled = json.loads(json.dumps(raw))
     validate(filled, str(wf), set_default=True)
     cfg = config.from_dict(raw)
-    assert (filled["grid"]["batch_min"], filled["grid"]["batch_max"], filled["cluster"]["workers_per_node"]) == (
-        cfg.grid.batch_min, cfg.grid.batch_max, cfg.cluster.workers_per_node)  # fmt: skip
+    assert (
+        filled["grid"]["batch_min"],
+        filled["grid"]["batch_max"],
+        filled["cluster"]["workers_per_node"],
+    ) == (cfg.grid.batch_min, cfg.grid.batch_max, cfg.cluster.workers_per_node)
     assert (filled["objective"], filled["search"]) == (cfg.objective, cfg.search)
     with pytest.raises(WorkflowError, match="'x' is not of type 'array'"):
         validate({"grid": {"workers": "x"}}, str(wf))
@@ -110,17 +144,33 @@ def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defau
 
 def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading(tmp_path):
     npz = tmp_path / "d.npz"
-    with pytest.raises(ConfigError, match=f"config key 'workload.dataset': npz file {npz} not found"):
+    with pytest.raises(
+        ConfigError, match=f"config key 'workload.dataset': npz file {npz} not found"
+    ):
         dataset_paths.check_dataset_paths(config.from_dict({"workload": {"dataset": f"npz:{npz}"}}))
     cfg = config.from_dict({"workload": {"dataset": f"npz:{npz}"}})
     npz.write_bytes(b"not a zip")
-    with pytest.raises(ConfigError, match=f"config key 'workload.dataset': {npz} is not a readable .npz archive"):
+    with pytest.raises(
+        ConfigError, match=f"config key 'workload.dataset': {npz} is not a readable .npz archive"
+    ):
         dataset_paths.check_dataset_paths(cfg)
     np.savez(npz, x_train=np.zeros((4, 8)), y_train=np.zeros(4, int), x_test=np.zeros((2, 8)))
-    with pytest.raises(ConfigError, match=r"missing array\(s\) y_test; an npz dataset needs x_train, y_train, x_test"):
+    with pytest.raises(
+        ConfigError,
+        match=r"missing array\(s\) y_test; an npz dataset needs x_train, y_train, x_test",
+    ):
         dataset_paths.check_dataset_paths(cfg)  # the array names only: nothing is loaded
-    np.savez(npz, x_train=np.zeros((4, 8)), y_train=np.zeros(4, int), x_test=np.zeros((2, 8)), y_test=np.zeros(2, int))
-    dataset_paths.check_dataset_paths(cfg)  # the arrays' shapes and labels are `tula check`'s (it loads them)
+    np.savez(
+        npz,
+        x_train=np.zeros((4, 8)),
+        y_train=np.zeros(4, int),
+        x_test=np.zeros((2, 8)),
+        y_test=np.zeros(2, int),
+    )
+    # the arrays' shapes and labels are `tula check`'s (it loads them)
+    dataset_paths.check_dataset_paths(cfg)
     (tmp_path / "img" / "train").mkdir(parents=True)
     with pytest.raises(ConfigError, match="image folder .*img/val not found"):
-        dataset_paths.check_dataset_paths(config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}}))
+        dataset_paths.check_dataset_paths(
+            config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}})
+        )

@@ -8,8 +8,8 @@ import zipfile
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, TINY, copy_workflow
 
+from conftest import ROOT, TINY, copy_workflow
 from tula import config
 from tula.faults import ENV as FAULT_ENV
 from tula.model import perf as perfmodel
@@ -27,13 +27,13 @@ def finished_run(tmp_path_factory):
     import sys
     from pathlib import Path
 
-
     wd = tmp_path_factory.mktemp("dag")
     copy_workflow(wd)
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
     (wd / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    env[FAULT_ENV] = "oom:point=N2_B128,rank=1"  # one probe fails for real; the DAG must still finish
+    # one probe fails for real; the DAG must still finish
+    env[FAULT_ENV] = "oom:point=N2_B128,rank=1"
     r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     return wd, env
@@ -43,54 +43,104 @@ def test_every_output_exists_and_parses(finished_run):
     wd, _ = finished_run
     res = wd / "results"
     probes = sorted(p.name for p in (res / "probes").glob("*.json"))
-    assert probes == ["N1_B128.json", "N1_B32.json", "N2_B128.json", "N2_B32.json"]  # partial: 4 corners
+    assert probes == [
+        "N1_B128.json",
+        "N1_B32.json",
+        "N2_B128.json",
+        "N2_B32.json",
+    ]  # partial: 4 corners
     mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
     assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
     m = pd.read_csv(res / "measurements.csv")
     pr = m[m["source"] == "probe"]
     # N2_B128 ran out of memory (injected) and fell back to the next smaller batch, in the same job
-    assert dict(zip(pr["workers"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])) == {
-        "1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}  # fmt: skip
+    assert dict(
+        zip(pr["workers"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])
+    ) == {"1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}
     assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2_B128.json")
     sweep = m[m["source"] == "sweep"]
-    # every ok probe job timed the grid's other local batches up to b_max (the OOM corner none, its fallback its own)
+    # every ok probe job timed the grid's other local batches up to b_max (the OOM corner none, its
+    # fallback its own)
     cfg = config.from_dict(TINY)
-    expected = sum(len(sweep_local_batches(cfg, int(r.workers), int(r.local_batch), mp["max_local_batch"], 1437 // 4))
-                   for r in pr[pr["status"] == "ok"].itertuples())  # fmt: skip
-    assert len(sweep) == expected == 12 and (sweep["status"] == "ok").all()  # 4 jobs x the 3 other local batches
+    expected = sum(
+        len(
+            sweep_local_batches(
+                cfg, int(r.workers), int(r.local_batch), mp["max_local_batch"], 1437 // 4
+            )
+        )
+        for r in pr[pr["status"] == "ok"].itertuples()
+    )
+    # 4 jobs x the 3 other local batches
+    assert len(sweep) == expected == 12 and (sweep["status"] == "ok").all()
     assert sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
     assert (m["source"] == "memory").sum() == len(mp["points"])
     memj, perf = (json.loads((res / "model" / f).read_text()) for f in ("memory.json", "perf.json"))
-    assert memj["search"] == "partial" and memj["fit"]["slope"] > 0 and memj["fit"]["n_points"] >= len(mp["points"])
+    assert (
+        memj["search"] == "partial"
+        and memj["fit"]["slope"] > 0
+        and memj["fit"]["n_points"] >= len(mp["points"])
+    )
     assert perf["rows_fitted"] == {"probe": 4, "sweep": len(sweep), "memory": len(mp["points"])}
     assert perf["compute"]["form"] in perfmodel.COMPUTE_FORMS and perf["probes_fitted"] == 4
     pred = pd.read_csv(res / "predictions.csv")
     assert len(pred) == 6  # N in {1,2} x B in {32,64,128}, probed or not
-    assert not pred.query("workers == 2 and global_batch == 128")["feasible"].item()  # the OOM point
+    # the OOM point
+    assert not pred.query("workers == 2 and global_batch == 128")["feasible"].item()
     sel = json.loads((res / "selection.json").read_text())
-    assert sel["objective"] == "knee" and (sel["selected"]["workers"], sel["selected"]["global_batch"]) != (2, 128)
+    assert sel["objective"] == "knee" and (
+        sel["selected"]["workers"],
+        sel["selected"]["global_batch"],
+    ) != (2, 128)
     final = json.loads((res / "train" / "final.json").read_text())
-    assert (final["workers"], final["global_batch"]) == (sel["selected"]["workers"], sel["selected"]["global_batch"])
+    assert (final["workers"], final["global_batch"]) == (
+        sel["selected"]["workers"],
+        sel["selected"]["global_batch"],
+    )
     # the wall time predicted part by part from what the probes measured, beside what the job paid
-    assert [p["part"] for p in final["wall_check"]] == ["steps", "start-up", "first steps", "evaluation", "checkpoints", "rest",
-                                                "wall time"]
-    assert final["wall_time_ratio"] == pytest.approx(final["wall_time_s"] / final["predicted_wall_time_s"])
+    assert [p["part"] for p in final["wall_check"]] == [
+        "steps",
+        "start-up",
+        "first steps",
+        "evaluation",
+        "checkpoints",
+        "rest",
+        "wall time",
+    ]
+    assert final["wall_time_ratio"] == pytest.approx(
+        final["wall_time_s"] / final["predicted_wall_time_s"]
+    )
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
-    for png in ("time_vs_batch", "cost_vs_batch", "memory_vs_batch", "compute_vs_batch", "training", "steps"):
+    for png in (
+        "time_vs_batch",
+        "cost_vs_batch",
+        "memory_vs_batch",
+        "compute_vs_batch",
+        "training",
+        "steps",
+    ):
         assert (res / "plots" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    steps = pd.read_csv(res / "train" / "steps.csv")  # the job's own monitored steps (none at N = 1)
+    # the job's own monitored steps (none at N = 1)
+    steps = pd.read_csv(res / "train" / "steps.csv")
     assert {"step", "compute_time_s", "sync_time_s", "predicted_sync_s"} <= set(steps.columns)
     assert len(steps) == final["monitored_steps"] and (final["workers"] > 1 or len(steps) == 0)
     html = (res / "report.html").read_text()
     assert "Ran on <b>CPU</b> with gloo: hardware.device auto: this machine has no GPU" in html
     assert json.loads((res / "workload.json").read_text())["device"]["device"] == "cpu"
-    assert "Use N = " in html and html.count("data:image/png;base64,") == 6 and "did not succeed" in html
-    assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (len(steps) == 0)
+    assert (
+        "Use N = " in html
+        and html.count("data:image/png;base64,") == 6
+        and "did not succeed" in html
+    )
+    assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (
+        len(steps) == 0
+    )
     assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
     perf = json.loads((res / "model" / "perf.json").read_text())
-    assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4  # the ok probes
+    # the ok probes
+    assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4
     assert sel["knee"]["rule"] == "marginal" and {"marginal", "kneedle"} <= set(sel["knee"])
-    bench = pd.read_csv(res / "benchmarks" / "launch.tsv", sep="\t")  # Snakemake's benchmark of the train rule
+    # Snakemake's benchmark of the train rule
+    bench = pd.read_csv(res / "benchmarks" / "launch.tsv", sep="\t")
     assert len(bench) == 1 and bench["s"].item() >= final["train_time_s"] > 0
 
 
@@ -107,12 +157,24 @@ def test_a_pricing_change_reruns_selection_not_probes(finished_run):
     touched."""
     wd, env = finished_run
     res = wd / "results"
-    kept = [*(res / "probes").glob("*.json"), res / "memory_probe.json", res / "measurements.csv",
-            res / "model" / "perf.json"]  # fmt: skip
+    kept = [
+        *(res / "probes").glob("*.json"),
+        res / "memory_probe.json",
+        res / "measurements.csv",
+        res / "model" / "perf.json",
+    ]
     before = {f: f.stat().st_mtime_ns for f in kept}
     sel_before = (res / "selection.json").stat().st_mtime_ns
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time_to_accuracy", "--until", "select",
-                  env=env)  # fmt: skip
+    r = snakemake(
+        wd,
+        "--configfile",
+        "tiny.yaml",
+        "--config",
+        "objective=time_to_accuracy",
+        "--until",
+        "select",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert {f: f.stat().st_mtime_ns for f in kept} == before
     assert (res / "selection.json").stat().st_mtime_ns > sel_before
@@ -125,17 +187,24 @@ def test_a_pricing_change_reruns_selection_not_probes(finished_run):
 def planned_jobs(out: str) -> dict[str, int]:
     """The "Job stats" table of a Snakemake dry run: rule -> jobs planned."""
     table = out.split("Job stats:", 1)[1] if "Job stats:" in out else ""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m.group(1) != "total"}
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)
+        if m.group(1) != "total"
+    }
 
 
-@pytest.mark.parametrize("change, probes, reruns", [
-    ({"train": {"lr": 0.01}}, 0, {"launch"}),
-    ({"train": {"lr_decay_epochs": [1], "warmup_epochs": 1}}, 0, {"launch"}),
-    ({"workload": {"epochs": 3}}, 0, {"predict", "launch"}),
-    ({"objective": "time"}, 0, {"select", "launch"}),
-    ({"pricing": {"per_worker_hour": 9.0}}, 0, {"predict", "select"}),
-    ({"probe": {"timed_steps": 4}}, 4, {"aggregate", "fit", "predict"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, probes, reruns",
+    [
+        ({"train": {"lr": 0.01}}, 0, {"launch"}),
+        ({"train": {"lr_decay_epochs": [1], "warmup_epochs": 1}}, 0, {"launch"}),
+        ({"workload": {"epochs": 3}}, 0, {"predict", "launch"}),
+        ({"objective": "time"}, 0, {"select", "launch"}),
+        ({"pricing": {"per_worker_hour": 9.0}}, 0, {"predict", "select"}),
+        ({"probe": {"timed_steps": 4}}, 4, {"aggregate", "fit", "predict"}),
+    ],
+)
 def test_probes_are_bought_once(finished_run, change, probes, reruns, tmp_path):
     """What Snakemake plans after each kind of change: the learning rate, its schedule, the
     epochs, the objective and the pricing re-run their own stages and reuse every probe job
@@ -146,8 +215,13 @@ def test_probes_are_bought_once(finished_run, change, probes, reruns, tmp_path):
     r = snakemake(wd, "--configfile", "tiny.yaml", "change.yaml", "-n", env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     jobs = planned_jobs(r.stdout + r.stderr)
-    assert jobs.get("probe", 0) == probes and "memprobe" not in jobs and reruns <= set(jobs), (change, jobs)
-    assert "tula: probe campaign: the memory probe (1 node) and 4 probe job(s)" in r.stdout + r.stderr
+    assert jobs.get("probe", 0) == probes and "memprobe" not in jobs and reruns <= set(jobs), (
+        change,
+        jobs,
+    )
+    assert (
+        "tula: probe campaign: the memory probe (1 node) and 4 probe job(s)" in r.stdout + r.stderr
+    )
 
 
 def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
@@ -161,36 +235,67 @@ def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
     shutil.copytree(src, wd, symlinks=True)
     old = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
     (wd / "wider.yaml").write_text(yaml.safe_dump({"grid": {"batch_max": 256}}))
-    r = snakemake(wd, "--configfile", "tiny.yaml", "wider.yaml", "--until", "aggregate",
-                  env={k: v for k, v in env.items() if k != FAULT_ENV})  # fmt: skip
+    r = snakemake(
+        wd,
+        "--configfile",
+        "tiny.yaml",
+        "wider.yaml",
+        "--until",
+        "aggregate",
+        env={k: v for k, v in env.items() if k != FAULT_ENV},
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     ran = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", r.stdout + r.stderr, re.M)
     probes = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
     assert {k: probes[k] for k in old} == old  # the probes bought before: not run again
     mp_bmax = json.loads((wd / "results" / "memory_probe.json").read_text())["max_local_batch"]
-    assert sorted(set(probes) - set(old)) == sorted(f"N{n}_B256.json" for n in (1, 2) if 256 // n <= mp_bmax)
-    assert ran.count("probe") == len(set(probes) - set(old)) >= 1 and ran.count("memprobe") == 1, ran
+    assert sorted(set(probes) - set(old)) == sorted(
+        f"N{n}_B256.json" for n in (1, 2) if 256 // n <= mp_bmax
+    )
+    assert ran.count("probe") == len(set(probes) - set(old)) >= 1 and ran.count("memprobe") == 1, (
+        ran
+    )
 
 
 def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):
 
     copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     r = snakemake(tmp_path, "--configfile", "tiny.yaml", "-n")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     # the probes are not known before the memory probe has run: the dry run lists the checkpoint
     # and the jobs after it, and no probe yet
-    assert "checkpoint memprobe" in out and "rule probe:" not in out and "alteration of the DAG" in out
-    stats = out[out.index("Job stats:"):]
+    assert (
+        "checkpoint memprobe" in out and "rule probe:" not in out and "alteration of the DAG" in out
+    )
+    stats = out[out.index("Job stats:") :]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", stats.split("\n\n")[0], flags=re.M))
-    assert counts == {rule: "1" for rule in ("aggregate", "all", "check", "fit", "launch", "memprobe",
-                                              "plot_selection", "plot_training", "predict", "report", "select")} | {
-        "total": "11"}  # fmt: skip
+    assert counts == {
+        rule: "1"
+        for rule in (
+            "aggregate",
+            "all",
+            "check",
+            "fit",
+            "launch",
+            "memprobe",
+            "plot_selection",
+            "plot_training",
+            "predict",
+            "report",
+            "select",
+        )
+    } | {"total": "11"}
     # hardware.device auto, decided once (no GPU in CI) and said; a dry run writes nothing of
     # Tula's: no results, no config snapshot (onstart writes it before a real run's first job)
-    assert out.count("tula: hardware.device auto: this machine has no GPU: CPU and gloo; backend gloo") == 1
+    assert (
+        out.count("tula: hardware.device auto: this machine has no GPU: CPU and gloo; backend gloo")
+        == 1
+    )
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "tula").exists()
 
 
@@ -202,15 +307,28 @@ def test_the_jobs_read_the_decided_device_from_the_snapshot(finished_run):
     assert (probe["env"]["device"], probe["env"]["backend"]) == ("cpu", "gloo")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("grid:\n  workers: [1, 3]\n  batch_min: 32\n", "config key 'grid.workers': N=3 does not divide"),
-    ("workload:\n  dataset: npz:/no/such/file.npz\n",
-     "config key 'workload.dataset': npz file /no/such/file.npz not found"),
-    ("workload:\n  dataset: imagefolder:/no/such/root\n",
-     "config key 'workload.dataset': image folder /no/such/root/train not found"),
-    ("hardware:\n  device: cuda\n",  # CI has no GPU: cuda is refused before anything runs
-     "config key 'hardware.device' is cuda, but this machine has no GPU: set hardware.device: auto"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "grid:\n  workers: [1, 3]\n  batch_min: 32\n",
+            "config key 'grid.workers': N=3 does not divide",
+        ),
+        (
+            "workload:\n  dataset: npz:/no/such/file.npz\n",
+            "config key 'workload.dataset': npz file /no/such/file.npz not found",
+        ),
+        (
+            "workload:\n  dataset: imagefolder:/no/such/root\n",
+            "config key 'workload.dataset': image folder /no/such/root/train not found",
+        ),
+        (
+            "hardware:\n  device: cuda\n",  # CI has no GPU: cuda is refused before anything runs
+            "config key 'hardware.device' is cuda, but this machine has no GPU: set "
+            "hardware.device: auto",
+        ),
+    ],
+)
 def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text(text)
@@ -222,7 +340,9 @@ def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
 
 def test_lint_is_clean_and_writes_nothing(tmp_path, venv_path):
     copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
     r = subprocess.run(["snakemake", "--lint"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and "good condition" in r.stdout + r.stderr, r.stdout + r.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "tula").exists()
@@ -230,16 +350,27 @@ def test_lint_is_clean_and_writes_nothing(tmp_path, venv_path):
 
 def test_snakemake_report_needs_no_cores_flag(finished_run, tmp_path):
     wd, env = finished_run
-    r = subprocess.run(["snakemake", "--report", str(tmp_path / "report.zip")], cwd=wd, capture_output=True, text=True,
-                       env=env)  # fmt: skip
+    r = subprocess.run(
+        ["snakemake", "--report", str(tmp_path / "report.zip")],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     with zipfile.ZipFile(tmp_path / "report.zip") as z:
         assert z.testzip() is None  # every member's CRC checks
         names = z.namelist()
     assert sum(n.endswith("/report.html") for n in names) == 1, names
     pngs = sorted(n.rsplit("/", 1)[1] for n in names if n.endswith(".png"))
-    assert pngs == ["compute_vs_batch.png", "cost_vs_batch.png", "memory_vs_batch.png", "steps.png",
-                    "time_vs_batch.png", "training.png"], names  # the rules' report() outputs, each once
+    assert pngs == [
+        "compute_vs_batch.png",
+        "cost_vs_batch.png",
+        "memory_vs_batch.png",
+        "steps.png",
+        "time_vs_batch.png",
+        "training.png",
+    ], names  # the rules' report() outputs, each once
 
 
 def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(finished_run):
@@ -250,17 +381,30 @@ def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(fi
     wd, env = finished_run
     # objective time: a larger batch than the knee's (which may be grid.batch_min on this CPU), so
     # that a smaller one is left to fall back to
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env)
+    r = snakemake(
+        wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
     b = sel["global_batch"]
     assert b > 32, f"objective time chose B={b}: no smaller batch >= grid.batch_min to fall back to"
-    r = snakemake(wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--forcerun", "launch",
-                  env={**env, ENV: f"oom:step={-(-1437 // b) + 2},rank=0,batch={b}"})  # in epoch 2, after a checkpoint
+    r = snakemake(
+        wd,
+        "--configfile",
+        "tiny.yaml",
+        "--config",
+        "objective=time",
+        "--forcerun",
+        "launch",
+        env={**env, ENV: f"oom:step={-(-1437 // b) + 2},rank=0,batch={b}"},
+    )  # in epoch 2, after a checkpoint
     assert r.returncode == 0, r.stderr[-4000:]
     att = json.loads((wd / "results" / "train" / "attempts.json").read_text())["attempts"]
     assert [a["outcome"] for a in att] == ["oom", "completed"] and att[0]["global_batch"] == b
     assert att[1]["global_batch"] < b and att[1]["start_step"] == att[0]["checkpoint_step"]
     html = (wd / "results" / "report.html").read_text()
     assert f"relaunched from its last checkpoint at B={att[1]['global_batch']}" in html
-    assert "<td class=bad>oom</td>" in html and (wd / "results" / "train" / "model.pt").stat().st_size > 0
+    assert (
+        "<td class=bad>oom</td>" in html
+        and (wd / "results" / "train" / "model.pt").stat().st_size > 0
+    )

@@ -4,33 +4,50 @@ the CPU answers (0 GPUs) run for real in tests/test_dag.py."""
 
 import pytest
 import torch
-from conftest import TINY
 
+from conftest import TINY
 from tula import config, devices
 from tula.runtime import dist
 from tula.stages import check
 
 
 def _cfg(**hardware):
-    return config.from_dict({**TINY, "grid": {**TINY["grid"], "workers": [1, 2]}, "hardware": hardware})
+    return config.from_dict(
+        {**TINY, "grid": {**TINY["grid"], "workers": [1, 2]}, "hardware": hardware}
+    )
 
 
-@pytest.mark.parametrize("gpus, device, said", [
-    (0, "cpu", "this machine has no GPU: CPU and gloo"),
-    (1, "cpu", "this machine has 1 GPU(s) but grid.workers goes up to N=2, one GPU per worker: CPU and gloo"),
-    (2, "cuda", "this machine has 2 GPU(s), one for each of up to 2 workers: CUDA"),
-    (8, "cuda", "this machine has 8 GPU(s)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "gpus, device, said",
+    [
+        (0, "cpu", "this machine has no GPU: CPU and gloo"),
+        (
+            1,
+            "cpu",
+            "this machine has 1 GPU(s) but grid.workers goes up to N=2, one GPU per worker: CPU "
+            "and gloo",
+        ),
+        (2, "cuda", "this machine has 2 GPU(s), one for each of up to 2 workers: CUDA"),
+        (8, "cuda", "this machine has 8 GPU(s)"),
+    ],
+)
 def test_auto_uses_cuda_only_where_every_grid_point_has_a_gpu_per_worker(gpus, device, said):
     """The shipped default (grid.workers [1, 2]) on a one-GPU machine runs on CPU, not two NCCL
     ranks on one GPU ("Duplicate GPU detected")."""
     d = devices.for_config(_cfg(), "local", gpus=gpus)
-    assert d.device == device and d.backend == ("nccl" if device == "cuda" else "gloo") and said in d.why
+    assert (
+        d.device == device
+        and d.backend == ("nccl" if device == "cuda" else "gloo")
+        and said in d.why
+    )
 
 
 def test_cuda_with_too_few_gpus_is_refused_naming_grid_workers():
-    with pytest.raises(devices.DeviceError, match=r"config key 'hardware.device' is cuda, but this machine has 1 "
-                                                  r"GPU\(s\) and config key 'grid.workers' goes up to N=2"):  # fmt: skip
+    with pytest.raises(
+        devices.DeviceError,
+        match=r"config key 'hardware.device' is cuda, but this machine has 1 "
+        r"GPU\(s\) and config key 'grid.workers' goes up to N=2",
+    ):
         devices.for_config(_cfg(device="cuda"), "local", gpus=1)
     assert devices.for_config(_cfg(device="cuda"), "local", gpus=2).device == "cuda"
     with pytest.raises(devices.DeviceError, match="config key 'hardware.backend' is nccl"):
@@ -45,7 +62,12 @@ def test_a_decided_config_is_kept_as_written():
     d = devices.for_config(_cfg(), "local", gpus=1)
     decided = devices.apply(_cfg(), d)
     assert devices.for_config(decided, "local", gpus=0) == d
-    assert config.from_dict({**TINY, "hardware": {"device": "cpu", "device_why": d.why}}).hardware.device_why == d.why
+    assert (
+        config.from_dict(
+            {**TINY, "hardware": {"device": "cpu", "device_why": d.why}}
+        ).hardware.device_why
+        == d.why
+    )
 
 
 def test_tula_check_says_the_decision_and_refuses_cuda(monkeypatch, tmp_path, capsys):
@@ -56,7 +78,10 @@ def test_tula_check_says_the_decision_and_refuses_cuda(monkeypatch, tmp_path, ca
     path.write_text(yaml.safe_dump(raw))
     monkeypatch.setattr(devices, "local_gpus", lambda: 1)
     check.run(str(path), config_only=True)
-    assert "device: hardware.device auto: this machine has 1 GPU(s) but grid.workers goes up to N=2" in capsys.readouterr().out
+    assert (
+        "device: hardware.device auto: this machine has 1 GPU(s) but grid.workers goes up to N=2"
+        in capsys.readouterr().out
+    )
     path.write_text(yaml.safe_dump({**raw, "hardware": {"device": "cuda"}}))
     with pytest.raises(devices.DeviceError, match="grid.workers"):
         check.run(str(path), config_only=True)
@@ -75,5 +100,9 @@ def test_a_worker_checks_its_device_against_the_gpus_it_sees(monkeypatch):
     assert dist.resolve_device(_cfg().hardware, two) == (torch.device("cpu"), "gloo")
     with pytest.raises(RuntimeError, match="grid.workers"):
         dist.resolve_device(_cfg(device="cuda").hardware, two)
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")  # two nodes of one GPU each: each rank has its GPU
-    assert dist.resolve_device(_cfg(device="cuda").hardware, two) == (torch.device("cuda", 0), "nccl")
+    # two nodes of one GPU each: each rank has its GPU
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    assert dist.resolve_device(_cfg(device="cuda").hardware, two) == (
+        torch.device("cuda", 0),
+        "nccl",
+    )

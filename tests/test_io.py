@@ -22,7 +22,9 @@ def umask():
     os.umask(old)
 
 
-@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600), (0o002, 0o664)])
+@pytest.mark.parametrize(
+    "mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600), (0o002, 0o664)]
+)
 def test_results_and_checkpoints_get_the_mode_the_umask_gives(tmp_path, umask, mask, mode):
     umask(mask)
     assert current_umask() == mask

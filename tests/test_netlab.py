@@ -9,16 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from contextlib import nullcontext
 
 from conftest import ROOT, when_step_reached
-
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
@@ -31,7 +30,12 @@ pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
 
 def lab(*args: str) -> str:
-    r = subprocess.run(["bash", *NETLAB, *args], capture_output=True, text=True, env={**os.environ, "NETLAB_PREFIX": LAB})
+    r = subprocess.run(
+        ["bash", *NETLAB, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NETLAB_PREFIX": LAB},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -47,16 +51,29 @@ def netlab():
         yield LAB
     finally:
         lab("down")
-    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if ns.startswith(f"{LAB}-")]  # fmt: skip
+    assert not [
+        ns
+        for ns in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout.split()
+        if ns.startswith(f"{LAB}-")
+    ]
 
 
 def _config(tmp_path, per_node: int, name: str):
-    raw = {"workload": {"model": "small_cnn", "dataset": "digits", "epochs": 1, "seed": 0},
-           "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
-           "cluster": {"workers_per_node": per_node, "netlab": LAB},
-           "probe": {"warmup_steps": 2, "timed_steps": 10, "timeout_s": 300, "sweep_steps": 0, "noise_steps": 0},
-           "train": {"lr_decay_epochs": []}}  # fmt: skip
+    raw = {
+        "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 1, "seed": 0},
+        "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
+        "cluster": {"workers_per_node": per_node, "netlab": LAB},
+        "probe": {
+            "warmup_steps": 2,
+            "timed_steps": 10,
+            "timeout_s": 300,
+            "sweep_steps": 0,
+            "noise_steps": 0,
+        },
+        "train": {"lr_decay_epochs": []},
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -73,14 +90,19 @@ def campaign(netlab, tmp_path_factory):
     """A partial search on 2 nodes x 2 workers (the corners and both sides of the node
     boundary: N = 1, 2, 4 at B = 32 and 128), the held-out point N = 4, B = 64, and the
     same 4-worker probe on one node."""
-    with pytest.MonkeyPatch.context() as mp:  # this interpreter's torchrun first on PATH (conftest's venv_path)
-        mp.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    # this interpreter's torchrun first on PATH (conftest's venv_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+        )
         yield _campaign(tmp_path_factory.mktemp("netlab"))
 
 
 def _campaign(d):
     two, one = _config(d, 2, "two"), _config(d, 4, "one")
-    recs = {f"N{n}_B{b}": _probe(two, n, b, d / f"N{n}_B{b}.json") for n in (1, 2, 4) for b in (32, 128)}
+    recs = {
+        f"N{n}_B{b}": _probe(two, n, b, d / f"N{n}_B{b}.json") for n in (1, 2, 4) for b in (32, 128)
+    }
     held = _probe(two, 4, 64, d / "held.json")
     one_node = _probe(one, 4, 128, d / "one_node.json")
     return d, two, recs, held, one_node
@@ -92,7 +114,10 @@ def test_four_workers_on_two_nodes_pay_more_sync_than_on_one(campaign):
     assert two_nodes["nodes"] == 2 and one_node["nodes"] == 1
     assert two_nodes["env"]["comm_env"]["GLOO_SOCKET_IFNAME"] == "lab0"
     # the same step, over the shaped link between the nodes instead of each node's own stack
-    assert two_nodes["sync_time_s"] > 1.5 * one_node["sync_time_s"], (two_nodes["sync_time_s"], one_node["sync_time_s"])
+    assert two_nodes["sync_time_s"] > 1.5 * one_node["sync_time_s"], (
+        two_nodes["sync_time_s"],
+        one_node["sync_time_s"],
+    )
 
 
 def _table(recs) -> pd.DataFrame:
@@ -100,11 +125,12 @@ def _table(recs) -> pd.DataFrame:
 
 
 def test_the_two_level_model_predicts_across_the_boundary_within_the_noise(campaign):
-    """Fitted on the partial search only: the held-out 4-worker point on the far side of the
-    node boundary within the noise of this machine. Two cores run 4 workers here: a probe's
-    step-to-step CV is 7-11 %, and identical runs differ by much more (BENCHMARKS.md: 0.72-1.60
-    between runs of one point); this point's held-out error measured within 10 % twice, 16 % once
-    (bench/netlab_fidelity.py, 12 % median over 6 points). So: within twice the probe's CV, or 25 %."""
+    """Fitted on the partial search only: the held-out 4-worker point on the far side of the node
+    boundary within the noise of this machine. Two cores run 4 workers here: a probe's step-to-step
+    CV is 7-11 %, and identical runs differ by much more (BENCHMARKS.md: 0.72-1.60 between runs of
+    one point); this point's held-out error measured within 10 % twice, 16 % once
+    (bench/netlab_fidelity.py, 12 % median over 6 points). So: within twice the probe's CV, or 25
+    %."""
     from tula.model import perf as perfmodel
 
     _, _, recs, held, _ = campaign
@@ -129,11 +155,17 @@ def test_a_slower_link_raises_the_predicted_sync_across_nodes_only(campaign):
     lab("rate", SLOWER)
     try:
         assert "rate 12Mbit" in lab("status")
-        slow = {k: _probe(two, 4, int(k.split("_B")[1]), d / f"slow_{k}.json") for k in ("N4_B32", "N4_B128")}
+        slow = {
+            k: _probe(two, 4, int(k.split("_B")[1]), d / f"slow_{k}.json")
+            for k in ("N4_B32", "N4_B128")
+        }
     finally:
         lab("rate", RATE)
-    after = perfmodel.fit(_table([*[v for k, v in recs.items() if not k.startswith("N4")], *slow.values()]), "ring",
-                          workers_per_node=2)  # fmt: skip
+    after = perfmodel.fit(
+        _table([*[v for k, v in recs.items() if not k.startswith("N4")], *slow.values()]),
+        "ring",
+        workers_per_node=2,
+    )
     assert after.sync_time_s(4, 32) > 1.5 * before.sync_time_s(4, 32)
     # the one-node step is fitted jointly with the rest, so the re-fit may move it, but only
     # within this machine's scatter (the bound of the held-out test above; CI once saw 18 %)
@@ -151,12 +183,28 @@ def _predictions(perf, epochs: int, path: Path) -> Path:
         b, spe = 128, math.ceil(D_DIGITS / 128)
         lo, hi = (x[0] for x in perf.step_time_interval_s(np.array([n]), np.array([b // n])))
         step, comp = float(perf.step_time_s(n, b // n)), float(perf.compute_time_s(n, b // n))
-        rows.append({"workers": n, "nodes": 1 if n <= 2 else 2, "global_batch": b, "local_batch": b // n,
-                     "compute_time_s": comp, "sync_time_s": step - comp, "step_time_s": step, "step_time_lo_s": float(lo),
-                     "step_time_hi_s": float(hi), "steps_per_epoch": spe, "epochs": epochs,
-                     "train_time_s": epochs * spe * step, "train_time_lo_s": epochs * spe * float(lo),
-                     "train_time_hi_s": epochs * spe * float(hi), "cost": epochs * spe * step * n, "mem_bytes": 1e6,
-                     "feasible": True, "probe_status": "ok"})  # fmt: skip
+        rows.append(
+            {
+                "workers": n,
+                "nodes": 1 if n <= 2 else 2,
+                "global_batch": b,
+                "local_batch": b // n,
+                "compute_time_s": comp,
+                "sync_time_s": step - comp,
+                "step_time_s": step,
+                "step_time_lo_s": float(lo),
+                "step_time_hi_s": float(hi),
+                "steps_per_epoch": spe,
+                "epochs": epochs,
+                "train_time_s": epochs * spe * step,
+                "train_time_lo_s": epochs * spe * float(lo),
+                "train_time_hi_s": epochs * spe * float(hi),
+                "cost": epochs * spe * step * n,
+                "mem_bytes": 1e6,
+                "feasible": True,
+                "probe_status": "ok",
+            }
+        )
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -169,18 +217,31 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     from tula.model import perf as perfmodel
     from tula.production import launcher
 
-    run, epochs = d / name, 50  # long enough that a move pays for its relaunch (15-35 s here) with room
+    run, epochs = (
+        d / name,
+        50,
+    )  # long enough that a move pays for its relaunch (15-35 s here) with room
     run.mkdir()
     raw = yaml.safe_load(_config(d, 2, f"{name}_cfg").read_text())
     raw["workload"]["epochs"], raw["objective"] = epochs, "time"
     raw["launch"] = {"executor": "local", "poll_s": 0.5, "monitor_every_steps": 2, "replan": "move"}
     (run / "config.yaml").write_text(yaml.safe_dump(raw))
     write_json(run / "selection.json", {"selected": {"workers": 4, "global_batch": 128}})
-    pred = _predictions(perfmodel.fit(_table(recs.values()), "ring", workers_per_node=2), epochs, run / "predictions.csv")
+    pred = _predictions(
+        perfmodel.fit(_table(recs.values()), "ring", workers_per_node=2),
+        epochs,
+        run / "predictions.csv",
+    )
     slow = lambda: lab("rate", SLOWER)  # noqa: E731
-    with when_step_reached(run / "train" / "steps.csv", slow_at * epochs * 12, slow) if slow_at else nullcontext({}) as slowed:
+    with (
+        when_step_reached(run / "train" / "steps.csv", slow_at * epochs * 12, slow)
+        if slow_at
+        else nullcontext({}) as slowed
+    ):
         try:
-            final = launcher.train(run / "config.yaml", run / "selection.json", run / "train", predictions=pred)
+            final = launcher.train(
+                run / "config.yaml", run / "selection.json", run / "train", predictions=pred
+            )
         finally:
             if slow_at:
                 lab("rate", RATE)
@@ -192,16 +253,29 @@ def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
     run, final, slowed = _production(d, "move", recs, slow_at=0.3)
     att = json.loads((run / "train" / "attempts.json").read_text())["attempts"]
     # to one node: N = 2 (or N = 1, if the re-fit says so; the test's objective is time)
-    assert [(a["workers"] <= 2, a["outcome"]) for a in att] == [(False, "moved"), (True, "completed")], [a["reason"] for a in att]
+    assert [(a["workers"] <= 2, a["outcome"]) for a in att] == [
+        (False, "moved"),
+        (True, "completed"),
+    ], [a["reason"] for a in att]
     moved = [x for x in att[0]["drift"] if x["action"] == "moved"]
-    assert len(moved) == 1 and moved[0]["step"] > slowed["step"] and "between nodes" in moved[0]["reason"]
+    assert (
+        len(moved) == 1
+        and moved[0]["step"] > slowed["step"]
+        and "between nodes" in moved[0]["reason"]
+    )
     m = pd.read_csv(run / "train" / "metrics.csv")
-    assert len(m) == 50 and (m["samples"] == D_DIGITS).all() and final["workers"] == att[1]["workers"]
+    assert (
+        len(m) == 50 and (m["samples"] == D_DIGITS).all() and final["workers"] == att[1]["workers"]
+    )
 
 
 def test_the_same_run_with_the_link_unchanged_never_moves(campaign):
     d, _, recs, _, _ = campaign
     run, final, _ = _production(d, "stay", recs, slow_at=None)
     att = json.loads((run / "train" / "attempts.json").read_text())["attempts"]
-    assert [(a["workers"], a["outcome"]) for a in att] == [(4, "completed")], [a["reason"] for a in att]
-    assert final["monitored_steps"] > 50 and not [x for x in att[0]["drift"] if x["action"] == "moved"]
+    assert [(a["workers"], a["outcome"]) for a in att] == [(4, "completed")], [
+        a["reason"] for a in att
+    ]
+    assert final["monitored_steps"] > 50 and not [
+        x for x in att[0]["drift"] if x["action"] == "moved"
+    ]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
 
+from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
 from tula import config, devices, preflight, slurm
 from tula.io import write_json
 from tula.production import launcher
@@ -28,47 +28,103 @@ def _cfg(**over):
 
 def test_problems_name_the_config_keys_to_change():
     p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
-    cfg = _cfg(grid__workers=[1, 8, 16], cluster__workers_per_node=8, hardware__device="cuda", hardware__threads_per_worker=8,
-               probe__timeout_s=3600)  # fmt: skip
+    cfg = _cfg(
+        grid__workers=[1, 8, 16],
+        cluster__workers_per_node=8,
+        hardware__device="cuda",
+        hardware__threads_per_worker=8,
+        probe__timeout_s=3600,
+    )
     probe = next(n for n in preflight.job_needs(cfg, 1440) if n.what == "the probe at N=16")
-    assert (probe.nodes, probe.tasks_per_node, probe.gpus_per_node, probe.cpus_per_node) == (2, 8, 8, 64)
+    assert (probe.nodes, probe.tasks_per_node, probe.gpus_per_node, probe.cpus_per_node) == (
+        2,
+        8,
+        8,
+        64,
+    )
     found = preflight.problems(cfg, p, probe)
     assert len(found) == 2
-    assert "8 GPU(s) per node (cluster.workers_per_node=8, hardware.device=cuda)" in found[0] and "at most 4" in found[0]
+    assert (
+        "8 GPU(s) per node (cluster.workers_per_node=8, hardware.device=cuda)" in found[0]
+        and "at most 4" in found[0]
+    )
     assert "64 CPUs per node" in found[1] and "hardware.threads_per_worker=8" in found[1]
     # 2 workers per node: 16 workers need 8 nodes, above the partition's 6 and MaxNodes=4
-    cfg = _cfg(grid__workers=[1, 16], cluster__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
+    cfg = _cfg(
+        grid__workers=[1, 16],
+        cluster__workers_per_node=2,
+        hardware__device="cuda",
+        hardware__threads_per_worker=8,
+    )
     (msg,) = preflight.problems(cfg, p, preflight.job_needs(cfg, 1440)[1])
-    assert msg.startswith("the probe at N=16 needs 8 node(s)") and "allows 4 per job" in msg and "grid.workers" in msg
+    assert (
+        msg.startswith("the probe at N=16 needs 8 node(s)")
+        and "allows 4 per job" in msg
+        and "grid.workers" in msg
+    )
     # a time limit: probes ask for probe.timeout_s + 5 min, training for its runtime
-    cfg = _cfg(grid__workers=[1, 4], cluster__workers_per_node=4, hardware__device="cuda", probe__timeout_s=3 * 86400)
+    cfg = _cfg(
+        grid__workers=[1, 4],
+        cluster__workers_per_node=4,
+        hardware__device="cuda",
+        probe__timeout_s=3 * 86400,
+    )
     needs = preflight.job_needs(cfg, 4000)
-    assert ["probe.timeout_s" in m for n in needs for m in preflight.problems(cfg, p, n)] == [True, True, False]
+    assert ["probe.timeout_s" in m for n in needs for m in preflight.problems(cfg, p, n)] == [
+        True,
+        True,
+        False,
+    ]
     (msg,) = preflight.problems(cfg, p, needs[2])
     assert "asks for 4000 min" in msg and "at most 2880 min" in msg and "launch.timeout_min" in msg
-    cfg = _cfg(grid__workers=[1, 8], cluster__workers_per_node=4, hardware__device="cuda")  # 2 nodes with 4 A100s: fits
+    # 2 nodes with 4 A100s: fits
+    cfg = _cfg(grid__workers=[1, 8], cluster__workers_per_node=4, hardware__device="cuda")
     assert [preflight.problems(cfg, p, n) for n in preflight.job_needs(cfg, 60)] == [[], [], []]
     # `tula launch` (and each run of the suite) checks the N it trains at, not the grid's largest
-    cfg = _cfg(grid__workers=[1, 16], cluster__workers_per_node=2, hardware__device="cuda", hardware__threads_per_worker=8)
+    cfg = _cfg(
+        grid__workers=[1, 16],
+        cluster__workers_per_node=2,
+        hardware__device="cuda",
+        hardware__threads_per_worker=8,
+    )
     train = preflight.job_needs(cfg, 60, train_nodes=4)[2]
-    assert train.what == "training at N=4" and train.nodes == 2 and preflight.problems(cfg, p, train) == []
+    assert (
+        train.what == "training at N=4"
+        and train.nodes == 2
+        and preflight.problems(cfg, p, train) == []
+    )
 
 
 def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):
     got = preflight.read_profile(str(ROOT / "profiles" / "slurm"))
-    assert got == {"executor": "slurm", "probe_partition": None, "account": None, "train_partition": None,
-                   "train_runtime_min": 1440}  # fmt: skip
+    assert got == {
+        "executor": "slurm",
+        "probe_partition": None,
+        "account": None,
+        "train_partition": None,
+        "train_runtime_min": 1440,
+    }
     with pytest.raises(preflight.PreflightError, match="no .*config.yaml"):
         preflight.read_profile(str(tmp_path))
     (tmp_path / "config.yaml").write_text("default-resources:\n  runtime: one hour\n")
-    with pytest.raises(preflight.PreflightError, match=r"default-resources.runtime must be a whole number, not 'one hour'"):
+    with pytest.raises(
+        preflight.PreflightError,
+        match=r"default-resources.runtime must be a whole number, not 'one hour'",
+    ):
         preflight.read_profile(str(tmp_path))
     # a rule's own set-resources win over the defaults, for the probes as for training
     (tmp_path / "config.yaml").write_text(
-        "default-resources:\n  slurm_partition: cpu\n  slurm_account: lab\n  runtime: 30\n"
-        "set-resources:\n  probe:\n    slurm_partition: short\n  launch:\n    slurm_partition: gpu\n    runtime: 600\n")
-    assert preflight.read_profile(str(tmp_path)) == {"executor": None, "probe_partition": "short", "account": "lab",
-                                                     "train_partition": "gpu", "train_runtime_min": 600}  # fmt: skip
+        "default-resources:\n  slurm_partition: cpu\n  slurm_account: lab\n  runtime: "
+        "30\nset-resources:\n  probe:\n    slurm_partition: short\n  launch:\n    slurm_partition: "
+        "gpu\n    runtime: 600\n"
+    )
+    assert preflight.read_profile(str(tmp_path)) == {
+        "executor": None,
+        "probe_partition": "short",
+        "account": "lab",
+        "train_partition": "gpu",
+        "train_runtime_min": 600,
+    }
 
 
 # -- against the real test cluster ------------------------------------------------------
@@ -80,23 +136,37 @@ def _env():
 
 def _check(tmp_path, raw, *extra):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
-    return subprocess.run(["tula", "check", "--config-only", "--config", "c.yaml", "--cluster", *extra], cwd=tmp_path,
-                          capture_output=True, text=True, env=_env())  # fmt: skip
+    return subprocess.run(
+        ["tula", "check", "--config-only", "--config", "c.yaml", "--cluster", *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
 
 
 @pytest.mark.slurm
 def test_check_cluster_refuses_more_nodes_than_the_partition_has(slurm_cluster, tiny_raw, tmp_path):
-    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1  # N=2 on 2 nodes; the test cluster has one
+    # N=2 on 2 nodes; the test cluster has one
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1
     r = _check(tmp_path, tiny_raw)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "this grid cannot run on the cluster" in r.stderr
-    assert "the probe at N=2 needs 2 node(s) (1 worker(s) per node; cluster.workers_per_node=1), but partition 'debug' " \
-           "has 1 node(s)" in r.stderr and "training at N=2 needs 2 node(s)" in r.stderr  # fmt: skip
+    assert (
+        "the probe at N=2 needs 2 node(s) (1 worker(s) per node; cluster.workers_per_node=1), but "
+        "partition 'debug' has 1 node(s)"
+        in r.stderr
+        and "training at N=2 needs 2 node(s)" in r.stderr
+    )
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     r = _check(tmp_path, tiny_raw)
     assert r.returncode == 0, r.stderr
-    assert "partition 'debug' (UP): 1 node(s)" in r.stdout and "ok: the probe at N=2: 1 node(s) x 2 worker(s)" in r.stdout
-    # hardware.device auto (the default) is decided from the partition's GRES: the test cluster has none
+    assert (
+        "partition 'debug' (UP): 1 node(s)" in r.stdout
+        and "ok: the probe at N=2: 1 node(s) x 2 worker(s)" in r.stdout
+    )
+    # hardware.device auto (the default) is decided from the partition's GRES: the test cluster has
+    # none
     assert "device: hardware.device auto: partition 'debug' has no GPU: CPU and gloo" in r.stdout
     assert "2 CPUs and 0 GPU(s) per node" in r.stdout
 
@@ -111,7 +181,10 @@ def test_device_auto_follows_the_partitions_gpus(monkeypatch):
     d = devices.for_config(cfg, "slurm", "gpu")
     assert (d.device, d.backend) == ("cuda", "nccl") and "partition 'gpu' has 4 GPU(s)" in d.why
     cuda = devices.apply(cfg, d)
-    assert slurm.job_resources(cuda, 4)["gres"] == "gpu:4" and slurm.job_resources(cfg, 4)["gres"] is None
+    assert (
+        slurm.job_resources(cuda, 4)["gres"] == "gpu:4"
+        and slurm.job_resources(cfg, 4)["gres"] is None
+    )
     d = devices.for_config(cfg, "slurm", "cpu")
     assert (d.device, d.backend) == ("cpu", "gloo")
     assert devices.for_config(_cfg(hardware__device="cuda"), "slurm", "cpu").device == "cuda"
@@ -128,8 +201,11 @@ def test_device_auto_follows_the_partitions_gpus(monkeypatch):
 def short_partition(slurm_cluster):
     """A second partition of the test node with a 10-minute time limit (needs SLURM admin: root)."""
     name = "tula_short"
-    made = subprocess.run(["scontrol", "create", f"PartitionName={name}", "Nodes=ALL", "MaxTime=10", "State=UP"],
-                          capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run(
+        ["scontrol", "create", f"PartitionName={name}", "Nodes=ALL", "MaxTime=10", "State=UP"],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot create a partition (not a SLURM admin?): {made.stderr.strip()}")
     yield name
@@ -142,14 +218,29 @@ def test_check_cluster_refuses_jobs_longer_than_the_time_limit(short_partition, 
     tiny_raw["probe"]["timeout_s"] = 600  # a probe job asks for 15 min
     prof = tmp_path / "prof"
     prof.mkdir()
-    (prof / "config.yaml").write_text(yaml.safe_dump({"executor": "slurm", "default-resources": {
-        "slurm_partition": short_partition, "runtime": 5}, "set-resources": {"launch": {"runtime": 60}}}))  # fmt: skip
+    (prof / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "executor": "slurm",
+                "default-resources": {"slurm_partition": short_partition, "runtime": 5},
+                "set-resources": {"launch": {"runtime": 60}},
+            }
+        )
+    )
     r = _check(tmp_path, tiny_raw, "--profile", str(prof))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"probes on partition {short_partition}, training on {short_partition} for 60 min" in r.stdout
+    assert (
+        f"probes on partition {short_partition}, training on {short_partition} for 60 min"
+        in r.stdout
+    )
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("  - ")]
-    assert len(lines) == 3 and all("allows at most 10 min (MaxTime)" in ln for ln in lines), r.stderr
-    assert "the memory probe (1 worker) asks for 15 min" in lines[0] and "lower probe.timeout_s" in lines[0]
+    assert len(lines) == 3 and all("allows at most 10 min (MaxTime)" in ln for ln in lines), (
+        r.stderr
+    )
+    assert (
+        "the memory probe (1 worker) asks for 15 min" in lines[0]
+        and "lower probe.timeout_s" in lines[0]
+    )
     assert "training at N=2 asks for 60 min" in lines[2] and "launch.timeout_min" in lines[2]
 
 
@@ -158,30 +249,54 @@ def test_the_dag_refuses_before_submitting_anything(slurm_cluster, tmp_path):
     """`snakemake --profile ...` under the SLURM executor: the workflow's onstart preflight
     stops a grid the cluster cannot run before the memory probe is submitted."""
     copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "cluster": {"workers_per_node": 1}}))
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
+    (tmp_path / "tiny.yaml").write_text(
+        yaml.safe_dump({**TINY, "cluster": {"workers_per_node": 1}})
+    )
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["default-resources"] = {**profile["default-resources"], "slurm_account": "root", "mem_mb": 1000}
+    profile["default-resources"] = {
+        **profile["default-resources"],
+        "slurm_account": "root",
+        "mem_mb": 1000,
+    }
     (tmp_path / "prof").mkdir()
     (tmp_path / "prof" / "config.yaml").write_text(yaml.safe_dump(profile))
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
-    r = subprocess.run(["snakemake", "--profile", "prof", "--configfile", "tiny.yaml"], cwd=tmp_path,
-                       capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
+    r = subprocess.run(
+        ["snakemake", "--profile", "prof", "--configfile", "tiny.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
-    assert "this grid cannot run on the cluster" in out and "cluster.workers_per_node=1" in out, out[-3000:]
-    submitted = subprocess.run(["sacct", "-n", "-X", "-P", "-S", started, "-o", "JobID,Comment"], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
+    assert "this grid cannot run on the cluster" in out and "cluster.workers_per_node=1" in out, (
+        out[-3000:]
+    )
+    submitted = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-S", started, "-o", "JobID,Comment"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert str(tmp_path) not in submitted and "rule_memory_probe" not in submitted, submitted
     assert not (tmp_path / "results" / "memory_probe.json").exists()
 
 
 @pytest.mark.slurm
-def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(slurm_cluster, tiny_raw, tmp_path):
+def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(
+    slurm_cluster, tiny_raw, tmp_path
+):
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
-    with pytest.raises(RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"):
+    with pytest.raises(
+        RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"
+    ):
         launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     assert not (tmp_path / "train" / "submitit").exists()  # nothing was submitted

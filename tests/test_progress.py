@@ -9,7 +9,16 @@ from tula.progress import Progress, fmt_duration
 
 def test_durations_read_at_a_glance():
     assert [fmt_duration(s) for s in (-1, 0, 4.4, 59.6, 61, 3599, 3600, 5400, 90061)] == [
-        "0s", "0s", "4s", "1m00s", "1m01s", "59m59s", "1h00m", "1h30m", "25h01m"]  # fmt: skip
+        "0s",
+        "0s",
+        "4s",
+        "1m00s",
+        "1m01s",
+        "59m59s",
+        "1h00m",
+        "1h30m",
+        "25h01m",
+    ]
 
 
 class Clock:
@@ -45,4 +54,7 @@ def test_a_disabled_progress_prints_nothing_and_an_unknown_eta_says_so(clock, ca
     Progress("x", 5, enabled=False).update(5, force=True)
     assert capsys.readouterr().out == ""
     Progress("probe N1_B32", 5).update(0, force=True)
-    assert capsys.readouterr().out.strip() == "[probe N1_B32] 0/5 steps  0.00 step/s  elapsed 0s  ETA ?"
+    assert (
+        capsys.readouterr().out.strip()
+        == "[probe N1_B32] 0/5 steps  0.00 step/s  elapsed 0s  ETA ?"
+    )

@@ -5,8 +5,8 @@ against the real one-node test cluster (scripts/slurm-cluster.sh)."""
 import subprocess
 
 import pytest
-from conftest import GPU_NODES, GPU_PARTITION
 
+from conftest import GPU_NODES, GPU_PARTITION
 from tula import config, slurm
 from tula.production import history
 
@@ -33,63 +33,122 @@ def test_allocation_size_from_scontrol_when_snakemake_cleared_the_environment(mo
 
 
 def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
-    cfg = config.from_dict({"grid": {"workers": [1, 8]}, "cluster": {"workers_per_node": 4}, "hardware": {"device": "cuda"}})
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 8]},
+            "cluster": {"workers_per_node": 4},
+            "hardware": {"device": "cuda"},
+        }
+    )
     r = slurm.job_resources(cfg, 8, runtime_min=15)
-    assert r == {"tasks": 8, "nodes": 2, "mpi": "srun", "cpus_per_task": 1, "gres": "gpu:4", "runtime": 15,
-                 "slurm_extra": None}  # fmt: skip
-    assert slurm.job_resources(cfg, 8, 15, exclusive=True)["slurm_extra"] == "--exclusive"  # probe.exclusive
+    assert r == {
+        "tasks": 8,
+        "nodes": 2,
+        "mpi": "srun",
+        "cpus_per_task": 1,
+        "gres": "gpu:4",
+        "runtime": 15,
+        "slurm_extra": None,
+    }
+    # probe.exclusive
+    assert slurm.job_resources(cfg, 8, 15, exclusive=True)["slurm_extra"] == "--exclusive"
     one = slurm.job_resources(cfg, 1, runtime_min=15)
-    assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"  # plugin: mpi needs tasks > 1
+    # plugin: mpi needs tasks > 1
+    assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"
     cpu = slurm.job_resources(config.from_dict({}), 3, 5)
     assert cpu["gres"] is None and cpu["nodes"] == 3  # paper's setup: 1 worker per node
 
 
 def test_slurm_time_limits_and_gres_parse():
-    assert [slurm.parse_time_min(t) for t in ("UNLIMITED", "INFINITE", "30", "30:30", "02:00:00", "1-00:00:00",
-                                                 "2-12", "1-01:30")] == [None, None, 30, 31, 120, 1440, 3600, 1530]  # fmt: skip
-    assert [slurm.gpus_of(g) for g in ("gpu:4", "gpu:a100:4(S:0-1)", "gpu:v100:2,gpu:t4:1", "(null)", "mps:100")] == [
-        4, 4, 3, 0, 0]  # fmt: skip
+    assert [
+        slurm.parse_time_min(t)
+        for t in (
+            "UNLIMITED",
+            "INFINITE",
+            "30",
+            "30:30",
+            "02:00:00",
+            "1-00:00:00",
+            "2-12",
+            "1-01:30",
+        )
+    ] == [None, None, 30, 31, 120, 1440, 3600, 1530]
+    assert [
+        slurm.gpus_of(g)
+        for g in ("gpu:4", "gpu:a100:4(S:0-1)", "gpu:v100:2,gpu:t4:1", "(null)", "mps:100")
+    ] == [4, 4, 3, 0, 0]
     p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
     assert (p.name, p.total_nodes, p.max_nodes, p.max_time_min) == ("gpu", 6, 4, 2880)
-    assert sorted(p.node_gpus) == [0, 3, 4, 4, 4, 4] and p.node_cpus == [32] * 6  # g01 listed twice counts once
+    # g01 listed twice counts once
+    assert sorted(p.node_gpus) == [0, 3, 4, 4, 4, 4] and p.node_cpus == [32] * 6
 
 
 def test_job_shape_one_task_per_gpu(tiny_raw):
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 4
     tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
     cfg = config.from_dict(tiny_raw)
-    assert slurm.job_shape(cfg, 8) == slurm.JobShape(nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4)
+    assert slurm.job_shape(cfg, 8) == slurm.JobShape(
+        nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4
+    )
     assert slurm.job_shape(cfg, 2) == slurm.JobShape(1, 2, 1, 2)
-    with pytest.raises(ValueError, match=r"N=6 does not fill whole nodes of cluster.workers_per_node=4"):
+    with pytest.raises(
+        ValueError, match=r"N=6 does not fill whole nodes of cluster.workers_per_node=4"
+    ):
         slurm.job_shape(cfg, 6)
 
 
-@pytest.mark.parametrize("per_node, workers", [(1, [1, 2, 4, 16]), (4, [1, 2, 4, 8, 16]), (6, [1, 2, 4]),
-                                               (8, [1, 2, 4, 8, 16, 32])])  # fmt: skip
+@pytest.mark.parametrize(
+    "per_node, workers",
+    [(1, [1, 2, 4, 16]), (4, [1, 2, 4, 8, 16]), (6, [1, 2, 4]), (8, [1, 2, 4, 8, 16, 32])],
+)
 def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
     """Every grid N of 1-, 4-, 6- and 8-GPU nodes: the probe rule's resources (sbatch through the
     Snakemake SLURM plugin) and the production job's submitit parameters are one layout."""
-    # 6-GPU nodes: B is a power of two, so no N of whole 6-worker nodes divides it; N <= 6 shares one node
-    cfg = config.from_dict({"grid": {"workers": workers, "batch_min": 32, "batch_max": 2048},
-                            "cluster": {"workers_per_node": per_node}, "hardware": {"device": "cuda"}})  # fmt: skip
+    # 6-GPU nodes: B is a power of two, so no N of whole 6-worker nodes divides it; N <= 6 shares
+    # one node
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": workers, "batch_min": 32, "batch_max": 2048},
+            "cluster": {"workers_per_node": per_node},
+            "hardware": {"device": "cuda"},
+        }
+    )
     for n in cfg.grid.workers:
         probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
         params = history.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
-        prod = (params["nodes"], params["ntasks_per_node"], params.get("gpus_per_node", 0), params["cpus_per_task"])
-        assert (probe["nodes"], probe["tasks"] // probe["nodes"], int(probe["gres"].split(":")[1]),
-                probe["cpus_per_task"]) == prod, n  # fmt: skip
-        assert probe["tasks"] == n and prod[0] == max(1, n // per_node) and prod[1] == min(n, per_node)
+        prod = (
+            params["nodes"],
+            params["ntasks_per_node"],
+            params.get("gpus_per_node", 0),
+            params["cpus_per_task"],
+        )
+        assert (
+            probe["nodes"],
+            probe["tasks"] // probe["nodes"],
+            int(probe["gres"].split(":")[1]),
+            probe["cpus_per_task"],
+        ) == prod, n
+        assert (
+            probe["tasks"] == n and prod[0] == max(1, n // per_node) and prod[1] == min(n, per_node)
+        )
 
 
 def test_grid_that_does_not_fill_nodes_is_refused_naming_the_key():
-    with pytest.raises(config.ConfigError, match=r"grid.workers': N=6 does not fill whole nodes of "
-                                                 r"cluster.workers_per_node=4.*use a multiple of 4"):  # fmt: skip
+    with pytest.raises(
+        config.ConfigError,
+        match=r"grid.workers': N=6 does not fill whole nodes of "
+        r"cluster.workers_per_node=4.*use a multiple of 4",
+    ):
         config.from_dict({"grid": {"workers": [1, 6]}, "cluster": {"workers_per_node": 4}})
 
 
 def test_scontrol_reports_the_allocation_and_the_job_state(slurm_cluster, tmp_path):
-    job = subprocess.run(["sbatch", "--parsable", "-n", "2", "-o", "/dev/null", "--wrap", "sleep 5"],
-                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-n", "2", "-o", "/dev/null", "--wrap", "sleep 5"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     try:
         assert slurm.job_tasks(job) == 2
         assert slurm.job_state(job) in ("PENDING", "RUNNING")
@@ -98,12 +157,22 @@ def test_scontrol_reports_the_allocation_and_the_job_state(slurm_cluster, tmp_pa
 
 
 @pytest.mark.slurm
-def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_describe_it(slurm_cluster):
+def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_describe_it(
+    slurm_cluster,
+):
     import os
 
     part = slurm.read_partition(None)
-    sinfo = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()
+    sinfo = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert part.state == "UP" and part.total_nodes == len(sinfo) == 1
-    assert part.node_cpus == [int(sinfo[0])] and part.node_gpus == [0] and part.node_cpus[0] == os.cpu_count()
-    with pytest.raises(slurm.PreflightError, match="partition 'no_such' does not exist on this cluster"):
+    assert (
+        part.node_cpus == [int(sinfo[0])]
+        and part.node_gpus == [0]
+        and part.node_cpus[0] == os.cpu_count()
+    )
+    with pytest.raises(
+        slurm.PreflightError, match="partition 'no_such' does not exist on this cluster"
+    ):
         slurm.read_partition("no_such")

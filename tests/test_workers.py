@@ -13,26 +13,45 @@ from tula.workers import THREAD_VARIABLES, worker_environment
 
 
 def test_probe_and_production_workers_get_the_same_thread_environment():
-    snakemake_like = {v: "2" for v in THREAD_VARIABLES} | {"PATH": "/bin"}  # Snakemake exports the rule's threads
+    # Snakemake exports the rule's threads
+    snakemake_like = {v: "2" for v in THREAD_VARIABLES} | {"PATH": "/bin"}
     env = worker_environment(1, snakemake_like)
-    assert all(env[v] == "1" for v in THREAD_VARIABLES) and env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert (
+        all(env[v] == "1" for v in THREAD_VARIABLES)
+        and env["PATH"] == "/bin"
+        and env["PYTHONUNBUFFERED"] == "1"
+    )
 
 
 @pytest.mark.slow
-def test_torchrun_starts_n_workers_with_the_worker_environment(tmp_path, user_pythonpath, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what Snakemake would export: the workers get threads_per_worker
-    res = workers.start(2, ["worker_report", "--result-dir", str(tmp_path)], threads_per_worker=1, timeout_s=120)
+def test_torchrun_starts_n_workers_with_the_worker_environment(
+    tmp_path, user_pythonpath, monkeypatch
+):
+    # what Snakemake would export: the workers get threads_per_worker
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    res = workers.start(
+        2, ["worker_report", "--result-dir", str(tmp_path)], threads_per_worker=1, timeout_s=120
+    )
     assert (res.returncode, res.timed_out) == (0, False) and res.wall_s > 0
     got = [json.loads(workers.result_path(tmp_path, r).read_text()) for r in (0, 1)]
-    assert [(g["rank"], g["world"], g["omp"], g["unbuffered"]) for g in got] == [(0, 2, "1", "1"), (1, 2, "1", "1")]
+    assert [(g["rank"], g["world"], g["omp"], g["unbuffered"]) for g in got] == [
+        (0, 2, "1", "1"),
+        (1, 2, "1", "1"),
+    ]
     assert got[0]["pid"] != got[1]["pid"] != os.getpid()
 
 
 @pytest.mark.slow
 def test_a_launch_past_its_limit_is_killed_with_every_worker(tmp_path, user_pythonpath):
-    res = workers.start(2, ["worker_report", "--result-dir", str(tmp_path), "--sleep", "300"], threads_per_worker=1,
-                        timeout_s=5)  # fmt: skip
+    res = workers.start(
+        2,
+        ["worker_report", "--result-dir", str(tmp_path), "--sleep", "300"],
+        threads_per_worker=1,
+        timeout_s=5,
+    )
     assert res.timed_out and 5 <= res.wall_s < 60 and res.returncode != 0
     assert not list(tmp_path.glob("rank*.json"))
-    left = subprocess.run(["pgrep", "-f", f"worker_report --result-dir {tmp_path}"], capture_output=True, text=True)
+    left = subprocess.run(
+        ["pgrep", "-f", f"worker_report --result-dir {tmp_path}"], capture_output=True, text=True
+    )
     assert left.stdout.split() == [], "workers of the killed launch still run"

@@ -2,8 +2,8 @@
 each rule's rerun trigger, and the conda environment file."""
 
 import yaml
-from conftest import ROOT
 
+from conftest import ROOT
 from tula import config, workflow
 
 
@@ -34,19 +34,39 @@ def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_
     import subprocess
     import sys
 
-    out = workflow.conda_env(ROOT / "envs" / "tula.yaml", tmp_path / ".snakemake" / "tula" / "conda-env.yaml")
+    out = workflow.conda_env(
+        ROOT / "envs" / "tula.yaml", tmp_path / ".snakemake" / "tula" / "conda-env.yaml"
+    )
     env = yaml.safe_load(out.read_text())
     (pip,) = [d["pip"] for d in env["dependencies"] if isinstance(d, dict)]
     assert pip == [f"-e {ROOT}"] and "python=3.11" in env["dependencies"]
     copy = tmp_path / ".snakemake" / "conda" / "0123abcd.yaml"  # where Snakemake puts its copy
     copy.parent.mkdir(parents=True)
     copy.write_text(out.read_text())
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
-                        "--no-index", *pip[0].split()], cwd=copy.parent, capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            *pip[0].split(),
+        ],
+        cwd=copy.parent,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "Would install tula" in r.stdout, r.stdout + r.stderr
     # other pip entries are kept; relative paths resolve from the template's directory
     tpl = tmp_path / "envs" / "t.yaml"
     tpl.parent.mkdir()
-    tpl.write_text(yaml.safe_dump({"dependencies": ["pip", {"pip": ["numpy>=1", "-e ..", "./vendored"]}]}))
-    got = yaml.safe_load(workflow.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][1]["pip"]
+    tpl.write_text(
+        yaml.safe_dump({"dependencies": ["pip", {"pip": ["numpy>=1", "-e ..", "./vendored"]}]})
+    )
+    got = yaml.safe_load(workflow.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][
+        1
+    ]["pip"]
     assert got == ["numpy>=1", f"-e {tmp_path}", str(tmp_path / "envs" / "vendored")]

@@ -56,8 +56,12 @@ def make_slow_datasets():
 class TinyNet(nn.Module):
     def __init__(self, in_shape, num_classes):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_shape[0] * in_shape[1], 32), nn.ReLU(),
-                                 nn.Linear(32, num_classes))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_shape[0] * in_shape[1], 32),
+            nn.ReLU(),
+            nn.Linear(32, num_classes),
+        )
 
     def forward(self, x):
         return self.net(x)

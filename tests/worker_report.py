@@ -15,6 +15,14 @@ if __name__ == "__main__":
     a = p.parse_args()
     time.sleep(a.sleep)
     rank = int(os.environ["RANK"])
-    workers.result_path(a.result_dir, rank).write_text(json.dumps(
-        {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "omp": os.environ["OMP_NUM_THREADS"],
-         "unbuffered": os.environ["PYTHONUNBUFFERED"], "pid": os.getpid()}))
+    workers.result_path(a.result_dir, rank).write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "world": int(os.environ["WORLD_SIZE"]),
+                "omp": os.environ["OMP_NUM_THREADS"],
+                "unbuffered": os.environ["PYTHONUNBUFFERED"],
+                "pid": os.getpid(),
+            }
+        )
+    )

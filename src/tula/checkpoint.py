@@ -68,8 +68,13 @@ def _stem(step: int) -> str:
     return f"step-{step:09d}"
 
 
-def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: int = 2,
-         after_write: Callable[[Path], None] | None = None) -> Path:  # fmt: skip
+def save(
+    directory: str | os.PathLike,
+    state: dict[str, Any],
+    step: int,
+    keep: int = 2,
+    after_write: Callable[[Path], None] | None = None,
+) -> Path:
     """Write ``state`` as the checkpoint of ``step``; prune to the newest ``keep``.
 
     ``after_write`` (fault injection only) is called with the .pt path once both files
@@ -79,9 +84,21 @@ def save(directory: str | os.PathLike, state: dict[str, Any], step: int, keep: i
     data = to_bytes({**state, "format": FORMAT, "step": step})
     pt = d / f"{_stem(step)}.pt"
     write_bytes(pt, data)
-    meta = {k: state[k] for k in ("epoch", "offset", "global_batch", "workers", "fingerprint", "complete") if k in state}
-    write_json(d / f"{_stem(step)}.json", {"format": FORMAT, "step": step, **meta, "bytes": len(data),
-                                           "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    meta = {
+        k: state[k]
+        for k in ("epoch", "offset", "global_batch", "workers", "fingerprint", "complete")
+        if k in state
+    }
+    write_json(
+        d / f"{_stem(step)}.json",
+        {
+            "format": FORMAT,
+            "step": step,
+            **meta,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        },
+    )
     if after_write is not None:
         after_write(pt)
     prune(d, keep)
@@ -115,7 +132,8 @@ def manifests(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 
 def prune(directory: str | os.PathLike, keep: int) -> None:
     for _, manifest in manifests(directory)[keep:]:
-        manifest.unlink(missing_ok=True)  # manifest first: a half-pruned checkpoint reads as unwritten
+        # manifest first: a half-pruned checkpoint reads as unwritten
+        manifest.unlink(missing_ok=True)
         manifest.with_suffix(".pt").unlink(missing_ok=True)
 
 
@@ -128,7 +146,11 @@ def _check(manifest: Path) -> tuple[dict[str, Any] | None, str]:
     except (OSError, ValueError) as exc:
         return None, str(exc)
     if len(data) != meta.get("bytes"):
-        return None, f"{pt.name} has {len(data)} bytes, its manifest says {meta.get('bytes')} (torn or truncated write)"
+        return (
+            None,
+            f"{pt.name} has {len(data)} bytes, its manifest says {meta.get('bytes')} (torn or "
+            "truncated write)",
+        )
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         return None, f"{pt.name}: SHA-256 does not match its manifest (corrupted)"
     try:
@@ -136,7 +158,10 @@ def _check(manifest: Path) -> tuple[dict[str, Any] | None, str]:
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means: not usable
         return None, f"{pt.name} does not load ({type(exc).__name__}: {exc})"
     if state.get("format") != FORMAT:
-        return None, f"{pt.name}: checkpoint format {state.get('format')!r}, this Tula reads {FORMAT}"
+        return (
+            None,
+            f"{pt.name}: checkpoint format {state.get('format')!r}, this Tula reads {FORMAT}",
+        )
     return state, ""
 
 
@@ -148,7 +173,9 @@ def newest_intact(directory: str | os.PathLike) -> int | None:
             meta, data = read_json(manifest), manifest.with_suffix(".pt").read_bytes()
         except (OSError, ValueError):
             continue
-        if len(data) == meta.get("bytes") and hashlib.sha256(data).hexdigest() == meta.get("sha256"):
+        if len(data) == meta.get("bytes") and hashlib.sha256(data).hexdigest() == meta.get(
+            "sha256"
+        ):
             return step
     return None
 

@@ -19,6 +19,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tula import config_rules
+
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 
@@ -236,41 +238,19 @@ def _key(error: jsonschema.ValidationError) -> str:
     return path or "<top level>"
 
 
-# Keys renamed when N became "workers": an old key is refused with its replacement,
-# never read under its old meaning.
-RENAMED = {
-    ("grid", "nodes"): "grid.workers (N counts workers: GPUs, or CPU processes)",
-    ("grid", "workers_per_node"): "cluster.workers_per_node",
-    ("constraints", "min_nodes"): "constraints.min_workers",
-    ("constraints", "max_nodes"): "constraints.max_workers",
-    ("compare", "nodes"): "compare.workers",
-}
-
-
-def _renamed_keys(raw: dict[str, Any]) -> list[str]:
-    problems = [f"config key '{sec}.{key}' was renamed: use {new}"
-                for (sec, key), new in RENAMED.items() if isinstance(raw.get(sec), dict) and key in raw[sec]]  # fmt: skip
-    pr = raw.get("pricing") if isinstance(raw.get("pricing"), dict) else {}
-    if pr.get("model") == "node":
-        problems.append("config key 'pricing.model': `node` (it charged per worker) was renamed: use `worker_hour` "
-                        "with pricing.per_worker_hour, or `node_hour` with pricing.per_node_hour if whole nodes "
-                        "are billed")  # fmt: skip
-    elif pr.get("per_node_hour") is not None and pr.get("model") != "node_hour":
-        problems.append("config key 'pricing.per_node_hour': a whole node's price is used only by "
-                        "`pricing.model: node_hour`; set that, or give the price of one worker as "
-                        "pricing.per_worker_hour (per_node_hour meant per worker before)")  # fmt: skip
-    return problems
-
-
 def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
     """Validate ``raw`` against the schema; return a copy with every default filled."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(raw).__name__}")
-    renamed = _renamed_keys(raw)
+        raise ConfigError(
+            f"{source}: the config must be a mapping of keys, got {type(raw).__name__}"
+        )
+    renamed = config_rules.renamed_keys(raw)
     if renamed:
-        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed))
+        raise ConfigError(
+            f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed)
+        )
     data = copy.deepcopy(raw)
     if isinstance(data.get("launch"), dict) and data["launch"].get("replan") is False:
         data["launch"]["replan"] = "off"  # YAML reads an unquoted `off` as false
@@ -279,64 +259,12 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
     if errors:
         lines = [f"  - config key '{_key(e)}': {e.message}" for e in errors]
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
-    _check_semantics(data, source)
-    return data
-
-
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
-
-
-def _check_semantics(d: dict[str, Any], source: str) -> None:
-    """Checks the schema cannot express; each names its key."""
-    g = d["grid"]
-    problems: list[str] = []
-    for key in ("batch_min", "batch_max"):
-        if not _is_pow2(g[key]):
-            problems.append(f"config key 'grid.{key}': {g[key]} is not a power of two")
-    if g["batch_min"] > g["batch_max"]:
-        problems.append(
-            f"config key 'grid.batch_min': {g['batch_min']} is larger than grid.batch_max={g['batch_max']}"
-        )
-    wpn = d["cluster"]["workers_per_node"]
-    for n in g["workers"]:
-        if g["batch_min"] % n:
-            problems.append(
-                f"config key 'grid.workers': N={n} does not divide the global batch "
-                f"B={g['batch_min']} (grid.batch_min); every B must split evenly over N workers"
-            )
-        if n > wpn and n % wpn:
-            problems.append(
-                f"config key 'grid.workers': N={n} does not fill whole nodes of cluster.workers_per_node={wpn}: "
-                f"a job of more workers than one node holds takes whole nodes, alike for probe and "
-                f"production; use a multiple of {wpn} (or fewer than {wpn + 1})"
-            )
-    if d["pricing"]["model"] == "node_hour" and d["pricing"]["per_node_hour"] is None:
-        problems.append("config key 'pricing.per_node_hour': `pricing.model: node_hour` needs the price of one node-hour")
-    c = d["constraints"]
-    for lo, hi in (("min_workers", "max_workers"), ("min_batch", "max_batch")):
-        if c[lo] is not None and c[hi] is not None and c[lo] > c[hi]:
-            problems.append(f"config key 'constraints.{lo}': {c[lo]} is larger than constraints.{hi}={c[hi]}")
-    cmp = d["compare"]
-    if cmp["workers"] > wpn and cmp["workers"] % wpn:
-        problems.append(f"config key 'compare.workers': {cmp['workers']} does not fill whole nodes of "
-                        f"cluster.workers_per_node={wpn}")  # fmt: skip
-    for b in cmp["batches"]:
-        if b % cmp["workers"]:
-            problems.append(f"config key 'compare.batches': B={b} is not divisible by compare.workers={cmp['workers']}")
-    hw = d["hardware"]
-    dt = d["data"]
-    if dt["resize"] is not None and dt["resize"] < dt["image_size"]:
-        problems.append(f"config key 'data.resize': {dt['resize']} is smaller than data.image_size={dt['image_size']}; "
-                        "the test transform resizes, then center-crops image_size")
-    if hw["backend"] == "nccl" and hw["device"] == "cpu":
-        problems.append("config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu")
-    ln = d["launch"]
-    if ln["checkpoint_every_steps"] is None and ln["checkpoint_every_epochs"] is None:
-        problems.append("config key 'launch.checkpoint_every_epochs': null together with launch.checkpoint_every_steps "
-                        "null means no checkpoint at all, and a preempted or OOM job would start over; set one")
+    problems = config_rules.problems(data)
     if problems:
-        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in problems))
+        raise ConfigError(
+            f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    return data
 
 
 def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
@@ -358,8 +286,15 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
         knee_gain=d["knee_gain"],
         constraints=Constraints(**d["constraints"]),
         pricing=Pricing(**d["pricing"]),
-        hardware=Hardware(**{**d["hardware"], "comm_env": {k: str(v) for k, v in d["hardware"]["comm_env"].items()}}),
-        probe=ProbeSettings(**{**d["probe"], "memory_batches": tuple(d["probe"]["memory_batches"] or ()) or None}),
+        hardware=Hardware(
+            **{
+                **d["hardware"],
+                "comm_env": {k: str(v) for k, v in d["hardware"]["comm_env"].items()},
+            }
+        ),
+        probe=ProbeSettings(
+            **{**d["probe"], "memory_batches": tuple(d["probe"]["memory_batches"] or ()) or None}
+        ),
         train=_train_settings(t, d["workload"]["model"]),
         launch=LaunchSettings(**d["launch"]),
         compare=CompareSettings(
@@ -376,10 +311,15 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
 
 def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
     lr, wd = family_defaults(model)
-    return TrainSettings(**{**t, "lr": t["lr"] if t["lr"] is not None else lr,
-                            "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
-                            "lr_decay_epochs": tuple(t["lr_decay_epochs"]),
-                            "compile": {True: "on", False: "off"}.get(t["compile"], t["compile"])})  # fmt: skip
+    return TrainSettings(
+        **{
+            **t,
+            "lr": t["lr"] if t["lr"] is not None else lr,
+            "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
+            "lr_decay_epochs": tuple(t["lr_decay_epochs"]),
+            "compile": {True: "on", False: "off"}.get(t["compile"], t["compile"]),
+        }
+    )
 
 
 def load(path: str | os.PathLike) -> Config:

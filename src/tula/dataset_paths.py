@@ -27,23 +27,27 @@ def check_npz_file(path: Path) -> list[str]:
         raise ConfigError(f"{key}: {path} is not a readable .npz archive ({exc})") from None
     missing = [k for k in NPZ_KEYS if k not in files]
     if missing:
-        raise ConfigError(f"{key}: {path}: missing array(s) {', '.join(missing)}; an npz dataset needs "
-                          f"{', '.join(NPZ_KEYS)}")  # fmt: skip
+        raise ConfigError(
+            f"{key}: {path}: missing array(s) {', '.join(missing)}; an npz dataset needs "
+            f"{', '.join(NPZ_KEYS)}"
+        )
     return files
 
 
 def check_dataset_paths(cfg: Config) -> None:
-    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file
-    with its four arrays, an ``imagefolder:`` root with train/ and val/. Run where the workflow starts and by
-    ``tula check --config-only``, so a wrong path stops the run before any job is queued;
+    """The files a ``workload.dataset`` names exist (no loading, no torch): an ``npz:`` file with
+    its four arrays, an ``imagefolder:`` root with train/ and val/. Run where the workflow starts
+    and by ``tula check --config-only``, so a wrong path stops the run before any job is queued;
     ``tula check`` then loads the data and checks its layout."""
     spec = cfg.workload.dataset
     key = "config key 'workload.dataset'"
     if spec.startswith("npz:"):
         check_npz_file(Path(spec[4:]))
     elif spec.startswith("imagefolder:"):
-        root = Path(spec[len("imagefolder:"):])
+        root = Path(spec[len("imagefolder:") :])
         for split in ("train", "val"):
             if not (root / split).is_dir():
-                raise ConfigError(f"{key}: image folder {root / split} not found; imagefolder:<root> needs "
-                                  "root/train/<class>/* and root/val/<class>/*")  # fmt: skip
+                raise ConfigError(
+                    f"{key}: image folder {root / split} not found; imagefolder:<root> needs "
+                    "root/train/<class>/* and root/val/<class>/*"
+                )

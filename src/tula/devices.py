@@ -58,45 +58,70 @@ def decide(setting: str, backend: str, needed: int, gpus: int | None, where: str
     what was looked at, for the sentence ("this machine", "partition 'gpu'")."""
     if setting == "cuda":
         if gpus == 0:
-            raise DeviceError(f"config key 'hardware.device' is cuda, but {where} has no GPU: set hardware.device: auto "
-                              "(or cpu) to run on CPU, or run where the GPUs are")  # fmt: skip
+            raise DeviceError(
+                f"config key 'hardware.device' is cuda, but {where} has no GPU: set "
+                "hardware.device: auto (or cpu) to run on CPU, or run where the GPUs are"
+            )
         if gpus is not None and gpus < needed:
             raise DeviceError(
-                f"config key 'hardware.device' is cuda, but {where} has {gpus} GPU(s) and config key 'grid.workers' "
-                f"goes up to N={needed} workers, one GPU each: lower the largest grid.workers to {gpus} or fewer, or "
-                "set hardware.device: auto (CPU and gloo) or cpu")  # fmt: skip
+                f"config key 'hardware.device' is cuda, but {where} has {gpus} GPU(s) and config "
+                f"key 'grid.workers' goes up to N={needed} workers, one GPU each: lower the "
+                f"largest grid.workers to {gpus} or fewer, or set hardware.device: auto (CPU and "
+                "gloo) or cpu"
+            )
         device, why = "cuda", "hardware.device is cuda"
     elif setting == "cpu":
         device, why = "cpu", "hardware.device is cpu"
     elif gpus is None:
-        device, why = "cpu", (f"hardware.device auto: {where} could not be read, so no GPU is asked for and the jobs "
-                              "run on CPU; set hardware.device: cuda if the nodes have GPUs")  # fmt: skip
+        device, why = (
+            "cpu",
+            (
+                f"hardware.device auto: {where} could not be read, so no GPU is asked for and the "
+                "jobs run on CPU; set hardware.device: cuda if the nodes have GPUs"
+            ),
+        )
     elif gpus == 0:
         device, why = "cpu", f"hardware.device auto: {where} has no GPU: CPU and gloo"
     elif gpus < needed:
-        device, why = "cpu", (f"hardware.device auto: {where} has {gpus} GPU(s) but grid.workers goes up to N={needed}, "
-                              f"one GPU per worker: CPU and gloo. Lower the largest grid.workers to {gpus} to run on "
-                              "the GPU(s)")  # fmt: skip
+        device, why = (
+            "cpu",
+            (
+                f"hardware.device auto: {where} has {gpus} GPU(s) but grid.workers goes up to "
+                f"N={needed}, one GPU per worker: CPU and gloo. Lower the largest grid.workers to "
+                f"{gpus} to run on the GPU(s)"
+            ),
+        )
     else:
-        device, why = "cuda", (f"hardware.device auto: {where} has {gpus} GPU(s), one for each of up to {needed} "
-                               "workers: CUDA")  # fmt: skip
+        device, why = (
+            "cuda",
+            (
+                f"hardware.device auto: {where} has {gpus} GPU(s), one for each of up to {needed} "
+                "workers: CUDA"
+            ),
+        )
     chosen = backend if backend != "auto" else ("nccl" if device == "cuda" else "gloo")
     if chosen == "nccl" and device != "cuda":
-        raise DeviceError(f"config key 'hardware.backend' is nccl, but the jobs run on CPU ({why}): set "
-                          "hardware.backend: auto or gloo")  # fmt: skip
+        raise DeviceError(
+            f"config key 'hardware.backend' is nccl, but the jobs run on CPU ({why}): set "
+            "hardware.backend: auto or gloo"
+        )
     return Decision(device, chosen, f"{why}; backend {chosen}")
 
 
-def for_config(cfg: Config, executor: str = "local", partition: str | None = None,
-               gpus: int | None = None) -> Decision:  # fmt: skip
+def for_config(
+    cfg: Config, executor: str = "local", partition: str | None = None, gpus: int | None = None
+) -> Decision:
     """:func:`decide` for ``cfg`` as jobs of ``executor`` (local | slurm) will run it. Local:
     this machine's GPUs (``gpus`` overrides the count) against ``max(grid.workers)``. SLURM:
     the GPUs per node of ``partition`` (the profile's, or the cluster's default) against the
     workers a node holds (cluster.workers_per_node, capped by the largest N)."""
     hw = cfg.hardware
     if hw.device_why and hw.device != "auto":  # decided already (the workflow's snapshot)
-        return Decision(hw.device, hw.backend if hw.backend != "auto" else ("nccl" if hw.device == "cuda" else "gloo"),
-                        hw.device_why)  # fmt: skip
+        return Decision(
+            hw.device,
+            hw.backend if hw.backend != "auto" else ("nccl" if hw.device == "cuda" else "gloo"),
+            hw.device_why,
+        )
     if executor == "slurm":
         needed = min(max(cfg.grid.workers), cfg.cluster.workers_per_node)
         if hw.device != "auto" and gpus is None:
@@ -105,8 +130,13 @@ def for_config(cfg: Config, executor: str = "local", partition: str | None = Non
             part = slurm.read_partition(partition)
         except slurm.ClusterUnreadable as err:
             return decide(hw.device, hw.backend, needed, None, f"the SLURM partition ({err})")
-        return decide(hw.device, hw.backend, needed, max(part.node_gpus, default=0) if gpus is None else gpus,
-                      f"partition '{part.name}'")  # fmt: skip
+        return decide(
+            hw.device,
+            hw.backend,
+            needed,
+            max(part.node_gpus, default=0) if gpus is None else gpus,
+            f"partition '{part.name}'",
+        )
     if gpus is None and hw.device != "cpu":
         gpus = local_gpus()
     return decide(hw.device, hw.backend, gpus_needed(cfg), gpus, "this machine")
@@ -114,4 +144,6 @@ def for_config(cfg: Config, executor: str = "local", partition: str | None = Non
 
 def apply(cfg: Config, d: Decision) -> Config:
     """``cfg`` with the decision written in (what the jobs read)."""
-    return replace(cfg, hardware=replace(cfg.hardware, device=d.device, backend=d.backend, device_why=d.why))
+    return replace(
+        cfg, hardware=replace(cfg.hardware, device=d.device, backend=d.backend, device_why=d.why)
+    )

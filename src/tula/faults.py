@@ -70,13 +70,25 @@ KINDS = {
     "truncate": {"step"},
     "slowsync": {"step", "ms", "workers"},
 }
-NEEDS = {"oom": (), "error": ("point",), "profiler": ("point",), "crash": ("point",), "signal": ("step", "sig"),
-         "truncate": ("step",), "slowsync": ("step", "ms")}  # fmt: skip
-PROBE_KINDS = {kind for kind, fields in KINDS.items() if "point" in fields}  # the kinds a probe can be given
+NEEDS = {
+    "oom": (),
+    "error": ("point",),
+    "profiler": ("point",),
+    "crash": ("point",),
+    "signal": ("step", "sig"),
+    "truncate": ("step",),
+    "slowsync": ("step", "ms"),
+}
+# the kinds a probe can be given
+PROBE_KINDS = {kind for kind, fields in KINDS.items() if "point" in fields}
 INTEGERS = ("step", "rank", "batch", "ms", "workers", "attempts")  # the fields that are numbers
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
-PLACE_OF = {"error": "start", "profiler": "profiler", "crash": "profiler"}  # where the other kinds fire
+PLACE_OF = {
+    "error": "start",
+    "profiler": "profiler",
+    "crash": "profiler",
+}  # where the other kinds fire
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,10 @@ def _parse_one(item: str) -> Fault:
     for pair in filter(None, (p.strip() for p in rest.split(","))):
         k, eq, v = pair.partition("=")
         if not eq or k not in KINDS[kind]:
-            raise ValueError(f"{ENV}: bad field {pair!r} in {item!r} (a {kind} fault takes {sorted(KINDS[kind])})")
+            raise ValueError(
+                f"{ENV}: bad field {pair!r} in {item!r} (a {kind} fault takes "
+                f"{sorted(KINDS[kind])})"
+            )
         kv[k] = v.strip()
     missing = [k for k in NEEDS[kind] if k not in kv]
     if missing:
@@ -142,8 +157,14 @@ class Injector:
 
     def __init__(self, faults: list[Fault], rank: int, point: str | None = None, attempt: int = 1):
         self.rank, self.point = rank, point
-        self.faults = [f for f in faults if f.kind in PROBE_KINDS and f.point == point
-                       and f.rank in (None, rank) and (f.kind != "crash" or attempt <= (f.attempts or 1))]  # fmt: skip
+        self.faults = [
+            f
+            for f in faults
+            if f.kind in PROBE_KINDS
+            and f.point == point
+            and f.rank in (None, rank)
+            and (f.kind != "crash" or attempt <= (f.attempts or 1))
+        ]
         self.fired: set[Fault] = set()
 
     def __bool__(self) -> bool:
@@ -151,22 +172,32 @@ class Injector:
 
     def __call__(self, place: str, step: int, global_batch: int) -> None:
         for f in self.faults:
-            if (f.place == place and f.step in (None, step) and f.batch in (None, global_batch)
-                    and f not in self.fired):  # fmt: skip
+            if (
+                f.place == place
+                and f.step in (None, step)
+                and f.batch in (None, global_batch)
+                and f not in self.fired
+            ):
                 self.fired.add(f)
                 if f.kind == "crash":  # dies as a segfault does: no exception, no result written
                     os.kill(os.getpid(), signal.SIGSEGV)
                 raise _exception(f, place, step, self.rank, global_batch, self.point)
 
 
-def _exception(f: Fault, place: str, step: int, rank: int, global_batch: int, point: str | None) -> Exception:
-    at = f"{place} at step {step} on rank {rank} (global batch {global_batch}" + (f", probe {point})" if point else ")")
+def _exception(
+    f: Fault, place: str, step: int, rank: int, global_batch: int, point: str | None
+) -> Exception:
+    at = f"{place} at step {step} on rank {rank} (global batch {global_batch}" + (
+        f", probe {point})" if point else ")"
+    )
     if f.kind == "oom":
         import torch  # the worker's torch, loaded already
 
         return torch.OutOfMemoryError(f"injected by {ENV}: out of memory in {at}")
     if f.kind == "profiler":
-        return AssertionError(f"version mismatch (injected by {ENV}: the profiler's memory timeline, {at})")
+        return AssertionError(
+            f"version mismatch (injected by {ENV}: the profiler's memory timeline, {at})"
+        )
     return RuntimeError(f"injected by {ENV}: error in {at}")
 
 
@@ -178,7 +209,11 @@ def maybe_signal(faults: list[Fault], step: int, rank: int, resumed_at: int) -> 
 
 def sync_delay_s(faults: list[Fault], step: int, world: int) -> float:
     """Seconds a synced step at ``step`` waits in its communication (``slowsync``), 0 if none."""
-    return sum(f.ms / 1e3 for f in faults if f.kind == "slowsync" and step >= f.step and f.workers in (None, world))
+    return sum(
+        f.ms / 1e3
+        for f in faults
+        if f.kind == "slowsync" and step >= f.step and f.workers in (None, world)
+    )
 
 
 def truncate_due(faults: list[Fault], step: int) -> bool:

@@ -22,7 +22,16 @@ import yaml
 from tula.config import Config
 from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
 
-__all__ = ["ClusterUnreadable", "PreflightError", "preflight", "describe", "read_profile", "cluster_settings", "job_needs", "problems"]
+__all__ = [
+    "ClusterUnreadable",
+    "PreflightError",
+    "preflight",
+    "describe",
+    "read_profile",
+    "cluster_settings",
+    "job_needs",
+    "problems",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,9 @@ def probe_runtime_min(cfg: Config) -> int:
     return int(cfg.probe.timeout_s // 60) + 5
 
 
-def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None) -> list[JobNeed]:
+def job_needs(
+    cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None
+) -> list[JobNeed]:
     """The largest job of each kind the workflow can submit: the memory probe (one worker),
     the probe at the largest grid N (every N is probed in a full search, the corners in a
     partial one, so the largest always is) and training at that N (or at ``train_nodes``:
@@ -52,53 +63,90 @@ def job_needs(cfg: Config, train_runtime_min: int | None, train_nodes: int | Non
 
     def need(what: str, workers: int, runtime: int | None) -> JobNeed:
         shape = job_shape(cfg, workers)
-        return JobNeed(what, shape.nodes, shape.tasks_per_node, shape.tasks_per_node * shape.cpus_per_task,
-                       shape.gpus_per_node, runtime)  # fmt: skip
+        return JobNeed(
+            what,
+            shape.nodes,
+            shape.tasks_per_node,
+            shape.tasks_per_node * shape.cpus_per_task,
+            shape.gpus_per_node,
+            runtime,
+        )
 
-    return [need("the memory probe (1 worker)", 1, probe_runtime_min(cfg)),
-            need(f"the probe at N={n}", n, probe_runtime_min(cfg)),
-            need(f"training at N={tn}", tn, train_runtime_min)]  # fmt: skip
+    return [
+        need("the memory probe (1 worker)", 1, probe_runtime_min(cfg)),
+        need(f"the probe at N={n}", n, probe_runtime_min(cfg)),
+        need(f"training at N={tn}", tn, train_runtime_min),
+    ]
 
 
 def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
     """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change."""
     out: list[str] = []
     wpn, threads = cfg.cluster.workers_per_node, cfg.hardware.threads_per_worker
-    fit = [i for i in range(len(part.node_cpus))
-           if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node]  # fmt: skip
+    fit = [
+        i
+        for i in range(len(part.node_cpus))
+        if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node
+    ]
     limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
     if need.nodes > limit:
-        out.append(f"{need.what} needs {need.nodes} node(s) ({need.tasks_per_node} worker(s) per node; "
-                   f"cluster.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} node(s)"
-                   + (f" and allows {part.max_nodes} per job" if part.max_nodes else "")
-                   + ": lower the largest grid.workers, raise cluster.workers_per_node if the nodes have the GPUs and "
-                   "CPUs, or use a larger partition")  # fmt: skip
+        out.append(
+            f"{need.what} needs {need.nodes} node(s) ({need.tasks_per_node} worker(s) per node; "
+            f"cluster.workers_per_node={wpn}), but partition '{part.name}' has {part.total_nodes} "
+            "node(s)"
+            + (f" and allows {part.max_nodes} per job" if part.max_nodes else "")
+            + ": lower the largest grid.workers, raise "
+            "cluster.workers_per_node if the nodes have the GPUs and CPUs, or use a larger "
+            "partition"
+        )
     elif len(fit) < need.nodes:
         if need.gpus_per_node and max(part.node_gpus, default=0) < need.gpus_per_node:
-            out.append(f"{need.what} puts {need.tasks_per_node} worker(s) on a node and needs {need.gpus_per_node} "
-                       f"GPU(s) per node (cluster.workers_per_node={wpn}, hardware.device=cuda), but the nodes of "
-                       f"partition '{part.name}' have at most {max(part.node_gpus, default=0)}: set "
-                       "cluster.workers_per_node to the GPUs per node")  # fmt: skip
+            out.append(
+                f"{need.what} puts {need.tasks_per_node} worker(s) on a node and needs "
+                f"{need.gpus_per_node} GPU(s) per node (cluster.workers_per_node={wpn}, "
+                f"hardware.device=cuda), but the nodes of partition '{part.name}' have at most "
+                f"{max(part.node_gpus, default=0)}: set cluster.workers_per_node to the GPUs per "
+                "node"
+            )
         if max(part.node_cpus, default=0) < need.cpus_per_node:
-            out.append(f"{need.what} needs {need.cpus_per_node} CPUs per node ({need.tasks_per_node} worker(s) x "
-                       f"hardware.threads_per_worker={threads}), but the nodes of partition '{part.name}' have at "
-                       f"most {max(part.node_cpus, default=0)}: lower hardware.threads_per_worker or "
-                       "cluster.workers_per_node")  # fmt: skip
+            out.append(
+                f"{need.what} needs {need.cpus_per_node} CPUs per node ({need.tasks_per_node} "
+                f"worker(s) x hardware.threads_per_worker={threads}), but the nodes of partition "
+                f"'{part.name}' have at most {max(part.node_cpus, default=0)}: lower "
+                "hardware.threads_per_worker or cluster.workers_per_node"
+            )
         if not out:
-            out.append(f"{need.what} needs {need.nodes} node(s) with {need.cpus_per_node} CPUs and "
-                       f"{need.gpus_per_node} GPU(s) each, but only {len(fit)} node(s) of partition '{part.name}' "
-                       "have that: lower the largest grid.workers or cluster.workers_per_node")  # fmt: skip
-    if need.runtime_min is not None and part.max_time_min is not None and need.runtime_min > part.max_time_min:
-        keys = ("probe.timeout_s (a probe job asks for it + 5 min)" if "probe" in need.what else
-                "launch.timeout_min, or the launch rule's runtime in the profile (set-resources)")  # fmt: skip
-        out.append(f"{need.what} asks for {need.runtime_min} min but partition '{part.name}' allows at most "
-                   f"{part.max_time_min} min (MaxTime): lower {keys}")  # fmt: skip
+            out.append(
+                f"{need.what} needs {need.nodes} node(s) with {need.cpus_per_node} CPUs and "
+                f"{need.gpus_per_node} GPU(s) each, but only {len(fit)} node(s) of partition "
+                f"'{part.name}' have that: lower the largest grid.workers or "
+                "cluster.workers_per_node"
+            )
+    if (
+        need.runtime_min is not None
+        and part.max_time_min is not None
+        and need.runtime_min > part.max_time_min
+    ):
+        keys = (
+            "probe.timeout_s (a probe job asks for it + 5 min)"
+            if "probe" in need.what
+            else "launch.timeout_min, or the launch rule's runtime in the profile (set-resources)"
+        )
+        out.append(
+            f"{need.what} asks for {need.runtime_min} min but partition '{part.name}' allows at "
+            f"most {part.max_time_min} min (MaxTime): lower {keys}"
+        )
     return out
 
 
-def preflight(cfg: Config, probe_partition: str | None = None, train_partition: str | None = None,
-              train_runtime_min: int | None = None, training_only: bool = False,
-              train_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+def preflight(
+    cfg: Config,
+    probe_partition: str | None = None,
+    train_partition: str | None = None,
+    train_runtime_min: int | None = None,
+    training_only: bool = False,
+    train_nodes: int | None = None,
+) -> dict[str, Any]:
     """Check every job kind (or only training) against its partition (``None``: the
     cluster's default). Returns what was checked; raises :class:`PreflightError` listing
     every problem, or :class:`ClusterUnreadable` when there is no controller to ask."""
@@ -113,8 +161,10 @@ def preflight(cfg: Config, probe_partition: str | None = None, train_partition: 
         found += problems(cfg, part, need)
         checked.append({**asdict(need), "partition": part.name})
     if found:
-        raise PreflightError("this grid cannot run on the cluster (checked with scontrol/sinfo before submitting "
-                             "anything):\n  - " + "\n  - ".join(found))  # fmt: skip
+        raise PreflightError(
+            "this grid cannot run on the cluster (checked with scontrol/sinfo before submitting "
+            "anything):\n  - " + "\n  - ".join(found)
+        )
     return {"partitions": {p.name: asdict(p) for p in parts.values()}, "jobs": checked}
 
 
@@ -123,13 +173,22 @@ def describe(report: dict[str, Any]) -> str:
     lines = []
     for p in report["partitions"].values():
         limit = "unlimited" if p["max_time_min"] is None else f"{p['max_time_min']} min"
-        lines.append(f"partition '{p['name']}' ({p['state']}): {p['total_nodes']} node(s), up to "
-                     f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) per node, "
-                     f"time limit {limit}")  # fmt: skip
+        lines.append(
+            f"partition '{p['name']}' ({p['state']}): {p['total_nodes']} node(s), up to "
+            f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) "
+            f"per node, time limit {limit}"
+        )
     for j in report["jobs"]:
-        rt = "runtime checked when tula launch submits it" if j["runtime_min"] is None else f"{j['runtime_min']} min"
-        lines.append(f"  ok: {j['what']}: {j['nodes']} node(s) x {j['tasks_per_node']} worker(s), "
-                     f"{j['cpus_per_node']} CPUs and {j['gpus_per_node']} GPU(s) per node, {rt} on '{j['partition']}'")
+        rt = (
+            "runtime checked when tula launch submits it"
+            if j["runtime_min"] is None
+            else f"{j['runtime_min']} min"
+        )
+        lines.append(
+            f"  ok: {j['what']}: {j['nodes']} node(s) x {j['tasks_per_node']} worker(s), "
+            f"{j['cpus_per_node']} CPUs and {j['gpus_per_node']} GPU(s) per node, {rt} on "
+            f"'{j['partition']}'"
+        )
     return "\n".join(lines)
 
 
@@ -140,7 +199,10 @@ def read_profile(directory: str) -> dict[str, Any]:
     mapping, or a value of the wrong type, is an error naming the file and key."""
     path = Path(directory) / "config.yaml"
     if not path.is_file():
-        raise PreflightError(f"profile {directory!r}: no {path} (a Snakemake profile is a directory with config.yaml)")
+        raise PreflightError(
+            f"profile {directory!r}: no {path} (a Snakemake profile is a directory with "
+            "config.yaml)"
+        )
     try:
         prof = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -154,9 +216,13 @@ def read_profile(directory: str) -> dict[str, Any]:
             raise PreflightError(f"profile {path}: {key} must be a mapping of resource: value")
         for name in ("runtime", "mem_mb"):
             if name in block and not isinstance(block[name], int):
-                raise PreflightError(f"profile {path}: {key}.{name} must be a whole number, not {block[name]!r}")
+                raise PreflightError(
+                    f"profile {path}: {key}.{name} must be a whole number, not {block[name]!r}"
+                )
     if prof.get("executor") not in (None, "slurm", "local"):
-        raise PreflightError(f"profile {path}: executor {prof['executor']!r}: Tula runs under 'slurm' (or local)")
+        raise PreflightError(
+            f"profile {path}: executor {prof['executor']!r}: Tula runs under 'slurm' (or local)"
+        )
     sets = prof.get("set-resources") or {}
 
     def resource(name: str, rule: str) -> Any:
@@ -177,5 +243,3 @@ def cluster_settings(resource: Callable[[str, str], Any]) -> dict[str, Any]:
         "train_partition": resource("slurm_partition", "launch"),
         "train_runtime_min": resource("runtime", "launch"),
     }
-
-

@@ -18,9 +18,17 @@ def fmt_duration(seconds: float) -> str:
 class Progress:
     """Prints ``[label] what i/n  rate unit/s  ETA ..`` at most every ``every_s`` seconds."""
 
-    def __init__(self, label: str, total: int, unit: str = "step", every_s: float = 2.0, enabled: bool = True,
-                 start: int = 0):  # fmt: skip
-        """``start``: units already done before this process (a resumed run); the rate counts only new ones."""
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "step",
+        every_s: float = 2.0,
+        enabled: bool = True,
+        start: int = 0,
+    ):
+        """``start``: units already done before this process (a resumed run); the rate counts only
+        new ones."""
         self.label, self.total, self.unit, self.start = label, total, unit, start
         self.every_s, self.enabled = every_s, enabled
         self.t0 = self.last = time.perf_counter()
@@ -36,5 +44,8 @@ class Progress:
         rate = (done - self.start) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - done) / rate if rate > 0 else float("nan")
         eta_s = fmt_duration(eta) if eta == eta else "?"
-        msg = f"[{self.label}] {what}{done}/{self.total} {self.unit}s  {rate:.2f} {self.unit}/s  elapsed {fmt_duration(elapsed)}  ETA {eta_s}"
+        msg = (
+            f"[{self.label}] {what}{done}/{self.total} {self.unit}s  {rate:.2f} {self.unit}/s  "
+            f"elapsed {fmt_duration(elapsed)}  ETA {eta_s}"
+        )
         print(msg + (f"  {extra}" if extra else ""), file=sys.stdout, flush=True)

@@ -60,7 +60,8 @@ def parse_time_min(text: str) -> int | None:
 
 
 def gpus_of(gres: str) -> int:
-    """GPUs in a node's GRES (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2,gpu:v100:2``, ``(null)``)."""
+    """GPUs in a node's GRES (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2,gpu:v100:2``,
+    ``(null)``)."""
     total = 0
     for item in re.split(r",(?![^(]*\))", gres or ""):
         m = re.match(r"^gpu(?::[^:(]+)?:(\d+)", item.strip())
@@ -77,7 +78,10 @@ def parse_partition(scontrol_line: str, sinfo_text: str) -> Partition:
     for line in sinfo_text.splitlines():
         if line.strip():
             name, cpus, gres = (line.split("|") + ["", ""])[:3]
-            nodes[name] = (int(re.sub(r"\D.*", "", cpus) or 0), gpus_of(gres))  # a node listed twice counts once
+            nodes[name] = (
+                int(re.sub(r"\D.*", "", cpus) or 0),
+                gpus_of(gres),
+            )  # a node listed twice counts once
     max_nodes = fields.get("MaxNodes", "UNLIMITED")
     return Partition(
         name=fields.get("PartitionName", "?"),
@@ -106,13 +110,17 @@ def read_partition(name: str | None) -> Partition:
         line = next((ln for ln in lines if ln.startswith(f"PartitionName={name} ")), None)
         if line is None:
             known = [ln.split()[0].split("=", 1)[1] for ln in lines]
-            raise PreflightError(f"partition {name!r} does not exist on this cluster (it has: {', '.join(known)}): "
-                                 "fix launch.slurm_partition in the config or slurm_partition in the profile")  # fmt: skip
+            raise PreflightError(
+                f"partition {name!r} does not exist on this cluster (it has: {', '.join(known)}): "
+                "fix launch.slurm_partition in the config or slurm_partition in the profile"
+            )
     else:
         line = next((ln for ln in lines if " Default=YES " in f" {ln} "), None)
         if line is None:
-            raise PreflightError("the cluster has no default partition: set slurm_partition in the profile "
-                                 "(default-resources) or launch.slurm_partition in the config")  # fmt: skip
+            raise PreflightError(
+                "the cluster has no default partition: set slurm_partition in the profile "
+                "(default-resources) or launch.slurm_partition in the config"
+            )
     part_name = line.split()[0].split("=", 1)[1]
     return parse_partition(line, _run(["sinfo", "-h", "-N", "-p", part_name, "-o", "%N|%c|%G"]))
 
@@ -141,15 +149,18 @@ def job_shape(cfg: Config, n_workers: int) -> JobShape:
     and `tula launch` write its decision into the config the jobs read)."""
     wpn = cfg.cluster.workers_per_node
     if n_workers > wpn and n_workers % wpn:
-        raise ValueError(f"config key 'grid.workers': N={n_workers} does not fill whole nodes of "
-                         f"cluster.workers_per_node={wpn}")  # fmt: skip
+        raise ValueError(
+            f"config key 'grid.workers': N={n_workers} does not fill whole nodes of "
+            f"cluster.workers_per_node={wpn}"
+        )
     per_node = min(n_workers, wpn)
     gpus = per_node if cfg.hardware.device == "cuda" else 0
     return JobShape(n_workers // per_node, per_node, cfg.hardware.threads_per_worker, gpus)
 
 
-def job_resources(cfg: Config, n_workers: int, runtime_min: int | None = None,
-                  exclusive: bool = False) -> dict[str, int | str | None]:  # fmt: skip
+def job_resources(
+    cfg: Config, n_workers: int, runtime_min: int | None = None, exclusive: bool = False
+) -> dict[str, int | str | None]:
     """What the SLURM job of an N-worker probe asks for, as Snakemake resources (which
     snakemake-executor-plugin-slurm turns into sbatch flags): :func:`job_shape`'s, the shape
     of the production job at the same N, so a probe times the layout it predicts.
@@ -192,11 +203,15 @@ def job_state(job_id: str) -> str:
     """A job's state: sacct's, else the controller's (`scontrol show job`), since accounting
     records a job a moment after its submission; '' when neither knows it."""
     if shutil.which("sacct"):
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+        )
         if out.stdout.split():
             return out.stdout.split()[0]
     if shutil.which("scontrol"):
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
+        )
         for item in out.stdout.split():
             if item.startswith("JobState="):
                 return item.split("=", 1)[1]
@@ -207,7 +222,9 @@ def job_tasks(job_id: str) -> int:
     """Tasks allocated to a SLURM job, from ``scontrol show job`` (NumTasks); 1 if unknown."""
     if not shutil.which("scontrol"):
         return 1
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+    ).stdout
     for item in out.split():
         if item.startswith("NumTasks="):
             return int(item.split("=", 1)[1])

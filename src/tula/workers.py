@@ -29,8 +29,14 @@ from typing import Sequence
 
 from tula import slurm
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 @dataclass
@@ -52,7 +58,12 @@ def worker_environment(threads_per_worker: int, base: dict | None = None) -> dic
 
 
 def run_torchrun(
-    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float, cwd: str | None = None
+    nproc: int,
+    module_args: Sequence[str],
+    *,
+    threads_per_worker: int,
+    timeout_s: float,
+    cwd: str | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` in ``nproc`` local processes under torchrun.
 
@@ -62,30 +73,51 @@ def run_torchrun(
     process group is killed and ``timed_out`` is set.
     """
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", *module_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "-m",
+        *module_args,
+    ]
     return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd)
 
 
-def run_srun(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+def run_srun(
+    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float
+) -> LaunchResult:
     """Run ``python -m <module_args>`` as ``nproc`` tasks of a job step: ``srun -n N``.
 
     Each task finds its rank, the master (first host of the job) and the port (from the
     job id) in SLURM's variables. ``--kill-on-bad-exit`` ends every task when one fails,
     as torchrun does.
     """
-    cmd = ["srun", f"--ntasks={nproc}", f"--cpus-per-task={threads_per_worker}", "--kill-on-bad-exit=1",
-           sys.executable, "-m", *module_args]  # fmt: skip
+    cmd = [
+        "srun",
+        f"--ntasks={nproc}",
+        f"--cpus-per-task={threads_per_worker}",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        *module_args,
+    ]
     return _run(cmd, worker_environment(threads_per_worker), timeout_s)
 
 
-def start(nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float) -> LaunchResult:
+def start(
+    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float
+) -> LaunchResult:
     """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
     tasks, else torchrun."""
     if slurm.in_allocation(nproc):
-        return run_srun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
-    return run_torchrun(nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s)
+        return run_srun(
+            nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s
+        )
+    return run_torchrun(
+        nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s
+    )
 
 
 def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
@@ -97,7 +129,9 @@ def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) ->
         return LaunchResult(rc, False, time.perf_counter() - t0)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        return LaunchResult(proc.returncode if proc.returncode is not None else -9, True, time.perf_counter() - t0)
+        return LaunchResult(
+            proc.returncode if proc.returncode is not None else -9, True, time.perf_counter() - t0
+        )
     except BaseException:
         _kill_group(proc)
         raise
@@ -116,18 +150,36 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def parse_worker_args(prog: str, argv: list[str] | None = None, batch_flag: str = "--global-batch",
-                      batch_list: bool = False) -> argparse.Namespace:  # fmt: skip
+def parse_worker_args(
+    prog: str,
+    argv: list[str] | None = None,
+    batch_flag: str = "--global-batch",
+    batch_list: bool = False,
+) -> argparse.Namespace:
     """Arguments of a worker entry point (``python -m tula.runtime.probe_worker`` /
     ``memprobe_worker``); with ``batch_list`` the batch flag takes a comma-separated list."""
-    p = argparse.ArgumentParser(prog=f"python -m {prog}", description="One worker, started by torchrun or srun.")
+    p = argparse.ArgumentParser(
+        prog=f"python -m {prog}", description="One worker, started by torchrun or srun."
+    )
     p.add_argument("--config", required=True)
     p.add_argument("--workers", type=int, required=True)
-    p.add_argument(batch_flag, required=True,
-                   type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int)  # fmt: skip
+    p.add_argument(
+        batch_flag,
+        required=True,
+        type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int,
+    )
     p.add_argument("--result-dir", required=True)
-    p.add_argument("--memory-probe", default=None, help="results/memory_probe.json: b_max for the compute sweep")
-    p.add_argument("--attempt", type=int, default=1, help="which launch of this probe (one more after a lost rank)")
+    p.add_argument(
+        "--memory-probe",
+        default=None,
+        help="results/memory_probe.json: b_max for the compute sweep",
+    )
+    p.add_argument(
+        "--attempt",
+        type=int,
+        default=1,
+        help="which launch of this probe (one more after a lost rank)",
+    )
     return p.parse_args(argv)
 
 

@@ -33,8 +33,10 @@ def conda_env(template: str | os.PathLike, path: str | os.PathLike) -> Path:
     for dep in env.get("dependencies", []):
         if isinstance(dep, dict) and "pip" in dep:
             dep["pip"] = [_absolute_pip_path(str(req), src.parent) for req in dep["pip"]]
-    text = f"# Written from {src} (relative pip paths made absolute); edit that file instead.\n" + yaml.safe_dump(
-        env, sort_keys=False)  # fmt: skip
+    text = (
+        f"# Written from {src} (relative pip paths made absolute); edit that file instead.\n"
+        + yaml.safe_dump(env, sort_keys=False)
+    )
     p = Path(path)
     if not p.exists() or p.read_text() != text:
         with atomic_write(p) as fh:
@@ -69,43 +71,116 @@ def decided_raw(raw: dict[str, Any], cfg: Config) -> dict[str, Any]:
     backend and why: :mod:`tula.devices`), for the snapshot the jobs read."""
     out = copy.deepcopy(raw)
     hw = cfg.hardware
-    out.setdefault("hardware", {}).update(device=hw.device, backend=hw.backend, device_why=hw.device_why)
+    out.setdefault("hardware", {}).update(
+        device=hw.device, backend=hw.backend, device_why=hw.device_why
+    )
     return out
 
 
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these
 # change (params rerun trigger), and only then: a new price re-runs select, not probes.
-_WORKLOAD = ("workload.model", "workload.dataset", "workload.mnist1d_samples", "workload.seed", "data")
+_WORKLOAD = (
+    "workload.model",
+    "workload.dataset",
+    "workload.mnist1d_samples",
+    "workload.seed",
+    "data",
+)
 # What makes the timed step what it is; the learning rate and its schedule do not: probes
 # are bought once, and lr, lr_decay_*, warmup_epochs, base_batch, epochs, objective and
 # pricing reuse every probe.
-_STEP = ("hardware.device", "hardware.backend", "hardware.threads_per_worker", "hardware.comm_env", "cluster",
-         "train.method", "train.optimizer", "train.momentum", "train.weight_decay", "train.precision",
-         "train.channels_last", "train.ags_delta", "train.ags_small_batch", "train.ags_refresh_every_steps",
-         "train.ags_s_min", "train.static_scale", "train.lars_eta", "train.lars_exclude_1d", "train.polo_sync_epochs",
-         "train.polo_averages_per_epoch", "train.compile")
+_STEP = (
+    "hardware.device",
+    "hardware.backend",
+    "hardware.threads_per_worker",
+    "hardware.comm_env",
+    "cluster",
+    "train.method",
+    "train.optimizer",
+    "train.momentum",
+    "train.weight_decay",
+    "train.precision",
+    "train.channels_last",
+    "train.ags_delta",
+    "train.ags_small_batch",
+    "train.ags_refresh_every_steps",
+    "train.ags_s_min",
+    "train.static_scale",
+    "train.lars_eta",
+    "train.lars_exclude_1d",
+    "train.polo_sync_epochs",
+    "train.polo_averages_per_epoch",
+    "train.compile",
+)
 _STAGE_KEYS: dict[str, tuple[str, ...]] = {
     "check": _WORKLOAD,
     # one probe job: its own (N, B) is its wildcards; the rest of the grid is not its business
     # (adding a batch or a worker count runs only the new probes)
-    "probe": (*_WORKLOAD, *_STEP, "probe.warmup_steps", "probe.timed_steps", "probe.timeout_s", "probe.sweep_steps",
-              "probe.noise_steps", "probe.exclusive", "probe.block_steps",
-              "probe.input_batches"),
-    "fit": ("search", "cluster", "hardware.collective", "hardware.device_memory_gb", "hardware.memory_margin",
-            "probe.no_sync_fallback"),
-    "predict": ("workload", "grid", "cluster", "pricing", "hardware.device_memory_gb", "hardware.memory_margin",
-                "train.base_batch", "launch.checkpoint_every_steps", "launch.checkpoint_every_epochs"),
+    "probe": (
+        *_WORKLOAD,
+        *_STEP,
+        "probe.warmup_steps",
+        "probe.timed_steps",
+        "probe.timeout_s",
+        "probe.sweep_steps",
+        "probe.noise_steps",
+        "probe.exclusive",
+        "probe.block_steps",
+        "probe.input_batches",
+    ),
+    "fit": (
+        "search",
+        "cluster",
+        "hardware.collective",
+        "hardware.device_memory_gb",
+        "hardware.memory_margin",
+        "probe.no_sync_fallback",
+    ),
+    "predict": (
+        "workload",
+        "grid",
+        "cluster",
+        "pricing",
+        "hardware.device_memory_gb",
+        "hardware.memory_margin",
+        "train.base_batch",
+        "launch.checkpoint_every_steps",
+        "launch.checkpoint_every_epochs",
+    ),
     # one worker: the batches it measures follow the grid (tula.model.memory.probe_batches); the
     # probes read its b_max but do not re-run when it re-runs (ancient input, rules/probe.smk)
     "memprobe": (*_WORKLOAD, *_STEP, "grid", "probe.memory_batches"),
-    "select": ("objective", "knee_on", "knee_rule", "knee_gain", "constraints", "pricing", "cluster"),
-    "launch": ("workload", "data", "hardware.device", "hardware.backend", "hardware.threads_per_worker",
-               "hardware.comm_env", "cluster", "train"),
+    "select": (
+        "objective",
+        "knee_on",
+        "knee_rule",
+        "knee_gain",
+        "constraints",
+        "pricing",
+        "cluster",
+    ),
+    "launch": (
+        "workload",
+        "data",
+        "hardware.device",
+        "hardware.backend",
+        "hardware.threads_per_worker",
+        "hardware.comm_env",
+        "cluster",
+        "train",
+    ),
     # one run of the suite: not the lists of cells (adding a batch trains only the new runs)
-    "compare_run": ("compare.workers", "compare.epochs", "workload.mnist1d_samples", "data", "hardware", "cluster",
-                    "train"),
+    "compare_run": (
+        "compare.workers",
+        "compare.epochs",
+        "workload.mnist1d_samples",
+        "data",
+        "hardware",
+        "cluster",
+        "train",
+    ),
     "compare": ("compare",),
-}  # fmt: skip
+}
 
 
 def stage_settings(cfg: Config, stage: str) -> str:

@@ -9,8 +9,19 @@ from tula.model.choice import NoFeasibleConfiguration, knee_of, select
 def table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
     rows = []
     for (n, b), t in times.items():
-        rows.append(dict(workers=n, global_batch=b, local_batch=b // n, step_time_s=t / 10, train_time_s=t,
-                         cost=t * n, mem_bytes=1e6, feasible=True, probe_status=""))  # fmt: skip
+        rows.append(
+            dict(
+                workers=n,
+                global_batch=b,
+                local_batch=b // n,
+                step_time_s=t / 10,
+                train_time_s=t,
+                cost=t * n,
+                mem_bytes=1e6,
+                feasible=True,
+                probe_status="",
+            )
+        )
     df = pd.DataFrame(rows)
     if feasible is not None:
         df["feasible"] = [feasible.get((r.workers, r.global_batch), True) for r in df.itertuples()]
@@ -41,16 +52,27 @@ def test_no_knee_cases(times):
 
 def hyperbola(lo=32, hi=8192, workers=2):
     """T = 1000/B + 1: a doubling from B saves 500/(1000+B) of T, under 10 % once B > 4000."""
-    return {(workers, b): 1000 / b + 1 for b in 2 ** np.arange(int(np.log2(lo)), int(np.log2(hi)) + 1)}
+    return {
+        (workers, b): 1000 / b + 1 for b in 2 ** np.arange(int(np.log2(lo)), int(np.log2(hi)) + 1)
+    }
 
 
 def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
     sel = select(table(hyperbola()), config.from_dict({"objective": "knee"}))
     k = sel["knee"]
-    assert k["rule"] == "marginal" and k["found"] and k["global_batch"] == 4096 == sel["selected"]["global_batch"]
-    assert k["marginal"]["global_batch"] == 4096 and k["marginal"]["flattened"] and k["kneedle"]["found"]
+    assert (
+        k["rule"] == "marginal"
+        and k["found"]
+        and k["global_batch"] == 4096 == sel["selected"]["global_batch"]
+    )
+    assert (
+        k["marginal"]["global_batch"] == 4096
+        and k["marginal"]["flattened"]
+        and k["kneedle"]["found"]
+    )
     assert sel["runner_up"]["global_batch"] == 8192
-    # the sentence is true: 4096 -> 8192 saves 500/5096 = 9.8 %, 2048 -> 4096 saved 500/3048 = 16.4 %
+    # the sentence is true: 4096 -> 8192 saves 500/5096 = 9.8 %, 2048 -> 4096 saved 500/3048 = 16.4
+    # %
     assert "knee at B=4096: doubling to B=8192 saves 9.8 % of T (< 10 %)" in sel["reason"]
     assert "the doubling from B=2048 saved 16.4 %" in sel["reason"]
     assert f"(Kneedle would pick B={k['kneedle']['global_batch']})" in sel["reason"]
@@ -70,21 +92,24 @@ def test_marginal_knee_does_not_move_with_the_batch_range_but_kneedle_does():
 def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
     sel = select(table(hyperbola(hi=2048)), config.from_dict({"objective": "knee"}))
     assert sel["selected"]["global_batch"] == 2048 and not sel["knee"]["marginal"]["flattened"]
-    assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]  # 500/(1000+1024)
+    # 500/(1000+1024)
+    assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]
     assert "raise grid.batch_max" in sel["reason"]
 
 
 def test_knee_gain_is_the_threshold():
     sel = select(table(hyperbola()), config.from_dict({"objective": "knee", "knee_gain": 0.2}))
-    assert sel["selected"]["global_batch"] == 2048  # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
+    # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
+    assert sel["selected"]["global_batch"] == 2048
 
 
 def test_kneedle_rule_is_the_papers_knee():
     cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
     sel = select(table({(2, b): t for b, t in CURVE.items()}), cfg)
     knee = sel["knee"]["global_batch"]
-    assert sel["knee"]["rule"] == "kneedle" and knee == sel["knee"]["kneedle"]["global_batch"] == knee_of(
-        np.array(sorted(CURVE)), np.array([CURVE[b] for b in sorted(CURVE)]))  # fmt: skip
+    assert sel["knee"]["rule"] == "kneedle" and knee == sel["knee"]["kneedle"][
+        "global_batch"
+    ] == knee_of(np.array(sorted(CURVE)), np.array([CURVE[b] for b in sorted(CURVE)]))
     assert sel["selected"]["global_batch"] == knee and sel["runner_up"]["global_batch"] == 2 * knee
     assert f"Kneedle knee of T vs B at B={knee}" in sel["reason"] and "would save" in sel["reason"]
 
@@ -102,7 +127,8 @@ def test_knee_on_cost_uses_the_cost_curve():
 def test_flat_curve_knee_is_the_smallest_batch_or_no_kneedle_knee():
     flat = table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0})
     sel = select(flat, config.from_dict({"objective": "knee"}))
-    assert sel["selected"]["global_batch"] == 32 and "saves 0.0 %" in sel["reason"]  # more batch never pays
+    # more batch never pays
+    assert sel["selected"]["global_batch"] == 32 and "saves 0.0 %" in sel["reason"]
     sel = select(flat, config.from_dict({"objective": "knee", "knee_rule": "kneedle"}))
     assert not sel["knee"]["found"] and "no Kneedle knee" in sel["reason"]
 
@@ -132,11 +158,16 @@ def test_constraints_and_infeasible_points_are_excluded():
 
 def test_nothing_feasible_is_a_clear_error():
     cfg = config.from_dict({"objective": "time", "constraints": {"min_batch": 4096}})
-    with pytest.raises(NoFeasibleConfiguration, match=r"every grid point is excluded \(below_min_batch: 1\)\. Widen"):
+    with pytest.raises(
+        NoFeasibleConfiguration,
+        match=r"every grid point is excluded \(below_min_batch: 1\)\. Widen",
+    ):
         select(table({(1, 64): 1.0}), cfg)
 
 
-def _with_noise(df: pd.DataFrame, b_noise: float, base: int = 128, epochs: int = 10) -> pd.DataFrame:
+def _with_noise(
+    df: pd.DataFrame, b_noise: float, base: int = 128, epochs: int = 10
+) -> pd.DataFrame:
     df = df.copy()
     df["b_noise"], df["b_noise_se"] = b_noise, 0.1 * b_noise
     df["epochs_to_accuracy"] = epochs * (1 + df["global_batch"] / b_noise) / (1 + base / b_noise)
@@ -159,13 +190,21 @@ def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
     assert nz["statistical_efficiency"] == pytest.approx(1 / (1 + best / 256))
     time_b = select(pred, config.from_dict({"objective": "time"}))["selected"]["global_batch"]
     assert time_b == 8192 and nz["versus"]["time"]["global_batch"] == 8192
-    assert nz["versus"]["time"]["ratio_to_chosen"] == pytest.approx(tta[8192] / tta[best]) and tta[8192] > tta[best]
-    assert f"objective time would pick N=2 B=8192, {100 * (tta[8192] / tta[best] - 1):.0f} % slower" in sel["reason"]
+    assert (
+        nz["versus"]["time"]["ratio_to_chosen"] == pytest.approx(tta[8192] / tta[best])
+        and tta[8192] > tta[best]
+    )
+    assert (
+        f"objective time would pick N=2 B=8192, {100 * (tta[8192] / tta[best] - 1):.0f} % slower"
+        in sel["reason"]
+    )
     assert "B_noise = 256" in sel["reason"] and "near the start of training" in nz["assumption"]
 
 
 def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
     pred = table({(2, b): t for b, t in CURVE.items()})
-    with pytest.raises(ValueError, match="objective.: time_to_accuracy needs the gradient noise scale.*probe.noise_steps"):
+    with pytest.raises(
+        ValueError,
+        match="objective.: time_to_accuracy needs the gradient noise scale.*probe.noise_steps",
+    ):
         select(pred, config.from_dict({"objective": "time_to_accuracy"}))
-

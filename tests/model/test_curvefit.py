@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from tula.model import curvefit, perf
+from tula.model import curvefit
+from tula.model import forms as forms_mod
 
-FORMS = {f.name: f for f in perf.compute_forms(max_b=128.0)}  # as tula.model.perf.fit builds them
+FORMS = {f.name: f for f in forms_mod.compute_forms(max_b=128.0)}  # as perf.fit builds them
 
 
 def _b(*values):
@@ -30,7 +31,8 @@ def test_exact_data_gives_back_its_parameters_and_a_zero_width_interval():
 def test_bounds_keep_compute_from_falling_as_the_batch_grows():
     X = _b(1, 2, 4, 8)
     f = curvefit.fit(FORMS["linear"], X, 0.01 - 0.0005 * X["b"])  # decreasing data
-    assert f.params()["c1"] == pytest.approx(0.0, abs=1e-12) and f.params()["c0"] > 0  # at the bound, never negative
+    # at the bound, never negative
+    assert f.params()["c1"] == pytest.approx(0.0, abs=1e-12) and f.params()["c0"] > 0
 
 
 def test_95_percent_intervals_cover_the_truth_at_their_rate():
@@ -62,16 +64,21 @@ def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
     assert chosen.form.name == "saturating" and chosen.params()["b0"] == pytest.approx(16, rel=1e-3)
     assert chosen.extra["criterion"] == "held_out" and "linear:" in chosen.extra["why"]
     straight = 0.004 + 0.0002 * X["b"]
-    assert curvefit.choose(forms, X, straight, "compute").form.name == "linear"  # parsimony: no gain, no extra parameter
+    # parsimony: no gain, no extra parameter
+    assert curvefit.choose(forms, X, straight, "compute").form.name == "linear"
 
 
 def test_too_few_points_choose_by_aic_with_the_measured_noise():
     """Two probes cannot hold a point out for a 2-parameter step form; with each probe's own
     noise measured, AIC (chi^2 + 2p) picks the form whose residuals fit that noise."""
-    X = {"c": np.array([0.010, 0.012]), "x": np.array([0.5, 0.75]), "l": np.array([1.0, 3.0]),
-         "n": np.array([2.0, 4.0])}  # fmt: skip
+    X = {
+        "c": np.array([0.010, 0.012]),
+        "x": np.array([0.5, 0.75]),
+        "l": np.array([1.0, 3.0]),
+        "n": np.array([2.0, 4.0]),
+    }
     y = X["c"] + 0.02 * X["x"]
-    forms = perf.step_forms("ring", latency=False)
+    forms = forms_mod.step_forms("ring", latency=False)
     chosen = curvefit.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
     assert chosen.form.name == "additive" and chosen.extra["criterion"] == "aic_known_noise"
     assert chosen.params()["s1"] == pytest.approx(0.02, rel=1e-6)

@@ -8,12 +8,21 @@ BAND = Band(predicted_s=0.010, lo_s=0.008, hi_s=0.012, step_s=0.100)  # accepts 
 
 
 def _feed(det, values, start=0, every=10):
-    return [(start + i * every, d) for i, v in enumerate(values) if (d := det.observe(start + i * every, v))]
+    return [
+        (start + i * every, d)
+        for i, v in enumerate(values)
+        if (d := det.observe(start + i * every, v))
+    ]
 
 
 def test_the_band_is_the_interval_widened_by_the_tolerance_times_the_step():
     assert (BAND.accept_lo_s, BAND.accept_hi_s) == (0.0, pytest.approx(0.032))
-    row = {"step_time_s": 0.1, "compute_time_s": 0.09, "step_time_lo_s": 0.095, "step_time_hi_s": 0.104}
+    row = {
+        "step_time_s": 0.1,
+        "compute_time_s": 0.09,
+        "step_time_lo_s": 0.095,
+        "step_time_hi_s": 0.104,
+    }
     b = Band.from_prediction(row)
     assert (b.predicted_s, b.lo_s, b.hi_s, b.step_s) == pytest.approx((0.01, 0.005, 0.014, 0.1))
 
@@ -25,7 +34,8 @@ def test_spikes_do_not_fire_a_sustained_change_does():
     fired = _feed(det, [0.05] * 10, start=300)
     assert len(fired) == 1  # once: then the detector re-arms around 50 ms
     step, d = fired[0]
-    # the window [0.2, 0.011, 0.3, 0.011, 0.05]: three of five above the band at the first 50 ms step
+    # the window [0.2, 0.011, 0.3, 0.011, 0.05]: three of five above the band at the first 50 ms
+    # step
     assert (step, d.direction, d.since_step, d.observations) == (300, "slower", 260, WINDOW)
     assert d.observed_s == pytest.approx(0.05) and d.predicted_s == 0.010
     assert "sync 50.0 ms vs predicted 10.0 ms (8.0-12.0)" in d.describe()
@@ -43,7 +53,9 @@ def test_the_network_recovering_is_a_drift_back_and_then_quiet():
     _feed(det, [0.011] * 5)
     slow = _feed(det, [0.06] * 8, start=100)
     back = _feed(det, [0.011] * 8, start=200)
-    assert [d.direction for _, d in slow] == ["slower"] and [d.direction for _, d in back] == ["faster"]
+    assert [d.direction for _, d in slow] == ["slower"] and [d.direction for _, d in back] == [
+        "faster"
+    ]
     assert _feed(det, [0.012] * 10, start=300) == []  # in the original band again: nothing new
 
 

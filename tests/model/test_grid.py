@@ -8,14 +8,18 @@ def test_batches_are_powers_of_two_between_bounds():
 
 
 def test_full_search_is_the_whole_grid():
-    cfg = config.from_dict({"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128}, "search": "full"})
+    cfg = config.from_dict(
+        {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128}, "search": "full"}
+    )
     pts = search_set(cfg)
     assert pts == grid(cfg) and len(pts) == 9
     assert all(p.global_batch % p.workers == 0 for p in pts)
 
 
 def test_partial_search_is_the_four_corners():
-    cfg = config.from_dict({"grid": {"workers": [4, 1, 2], "batch_min": 32, "batch_max": 512}, "search": "partial"})
+    cfg = config.from_dict(
+        {"grid": {"workers": [4, 1, 2], "batch_min": 32, "batch_max": 512}, "search": "partial"}
+    )
     assert search_set(cfg) == [Point(1, 32), Point(1, 512), Point(4, 32), Point(4, 512)]
 
 
@@ -31,17 +35,24 @@ def test_point_names_and_local_batch():
 
 def test_partial_search_never_probes_beyond_b_max():
     # b_max = 64 per worker: N=1 fits B <= 64, N=4 fits B <= 256 (paper §III-A.2: b_max first)
-    cfg = config.from_dict({"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"})
+    cfg = config.from_dict(
+        {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"}
+    )
     pts = search_set(cfg, max_local_batch=64)
     assert pts == [Point(1, 32), Point(1, 64), Point(4, 32), Point(4, 256)]
     assert all(p.local_batch <= 64 for p in pts)
 
 
 def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits():
-    cfg = config.from_dict({"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}, "search": "full"})
+    cfg = config.from_dict(
+        {"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}, "search": "full"}
+    )
     assert search_set(cfg, max_local_batch=32) == [Point(4, 64), Point(4, 128)]
     partial = config.from_dict({"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}})
-    assert search_set(partial, max_local_batch=32) == [Point(4, 64), Point(4, 128)]  # N=1 has no point that fits
+    assert search_set(partial, max_local_batch=32) == [
+        Point(4, 64),
+        Point(4, 128),
+    ]  # N=1 has no point that fits
 
 
 def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epoch():
@@ -49,7 +60,12 @@ def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epo
     # local batches of the grid: 8 ... 256; this job runs b=64 at N=2
     assert sweep_local_batches(cfg, 2, 64, None) == [8, 16, 32, 128, 256]
     assert sweep_local_batches(cfg, 2, 64, 128) == [8, 16, 32, 128]  # b_max
-    assert sweep_local_batches(cfg, 2, 64, None, train_samples=300) == [8, 16, 32, 128]  # 2 x 256 > 300
+    assert sweep_local_batches(cfg, 2, 64, None, train_samples=300) == [
+        8,
+        16,
+        32,
+        128,
+    ]  # 2 x 256 > 300
 
 
 def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_corner():
@@ -58,7 +74,9 @@ def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_co
     cfg = config.from_dict({"grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 256}})
     assert fallback_batches(cfg, Point(2, 256), None) == [128, 64]
     assert fallback_batches(cfg, Point(2, 32), None) == []  # the small corner has nothing below it
-    full = config.from_dict({"grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 256}, "search": "full"})
+    full = config.from_dict(
+        {"grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 256}, "search": "full"}
+    )
     assert fallback_batches(full, Point(2, 256), None) == []  # full search probes them anyway
 
 
@@ -69,12 +87,34 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
     from tula import config
     from tula.model.grid import boundary_workers, search_set
 
-    cfg = config.from_dict({"grid": {"workers": [1, 2, 4, 8, 16, 32], "batch_min": 32, "batch_max": 1024},
-                            "cluster": {"workers_per_node": 8}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 2, 4, 8, 16, 32], "batch_min": 32, "batch_max": 1024},
+            "cluster": {"workers_per_node": 8},
+        }
+    )
     assert boundary_workers(cfg) == (8, 16)
-    assert [p.name for p in search_set(cfg)] == ["N1_B32", "N1_B1024", "N8_B32", "N8_B1024", "N16_B32", "N16_B1024",
-                                                "N32_B32", "N32_B1024"]  # fmt: skip
-    assert [p.name for p in search_set(cfg, max_local_batch=64)] == ["N1_B32", "N1_B64", "N8_B32", "N8_B512",
-                                                                    "N16_B32", "N16_B1024", "N32_B32", "N32_B1024"]  # fmt: skip
-    paper = config.from_dict({"grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": 1024}})
+    assert [p.name for p in search_set(cfg)] == [
+        "N1_B32",
+        "N1_B1024",
+        "N8_B32",
+        "N8_B1024",
+        "N16_B32",
+        "N16_B1024",
+        "N32_B32",
+        "N32_B1024",
+    ]
+    assert [p.name for p in search_set(cfg, max_local_batch=64)] == [
+        "N1_B32",
+        "N1_B64",
+        "N8_B32",
+        "N8_B512",
+        "N16_B32",
+        "N16_B1024",
+        "N32_B32",
+        "N32_B1024",
+    ]
+    paper = config.from_dict(
+        {"grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": 1024}}
+    )
     assert boundary_workers(paper) == () and len(search_set(paper)) == 4

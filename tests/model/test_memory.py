@@ -1,16 +1,20 @@
-"""The memory model (tula.model.memory): fit, b_max under a budget, measured out-of-memory bounds."""
+"""The memory model (tula.model.memory): fit, b_max under a budget, measured out-of-memory
+bounds."""
 
 import numpy as np
 import pytest
-from conftest import synthetic
 
+from conftest import synthetic
 from tula.model import memory
 
 
 def test_a_measured_oom_bounds_b_max_below_it():
     from tula.model.memory import from_points
 
-    ok = [{"local_batch": 8, "peak_mem_bytes": 1000 + 100 * 8}, {"local_batch": 32, "peak_mem_bytes": 1000 + 100 * 32}]
+    ok = [
+        {"local_batch": 8, "peak_mem_bytes": 1000 + 100 * 8},
+        {"local_batch": 32, "peak_mem_bytes": 1000 + 100 * 32},
+    ]
     assert from_points(ok, [], budget_bytes=1000 + 100 * 500).max_local_batch() == 500
     # the device said no at 128 though the fit says 500 would fit: the measurement wins
     bounded = from_points(ok, [{"local_batch": 128}], budget_bytes=1000 + 100 * 500)
@@ -23,12 +27,19 @@ def test_an_oom_where_a_larger_local_batch_ran_bounds_nothing():
 
     from tula.model.memory import fit, oom_bound
 
-    rows = pd.DataFrame([dict(workers=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
-                         dict(workers=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
-                         dict(workers=2, local_batch=64, status="oom", peak_mem_bytes=None)])  # fmt: skip
-    assert oom_bound(rows) is None  # N=1 ran b=128: the N=2 OOM at b=64 is that point's, not a bound
+    rows = pd.DataFrame(
+        [
+            dict(workers=1, local_batch=128, status="ok", peak_mem_bytes=1000 + 100 * 128),
+            dict(workers=2, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
+            dict(workers=2, local_batch=64, status="oom", peak_mem_bytes=None),
+        ]
+    )
+    # N=1 ran b=128: the N=2 OOM at b=64 is that point's, not a bound
+    assert oom_bound(rows) is None
     assert fit(rows, budget_bytes=None).max_local_batch() is None
-    above = pd.concat([rows, pd.DataFrame([dict(workers=1, local_batch=256, status="oom", peak_mem_bytes=None)])])
+    above = pd.concat(
+        [rows, pd.DataFrame([dict(workers=1, local_batch=256, status="oom", peak_mem_bytes=None)])]
+    )
     assert oom_bound(above) == 256 and fit(above, budget_bytes=None).max_local_batch() == 255
 
 

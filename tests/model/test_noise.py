@@ -15,9 +15,10 @@ def regression_gradients(rng, w, w_star, sigma, n):
 
 
 def test_noise_scale_of_linear_regression_with_known_noise_covariance():
-    """For this model E[g] = delta = w - w* and (Isserlis) Sigma = (|delta|^2 + sigma^2) I + delta delta^T,
-    so |G|^2 = |delta|^2 and tr(Sigma) = d (|delta|^2 + sigma^2) + |delta|^2: the estimator, fed
-    what 4 data-parallel workers at b = 16 and their all-reduced B = 64 would see, recovers both."""
+    """For this model E[g] = delta = w - w* and (Isserlis) Sigma = (|delta|^2 + sigma^2) I + delta
+    delta^T, so |G|^2 = |delta|^2 and tr(Sigma) = d (|delta|^2 + sigma^2) + |delta|^2: the
+    estimator, fed what 4 data-parallel workers at b = 16 and their all-reduced B = 64 would see,
+    recovers both."""
     rng = np.random.default_rng(0)
     d, sigma, workers, b = 20, 1.5, 4, 16
     w_star = rng.standard_normal(d)
@@ -26,7 +27,9 @@ def test_noise_scale_of_linear_regression_with_known_noise_covariance():
     true_trace = d * (delta2 + sigma**2) + delta2
     small, big = [], []
     for _ in range(4000):  # steps
-        per_worker = [regression_gradients(rng, w, w_star, sigma, b).mean(0) for _ in range(workers)]
+        per_worker = [
+            regression_gradients(rng, w, w_star, sigma, b).mean(0) for _ in range(workers)
+        ]
         small.append(np.mean([(g**2).sum() for g in per_worker]))  # |G_b|^2, the workers' mean
         big.append((np.mean(per_worker, axis=0) ** 2).sum())  # |G_B|^2 of the all-reduced gradient
     est = noise.estimate(small, big, b, workers * b)
@@ -53,20 +56,49 @@ def test_noise_dominated_gradient_has_no_noise_scale():
 def test_pool_weights_the_probes_by_their_standard_errors():
     import pandas as pd
 
-    df = pd.DataFrame([
-        dict(workers=2, global_batch=64, source="probe", status="ok", grad_sq=0.3, grad_sq_se=0.1, grad_trace=40.0,
-             grad_trace_se=4.0),
-        dict(workers=2, global_batch=256, source="probe", status="ok", grad_sq=0.2, grad_sq_se=0.05, grad_trace=44.0,
-             grad_trace_se=2.0),
-        dict(workers=1, global_batch=32, source="probe", status="ok"),  # one worker: none
-        dict(workers=2, global_batch=512, source="probe", status="oom"),
-        dict(workers=2, global_batch=64, local_batch=16, source="sweep", status="ok", grad_sq=9.0, grad_trace=9.0),
-    ])  # fmt: skip
+    df = pd.DataFrame(
+        [
+            dict(
+                workers=2,
+                global_batch=64,
+                source="probe",
+                status="ok",
+                grad_sq=0.3,
+                grad_sq_se=0.1,
+                grad_trace=40.0,
+                grad_trace_se=4.0,
+            ),
+            dict(
+                workers=2,
+                global_batch=256,
+                source="probe",
+                status="ok",
+                grad_sq=0.2,
+                grad_sq_se=0.05,
+                grad_trace=44.0,
+                grad_trace_se=2.0,
+            ),
+            dict(workers=1, global_batch=32, source="probe", status="ok"),  # one worker: none
+            dict(workers=2, global_batch=512, source="probe", status="oom"),
+            dict(
+                workers=2,
+                global_batch=64,
+                local_batch=16,
+                source="sweep",
+                status="ok",
+                grad_sq=9.0,
+                grad_trace=9.0,
+            ),
+        ]
+    )
     got = noise.pool(df)
-    g2 = (0.3 / 0.01 + 0.2 / 0.0025) / (1 / 0.01 + 1 / 0.0025)  # inverse-variance weights 100 and 400
+    # inverse-variance weights 100 and 400
+    g2 = (0.3 / 0.01 + 0.2 / 0.0025) / (1 / 0.01 + 1 / 0.0025)
     tr = (40 / 16 + 44 / 4) / (1 / 16 + 1 / 4)
     assert got["grad_sq"] == pytest.approx(g2) and got["grad_trace"] == pytest.approx(tr)
-    assert got["b_noise"] == pytest.approx(tr / g2) and got["grad_sq_se"] == pytest.approx((100 + 400) ** -0.5)
+    assert got["b_noise"] == pytest.approx(tr / g2) and got["grad_sq_se"] == pytest.approx(
+        (100 + 400) ** -0.5
+    )
     assert [(p["workers"], p["global_batch"]) for p in got["probes"]] == [(2, 64), (2, 256)]
     assert noise.pool(df.iloc[2:4]) is None  # no multi-worker estimate
     assert noise.pool(df.assign(grad_sq=-1.0)) is None  # noise-dominated: no scale
@@ -84,8 +116,9 @@ def test_finite_population_correction_for_samples_drawn_without_replacement():
     true_g2, true_trace = float((G**2).sum()), float(pop.var(0, ddof=1).sum())
     small, big = [], []
     for _ in range(20000):
-        idx = rng.permutation(D)[: workers * b]  # one step: B samples without replacement, split over workers
-        per_worker = [pop[idx[w * b:(w + 1) * b]].mean(0) for w in range(workers)]
+        # one step: B samples without replacement, split over workers
+        idx = rng.permutation(D)[: workers * b]
+        per_worker = [pop[idx[w * b : (w + 1) * b]].mean(0) for w in range(workers)]
         small.append(np.mean([(g**2).sum() for g in per_worker]))
         big.append((np.mean(per_worker, axis=0) ** 2).sum())
     fpc = noise.estimate(small, big, b, workers * b, population=D)

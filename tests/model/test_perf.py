@@ -1,15 +1,17 @@
-"""Known-answer tests of the step-time model (tula.model.perf, tula.model.curvefit): fits recover the forms
-and coefficients of the model that generated the data."""
+"""Known-answer tests of the step-time model (tula.model.perf, tula.model.curvefit): fits recover
+the forms and coefficients of the model that generated the data."""
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import synthetic
 
+from conftest import synthetic
 from tula.model import perf as perfmodel
 
 
-def gpu_like(n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=0.0) -> pd.DataFrame:
+def gpu_like(
+    n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=0.0
+) -> pd.DataFrame:
     """Probe jobs at (N, B) with sweep rows: compute flat below b=64 then linear (a GPU),
     sync overlapped with compute ((c^g + s^g)^(1/g)), optional sharing slowdown."""
 
@@ -26,18 +28,36 @@ def gpu_like(n_values, batches, rng, noise=0.0, gamma=2.0, sweep=True, shared_k=
         for B in batches:
             b = B // n
             e = rng.normal(1, noise, 2) if noise else (1.0, 1.0)
-            rows.append(dict(workers=n, global_batch=B, local_batch=b, compute_time_s=comp(n, b) * e[0],
-                             step_time_s=step(n, b) * e[1], status="ok", source="probe", peak_mem_bytes=1.0,
-                             step_time_cv=max(noise, 0.01)))  # fmt: skip
+            rows.append(
+                dict(
+                    workers=n,
+                    global_batch=B,
+                    local_batch=b,
+                    compute_time_s=comp(n, b) * e[0],
+                    step_time_s=step(n, b) * e[1],
+                    status="ok",
+                    source="probe",
+                    peak_mem_bytes=1.0,
+                    step_time_cv=max(noise, 0.01),
+                )
+            )
             for lb in (8, 16, 32, 64, 128, 256, 512) if sweep else ():
                 if lb != b:
-                    rows.append(dict(workers=n, global_batch=B, local_batch=lb, status="ok", source="sweep",
-                                     compute_time_s=comp(n, lb) * (rng.normal(1, noise) if noise else 1.0),
-                                     step_time_s=np.nan, peak_mem_bytes=np.nan))  # fmt: skip
+                    rows.append(
+                        dict(
+                            workers=n,
+                            global_batch=B,
+                            local_batch=lb,
+                            status="ok",
+                            source="sweep",
+                            compute_time_s=comp(n, lb) * (rng.normal(1, noise) if noise else 1.0),
+                            step_time_s=np.nan,
+                            peak_mem_bytes=np.nan,
+                        )
+                    )
     df = pd.DataFrame(rows)
     df["sync_time_s"] = df["step_time_s"] - df["compute_time_s"]
     return df, comp, step
-
 
 
 @pytest.mark.parametrize("collective", ["ring", "ps", "tree"])
@@ -46,7 +66,9 @@ def test_additive_data_recovers_forms_and_coefficients(collective):
     assert m.compute.form.name == "linear"
     assert m.compute.params() == pytest.approx({"c0": 0.004, "c1": 0.0002}, rel=1e-4)
     if collective == "tree":  # latency grows as log2 N like bandwidth: one term
-        assert m.step.form.name == "additive" and m.step.params() == pytest.approx({"s1": 0.05}, rel=1e-3)
+        assert m.step.form.name == "additive" and m.step.params() == pytest.approx(
+            {"s1": 0.05}, rel=1e-3
+        )
     else:  # four values of N: the latency term is judged, and earns its place
         assert m.step.form.name == "additive_latency"
         assert m.step.params() == pytest.approx({"s1": 0.05, "a": 0.002}, rel=1e-3)
@@ -58,7 +80,9 @@ def test_gpu_like_compute_is_flat_then_linear_and_overlap_is_found():
     m = perfmodel.fit(df, "ring")
     assert m.compute.form.name == "saturating"
     assert m.compute.params() == pytest.approx({"c0": 0.02, "c1": 0.0003, "b0": 64}, rel=1e-3)
-    assert m.step.form.name.startswith("overlap") and m.step.params()["gamma"] == pytest.approx(2.0, rel=1e-2)
+    assert m.step.form.name.startswith("overlap") and m.step.params()["gamma"] == pytest.approx(
+        2.0, rel=1e-2
+    )
     for n, b in ((2, 96), (8, 300), (4, 10)):
         assert m.step_time_s([n], [b])[0] == pytest.approx(step(n, b), rel=1e-3)
 
@@ -73,7 +97,8 @@ def test_shared_machine_slowdown_is_a_form_of_its_own():
 
 def test_a_simpler_form_wins_when_the_complex_one_does_not_earn_its_place():
     df = synthetic("ring", np.random.default_rng(3), noise=0.03)
-    assert perfmodel.fit(df, "ring").compute.form.name == "linear"  # truth is linear; noise must not pick a bend
+    # truth is linear; noise must not pick a bend
+    assert perfmodel.fit(df, "ring").compute.form.name == "linear"
 
 
 def test_partial_search_with_two_multi_worker_probes_uses_the_measured_noise():
@@ -85,15 +110,19 @@ def test_partial_search_with_two_multi_worker_probes_uses_the_measured_noise():
     m = perfmodel.fit(df, "ring")
     assert m.step.extra["criterion"] == "aic_known_noise"
     assert m.step.form.name == "overlap"
-    errs = [abs(m.step_time_s([n], [B // n])[0] / step(n, B // n) - 1) for n in (1, 2, 4, 8)
-            for B in (64, 256, 1024, 4096)]  # fmt: skip
+    errs = [
+        abs(m.step_time_s([n], [B // n])[0] / step(n, B // n) - 1)
+        for n in (1, 2, 4, 8)
+        for B in (64, 256, 1024, 4096)
+    ]
     assert np.median(errs) < 0.05
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_compute_is_never_negative_nor_decreasing_in_b(seed):
     rng = np.random.default_rng(seed)
-    df, _, _ = gpu_like((1, 2, 4), (32, 512), rng, noise=0.2)  # heavy noise: a free fit would bend anywhere
+    # heavy noise: a free fit would bend anywhere
+    df, _, _ = gpu_like((1, 2, 4), (32, 512), rng, noise=0.2)
     m = perfmodel.fit(df, "ring")
     b = np.arange(1, 4097, dtype=float)
     for n in (1, 2, 4, 16):
@@ -150,9 +179,21 @@ def two_level_rows(per_node, workers, batches, s_r, s_n, rng, noise=0.01) -> pd.
             c = 0.005 + 1e-4 * lb
             s = s_r * (g - 1) / g + s_n * (k - 1) / k
             e = rng.normal(1.0, noise, 2)
-            rows.append(dict(workers=n, nodes=k, global_batch=b, local_batch=lb, status="ok", source="probe",
-                             compute_time_s=c * e[0], step_time_s=(c + s) * e[1], sync_time_s=s, peak_mem_bytes=1.0,
-                             step_time_cv=noise))  # fmt: skip
+            rows.append(
+                dict(
+                    workers=n,
+                    nodes=k,
+                    global_batch=b,
+                    local_batch=lb,
+                    status="ok",
+                    source="probe",
+                    compute_time_s=c * e[0],
+                    step_time_s=(c + s) * e[1],
+                    sync_time_s=s,
+                    peak_mem_bytes=1.0,
+                    step_time_cv=noise,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -167,10 +208,16 @@ def test_two_level_sync_predicts_across_the_node_boundary():
     truth = two_level_rows(8, [4, 32], [512], 0.002, 0.040, rng, noise=0.0)
     pred = perf.step_time_s(truth["workers"], truth["local_batch"])
     assert np.abs(pred / truth["step_time_s"] - 1).max() < 0.05
-    one_level = perfmodel.fit(probes.drop(columns="nodes"), "ring", workers_per_node=64)  # every N on one node
-    err = np.abs(one_level.step_time_s(truth["workers"], truth["local_batch"]) / truth["step_time_s"] - 1)
-    assert err.max() > 0.15  # one curve through N = 8 and 16 misses the far side (19 % at N = 32 here)
-    assert perfmodel.PerfModel.from_dict(perf.to_dict()).step_time_s(32, 16) == pytest.approx(perf.step_time_s(32, 16))
+    # every N on one node
+    one_level = perfmodel.fit(probes.drop(columns="nodes"), "ring", workers_per_node=64)
+    err = np.abs(
+        one_level.step_time_s(truth["workers"], truth["local_batch"]) / truth["step_time_s"] - 1
+    )
+    # one curve through N = 8 and 16 misses the far side (19 % at N = 32 here)
+    assert err.max() > 0.15
+    assert perfmodel.PerfModel.from_dict(perf.to_dict()).step_time_s(32, 16) == pytest.approx(
+        perf.step_time_s(32, 16)
+    )
 
 
 def test_one_worker_per_node_is_todays_model():
@@ -179,14 +226,18 @@ def test_one_worker_per_node_is_todays_model():
     rng = np.random.default_rng(1)
     probes = two_level_rows(1, [1, 2, 4], [64, 512], 0.0, 0.02, rng)
     perf = perfmodel.fit(probes, "ring", workers_per_node=1)
-    assert "two_level" not in perf.step.extra["why"] and "bottleneck" not in str(perf.step.extra.get("candidates"))
+    assert "two_level" not in perf.step.extra["why"] and "bottleneck" not in str(
+        perf.step.extra.get("candidates")
+    )
     same = perfmodel.fit(probes.drop(columns="nodes"), "ring")
     assert perf.step.theta == same.step.theta and perf.step.form.name == same.step.form.name
 
 
 def test_measurements_of_another_layout_are_refused():
     probes = two_level_rows(8, [1, 16], [256], 0.002, 0.04, np.random.default_rng(2))
-    with pytest.raises(ValueError, match=r"N=16 ran on 2 node\(s\), but cluster.workers_per_node=4 puts it on 4"):
+    with pytest.raises(
+        ValueError, match=r"N=16 ran on 2 node\(s\), but cluster.workers_per_node=4 puts it on 4"
+    ):
         perfmodel.fit(probes, "ring", workers_per_node=4)
 
 
@@ -211,10 +262,15 @@ def test_the_input_floor_is_fitted_with_node_sharing_and_bounds_the_step_from_be
     step = model.step_time_s(n, b)
     assert np.all(step >= t_in) and np.all(step >= model.model_step_time_s(n, b))
     assert list(model.input_bound(n, b)) == list(t_in >= perfmodel.INPUT_BOUND * step)
-    assert model.input_bound(1, 256) and not model.input_bound(8, 4)  # 0.26 s of input; 7 ms of sync beside 6 ms
+    # 0.26 s of input; 7 ms of sync beside 6 ms
+    assert model.input_bound(1, 256) and not model.input_bound(8, 4)
     lo, hi = model.step_time_interval_s(n, b)
     assert np.all(lo >= t_in) and np.all(hi >= step)
     again = perfmodel.PerfModel.from_dict(model.to_dict())  # perf.json keeps the floor
-    assert again.step_time_s(n, b) == pytest.approx(step) and again.input.form.name == "linear_shared"
+    assert (
+        again.step_time_s(n, b) == pytest.approx(step) and again.input.form.name == "linear_shared"
+    )
     # the residuals are of the floored step, and say which probes the input bounded
-    assert any(r["input_bound"] for r in model.residuals) and not all(r["input_bound"] for r in model.residuals)
+    assert any(r["input_bound"] for r in model.residuals) and not all(
+        r["input_bound"] for r in model.residuals
+    )

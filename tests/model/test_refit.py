@@ -12,10 +12,23 @@ def _pred():
         for b in (64, 128):
             compute, sync = 0.1 / n * b / 64, 0.0 if n == 1 else (0.002 if nodes == 1 else 0.01)
             step = compute + sync
-            rows.append({"workers": n, "nodes": nodes, "global_batch": b, "local_batch": b // n, "compute_time_s": compute,
-                         "sync_time_s": sync, "step_time_s": step, "steps_per_epoch": 1000 // b, "epochs": 10,
-                         "train_time_s": 10 * (1000 // b) * step, "cost": 10 * (1000 // b) * step * n,
-                         "epochs_to_accuracy": 12.0, "time_to_accuracy_s": 12 * (1000 // b) * step})  # fmt: skip
+            rows.append(
+                {
+                    "workers": n,
+                    "nodes": nodes,
+                    "global_batch": b,
+                    "local_batch": b // n,
+                    "compute_time_s": compute,
+                    "sync_time_s": sync,
+                    "step_time_s": step,
+                    "steps_per_epoch": 1000 // b,
+                    "epochs": 10,
+                    "train_time_s": 10 * (1000 // b) * step,
+                    "cost": 10 * (1000 // b) * step * n,
+                    "epochs_to_accuracy": 12.0,
+                    "time_to_accuracy_s": 12 * (1000 // b) * step,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -25,8 +38,11 @@ def test_a_drift_between_nodes_scales_the_multi_node_sync_only():
     assert (fit.factor, fit.level) == (pytest.approx(4.0), "between nodes")
     multi, one = out["nodes"] > 1, out["nodes"] == 1
     assert out.loc[multi, "sync_time_s"].tolist() == pytest.approx([0.04] * 4)
-    assert out.loc[one, "sync_time_s"].tolist() == p.loc[one, "sync_time_s"].tolist()  # within a node: as predicted
-    assert out["step_time_s"].tolist() == pytest.approx((out["compute_time_s"] + out["sync_time_s"]).tolist())
+    # within a node: as predicted
+    assert out.loc[one, "sync_time_s"].tolist() == p.loc[one, "sync_time_s"].tolist()
+    assert out["step_time_s"].tolist() == pytest.approx(
+        (out["compute_time_s"] + out["sync_time_s"]).tolist()
+    )
     assert out["compute_time_s"].tolist() == p["compute_time_s"].tolist()  # the compute part stays
 
 
@@ -48,8 +64,12 @@ def test_nothing_predicted_there_takes_the_observed_sync_itself():
 def test_the_remaining_work_rescales_time_costs_and_time_to_accuracy():
     p = _pred()
     rest = refit.remaining(p, epochs_left=2.5)
-    assert rest["train_time_s"].tolist() == pytest.approx((2.5 * p["steps_per_epoch"] * p["step_time_s"]).tolist())
+    assert rest["train_time_s"].tolist() == pytest.approx(
+        (2.5 * p["steps_per_epoch"] * p["step_time_s"]).tolist()
+    )
     assert rest["cost"].tolist() == pytest.approx((p["cost"] * 0.25).tolist())  # 2.5 of 10 epochs
-    assert rest["time_to_accuracy_s"].tolist() == pytest.approx((p["time_to_accuracy_s"] * 0.25).tolist())
+    assert rest["time_to_accuracy_s"].tolist() == pytest.approx(
+        (p["time_to_accuracy_s"] * 0.25).tolist()
+    )
     with pytest.raises(ValueError, match="no row for N=3 B=64"):
         refit.refit(p, 3, 64, 0.01)

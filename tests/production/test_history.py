@@ -1,5 +1,5 @@
-"""A production job's files and attempts (tula.production.history): submitit's executor and what it writes
-for SLURM, a job left running by a dead launcher, which checkpoints a run may resume, and how
+"""A production job's files and attempts (tula.production.history): submitit's executor and what it
+writes for SLURM, a job left running by a dead launcher, which checkpoints a run may resume, and how
 a finished job's outcome is read."""
 
 import functools
@@ -9,29 +9,39 @@ import sys
 
 import pytest
 import yaml
+
 from conftest import checkpoint_state
 from job_bodies import finish_with
-
 from tula import checkpoint, config
 from tula.production import history
 from tula.production.job import ProductionJob
 
 
-@pytest.mark.parametrize("cfg_part, cfg_acct, expect", [
-    (None, None, ("profile_part", "profile_acct")),  # the profile's (passed by the launch rule)
-    ("config_part", "config_acct", ("config_part", "config_acct")),  # the config's win
-    ("config_part", None, ("config_part", "profile_acct")),  # each key on its own
-])  # fmt: skip
-def test_config_partition_and_account_take_precedence_over_the_profile(tiny_raw, tmp_path, cfg_part, cfg_acct, expect):
+@pytest.mark.parametrize(
+    "cfg_part, cfg_acct, expect",
+    [
+        (None, None, ("profile_part", "profile_acct")),  # the profile's (passed by the launch rule)
+        ("config_part", "config_acct", ("config_part", "config_acct")),  # the config's win
+        ("config_part", None, ("config_part", "profile_acct")),  # each key on its own
+    ],
+)
+def test_config_partition_and_account_take_precedence_over_the_profile(
+    tiny_raw, tmp_path, cfg_part, cfg_acct, expect
+):
     import shutil
 
     if not shutil.which("sbatch"):
         pytest.skip("the SLURM executor needs sbatch on PATH")
-    tiny_raw["launch"] = {"executor": "slurm", "slurm_partition": cfg_part, "slurm_account": cfg_acct}
+    tiny_raw["launch"] = {
+        "executor": "slurm",
+        "slurm_partition": cfg_part,
+        "slurm_account": cfg_acct,
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_raw))
     cfg = config.load(tmp_path / "c.yaml")
-    ex = history.make_executor(cfg, "slurm", tmp_path / "submitit", 2, 30, partition="profile_part",
-                            account="profile_acct")  # fmt: skip
+    ex = history.make_executor(
+        cfg, "slurm", tmp_path / "submitit", 2, 30, partition="profile_part", account="profile_acct"
+    )
     params = ex._executor.parameters  # what submitit writes as #SBATCH lines
     assert (params["partition"], params["account"]) == expect
     assert params["time"] == 30 and params["ntasks_per_node"] * params["nodes"] == 2
@@ -61,55 +71,110 @@ def test_only_an_unfinished_newest_checkpoint_of_this_run_is_resumed(tmp_path):
 
 def test_the_history_round_trips_through_both_copies_of_attempts_json(tmp_path):
     h = history.History(tmp_path, "fp", 2, 64, "local")
-    h.attempts.append(history.Attempt(1, 64, 32, "123", 0, end_step=23, checkpoint_step=20, outcome="oom", reason="x"))
+    h.attempts.append(
+        history.Attempt(
+            1, 64, 32, "123", 0, end_step=23, checkpoint_step=20, outcome="oom", reason="x"
+        )
+    )
     h.write("running")
     copies = [tmp_path / "attempts.json", tmp_path / "checkpoints" / "attempts.json"]
     assert copies[0].read_text() == copies[1].read_text()
     prior = history.History.read(tmp_path)
-    assert {k: prior[k] for k in ("fingerprint", "workers", "selected_batch", "executor", "outcome")} == {
-        "fingerprint": "fp", "workers": 2, "selected_batch": 64, "executor": "local", "outcome": "running"}  # fmt: skip
+    assert {
+        k: prior[k] for k in ("fingerprint", "workers", "selected_batch", "executor", "outcome")
+    } == {
+        "fingerprint": "fp",
+        "workers": 2,
+        "selected_batch": 64,
+        "executor": "local",
+        "outcome": "running",
+    }
     assert history.History.attempts_of(prior) == h.attempts
-    copies[0].unlink()  # Snakemake deletes the rule's output when the rule fails: the copy by the checkpoints stays
+    copies[
+        0
+        # Snakemake deletes the rule's output when the rule fails: the copy by the checkpoints stays
+    ].unlink()
     assert history.History.read(tmp_path)["attempts"][0]["outcome"] == "oom"
 
 
 @pytest.mark.slow
-def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_segments(tmp_path, tiny_raw,
-                                                                                          user_pythonpath):
+def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_segments(
+    tmp_path, tiny_raw, user_pythonpath
+):
     cfg = config.from_dict({**tiny_raw, "launch": {"executor": "local"}})
     ex = history.make_executor(cfg, "local", tmp_path / "submitit", 1, 5)
-    cases = [({"outcome": "completed", "step": 46}, ("completed", "trained every epoch")),
-             ({"outcome": "oom", "step": 7, "ranks": [1], "message": "CUDA out of memory", "place": "in the forward pass of step 7"},
-              ("oom", "out of memory in the forward pass of step 7 on rank(s) [1]: CUDA out of memory")),
-             (RuntimeError("boom"), ("failed", "RuntimeError: boom"))]  # fmt: skip
+    cases = [
+        ({"outcome": "completed", "step": 46}, ("completed", "trained every epoch")),
+        (
+            {
+                "outcome": "oom",
+                "step": 7,
+                "ranks": [1],
+                "message": "CUDA out of memory",
+                "place": "in the forward pass of step 7",
+            },
+            (
+                "oom",
+                "out of memory in the forward pass of step 7 on rank(s) [1]: CUDA out of memory",
+            ),
+        ),
+        (RuntimeError("boom"), ("failed", "RuntimeError: boom")),
+    ]
     for attempt, (result, expected) in enumerate(cases, 1):
         job = history.submit(ex, functools.partial(finish_with, result), "local")
         history.wait(job, 0.2)
         assert history.outcome(job, tmp_path, attempt) == expected
     # a rank that ran out of memory in backward left its record before the job failed
     history.oom_record_path(tmp_path, 4, 1).parent.mkdir(parents=True, exist_ok=True)
-    history.oom_record_path(tmp_path, 4, 1).write_text('{"place": "in the backward pass of step 9", "message": "OOM"}')
+    history.oom_record_path(tmp_path, 4, 1).write_text(
+        '{"place": "in the backward pass of step 9", "message": "OOM"}'
+    )
     job = history.submit(ex, functools.partial(finish_with, RuntimeError("peer lost")), "local")
     history.wait(job, 0.2)
-    assert history.outcome(job, tmp_path, 4) == ("oom", "out of memory in the backward pass of step 9 (rank1): OOM")
+    assert history.outcome(job, tmp_path, 4) == (
+        "oom",
+        "out of memory in the backward pass of step 9 (rank1): OOM",
+    )
     # a job stopped by TERM: its last segment says so
-    history.add_segment(tmp_path, {"attempt": 5, "start_step": 0, "end_step": 13, "outcome": "stopped",
-                                "reason": "SIGTERM (preemption, time limit or cancel): checkpointed; exiting"})  # fmt: skip
+    history.add_segment(
+        tmp_path,
+        {
+            "attempt": 5,
+            "start_step": 0,
+            "end_step": 13,
+            "outcome": "stopped",
+            "reason": "SIGTERM (preemption, time limit or cancel): checkpointed; exiting",
+        },
+    )
     job = history.submit(ex, functools.partial(finish_with, SystemExit(143)), "local")
     history.wait(job, 0.2)
-    assert history.outcome(job, tmp_path, 5) == ("stopped", "SIGTERM (preemption, time limit or cancel): checkpointed; "
-                                                         "exiting")  # fmt: skip
-    assert history.segments(tmp_path, 5)[0]["end_step"] == 13 and history.segments(tmp_path, 4) == []
+    assert history.outcome(job, tmp_path, 5) == (
+        "stopped",
+        "SIGTERM (preemption, time limit or cancel): checkpointed; exiting",
+    )
+    assert (
+        history.segments(tmp_path, 5)[0]["end_step"] == 13 and history.segments(tmp_path, 4) == []
+    )
 
 
 def test_the_production_job_unpickles_without_the_launcher(tmp_path):
     """submitit unpickles the job in every task before it runs; its module is imported then.
     The launcher's module (pandas' frames, the selection) would cost each task start-up the
     probe's workers do not pay, so the job is a module of its own."""
-    ck = checkpoint.Checkpointing(directory=tmp_path, fingerprint="f", every_steps=None, every_epochs=1, keep=2)
+    ck = checkpoint.Checkpointing(
+        directory=tmp_path, fingerprint="f", every_steps=None, every_epochs=1, keep=2
+    )
     blob = tmp_path / "job.pkl"
     blob.write_bytes(pickle.dumps(ProductionJob("config.json", 2, 64, str(tmp_path), ck)))
-    code = (f"import pickle, sys; job = pickle.loads(open({str(blob)!r}, 'rb').read()); "
-            "print(type(job).__module__, sorted(m for m in sys.modules if m.startswith(('tula.stages', 'tula.production.launcher')) or m == 'torch'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(maxsplit=1)
-    assert out == ["tula.production.job", "[]\n"]  # no stage, no launcher, and no torch until the job runs
+    code = (
+        f"import pickle, sys; job = pickle.loads(open({str(blob)!r}, 'rb').read()); "
+        "print(type(job).__module__, sorted(m for m in sys.modules if "
+        "m.startswith(('tula.stages', 'tula.production.launcher')) or m == 'torch'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split(maxsplit=1)
+    assert out == [
+        "tula.production.job",
+        "[]\n",
+    ]  # no stage, no launcher, and no torch until the job runs

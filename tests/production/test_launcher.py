@@ -10,11 +10,11 @@ import math
 import pandas as pd
 import pytest
 import yaml
-from conftest import bitwise_equal, load_params
 
+from conftest import bitwise_equal, load_params
 from tula import config, faults
 from tula.io import write_json
-from tula.production import confirm, launcher
+from tula.production import confirm, launcher, relaunch
 
 D = 1437  # digits training samples
 
@@ -35,8 +35,6 @@ def _attempts(d, out="train"):
     return json.loads((d / out / "attempts.json").read_text())
 
 
-
-
 @pytest.fixture
 def reference(run_dir, venv_path):
     """An uninterrupted run of the same configuration."""
@@ -52,17 +50,32 @@ def _relaunched_after(run_dir, where, step, checkpoint_step, rank=1):
     resumed at B=32 from `checkpoint_step` and completed the run."""
     rec = _attempts(run_dir)
     a1, a2 = rec["attempts"]
-    assert (a1["global_batch"], a1["outcome"], a1["checkpoint_step"]) == (64, "oom", checkpoint_step)
+    assert (a1["global_batch"], a1["outcome"], a1["checkpoint_step"]) == (
+        64,
+        "oom",
+        checkpoint_step,
+    )
     marker = json.loads((run_dir / "train" / "oom" / f"attempt1-rank{rank}.json").read_text())
     assert (marker["where"], marker["step"], marker["global_batch"]) == (where, step, 64)
-    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", checkpoint_step)
-    # the resumed epoch finishes at B=32 from the checkpoint's sample (none left at the epoch's end), then epoch 2
-    assert a2["end_step"] == checkpoint_step + math.ceil((D - min(checkpoint_step * 64, D)) / 32) + math.ceil(D / 32)
-    assert rec["outcome"] == "completed" and list(pd.read_csv(run_dir / "train" / "metrics.csv")["epoch"]) == [1, 2]
+    assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (
+        32,
+        "completed",
+        checkpoint_step,
+    )
+    # the resumed epoch finishes at B=32 from the checkpoint's sample (none left at the epoch's
+    # end), then epoch 2
+    assert a2["end_step"] == checkpoint_step + math.ceil(
+        (D - min(checkpoint_step * 64, D)) / 32
+    ) + math.ceil(D / 32)
+    assert rec["outcome"] == "completed" and list(
+        pd.read_csv(run_dir / "train" / "metrics.csv")["epoch"]
+    ) == [1, 2]
     return a1
 
 
-def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(run_dir, reference, monkeypatch):
+def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(
+    run_dir, reference, monkeypatch
+):
     ref_dir, ref_final = reference
     monkeypatch.setenv(faults.ENV, "signal:step=12,sig=TERM")
     with pytest.raises(RuntimeError, match="was stopped .*SIGTERM.*run the same command again"):
@@ -78,7 +91,9 @@ def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(run_dir, r
     assert [a["outcome"] for a in att] == ["stopped", "completed"]
     assert att[1]["start_step"] == 13 and att[1]["global_batch"] == 64
     assert final["steps"] == ref_final["steps"] == 2 * math.ceil(D / 64)
-    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
+    assert bitwise_equal(
+        load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt")
+    )
     cols = ["epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc"]
     m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
     assert m[cols].equals(r[cols])  # the partial epoch's sums were checkpointed per rank too
@@ -91,28 +106,48 @@ def test_usr2_checkpoints_and_submitit_requeues_within_one_launch(run_dir, refer
     (att,) = _attempts(run_dir)["attempts"]
     assert att["outcome"] == "completed"
     assert [(s["start_step"], s["end_step"], s["outcome"]) for s in att["segments"]] == [
-        (0, 31, "requeued"), (31, 46, "completed")]  # fmt: skip
-    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
+        (0, 31, "requeued"),
+        (31, 46, "completed"),
+    ]
+    assert bitwise_equal(
+        load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt")
+    )
 
 
-def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(run_dir, venv_path, monkeypatch):
+def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(
+    run_dir, venv_path, monkeypatch
+):
     monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64")
     final = _launch(run_dir)
     rec = _attempts(run_dir)
     a1, a2 = rec["attempts"]
-    assert (a1["global_batch"], a1["outcome"], a1["end_step"], a1["checkpoint_step"]) == (64, "oom", 7, 5)
+    assert (a1["global_batch"], a1["outcome"], a1["end_step"], a1["checkpoint_step"]) == (
+        64,
+        "oom",
+        7,
+        5,
+    )
     assert "rank(s) [1]" in a1["reason"] and "out of memory" in a1["reason"]
     assert (a2["global_batch"], a2["outcome"], a2["start_step"]) == (32, "completed", 5)
-    # Steps 0-4 at B=64 are kept, steps 5-6 (after the checkpoint) are redone at B=32 from sample 320
+    # Steps 0-4 at B=64 are kept, steps 5-6 (after the checkpoint) are redone at B=32 from sample
+    # 320
     # of epoch 1: no step before the checkpoint is repeated or lost.
     expected = 5 + math.ceil((D - 5 * 64) / 32) + math.ceil(D / 32)
     assert final["steps"] == a2["end_step"] == expected and final["global_batch"] == 32
     m = pd.read_csv(run_dir / "train" / "metrics.csv")
-    assert list(m["epoch"]) == [1, 2] and list(m["step"]) == [expected - math.ceil(D / 32), expected]
-    assert rec["outcome"] == "completed" and (run_dir / "train" / "oom" / "attempt1-rank1.json").exists()
+    assert list(m["epoch"]) == [1, 2] and list(m["step"]) == [
+        expected - math.ceil(D / 32),
+        expected,
+    ]
+    assert (
+        rec["outcome"] == "completed"
+        and (run_dir / "train" / "oom" / "attempt1-rank1.json").exists()
+    )
 
 
-def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(run_dir, venv_path, monkeypatch, capsys):
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(
+    run_dir, venv_path, monkeypatch, capsys
+):
     monkeypatch.setenv(faults.ENV, "truncate:step=10;oom:step=12,rank=0,batch=64")
     _launch(run_dir)
     a1, a2 = _attempts(run_dir)["attempts"]
@@ -122,14 +157,19 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(run_dir, ven
 
 def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "oom:step=3,rank=1")  # at every batch
-    with pytest.raises(RuntimeError, match=r"out of memory at every global batch tried for N=2 \(64, 32\).*batch_min=32"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"out of memory at every global batch tried for N=2 \(64, 32\).*batch_min=32",
+    ):
         _launch(run_dir)
     rec = _attempts(run_dir)
     assert rec["outcome"] == "failed" and [a["global_batch"] for a in rec["attempts"]] == [64, 32]
     assert not (run_dir / "train" / "final.json").exists()
 
 
-def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(run_dir, venv_path, monkeypatch):
+def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(
+    run_dir, venv_path, monkeypatch
+):
     # Rank 1 fails inside backward while rank 0 waits in DDP's all-reduce: no agreement is
     # possible; rank 0 dies of the broken connection, rank 1's record makes the attempt an oom.
     monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64,where=backward")
@@ -143,37 +183,58 @@ def test_oom_in_the_ags_refresh_is_agreed_and_relaunched(run_dir, venv_path, mon
     monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,batch=64,where=refresh")
     _launch(run_dir)
     a1 = _relaunched_after(run_dir, "refresh", STEPS1, STEPS1)  # the end-of-epoch checkpoint
-    assert a1["reason"].startswith(f"out of memory in AGS's factor refresh of step {STEPS1} on rank(s) [1]")
+    assert a1["reason"].startswith(
+        f"out of memory in AGS's factor refresh of step {STEPS1} on rank(s) [1]"
+    )
     assert a1["segments"][0]["end_step"] == STEPS1
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_oom_while_checkpointing_leaves_no_partial_checkpoint_and_relaunches(run_dir, venv_path, monkeypatch, rank):
+def test_oom_while_checkpointing_leaves_no_partial_checkpoint_and_relaunches(
+    run_dir, venv_path, monkeypatch, rank
+):
     monkeypatch.setenv(faults.ENV, f"oom:step=10,rank={rank},batch=64,where=checkpoint")
     _launch(run_dir)
     a1 = _relaunched_after(run_dir, "checkpoint", 10, 5, rank=rank)
-    assert a1["reason"].startswith(f"out of memory while writing the checkpoint of step 10 on rank(s) [{rank}]")
+    assert a1["reason"].startswith(
+        f"out of memory while writing the checkpoint of step 10 on rank(s) [{rank}]"
+    )
 
 
-def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(run_dir, reference, monkeypatch, capsys):
+def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(
+    run_dir, reference, monkeypatch, capsys
+):
     ref_dir, ref_final = reference
-    monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,where=eval")  # the evaluation after epoch 1
+    # the evaluation after epoch 1
+    monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,where=eval")
     final = _launch(run_dir)
     (att,) = _attempts(run_dir)["attempts"]
     assert att["outcome"] == "completed" and not (run_dir / "train" / "oom").exists()
     assert ref_final["eval_batch_size"] == 256 and ref_final["eval_oom_retries"] == []
     (retry,) = final["eval_oom_retries"]
-    assert (retry["step"], retry["eval_batch"], retry["retry_batch"], retry["ranks"]) == (STEPS1, 256, 128, [1])
+    assert (retry["step"], retry["eval_batch"], retry["retry_batch"], retry["ranks"]) == (
+        STEPS1,
+        256,
+        128,
+        [1],
+    )
     assert final["eval_batch_size"] == 128  # kept for the rest of the run
-    assert "out of memory in evaluation on rank(s) [1] at 256 samples per worker: evaluating again at 128" in (
-        capsys.readouterr().out)
+    assert (
+        "out of memory in evaluation on rank(s) [1] at 256 samples per worker: evaluating again at "
+        "128" in (capsys.readouterr().out)
+    )
     m, r = pd.read_csv(run_dir / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
-    assert m["test_acc"].tolist() == r["test_acc"].tolist()  # the same evaluation, in smaller pieces
+    # the same evaluation, in smaller pieces
+    assert m["test_acc"].tolist() == r["test_acc"].tolist()
     assert m["test_loss"].tolist() == pytest.approx(r["test_loss"].tolist(), rel=1e-6)
-    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
+    assert bitwise_equal(
+        load_params(run_dir / "train" / "model.pt"), load_params(ref_dir / "model.pt")
+    )
 
 
-def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, tiny_raw, venv_path, monkeypatch):
+def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(
+    tmp_path, tiny_raw, venv_path, monkeypatch
+):
     tiny_raw["data"] = {"eval_batch_size": 1}
     tiny_raw["workload"]["epochs"] = 1
     tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
@@ -182,21 +243,28 @@ def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(tmp_path, t
     monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=0,batch=64,where=eval")
     _launch(tmp_path)
     a1, a2 = _attempts(tmp_path)["attempts"]
-    assert a1["outcome"] == "oom" and a1["reason"].startswith(f"out of memory in evaluation after step {STEPS1} on rank(s) [0]")
+    assert a1["outcome"] == "oom" and a1["reason"].startswith(
+        f"out of memory in evaluation after step {STEPS1} on rank(s) [0]"
+    )
     assert (a2["global_batch"], a2["start_step"], a2["outcome"]) == (32, 20, "completed")
 
 
 @pytest.mark.parametrize("method", ["lrs", "lars", "static", "polo"])
-def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(run_dir, monkeypatch, venv_path, method):
+def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(
+    run_dir, monkeypatch, venv_path, method
+):
     """Real 2-process training with each baseline, stopped by SIGTERM in epoch 2 and resumed:
     the same model, bit for bit, as an uninterrupted run. Post-local SGD's stop falls in its
     local phase (polo_sync_epochs: 1), where the two replicas differ: both are checkpointed."""
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
-    raw["train"].update(method=method, warmup_epochs=1, base_batch=32, polo_sync_epochs=1, polo_averages_per_epoch=4)
+    raw["train"].update(
+        method=method, warmup_epochs=1, base_batch=32, polo_sync_epochs=1, polo_averages_per_epoch=4
+    )
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
     ref = _launch(run_dir, "ref")
     assert ref["method"] == method and ref["steps"] == 2 * STEPS1
-    monkeypatch.setenv(faults.ENV, f"signal:step={STEPS1 + 7},sig=TERM")  # epoch 2, between two polo averages
+    # epoch 2, between two polo averages
+    monkeypatch.setenv(faults.ENV, f"signal:step={STEPS1 + 7},sig=TERM")
     with pytest.raises(RuntimeError, match="was stopped"):
         _launch(run_dir)
     monkeypatch.delenv(faults.ENV)
@@ -204,10 +272,13 @@ def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(run_dir, mon
         (run_dir / "train" / output).unlink(missing_ok=True)
     final = _launch(run_dir)
     assert [a["outcome"] for a in _attempts(run_dir)["attempts"]] == ["stopped", "completed"]
-    assert bitwise_equal(load_params(run_dir / "train" / "model.pt"), load_params(run_dir / "ref" / "model.pt"))
+    assert bitwise_equal(
+        load_params(run_dir / "train" / "model.pt"), load_params(run_dir / "ref" / "model.pt")
+    )
     m = pd.read_csv(run_dir / "ref" / "metrics.csv")
     base_lr = config.load(run_dir / "config.yaml").train.lr  # small_cnn: 0.05
-    # LR at the end of each epoch: lrs/lars warm up to k = B / base_batch = 2 over 1 epoch; polo warms up to 1
+    # LR at the end of each epoch: lrs/lars warm up to k = B / base_batch = 2 over 1 epoch; polo
+    # warms up to 1
     expected = {"lrs": 2.0, "lars": 2.0, "static": 1.0, "polo": 1.0}[method]
     assert m["lr"].tolist() == pytest.approx([base_lr * expected] * 2, rel=1e-6)
     assert final["final_test_acc"] == ref["final_test_acc"] > 0.2  # 10 classes: chance is 0.1
@@ -220,44 +291,107 @@ def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, v
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
     final = _launch(run_dir)
     assert final["method"] == "ags" and final["steps"] == 2 * STEPS1
-    assert final["ags"]["refreshes"] == math.ceil(2 * STEPS1 / 5)  # steps 0, 5, ..., 45: every 5th, not per epoch
+    # steps 0, 5, ..., 45: every 5th, not per epoch
+    assert final["ags"]["refreshes"] == math.ceil(2 * STEPS1 / 5)
 
 
 def test_smaller_batches_follow_the_memory_model_else_halve(tmp_path):
     pred = tmp_path / "predictions.csv"
-    pd.DataFrame({"workers": [2, 2, 2, 2, 4], "global_batch": [32, 64, 128, 256, 128],
-                  "feasible": [True, True, False, True, True], "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0]}).to_csv(pred)  # fmt: skip
-    assert launcher.fallback_batches(2, 256, pred, floor=32) == [64, 32]  # 128 infeasible, N=4 rows ignored
-    assert launcher.fallback_batches(2, 256, None, floor=32) == [128, 64, 32]
-    assert launcher.fallback_batches(4, 16, None, floor=1) == [8, 4]  # at least one sample per worker
+    pd.DataFrame(
+        {
+            "workers": [2, 2, 2, 2, 4],
+            "global_batch": [32, 64, 128, 256, 128],
+            "feasible": [True, True, False, True, True],
+            "mem_bytes": [1.0, 2.0, 3.0, 4.0, 9.0],
+        }
+    ).to_csv(pred)
+    assert relaunch.fallback_batches(2, 256, pred, floor=32) == [
+        64,
+        32,
+    ]  # 128 infeasible, N=4 rows ignored
+    assert relaunch.fallback_batches(2, 256, None, floor=32) == [128, 64, 32]
+    assert relaunch.fallback_batches(4, 16, None, floor=1) == [
+        8,
+        4,
+    ]  # at least one sample per worker
 
 
-def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_paid(tmp_path, capsys):
+def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_paid(
+    tmp_path, capsys
+):
     pred = tmp_path / "predictions.csv"
-    pd.DataFrame([{"workers": 2, "global_batch": 64, "step_time_s": 0.1, "step_time_lo_s": 0.09, "step_time_hi_s": 0.11,
-                   "train_time_s": 10.0, "train_time_lo_s": 9.0, "train_time_hi_s": 11.0, "epochs": 4,
-                   "startup_time_s": 3.0, "first_steps_time_s": 0.7, "eval_first_time_s": 0.8, "eval_time_s": 0.4,
-                   "checkpoint_time_s": 0.25, "checkpoints": 4,
-                   "wall_time_s": 16.7, "wall_time_lo_s": 15.7, "wall_time_hi_s": 17.7}]).to_csv(pred, index=False)  # fmt: skip
+    pd.DataFrame(
+        [
+            {
+                "workers": 2,
+                "global_batch": 64,
+                "step_time_s": 0.1,
+                "step_time_lo_s": 0.09,
+                "step_time_hi_s": 0.11,
+                "train_time_s": 10.0,
+                "train_time_lo_s": 9.0,
+                "train_time_hi_s": 11.0,
+                "epochs": 4,
+                "startup_time_s": 3.0,
+                "first_steps_time_s": 0.7,
+                "eval_first_time_s": 0.8,
+                "eval_time_s": 0.4,
+                "checkpoint_time_s": 0.25,
+                "checkpoints": 4,
+                "wall_time_s": 16.7,
+                "wall_time_lo_s": 15.7,
+                "wall_time_hi_s": 17.7,
+            }
+        ]
+    ).to_csv(pred, index=False)
     final_path = tmp_path / "final.json"
-    write_json(final_path, {"workers": 2, "global_batch": 64, "mean_step_time_s": 0.11, "train_time_s": 11.0,
-                            "startup_time_s": 3.3, "first_steps_time_s": 0.6, "eval_time_s": 2.0, "checkpoint_time_s": 1.5,
-                            "wall_time_s": 18.9})  # fmt: skip
+    write_json(
+        final_path,
+        {
+            "workers": 2,
+            "global_batch": 64,
+            "mean_step_time_s": 0.11,
+            "train_time_s": 11.0,
+            "startup_time_s": 3.3,
+            "first_steps_time_s": 0.6,
+            "eval_time_s": 2.0,
+            "checkpoint_time_s": 1.5,
+            "wall_time_s": 18.9,
+        },
+    )
     final = confirm.record_prediction(final_path, pred)
     assert json.loads(final_path.read_text()) == final
     parts = {p["part"]: p for p in final["wall_check"]}
-    assert list(parts) == ["steps", "start-up", "first steps", "evaluation", "checkpoints", "rest", "wall time"]
+    assert list(parts) == [
+        "steps",
+        "start-up",
+        "first steps",
+        "evaluation",
+        "checkpoints",
+        "rest",
+        "wall time",
+    ]
     assert parts["first steps"]["predicted_s"] == 0.7 and parts["first steps"]["measured_s"] == 0.6
-    assert parts["evaluation"]["predicted_s"] == pytest.approx(2.0)  # the first pass 0.8, then 3 x 0.4
+    # the first pass 0.8, then 3 x 0.4
+    assert parts["evaluation"]["predicted_s"] == pytest.approx(2.0)
     assert parts["checkpoints"]["predicted_s"] == 1.0  # 4 x 0.25
     assert parts["checkpoints"]["ratio"] == pytest.approx(1.5)
-    assert parts["rest"] == {"part": "rest", "predicted_s": None, "measured_s": pytest.approx(0.5), "ratio": None}
-    assert final["wall_time_ratio"] == pytest.approx(18.9 / 16.7) and final["predicted_wall_time_interval_s"] == [15.7, 17.7]
+    assert parts["rest"] == {
+        "part": "rest",
+        "predicted_s": None,
+        "measured_s": pytest.approx(0.5),
+        "ratio": None,
+    }
+    assert final["wall_time_ratio"] == pytest.approx(18.9 / 16.7) and final[
+        "predicted_wall_time_interval_s"
+    ] == [15.7, 17.7]
     assert "checkpoints  predicted 1.0 s, paid 1.5 s (x1.500)" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint(run_dir, venv_path, monkeypatch):
+def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint(
+    run_dir, venv_path, monkeypatch
+):
     """train.compile on: torch.compile of the model in the production job; an out-of-memory
     error still relaunches at a smaller batch, from the checkpoint; each new shape's first step
     (compilation) is counted apart from the steady step."""
@@ -267,7 +401,12 @@ def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoi
     monkeypatch.setenv(faults.ENV, "oom:step=7,rank=1,batch=64")
     final = _launch(run_dir)
     a1, a2 = _attempts(run_dir)["attempts"]
-    assert (a1["outcome"], a1["checkpoint_step"], a2["outcome"], a2["start_step"]) == ("oom", 5, "completed", 5)
+    assert (a1["outcome"], a1["checkpoint_step"], a2["outcome"], a2["start_step"]) == (
+        "oom",
+        5,
+        "completed",
+        5,
+    )
     assert final["compile"] == "on" and final["global_batch"] == 32
     assert final["steps"] == 5 + math.ceil((D - 5 * 64) / 32) + math.ceil(D / 32)
     # each shape's first step, compiled and timed apart: attempt 1's full batch at B=64, then

@@ -10,11 +10,11 @@ import statistics
 import pandas as pd
 import pytest
 import yaml
-from conftest import TINY, bitwise_equal, load_params
 
+from conftest import TINY, bitwise_equal, load_params
 from tula.io import write_json
-from tula.production.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
 from tula.production import launcher
+from tula.production.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
 
 D, B = 1437, 64  # digits training samples; the global batch
 STEPS1 = math.ceil(D / B)
@@ -26,7 +26,9 @@ def _run(tmp_path, tiny_raw, name, predictions=None, **launch_cfg):
     tiny_raw["launch"] = {"poll_s": 0.5, "executor": "local", **launch_cfg}
     (d / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
-    final = launcher.train(d / "config.yaml", d / "selection.json", d / "train", predictions=predictions)
+    final = launcher.train(
+        d / "config.yaml", d / "selection.json", d / "train", predictions=predictions
+    )
     return d / "train", final
 
 
@@ -35,11 +37,16 @@ def unmonitored(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("off"), copy.deepcopy(TINY), "off", replan="off")
 
 
-def test_monitored_training_is_bitwise_the_unmonitored_one(tmp_path, tiny_raw, unmonitored, venv_path):
+def test_monitored_training_is_bitwise_the_unmonitored_one(
+    tmp_path, tiny_raw, unmonitored, venv_path
+):
     off_dir, off_final = unmonitored
     out, final = _run(tmp_path, tiny_raw, "every3", monitor_every_steps=3)
     assert bitwise_equal(load_params(out / "model.pt"), load_params(off_dir / "model.pt"))
-    assert final["final_test_acc"] == off_final["final_test_acc"] and final["steps"] == off_final["steps"]
+    assert (
+        final["final_test_acc"] == off_final["final_test_acc"]
+        and final["steps"] == off_final["steps"]
+    )
     rows = pd.read_csv(out / "steps.csv")
     assert list(rows.columns) == COLUMNS
     # every 3rd step from step 3, never an epoch's first step: the pair is taken before the step,
@@ -48,9 +55,16 @@ def test_monitored_training_is_bitwise_the_unmonitored_one(tmp_path, tiny_raw, u
     assert list(rows["step"]) == expected
     assert (rows["workers"] == 2).all() and (rows["global_batch"] == B).all()
     assert (rows["compute_time_s"] > 0).all() and (rows["step_time_s"] > 0).all()
-    assert rows["sync_time_s"].tolist() == pytest.approx((rows["step_time_s"] - rows["compute_time_s"]).clip(lower=0).tolist())
-    assert final["monitored_steps"] == len(rows) and final["monitor_time_s"] > 0 and final["drift"] == []
-    assert off_final["monitored_steps"] == 0 and pd.read_csv(off_dir / "steps.csv").empty  # replan: off
+    assert rows["sync_time_s"].tolist() == pytest.approx(
+        (rows["step_time_s"] - rows["compute_time_s"]).clip(lower=0).tolist()
+    )
+    assert (
+        final["monitored_steps"] == len(rows)
+        and final["monitor_time_s"] > 0
+        and final["drift"] == []
+    )
+    # replan: off
+    assert off_final["monitored_steps"] == 0 and pd.read_csv(off_dir / "steps.csv").empty
 
 
 def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_path):
@@ -58,8 +72,21 @@ def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_p
     that the job really pays is a sustained drift, found after 3 of 5 observations, recorded in
     drift.json, attempts.json and final.json; the job trains on at the same (N, B)."""
     pred = tmp_path / "predictions.csv"
-    pd.DataFrame([{"workers": 2, "global_batch": B, "step_time_s": 1e-3, "compute_time_s": 1e-3, "step_time_lo_s": 1e-3,
-                   "step_time_hi_s": 1e-3, "train_time_s": 1.0, "train_time_lo_s": 1.0, "train_time_hi_s": 1.0}]).to_csv(pred, index=False)  # fmt: skip
+    pd.DataFrame(
+        [
+            {
+                "workers": 2,
+                "global_batch": B,
+                "step_time_s": 1e-3,
+                "compute_time_s": 1e-3,
+                "step_time_lo_s": 1e-3,
+                "step_time_hi_s": 1e-3,
+                "train_time_s": 1.0,
+                "train_time_lo_s": 1.0,
+                "train_time_hi_s": 1.0,
+            }
+        ]
+    ).to_csv(pred, index=False)
     out, final = _run(tmp_path, tiny_raw, "rec", predictions=pred, monitor_every_steps=2)
     rows = pd.read_csv(out / "steps.csv")
     assert rows["sync_hi_s"].iloc[0] == pytest.approx(1e-3 * 0.2)  # the band the job was given
@@ -70,10 +97,15 @@ def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_p
     drifts = att[0]["drift"]
     assert drifts and drifts == final["drift"] == json.loads((out / "drift.json").read_text())
     first = drifts[0]
-    assert first["direction"] == "slower" and first["action"] == "recorded" and first["predicted_s"] == 0.0
+    assert (
+        first["direction"] == "slower"
+        and first["action"] == "recorded"
+        and first["predicted_s"] == 0.0
+    )
     sync, hi = rows["sync_time_s"].tolist(), rows["sync_hi_s"].iloc[0]
     fires = [i for i in range(4, len(sync)) if statistics.median(sync[i - 4 : i + 1]) > hi]
-    assert first["step"] == int(rows["step"].iloc[fires[0]])  # the first window of 5 whose median is out
+    # the first window of 5 whose median is out
+    assert first["step"] == int(rows["step"].iloc[fires[0]])
     assert "vs predicted 0.0 ms" in first["reason"]
 
 
@@ -86,10 +118,13 @@ def test_auto_monitoring_pays_at_most_one_percent_of_the_steps_all_pairs_counted
     while at < since + 5000:
         spent += cost_steps * step_s
         pairs.append(at)
-        if len(pairs) > 1 or cost_steps <= 1:  # the first pair's cost is not known before it: assumed one step
+        # the first pair's cost is not known before it: assumed one step
+        if len(pairs) > 1 or cost_steps <= 1:
             assert spent <= COST_SHARE * (at - since) * step_s + 1e-12
         nxt = next_auto_pair(at, since, spent, cost_steps * step_s, step_s)
         assert nxt > at
-        assert spent + cost_steps * step_s <= COST_SHARE * (nxt - since) * step_s + 1e-12  # the next one paid for too
+        # the next one paid for too
+        assert spent + cost_steps * step_s <= COST_SHARE * (nxt - since) * step_s + 1e-12
         at = nxt
-    assert abs(len(pairs) - 5000 * COST_SHARE / cost_steps) <= 1  # as often as the budget allows, not less
+    # as often as the budget allows, not less
+    assert abs(len(pairs) - 5000 * COST_SHARE / cost_steps) <= 1

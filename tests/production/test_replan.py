@@ -12,7 +12,7 @@ import yaml
 
 from tula import config, faults
 from tula.io import write_json
-from tula.model import choice
+from tula.model import refit
 from tula.production import launcher
 
 D, B = 1437, 64
@@ -24,45 +24,88 @@ def _pred(compute2=0.040, sync2=0.005, compute1=0.060):
     rows = []
     for n, comp, sync in ((1, compute1, 0.0), (2, compute2, sync2)):
         step = comp + sync
-        rows.append({"workers": n, "nodes": 1, "global_batch": B, "local_batch": B // n, "compute_time_s": comp,
-                     "sync_time_s": sync, "step_time_s": step, "step_time_lo_s": step - 0.002, "step_time_hi_s": step + 0.005,
-                     "steps_per_epoch": spe, "epochs": 20, "train_time_s": 20 * spe * step,
-                     "train_time_lo_s": 20 * spe * (step - 0.002), "train_time_hi_s": 20 * spe * (step + 0.005),
-                     "cost": 20 * spe * step * n, "mem_bytes": 1e6, "feasible": True, "probe_status": "ok"})  # fmt: skip
+        rows.append(
+            {
+                "workers": n,
+                "nodes": 1,
+                "global_batch": B,
+                "local_batch": B // n,
+                "compute_time_s": comp,
+                "sync_time_s": sync,
+                "step_time_s": step,
+                "step_time_lo_s": step - 0.002,
+                "step_time_hi_s": step + 0.005,
+                "steps_per_epoch": spe,
+                "epochs": 20,
+                "train_time_s": 20 * spe * step,
+                "train_time_lo_s": 20 * spe * (step - 0.002),
+                "train_time_hi_s": 20 * spe * (step + 0.005),
+                "cost": 20 * spe * step * n,
+                "mem_bytes": 1e6,
+                "feasible": True,
+                "probe_status": "ok",
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _cfg(objective="time"):
-    return config.from_dict({"workload": {"epochs": 20}, "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64},
-                             "objective": objective, "cluster": {"workers_per_node": 2}})  # fmt: skip
+    return config.from_dict(
+        {
+            "workload": {"epochs": 20},
+            "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64},
+            "objective": objective,
+            "cluster": {"workers_per_node": 2},
+        }
+    )
 
 
 def _drift(observed, epochs_done=2.0):
-    return {"observed_s": observed, "epochs_done": epochs_done, "reason": f"sync {1e3 * observed:.1f} ms vs predicted 5.0 ms"}
+    return {
+        "observed_s": observed,
+        "epochs_done": epochs_done,
+        "reason": f"sync {1e3 * observed:.1f} ms vs predicted 5.0 ms",
+    }
 
 
 def test_a_slow_sync_moves_to_the_point_that_finishes_the_rest_sooner(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    d = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085), relaunch_s=8.0)
-    # left: 18 epochs x 23 steps; at N=2 40 + 85 ms a step = 51.8 s, at N=1 60 ms = 24.8 s; minus 8 s relaunch: 37 %
+    d = refit.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085), relaunch_s=8.0)
+    # left: 18 epochs x 23 steps; at N=2 40 + 85 ms a step = 51.8 s, at N=1 60 ms = 24.8 s; minus 8
+    # s relaunch: 37 %
     assert (d.move, d.workers, d.global_batch) == (True, 1, B)
     assert d.saving == pytest.approx((18 * 23 * (0.125 - 0.060) - 8.0) / (18 * 23 * 0.125))
-    assert "moved from N=2 B=64 to N=1 B=64, predicted to save 37 % of the remaining time" in d.reason
-    assert d.reason.startswith("sync 85.0 ms vs predicted 5.0 ms; re-fitted sync within a node x17.00, 18.00 epochs left")
+    assert (
+        "moved from N=2 B=64 to N=1 B=64, predicted to save 37 % of the remaining time" in d.reason
+    )
+    assert d.reason.startswith(
+        "sync 85.0 ms vs predicted 5.0 ms; re-fitted sync within a node x17.00, 18.00 epochs left"
+    )
 
 
 def test_it_stays_when_the_saving_does_not_pay_for_the_relaunch(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    late = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085, epochs_done=19.5), relaunch_s=8.0)
+    late = refit.decide(
+        _cfg(),
+        pd.read_csv(tmp_path / "p.csv"),
+        2,
+        B,
+        _drift(0.085, epochs_done=19.5),
+        relaunch_s=8.0,
+    )
     assert not late.move and "not more than the 10 % margin; stayed" in late.reason
-    mild = choice.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.012), relaunch_s=0.0)  # 52 ms a step: still best
+    mild = refit.decide(
+        _cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.012), relaunch_s=0.0
+    )  # 52 ms a step: still best
     assert not mild.move and "is still the time choice; stayed" in mild.reason
 
 
 def test_a_cost_objective_weighs_the_price_of_the_workers(tmp_path):
     # N=2 costs two workers: at 40 + 25 ms against 60 ms on one worker, one worker is cheaper by far
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    d = choice.decide(_cfg("cost"), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.025), relaunch_s=1.0)
+    d = refit.decide(
+        _cfg("cost"), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.025), relaunch_s=1.0
+    )
     assert (d.move, d.workers) == (True, 1) and "of the remaining cost" in d.reason
 
 
@@ -71,7 +114,12 @@ def run_dir(tmp_path, tiny_raw):
     tiny_raw["workload"]["epochs"] = 20
     tiny_raw["objective"] = "time"
     tiny_raw["cluster"] = {"workers_per_node": 2}
-    tiny_raw["launch"] = {"executor": "local", "poll_s": 0.5, "monitor_every_steps": 2, "replan": "move"}
+    tiny_raw["launch"] = {
+        "executor": "local",
+        "poll_s": 0.5,
+        "monitor_every_steps": 2,
+        "replan": "move",
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
     _pred().to_csv(tmp_path / "predictions.csv", index=False)
@@ -80,17 +128,28 @@ def run_dir(tmp_path, tiny_raw):
 
 def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "slowsync:step=30,ms=150,workers=2")
-    final = launcher.train(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
-                       predictions=run_dir / "predictions.csv")  # fmt: skip
+    final = launcher.train(
+        run_dir / "config.yaml",
+        run_dir / "selection.json",
+        run_dir / "train",
+        predictions=run_dir / "predictions.csv",
+    )
     rec = json.loads((run_dir / "train" / "attempts.json").read_text())
     a1, a2 = rec["attempts"]
-    assert (a1["workers"], a1["outcome"], a2["workers"], a2["outcome"]) == (2, "moved", 1, "completed")
+    assert (a1["workers"], a1["outcome"], a2["workers"], a2["outcome"]) == (
+        2,
+        "moved",
+        1,
+        "completed",
+    )
     assert "moved from N=2 B=64 to N=1 B=64" in a1["reason"]
     moved = [d for d in a1["drift"] if d["action"] == "moved"]
     assert len(moved) == 1 and moved[0]["step"] > 30 and moved[0]["direction"] == "slower"
-    assert a2["start_step"] == a1["checkpoint_step"] >= moved[0]["step"]  # from the checkpoint taken on the request
+    # from the checkpoint taken on the request
+    assert a2["start_step"] == a1["checkpoint_step"] >= moved[0]["step"]
     m = pd.read_csv(run_dir / "train" / "metrics.csv")
-    assert list(m["epoch"]) == list(range(1, 21)) and (m["samples"] == D).all()  # every sample once per epoch
+    # every sample once per epoch
+    assert list(m["epoch"]) == list(range(1, 21)) and (m["samples"] == D).all()
     assert set(m["workers"]) == {1, 2} and m["workers"].iloc[-1] == 1
     assert final["workers"] == 1 and final["steps"] == a2["end_step"]
 
@@ -100,8 +159,12 @@ def test_move_without_a_drift_never_moves(run_dir, venv_path):
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
     raw["workload"]["epochs"] = 4
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
-    final = launcher.train(run_dir / "config.yaml", run_dir / "selection.json", run_dir / "train",
-                       predictions=run_dir / "predictions.csv")  # fmt: skip
+    final = launcher.train(
+        run_dir / "config.yaml",
+        run_dir / "selection.json",
+        run_dir / "train",
+        predictions=run_dir / "predictions.csv",
+    )
     att = json.loads((run_dir / "train" / "attempts.json").read_text())["attempts"]
     assert [(a["workers"], a["outcome"]) for a in att] == [(2, "completed")]
     assert final["workers"] == 2 and final["monitored_steps"] > 10

@@ -8,19 +8,20 @@ import math
 import pandas as pd
 import pytest
 import yaml
-from conftest import bitwise_equal, load_params
 
+from conftest import bitwise_equal, load_params
 from tula import faults
 from tula.io import write_json
 from tula.model.grid import steps_per_epoch
-from tula.production import trainer
-from tula.production import launcher
+from tula.production import launcher, trainer
 
 
 def _run_dir(tmp_path, raw, workers=2, batch=32):
     raw.setdefault("launch", {}).update(executor="local", poll_s=0.5, checkpoint_every_steps=4)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(tmp_path / "selection.json", {"selected": {"workers": workers, "global_batch": batch}})
+    write_json(
+        tmp_path / "selection.json", {"selected": {"workers": workers, "global_batch": batch}}
+    )
     return tmp_path
 
 
@@ -30,9 +31,21 @@ def _launch(d, out="train"):
 
 @pytest.fixture
 def folder_run(tmp_path, image_folder, venv_path):
-    raw = {"workload": {"model": "small_cnn", "dataset": f"imagefolder:{image_folder}", "epochs": 3, "seed": 1},
-           "data": {"image_size": 16, "train_augment": "crop_flip", "num_workers": 2, "eval_batch_size": 16},
-           "train": {"lr": 0.05}}  # fmt: skip
+    raw = {
+        "workload": {
+            "model": "small_cnn",
+            "dataset": f"imagefolder:{image_folder}",
+            "epochs": 3,
+            "seed": 1,
+        },
+        "data": {
+            "image_size": 16,
+            "train_augment": "crop_flip",
+            "num_workers": 2,
+            "eval_batch_size": 16,
+        },
+        "train": {"lr": 0.05},
+    }
     return _run_dir(tmp_path, raw)
 
 
@@ -45,7 +58,9 @@ def test_image_folder_trains_with_two_gloo_and_two_loader_workers(folder_run):
     assert final["best_test_acc"] > 0.3  # 10 classes of coloured stripes: chance is 0.1
 
 
-def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(folder_run, monkeypatch):
+def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
+    folder_run, monkeypatch
+):
     ref = _launch(folder_run, "ref")
     monkeypatch.setenv(faults.ENV, "signal:step=6,sig=TERM")  # mid-epoch 2 (4 steps per epoch)
     with pytest.raises(RuntimeError, match="was stopped"):
@@ -55,7 +70,9 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(fo
     att = json.loads((folder_run / "train" / "attempts.json").read_text())["attempts"]
     assert [a["outcome"] for a in att] == ["stopped", "completed"] and att[1]["start_step"] == 7
     assert final["steps"] == ref["steps"]
-    assert bitwise_equal(load_params(folder_run / "train" / "model.pt"), load_params(folder_run / "ref" / "model.pt"))
+    assert bitwise_equal(
+        load_params(folder_run / "train" / "model.pt"), load_params(folder_run / "ref" / "model.pt")
+    )
 
 
 def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
@@ -88,13 +105,26 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     # the epoch's short last one, 1437 % 64 = 29: two), evaluation, checkpoints, process start-up
     assert final["first_steps"] == 2 and final["first_steps_time_s"] > 0
     assert final["mean_step_time_s"] == pytest.approx(final["train_time_s"] / (final["steps"] - 2))
-    assert all(final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s"))
-    assert m["epoch_time_s"].sum() == pytest.approx(final["train_time_s"] + final["first_steps_time_s"], abs=1e-6)
+    assert all(
+        final[k] > 0 for k in ("train_time_s", "eval_time_s", "checkpoint_time_s", "startup_time_s")
+    )
+    assert m["epoch_time_s"].sum() == pytest.approx(
+        final["train_time_s"] + final["first_steps_time_s"], abs=1e-6
+    )
     # the job's wall time, from its process's start: every part above, and a little besides
-    parts = sum(final[k] for k in ("train_time_s", "first_steps_time_s", "eval_time_s", "checkpoint_time_s",
-                                   "startup_time_s"))
+    parts = sum(
+        final[k]
+        for k in (
+            "train_time_s",
+            "first_steps_time_s",
+            "eval_time_s",
+            "checkpoint_time_s",
+            "startup_time_s",
+        )
+    )
     assert parts < final["wall_time_s"] < parts + 5.0
-    # the gradient noise scale of each epoch, from AGS's refresh at its first step (reference sub-batch
+    # the gradient noise scale of each epoch, from AGS's refresh at its first step (reference
+    # sub-batch
     # ags_small_batch against B): one pair an epoch, |G|^2 and tr(Sigma) recorded as measured
     assert m["grad_sq"].notna().all() and m["grad_trace"].notna().all()
     ok = m[(m["grad_sq"] > 0) & (m["grad_trace"] > 0)]
@@ -112,6 +142,8 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     write_json(sel, {"selected": {"workers": 1, "global_batch": 32}})
     previous = tmp_path / "train" / "final.json"
     write_json(previous, {"from": "an earlier good run"})
-    with pytest.raises(RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"):
+    with pytest.raises(
+        RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"
+    ):
         launcher.train(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

@@ -29,8 +29,13 @@ def test_mnist1d_generated_locally():
 def test_npz_dataset_and_its_errors(tmp_path):
     rng = np.random.default_rng(0)
     good = tmp_path / "d.npz"
-    np.savez(good, x_train=rng.normal(size=(20, 12, 12)), y_train=np.arange(20) % 3,
-             x_test=rng.normal(size=(6, 12, 12)), y_test=np.arange(6) % 3)  # fmt: skip
+    np.savez(
+        good,
+        x_train=rng.normal(size=(20, 12, 12)),
+        y_train=np.arange(20) % 3,
+        x_test=rng.normal(size=(6, 12, 12)),
+        y_test=np.arange(6) % 3,
+    )
     ds = load(f"npz:{good}")
     assert ds.input_shape == (1, 12, 12) and ds.num_classes == 3
     with pytest.raises(ConfigError, match="workload.dataset.*not found"):
@@ -40,15 +45,24 @@ def test_npz_dataset_and_its_errors(tmp_path):
     with pytest.raises(ConfigError, match="missing array.*x_test"):
         load(f"npz:{bad}")
     labels = tmp_path / "labels.npz"
-    np.savez(labels, x_train=np.zeros((4, 5)), y_train=np.zeros(3, dtype=int), x_test=np.zeros((2, 5)),
-             y_test=np.zeros(2, dtype=int))  # fmt: skip
+    np.savez(
+        labels,
+        x_train=np.zeros((4, 5)),
+        y_train=np.zeros(3, dtype=int),
+        x_test=np.zeros((2, 5)),
+        y_test=np.zeros(2, dtype=int),
+    )
     with pytest.raises(ConfigError, match="y_train must be 1-D with one label per row"):
         load(f"npz:{labels}")
 
 
 def test_image_folder_with_train_and_test_transforms(image_folder):
-    cfg = config.from_dict({"workload": {"dataset": f"imagefolder:{image_folder}"},
-                            "data": {"image_size": 16, "train_augment": "crop_flip"}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "workload": {"dataset": f"imagefolder:{image_folder}"},
+            "data": {"image_size": 16, "train_augment": "crop_flip"},
+        }
+    )
     ds = data.load_config(cfg)
     assert ds.input_shape == (3, 16, 16) and ds.num_classes == 10
     assert (ds.train_size, ds.test_size) == (120, 40)

@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
-from conftest import TINY
 from test_replica import one_process_group  # noqa: F401 - the fixture: a one-process gloo group
 
+from conftest import TINY
 from tula import config
 from tula.runtime.replica import Replica
 
@@ -58,9 +58,14 @@ def counting_host_reads():
         torch.cuda.synchronize = saved_sync
 
 
-def steady_reads(method: str, rank: int, world: int, on_device: bool | str = "auto") -> list[tuple[str, str]]:
-    """on_device: the batches from the DataLoader (auto: on CPU) or gathered from the resident set."""
-    cfg = config.from_dict({**TINY, "train": {**TINY["train"], "method": method}, "data": {"on_device": on_device}})
+def steady_reads(
+    method: str, rank: int, world: int, on_device: bool | str = "auto"
+) -> list[tuple[str, str]]:
+    """on_device: the batches from the DataLoader (auto: on CPU) or gathered from the resident
+    set."""
+    cfg = config.from_dict(
+        {**TINY, "train": {**TINY["train"], "method": method}, "data": {"on_device": on_device}}
+    )
     r = Replica(cfg, torch.device("cpu"), 64, rank, world)
     r.next_timed_step()  # the epoch's first step (AGS refreshes: reads there are the epoch start's)
     r.next_timed_step()
@@ -90,7 +95,9 @@ def test_the_counter_sees_a_read():
 
 
 def _two_ranks(rank: int, world: int, store: str, out: str) -> None:
-    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch_dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world
+    )
     got = {m: steady_reads(m, rank, world) for m in ("ags", "lars")}
     torch_dist.barrier()
     torch_dist.destroy_process_group()
@@ -106,4 +113,7 @@ def test_with_two_workers_only_the_agreement_reads_its_cpu_flags(tmp_path):
         got = json.loads(open(f"{out}.{rank}").read())
         for method, reads in got.items():
             assert len(reads) == 10, (method, reads)  # one per step
-            assert {tuple(r) for r in reads} == {("tolist", "runtime/agreement.py:71")}, (method, reads)
+            assert {tuple(r) for r in reads} == {("tolist", "runtime/agreement.py:71")}, (
+                method,
+                reads,
+            )

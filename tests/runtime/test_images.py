@@ -5,25 +5,34 @@ import os
 
 import pytest
 import torch
-from conftest import make_jpeg_folder
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
+from conftest import make_jpeg_folder
 from tula import config
 from tula.config import ConfigError
 from tula.runtime import data, images, loader
 
 
 def folder_config(root, **data_section):
-    return config.from_dict({"workload": {"dataset": f"imagefolder:{root}", "seed": 3},
-                             "data": {"image_size": 16, **data_section}})  # fmt: skip
+    return config.from_dict(
+        {
+            "workload": {"dataset": f"imagefolder:{root}", "seed": 3},
+            "data": {"image_size": 16, **data_section},
+        }
+    )
 
 
 @pytest.mark.parametrize("augment", ["random_resized_crop", "crop_flip"])
 def test_a_samples_box_and_flip_depend_on_seed_epoch_and_index_only(augment):
     d = folder_config("/nowhere", train_augment=augment).data
-    draws = {(s, e, i): images.augment_params(d, s, e, i, 30, 40) for s in (0, 1) for e in (1, 2) for i in range(50)}
+    draws = {
+        (s, e, i): images.augment_params(d, s, e, i, 30, 40)
+        for s in (0, 1)
+        for e in (1, 2)
+        for i in range(50)
+    }
     # the same key draws the same box and flip, whatever was drawn in between and in any order
     torch.manual_seed(123)  # torch's global RNG plays no part
     assert all(images.augment_params(d, *k, 30, 40) == a for k, a in reversed(list(draws.items())))
@@ -32,7 +41,8 @@ def test_a_samples_box_and_flip_depend_on_seed_epoch_and_index_only(augment):
     flips = [a.flip for a in draws.values()]
     assert 0.35 < sum(flips) / len(flips) < 0.65
     for a in draws.values():
-        if augment == "random_resized_crop":  # a box inside the image, 8-100 % of it, aspect 3/4-4/3
+        # a box inside the image, 8-100 % of it, aspect 3/4-4/3
+        if augment == "random_resized_crop":
             assert 0 <= a.top and a.top + a.height <= 30 and 0 <= a.left and a.left + a.width <= 40
             assert 0.08 * 1200 * 0.9 <= a.height * a.width <= 1200
             assert 3 / 4 * 0.85 <= a.width / a.height <= 4 / 3 * 1.15
@@ -42,7 +52,12 @@ def test_a_samples_box_and_flip_depend_on_seed_epoch_and_index_only(augment):
 
 def test_a_thin_image_falls_back_to_the_central_crop_as_torchvision_does():
     g = images.sample_generator(0, 1, 0)
-    assert images.resized_crop_box(g, 4, 200) == (0, 97, 4, 5)  # no random box fits: central 4/3 crop
+    assert images.resized_crop_box(g, 4, 200) == (
+        0,
+        97,
+        4,
+        5,
+    )  # no random box fits: central 4/3 crop
 
 
 def test_the_tensor_path_matches_torchvisions_pil_transforms_within_a_pixel_level(image_folder):
@@ -53,7 +68,9 @@ def test_the_tensor_path_matches_torchvisions_pil_transforms_within_a_pixel_leve
             rgb = im.convert("RGB")
             test_pil = T.Compose([T.Resize(14), T.CenterCrop(12), T.PILToTensor()])(rgb)
             a = images.augment_params(d, 0, 1, 7, img.shape[1], img.shape[2])
-            train_pil = TF.pil_to_tensor(TF.resized_crop(rgb, a.top, a.left, a.height, a.width, [12, 12]))
+            train_pil = TF.pil_to_tensor(
+                TF.resized_crop(rgb, a.top, a.left, a.height, a.width, [12, 12])
+            )
         assert torch.equal(img, TF.pil_to_tensor(rgb))  # decoding is lossless for PNG on both
         assert (images.test_view(img, d).int() - test_pil.int()).abs().max() <= 1
         train_pil = TF.hflip(train_pil) if a.flip else train_pil
@@ -77,26 +94,32 @@ def batches_from(root, ds, epoch, offset, workers, count):
 def test_a_resumed_loader_with_other_workers_sees_the_same_images(image_folder):
     ds = data.load_config(folder_config(image_folder))
     straight = batches_from(image_folder, ds, 2, 0, 0, 5)  # epoch 2 from its start, in this process
-    resumed = batches_from(image_folder, ds, 2, 24, 2, 2)  # resumed after 3 batches, two loader processes
+    # resumed after 3 batches, two loader processes
+    resumed = batches_from(image_folder, ds, 2, 24, 2, 2)
     assert len(resumed) == 2 and all(torch.equal(a, b) for a, b in zip(straight[3:], resumed))
-    assert not torch.equal(straight[3], batches_from(image_folder, ds, 3, 24, 0, 1)[0])  # another epoch: other boxes
+    # another epoch: other boxes
+    assert not torch.equal(straight[3], batches_from(image_folder, ds, 3, 24, 0, 1)[0])
 
 
 def test_num_workers_auto_counts_the_cores_each_training_worker_has(image_folder, monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # a task bound to 8 cores
+    # a task bound to 8 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     folder = data.load_config(folder_config(image_folder))
     digits = data.load_config(config.from_dict({"workload": {"dataset": "digits"}}))
     d = folder_config(image_folder).data
     assert d.num_workers == "auto"  # the default
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert loader.loader_workers(d, folder, world=4) == 3  # 8 cores / 2 workers here, one for itself
+    # 8 cores / 2 workers here, one for itself
+    assert loader.loader_workers(d, folder, world=4) == 3
     assert loader.loader_workers(d, digits, world=4) == 0  # in memory: nothing per sample to spread
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert loader.loader_workers(d, folder, world=8) == 0
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
     assert loader.loader_workers(d, folder, world=1) == 7
-    assert loader.loader_workers(folder_config(image_folder, num_workers=2).data, folder, world=1) == 2
+    assert (
+        loader.loader_workers(folder_config(image_folder, num_workers=2).data, folder, world=1) == 2
+    )
     with pytest.raises(ConfigError, match="data.num_workers"):
         folder_config(image_folder, num_workers="many")
 
@@ -113,7 +136,8 @@ def test_the_device_decoding_path_gives_the_cpu_paths_images_from_the_same_boxes
     gpu_cfg = folder_config(root, train_augment=augment, decode="gpu", num_workers=2)
     ds = data.load_config(cpu_cfg)
     assert images.decode_on_device(gpu_cfg.data, "cpu", ds.train)
-    assert not images.decode_on_device(folder_config(root).data, "cpu", ds.train)  # auto: only on CUDA
+    # auto: only on CUDA
+    assert not images.decode_on_device(folder_config(root).data, "cpu", ds.train)
     assert images.decode_on_device(folder_config(root).data, "cuda", ds.train)
     dev = torch.device("cpu")
     got = {}
@@ -130,14 +154,23 @@ def test_the_device_decoding_path_gives_the_cpu_paths_images_from_the_same_boxes
     for i, box in zip([0, 1], enc.boxes.tolist()):
         img = images.decode(ds.train.samples[i][0])
         a = images.augment_params(ds.train.d, 3, 2, i, img.shape[1], img.shape[2])
-        assert box == ([a.top, a.left, a.height, a.width, int(a.flip)] if augment != "none" else [0, 0, 0, 0, 0])
+        assert box == (
+            [a.top, a.left, a.height, a.width, int(a.flip)]
+            if augment != "none"
+            else [0, 0, 0, 0, 0]
+        )
 
 
 def test_gpu_decoding_of_files_that_are_not_jpeg_is_refused_naming_the_key(image_folder):
     ds = data.load_config(folder_config(image_folder))  # PNGs
     with pytest.raises(ConfigError, match=r"data.decode.*JPEG files only.*\.png is not one"):
         images.decode_on_device(folder_config(image_folder, decode="gpu").data, "cuda", ds.train)
-    assert not images.decode_on_device(folder_config(image_folder).data, "cuda", ds.train)  # auto: the CPU path
-    digits = data.load_config(config.from_dict({"workload": {"dataset": "digits"}, "data": {"decode": "gpu"}}))
+    # auto: the CPU path
+    assert not images.decode_on_device(folder_config(image_folder).data, "cuda", ds.train)
+    digits = data.load_config(
+        config.from_dict({"workload": {"dataset": "digits"}, "data": {"decode": "gpu"}})
+    )
     with pytest.raises(ConfigError, match="data.decode.*imagefolder"):
-        images.decode_on_device(config.from_dict({"data": {"decode": "gpu"}}).data, "cuda", digits.train)
+        images.decode_on_device(
+            config.from_dict({"data": {"decode": "gpu"}}).data, "cuda", digits.train
+        )

@@ -23,14 +23,17 @@ def consumed(n, batch, world, seed, epoch, start, stop_after=None):
 def test_each_epoch_is_a_permutation_split_over_the_ranks():
     idx, steps = consumed(103, 16, 2, seed=0, epoch=3, start=0)
     assert sorted(idx) == list(range(103)) and steps == 7 == steps_per_epoch(103, 16)
-    assert consumed(103, 16, 2, 0, 3, 0)[0] != consumed(103, 16, 2, 0, 4, 0)[0]  # a new order every epoch
+    # a new order every epoch
+    assert consumed(103, 16, 2, 0, 3, 0)[0] != consumed(103, 16, 2, 0, 4, 0)[0]
 
 
 def test_a_relaunch_at_a_smaller_batch_consumes_every_sample_exactly_once():
     n, world = 1000, 2
-    first, steps = consumed(n, 128, world, seed=5, epoch=2, start=0, stop_after=3)  # 3 steps at B=128, then OOM
+    # 3 steps at B=128, then OOM
+    first, steps = consumed(n, 128, world, seed=5, epoch=2, start=0, stop_after=3)
     offset = 3 * 128
-    rest, _ = consumed(n, 32, world, seed=5, epoch=2, start=offset)  # relaunch at B=32 from the checkpoint
+    # relaunch at B=32 from the checkpoint
+    rest, _ = consumed(n, 32, world, seed=5, epoch=2, start=offset)
     assert len(first) == offset and sorted(first + rest) == list(range(n))
 
 
@@ -49,7 +52,10 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
     from tula import config
     from tula.runtime import data as data_mod
 
-    cfg = {o: config.from_dict({"workload": {"dataset": "digits"}, "data": {"on_device": o}}) for o in (True, False)}
+    cfg = {
+        o: config.from_dict({"workload": {"dataset": "digits"}, "data": {"on_device": o}})
+        for o in (True, False)
+    }
     data = data_mod.load_config(cfg[True])
     for rank, world, epoch, offset in ((0, 1, 1, 0), (1, 2, 3, 0), (0, 2, 2, 320)):
         got = {}
@@ -67,5 +73,8 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
     for rank in (0, 1):
         ld, sampler = loader.train_loader(cfg[True], data, 64, rank, 2, torch.device("cpu"))
         sampler.set_position(1, 0)
-        seen += [x for x, _ in loader.DeviceFeed(cfg[True], data, ld, sampler, torch.device("cpu"), False)]
+        seen += [
+            x
+            for x, _ in loader.DeviceFeed(cfg[True], data, ld, sampler, torch.device("cpu"), False)
+        ]
     assert sum(len(x) for x in seen) == data.train_size  # 1437: the short last batch split 15 + 14

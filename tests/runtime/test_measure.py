@@ -27,7 +27,8 @@ def peaks(batches):
     out = {}
     for b in batches:
         x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
-        eq3 = measure_step(model, opt, forward_loss, x, y).total_bytes  # also creates the momentum buffers
+        # also creates the momentum buffers
+        eq3 = measure_step(model, opt, forward_loss, x, y).total_bytes
         out[b] = (cpu_step_peak_bytes(model, opt, lambda: step(b)), eq3)
     return out
 

@@ -30,7 +30,8 @@ def test_every_model_trains_one_step(name, shape):
     with torch.no_grad():
         after = loss()
     assert torch.isfinite(before) and after < before
-    grads = [p.grad is not None and bool(p.grad.abs().max() > 1e-6) for p in m.parameters()]  # BN-cancelled: ~1e-10
+    # BN-cancelled: ~1e-10
+    grads = [p.grad is not None and bool(p.grad.abs().max() > 1e-6) for p in m.parameters()]
     moved = [not torch.equal(p.detach(), b) for p, b in zip(m.parameters(), before_params)]
     assert all(mv for mv, g in zip(moved, grads) if g) and sum(grads) >= len(grads) // 2
 
@@ -54,7 +55,19 @@ def test_unknown_model_names_the_key():
 
 
 def test_user_model_and_dataset_by_import_path(user_pythonpath):
-    cfg = config.from_dict({"workload": {"model": "user_workload:make_model", "dataset": "user_workload:make_datasets"}})
+    cfg = config.from_dict(
+        {
+            "workload": {
+                "model": "user_workload:make_model",
+                "dataset": "user_workload:make_datasets",
+            }
+        }
+    )
     w = check_workload(cfg)
-    assert (w["train_samples"], w["test_samples"], w["num_classes"], w["input_shape"]) == (300, 90, 3, [1, 16])
+    assert (w["train_samples"], w["test_samples"], w["num_classes"], w["input_shape"]) == (
+        300,
+        90,
+        3,
+        [1, 16],
+    )
     assert w["parameters"] == 16 * 32 + 32 + 32 * 3 + 3

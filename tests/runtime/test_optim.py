@@ -4,7 +4,13 @@ import math
 import pytest
 import torch
 
-from tula.runtime.optim import TulaOptimizer, ags_scales, grad_variability, refresh_scales, squared_global_norm
+from tula.runtime.optim import (
+    TulaOptimizer,
+    ags_scales,
+    grad_variability,
+    refresh_scales,
+    squared_global_norm,
+)
 
 
 def test_squared_global_norm_and_eq5_by_hand():
@@ -35,7 +41,10 @@ def linear_problem():
 def test_ags_step_matches_algorithm_1_by_hand():
     model, x, y, loss_fn = linear_problem()
     w0 = model.weight.detach().clone()
-    opt = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="ags", delta=0.5, s_max=2.0, eps=1e-8)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), mode="ags", delta=0.5, s_max=2.0, eps=1e-8
+    )
+
     # hand computation of the gradients of the large batch (8) and of a sub-batch (first 2)
     def grad(xb, yb, w):
         return (2.0 / len(xb)) * ((xb @ w.T - yb).T @ xb)
@@ -55,7 +64,9 @@ def test_ags_step_matches_algorithm_1_by_hand():
 def test_sensitive_phase_leaves_gradient_unscaled():
     model, x, y, loss_fn = linear_problem()
     w0 = model.weight.detach().clone()
-    opt = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="static", static_scale=4.0, delta=0.5)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), mode="static", static_scale=4.0, delta=0.5
+    )
     loss_fn(model(x), y).backward()
     g = model.weight.grad.clone()
     opt.prev_sq_norm = float((g**2).sum()) / 10  # Delta = 9 >= 0.5: sensitive
@@ -67,7 +78,9 @@ def test_sensitive_phase_leaves_gradient_unscaled():
 def test_static_scaling_applies_s_outside_sensitive_phases():
     model, x, y, loss_fn = linear_problem()
     w0 = model.weight.detach().clone()
-    opt = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="static", static_scale=4.0, delta=0.5)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), mode="static", static_scale=4.0, delta=0.5
+    )
     loss_fn(model(x), y).backward()
     g = model.weight.grad.clone()
     opt.prev_sq_norm = float((g**2).sum())
@@ -101,7 +114,9 @@ def test_state_dict_round_trip_resumes_bit_identically():
     def make():
         torch.manual_seed(2)
         m = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        return m, TulaOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), mode="ags", s_max=2.0, delta=2.0)
+        return m, TulaOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), mode="ags", s_max=2.0, delta=2.0
+        )
 
     m1, o1 = make()
     train_steps(m1, o1, data, 12, refresh_at=(0, 6))
@@ -124,7 +139,9 @@ def test_works_with_lr_schedulers():
     m(torch.ones(1, 2)).sum().backward()
     opt.step()
     sched.step()
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1) and opt.optim.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1) and opt.optim.param_groups[0][
+        "lr"
+    ] == pytest.approx(0.1)
 
 
 def _ddp_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
@@ -135,7 +152,9 @@ def _ddp_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     ddp = DDP(model)
-    opt = TulaOptimizer(torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=2.0, delta=10.0)
+    opt = TulaOptimizer(
+        torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=2.0, delta=10.0
+    )
     gen = torch.Generator().manual_seed(100 + rank)  # every rank sees different data
     loss_fn = torch.nn.CrossEntropyLoss()
     for step in range(6):
@@ -176,7 +195,8 @@ def test_lr_factor_for_each_method():
     assert f("lrs", 25) == pytest.approx(1 + 7 * 0.5)  # ... linear in epochs (2.5 of 5) ...
     assert f("lrs", 50) == f("lrs", 500) == pytest.approx(8.0)  # ... to k = B / base_batch
     assert f("lars", 50) == pytest.approx(8.0)
-    assert f("polo", 25) == pytest.approx(0.5) and f("polo", 60) == pytest.approx(1.0)  # warm-up only
+    # warm-up only
+    assert f("polo", 25) == pytest.approx(0.5) and f("polo", 60) == pytest.approx(1.0)
     assert f("lbt", 0) == f("ags", 0) == f("static", 0) == 1.0
     assert f("ags", 30, decays=(3,)) == pytest.approx(0.1) and f("ags", 29, decays=(3,)) == 1.0
 
@@ -199,7 +219,9 @@ def test_lars_trust_ratio_by_hand():
 def one_process_group(tmp_path):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     yield
     dist.destroy_process_group()
 
@@ -213,7 +235,8 @@ def test_build_method_uses_torch_post_local_sgd_and_ags_smax(one_process_group):
     t = config.from_dict({"train": {"method": "polo"}}).train
     opt, _ = build_method("polo", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)
     assert isinstance(opt, PostLocalSGDOptimizer)
-    assert opt.averager.period == 5 and opt.averager.warmup_steps == 5 * 20  # 4 averages/epoch after 5 epochs
+    # 4 averages/epoch after 5 epochs
+    assert opt.averager.period == 5 and opt.averager.warmup_steps == 5 * 20
     opt, _ = build_method("ags", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)
     assert isinstance(opt, TulaOptimizer) and opt.s_max == pytest.approx(4.0)  # sqrt(512 / 32)
 
@@ -229,7 +252,9 @@ def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
     factors were measured is left unscaled later, and counted, while the others are scaled."""
     net = _two_layer()
     first, second = list(net[0].parameters()), list(net[1].parameters())
-    opt = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", delta=0.5, s_max=4.0)
+    opt = TulaOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", delta=0.5, s_max=4.0
+    )
     x, y, loss_fn = torch.randn(8, 3), torch.randn(8, 1), torch.nn.MSELoss()
     loss_fn(net(x), y).backward()
     for p in first:
@@ -245,10 +270,13 @@ def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
     opt.step()
     for p, w0 in zip(net.parameters(), before):
         s = opt.state[p].get("ags_scale", torch.ones_like(p))
-        assert torch.allclose(p.detach(), w0 - 0.1 * s * g[p], atol=1e-6)  # momentum buffer starts at the step
+        # momentum buffer starts at the step
+        assert torch.allclose(p.detach(), w0 - 0.1 * s * g[p], atol=1e-6)
     assert opt.counters["scaled"] == 1 and opt.counters["unscaled_params"] == 2
     # the factors travel in the wrapped optimizer's state_dict, by parameter
-    fresh = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=4.0)
+    fresh = TulaOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=4.0
+    )
     fresh.load_state_dict(copy.deepcopy(opt.state_dict()))
     assert all(torch.equal(fresh.state[p]["ags_scale"], opt.state[p]["ags_scale"]) for p in second)
     assert fresh.counters == opt.counters and fresh.prev_sq_norm == opt.prev_sq_norm
@@ -259,9 +287,16 @@ def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
 def test_a_checkpoint_with_the_old_list_of_factors_still_loads():
     net = _two_layer()
     opt = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), mode="ags")
-    old = {"base": opt.optim.state_dict(), "tula": {"mode": "ags", "prev_sq_norm": 2.0, "last_delta": 0.1,
-                                                    "scales": [torch.full_like(p, 1.5) for p in net.parameters()],
-                                                    "counters": {"steps": 7}}}  # fmt: skip
+    old = {
+        "base": opt.optim.state_dict(),
+        "tula": {
+            "mode": "ags",
+            "prev_sq_norm": 2.0,
+            "last_delta": 0.1,
+            "scales": [torch.full_like(p, 1.5) for p in net.parameters()],
+            "counters": {"steps": 7},
+        },
+    }
     opt.load_state_dict(old)
     assert [float(s.mean()) for s in opt.scales()] == [1.5] * 4 and opt.counters["steps"] == 7
 
@@ -275,7 +310,9 @@ def test_lars_evaluates_the_closure_once_before_scaling():
     def setup():
         torch.manual_seed(2)
         net = torch.nn.Linear(3, 2)
-        return net, LARS(torch.optim.SGD(net.parameters(), lr=0.5), weight_decay=0.01, eta=0.02, exclude_1d=False)
+        return net, LARS(
+            torch.optim.SGD(net.parameters(), lr=0.5), weight_decay=0.01, eta=0.02, exclude_1d=False
+        )
 
     x, y = torch.randn(6, 3), torch.randn(6, 2)
     plain, plain_opt = setup()
@@ -293,7 +330,8 @@ def test_lars_evaluates_the_closure_once_before_scaling():
 
     loss = opt.step(closure)
     assert len(calls) == 1 and float(loss.detach()) > 0
-    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), plain.parameters()))  # scaled exactly as without
+    # scaled exactly as without
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), plain.parameters()))
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of")

@@ -8,8 +8,8 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as torch_dist
-from conftest import bitwise_equal
 
+from conftest import bitwise_equal
 from tula import config
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
@@ -32,14 +32,24 @@ def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
     """Same weights, same batch: fp16 with a loss scale of 2^16 gives AGS the Δ(G) inputs and
     scale factors that fp32 gives, to fp16 precision, not 2^16 (or 2^32) times them."""
     r16, r32 = _replica("fp16"), _replica("fp32")
-    assert r16.scaler.is_enabled() and r16.scaler.get_scale() == 2.0**16 and not r32.scaler.is_enabled()
+    assert (
+        r16.scaler.is_enabled()
+        and r16.scaler.get_scale() == 2.0**16
+        and not r32.scaler.is_enabled()
+    )
     batch = next(r32.epoch_batches())
     for r in (r16, r32):
         r.step(*batch)  # first step of the epoch: AGS refreshes its factors
     o16, o32 = r16.opt, r32.opt
-    assert isinstance(o16, TulaOptimizer) and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
+    assert (
+        isinstance(o16, TulaOptimizer)
+        and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
+    )
     assert o16.prev_sq_norm == pytest.approx(o32.prev_sq_norm, rel=0.05)
-    s16, s32 = torch.cat([s.flatten() for s in o16.scales()]), torch.cat([s.flatten() for s in o32.scales()])
+    s16, s32 = (
+        torch.cat([s.flatten() for s in o16.scales()]),
+        torch.cat([s.flatten() for s in o32.scales()]),
+    )
     assert torch.median((s16 - s32).abs()) < 0.05 and 0 < s32.mean() < o32.s_max
 
 
@@ -48,12 +58,16 @@ def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
     batches = r.epoch_batches()
     r.step(*next(batches))
     norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
-    r.scaler.update(new_scale=1e38)  # the next backward overflows fp16: the scaler must skip the step
+    # the next backward overflows fp16: the scaler must skip the step
+    r.scaler.update(new_scale=1e38)
     before = {k: v.detach().clone() for k, v in r.ddp.module.named_parameters()}
     r.step(*next(batches))
-    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm  # no Δ sample, no AGS step
+    # no Δ sample, no AGS step
+    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm
     # the weights did not move (BatchNorm's running statistics do: the forward ran)
-    assert bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
+    assert (
+        bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
+    )
     assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
 
 
@@ -64,7 +78,8 @@ def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_p
     kinds = [r.next_timed_step()[1] for _ in range(24)]
     assert kinds == ["start"] + ["plain"] * 21 + ["partial", "start"]
     assert (r.pos.step, r.pos.epoch, r.pos.offset) == (24, 2, 64)
-    r.set_global_batch(32)  # the sweep's way to another batch: same model and step, from an epoch start
+    # the sweep's way to another batch: same model and step, from an epoch start
+    r.set_global_batch(32)
     assert (r.pos.offset, r.steps_per_epoch) == (0, 45) and r.next_timed_step()[1] == "start"
     assert r.pos.offset == 32 and r.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
     loss, acc = r.evaluate()
@@ -77,7 +92,8 @@ def test_a_timed_block_holds_plain_steps_only(one_process_group, every):
     step, its short last batch and a mid-epoch AGS refresh are never inside a block: each is
     timed alone, with its kind: timings a GPU can trust."""
     cfg = config.from_dict({"train": {"ags_refresh_every_steps": every}})
-    r = Replica(cfg, torch.device("cpu"), 64, 0, 1)  # digits: 1437 samples, 22 full batches and one of 29
+    # digits: 1437 samples, 22 full batches and one of 29
+    r = Replica(cfg, torch.device("cpu"), 64, 0, 1)
     seen = []
     while [k for k, _ in seen].count("partial") < 2:  # two epochs
         offset, step = r.pos.offset, r.pos.step
@@ -90,9 +106,11 @@ def test_a_timed_block_holds_plain_steps_only(one_process_group, every):
         else:
             assert n == 1
         if kind == "start":
-            assert offset in (0, 1437) and r.pos.offset == 64  # the last epoch closed, the new one's first batch
+            # the last epoch closed, the new one's first batch
+            assert offset in (0, 1437) and r.pos.offset == 64
     kinds = [k for k, _ in seen]
     assert kinds.count("start") == 2 and kinds.count("partial") == 2
-    refreshes = [s for s in range(2 * 23) if every and s % every == 0 and s not in (0, 23)]  # not the starts
+    # not the starts
+    refreshes = [s for s in range(2 * 23) if every and s % every == 0 and s not in (0, 23)]
     assert kinds.count("refresh") == len(refreshes)
     assert sum(n for k, n in seen if k == "plain") + kinds.count("refresh") == 2 * 21

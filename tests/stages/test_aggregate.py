@@ -8,9 +8,20 @@ from tula.stages import aggregate
 def probe_record(n, b, status="ok", **kw):
     rec = dict(workers=n, global_batch=b, local_batch=b // n, status=status)
     if status == "ok":
-        rec.update(step_time_s=0.02, compute_time_s=0.015, sync_time_s=0.005, peak_mem_bytes=1000,
-                   memory={"param_bytes": 10, "grad_bytes": 10, "opt_bytes": 10, "act_bytes": 900, "batch_bytes": 70},
-                   env={"device": "cpu", "backend": "gloo"})  # fmt: skip
+        rec.update(
+            step_time_s=0.02,
+            compute_time_s=0.015,
+            sync_time_s=0.005,
+            peak_mem_bytes=1000,
+            memory={
+                "param_bytes": 10,
+                "grad_bytes": 10,
+                "opt_bytes": 10,
+                "act_bytes": 900,
+                "batch_bytes": 70,
+            },
+            env={"device": "cpu", "backend": "gloo"},
+        )
     rec.update(kw)
     return rec
 
@@ -28,31 +39,70 @@ def test_aggregate_keeps_failed_probes(tmp_path):
     assert list(back["status"]) == ["ok", "ok", "oom"]
     assert back.loc[0, "act_bytes"] == 900 and back.loc[0, "backend"] == "gloo"
     # the gradient noise scale of a multi-worker probe; none for one worker or a failed probe
-    assert (back.loc[1, "grad_noise_scale"], back.loc[1, "grad_sq"], back.loc[1, "grad_trace"]) == (150.0, 0.3, 45.0)
+    assert (back.loc[1, "grad_noise_scale"], back.loc[1, "grad_sq"], back.loc[1, "grad_trace"]) == (
+        150.0,
+        0.3,
+        45.0,
+    )
     assert back.loc[[0, 2], "grad_noise_scale"].isna().all()
 
 
 def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
-    sweep = [{"local_batch": 16, "status": "ok", "compute_time_s": 0.01, "compute_time_cv": 0.05, "peak_mem_bytes": 600},
-             {"local_batch": 128, "status": "oom", "error": "out of memory on rank(s) [0]"}]  # fmt: skip
+    sweep = [
+        {
+            "local_batch": 16,
+            "status": "ok",
+            "compute_time_s": 0.01,
+            "compute_time_cv": 0.05,
+            "peak_mem_bytes": 600,
+        },
+        {"local_batch": 128, "status": "oom", "error": "out of memory on rank(s) [0]"},
+    ]
     # the partial corner N2_B512 ran out of memory and fell back to B=256, which ran
     corner = probe_record(2, 512, "oom", error="out of memory", fallbacks=[probe_record(2, 256)])
     write_json(tmp_path / "N2_B64.json", probe_record(2, 64, sweep=sweep, train_samples=1437))
     write_json(tmp_path / "N2_B512.json", corner)
-    write_json(tmp_path / "memory_probe.json", {"points": [
-        {"local_batch": 8, "status": "ok", "peak_mem_bytes": 500, "memory": {"act_bytes": 300}},
-        {"local_batch": 512, "status": "oom", "error": "out of memory at local batch 512"}],
-        "env": {"device": "cpu", "backend": "gloo"}})  # fmt: skip
-    aggregate.run([tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"], tmp_path / "m.csv",
-                           memory_probe=tmp_path / "memory_probe.json")  # fmt: skip
+    write_json(
+        tmp_path / "memory_probe.json",
+        {
+            "points": [
+                {
+                    "local_batch": 8,
+                    "status": "ok",
+                    "peak_mem_bytes": 500,
+                    "memory": {"act_bytes": 300},
+                },
+                {"local_batch": 512, "status": "oom", "error": "out of memory at local batch 512"},
+            ],
+            "env": {"device": "cpu", "backend": "gloo"},
+        },
+    )
+    aggregate.run(
+        [tmp_path / "N2_B64.json", tmp_path / "N2_B512.json"],
+        tmp_path / "m.csv",
+        memory_probe=tmp_path / "memory_probe.json",
+    )
     df = measurements.load(tmp_path / "m.csv")
-    key = list(zip(df["source"], df["workers"], df["global_batch"], df["local_batch"], df["status"]))
-    assert key == [("probe", 2, 64, 32, "ok"), ("probe", 2, 256, 128, "ok"), ("probe", 2, 512, 256, "oom"),
-                   ("sweep", 2, 64, 16, "ok"), ("sweep", 2, 64, 128, "oom"),
-                   ("memory", 1, 8, 8, "ok"), ("memory", 1, 512, 512, "oom")]  # fmt: skip
+    key = list(
+        zip(df["source"], df["workers"], df["global_batch"], df["local_batch"], df["status"])
+    )
+    assert key == [
+        ("probe", 2, 64, 32, "ok"),
+        ("probe", 2, 256, 128, "ok"),
+        ("probe", 2, 512, 256, "oom"),
+        ("sweep", 2, 64, 16, "ok"),
+        ("sweep", 2, 64, 128, "oom"),
+        ("memory", 1, 8, 8, "ok"),
+        ("memory", 1, 512, 512, "oom"),
+    ]
     sw = df[df["source"] == "sweep"].iloc[0]
-    assert sw["compute_time_s"] == 0.01 and pd.isna(sw["step_time_s"]) and pd.isna(sw["sync_time_s"])
+    assert (
+        sw["compute_time_s"] == 0.01 and pd.isna(sw["step_time_s"]) and pd.isna(sw["sync_time_s"])
+    )
     assert sw["probe_file"].endswith("N2_B64.json") and sw["train_samples"] == 1437
     fallback = df[(df["source"] == "probe") & (df["global_batch"] == 256)].iloc[0]
     assert fallback["probe_file"].endswith("N2_B512.json")  # the job that measured it
-    assert len(measurements.probes(df)) == 3 and df[df["source"] == "memory"].iloc[0]["act_bytes"] == 300
+    assert (
+        len(measurements.probes(df)) == 3
+        and df[df["source"] == "memory"].iloc[0]["act_bytes"] == 300
+    )

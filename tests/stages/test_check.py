@@ -23,20 +23,53 @@ def test_check_config_only_stops_at_a_dataset_file_that_is_not_there(tmp_path, c
     assert "npz file /no/such/file.npz not found" in captured.err and "valid" not in captured.out
 
 
-@pytest.mark.parametrize("key, spec, message", [
-    ("model", "no_such_package.models:build", "workload.model.*cannot import module 'no_such_package.models'"),
-    ("model", "user_workload:missing", "workload.model.*has no attribute 'missing'"),
-    ("model", "user_workload:NOT_CALLABLE", "workload.model.*is a int, not a callable"),
-    ("model", "user_workload:returns_a_string", "workload.model.*returned a str, not a torch.nn.Module"),
-    ("model", "user_workload:wrong_output", r"workload.model.*\(batch, num_classes\) = \(2, 3\).*got \(2, 4\)"),
-    ("model", "tv_resnet18", r"workload.model.*3-channel images"),
-    ("dataset", "no_such_package:data", "workload.dataset.*cannot import module"),
-    ("dataset", "user_workload:returns_one_dataset", r"workload.dataset.*must return \(train_dataset, test_dataset\)"),
-    ("dataset", "user_workload:yields_dicts", r"workload.dataset.*must be \(tensor, int\); got dict"),
-    ("dataset", "npz:/no/such/file.npz", "workload.dataset.*npz file /no/such/file.npz not found"),
-    ("dataset", "imagefolder:/no/such/dir", "workload.dataset.*image folder /no/such/dir/train not found"),
-])  # fmt: skip
-def test_tula_check_names_each_bad_model_or_dataset(tmp_path, user_pythonpath, capsys, key, spec, message):
+@pytest.mark.parametrize(
+    "key, spec, message",
+    [
+        (
+            "model",
+            "no_such_package.models:build",
+            "workload.model.*cannot import module 'no_such_package.models'",
+        ),
+        ("model", "user_workload:missing", "workload.model.*has no attribute 'missing'"),
+        ("model", "user_workload:NOT_CALLABLE", "workload.model.*is a int, not a callable"),
+        (
+            "model",
+            "user_workload:returns_a_string",
+            "workload.model.*returned a str, not a torch.nn.Module",
+        ),
+        (
+            "model",
+            "user_workload:wrong_output",
+            r"workload.model.*\(batch, num_classes\) = \(2, 3\).*got \(2, 4\)",
+        ),
+        ("model", "tv_resnet18", r"workload.model.*3-channel images"),
+        ("dataset", "no_such_package:data", "workload.dataset.*cannot import module"),
+        (
+            "dataset",
+            "user_workload:returns_one_dataset",
+            r"workload.dataset.*must return \(train_dataset, test_dataset\)",
+        ),
+        (
+            "dataset",
+            "user_workload:yields_dicts",
+            r"workload.dataset.*must be \(tensor, int\); got dict",
+        ),
+        (
+            "dataset",
+            "npz:/no/such/file.npz",
+            "workload.dataset.*npz file /no/such/file.npz not found",
+        ),
+        (
+            "dataset",
+            "imagefolder:/no/such/dir",
+            "workload.dataset.*image folder /no/such/dir/train not found",
+        ),
+    ],
+)
+def test_tula_check_names_each_bad_model_or_dataset(
+    tmp_path, user_pythonpath, capsys, key, spec, message
+):
     good = {"model": "user_workload:make_model", "dataset": "user_workload:make_datasets"}
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"workload": {**good, key: spec}}))
@@ -50,21 +83,33 @@ def test_check_warns_when_image_size_upsamples_the_stored_images(tmp_path, capsy
     at image_size 16 (a crop of them) nothing to say."""
     from conftest import make_image_folder
 
-    root = make_image_folder(tmp_path / "img", classes=3, train_per_class=4, val_per_class=2, size=20)
+    root = make_image_folder(
+        tmp_path / "img", classes=3, train_per_class=4, val_per_class=2, size=20
+    )
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}}))
     assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
     out = capsys.readouterr().out
-    assert ("warning: config key 'data.image_size' is 224, but the images of imagefolder:" in out
-            and "are 20x20 px: each is upsampled to 224x224, 125x its pixels" in out
-            and "set data.image_size: 20" in out)  # fmt: skip
+    assert (
+        "warning: config key 'data.image_size' is 224, but the images of imagefolder:" in out
+        and "are 20x20 px: each is upsampled to 224x224, 125x its pixels" in out
+        and "set data.image_size: 20" in out
+    )
     assert json.loads((tmp_path / "w.json").read_text())["stored_image_size"] == [20, 20]
-    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": 16}}))
+    cfg.write_text(
+        yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"image_size": 16}})
+    )
     assert main(["check", "--config", str(cfg), "--out", str(tmp_path / "w.json")]) == 0
-    assert "warning" not in capsys.readouterr().out and json.loads((tmp_path / "w.json").read_text())["warnings"] == []
-    assert json.loads((tmp_path / "w.json").read_text())["decode"] == "cpu"  # auto, on this machine without a GPU
+    assert (
+        "warning" not in capsys.readouterr().out
+        and json.loads((tmp_path / "w.json").read_text())["warnings"] == []
+    )
+    # auto, on this machine without a GPU
+    assert json.loads((tmp_path / "w.json").read_text())["decode"] == "cpu"
     # GPU decoding reads JPEGs only: refused before any job, naming the key and a file
-    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"decode": "gpu"}}))
+    cfg.write_text(
+        yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}"}, "data": {"decode": "gpu"}})
+    )
     assert main(["check", "--config", str(cfg)]) == 2
     assert re.search(r"data.decode.*JPEG files only.*\.png is not one", capsys.readouterr().err)
 
@@ -76,20 +121,41 @@ def test_the_probe_campaign_is_priced_before_it_runs():
     from tula import config
     from tula.stages.check import campaign, describe_campaign
 
-    cfg = config.from_dict({"grid": {"workers": [1, 4, 8], "batch_min": 32, "batch_max": 256},
-                            "cluster": {"workers_per_node": 4}, "probe": {"timeout_s": 3300}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 4, 8], "batch_min": 32, "batch_max": 256},
+            "cluster": {"workers_per_node": 4},
+            "probe": {"timeout_s": 3300},
+        }
+    )
     c = campaign(cfg)
-    assert [(j["job"], j["nodes"]) for j in c["jobs"]] == [("memory probe", 1), ("N1_B32", 1), ("N1_B256", 1),
-                                                           ("N4_B32", 1), ("N4_B256", 1), ("N8_B32", 2),
-                                                           ("N8_B256", 2)]  # fmt: skip
-    assert (c["probe_jobs"], c["node_jobs"], c["hours_per_job_max"], c["node_hours_max"]) == (6, 9, 1.0, 9.0)
+    assert [(j["job"], j["nodes"]) for j in c["jobs"]] == [
+        ("memory probe", 1),
+        ("N1_B32", 1),
+        ("N1_B256", 1),
+        ("N4_B32", 1),
+        ("N4_B256", 1),
+        ("N8_B32", 2),
+        ("N8_B256", 2),
+    ]
+    assert (c["probe_jobs"], c["node_jobs"], c["hours_per_job_max"], c["node_hours_max"]) == (
+        6,
+        9,
+        1.0,
+        9.0,
+    )
     assert describe_campaign(c) == (
-        "probe campaign: the memory probe (1 node) and 6 probe job(s): 4 on 1 node(s) (N1_B32, N1_B256, N4_B32, "
-        "N4_B256); 2 on 2 node(s) (N8_B32, N8_B256); 9 node-jobs of at most 60 min (whole nodes: probe.exclusive), "
-        "at most 9.0 node-hours (every job at its time limit)")  # fmt: skip
+        "probe campaign: the memory probe (1 node) and 6 probe job(s): 4 on 1 node(s) (N1_B32, "
+        "N1_B256, N4_B32, N4_B256); 2 on 2 node(s) (N8_B32, N8_B256); 9 node-jobs of at most 60 "
+        "min (whole nodes: probe.exclusive), at most 9.0 node-hours (every job at its time limit)"
+    )
     # b_max known: only the points that fit (N = 1 has none at b <= 16)
-    assert [j["job"] for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == ["N4_B32", "N4_B64", "N8_B32",
-                                                                                "N8_B128"]  # fmt: skip
+    assert [j["job"] for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == [
+        "N4_B32",
+        "N4_B64",
+        "N8_B32",
+        "N8_B128",
+    ]
 
 
 def test_check_says_when_partial_search_adds_the_node_boundary(tmp_path, capsys):
@@ -97,10 +163,18 @@ def test_check_says_when_partial_search_adds_the_node_boundary(tmp_path, capsys)
 
     from tula.stages import check
 
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"grid": {"workers": [1, 4, 8, 16], "batch_min": 32,
-                                                              "batch_max": 256}, "cluster": {"workers_per_node": 8}}))  # fmt: skip
+    (tmp_path / "c.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "grid": {"workers": [1, 4, 8, 16], "batch_min": 32, "batch_max": 256},
+                "cluster": {"workers_per_node": 8},
+            }
+        )
+    )
     check.run(tmp_path / "c.yaml", config_only=True)
     out = capsys.readouterr().out
-    assert ("the grid crosses a node boundary (cluster.workers_per_node=8): partial search also probes N=8 (the "
-            "largest on one node) and N=16 (the smallest on several)") in out
+    assert (
+        "the grid crosses a node boundary (cluster.workers_per_node=8): partial search also probes "
+        "N=8 (the largest on one node) and N=16 (the smallest on several)"
+    ) in out
     assert "N1_B32, N1_B256, N8_B32, N8_B256, N16_B32, N16_B256" in out and "6 probe job(s)" in out

@@ -20,10 +20,18 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
     cfg_file.write_text(yaml.safe_dump(tiny_raw))
     out = tmp_path / "memory_probe.json"
     rec = memprobe.run(cfg_file, out)
-    assert json.loads(out.read_text())["max_local_batch"] == rec["max_local_batch"] == max_local_batch(out)
+    assert (
+        json.loads(out.read_text())["max_local_batch"]
+        == rec["max_local_batch"]
+        == max_local_batch(out)
+    )
     pts = rec["points"]
-    assert [p["local_batch"] for p in pts] == [16, 64, 128] and all(p["status"] == "ok" for p in pts)
-    assert all(p["peak_mem_bytes"] == max(p["plain_peak_bytes"], p["refresh_peak_bytes"]) for p in pts)
+    assert [p["local_batch"] for p in pts] == [16, 64, 128] and all(
+        p["status"] == "ok" for p in pts
+    )
+    assert all(
+        p["peak_mem_bytes"] == max(p["plain_peak_bytes"], p["refresh_peak_bytes"]) for p in pts
+    )
     model = MemoryModel.from_dict(rec["memory_model"])
     bmax = rec["max_local_batch"]
     assert 64 <= bmax < 128
@@ -38,12 +46,17 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     from tula.model.memory import next_probe_batch as next_batch
     from tula.model.memory import probe_batches as default_batches
 
-    cfg = config.from_dict({"grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 1024},
-                            "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 1024},
+            "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9},
+        }
+    )
     first = default_batches(cfg)
     assert first == [16, 64, 256]
     pts = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1000 + 100 * b} for b in first]
-    assert next_batch(cfg, pts) == 512  # the largest grid local batch under the predicted b_max = 700
+    # the largest grid local batch under the predicted b_max = 700
+    assert next_batch(cfg, pts) == 512
     oom = pts + [{"local_batch": 512, "status": "oom"}]
     assert next_batch(cfg, oom) is None  # below the OOM, 256 is the largest and was measured
     ran = pts + [{"local_batch": 512, "status": "ok", "peak_mem_bytes": 1000 + 100 * 512}]

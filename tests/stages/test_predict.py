@@ -13,16 +13,30 @@ from tula.stages import predict as predict_mod
 
 def _flat_perf(step_s: float) -> perfmodel.PerfModel:
     """A perf model whose every step takes ``step_s`` (fitted on exact flat data)."""
-    df = pd.DataFrame(dict(workers=[1, 1, 1], global_batch=[1, 2, 4], local_batch=[1, 2, 4], status="ok",
-                           compute_time_s=step_s, step_time_s=step_s, sync_time_s=0.0, peak_mem_bytes=1.0,
-                           source="probe"))  # fmt: skip
+    df = pd.DataFrame(
+        dict(
+            workers=[1, 1, 1],
+            global_batch=[1, 2, 4],
+            local_batch=[1, 2, 4],
+            status="ok",
+            compute_time_s=step_s,
+            step_time_s=step_s,
+            sync_time_s=0.0,
+            peak_mem_bytes=1.0,
+            source="probe",
+        )
+    )
     return perfmodel.fit(df, "ring")
 
 
-
 def test_predict_eq4_arithmetic():
-    cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 64}, "workload": {"epochs": 3},
-                            "pricing": {"per_worker_hour": 3.6}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [2], "batch_min": 64, "batch_max": 64},
+            "workload": {"epochs": 3},
+            "pricing": {"per_worker_hour": 3.6},
+        }
+    )
     mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
     row = predict_mod.predict(cfg, _flat_perf(0.1), mem, train_samples=1000).iloc[0]
     assert row["steps_per_epoch"] == 16  # ceil(1000 / 64)
@@ -34,10 +48,27 @@ def test_predict_eq4_arithmetic():
 def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
     cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 64}})
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
-    measured = pd.DataFrame([dict(workers=1, global_batch=64, local_batch=64, status="oom", step_time_s=np.nan,
-                                  source="probe"),
-                             dict(workers=1, global_batch=64, local_batch=32, status="ok", step_time_s=np.nan,
-                                  compute_time_s=0.1, source="sweep")])  # fmt: skip
+    measured = pd.DataFrame(
+        [
+            dict(
+                workers=1,
+                global_batch=64,
+                local_batch=64,
+                status="oom",
+                step_time_s=np.nan,
+                source="probe",
+            ),
+            dict(
+                workers=1,
+                global_batch=64,
+                local_batch=32,
+                status="ok",
+                step_time_s=np.nan,
+                compute_time_s=0.1,
+                source="sweep",
+            ),
+        ]
+    )
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 100, measured)
     assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
 
@@ -45,42 +76,98 @@ def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
 def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
     """B_noise = 100 pooled from two probes; workload.epochs = 3 reach the target at base_batch 128,
     so B needs 3 (1 + B/100)/(1 + 128/100) epochs (McCandlish et al.)."""
-    cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 256}, "workload": {"epochs": 3},
-                            "train": {"base_batch": 128}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [2], "batch_min": 64, "batch_max": 256},
+            "workload": {"epochs": 3},
+            "train": {"base_batch": 128},
+        }
+    )
     mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
-    measured = pd.DataFrame([dict(workers=2, global_batch=b, local_batch=b // 2, status="ok", step_time_s=0.1,
-                                  source="probe", grad_sq=1.0, grad_sq_se=0.1, grad_trace=100.0, grad_trace_se=5.0)
-                             for b in (64, 256)])  # fmt: skip
+    measured = pd.DataFrame(
+        [
+            dict(
+                workers=2,
+                global_batch=b,
+                local_batch=b // 2,
+                status="ok",
+                step_time_s=0.1,
+                source="probe",
+                grad_sq=1.0,
+                grad_sq_se=0.1,
+                grad_trace=100.0,
+                grad_trace_se=5.0,
+            )
+            for b in (64, 256)
+        ]
+    )
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured)
     assert pred["b_noise"].tolist() == pytest.approx([100.0] * 3)
     epochs = [3 * (1 + b / 100) / 2.28 for b in (64, 128, 256)]
     assert pred["epochs_to_accuracy"].tolist() == pytest.approx(epochs)
-    assert pred.loc[1, "epochs_to_accuracy"] == pytest.approx(3.0)  # at base_batch: the configured epochs
-    assert pred["time_to_accuracy_s"].tolist() == pytest.approx([e * s * 0.1 for e, s in zip(epochs, (16, 8, 4))])
+    # at base_batch: the configured epochs
+    assert pred.loc[1, "epochs_to_accuracy"] == pytest.approx(3.0)
+    assert pred["time_to_accuracy_s"].tolist() == pytest.approx(
+        [e * s * 0.1 for e, s in zip(epochs, (16, 8, 4))]
+    )
     assert pred["cost_to_accuracy"].tolist() == pytest.approx(
-        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_worker_hour).tolist())  # fmt: skip
-    no_noise = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured.drop(columns=["grad_sq", "grad_trace"]))
+        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_worker_hour).tolist()
+    )
+    no_noise = predict_mod.predict(
+        cfg, _flat_perf(0.1), mem, 1000, measured.drop(columns=["grad_sq", "grad_trace"])
+    )
     assert no_noise["time_to_accuracy_s"].isna().all()
 
 
-
 def test_checkpoints_written_counts_the_trainers_writes():
-    # every 2nd epoch but the last of 5 (2, 4) + the final one; steps every 10 of 5 x 7 = 35 (10, 20, 30)
+    # every 2nd epoch but the last of 5 (2, 4) + the final one; steps every 10 of 5 x 7 = 35 (10,
+    # 20, 30)
     assert predict_mod.checkpoints_written(5, 7, None, 2) == 3
     assert predict_mod.checkpoints_written(5, 7, 10, 2) == 6
     assert predict_mod.checkpoints_written(1, 7, None, 1) == 1
 
 
 def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measured_them():
-    cfg = config.from_dict({"grid": {"workers": [1, 2, 4], "batch_min": 64, "batch_max": 64}, "workload": {"epochs": 3},
-                            "launch": {"checkpoint_every_epochs": 1}})  # fmt: skip
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 2, 4], "batch_min": 64, "batch_max": 64},
+            "workload": {"epochs": 3},
+            "launch": {"checkpoint_every_epochs": 1},
+        }
+    )
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
     probe = dict(global_batch=64, status="ok", step_time_s=0.1, compute_time_s=0.1, source="probe")
-    measured = pd.DataFrame([
-        dict(probe, workers=1, local_batch=64, startup_time_s=4.0, eval_first_time_s=1.2, eval_time_s=0.8, checkpoint_time_s=0.2),
-        dict(probe, workers=2, local_batch=32, startup_time_s=5.0, eval_first_time_s=0.9, eval_time_s=0.5, checkpoint_time_s=0.3),
-        dict(probe, workers=2, local_batch=32, startup_time_s=7.0, eval_first_time_s=0.7, eval_time_s=0.3, checkpoint_time_s=0.1),
-    ])  # fmt: skip
+    measured = pd.DataFrame(
+        [
+            dict(
+                probe,
+                workers=1,
+                local_batch=64,
+                startup_time_s=4.0,
+                eval_first_time_s=1.2,
+                eval_time_s=0.8,
+                checkpoint_time_s=0.2,
+            ),
+            dict(
+                probe,
+                workers=2,
+                local_batch=32,
+                startup_time_s=5.0,
+                eval_first_time_s=0.9,
+                eval_time_s=0.5,
+                checkpoint_time_s=0.3,
+            ),
+            dict(
+                probe,
+                workers=2,
+                local_batch=32,
+                startup_time_s=7.0,
+                eval_first_time_s=0.7,
+                eval_time_s=0.3,
+                checkpoint_time_s=0.1,
+            ),
+        ]
+    )
     pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured).set_index("workers")
     # N=2: the median of its two probes; N=4 was not probed: N=2's, evaluation halved (sharded)
     cols = ["startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s"]
@@ -91,7 +178,9 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
     # the first evaluation pass (cold) once, a later pass for each further epoch
     assert pred.loc[1, "wall_time_s"] == pytest.approx(4.0 + T + 1.2 + 2 * 0.8 + 3 * 0.2)
     assert pred.loc[4, "wall_time_s"] == pytest.approx(6.0 + T + 0.4 + 2 * 0.2 + 3 * 0.2)
-    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(6.0 + 0.8 + 0.6)
+    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(
+        6.0 + 0.8 + 0.6
+    )
     # probes from before these were measured: no wall time, said as NaN rather than guessed
     old = measured.drop(columns=["eval_first_time_s"])
     assert predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, old)["wall_time_s"].isna().all()

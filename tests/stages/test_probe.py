@@ -1,5 +1,5 @@
-"""The probe (tula.stages.probe, tula.runtime.probe_worker), for real: torchrun, 2 gloo workers, a real DDP model; failures
-(out of memory, errors, timeouts) are recorded, never raised."""
+"""The probe (tula.stages.probe, tula.runtime.probe_worker), for real: torchrun, 2 gloo workers, a
+real DDP model; failures (out of memory, errors, timeouts) are recorded, never raised."""
 
 import json
 
@@ -15,21 +15,29 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     rec = probe.run(tiny_config_file, 2, 64, out)
     assert json.loads(out.read_text()) == json.loads(json.dumps(rec))
     assert rec["status"] == "ok", rec.get("error")
-    assert rec["local_batch"] == 32 and rec["env"]["world_size"] == 2 and rec["env"]["backend"] == "gloo"
+    assert (
+        rec["local_batch"] == 32
+        and rec["env"]["world_size"] == 2
+        and rec["env"]["backend"] == "gloo"
+    )
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
-    # probe.timed_steps = 3 in blocks of probe.block_steps = 5: one block of 3 steps, one sync at its end
+    # probe.timed_steps = 3 in blocks of probe.block_steps = 5: one block of 3 steps, one sync at
+    # its end
     assert len(rec["step_times_s"]) == 1 and rec["step_time_iqr_s"] >= 0 and rec["block_steps"] == 5
     # The probe ran the production step: AGS (the default method) refreshed at the first step of the
     # epoch (the first, untimed-as-a-step pair) and at the first step of 3 more epochs, started to
-    # time epoch-start steps; the first pair (a synced and a compute-only step, what a new shape costs
+    # time epoch-start steps; the first pair (a synced and a compute-only step, what a new shape
+    # costs
     # once) + 1 warm-up pair + 3 timed pairs + 3 epoch starts + the first short last batch + the two
     # memory steps (a plain step and a forced AGS refresh, each measured alone) = 16 steps of the
     # epoch's iterator; the optimizer also stepped once more for the Eq. 3 breakdown, which takes no
     # position. Torch's CPU profiler now and then cannot build a step's memory timeline: that memory
     # step is measured again, one step more.
     c, extra = rec["optimizer_counters"], rec["profiler_retries"]
-    assert set(extra) == {"plain", "refresh"} and all(0 <= v < PROFILER_TRIES for v in extra.values())
+    assert set(extra) == {"plain", "refresh"} and all(
+        0 <= v < PROFILER_TRIES for v in extra.values()
+    )
     assert rec["steps_run"] == 16 + sum(extra.values()) and c["steps"] == 17 + sum(extra.values())
     # refreshes: the 4 epoch starts, the first memory step (the short last batch closed an epoch, so
     # it starts one) and the forced one
@@ -38,37 +46,58 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert rec["peak_mem_bytes"] == max(rec["plain_peak_bytes"], rec["refresh_peak_bytes"])
     # step time = mean plain step + the epoch start's extra time at training's rate: once per epoch
     # of ceil(1437 / 64) = 23 steps
-    assert rec["steps_per_epoch"] == 23 and rec["epoch_start_extra_s"] >= 0 and rec["refresh_extra_s"] == 0
+    assert (
+        rec["steps_per_epoch"] == 23
+        and rec["epoch_start_extra_s"] >= 0
+        and rec["refresh_extra_s"] == 0
+    )
     plain = rec["step_times_s"][0]
     assert rec["step_time_s"] == pytest.approx(plain + rec["epoch_start_extra_s"] / 23)
     mem = rec["memory"]
-    assert mem["act_bytes"] > 0 and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
+    assert (
+        mem["act_bytes"] > 0
+        and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
+    )
     assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter
     assert mem["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # float32 8x8 images + int64 labels
-    # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus transients:
-    # backward's buffers, DDP's gradient buckets and AGS's scaled gradients, which torch 2.14's profiler
-    # sees on CPU (measured 1.54x the Eq. 3 sum for small_cnn at b=32 with AGS, 1.47x with plain SGD)
+    # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus
+    # transients:
+    # backward's buffers, DDP's gradient buckets and AGS's scaled gradients, which torch 2.14's
+    # profiler
+    # sees on CPU (measured 1.54x the Eq. 3 sum for small_cnn at b=32 with AGS, 1.47x with plain
+    # SGD)
     assert mem["model_total_bytes"] <= rec["peak_mem_bytes"] <= 1.7 * mem["model_total_bytes"]
     assert not (out.parent / ".N2_B64.ranks").exists()
     # what the production job pays besides its steps, measured once as it pays it: start-up to the
     # first step, a first and a later evaluation pass, one checkpoint write (removed after; no step
     # taken, see steps_run)
-    assert all(rec[k] > 0 for k in ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s"))
+    assert all(
+        rec[k] > 0
+        for k in ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s")
+    )
     assert "overheads_error" not in rec
     # the compute curve: the grid's other local batches (16 = 32/2, 64, 128), compute-only steps in
     # this same job, each row with its own mean, noise and peak memory, growing with the batch
     sweep = rec["sweep"]
-    assert [s["local_batch"] for s in sweep] == [16, 64, 128] and all(s["status"] == "ok" for s in sweep)
-    # probe.sweep_steps = 6 timed, less an epoch's first and short last steps (B=256: 5.6 steps an epoch)
+    assert [s["local_batch"] for s in sweep] == [16, 64, 128] and all(
+        s["status"] == "ok" for s in sweep
+    )
+    # probe.sweep_steps = 6 timed, less an epoch's first and short last steps (B=256: 5.6 steps an
+    # epoch)
     assert all(1 <= len(s["compute_times_s"]) <= 6 and s["compute_time_cv"] >= 0 for s in sweep)
-    assert len(sweep[0]["compute_times_s"]) == 2  # B=32: 45 steps an epoch, 6 steps in blocks of 5 + 1
+    # B=32: 45 steps an epoch, 6 steps in blocks of 5 + 1
+    assert len(sweep[0]["compute_times_s"]) == 2
     peaks = [s["peak_mem_bytes"] for s in sweep]
     assert peaks[0] < rec["plain_peak_bytes"] < peaks[1] < peaks[2]
     # the gradient noise scale: probe.noise_steps (16) untimed steps at the weights the timed steps
-    # reached, b = 32 per worker against the all-reduced B = 64; no optimizer step, no position taken
+    # reached, b = 32 per worker against the all-reduced B = 64; no optimizer step, no position
+    # taken
     gn = rec["gradient_noise"]
     assert (gn["steps"], gn["small_batch"], gn["big_batch"]) == (16, 32, 64) and gn["time_s"] > 0
-    assert rec["grad_trace"] == gn["trace"] > 0 and rec["grad_sq"] == gn["grad_sq"] > 2 * gn["grad_sq_se"]
+    assert (
+        rec["grad_trace"] == gn["trace"] > 0
+        and rec["grad_sq"] == gn["grad_sq"] > 2 * gn["grad_sq_se"]
+    )
     assert rec["grad_noise_scale"] == pytest.approx(rec["grad_trace"] / rec["grad_sq"])
 
 
@@ -78,19 +107,27 @@ def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path,
     b = probe.run(tiny_config_file, 1, 64, tmp_path / "b.json")["memory"]["act_bytes"]
     assert b == pytest.approx(2 * a, rel=0.01)
     # one worker has no second batch size: no noise scale, and the record says why
-    assert one["gradient_noise"] == {"b_noise": None, "why": "one worker: no second batch size to compare with"}
+    assert one["gradient_noise"] == {
+        "b_noise": None,
+        "why": "one worker: no second batch size to compare with",
+    }
     assert "grad_noise_scale" not in one
 
 
-def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(tiny_config_file, tmp_path, venv_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "oom:point=N2_B64,rank=1")  # raised in rank 1's forward, inside the step
+def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(
+    tiny_config_file, tmp_path, venv_path, monkeypatch
+):
+    # raised in rank 1's forward, inside the step
+    monkeypatch.setenv(FAULT_ENV, "oom:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     # rank 0 did not run out of memory, yet reports it: the step's agreement all-reduce told it
     assert rec["status"] == "oom" and "rank(s) [1]" in rec["error"] and "injected" in rec["error"]
     assert "step_time_s" not in rec and rec["wall_s"] < 60  # nobody waited for a collective timeout
 
 
-def test_a_probe_past_probe_timeout_s_is_killed_and_recorded_as_timeout(tiny_raw, tmp_path, venv_path):
+def test_a_probe_past_probe_timeout_s_is_killed_and_recorded_as_timeout(
+    tiny_raw, tmp_path, venv_path
+):
     """Workers that do not finish in probe.timeout_s are killed with their whole process group;
     the probe records status timeout (the DAG goes on without the point) instead of hanging."""
     import subprocess
@@ -125,20 +162,33 @@ def test_worker_error_is_recorded(tiny_raw, tmp_path, venv_path):
     assert json.loads((tmp_path / "N1_B32.json").read_text())["status"] == "error"
 
 
-def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(tmp_path, venv_path, user_pythonpath):
+def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(
+    tmp_path, venv_path, user_pythonpath
+):
     import yaml
 
     cfg = tmp_path / "user.yaml"
-    cfg.write_text(yaml.safe_dump({"workload": {"model": "user_workload:make_model",
-                                                "dataset": "user_workload:make_datasets"},
-                                   "probe": {"warmup_steps": 1, "timed_steps": 2}}))  # fmt: skip
-    rec = probe.run(cfg, 2, 32, tmp_path / "N2_B32.json")  # both torchrun workers import tests/user_workload.py
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {
+                    "model": "user_workload:make_model",
+                    "dataset": "user_workload:make_datasets",
+                },
+                "probe": {"warmup_steps": 1, "timed_steps": 2},
+            }
+        )
+    )
+    # both torchrun workers import tests/user_workload.py
+    rec = probe.run(cfg, 2, 32, tmp_path / "N2_B32.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["model"] == "user_workload:make_model" and rec["train_samples"] == 300
     assert rec["memory"]["param_bytes"] == 4 * (16 * 32 + 32 + 32 * 3 + 3)
 
 
-def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(tmp_path, venv_path, user_pythonpath):
+def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
+    tmp_path, venv_path, user_pythonpath
+):
     """A training set that sleeps 4 ms per sample (user_workload.SlowBlobs) under a model that
     steps in well under a millisecond: the probe reads the input alone, finds it sets the pace,
     and the step model's floor predicts the measured steps within the probes' noise."""
@@ -148,17 +198,28 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(t
     from tula.stages import aggregate
 
     cfg = tmp_path / "slow.yaml"
-    cfg.write_text(yaml.safe_dump({"workload": {"model": "user_workload:make_model", "dataset": "user_workload:make_slow_datasets",
-                                                "epochs": 1},
-                                   "grid": {"workers": [1], "batch_min": 8, "batch_max": 16},
-                                   "data": {"num_workers": 0}, "probe": {"warmup_steps": 1, "timed_steps": 10, "input_batches": 4}}))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {
+                    "model": "user_workload:make_model",
+                    "dataset": "user_workload:make_slow_datasets",
+                    "epochs": 1,
+                },
+                "grid": {"workers": [1], "batch_min": 8, "batch_max": 16},
+                "data": {"num_workers": 0},
+                "probe": {"warmup_steps": 1, "timed_steps": 10, "input_batches": 4},
+            }
+        )
+    )
     files = []
     for b in (8, 16):
         files.append(tmp_path / f"N1_B{b}.json")
         rec = probe.run(cfg, 1, b, files[-1])
         assert rec["status"] == "ok", rec.get("error")
         assert rec["env"]["data_workers"] == 0
-        assert b * 0.004 <= rec["input_time_s"] <= b * 0.004 * 1.5  # the sleeps, and a little Python
+        # the sleeps, and a little Python
+        assert b * 0.004 <= rec["input_time_s"] <= b * 0.004 * 1.5
         assert rec["input_bound"] and rec["input_time_s"] >= 0.8 * rec["step_time_s"]
     aggregate.run(files, tmp_path / "measurements.csv")
     df = measurements.load(tmp_path / "measurements.csv")
@@ -167,7 +228,9 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(t
     probes = measurements.probes(df)
     for r in probes.itertuples():
         predicted = float(model.step_time_s(1, r.local_batch))
-        assert bool(model.input_bound(1, r.local_batch)) and predicted >= float(model.input_time_s(1, r.local_batch))
+        assert bool(model.input_bound(1, r.local_batch)) and predicted >= float(
+            model.input_time_s(1, r.local_batch)
+        )
         # within the probe's own scatter (its timed blocks' CV, three times) or 10 %: two probes
         # leave the floor's form to the simplest, per sample
         assert abs(predicted / r.step_time_s - 1) <= max(3 * r.step_time_cv, 0.10)
@@ -181,66 +244,113 @@ def test_a_probe_decodes_jpegs_on_the_device_path(tmp_path, venv_path):
     step, the timed steps, the input read alone, the gradient noise steps and the sweep all take
     their batches decoded by the feed, and evaluation its CPU views."""
     import yaml
+
     from conftest import make_jpeg_folder
 
     root = make_jpeg_folder(tmp_path / "jpegs", n=24)
     cfg = tmp_path / "jpeg.yaml"
-    cfg.write_text(yaml.safe_dump({"workload": {"dataset": f"imagefolder:{root}", "epochs": 1},
-                                   "grid": {"workers": [2], "batch_min": 8, "batch_max": 16},
-                                   "data": {"image_size": 16, "decode": "gpu", "num_workers": 1},
-                                   "probe": {"warmup_steps": 1, "timed_steps": 3, "noise_steps": 4}}))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {"dataset": f"imagefolder:{root}", "epochs": 1},
+                "grid": {"workers": [2], "batch_min": 8, "batch_max": 16},
+                "data": {"image_size": 16, "decode": "gpu", "num_workers": 1},
+                "probe": {"warmup_steps": 1, "timed_steps": 3, "noise_steps": 4},
+            }
+        )
+    )
     rec = probe.run(cfg, 2, 16, tmp_path / "N2_B16.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["input_time_s"] > 0 and rec["env"]["data_workers"] == 1
-    assert rec["memory"]["batch_bytes"] == 8 * 3 * 16 * 16 * 4 + 8 * 8  # decoded float images + labels
+    # decoded float images + labels
+    assert rec["memory"]["batch_bytes"] == 8 * 3 * 16 * 16 * 4 + 8 * 8
     assert rec["grad_noise_scale"] is not None and all(s["status"] == "ok" for s in rec["sweep"])
     assert rec["eval_time_s"] > 0
 
 
-def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(tiny_config_file, tmp_path, venv_path,
-                                                                              monkeypatch):  # fmt: skip
+def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(
+    tiny_config_file, tmp_path, venv_path, monkeypatch
+):
     """torch's profiler sometimes cannot build a step's memory timeline (AssertionError "version
     mismatch"); the ranks agree to measure one more step, so the collectives stay in step."""
     monkeypatch.setenv(FAULT_ENV, "profiler:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
-    # one step more than without the failure (13 steps: test_two_process_gloo_probe), and one more for
+    # one step more than without the failure (13 steps: test_two_process_gloo_probe), and one more
+    # for
     # each failure of torch's own (about one step in ten: a measurement here once ran 15)
     retried = rec["profiler_retries"]
-    assert retried["plain"] >= 1 and rec["steps_run"] == 16 + sum(retried.values()) and rec["peak_mem_bytes"] > 0
+    assert (
+        retried["plain"] >= 1
+        and rec["steps_run"] == 16 + sum(retried.values())
+        and rec["peak_mem_bytes"] > 0
+    )
 
 
-def test_a_rank_that_dies_without_a_result_is_probed_once_more(tiny_config_file, tmp_path, venv_path, monkeypatch):
+def test_a_rank_that_dies_without_a_result_is_probed_once_more(
+    tiny_config_file, tmp_path, venv_path, monkeypatch
+):
     """Rank 1 segfaults in the profiler (as torch's did once in CI): the probe is launched once
     more, its second record kept, the first launch's loss noted."""
     monkeypatch.setenv(FAULT_ENV, "crash:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
     assert rec["step_time_s"] > 0 and "lost_ranks" not in rec
-    # rank 1 is lost; rank 0 too when torchrun stopped it before it wrote its error (1 run in 20 here)
+    # rank 1 is lost; rank 0 too when torchrun stopped it before it wrote its error (1 run in 20
+    # here)
     lost = rec["retried_after"]["lost_ranks"]
-    assert 1 in lost and f"rank(s) {lost} died without writing a result" in rec["retried_after"]["error"]
-    assert json.loads((tmp_path / "N2_B64.json").read_text())["retried_after"] == rec["retried_after"]
+    assert (
+        1 in lost
+        and f"rank(s) {lost} died without writing a result" in rec["retried_after"]["error"]
+    )
+    assert (
+        json.loads((tmp_path / "N2_B64.json").read_text())["retried_after"] == rec["retried_after"]
+    )
 
 
-def test_a_rank_lost_twice_is_an_error_that_names_it(tiny_config_file, tmp_path, venv_path, monkeypatch):
+def test_a_rank_lost_twice_is_an_error_that_names_it(
+    tiny_config_file, tmp_path, venv_path, monkeypatch
+):
     monkeypatch.setenv(FAULT_ENV, "crash:point=N2_B64,rank=1,attempts=2")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
-    assert rec["status"] == "error" and 1 in rec["lost_ranks"] and 1 in rec["retried_after"]["lost_ranks"]
-    assert rec["error"].startswith(f"rank(s) {rec['lost_ranks']} died without writing a result (killed by a signal")
+    assert (
+        rec["status"] == "error"
+        and 1 in rec["lost_ranks"]
+        and 1 in rec["retried_after"]["lost_ranks"]
+    )
+    assert rec["error"].startswith(
+        f"rank(s) {rec['lost_ranks']} died without writing a result (killed by a signal"
+    )
 
 
 def test_the_rank_that_failed_first_is_the_error_reported():
     from tula.model.grid import Point
 
     cfg = __import__("tula.config", fromlist=["from_dict"]).from_dict({})
-    ranks = [{"rank": 0, "status": "error", "error": "rank 0: Connection closed by peer", "failed_at": 2.0},
-             {"rank": 1, "status": "error", "error": "rank 1: AssertionError: version mismatch", "failed_at": 1.0}]
-    assert probe._combine(Point(2, 64), ranks, None, cfg)["error"] == "rank 1: AssertionError: version mismatch"
+    ranks = [
+        {
+            "rank": 0,
+            "status": "error",
+            "error": "rank 0: Connection closed by peer",
+            "failed_at": 2.0,
+        },
+        {
+            "rank": 1,
+            "status": "error",
+            "error": "rank 1: AssertionError: version mismatch",
+            "failed_at": 1.0,
+        },
+    ]
+    assert (
+        probe._combine(Point(2, 64), ranks, None, cfg)["error"]
+        == "rank 1: AssertionError: version mismatch"
+    )
 
 
 @pytest.mark.slow
-def test_a_compiled_probe_counts_compilation_as_a_first_step_cost(tiny_config_file, tmp_path, venv_path):
+def test_a_compiled_probe_counts_compilation_as_a_first_step_cost(
+    tiny_config_file, tmp_path, venv_path
+):
     """train.compile on: the probe times the compiled step; compilation (each shape's first
     step) is measured once as first_steps_time_s, the start-up's, not the step's."""
     import yaml

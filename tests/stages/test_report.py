@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from tula.stages.report import _cell, _table
+from tula.stages.report.sections import _cell, _table
 
 
 def test_cells_are_readable():
@@ -19,20 +19,42 @@ def test_table_marks_selection_and_converts_headers():
 ATTEMPTS = {
     "selected_batch": 128,
     "attempts": [
-        {"attempt": 1, "job_id": "41", "global_batch": 128, "local_batch": 64, "start_step": 0, "end_step": 40,
-         "outcome": "oom", "reason": "out of memory at step 40 on rank(s) [1]", "segments": [{"start_step": 0}]},
-        {"attempt": 2, "job_id": "42", "global_batch": 64, "local_batch": 32, "start_step": 36, "end_step": 312,
-         "outcome": "completed", "reason": "trained every epoch", "segments": [{"start_step": 36}, {"start_step": 48}]},
+        {
+            "attempt": 1,
+            "job_id": "41",
+            "global_batch": 128,
+            "local_batch": 64,
+            "start_step": 0,
+            "end_step": 40,
+            "outcome": "oom",
+            "reason": "out of memory at step 40 on rank(s) [1]",
+            "segments": [{"start_step": 0}],
+        },
+        {
+            "attempt": 2,
+            "job_id": "42",
+            "global_batch": 64,
+            "local_batch": 32,
+            "start_step": 36,
+            "end_step": 312,
+            "outcome": "completed",
+            "reason": "trained every epoch",
+            "segments": [{"start_step": 36}, {"start_step": 48}],
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_attempts_table_shows_batch_and_why_each_attempt_ended():
-    from tula.stages.report import attempts_table
+    from tula.stages.report.sections import attempts_table
 
     html = attempts_table(ATTEMPTS)
     assert html.count("<tr>") == 3 and "relaunched from its last checkpoint at B=64" in html
-    assert "<td class=bad>oom</td>" in html and "out of memory at step 40" in html and "<td>1×</td>" in html
+    assert (
+        "<td class=bad>oom</td>" in html
+        and "out of memory at step 40" in html
+        and "<td>1×</td>" in html
+    )
     assert "not known" in attempts_table(None)
 
 
@@ -46,39 +68,74 @@ def test_training_curve_marks_relaunches_and_requeues():
 
 
 def test_summary_card_shows_predicted_vs_measured():
-    from tula.stages.report import prediction_card
+    from tula.stages.report.sections import prediction_card
 
-    final = {"workers": 2, "global_batch": 128, "predicted_step_time_s": 0.0267, "mean_step_time_s": 0.0250,
-             "predicted_step_time_interval_s": [0.020, 0.033], "predicted_train_time_s": 4.8,
-             "predicted_train_time_interval_s": [3.6, 5.9], "step_time_ratio": 0.025 / 0.0267, "train_time_s": 4.5,
-             "eval_time_s": 0.3, "checkpoint_time_s": 0.2, "startup_time_s": 4.9}  # fmt: skip
+    final = {
+        "workers": 2,
+        "global_batch": 128,
+        "predicted_step_time_s": 0.0267,
+        "mean_step_time_s": 0.0250,
+        "predicted_step_time_interval_s": [0.020, 0.033],
+        "predicted_train_time_s": 4.8,
+        "predicted_train_time_interval_s": [3.6, 5.9],
+        "step_time_ratio": 0.025 / 0.0267,
+        "train_time_s": 4.5,
+        "eval_time_s": 0.3,
+        "checkpoint_time_s": 0.2,
+        "startup_time_s": 4.9,
+    }
     html = prediction_card(final)
     assert "step predicted 26.70 ms (20.00–33.00), measured 25.00 ms (×0.936, inside" in html
     assert "training time predicted 5s (4s–6s), measured 4s in training steps" in html
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_card(final)
     assert "No prediction" in prediction_card({"workers": 1})
-    assert "wall time was not predicted" in prediction_card(final)  # probes from before the wall-time parts
-    final["wall_check"] = [{"part": "steps", "predicted_s": 4.8, "measured_s": 4.5, "ratio": 4.5 / 4.8},
-                           {"part": "rest", "predicted_s": None, "measured_s": 0.1, "ratio": None},
-                           {"part": "wall time", "predicted_s": 9.0, "measured_s": 10.0, "ratio": 10.0 / 9.0}]
+    # probes from before the wall-time parts
+    assert "wall time was not predicted" in prediction_card(final)
+    final["wall_check"] = [
+        {"part": "steps", "predicted_s": 4.8, "measured_s": 4.5, "ratio": 4.5 / 4.8},
+        {"part": "rest", "predicted_s": None, "measured_s": 0.1, "ratio": None},
+        {"part": "wall time", "predicted_s": 9.0, "measured_s": 10.0, "ratio": 10.0 / 9.0},
+    ]
     html = prediction_card(final)
     assert "<td>steps</td><td>5s</td><td>4s</td><td>×0.94</td>" in html and "not modelled" in html
-    assert "<tr class=bad><td>wall time</td>" in html  # 11 % over: more than the 5 % the prediction aims at
+    # 11 % over: more than the 5 % the prediction aims at
+    assert "<tr class=bad><td>wall time</td>" in html
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
-    from tula.stages.report import model_section
+    from tula.stages.report.sections import model_section
 
-    perf = {"compute": {"form": "saturating", "equation": "c0 + c1*max(b - b0, 0)",
-                        "params": {"c0": 0.02, "c1": 3e-4, "b0": 60.0},
-                        "params_ci95": {"c0": [0.019, 0.021], "c1": [2.9e-4, 3.1e-4], "b0": [55.0, 65.0]},
-                        "why": "leave-one-out error 1.2 % RMS over 40 points; linear: 30 %"},
-            "step": None,
-            "residuals": [{"workers": 1, "global_batch": 32, "error_pct": 1.0, "noise_pct": 3.0, "within_noise": True},
-                          {"workers": 1, "global_batch": 512, "error_pct": -7.0, "noise_pct": 3.0, "within_noise": False}]}  # fmt: skip
+    perf = {
+        "compute": {
+            "form": "saturating",
+            "equation": "c0 + c1*max(b - b0, 0)",
+            "params": {"c0": 0.02, "c1": 3e-4, "b0": 60.0},
+            "params_ci95": {"c0": [0.019, 0.021], "c1": [2.9e-4, 3.1e-4], "b0": [55.0, 65.0]},
+            "why": "leave-one-out error 1.2 % RMS over 40 points; linear: 30 %",
+        },
+        "step": None,
+        "residuals": [
+            {
+                "workers": 1,
+                "global_batch": 32,
+                "error_pct": 1.0,
+                "noise_pct": 3.0,
+                "within_noise": True,
+            },
+            {
+                "workers": 1,
+                "global_batch": 512,
+                "error_pct": -7.0,
+                "noise_pct": 3.0,
+                "within_noise": False,
+            },
+        ],
+    }
     html = model_section(perf)
-    assert "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
+    assert (
+        "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
+    )
     assert "within each probe's measured step-to-step noise at 1 of 2 probes" in html
     assert "Step (sync)" not in html and model_section(None) == ""
 
@@ -86,10 +143,16 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
 def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_batch():
     import pandas as pd
 
-    from tula.stages.report import noise_section
+    from tula.stages.report.sections import noise_section
 
-    pred = pd.DataFrame({"global_batch": [64, 256], "b_noise": [128.0, 128.0], "b_noise_se": [12.0, 12.0],
-                         "epochs_to_accuracy": [4.2, 7.5]})  # fmt: skip
+    pred = pd.DataFrame(
+        {
+            "global_batch": [64, 256],
+            "b_noise": [128.0, 128.0],
+            "b_noise_se": [12.0, 12.0],
+            "epochs_to_accuracy": [4.2, 7.5],
+        }
+    )
     html = noise_section(pred, 256)
     assert "B_noise = <b>128</b> &plusmn; 12" in html and "B = 256 is 2.00&times; B_noise" in html
     assert "worth 33 %" in html and "7.5 epochs" in html
@@ -97,26 +160,62 @@ def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_bat
 
 
 def test_the_drift_card_says_what_the_monitored_steps_found():
-    from tula.stages.report import drift_card
+    from tula.stages.report.sections import drift_card
 
     assert "No monitored steps" in drift_card({"monitored_steps": 0})
-    assert "none" in drift_card({"monitored_steps": 7, "drift": []}) and "7 monitored steps" in drift_card(
-        {"monitored_steps": 7, "drift": []})
-    d = {"step": 40, "reason": "sync 41.0 ms vs predicted 12.0 ms (8.9-15.6) for 40 steps", "action": "recorded"}
+    assert "none" in drift_card(
+        {"monitored_steps": 7, "drift": []}
+    ) and "7 monitored steps" in drift_card({"monitored_steps": 7, "drift": []})
+    d = {
+        "step": 40,
+        "reason": "sync 41.0 ms vs predicted 12.0 ms (8.9-15.6) for 40 steps",
+        "action": "recorded",
+    }
     card = drift_card({"monitored_steps": 9, "drift": [d]})
-    assert "found 1 time(s) in 9 monitored steps" in card and "step 40: sync 41.0 ms vs predicted 12.0 ms" in card
+    assert (
+        "found 1 time(s) in 9 monitored steps" in card
+        and "step 40: sync 41.0 ms vs predicted 12.0 ms" in card
+    )
 
 
 def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
     from tula.stages.plot import attempt_marks
-    from tula.stages.report import attempts_table
+    from tula.stages.report.sections import attempts_table
 
-    why = "sync 41.0 ms vs predicted 12.0 ms; moved from N=4 B=128 to N=2 B=128, predicted to save 31 % of the remaining time"
-    rec = {"selected_batch": 128, "workers": 4, "attempts": [
-        {"attempt": 1, "job_id": "7", "workers": 4, "global_batch": 128, "local_batch": 32, "start_step": 0,
-         "end_step": 90, "outcome": "moved", "reason": why, "segments": [{"start_step": 0}]},
-        {"attempt": 2, "job_id": "8", "workers": 2, "global_batch": 128, "local_batch": 64, "start_step": 90,
-         "end_step": 300, "outcome": "completed", "reason": "trained every epoch", "segments": [{"start_step": 90}]}]}  # fmt: skip
+    why = (
+        "sync 41.0 ms vs predicted 12.0 ms; moved from N=4 B=128 to N=2 B=128, predicted to save "
+        "31 % of the remaining time"
+    )
+    rec = {
+        "selected_batch": 128,
+        "workers": 4,
+        "attempts": [
+            {
+                "attempt": 1,
+                "job_id": "7",
+                "workers": 4,
+                "global_batch": 128,
+                "local_batch": 32,
+                "start_step": 0,
+                "end_step": 90,
+                "outcome": "moved",
+                "reason": why,
+                "segments": [{"start_step": 0}],
+            },
+            {
+                "attempt": 2,
+                "job_id": "8",
+                "workers": 2,
+                "global_batch": 128,
+                "local_batch": 64,
+                "start_step": 90,
+                "end_step": 300,
+                "outcome": "completed",
+                "reason": "trained every epoch",
+                "segments": [{"start_step": 90}],
+            },
+        ],
+    }
     html = attempts_table(rec)
     assert f"<p>Network drift: {why}.</p>" in html and "<td>4</td><td>128</td><td>32</td>" in html
     assert "<td>moved</td>" in html and "relaunched" not in html  # a move is not an error
@@ -125,10 +224,17 @@ def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
 
 
 def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_it():
-    from tula.stages.report import input_section
+    from tula.stages.report.sections import input_section
 
-    pred = pd.DataFrame({"workers": [1, 2, 4], "global_batch": [64, 64, 64], "step_time_s": [0.10, 0.06, 0.05],
-                         "input_time_s": [0.095, 0.05, 0.01], "input_bound": [True, True, False]})  # fmt: skip
+    pred = pd.DataFrame(
+        {
+            "workers": [1, 2, 4],
+            "global_batch": [64, 64, 64],
+            "step_time_s": [0.10, 0.06, 0.05],
+            "input_time_s": [0.095, 0.05, 0.01],
+            "input_bound": [True, True, False],
+        }
+    )
     meas = pd.DataFrame({"data_workers": [3, 3, 1]})
     card = input_section(pred, meas, (2, 64))
     assert "The input sets the pace</b> at N=1 B=64, N=2 B=64 " in card and "N=4" not in card
@@ -136,6 +242,9 @@ def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_i
     assert "data.num_workers" in card and "--cpus-per-task" in card
     calm = input_section(pred.assign(input_bound=False), meas, (4, 64))
     assert "at most 95 % of a predicted step" in calm and "does not set the pace" in calm
-    tiny = input_section(pred.assign(input_bound=False, input_time_s=[4e-5, 4e-5, 4e-5]), meas, (4, 64))
+    tiny = input_section(
+        pred.assign(input_bound=False, input_time_s=[4e-5, 4e-5, 4e-5]), meas, (4, 64)
+    )
     assert "at most 0.08 % of a predicted step" in tiny  # small shares keep their digits, not "0 %"
-    assert input_section(pred.assign(input_time_s=float("nan")), meas, (1, 64)) == ""  # not measured: not said
+    # not measured: not said
+    assert input_section(pred.assign(input_time_s=float("nan")), meas, (1, 64)) == ""

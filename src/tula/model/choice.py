@@ -31,7 +31,6 @@ from kneed import KneeLocator
 
 from tula.config import Config
 from tula.model import noise
-from tula.model import refit as refit_mod
 from tula.model.pricing import UNITS
 
 
@@ -121,20 +120,28 @@ class Choice:
 
 def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     """Objective time or cost: the least predicted T or C."""
-    col, what, unit = ("train_time_s", "training time T", "s") if cfg.objective == "time" else (
-        "cost", "cost C", cfg.pricing.currency)  # fmt: skip
+    col, what, unit = (
+        ("train_time_s", "training time T", "s")
+        if cfg.objective == "time"
+        else ("cost", "cost C", cfg.pricing.currency)
+    )
     ranked = cand.sort_values([col, "workers", "global_batch"])
     best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     reason = f"minimum {what}: {best[col]:.4g} {unit}"
     if runner is not None:
-        reason += f"; runner-up N={int(runner['workers'])} B={int(runner['global_batch'])} at {runner[col]:.4g} {unit}"
+        reason += (
+            f"; runner-up N={int(runner['workers'])} B={int(runner['global_batch'])} at "
+            f"{runner[col]:.4g} {unit}"
+        )
     return Choice(best, runner, reason)
 
 
 def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     """Objective knee: on the best-N envelope of T (or C) vs B, the marginal rule's or
     Kneedle's knee (``knee_rule``), both recorded."""
-    col, name, unit = ("cost", "C", cfg.pricing.currency) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
+    col, name, unit = (
+        ("cost", "C", cfg.pricing.currency) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
+    )
     env = _envelope(cand, col)
     b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
     kneedle_b = knee_of(b, y)
@@ -144,38 +151,66 @@ def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     block = _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened)
     if knee_b is None:
         best = env.sort_values(col).iloc[0]
-        return Choice(best, None, f"no Kneedle knee on the {name}-vs-B curve (fewer than three batch sizes, or no "
-                                  f"bend); fell back to the best point, {name} = {best[col]:.4g} {unit}", block)  # fmt: skip
+        return Choice(
+            best,
+            None,
+            f"no Kneedle knee on the {name}-vs-B curve (fewer than three batch sizes, or no "
+            f"bend); fell back to the best point, {name} = {best[col]:.4g} {unit}",
+            block,
+        )
     pos = int(np.flatnonzero(b == knee_b)[0])
     best = env.iloc[pos]
     runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
     reason = _knee_reason(cfg, name, unit, b, gains, pos, best[col], env[col].min(), flattened)
     if kneedle_b is not None and kneedle_b != marginal_b:
         other = "Kneedle" if cfg.knee_rule == "marginal" else "the marginal rule"
-        reason += f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
+        reason += (
+            f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
+        )
     return Choice(best, runner, reason, block)
 
 
-def _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened) -> dict[str, Any]:
-    """selection.json's ``knee``: both rules' answers, per N too, and the envelope with its gains."""
+def _knee_block(
+    cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened
+) -> dict[str, Any]:
+    """selection.json's ``knee``: both rules' answers, per N too, and the envelope with its
+    gains."""
     per_nodes = {}
     for n, g in cand.sort_values("global_batch").groupby("workers"):
         gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
-        per_nodes[str(int(n))] = {"marginal": marginal_knee(gb, gy, cfg.knee_gain)[0], "kneedle": knee_of(gb, gy)}
+        per_nodes[str(int(n))] = {
+            "marginal": marginal_knee(gb, gy, cfg.knee_gain)[0],
+            "kneedle": knee_of(gb, gy),
+        }
     return {
         "rule": cfg.knee_rule,
         "on": f"{col} (best N per B)",
         "global_batch": knee_b,
         "found": knee_b is not None,
-        "marginal": {"global_batch": marginal_b, "gain_threshold": cfg.knee_gain, "flattened": flattened,
-                     "rule": f"smallest B beyond which every doubling saves < {100 * cfg.knee_gain:g} % of {name}"},
-        "kneedle": {"global_batch": kneedle_b, "found": kneedle_b is not None,
-                    "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), x = B (linear axis)"},
+        "marginal": {
+            "global_batch": marginal_b,
+            "gain_threshold": cfg.knee_gain,
+            "flattened": flattened,
+            "rule": "smallest B beyond which every doubling saves "
+            f"< {100 * cfg.knee_gain:g} % of {name}",
+        },
+        "kneedle": {
+            "global_batch": kneedle_b,
+            "found": kneedle_b is not None,
+            "method": "kneed.KneeLocator(curve='convex', direction='decreasing'), "
+            "x = B (linear axis)",
+        },
         "per_nodes": per_nodes,
-        "envelope": [{"global_batch": int(r["global_batch"]), "workers": int(r["workers"]), col: float(r[col]),
-                      "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None}
-                     for i, (_, r) in enumerate(env.iterrows())],
-    }  # fmt: skip
+        "envelope": [
+            {
+                "global_batch": int(r["global_batch"]),
+                "workers": int(r["workers"]),
+                col: float(r[col]),
+                "gain_of_next_doubling": float(gains[i]) if i < len(gains) else None,
+            }
+            for i, (_, r) in enumerate(env.iterrows())
+        ],
+    }
 
 
 def _knee_reason(cfg, name, unit, b, gains, pos, value, lowest, flattened) -> str:
@@ -189,20 +224,41 @@ def _knee_reason(cfg, name, unit, b, gains, pos, value, lowest, flattened) -> st
     if not len(gains):
         return f"a single batch size: B={knee_b}, {name} = {value:.4g} {unit}"
     if not flattened:
-        return (f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the last doubling, "
-                f"to B={knee_b}: the knee lies beyond the grid, so the largest B is chosen ({name} = {value:.4g} "
-                f"{unit}); raise grid.batch_max to find it")  # fmt: skip
-    reason = (f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of {name} "
-              f"(< {100 * cfg.knee_gain:g} %)")  # fmt: skip
+        return (
+            f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the "
+            f"last doubling, to B={knee_b}: the knee lies beyond the grid, so the largest B is "
+            f"chosen ({name} = {value:.4g} {unit}); raise grid.batch_max to find it"
+        )
+    reason = (
+        f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of "
+        f"{name} (< {100 * cfg.knee_gain:g} %)"
+    )
     if pos + 1 < len(gains):
-        reason += f", and no further doubling saves more than {100 * max(gains[pos + 1:].max(), 0):.1f} %"
+        reason += (
+            f", and no further doubling saves more than {100 * max(gains[pos + 1 :].max(), 0):.1f} "
+            "%"
+        )
     if pos > 0:
         reason += f"; the doubling from B={int(b[pos - 1])} saved {100 * gains[pos - 1]:.1f} %"
     return reason + f". {name} = {value:.4g} {unit}, {above}"
 
 
-TO_ACCURACY = {"time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s", "slower"),
-               "cost_to_accuracy": ("cost_to_accuracy", "cost to accuracy", None, "dearer")}  # fmt: skip
+TO_ACCURACY = {
+    "time_to_accuracy": ("time_to_accuracy_s", "time to accuracy", "s", "slower"),
+    "cost_to_accuracy": ("cost_to_accuracy", "cost to accuracy", None, "dearer"),
+}
+
+
+def _accuracy_assumption(cfg: Config) -> str:
+    """What time (cost) to accuracy assumes, in words for selection.json and the report."""
+    b0 = cfg.train.base_batch
+    return (
+        f"workload.epochs ({cfg.workload.epochs}) reach the target accuracy at "
+        f"train.base_batch ({b0}); a batch B needs (1 + B/B_noise)/(1 + {b0}/B_noise) times "
+        "those epochs (McCandlish et al. 2018). B_noise is measured by the probes near the start "
+        "of training; it usually grows as training goes on, so later in training larger batches "
+        "pay off more than predicted here"
+    )
 
 
 def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
@@ -212,46 +268,64 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     col, what, unit, worse = TO_ACCURACY[cfg.objective]
     unit = unit or cfg.pricing.currency
     if col not in cand.columns or cand[col].isna().all():
-        raise ValueError(f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no probe "
-                         "gave: it comes from multi-worker probes (a grid.workers value >= 2) with probe.noise_steps "
-                         "> 0, and needs a positive |G|^2 estimate; use objective time, cost or knee otherwise")  # fmt: skip
+        raise ValueError(
+            f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no "
+            "probe gave: it comes from multi-worker probes (a grid.workers value >= 2) with "
+            "probe.noise_steps > 0, and needs a positive |G|^2 estimate; use objective time, cost "
+            "or knee otherwise"
+        )
     ranked = cand.sort_values([col, "workers", "global_batch"])
     best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     bn, b = float(best["b_noise"]), int(best["global_batch"])
 
     def at(row) -> dict[str, Any]:
-        return {"workers": int(row["workers"]), "global_batch": int(row["global_batch"]), col: float(row[col]),
-                "ratio_to_chosen": float(row[col] / best[col]),
-                "statistical_efficiency": noise.statistical_efficiency(float(row["global_batch"]), bn)}  # fmt: skip
+        return {
+            "workers": int(row["workers"]),
+            "global_batch": int(row["global_batch"]),
+            col: float(row[col]),
+            "ratio_to_chosen": float(row[col] / best[col]),
+            "statistical_efficiency": noise.statistical_efficiency(float(row["global_batch"]), bn),
+        }
 
     versus = {}
     for other in ("time", "knee"):
         sel = select(pred, replace(cfg, objective=other))["selected"]
-        versus[other] = at(cand[(cand["workers"] == sel["workers"]) & (cand["global_batch"] == sel["global_batch"])].iloc[0])
+        same = (cand["workers"] == sel["workers"]) & (cand["global_batch"] == sel["global_batch"])
+        versus[other] = at(cand[same].iloc[0])
     block = {
-        "b_noise": bn, "b_noise_se": float(best["b_noise_se"]), "critical_batch": bn,
-        "chosen_over_critical": b / bn, "statistical_efficiency": noise.statistical_efficiency(b, bn),
-        "epochs_to_accuracy": float(best["epochs_to_accuracy"]), "versus": versus,
-        "assumption": (f"workload.epochs ({cfg.workload.epochs}) reach the target accuracy at train.base_batch "
-                       f"({cfg.train.base_batch}); a batch B needs (1 + B/B_noise)/(1 + {cfg.train.base_batch}/"
-                       "B_noise) times those epochs (McCandlish et al. 2018). B_noise is measured by the probes "
-                       "near the start of training; it usually grows as training goes on, so later in training "
-                       "larger batches pay off more than predicted here"),
-    }  # fmt: skip
-    reason = (f"minimum predicted {what}: {best[col]:.4g} {unit} ({best['epochs_to_accuracy']:.3g} epochs at "
-              f"B={b}); gradient noise scale B_noise = {bn:.0f} ± {block['b_noise_se']:.0f} (the critical batch), "
-              f"B = {b / bn:.2f}x B_noise, statistical efficiency {100 * block['statistical_efficiency']:.0f} %")  # fmt: skip
+        "b_noise": bn,
+        "b_noise_se": float(best["b_noise_se"]),
+        "critical_batch": bn,
+        "chosen_over_critical": b / bn,
+        "statistical_efficiency": noise.statistical_efficiency(b, bn),
+        "epochs_to_accuracy": float(best["epochs_to_accuracy"]),
+        "versus": versus,
+        "assumption": _accuracy_assumption(cfg),
+    }
+    reason = (
+        f"minimum predicted {what}: {best[col]:.4g} {unit} ({best['epochs_to_accuracy']:.3g} "
+        f"epochs at B={b}); gradient noise scale B_noise = {bn:.0f} ± {block['b_noise_se']:.0f} "
+        f"(the critical batch), B = {b / bn:.2f}x B_noise, statistical efficiency "
+        f"{100 * block['statistical_efficiency']:.0f} %"
+    )
     for other, v in versus.items():
         if (v["workers"], v["global_batch"]) != (int(best["workers"]), b):
-            reason += (f"; objective {other} would pick N={v['workers']} B={v['global_batch']}, "
-                       f"{100 * (v['ratio_to_chosen'] - 1):.0f} % {worse} to accuracy")  # fmt: skip
+            reason += (
+                f"; objective {other} would pick N={v['workers']} B={v['global_batch']}, "
+                f"{100 * (v['ratio_to_chosen'] - 1):.0f} % {worse} to accuracy"
+            )
         else:
             reason += f"; objective {other} picks the same point"
     return Choice(best, runner, reason, block)
 
 
-OBJECTIVES = {"time": _minimum, "cost": _minimum, "knee": _knee, "time_to_accuracy": _to_accuracy,
-              "cost_to_accuracy": _to_accuracy}  # fmt: skip
+OBJECTIVES = {
+    "time": _minimum,
+    "cost": _minimum,
+    "knee": _knee,
+    "time_to_accuracy": _to_accuracy,
+    "cost_to_accuracy": _to_accuracy,
+}
 BLOCK_NAME = {"knee": "knee", "time_to_accuracy": "noise", "cost_to_accuracy": "noise"}
 
 
@@ -263,78 +337,33 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
         raise NoFeasibleConfiguration(
             "no feasible configuration: every grid point is excluded "
             f"({', '.join(f'{k}: {v}' for k, v in excluded.items() if v)}). Widen the grid "
-            "(grid.workers, grid.batch_min/batch_max), relax `constraints`, or raise hardware.device_memory_gb."
+            "(grid.workers, grid.batch_min/batch_max), relax `constraints`, or raise "
+            "hardware.device_memory_gb."
         )
     cur = cfg.pricing.currency
     choice = OBJECTIVES[cfg.objective](pred, cand, cfg)
-    out: dict[str, Any] = {"objective": cfg.objective, "candidates": int(len(cand)), "excluded": excluded}
+    out: dict[str, Any] = {
+        "objective": cfg.objective,
+        "candidates": int(len(cand)),
+        "excluded": excluded,
+    }
     if cfg.objective in BLOCK_NAME:
         out[BLOCK_NAME[cfg.objective]] = choice.block
     out["selected"] = _summary(choice.best, cur)
     out["runner_up"] = _summary(choice.runner, cur) if choice.runner is not None else None
     out["reason"] = choice.reason
-    out["pricing"] = {"model": cfg.pricing.model, "unit": UNITS[cfg.pricing.model],
-                      "per_worker_hour": cfg.pricing.per_worker_hour, "per_node_hour": cfg.pricing.per_node_hour,
-                      "per_gb_hour": cfg.pricing.per_gb_hour, "currency": cur,
-                      "workers_per_node": cfg.cluster.workers_per_node}  # fmt: skip
+    out["pricing"] = {
+        "model": cfg.pricing.model,
+        "unit": UNITS[cfg.pricing.model],
+        "per_worker_hour": cfg.pricing.per_worker_hour,
+        "per_node_hour": cfg.pricing.per_node_hour,
+        "per_gb_hour": cfg.pricing.per_gb_hour,
+        "currency": cur,
+        "workers_per_node": cfg.cluster.workers_per_node,
+    }
     if not math.isfinite(out["selected"]["train_time_s"]):
-        raise ValueError("selection: the selected point has no finite predicted time; check results/model/perf.json")
+        raise ValueError(
+            "selection: the selected point has no finite predicted time; check "
+            "results/model/perf.json"
+        )
     return out
-
-
-# -- re-selection on drift ----------------------------------------------------------
-MARGIN = 0.10  # of the remaining time (or cost) at the current point
-COST_OBJECTIVES = ("cost", "cost_to_accuracy")
-
-
-@dataclass(frozen=True)
-class Decision:
-    move: bool
-    workers: int
-    global_batch: int
-    reason: str
-    saving: float  # share of what is left at the current point
-
-
-def decide(cfg: Config, pred: pd.DataFrame, workers: int, batch: int, drift: dict[str, Any],
-           relaunch_s: float) -> Decision:  # fmt: skip
-    """Re-selection on drift, for `tula launch` (launch.replan: move): where to train
-    the rest after ``drift`` (a drift.json entry: observed_s, epochs_done), and whether moving
-    there pays for the relaunch.
-
-    The sync part is re-fitted from the job's own observations (:mod:`tula.model.refit`), the
-    grid re-predicted for the epochs left, and ``tula select``'s own objective and constraints
-    choose among it. The job moves when the chosen (N, B) finishes the rest sooner — or, for a
-    cost objective, cheaper — than staying, once the relaunch is paid, by more than a margin:
-
-        saving - measured relaunch cost (submission to first step, from this run's attempts)
-          >  MARGIN x what is left at the current point
-
-    so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot
-    make it move for nothing. Otherwise the drift is recorded and the job goes on.
-    """
-    refitted, fit = refit_mod.refit(pred, workers, batch, float(drift["observed_s"]))
-    left = max(cfg.workload.epochs - float(drift["epochs_done"]), 0.0)
-    rest = refit_mod.remaining(refitted, left)
-    cur = rest[(rest["workers"] == workers) & (rest["global_batch"] == batch)].iloc[0]
-    try:
-        chosen = select(rest, cfg)["selected"]
-    except NoFeasibleConfiguration:
-        chosen = {"workers": workers, "global_batch": batch}
-    to = rest[(rest["workers"] == chosen["workers"]) & (rest["global_batch"] == chosen["global_batch"])].iloc[0]
-    col = "cost" if cfg.objective in COST_OBJECTIVES else "train_time_s"
-    rate = float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
-    net = float(cur[col] - to[col]) - relaunch_s * rate  # what moving saves, the relaunch paid
-    head = (f"{drift['reason']}; re-fitted sync {fit.level} x{fit.factor:.2f}, {left:.2f} epochs left: ")
-    what = "time" if col == "train_time_s" else "cost"
-    n2, b2 = int(to["workers"]), int(to["global_batch"])
-    if (n2, b2) == (workers, batch):
-        return Decision(False, workers, batch, head + f"N={workers} B={batch} is still the {cfg.objective} choice; "
-                        "stayed", 0.0)  # fmt: skip
-    saving = net / float(cur[col]) if cur[col] > 0 else 0.0
-    if saving <= MARGIN:
-        return Decision(False, workers, batch, head + f"N={n2} B={b2} would save {100 * saving:.0f} % of the remaining "
-                        f"{what} after the relaunch ({relaunch_s:.0f} s), not more than the {100 * MARGIN:.0f} % margin; "
-                        "stayed", saving)  # fmt: skip
-    return Decision(True, n2, b2, head + f"moved from N={workers} B={batch} to N={n2} B={b2}, predicted to save "
-                    f"{100 * saving:.0f} % of the remaining {what} (relaunch {relaunch_s:.0f} s included)", saving)

@@ -130,8 +130,14 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
         x0 = np.clip(np.asarray(x0, float), lo, hi)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            res = least_squares(lambda th: (form(th, X) - y) / y, x0, bounds=(lo, hi), method="trf",
-                                x_scale="jac", max_nfev=2000)  # fmt: skip
+            res = least_squares(
+                lambda th: (form(th, X) - y) / y,
+                x0,
+                bounds=(lo, hi),
+                method="trf",
+                x_scale="jac",
+                max_nfev=2000,
+            )
         if best is None or res.cost < best.cost:
             best = res
     assert best is not None
@@ -145,18 +151,32 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
         # of freedom); the probes' noise, measured over many steps each, is known far better.
         # The larger of the two is kept, so a misfit beyond the noise still widens the interval.
         measured = float(np.sqrt(np.mean(np.asarray(noise, float) ** 2)))
-        extra["interval_from"] = (f"the probes' measured noise ({100 * measured:.1f} %): {max(dof, 0)} residual degree(s) "
-                                  "of freedom are too few to estimate the scatter") if measured >= sigma else (
-                                  f"the residual scatter ({100 * sigma:.1f} %), larger than the probes' measured noise "
-                                  f"({100 * measured:.1f} %), with normal quantiles")  # fmt: skip
+        extra["interval_from"] = (
+            (
+                f"the probes' measured noise ({100 * measured:.1f} %): {max(dof, 0)} residual "
+                "degree(s) of freedom are too few to estimate the scatter"
+            )
+            if measured >= sigma
+            else (
+                f"the residual scatter ({100 * sigma:.1f} %), larger than the probes' measured "
+                f"noise ({100 * measured:.1f} %), with normal quantiles"
+            )
+        )
         sigma, dof = max(sigma, measured), NOISE_DOF
     J = best.jac
     try:
         cov = np.linalg.pinv(J.T @ J) * sigma**2
     except np.linalg.LinAlgError:
         cov = np.zeros((p, p))
-    return Fitted(form, tuple(float(v) for v in best.x), tuple(tuple(float(v) for v in r) for r in cov), sigma, dof, n,
-                  extra)  # fmt: skip
+    return Fitted(
+        form,
+        tuple(float(v) for v in best.x),
+        tuple(tuple(float(v) for v in r) for r in cov),
+        sigma,
+        dof,
+        n,
+        extra,
+    )
 
 
 def held_out_errors(form: Form, X: Inputs, y: np.ndarray) -> tuple[np.ndarray, str]:
@@ -183,7 +203,9 @@ def aicc(fitted: Fitted) -> float:
     return n * math.log(rss / n) + 2 * p + 2 * p * (p + 1) / (n - p - 1)
 
 
-def choose(forms: list[Form], X: Inputs, y: np.ndarray, what: str, noise: np.ndarray | None = None) -> Fitted:
+def choose(
+    forms: list[Form], X: Inputs, y: np.ndarray, what: str, noise: np.ndarray | None = None
+) -> Fitted:
     """Fit the candidates and keep the best; ``forms`` are listed simplest first.
 
     With enough points for every candidate (p + 1: a held-out point predicted from p
@@ -196,28 +218,54 @@ def choose(forms: list[Form], X: Inputs, y: np.ndarray, what: str, noise: np.nda
     n = len(y)
     if n == 0:
         raise ValueError(f"{what}: no successful measurement to fit")
-    has_noise = noise is not None and len(noise) == n and bool(np.all(np.isfinite(noise) & (np.asarray(noise) > 0)))
+    has_noise = (
+        noise is not None
+        and len(noise) == n
+        and bool(np.all(np.isfinite(noise) & (np.asarray(noise) > 0)))
+    )
     if all(n >= len(f.params) + 1 for f in forms) or not has_noise:
         return _by_held_out(forms, X, y, noise)
+    return _by_aic(forms, X, y, np.asarray(noise))
+
+
+def _by_aic(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray) -> Fitted:
+    """Too few points to hold any out: AIC with the known (measured) noise, chi^2 + 2p, over
+    the forms the points determine."""
+    n = len(y)
     rows, best = [], None
     for form in forms:
         if n < len(form.params):
-            rows.append({"form": form.name, "n_params": len(form.params), "note": f"needs {len(form.params)} points"})
+            rows.append(
+                {
+                    "form": form.name,
+                    "n_params": len(form.params),
+                    "note": f"needs {len(form.params)} points",
+                }
+            )
             continue
         f = fit(form, X, y, noise)
         chi2 = float(np.sum(((f.predict(X) - y) / y / np.asarray(noise)) ** 2))
         score = chi2 + 2 * len(form.params)
-        rows.append({"form": form.name, "n_params": len(form.params), "chi2": chi2, "aic_known_noise": score,
-                     "max_abs_residual_pct": float(100 * np.max(np.abs((f.predict(X) - y) / y)))})  # fmt: skip
+        rows.append(
+            {
+                "form": form.name,
+                "n_params": len(form.params),
+                "chi2": chi2,
+                "aic_known_noise": score,
+                "max_abs_residual_pct": float(100 * np.max(np.abs((f.predict(X) - y) / y))),
+            }
+        )
         if best is None or score < best[1]:
             best = (f, score)
     assert best is not None
     f = best[0]
-    why = (f"{n} points cannot judge every form by held-out error; AIC with the probes' measured noise "
-           f"({100 * float(np.median(noise)):.1f} % median) picks {f.form.name}: "
-           + ", ".join(f"{r['form']}: chi2 {r['chi2']:.1f} + 2p" for r in rows if "chi2" in r))  # fmt: skip
-    return Fitted(f.form, f.theta, f.cov, f.sigma, f.dof, f.n_points,
-                  {**f.extra, "criterion": "aic_known_noise", "candidates": rows, "why": why})  # fmt: skip
+    why = (
+        f"{n} points cannot judge every form by held-out error; AIC with the probes' measured "
+        f"noise ({100 * float(np.median(noise)):.1f} % median) picks {f.form.name}: "
+        + ", ".join(f"{r['form']}: chi2 {r['chi2']:.1f} + 2p" for r in rows if "chi2" in r)
+    )
+    extra = {**f.extra, "criterion": "aic_known_noise", "candidates": rows, "why": why}
+    return Fitted(f.form, f.theta, f.cov, f.sigma, f.dof, f.n_points, extra)
 
 
 def _by_held_out(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray | None) -> Fitted:
@@ -227,32 +275,58 @@ def _by_held_out(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray 
     how = "none"
     for form in forms:
         if n < len(form.params) + 1:
-            rows.append({"form": form.name, "n_params": len(form.params), "held_out_rms_pct": None,
-                         "note": f"needs {len(form.params) + 1} points, has {n}"})  # fmt: skip
+            rows.append(
+                {
+                    "form": form.name,
+                    "n_params": len(form.params),
+                    "held_out_rms_pct": None,
+                    "note": f"needs {len(form.params) + 1} points, has {n}",
+                }
+            )
             continue
         err, how = held_out_errors(form, X, y)
         rms = float(np.sqrt(np.mean(err**2)))
         full = fit(form, X, y)
-        rows.append({"form": form.name, "n_params": len(form.params), "held_out_rms_pct": rms,
-                     "held_out_median_abs_pct": float(np.median(np.abs(err))), "aicc": aicc(full)})  # fmt: skip
+        rows.append(
+            {
+                "form": form.name,
+                "n_params": len(form.params),
+                "held_out_rms_pct": rms,
+                "held_out_median_abs_pct": float(np.median(np.abs(err))),
+                "aicc": aicc(full),
+            }
+        )
         if best is None or (rms < (1 - PARSIMONY) * best[1] and best[1] - rms > MIN_GAIN_PCT):
             best = (form, rms)
     if best is None:
         form = forms[0]
         chosen = fit(form, X, y, noise)
-        why = f"too few points ({n}) to compare forms by held-out error: the simplest form, {form.name}"
+        why = (
+            f"too few points ({n}) to compare forms by held-out error: the simplest form, "
+            f"{form.name}"
+        )
     else:
         form = best[0]
         chosen = fit(form, X, y, noise)
-        simpler = [r for r in rows if r["held_out_rms_pct"] is not None and r["form"] != form.name
-                   and r["n_params"] < len(form.params)]  # fmt: skip
-        why = f"{how} error {best[1]:.2f} % RMS over {n} points"
-        if simpler:
-            why += "; " + ", ".join(f"{r['form']}: {r['held_out_rms_pct']:.2f} %" for r in simpler)
-        others = [r for r in rows if r["held_out_rms_pct"] is not None and r["form"] != form.name
-                  and r["n_params"] >= len(form.params)]  # fmt: skip
-        if others:
-            why += "; other forms did not cut it by " + f"{100 * PARSIMONY:.0f} % (" + ", ".join(
-                f"{r['form']}: {r['held_out_rms_pct']:.2f} %" for r in others) + ")"
-    return Fitted(chosen.form, chosen.theta, chosen.cov, chosen.sigma, chosen.dof, chosen.n_points,
-                  {**chosen.extra, "criterion": "held_out", "cross_validation": how, "candidates": rows, "why": why})  # fmt: skip
+        why = _held_out_why(rows, form, best[1], how, n)
+    extra = {"criterion": "held_out", "cross_validation": how, "candidates": rows, "why": why}
+    c = chosen
+    return Fitted(c.form, c.theta, c.cov, c.sigma, c.dof, c.n_points, {**c.extra, **extra})
+
+
+def _held_out_why(rows: list[dict[str, Any]], form: Form, rms: float, how: str, n: int) -> str:
+    """Why ``form`` won: its held-out error, the simpler forms' errors, and the forms that did
+    not beat it by PARSIMONY."""
+    judged = [r for r in rows if r["held_out_rms_pct"] is not None and r["form"] != form.name]
+    simpler = [r for r in judged if r["n_params"] < len(form.params)]
+    others = [r for r in judged if r["n_params"] >= len(form.params)]
+    why = f"{how} error {rms:.2f} % RMS over {n} points"
+    if simpler:
+        why += "; " + ", ".join(f"{r['form']}: {r['held_out_rms_pct']:.2f} %" for r in simpler)
+    if others:
+        why += (
+            f"; other forms did not cut it by {100 * PARSIMONY:.0f} % ("
+            + ", ".join(f"{r['form']}: {r['held_out_rms_pct']:.2f} %" for r in others)
+            + ")"
+        )
+    return why

@@ -15,9 +15,9 @@ the part that matters for a plan: a sync change worth less than ``tolerance`` of
 cannot move the choice of (N, B) by much, and it absorbs the probe-to-production difference
 of the step (0.9-1.2x, BENCHMARKS.md) that the interval of the fit does not know about.
 
-After firing, the detector re-arms around what it observed (a band as wide as the predicted
-one): a later change is a new drift, the same level with its scatter is not reported again. No torch here: the launcher and the report use it too.
-"""
+After firing, the detector re-arms around what it observed (a band as wide as the predicted one): a
+later change is a new drift, the same level with its scatter is not reported again. No torch here:
+the launcher and the report use it too."""
 
 from __future__ import annotations
 
@@ -75,9 +75,12 @@ class Drift:
     observations: int
 
     def describe(self) -> str:
-        return (f"sync {1e3 * self.observed_s:.1f} ms vs predicted {1e3 * self.predicted_s:.1f} ms "
-                f"({1e3 * self.lo_s:.1f}-{1e3 * self.hi_s:.1f}) for {self.step - self.since_step} steps "
-                f"(median of the last {self.observations} observations, steps {self.since_step}-{self.step})")
+        return (
+            f"sync {1e3 * self.observed_s:.1f} ms vs predicted {1e3 * self.predicted_s:.1f} ms "
+            f"({1e3 * self.lo_s:.1f}-{1e3 * self.hi_s:.1f}) for {self.step - self.since_step} "
+            f"steps (median of the last {self.observations} observations, steps "
+            f"{self.since_step}-{self.step})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "reason": self.describe()}
@@ -103,12 +106,23 @@ class Detector:
         if ref.contains(med):
             return None
         b = self.band
-        drift = Drift(step=step, since_step=last[0][0], observed_s=med, predicted_s=b.predicted_s, lo_s=b.lo_s,
-                      hi_s=b.hi_s, direction="slower" if med > ref.accept_hi_s else "faster",
-                      observations=self.window)  # fmt: skip
+        drift = Drift(
+            step=step,
+            since_step=last[0][0],
+            observed_s=med,
+            predicted_s=b.predicted_s,
+            lo_s=b.lo_s,
+            hi_s=b.hi_s,
+            direction="slower" if med > ref.accept_hi_s else "faster",
+            observations=self.window,
+        )
         # re-arm around what is observed now, as wide as the predicted interval was: the same
         # level, with its own scatter, is not a new drift
         w = (b.hi_s - b.lo_s) / 2
-        self.level = Band(med, max(med - w, 0.0), med + w, b.step_s, b.tolerance) if not b.contains(med) else None
+        self.level = (
+            Band(med, max(med - w, 0.0), med + w, b.step_s, b.tolerance)
+            if not b.contains(med)
+            else None
+        )
         self.seen = self.seen[-1:]
         return drift

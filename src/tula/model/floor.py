@@ -43,13 +43,26 @@ def _starts(X, y):
 
 def input_forms() -> list[Form]:
     return [
-        Form("per_sample", ("i1",), lambda th, X: th[0] * X["b"], (0,), (INF,),
-             lambda X, y: [np.array([max(float(np.mean(y / X["b"])), 1e-12)])], "i1*b"),
+        Form(
+            "per_sample",
+            ("i1",),
+            lambda th, X: th[0] * X["b"],
+            (0,),
+            (INF,),
+            lambda X, y: [np.array([max(float(np.mean(y / X["b"])), 1e-12)])],
+            "i1*b",
+        ),
         Form("linear", ("i0", "i1"), _linear, (0, 0), (INF, INF), _starts, "i0 + i1*b"),
-        Form("linear_shared", ("i0", "i1", "k"), _shared, (0, 0, 0), (INF, INF, 10),
-             lambda X, y: [np.append(s, k) for s in _starts(X, y) for k in (0.0, 0.5)],
-             "(i0 + i1*b) * (1 + k*(g-1)), g workers on a node"),
-    ]  # fmt: skip
+        Form(
+            "linear_shared",
+            ("i0", "i1", "k"),
+            _shared,
+            (0, 0, 0),
+            (INF, INF, 10),
+            lambda X, y: [np.append(s, k) for s in _starts(X, y) for k in (0.0, 0.5)],
+            "(i0 + i1*b) * (1 + k*(g-1)), g workers on a node",
+        ),
+    ]
 
 
 INPUT_FORMS = {f.name: f for f in input_forms()}
@@ -65,5 +78,9 @@ def fit_input(probes: pd.DataFrame, workers_per_node: int) -> Fitted | None:
         return None
     n = rows["workers"].to_numpy(float)
     X = {"b": rows["local_batch"].to_numpy(float), "n": n / nodes_of(n, workers_per_node)}
-    forms = [f for f in input_forms() if len(np.unique(X["n"])) > 1 or not f.name.endswith("_shared")]
-    return curvefit.choose(forms, X, pd.to_numeric(rows["input_time_s"]).to_numpy(float), "input floor")
+    forms = [
+        f for f in input_forms() if len(np.unique(X["n"])) > 1 or not f.name.endswith("_shared")
+    ]
+    return curvefit.choose(
+        forms, X, pd.to_numeric(rows["input_time_s"]).to_numpy(float), "input floor"
+    )

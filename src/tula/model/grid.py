@@ -36,7 +36,8 @@ def batch_sizes(cfg: Config) -> list[int]:
 
 
 def grid(cfg: Config) -> list[Point]:
-    """Every candidate (N, B): each N of grid.workers times each B (B divisible by N by config check)."""
+    """Every candidate (N, B): each N of grid.workers times each B (B divisible by N by config
+    check)."""
     return [Point(n, b) for n in cfg.grid.workers for b in batch_sizes(cfg)]
 
 
@@ -63,6 +64,7 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     the grid crosses a node boundary (:func:`boundary_workers`), also the largest one-node N
     and the smallest multi-node N, alike, so the sync model sees both sides of it.
     """
+
     def fits(p: Point) -> bool:
         return max_local_batch is None or p.local_batch <= max_local_batch
 
@@ -78,8 +80,13 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     return sorted(corners)
 
 
-def sweep_local_batches(cfg: Config, workers: int, own_local_batch: int, max_local_batch: int | None,
-                        train_samples: int | None = None) -> list[int]:
+def sweep_local_batches(
+    cfg: Config,
+    workers: int,
+    own_local_batch: int,
+    max_local_batch: int | None,
+    train_samples: int | None = None,
+) -> list[int]:
     """The other local batches a probe job at N=``workers`` times compute at (the
     compute curve from every probe job): every local batch of the grid (B'/N' for each B'
     and N'), up to b_max, whose global batch at this N fits in one epoch of data."""

@@ -38,9 +38,12 @@ class LinearFit:
     def predict(self, x: float | np.ndarray) -> np.ndarray:
         return self.intercept + self.slope * np.asarray(x, dtype=float)
 
-    def predict_interval(self, x: float | np.ndarray, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    def predict_interval(
+        self, x: float | np.ndarray, alpha: float = 0.05
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) of the 1 - alpha prediction interval of a new measurement at x."""
-        from scipy import stats  # 0.6 s: only here, not in every process that reads b_max from the memory model
+        # 0.6 s: only here, not in every process that reads b_max from the memory model
+        from scipy import stats
 
         xa = np.asarray(x, dtype=float)
         yhat = self.predict(xa)
@@ -48,8 +51,12 @@ class LinearFit:
             return yhat, yhat
         c = np.asarray(self.cov)
         var_mean = c[0, 0] + 2 * c[0, 1] * xa + c[1, 1] * xa**2
-        noise = self.sigma * (np.maximum(np.abs(yhat), self.weight_floor) if self.weight_floor > 0 else 1.0)
-        half = stats.t.ppf(1 - alpha / 2, self.df_resid) * np.sqrt(np.maximum(var_mean, 0) + noise**2)
+        noise = self.sigma * (
+            np.maximum(np.abs(yhat), self.weight_floor) if self.weight_floor > 0 else 1.0
+        )
+        half = stats.t.ppf(1 - alpha / 2, self.df_resid) * np.sqrt(
+            np.maximum(var_mean, 0) + noise**2
+        )
         return yhat - half, yhat + half
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,7 +99,8 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
     if distinct < 2:
         mean = float(ya.mean())
         return LinearFit(mean, 0.0, (mean, mean), (0.0, 0.0), float("nan"), len(xa), distinct)
-    import statsmodels.api as sm  # 1.4-1.8 s: only where a line is fitted, not in every process that reads b_max
+    # 1.4-1.8 s: only where a line is fitted, not in every process that reads b_max
+    import statsmodels.api as sm
 
     X = sm.add_constant(xa, has_constant="add")
     with warnings.catch_warnings():  # two points: an exact line, no residual degrees of freedom
@@ -100,7 +108,8 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
         res = sm.OLS(ya, X).fit()
     floor = 0.0
     if len(xa) > 2 and np.abs(ya).max() > 0:
-        # Relative-error weights; the floor keeps near-zero values (tiny sync times) from dominating.
+        # Relative-error weights; the floor keeps near-zero values (tiny sync times) from
+        # dominating.
         floor = 0.05 * float(np.abs(ya).max())
         scale = np.maximum(np.abs(res.fittedvalues), floor)
         res = sm.WLS(ya, X, weights=1.0 / scale**2).fit()
@@ -116,7 +125,9 @@ def fit_linear(x: Sequence[float], y: Sequence[float], what: str = "fit") -> Lin
         r2=_r2(res) if len(xa) > 2 else 1.0,
         n_points=len(xa),
         distinct_x=distinct,
-        cov=tuple(tuple(float(v) for v in row) for row in np.asarray(res.cov_params())) if len(xa) > 2 else ((0.0, 0.0), (0.0, 0.0)),
+        cov=tuple(tuple(float(v) for v in row) for row in np.asarray(res.cov_params()))
+        if len(xa) > 2
+        else ((0.0, 0.0), (0.0, 0.0)),
         sigma=float(np.sqrt(res.scale)) if len(xa) > 2 else 0.0,
         weight_floor=floor,
         df_resid=float(res.df_resid) if len(xa) > 2 else 0.0,

@@ -5,7 +5,7 @@ tool) can be written in this form and fed to ``tula fit`` / ``tula predict``.
 Required columns (units in the names):
 
 =================  ============================================================
-workers            N, data-parallel workers (GPUs, or CPU processes) of the job that measured the row
+workers            N, data-parallel workers (GPUs, or CPU processes) of the measuring job
 global_batch       B, samples per optimizer step over all workers, of that job
 local_batch        b, samples per worker per step (B / N for probe rows)
 step_time_s        mean wall time of one synchronous training step (s)
@@ -26,17 +26,17 @@ Optional ``source`` says what a row is (absent: every row is a probe):
   peak_mem_bytes; the times are empty.
 
 Other optional columns written by ``tula aggregate``: nodes (the nodes that job ran on: N /
-cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s, compute_time_iqr_s,
-step_time_cv, compute_time_cv, epoch_start_extra_s, rss_peak_bytes, grad_bytes_per_step,
-param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples, wall_s, device,
-backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``), error, probe_file; and on multi-worker probe rows the gradient noise scale
-(tula.model.noise): grad_noise_scale = B_noise = grad_trace / grad_sq, grad_sq = |G|^2 and
-grad_trace = tr(Sigma), the per-sample gradient covariance's trace, with grad_sq_se and
-grad_trace_se their standard errors over the noise steps (empty for N = 1); and on probe rows
-input_time_s, the input pipeline's time per batch read alone (no model; the slowest rank's),
-the floor of :mod:`tula.model.floor`, with input_bound (it took at least INPUT_BOUND, 80 %, of the step) and
-data_workers (the loader processes each worker read with).
-"""
+cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s,
+compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, rss_peak_bytes,
+grad_bytes_per_step, param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples,
+wall_s, device, backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``),
+error, probe_file; and on multi-worker probe rows the gradient noise scale (tula.model.noise):
+grad_noise_scale = B_noise = grad_trace / grad_sq, grad_sq = |G|^2 and grad_trace = tr(Sigma), the
+per-sample gradient covariance's trace, with grad_sq_se and grad_trace_se their standard errors over
+the noise steps (empty for N = 1); and on probe rows input_time_s, the input pipeline's time per
+batch read alone (no model; the slowest rank's), the floor of :mod:`tula.model.floor`, with
+input_bound (it took at least INPUT_BOUND, 80 %, of the step) and data_workers (the loader processes
+each worker read with)."""
 
 from __future__ import annotations
 
@@ -46,15 +46,52 @@ import numpy as np
 import pandas as pd
 
 REQUIRED = [
-    "workers", "global_batch", "local_batch", "step_time_s", "compute_time_s", "sync_time_s", "peak_mem_bytes", "status",
-]  # fmt: skip
+    "workers",
+    "global_batch",
+    "local_batch",
+    "step_time_s",
+    "compute_time_s",
+    "sync_time_s",
+    "peak_mem_bytes",
+    "status",
+]
 OPTIONAL = [
-    "source", "nodes", "step_time_iqr_s", "compute_time_iqr_s", "step_time_cv", "compute_time_cv", "epoch_start_extra_s",
-    "rss_peak_bytes", "grad_bytes_per_step", "param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes",
-    "train_samples", "wall_s", "device", "backend", "comm_env", "error", "probe_file", "grad_noise_scale", "grad_sq", "grad_trace",
-    "grad_sq_se", "grad_trace_se", "startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s",
-    "first_steps_time_s", "block_steps", "input_time_s", "input_bound", "data_workers",
-]  # fmt: skip
+    "source",
+    "nodes",
+    "step_time_iqr_s",
+    "compute_time_iqr_s",
+    "step_time_cv",
+    "compute_time_cv",
+    "epoch_start_extra_s",
+    "rss_peak_bytes",
+    "grad_bytes_per_step",
+    "param_bytes",
+    "grad_bytes",
+    "opt_bytes",
+    "act_bytes",
+    "batch_bytes",
+    "train_samples",
+    "wall_s",
+    "device",
+    "backend",
+    "comm_env",
+    "error",
+    "probe_file",
+    "grad_noise_scale",
+    "grad_sq",
+    "grad_trace",
+    "grad_sq_se",
+    "grad_trace_se",
+    "startup_time_s",
+    "eval_first_time_s",
+    "eval_time_s",
+    "checkpoint_time_s",
+    "first_steps_time_s",
+    "block_steps",
+    "input_time_s",
+    "input_bound",
+    "data_workers",
+]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")
 # The numbers an ok row of each source must carry.
@@ -77,14 +114,18 @@ def load(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{p}: empty file; expected columns {', '.join(REQUIRED)}") from None
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise ValueError(f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED)}")
+        raise ValueError(
+            f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED)}"
+        )
     if "source" not in df.columns:
         df["source"] = "probe"
     df["source"] = df["source"].fillna("probe").astype(str)
     unknown = sorted(set(df["source"]) - set(SOURCES))
     if unknown:
         i = int((~df["source"].isin(SOURCES)).idxmax())
-        raise ValueError(f"{p}: row {i + 2}, column source: {unknown[0]!r} is not one of {', '.join(SOURCES)}")
+        raise ValueError(
+            f"{p}: row {i + 2}, column source: {unknown[0]!r} is not one of {', '.join(SOURCES)}"
+        )
     ok = df["status"] == "ok"
     for c in NUMERIC:
         vals = pd.to_numeric(df[c], errors="coerce")
@@ -95,9 +136,13 @@ def load(path: str | Path) -> pd.DataFrame:
         bad = ok & ((vals.isna() & needed) | (vals < 0))
         if bad.any():
             i = int(bad.idxmax())
-            raise ValueError(f"{p}: row {i + 2}, column {c}: {df.at[i, c]!r} is not a non-negative number")
+            raise ValueError(
+                f"{p}: row {i + 2}, column {c}: {df.at[i, c]!r} is not a non-negative number"
+            )
         df[c] = vals
-    bad_div = ok & (df["source"] == "probe") & (df["local_batch"] * df["workers"] != df["global_batch"])
+    bad_div = (
+        ok & (df["source"] == "probe") & (df["local_batch"] * df["workers"] != df["global_batch"])
+    )
     if bad_div.any():
         i = int(bad_div.idxmax())
         raise ValueError(f"{p}: row {i + 2}: local_batch x workers != global_batch")

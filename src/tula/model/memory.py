@@ -41,7 +41,8 @@ class MemoryModel:
             fits = None if self.fit.intercept <= self.budget_bytes else 0
         else:
             b = (self.budget_bytes - self.fit.intercept) / self.fit.slope
-            fits = max(int(np.floor(b + 1e-9 * max(abs(b), 1.0))), 0)  # tolerate rounding just below a whole batch
+            # tolerate rounding just below a whole batch
+            fits = max(int(np.floor(b + 1e-9 * max(abs(b), 1.0))), 0)
         return fits if limit is None else limit if fits is None else min(fits, limit)
 
     def feasible(self, local_batch: float | np.ndarray) -> np.ndarray:
@@ -61,15 +62,21 @@ class MemoryModel:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MemoryModel":
-        return cls(fit=LinearFit.from_dict(d["fit"]), budget_bytes=d.get("budget_bytes"),
-                   oom_local_batch=d.get("oom_local_batch"))  # fmt: skip
+        return cls(
+            fit=LinearFit.from_dict(d["fit"]),
+            budget_bytes=d.get("budget_bytes"),
+            oom_local_batch=d.get("oom_local_batch"),
+        )
 
 
 def from_points(ok: list[dict], oom: list[dict], budget_bytes: float | None) -> MemoryModel:
     """The memory model of the memory probe's points: ``ok`` ones (local_batch,
     peak_mem_bytes) fitted, the smallest ``oom`` local batch an upper bound."""
-    fit_ = fit_linear([p["local_batch"] for p in ok], [p["peak_mem_bytes"] for p in ok],
-                      what="memory probe (peak_mem_bytes vs local_batch)")  # fmt: skip
+    fit_ = fit_linear(
+        [p["local_batch"] for p in ok],
+        [p["peak_mem_bytes"] for p in ok],
+        what="memory probe (peak_mem_bytes vs local_batch)",
+    )
     oom_b = min((int(p["local_batch"]) for p in oom), default=None)
     return MemoryModel(fit=fit_, budget_bytes=budget_bytes, oom_local_batch=oom_b)
 
@@ -78,7 +85,10 @@ def max_local_batch(memory_probe_path) -> int | None:
     """b_max of a results/memory_probe.json (None: unbounded); the error names the file."""
     rec = read_json(memory_probe_path)
     if "max_local_batch" not in rec:
-        raise ValueError(f"{memory_probe_path}: not a memory probe record (no max_local_batch); re-run `tula memprobe`")
+        raise ValueError(
+            f"{memory_probe_path}: not a memory probe record (no max_local_batch); re-run `tula "
+            "memprobe`"
+        )
     b = rec["max_local_batch"]
     return None if b is None else int(b)
 
@@ -86,9 +96,16 @@ def max_local_batch(memory_probe_path) -> int | None:
 def fit(measurements: pd.DataFrame, budget_bytes: float | None) -> MemoryModel:
     """Fit peak memory against local batch over every successful row that measured it
     (timing probes, sweep rows and the memory probe's rows alike); :func:`oom_bound` caps it."""
-    ok = measurements[(measurements["status"] == "ok") & pd.to_numeric(measurements["peak_mem_bytes"], errors="coerce").notna()]
+    ok = measurements[
+        (measurements["status"] == "ok")
+        & pd.to_numeric(measurements["peak_mem_bytes"], errors="coerce").notna()
+    ]
     return MemoryModel(
-        fit=fit_linear(ok["local_batch"], ok["peak_mem_bytes"], what="memory model (peak_mem_bytes vs local_batch)"),
+        fit=fit_linear(
+            ok["local_batch"],
+            ok["peak_mem_bytes"],
+            what="memory model (peak_mem_bytes vs local_batch)",
+        ),
         budget_bytes=budget_bytes,
         oom_local_batch=oom_bound(measurements),
     )
@@ -146,4 +163,8 @@ def next_probe_batch(cfg: Config, points: list[dict]) -> int | None:
     if not fits:
         return None
     b = fits[-1]
-    return b if b > max(p["local_batch"] for p in ok) and b not in {p["local_batch"] for p in points} else None
+    return (
+        b
+        if b > max(p["local_batch"] for p in ok) and b not in {p["local_batch"] for p in points}
+        else None
+    )

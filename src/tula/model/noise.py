@@ -41,7 +41,8 @@ class NoiseScale:
 
     grad_sq: float  # |G|^2
     trace: float  # tr(Sigma)
-    b_noise: float | None  # tr(Sigma) / |G|^2; None when either estimate is not positive (too noisy to tell)
+    # tr(Sigma) / |G|^2; None when either estimate is not positive (too noisy to tell)
+    b_noise: float | None
     grad_sq_se: float
     trace_se: float
     b_noise_se: float | None  # delta method from the two standard errors (their covariance ignored)
@@ -53,7 +54,9 @@ class NoiseScale:
         return asdict(self)
 
 
-def estimate(small_sq, big_sq, small_batch: int, big_batch: int, population: int | None = None) -> NoiseScale:
+def estimate(
+    small_sq, big_sq, small_batch: int, big_batch: int, population: int | None = None
+) -> NoiseScale:
     """The noise scale from per-step squared norms: ``small_sq[i]`` = |G_b|² at step i (the
     workers' mean), ``big_sq[i]`` = |G_B|² of the same step, b = ``small_batch`` samples per
     worker, B = ``big_batch`` samples in all, drawn without replacement from ``population``
@@ -63,20 +66,27 @@ def estimate(small_sq, big_sq, small_batch: int, big_batch: int, population: int
         raise ValueError(f"need one |G_b|^2 and one |G_B|^2 per step (got {s.size} and {g.size})")
     b, B = float(small_batch), float(big_batch)
     if not 0 < b < B:
-        raise ValueError(f"the noise scale needs two batch sizes 0 < b < B (got b={small_batch}, B={big_batch}): "
-                         "it cannot be estimated from one worker")  # fmt: skip
+        raise ValueError(
+            f"the noise scale needs two batch sizes 0 < b < B (got b={small_batch}, "
+            f"B={big_batch}): it cannot be estimated from one worker"
+        )
     if population is not None and not B <= population:
         raise ValueError(f"a step of B={big_batch} samples cannot be drawn from {population}")
     trace = (s - g) / (1.0 / b - 1.0 / B)
     grad = g - trace * (1.0 / B - (1.0 / population if population else 0.0))
     n = s.size
-    se = (lambda x: float(np.std(x, ddof=1) / math.sqrt(n)) if n > 1 else float("nan"))  # noqa: E731
+    se = lambda x: float(np.std(x, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")  # noqa: E731
     g2, tr = float(grad.mean()), float(trace.mean())
     g2_se, tr_se = se(grad), se(trace)
     b_noise = tr / g2 if g2 > 0 and tr > 0 else None
-    b_noise_se = (abs(b_noise) * math.hypot(tr_se / tr if tr else float("nan"), g2_se / g2)
-                  if b_noise is not None else None)  # fmt: skip
-    return NoiseScale(g2, tr, b_noise, g2_se, tr_se, b_noise_se, n, int(small_batch), int(big_batch))
+    b_noise_se = (
+        abs(b_noise) * math.hypot(tr_se / tr if tr else float("nan"), g2_se / g2)
+        if b_noise is not None
+        else None
+    )
+    return NoiseScale(
+        g2, tr, b_noise, g2_se, tr_se, b_noise_se, n, int(small_batch), int(big_batch)
+    )
 
 
 def statistical_efficiency(global_batch, b_noise: float):
@@ -89,7 +99,11 @@ def epochs_to_accuracy(epochs: float, global_batch, base_batch: int, b_noise: fl
     """Epochs batch B needs to reach the accuracy ``epochs`` reach at ``base_batch``: reaching a
     given loss takes E = E_min (1 + B / B_noise) samples, so the epochs scale by
     (1 + B / B_noise) / (1 + base_batch / B_noise). Scalars or arrays."""
-    return epochs * statistical_efficiency(base_batch, b_noise) / statistical_efficiency(global_batch, b_noise)
+    return (
+        epochs
+        * statistical_efficiency(base_batch, b_noise)
+        / statistical_efficiency(global_batch, b_noise)
+    )
 
 
 def pool(measured) -> dict[str, Any] | None:
@@ -101,7 +115,9 @@ def pool(measured) -> dict[str, Any] | None:
     if "grad_sq" not in df.columns or "grad_trace" not in df.columns:
         return None
     src = df["source"] if "source" in df.columns else pd.Series("probe", index=df.index)
-    rows = df[(src == "probe") & (df["status"] == "ok") & df["grad_sq"].notna() & df["grad_trace"].notna()]
+    rows = df[
+        (src == "probe") & (df["status"] == "ok") & df["grad_sq"].notna() & df["grad_trace"].notna()
+    ]
     if rows.empty:
         return None
 
@@ -120,7 +136,19 @@ def pool(measured) -> dict[str, Any] | None:
         return None
     b = tr / g2
     b_se = abs(b) * math.hypot(tr_se / tr if tr else float("nan"), g2_se / g2)
-    return {"b_noise": b, "b_noise_se": b_se, "grad_sq": g2, "grad_sq_se": g2_se, "grad_trace": tr,
-            "grad_trace_se": tr_se, "probes": [{"workers": int(r.workers), "global_batch": int(r.global_batch),
-                                               "b_noise": float(r.grad_trace / r.grad_sq) if r.grad_sq > 0 else None}
-                                              for r in rows.itertuples()]}  # fmt: skip
+    return {
+        "b_noise": b,
+        "b_noise_se": b_se,
+        "grad_sq": g2,
+        "grad_sq_se": g2_se,
+        "grad_trace": tr,
+        "grad_trace_se": tr_se,
+        "probes": [
+            {
+                "workers": int(r.workers),
+                "global_batch": int(r.global_batch),
+                "b_noise": float(r.grad_trace / r.grad_sq) if r.grad_sq > 0 else None,
+            }
+            for r in rows.itertuples()
+        ],
+    }

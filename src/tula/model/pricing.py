@@ -20,7 +20,12 @@ def worker_cost(train_time_s, workers, per_worker_hour: float):
 
 
 def node_cost(train_time_s, workers, workers_per_node: int, per_node_hour: float):
-    return np.asarray(train_time_s, dtype=float) / 3600.0 * nodes_of(workers, workers_per_node) * per_node_hour
+    return (
+        np.asarray(train_time_s, dtype=float)
+        / 3600.0
+        * nodes_of(workers, workers_per_node)
+        * per_node_hour
+    )
 
 
 def memory_cost(train_time_s, workers, mem_bytes, per_gb_hour: float):

@@ -23,9 +23,13 @@ objectives and constraints choose among them as they did before training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from tula.config import Config
+from tula.model.choice import NoFeasibleConfiguration, select
 
 COST_COLUMNS = ("cost", "cost_worker_hour", "cost_node_hour", "cost_memory", "cost_to_accuracy")
 
@@ -38,7 +42,9 @@ class Refit:
     predicted_s: float
 
 
-def refit(pred: pd.DataFrame, workers: int, batch: int, observed_sync_s: float) -> tuple[pd.DataFrame, Refit]:
+def refit(
+    pred: pd.DataFrame, workers: int, batch: int, observed_sync_s: float
+) -> tuple[pd.DataFrame, Refit]:
     """predictions.csv with sync (and step) re-fitted from the observed sync at (workers, batch)."""
     row = _row(pred, workers, batch)
     predicted = float(row["sync_time_s"])
@@ -46,12 +52,15 @@ def refit(pred: pd.DataFrame, workers: int, batch: int, observed_sync_s: float) 
     multi = int(row["nodes"]) > 1
     out = pred.copy()
     same_level = (out["nodes"] > 1) if multi else ((out["nodes"] == 1) & (out["workers"] > 1))
-    if not np.isfinite(factor):  # nothing predicted there: the observed sync itself, at every point of that level
+    # nothing predicted there: the observed sync itself, at every point of that level
+    if not np.isfinite(factor):
         out.loc[same_level, "sync_time_s"] = observed_sync_s
     else:
         out.loc[same_level, "sync_time_s"] = out.loc[same_level, "sync_time_s"] * factor
     out["step_time_s"] = out["compute_time_s"] + out["sync_time_s"]
-    return out, Refit(float(factor), "between nodes" if multi else "within a node", observed_sync_s, predicted)
+    return out, Refit(
+        float(factor), "between nodes" if multi else "within a node", observed_sync_s, predicted
+    )
 
 
 def remaining(pred: pd.DataFrame, epochs_left: float) -> pd.DataFrame:
@@ -65,7 +74,9 @@ def remaining(pred: pd.DataFrame, epochs_left: float) -> pd.DataFrame:
             out[c] = out[c] * share
     if "time_to_accuracy_s" in out.columns:
         frac = epochs_left / out["epochs"]
-        out["time_to_accuracy_s"] = out["epochs_to_accuracy"] * frac * out["steps_per_epoch"] * out["step_time_s"]
+        out["time_to_accuracy_s"] = (
+            out["epochs_to_accuracy"] * frac * out["steps_per_epoch"] * out["step_time_s"]
+        )
     return out
 
 
@@ -74,3 +85,91 @@ def _row(pred: pd.DataFrame, workers: int, batch: int) -> pd.Series:
     if match.empty:
         raise ValueError(f"predictions.csv has no row for N={workers} B={batch}")
     return match.iloc[0]
+
+
+# -- the decision: move or stay ---------------------------------------------------------
+MARGIN = 0.10  # of the remaining time (or cost) at the current point
+COST_OBJECTIVES = ("cost", "cost_to_accuracy")
+
+
+@dataclass(frozen=True)
+class Decision:
+    move: bool
+    workers: int
+    global_batch: int
+    reason: str
+    saving: float  # share of what is left at the current point
+
+
+def _here_and_there(
+    cfg: Config, rest: pd.DataFrame, workers: int, batch: int
+) -> tuple[pd.Series, pd.Series]:
+    """The rest of training at the current (N, B), and at the point the objective chooses now
+    (the current one where nothing is feasible)."""
+    cur = rest[(rest["workers"] == workers) & (rest["global_batch"] == batch)].iloc[0]
+    try:
+        chosen = select(rest, cfg)["selected"]
+    except NoFeasibleConfiguration:
+        chosen = {"workers": workers, "global_batch": batch}
+    at = (rest["workers"] == chosen["workers"]) & (rest["global_batch"] == chosen["global_batch"])
+    return cur, rest[at].iloc[0]
+
+
+def decide(
+    cfg: Config,
+    pred: pd.DataFrame,
+    workers: int,
+    batch: int,
+    drift: dict[str, Any],
+    relaunch_s: float,
+) -> Decision:
+    """Re-selection on drift, for `tula launch` (launch.replan: move): where to train
+    the rest after ``drift`` (a drift.json entry: observed_s, epochs_done), and whether moving
+    there pays for the relaunch.
+
+    The sync part is re-fitted from the job's own observations (:mod:`tula.model.refit`), the
+    grid re-predicted for the epochs left, and ``tula select``'s own objective and constraints
+    choose among it. The job moves when the chosen (N, B) finishes the rest sooner — or, for a
+    cost objective, cheaper — than staying, once the relaunch is paid, by more than a margin:
+
+        saving - measured relaunch cost (submission to first step, from this run's attempts)
+          >  MARGIN x what is left at the current point
+
+    so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot
+    make it move for nothing. Otherwise the drift is recorded and the job goes on.
+    """
+    refitted, fit = refit(pred, workers, batch, float(drift["observed_s"]))
+    left = max(cfg.workload.epochs - float(drift["epochs_done"]), 0.0)
+    cur, to = _here_and_there(cfg, remaining(refitted, left), workers, batch)
+    col = "cost" if cfg.objective in COST_OBJECTIVES else "train_time_s"
+    rate = (
+        float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
+    )
+    net = float(cur[col] - to[col]) - relaunch_s * rate  # what moving saves, the relaunch paid
+    head = (
+        f"{drift['reason']}; re-fitted sync {fit.level} x{fit.factor:.2f}, {left:.2f} epochs left: "
+    )
+    what = "time" if col == "train_time_s" else "cost"
+    n2, b2 = int(to["workers"]), int(to["global_batch"])
+    if (n2, b2) == (workers, batch):
+        still = f"N={workers} B={batch} is still the {cfg.objective} choice; stayed"
+        return Decision(False, workers, batch, head + still, 0.0)
+    saving = net / float(cur[col]) if cur[col] > 0 else 0.0
+    if saving <= MARGIN:
+        return Decision(
+            False,
+            workers,
+            batch,
+            head + f"N={n2} B={b2} would save {100 * saving:.0f} % of the remaining "
+            f"{what} after the relaunch ({relaunch_s:.0f} s), not more than the {100 * MARGIN:.0f} "
+            "% margin; stayed",
+            saving,
+        )
+    return Decision(
+        True,
+        n2,
+        b2,
+        head + f"moved from N={workers} B={batch} to N={n2} B={b2}, predicted to save "
+        f"{100 * saving:.0f} % of the remaining {what} (relaunch {relaunch_s:.0f} s included)",
+        saving,
+    )

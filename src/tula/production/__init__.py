@@ -1,9 +1,11 @@
 """The production job, in one room: the launcher on the login node (:mod:`.launcher`: attempts,
-the relaunch after an OOM, the re-plan and the move), the job's directory and history
-(:mod:`.history`), the job's entry point (:mod:`.job`), the worker's training loop
-(:mod:`.trainer`) with its stops (:mod:`.stops`) and monitoring (:mod:`.monitor`), and the
-check of the prediction against what the job paid (:mod:`.confirm`).
+requeues, resume; :mod:`.relaunch`: the smaller batch after an OOM; :mod:`.replan`: the move on
+drift), the job's directory and history (:mod:`.history`), the job's entry point (:mod:`.job`),
+the worker's training loop (:mod:`.trainer`) with its records (:mod:`.records`), stops
+(:mod:`.stops`) and monitoring (:mod:`.monitor`), and the check of the prediction against what
+the job paid (:mod:`.confirm`).
 
-The launcher side (launcher, confirm, history, job) imports no torch: ``tula launch`` runs on
-the login node. The worker side (trainer, stops, monitor) runs inside the job's tasks and
-trains with :mod:`tula.runtime`'s one training step. This module imports nothing."""
+The launcher side (launcher, relaunch, replan, confirm, history, job) imports no torch:
+``tula launch`` runs on the login node. The worker side (trainer, records, stops, monitor) runs
+inside the job's tasks and trains with :mod:`tula.runtime`'s one training step. This module
+imports nothing."""

@@ -14,7 +14,9 @@ from tula.io import read_json, write_json
 from tula.model.perf import evaluation_time
 
 
-def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> dict[str, Any] | None:
+def prediction_row(
+    predictions: str | Path | None, workers: int, batch: int
+) -> dict[str, Any] | None:
     """predictions.csv's row at (N, B), or None (no predictions, or the point is not in them)."""
     if not predictions or not Path(predictions).exists():
         return None
@@ -23,7 +25,8 @@ def prediction_row(predictions: str | Path | None, workers: int, batch: int) -> 
     return None if match.empty else match.iloc[0].to_dict()
 
 
-WALL_PARTS = (  # (name, final.json's measured key, how the prediction of it is made from predictions.csv's row)
+# (name, final.json's measured key, how the prediction of it is made from predictions.csv's row)
+WALL_PARTS = (
     ("steps", "train_time_s", lambda r: r["train_time_s"]),
     ("start-up", "startup_time_s", lambda r: r["startup_time_s"]),
     ("first steps", "first_steps_time_s", lambda r: r.get("first_steps_time_s", 0.0)),
@@ -42,42 +45,71 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
     if row is None:
         return final
     pred_step, pred_T = float(row["step_time_s"]), float(row["train_time_s"])
-    final.update({
-        "predicted_step_time_s": pred_step,
-        "predicted_step_time_interval_s": [float(row["step_time_lo_s"]), float(row["step_time_hi_s"])],
-        "predicted_train_time_s": pred_T,
-        "predicted_train_time_interval_s": [float(row["train_time_lo_s"]), float(row["train_time_hi_s"])],
-        "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
-        "train_time_ratio": final["train_time_s"] / pred_T if pred_T > 0 else None,
-        "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); train_time_s counts "
-                           "training steps only; wall_check compares each part of the wall time",
-    })  # fmt: skip
+    final.update(
+        {
+            "predicted_step_time_s": pred_step,
+            "predicted_step_time_interval_s": [
+                float(row["step_time_lo_s"]),
+                float(row["step_time_hi_s"]),
+            ],
+            "predicted_train_time_s": pred_T,
+            "predicted_train_time_interval_s": [
+                float(row["train_time_lo_s"]),
+                float(row["train_time_hi_s"]),
+            ],
+            "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
+            "train_time_ratio": final["train_time_s"] / pred_T if pred_T > 0 else None,
+            "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); "
+            "train_time_s counts training steps only; wall_check compares each part of the wall "
+            "time",
+        }
+    )
     final.update(_wall_check(final, row))
     write_json(final_path, final)
     lo, hi = final["predicted_step_time_interval_s"]
-    print(f"[launch] prediction check at N={final['workers']} B={final['global_batch']}: step predicted "
-          f"{1e3 * pred_step:.2f} ms (95 % interval {1e3 * lo:.2f}-{1e3 * hi:.2f}), measured "
-          f"{1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f})", flush=True)  # fmt: skip
+    print(
+        f"[launch] prediction check at N={final['workers']} B={final['global_batch']}: step "
+        f"predicted {1e3 * pred_step:.2f} ms (95 % interval {1e3 * lo:.2f}-{1e3 * hi:.2f}), "
+        f"measured {1e3 * final['mean_step_time_s']:.2f} ms (x{final['step_time_ratio']:.3f})",
+        flush=True,
+    )
     for part in final.get("wall_check") or []:
-        pred = "not predicted" if part["predicted_s"] is None else f"predicted {part['predicted_s']:.1f} s"
+        pred = (
+            "not predicted"
+            if part["predicted_s"] is None
+            else f"predicted {part['predicted_s']:.1f} s"
+        )
         ratio = "" if part["ratio"] is None else f" (x{part['ratio']:.3f})"
-        print(f"[launch]   {part['part']:<12} {pred}, paid {part['measured_s']:.1f} s{ratio}", flush=True)
+        print(
+            f"[launch]   {part['part']:<12} {pred}, paid {part['measured_s']:.1f} s{ratio}",
+            flush=True,
+        )
     return final
 
 
 def _wall_check(final: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """Each part of the wall time, predicted (predictions.csv) against paid (final.json)."""
-    if final.get("wall_time_s") is None or not math.isfinite(float(row.get("wall_time_s", math.nan))):
+    if final.get("wall_time_s") is None or not math.isfinite(
+        float(row.get("wall_time_s", math.nan))
+    ):
         return {}
 
     def part(name: str, predicted: float | None, measured: float) -> dict[str, Any]:
         ratio = measured / predicted if predicted else None
         return {"part": name, "predicted_s": predicted, "measured_s": measured, "ratio": ratio}
 
-    parts = [part(name, float(pred(row)), float(final.get(key, 0.0))) for name, key, pred in WALL_PARTS]
+    parts = [
+        part(name, float(pred(row)), float(final.get(key, 0.0))) for name, key, pred in WALL_PARTS
+    ]
     rest = final["wall_time_s"] - sum(p["measured_s"] for p in parts)
     wall = float(row["wall_time_s"])
     parts += [part("rest", None, rest), part("wall time", wall, float(final["wall_time_s"]))]
-    return {"wall_check": parts, "predicted_wall_time_s": wall,
-            "predicted_wall_time_interval_s": [float(row["wall_time_lo_s"]), float(row["wall_time_hi_s"])],
-            "wall_time_ratio": final["wall_time_s"] / wall if wall > 0 else None}
+    return {
+        "wall_check": parts,
+        "predicted_wall_time_s": wall,
+        "predicted_wall_time_interval_s": [
+            float(row["wall_time_lo_s"]),
+            float(row["wall_time_hi_s"]),
+        ],
+        "wall_time_ratio": final["wall_time_s"] / wall if wall > 0 else None,
+    }

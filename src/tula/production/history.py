@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ from tula.config import Config
 from tula.io import read_json, write_json
 
 EXECUTORS = ("local", "slurm")
+
+
+def utc_now() -> str:
+    """Now, as the job's records write a time (UTC, to the second)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def oom_record_path(out_dir: Path, attempt: int, rank: int) -> Path:
@@ -52,7 +58,8 @@ def segments(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
 
 
 def move_request_path(out_dir: Path) -> Path:
-    """`tula launch` writes this (launch.replan: move) to ask the running job to checkpoint and stop."""
+    """`tula launch` writes this (launch.replan: move) to ask the running job to checkpoint and
+    stop."""
     return Path(out_dir) / "move.request"
 
 
@@ -82,8 +89,10 @@ class Attempt:
     outcome: str = "running"
     reason: str = ""
     segments: list[dict[str, Any]] = field(default_factory=list)
-    drift: list[dict[str, Any]] = field(default_factory=list)  # network drift the job found (tula.model.drift)
-    workers: int | None = None  # N of this attempt (None in records written before moves existed: the selected N)
+    # network drift the job found (tula.model.drift)
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    # N of this attempt (None in records written before moves existed: the selected N)
+    workers: int | None = None
     submitted: float | None = None  # when it was submitted (epoch seconds): what a relaunch costs
 
 
@@ -115,8 +124,14 @@ class History:
     def write(self, outcome: str | None = None) -> None:
         if outcome is not None:
             self.outcome = outcome
-        record = {"fingerprint": self.fingerprint, "workers": self.workers, "selected_batch": self.selected_batch,
-                  "executor": self.executor, "outcome": self.outcome, "attempts": [asdict(a) for a in self.attempts]}
+        record = {
+            "fingerprint": self.fingerprint,
+            "workers": self.workers,
+            "selected_batch": self.selected_batch,
+            "executor": self.executor,
+            "outcome": self.outcome,
+            "attempts": [asdict(a) for a in self.attempts],
+        }
         for p in (self.out / "checkpoints" / "attempts.json", self.out / "attempts.json"):
             write_json(p, record)
 
@@ -129,25 +144,47 @@ def resolve_executor(cfg: Config, hint: str | None) -> str:
     return hint if hint in EXECUTORS else "local"
 
 
-def make_executor(cfg: Config, kind: str, folder: Path, n_workers: int, timeout_min: int,
-                  partition: str | None = None, account: str | None = None,
-                  name: str = "tula-train") -> submitit.Executor:  # fmt: skip
+def make_executor(
+    cfg: Config,
+    kind: str,
+    folder: Path,
+    n_workers: int,
+    timeout_min: int,
+    partition: str | None = None,
+    account: str | None = None,
+    name: str = "tula-train",
+) -> submitit.Executor:
     """A submitit executor for one attempt's job: :func:`tula.slurm.job_shape` on SLURM,
     N local processes otherwise."""
     if kind == "slurm" and not shutil.which("sbatch"):
-        raise RuntimeError("config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
-                           "login node, or set launch.executor: local")  # fmt: skip
+        raise RuntimeError(
+            "config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
+            "login node, or set launch.executor: local"
+        )
     gpus = n_workers if cfg.hardware.device == "cuda" else 0
-    shape = slurm.job_shape(cfg, n_workers) if kind == "slurm" else slurm.JobShape(
-        1, n_workers, cfg.hardware.threads_per_worker, gpus)  # fmt: skip
-    ex = submitit.AutoExecutor(folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues)
-    params: dict[str, Any] = {"name": name, "timeout_min": timeout_min, "tasks_per_node": shape.tasks_per_node,
-                              "nodes": shape.nodes, "cpus_per_task": shape.cpus_per_task}  # fmt: skip
+    shape = (
+        slurm.job_shape(cfg, n_workers)
+        if kind == "slurm"
+        else slurm.JobShape(1, n_workers, cfg.hardware.threads_per_worker, gpus)
+    )
+    ex = submitit.AutoExecutor(
+        folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues
+    )
+    params: dict[str, Any] = {
+        "name": name,
+        "timeout_min": timeout_min,
+        "tasks_per_node": shape.tasks_per_node,
+        "nodes": shape.nodes,
+        "cpus_per_task": shape.cpus_per_task,
+    }
     if shape.gpus_per_node:
         params["gpus_per_node"] = shape.gpus_per_node
     if kind == "slurm":
         L = cfg.launch
-        params.update(slurm_signal_delay_s=L.signal_delay_s, slurm_additional_parameters={**L.slurm_additional})
+        params.update(
+            slurm_signal_delay_s=L.signal_delay_s,
+            slurm_additional_parameters={**L.slurm_additional},
+        )
         if L.slurm_partition or partition:
             params["slurm_partition"] = L.slurm_partition or partition
         if L.slurm_account or account:
@@ -162,13 +199,18 @@ def submit(executor: submitit.Executor, fn: Any, kind: str) -> submitit.Job:
     """Submit ``fn``; a refusal (sbatch's message) is an error naming the keys to check."""
     try:
         return executor.submit(fn)
-    except (subprocess.CalledProcessError, RuntimeError) as exc:  # submitit raises sbatch's stderr as RuntimeError
+    except (
+        subprocess.CalledProcessError,
+        RuntimeError,
+    ) as exc:  # submitit raises sbatch's stderr as RuntimeError
         said = (getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)).strip()
         said = said.decode(errors="replace") if isinstance(said, bytes) else said
-        raise RuntimeError(f"{'sbatch' if kind == 'slurm' else 'the local executor'} refused the training job: "
-                           f"{' / '.join(said.splitlines()) if said else exc}. Check launch.slurm_partition, "
-                           "launch.slurm_account and launch.slurm_additional in the config (or slurm_partition / "
-                           "slurm_account in the profile)") from None  # fmt: skip
+        raise RuntimeError(
+            f"{'sbatch' if kind == 'slurm' else 'the local executor'} refused the training job: "
+            f"{' / '.join(said.splitlines()) if said else exc}. Check launch.slurm_partition, "
+            "launch.slurm_account and launch.slurm_additional in the config (or slurm_partition / "
+            "slurm_account in the profile)"
+        ) from None
 
 
 def resumable(ck: Path, fingerprint: str) -> bool:
@@ -180,7 +222,8 @@ def resumable(ck: Path, fingerprint: str) -> bool:
     try:
         meta = read_json(found[0][1])
     except ValueError:
-        return len(found) > 1  # a damaged newest manifest: the worker falls back to the previous one
+        # a damaged newest manifest: the worker falls back to the previous one
+        return len(found) > 1
     return meta.get("fingerprint") == fingerprint and not meta.get("complete")
 
 
@@ -191,15 +234,19 @@ def still_running(prior: dict[str, Any], out: Path, workers: int) -> submitit.Jo
     if last.get("outcome") != "running":
         return None
     if prior.get("executor") == "slurm":
-        job = submitit.SlurmJob(folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(workers)))
+        job = submitit.SlurmJob(
+            folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(workers))
+        )
         return None if slurm.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
     pid = int(last["job_id"])
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return None
-    raise RuntimeError(f"the local training job of an earlier tula launch (process {pid}) is still running; wait "
-                       f"for it to end or stop it (kill {pid}), then run this again")  # fmt: skip
+    raise RuntimeError(
+        f"the local training job of an earlier tula launch (process {pid}) is still running; wait "
+        f"for it to end or stop it (kill {pid}), then run this again"
+    )
 
 
 class Echo:
@@ -251,7 +298,9 @@ def log_tail(job: submitit.Job, n: int = 30) -> str:
 
 def _error_line(text: str) -> str:
     """The last 'SomeError: message' line of a worker's traceback."""
-    found = re.findall(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.MULTILINE)
+    found = re.findall(
+        r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$", text, flags=re.MULTILINE
+    )
     return found[-1].strip() if found else ""
 
 
@@ -262,13 +311,22 @@ def outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
     try:
         results = job.results()
     except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
-        if markers:  # a rank ran out of memory where the ranks cannot agree (backward) and left this record
+        # a rank ran out of memory where the ranks cannot agree (backward) and left this record
+        if markers:
             m = read_json(markers[0])
-            return "oom", f"out of memory {m['place']} ({markers[0].stem.split('-')[1]}): {m['message']}"
+            return (
+                "oom",
+                f"out of memory {m['place']} ({markers[0].stem.split('-')[1]}): {m['message']}",
+            )
         if segs and segs[-1]["outcome"] == "stopped":
             return "stopped", segs[-1]["reason"]
         return "failed", _error_line(str(exc)) or type(exc).__name__
     result = results[0] if isinstance(results, list) else results
     if result.get("outcome") == "oom":
-        return "oom", f"out of memory {result['place']} on rank(s) {result['ranks']}: {result['message']}"
-    return result.get("outcome", "failed"), "trained every epoch" if result.get("outcome") == "completed" else str(result)
+        return (
+            "oom",
+            f"out of memory {result['place']} on rank(s) {result['ranks']}: {result['message']}",
+        )
+    return result.get("outcome", "failed"), "trained every epoch" if result.get(
+        "outcome"
+    ) == "completed" else str(result)

@@ -24,24 +24,48 @@ class ProductionJob(submitit.helpers.Checkpointable):
     workers do not pay, so the probe's start-up would not predict the job's (BENCHMARKS.md,
     start-up). `tula launch` imports it to submit it."""
 
-    def __init__(self, config: str, workers: int, global_batch: int, out_dir: str, ckpt: checkpoint.Checkpointing,
-                 band: dict[str, float] | None = None, device: devices.Decision | None = None):  # fmt: skip
-        self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = config, workers, global_batch, out_dir, ckpt
-        self.device = device  # tula launch's decision (tula.devices), which its job request followed
-        self.band = band  # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
+    def __init__(
+        self,
+        config: str,
+        workers: int,
+        global_batch: int,
+        out_dir: str,
+        ckpt: checkpoint.Checkpointing,
+        band: dict[str, float] | None = None,
+        device: devices.Decision | None = None,
+    ):
+        self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = (
+            config,
+            workers,
+            global_batch,
+            out_dir,
+            ckpt,
+        )
+        # tula launch's decision (tula.devices), which its job request followed
+        self.device = device
+        # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
+        self.band = band
 
     def __call__(self) -> dict[str, Any]:
         cfg = load_config(self.config)
         if self.device is not None:
             cfg = devices.apply(cfg, self.device)
-        os.environ.update(worker_environment(cfg.hardware.threads_per_worker))  # as the probe's workers, before torch
+        # as the probe's workers, before torch
+        os.environ.update(worker_environment(cfg.hardware.threads_per_worker))
         on_cuda = cfg.hardware.device == "cuda"
         # every task derives the rendezvous port alike, outside the ephemeral range (see
         # slurm.master_port); a MASTER_PORT the user exported wins
-        os.environ.setdefault("MASTER_PORT", str(slurm.master_port(submitit.JobEnvironment().job_id)))
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=on_cuda, overwrite=True)
-        from tula.production.trainer import Trainer  # torch: imported by the job's tasks, never by tula launch
+        os.environ.setdefault(
+            "MASTER_PORT", str(slurm.master_port(submitit.JobEnvironment().job_id))
+        )
+        submitit.helpers.TorchDistributedEnvironment().export(
+            set_cuda_visible_devices=on_cuda, overwrite=True
+        )
+        # torch: imported by the job's tasks, never by tula launch
+        from tula.production.trainer import Trainer
 
-        return Trainer(cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band).run()
+        return Trainer(
+            cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band
+        ).run()
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.

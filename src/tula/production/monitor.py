@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import asdict
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,14 +37,28 @@ from tula import checkpoint
 from tula.io import read_json, write_csv, write_json
 from tula.model import drift as drift_mod
 from tula.runtime import agreement
-from tula.runtime.optim import load_optimizer_state
 from tula.runtime.methods import refresh_due
+from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
-FIRST_AFTER = 100  # auto: the first pair (about one step's cost) after this many steps: 1 % from the start
-COLUMNS = ["step", "epoch", "workers", "global_batch", "step_time_s", "compute_time_s", "sync_time_s",
-           "monitor_cost_s", "predicted_sync_s", "sync_lo_s", "sync_hi_s", "attempt", "time"]  # fmt: skip
+# auto: the first pair (about one step's cost) after this many steps: 1 % from the start
+FIRST_AFTER = 100
+COLUMNS = [
+    "step",
+    "epoch",
+    "workers",
+    "global_batch",
+    "step_time_s",
+    "compute_time_s",
+    "sync_time_s",
+    "monitor_cost_s",
+    "predicted_sync_s",
+    "sync_lo_s",
+    "sync_hi_s",
+    "attempt",
+    "time",
+]
 
 
 def next_auto_pair(at: int, since: int, spent_s: float, cost_s: float, step_s: float) -> int:
@@ -56,14 +70,29 @@ def next_auto_pair(at: int, since: int, spent_s: float, cost_s: float, step_s: f
 
 def _snapshot(replica: Replica) -> dict[str, Any]:
     """Everything one training step changes, copied (to host memory: no extra device memory)."""
-    cpu = lambda sd: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v) for k, v in sd.items()}  # noqa: E731
-    return {"model": cpu(replica.ddp.module.state_dict()), "optimizer": copy.deepcopy(replica.opt.state_dict()),
-            "scheduler": replica.sched.state_dict(), "scaler": replica.scaler.state_dict(),
-            "pos": dataclasses.replace(replica.pos), "stats": replica.stats.clone(), "rng": checkpoint.rng_state(),
-            "fields": {k: copy.copy(getattr(replica, k)) for k in ("last_chunk", "refreshed", "force_refresh", "noise_pairs")},
-            # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
-            # step before synced its gradients: a no_sync step turns that off for the next one
-            "ddp_forward_sync": replica.ddp.require_forward_param_sync}  # fmt: skip
+
+    def cpu(sd):
+        return {
+            k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
+            for k, v in sd.items()
+        }
+
+    return {
+        "model": cpu(replica.ddp.module.state_dict()),
+        "optimizer": copy.deepcopy(replica.opt.state_dict()),
+        "scheduler": replica.sched.state_dict(),
+        "scaler": replica.scaler.state_dict(),
+        "pos": dataclasses.replace(replica.pos),
+        "stats": replica.stats.clone(),
+        "rng": checkpoint.rng_state(),
+        "fields": {
+            k: copy.copy(getattr(replica, k))
+            for k in ("last_chunk", "refreshed", "force_refresh", "noise_pairs")
+        },
+        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
+        # step before synced its gradients: a no_sync step turns that off for the next one
+        "ddp_forward_sync": replica.ddp.require_forward_param_sync,
+    }
 
 
 def _restore(replica: Replica, snap: dict[str, Any]) -> None:
@@ -84,12 +113,27 @@ class Monitor:
     Across a requeue or a relaunch the rows and drifts of steps up to the checkpoint resumed
     from are kept (later steps are trained again, and measured again)."""
 
-    def __init__(self, replica: Replica, every: int | str | None, out_dir: Path, attempt: int,
-                 band: drift_mod.Band | None, resumed_from: int, times: dict[str, float]):  # fmt: skip
-        self.replica, self.out, self.attempt, self.band, self.times = replica, Path(out_dir), attempt, band, times
+    def __init__(
+        self,
+        replica: Replica,
+        every: int | str | None,
+        out_dir: Path,
+        attempt: int,
+        band: drift_mod.Band | None,
+        resumed_from: int,
+        times: dict[str, float],
+    ):
+        self.replica, self.out, self.attempt, self.band, self.times = (
+            replica,
+            Path(out_dir),
+            attempt,
+            band,
+            times,
+        )
         self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
         self.every = None if every in (None, "auto") else int(every)
-        # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier attempts' too)
+        # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier
+        # attempts' too)
         self.since, self.spent_before = resumed_from, times["monitor_time_s"]
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
@@ -97,7 +141,9 @@ class Monitor:
         if replica.rank == 0:
             steps, drifts = self.out / "steps.csv", self.out / "drift.json"
             if steps.exists() and resumed_from > 0:
-                self.rows = [r for r in pd.read_csv(steps).to_dict("records") if r["step"] <= resumed_from]
+                self.rows = [
+                    r for r in pd.read_csv(steps).to_dict("records") if r["step"] <= resumed_from
+                ]
             if drifts.exists() and resumed_from > 0:
                 self.drifts = [d for d in read_json(drifts) if d["step"] <= resumed_from]
             write_csv(steps, pd.DataFrame(self.rows, columns=COLUMNS))
@@ -105,14 +151,23 @@ class Monitor:
 
     def summary(self) -> dict[str, Any]:
         """For final.json (rank 0): how much was monitored, what it cost, the drifts found."""
-        return {"monitored_steps": len(self.rows), "monitor_every_steps": self.replica.cfg.launch.monitor_every_steps,
-                "drift": self.drifts, "drift_band_s": asdict(self.band) if self.band else None}  # fmt: skip
+        return {
+            "monitored_steps": len(self.rows),
+            "monitor_every_steps": self.replica.cfg.launch.monitor_every_steps,
+            "drift": self.drifts,
+            "drift_band_s": asdict(self.band) if self.band else None,
+        }
 
     def due(self) -> bool:
         r = self.replica
         # a plain step: not an epoch's first (loader refill, AGS refresh) nor an AGS refresh
-        return (self.enabled and r.pos.step >= self.next_step and r.pos.offset > 0 and not r.force_refresh
-                and not refresh_due(r.t, False, r.pos.step))  # fmt: skip
+        return (
+            self.enabled
+            and r.pos.step >= self.next_step
+            and r.pos.offset > 0
+            and not r.force_refresh
+            and not refresh_due(r.t, False, r.pos.step)
+        )
 
     def paired_step(self, batches: Iterator) -> tuple[float, int] | None:
         """Fetch the next batch; a compute-only step on it (then undone), then the real step.
@@ -153,27 +208,50 @@ class Monitor:
         if self.every:
             self.next_step = at + self.every
         else:
-            spent = self.times["monitor_time_s"] - self.spent_before  # the pairs since (re)start, this one included
+            # the pairs since (re)start, this one included
+            spent = self.times["monitor_time_s"] - self.spent_before
             self.next_step = next_auto_pair(at, self.since, spent, cost_s, step_s)
 
     def _record(self, step_s: float, compute_s: float, cost_s: float) -> None:
         r, b = self.replica, self.band
         sync = max(step_s - compute_s, 0.0)
-        self.rows.append({"step": r.pos.step, "epoch": r.pos.epoch, "workers": r.world, "global_batch": r.global_batch,
-                          "step_time_s": step_s, "compute_time_s": compute_s, "sync_time_s": sync,
-                          "monitor_cost_s": cost_s, "predicted_sync_s": b.predicted_s if b else math.nan,
-                          "sync_lo_s": b.accept_lo_s if b else math.nan, "sync_hi_s": b.accept_hi_s if b else math.nan,
-                          "attempt": self.attempt, "time": time.time()})  # fmt: skip
+        self.rows.append(
+            {
+                "step": r.pos.step,
+                "epoch": r.pos.epoch,
+                "workers": r.world,
+                "global_batch": r.global_batch,
+                "step_time_s": step_s,
+                "compute_time_s": compute_s,
+                "sync_time_s": sync,
+                "monitor_cost_s": cost_s,
+                "predicted_sync_s": b.predicted_s if b else math.nan,
+                "sync_lo_s": b.accept_lo_s if b else math.nan,
+                "sync_hi_s": b.accept_hi_s if b else math.nan,
+                "attempt": self.attempt,
+                "time": time.time(),
+            }
+        )
         write_csv(self.out / "steps.csv", pd.DataFrame(self.rows, columns=COLUMNS))
         if self.detector is None:
             return
         found = self.detector.observe(r.pos.step, sync)
         if found is not None:
             move = r.cfg.launch.replan == "move"
-            self.drifts.append({**found.to_dict(), "workers": r.world, "global_batch": r.global_batch,
-                                "attempt": self.attempt, "time": time.time(),
-                                "epochs_done": r.pos.epochs_done(r.data.train_size),
-                                "action": "reported to tula launch" if move else "recorded"})  # fmt: skip
+            self.drifts.append(
+                {
+                    **found.to_dict(),
+                    "workers": r.world,
+                    "global_batch": r.global_batch,
+                    "attempt": self.attempt,
+                    "time": time.time(),
+                    "epochs_done": r.pos.epochs_done(r.data.train_size),
+                    "action": "reported to tula launch" if move else "recorded",
+                }
+            )
             write_json(self.out / "drift.json", self.drifts)
-            print(f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; {self.drifts[-1]['action']} "
-                  f"(launch.replan: {r.cfg.launch.replan})", flush=True)  # fmt: skip
+            print(
+                f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; "
+                f"{self.drifts[-1]['action']} (launch.replan: {r.cfg.launch.replan})",
+                flush=True,
+            )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,11 @@ class StopSignals:
     scancel, ``scontrol requeue`` or a preemption without grace: checkpoint, then exit.
     """
 
-    CODES = {signal.SIGTERM: 1, signal.SIGINT: 1, signal.SIGUSR2: 2}  # SIGINT: Ctrl-C on a local run
+    CODES = {
+        signal.SIGTERM: 1,
+        signal.SIGINT: 1,
+        signal.SIGUSR2: 2,
+    }  # SIGINT: Ctrl-C on a local run
 
     def __init__(self) -> None:
         self.code, self.name, self.reason, self.looked = 0, "", "", 0.0
@@ -46,36 +49,60 @@ class StopSignals:
         if self.code == 0 and now - self.looked >= 1.0:
             self.looked = now
             if path.exists():
-                self.code, self.reason = 1, f"tula launch asked for a move ({path.read_text().strip()})"
+                self.code, self.reason = (
+                    1,
+                    f"tula launch asked for a move ({path.read_text().strip()})",
+                )
         return self.code
 
     def requeue_handler(self):
         """submitit's checkpoint-and-requeue handler, when running under submitit."""
         h = self.previous[signal.SIGUSR2]
-        return h if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler" else None
+        return (
+            h
+            if callable(h) and type(getattr(h, "__self__", None)).__name__ == "SignalHandler"
+            else None
+        )
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def stop(code: int, stops: StopSignals, seg: dict[str, Any], pos: Position, out_dir: Path, rank: int,
-          label: str) -> None:  # fmt: skip
+def stop(
+    code: int,
+    stops: StopSignals,
+    seg: dict[str, Any],
+    pos: Position,
+    out_dir: Path,
+    rank: int,
+    label: str,
+) -> None:
     """After the stop checkpoint: record the segment, leave the process group, and either let
     submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
-    sig = stops.name.removeprefix("SIG") if stops.name and stops.CODES[signal.Signals[stops.name]] == code else (
-        "USR2" if code == 2 else "TERM")  # this rank's own signal, else the one the peers agreed on
+    sig = (
+        stops.name.removeprefix("SIG")
+        if stops.name and stops.CODES[signal.Signals[stops.name]] == code
+        else ("USR2" if code == 2 else "TERM")
+    )  # this rank's own signal, else the one the peers agreed on
     requeue = stops.requeue_handler() if code == 2 else None
     if rank == 0:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
-        print(f"[{label}] {stops.reason or f'SIG{sig} received'}: stopped after step {pos.step}, {what}", flush=True)
-        history.add_segment(out_dir, {**seg, "end_step": pos.step, "outcome": "requeued" if requeue else "stopped",
-                                  "ended": _now(), "reason": f"{why}: {what}"})  # fmt: skip
+        print(
+            f"[{label}] {stops.reason or f'SIG{sig} received'}: stopped after step {pos.step}, "
+            f"{what}",
+            flush=True,
+        )
+        history.add_segment(
+            out_dir,
+            {
+                **seg,
+                "end_step": pos.step,
+                "outcome": "requeued" if requeue else "stopped",
+                "ended": history.utc_now(),
+                "reason": f"{why}: {what}",
+            },
+        )
     dist.shutdown(ok=True)
     sys.stdout.flush()
     if requeue is not None:
-        requeue(signal.SIGUSR2, None)  # rank 0: scontrol requeue (or the local executor's requeue) and exit
+        # rank 0: scontrol requeue (or the local executor's requeue) and exit
+        requeue(signal.SIGUSR2, None)
     raise SystemExit(0 if requeue is not None else 128 + signal.SIGTERM)
-
-

@@ -2,24 +2,20 @@
 around the one training step (:class:`tula.runtime.replica.Replica`), in named phases:
 restore, step, end of epoch, checkpoint, finish.
 
-It survives what a cluster does to a job: SLURM's USR2 before the time limit or on
-preemption and TERM (scancel, ``scontrol requeue``) set a flag (:class:`tula.production.stops.StopSignals`) that
-every rank agrees on at the next step, checkpoint, and stop (submitit requeues the job on
-USR2); an out-of-memory error anywhere ends the attempt with a record the launcher reads.
-"""
+It survives what a cluster does to a job: SLURM's USR2 before the time limit or on preemption and
+TERM (scancel, ``scontrol requeue``) set a flag (:class:`tula.production.stops.StopSignals`) that
+every rank agrees on at the next step, checkpoint, and stop (submitit requeues the job on USR2); an
+out-of-memory error anywhere ends the attempt with a record the launcher reads."""
 
 from __future__ import annotations
 
 import os
-import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula import config as config_mod
@@ -27,50 +23,76 @@ from tula import faults as tula_faults
 from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
-from tula.progress import Progress, fmt_duration
-from tula.production import history, stops
+from tula.production import history, records, stops
 from tula.production.monitor import Monitor
-from tula.runtime import dist
-from tula.runtime.agreement import StepOOM, oom_place
-from tula.runtime.methods import follow_new_batch
-from tula.runtime.optim import TulaOptimizer, load_optimizer_state
+from tula.progress import Progress, fmt_duration
+from tula.runtime import dist, gradnoise
+from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import process_started
+from tula.runtime.methods import follow_new_batch
+from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
-from tula.runtime.snapshot import write_checkpoint
+from tula.runtime.snapshot import load_newest, load_state, write_checkpoint
 
 METRIC_COLUMNS = [
-    "epoch", "step", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "samples_per_s",
-    "grad_noise_scale", "grad_sq", "grad_trace", "samples", "workers", "global_batch",
-]  # fmt: skip
+    "epoch",
+    "step",
+    "lr",
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "epoch_time_s",
+    "samples_per_s",
+    "grad_noise_scale",
+    "grad_sq",
+    "grad_trace",
+    "samples",
+    "workers",
+    "global_batch",
+]
+
 
 class Trainer:
     """The production run of one worker in named phases: :meth:`restore`, :meth:`train_epoch`
     (steps), :meth:`end_of_epoch`, :meth:`checkpoint`, :meth:`finish`."""
 
-    def __init__(self, cfg: config_mod.Config, workers: int, global_batch: int, out_dir: Path,
-                 ckpt: Checkpointing | None = None, band: dict[str, float] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: config_mod.Config,
+        workers: int,
+        global_batch: int,
+        out_dir: Path,
+        ckpt: Checkpointing | None = None,
+        band: dict[str, float] | None = None,
+    ):
         self.wenv, self.device, self.backend = dist.init(cfg.hardware, cluster=cfg.cluster)
         if self.wenv.world_size != workers:
-            raise RuntimeError(f"launched {self.wenv.world_size} workers for training at N={workers}")
-        self.cfg, self.workers, self.global_batch, self.out, self.ckpt = cfg, workers, global_batch, out_dir, ckpt
+            raise RuntimeError(
+                f"launched {self.wenv.world_size} workers for training at N={workers}"
+            )
+        self.cfg, self.workers, self.global_batch = cfg, workers, global_batch
+        self.out, self.ckpt = out_dir, ckpt
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = stops.StopSignals() if ckpt else None
         self.replica = Replica(cfg, self.device, global_batch, self.rank, workers)
-        if self.stops:
-            request = history.move_request_path(out_dir)
-            self.replica.stop_code = (lambda: self.stops.move_requested(request)) if self.rank == 0 else (
-                lambda: self.stops.code)  # fmt: skip
-        if any(f.kind == "slowsync" for f in self.faults):
-            self.replica.sync_delay = lambda step: tula_faults.sync_delay_s(self.faults, step, workers)
-        injector = tula_faults.Injector(self.faults, self.rank)
-        if injector:
-            self.replica.inject_faults(injector)
-        # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
-        self.times = {"train_time_s": 0.0, "eval_time_s": 0.0, "checkpoint_time_s": 0.0, "startup_time_s": 0.0,
-                      "first_steps_time_s": 0.0, "first_steps": 0, "monitor_time_s": 0.0}  # fmt: skip
-        self.shapes_met: set[str] = set()  # batch shapes this attempt has stepped at (first_steps_time_s)
-        self.band = drift.Band(**band) if band else None  # the predicted sync at (N, B): the drift detector's
+        self._wire_replica()
+        # time spent, carried across requeues: steps only / evaluation / checkpoints / process
+        # start-ups
+        self.times = {
+            "train_time_s": 0.0,
+            "eval_time_s": 0.0,
+            "checkpoint_time_s": 0.0,
+            "startup_time_s": 0.0,
+            "first_steps_time_s": 0.0,
+            "first_steps": 0,
+            "monitor_time_s": 0.0,
+        }
+        # batch shapes this attempt has stepped at (first_steps_time_s)
+        self.shapes_met: set[str] = set()
+        # the predicted sync at (N, B): the drift detector's
+        self.band = drift.Band(**band) if band else None
         self.monitor: Monitor | None = None
         self.rows: list[dict[str, Any]] = []
         self.epoch_time = 0.0
@@ -80,25 +102,45 @@ class Trainer:
         self.label = f"train N={workers} B={global_batch}"
         self.seg: dict[str, Any] = {}
 
+    def _wire_replica(self) -> None:
+        """What the replica's step asks of the job: the agreed stop (a signal, or on rank 0 a
+        move request too) and the fault drills' injections."""
+        if self.stops:
+            request = history.move_request_path(self.out)
+            self.replica.stop_code = (
+                (lambda: self.stops.move_requested(request))
+                if self.rank == 0
+                else (lambda: self.stops.code)
+            )
+        if any(f.kind == "slowsync" for f in self.faults):
+            self.replica.sync_delay = lambda step: tula_faults.sync_delay_s(
+                self.faults, step, self.workers
+            )
+        injector = tula_faults.Injector(self.faults, self.rank)
+        if injector:
+            self.replica.inject_faults(injector)
+
     # -- phases ------------------------------------------------------------------------
     def restore(self) -> None:
         """Continue from the newest usable checkpoint of this run, if there is one."""
         if not self.ckpt:
             return
-        state = _load_checkpoint(self.ckpt, self.rank)
+        state = load_newest(self.ckpt, self.rank)
         if not state:
             return
         replica = self.replica
-        replica.load_state(state, state["step"])
+        load_state(replica, state, state["step"])
         ranks = state["ranks"]
         own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
-        if own is not None:  # post-local SGD between two averages: this rank's own model and momentum
+        # post-local SGD between two averages: this rank's own model and momentum
+        if own is not None:
             replica.ddp.module.load_state_dict(own["model"])
             load_optimizer_state(replica.opt, own["optimizer"])
         if len(ranks) == self.workers:
             checkpoint.set_rng_state(ranks[self.rank]["rng"])
             replica.stats = ranks[self.rank]["epoch_stats"].to(self.device)
-        else:  # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
+        # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
+        else:
             checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
             total = sum(r["epoch_stats"] for r in ranks)
             replica.stats = (total if self.rank == 0 else torch.zeros_like(total)).to(self.device)
@@ -108,11 +150,16 @@ class Trainer:
         self.resumed_from = replica.pos.step
         if state["global_batch"] != self.global_batch:
             replica.noise_pairs = []  # measured at the old B
-            replica.force_refresh = follow_new_batch(replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank)
+            replica.force_refresh = follow_new_batch(
+                replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank
+            )
         if self.rank == 0:
-            print(f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch {replica.pos.epoch}, "
-                  f"{replica.pos.offset}/{replica.data.train_size} samples; written at N={len(ranks)} "
-                  f"B={state['global_batch']})", flush=True)  # fmt: skip
+            print(
+                f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch "
+                f"{replica.pos.epoch}, {replica.pos.offset}/{replica.data.train_size} samples; "
+                f"written at N={len(ranks)} B={state['global_batch']})",
+                flush=True,
+            )
 
     def train_epoch(self) -> None:
         """Steps until the epoch's data is used up (or a stop is agreed on). Steps are queued
@@ -135,13 +182,7 @@ class Trainer:
         while True:
             tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, self.resumed_from)
             if self.first_step_at is None:
-                self.first_step_at = time.time()
-                self.times["startup_time_s"] += self.first_step_at - self.process_started
-                self.seg["first_step_time"] = self.first_step_at  # fault drills: time to resumed training
-                if self.rank == 0 and self.ckpt:  # tula launch: what a (re)launch costs, submission to first step
-                    write_json(history.started_path(self.out), {"attempt": self.attempt, "first_step_time": self.first_step_at,
-                                                              "process_started": self.process_started,
-                                                              "step": replica.pos.step})  # fmt: skip
+                self._first_step()
             first = self._first_of_shape()
             if first or (self.monitor and self.monitor.due()):
                 close()
@@ -168,8 +209,20 @@ class Trainer:
             if stop:
                 stops.stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
 
+    def _first_step(self) -> None:
+        """The attempt's first step is about to run: start-up ends here."""
+        self.first_step_at = time.time()
+        self.times["startup_time_s"] += self.first_step_at - self.process_started
+        # fault drills: time to resumed training
+        self.seg["first_step_time"] = self.first_step_at
+        # tula launch: what a (re)launch costs, submission to first step
+        if self.rank == 0 and self.ckpt:
+            started = {"attempt": self.attempt, "first_step_time": self.first_step_at}
+            started.update(process_started=self.process_started, step=self.replica.pos.step)
+            write_json(history.started_path(self.out), started)
+
     def _first_of_shape(self) -> str:
-        """"full" or "short" where the next step is the first of this attempt at that batch
+        """ "full" or "short" where the next step is the first of this attempt at that batch
         shape (the epoch's short last batch has its own), else ""."""
         r = self.replica
         left = r.data.train_size - r.pos.offset
@@ -182,17 +235,31 @@ class Trainer:
         t0 = time.perf_counter()
         test_loss, test_acc = replica.evaluate()
         self.times["eval_time_s"] += time.perf_counter() - t0
-        row = {"epoch": replica.pos.epoch - 1, "step": replica.pos.step, "lr": replica.opt.param_groups[0]["lr"],
-               "train_loss": train_loss, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc,
-               "epoch_time_s": self.epoch_time, "samples_per_s": samples / max(self.epoch_time, 1e-9),
-               "samples": samples, "workers": self.workers, "global_batch": self.global_batch,
-               **replica.epoch_noise()}  # fmt: skip
+        row = {
+            "epoch": replica.pos.epoch - 1,
+            "step": replica.pos.step,
+            "lr": replica.opt.param_groups[0]["lr"],
+            "train_loss": train_loss,
+            "train_acc": train_acc,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "epoch_time_s": self.epoch_time,
+            "samples_per_s": samples / max(self.epoch_time, 1e-9),
+            "samples": samples,
+            "workers": self.workers,
+            "global_batch": self.global_batch,
+            **gradnoise.epoch_noise(replica),
+        }
         self.rows.append(row)
         self.epoch_time = 0.0
         if self.rank == 0:
             write_csv(self.out / "metrics.csv", pd.DataFrame(self.rows, columns=METRIC_COLUMNS))
-            progress.update(row["epoch"], "epoch ", extra=f"loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  "
-                            f"{row['samples_per_s']:.0f} samples/s")  # fmt: skip
+            progress.update(
+                row["epoch"],
+                "epoch ",
+                extra=f"loss {train_loss:.4f}  test acc {100 * test_acc:.2f}%  "
+                f"{row['samples_per_s']:.0f} samples/s",
+            )
         every = self.ckpt.every_epochs if self.ckpt else None
         if every and row["epoch"] % every == 0 and replica.pos.epoch <= epochs:
             self.checkpoint()
@@ -200,11 +267,29 @@ class Trainer:
     def checkpoint(self, complete: bool = False) -> None:
         """This run's checkpoint (:func:`write_checkpoint`), its time counted."""
         t0 = time.perf_counter()
-        hook = checkpoint.truncate if tula_faults.truncate_due(self.faults, self.replica.pos.step) else None
-        write_checkpoint(self.replica, self.ckpt.directory, self.ckpt.keep, {
-            "fingerprint": self.ckpt.fingerprint, "global_batch": self.global_batch, "workers": self.workers,
-            "complete": complete, "rows": self.rows, "epoch_time_s": self.epoch_time, **self.times,
-            "wall_time_s": self.wall_time(), "method": self.cfg.train.method, "attempt": self.attempt}, hook)  # fmt: skip
+        hook = (
+            checkpoint.truncate
+            if tula_faults.truncate_due(self.faults, self.replica.pos.step)
+            else None
+        )
+        write_checkpoint(
+            self.replica,
+            self.ckpt.directory,
+            self.ckpt.keep,
+            {
+                "fingerprint": self.ckpt.fingerprint,
+                "global_batch": self.global_batch,
+                "workers": self.workers,
+                "complete": complete,
+                "rows": self.rows,
+                "epoch_time_s": self.epoch_time,
+                **self.times,
+                "wall_time_s": self.wall_time(),
+                "method": self.cfg.train.method,
+                "attempt": self.attempt,
+            },
+            hook,
+        )
         self.times["checkpoint_time_s"] += time.perf_counter() - t0
 
     def wall_time(self) -> float:
@@ -213,36 +298,33 @@ class Trainer:
         return self.wall_before + time.time() - self.process_started
 
     def finish(self) -> dict[str, Any]:
-        replica, t = self.replica, self.cfg.train
+        replica = self.replica
         if self.ckpt:
             self.checkpoint(complete=True)
         if self.rank == 0:
-            steps = max(replica.pos.step, 1)
-            final = {
-                "workers": self.workers, "global_batch": self.global_batch, "local_batch": self.global_batch // self.workers,
-                "model": self.cfg.workload.model, "dataset": self.cfg.workload.dataset,
-                "optimizer": t.optimizer, "method": t.method, "precision": t.precision, "compile": t.compile,
-                "channels_last": replica.channels_last, "data_workers": replica.loader.num_workers,
-                "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
-                "fp16_skipped_steps": _skipped(replica), "epochs": self.cfg.workload.epochs, "steps": replica.pos.step,
-                "eval_batch_size": replica.eval_batch, "eval_oom_retries": replica.eval_retries,
-                "train_samples": replica.data.train_size, "final_test_acc": self.rows[-1]["test_acc"],
-                "best_test_acc": max(x["test_acc"] for x in self.rows),
-                "final_train_loss": self.rows[-1]["train_loss"], **self.times,
-                "mean_step_time_s": self.times["train_time_s"] / max(steps - self.times["first_steps"], 1), "wall_time_s": self.wall_time(),
-                "backend": self.backend, "device": str(self.device), "comm_env": dist.comm_env(),
-                **(self.monitor.summary() if self.monitor else {"monitored_steps": 0, "drift": []}),
-            }  # fmt: skip
+            final = records.final_record(self)
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
-                history.add_segment(self.out, {**self.seg, "end_step": replica.pos.step, "outcome": "completed",
-                                           "ended": _now(), "reason": "trained every epoch"})  # fmt: skip
-            print(f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} steps "
-                  f"(mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
-                  f"{fmt_duration(final['eval_time_s'])}, checkpoints {fmt_duration(final['checkpoint_time_s'])}; "
-                  f"test accuracy {100 * final['final_test_acc']:.2f}% (best {100 * final['best_test_acc']:.2f}%)",
-                  flush=True)  # fmt: skip
+                history.add_segment(
+                    self.out,
+                    {
+                        **self.seg,
+                        "end_step": replica.pos.step,
+                        "outcome": "completed",
+                        "ended": history.utc_now(),
+                        "reason": "trained every epoch",
+                    },
+                )
+            print(
+                f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} "
+                f"steps (mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
+                f"{fmt_duration(final['eval_time_s'])}, checkpoints "
+                f"{fmt_duration(final['checkpoint_time_s'])}; "
+                f"test accuracy {100 * final['final_test_acc']:.2f}% (best "
+                f"{100 * final['best_test_acc']:.2f}%)",
+                flush=True,
+            )
         dist.shutdown()
         return {"outcome": "completed", "step": replica.pos.step}
 
@@ -252,85 +334,47 @@ class Trainer:
         signal it checkpoints and exits (SystemExit) without returning."""
         self.restore()
         replica, cfg, epochs = self.replica, self.cfg, self.cfg.workload.epochs
-        if self.ckpt:  # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
+        # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
+        if self.ckpt:
             every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
-            self.monitor = Monitor(replica, every, self.out, self.attempt, self.band, self.resumed_from, self.times)
+            self.monitor = Monitor(
+                replica, every, self.out, self.attempt, self.band, self.resumed_from, self.times
+            )
         if self.rank == 0:
-            print(f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: {replica.data.train_size} training "
-                  f"samples, {replica.steps_per_epoch} steps/epoch x {epochs} epochs, method {cfg.train.method}, "
-                  f"{cfg.train.precision}, backend {self.backend} on {self.device}, {replica.loader.num_workers} loader "
-                  f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""), flush=True)  # fmt: skip
-        progress = Progress(self.label, epochs, unit="epoch", every_s=0.0, enabled=self.rank == 0,
-                            start=replica.pos.epoch - 1)  # fmt: skip
-        self.seg = {"attempt": self.attempt, "global_batch": self.global_batch, "start_step": replica.pos.step,
-                    "host": dist.hostname(), "started": _now(),
-                    "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}  # fmt: skip
+            print(
+                f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: "
+                f"{replica.data.train_size} training samples, {replica.steps_per_epoch} "
+                f"steps/epoch x {epochs} epochs, method {cfg.train.method}, {cfg.train.precision}, "
+                f"backend {self.backend} on {self.device}, {replica.loader.num_workers} loader "
+                f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""),
+                flush=True,
+            )
+        progress = Progress(
+            self.label,
+            epochs,
+            unit="epoch",
+            every_s=0.0,
+            enabled=self.rank == 0,
+            start=replica.pos.epoch - 1,
+        )
+        self.seg = {
+            "attempt": self.attempt,
+            "global_batch": self.global_batch,
+            "start_step": replica.pos.step,
+            "host": dist.hostname(),
+            "started": history.utc_now(),
+            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        }
         try:
             while replica.pos.epoch <= epochs:
                 self.train_epoch()
                 self.end_of_epoch(epochs, progress)
             return self.finish()
         except StepOOM as exc:
-            return self._oom(exc)
+            return records.oom_outcome(self, exc)
         except torch.OutOfMemoryError as exc:
             # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
             # the launcher, which classifies the attempt as out of memory from it, and fail; the
             # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
-            self._oom_record(replica.phase, str(exc) or "out of memory")
+            records.oom_record(self, replica.phase, str(exc) or "out of memory")
             raise
-
-    def _oom_record(self, where: str, message: str) -> None:
-        step = self.replica.pos.step
-        write_json(history.oom_record_path(self.out, self.attempt, self.rank), {
-            "step": step, "global_batch": self.global_batch, "where": where, "place": oom_place(where, step),
-            "message": message, "time": time.time()})  # fmt: skip
-
-    def _oom(self, exc: StepOOM) -> dict[str, Any]:
-        messages: list[Any] = [None] * self.workers
-        torch_dist.all_gather_object(messages, exc.message)
-        exc.message = next(messages[replica] for replica in exc.ranks)
-        step = self.replica.pos.step
-        if self.rank in exc.ranks:
-            self._oom_record(exc.where, exc.message)
-        what = oom_place(exc.where, step)
-        if self.rank == 0:
-            print(f"[{self.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}", flush=True)
-            if self.ckpt:
-                history.add_segment(self.out, {**self.seg, "end_step": step, "outcome": "oom", "ended": _now(),
-                                           "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}"})  # fmt: skip
-        dist.shutdown(ok=True)
-        return {"outcome": "oom", "step": step, "ranks": exc.ranks, "message": exc.message, "where": exc.where,
-                "place": what}
-
-
-def _skipped(replica: Replica) -> int | None:
-    """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
-    if not replica.scaler.is_enabled() or not isinstance(replica.opt, TulaOptimizer):
-        return None
-    return replica.pos.step - replica.opt.counters["steps"]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _load_checkpoint(ckpt: Checkpointing, rank: int) -> dict[str, Any] | None:
-    """Rank 0 picks the newest usable checkpoint of this run; every rank loads that one."""
-    chosen: list[Any] = [None]
-    if rank == 0:
-
-        def accept(state: dict[str, Any]) -> str:
-            if state.get("fingerprint") != ckpt.fingerprint:
-                return "written by a run with other settings, N or selected B"
-            return "the run it belongs to had finished" if state.get("complete") else ""
-
-        loaded, warnings = checkpoint.load_latest(ckpt.directory, accept)
-        for w in warnings:
-            print(f"warning: {w}", file=sys.stderr, flush=True)
-            print(f"warning: {w}", flush=True)
-        chosen[0] = str(loaded.path) if loaded else None
-        state = loaded.state if loaded else None
-    torch_dist.broadcast_object_list(chosen, src=0)
-    if rank != 0 and chosen[0] is not None:
-        state = checkpoint.from_bytes(Path(chosen[0]).read_bytes())  # rank 0 verified this file
-    return state if chosen[0] is not None else None

@@ -29,16 +29,23 @@ def oom_place(where: str, step: int) -> str:
         return f"in evaluation after step {step}"
     if where == "checkpoint":
         return f"while writing the checkpoint of step {step}"
-    return {"refresh": f"in AGS's factor refresh of step {step}"}.get(where, f"in the {where} pass of step {step}")
+    return {"refresh": f"in AGS's factor refresh of step {step}"}.get(
+        where, f"in the {where} pass of step {step}"
+    )
 
 
-def agree(failed: bool, payload: torch.Tensor | None = None, op: str = "sum") -> tuple[torch.Tensor | None, list[int]]:
+def agree(
+    failed: bool, payload: torch.Tensor | None = None, op: str = "sum"
+) -> tuple[torch.Tensor | None, list[int]]:
     """One all-reduce of ``payload`` with one flag per rank riding along: returns the payload
     reduced over the ranks (``op``: "sum" or "max") and the ranks whose ``failed`` was set.
 
     Every rank must call it at the same place; with one process (no group, or a group of one)
     there is nothing to agree on and the payload comes back as it was."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+    if (
+        not (torch_dist.is_available() and torch_dist.is_initialized())
+        or torch_dist.get_world_size() == 1
+    ):
         return payload, [0] if failed else []
     world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     device = payload.device if payload is not None else _device()
@@ -46,14 +53,17 @@ def agree(failed: bool, payload: torch.Tensor | None = None, op: str = "sum") ->
     flags = torch.zeros(world, dtype=dtype, device=device)
     flags[rank] = float(bool(failed))
     buf = flags if payload is None else torch.cat([payload.reshape(-1).to(dtype), flags])
-    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM)
+    torch_dist.all_reduce(
+        buf, op=torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM
+    )
     failed_ranks = [k for k in range(world) if buf[buf.numel() - world + k] > 0]
     if payload is None:
         return None, failed_ranks
     return buf[: payload.numel()].view_as(payload).to(payload.dtype), failed_ranks
 
 
-HOST_GROUP: list = [None]  # a gloo group beside an NCCL one (tula.runtime.dist.init): flags the host knows
+# a gloo group beside an NCCL one (tula.runtime.dist.init): flags the host knows
+HOST_GROUP: list = [None]
 
 
 def agree_host(failed: bool, code: int = 0) -> tuple[int, list[int]]:
@@ -62,7 +72,10 @@ def agree_host(failed: bool, code: int = 0) -> tuple[int, list[int]]:
     group beside NCCL's (or gloo's own group on CPU). It never waits for the device, so the
     host can queue the next step while the device still runs this one. Returns (the largest
     code, the ranks that failed); with one process nothing is sent."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+    if (
+        not (torch_dist.is_available() and torch_dist.is_initialized())
+        or torch_dist.get_world_size() == 1
+    ):
         return code, [0] if failed else []
     world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     buf = torch.zeros(world + 1, dtype=torch.float64)

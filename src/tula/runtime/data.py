@@ -108,13 +108,19 @@ def _npz(path: str):
     y_tr, y_te = (arrays[k] for k in ("y_train", "y_test"))
     for key, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
         if x.ndim not in (2, 3, 4):
-            raise ConfigError(f"{p}: x_{key} must be (n, L), (n, H, W), (n, C, L) or (n, C, H, W); got {x.shape}")
+            raise ConfigError(
+                f"{p}: x_{key} must be (n, L), (n, H, W), (n, C, L) or (n, C, H, W); got {x.shape}"
+            )
         if y.ndim != 1 or len(y) != len(x):
-            raise ConfigError(f"{p}: y_{key} must be 1-D with one label per row of x_{key}; got {y.shape}")
+            raise ConfigError(
+                f"{p}: y_{key} must be 1-D with one label per row of x_{key}; got {y.shape}"
+            )
         if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
             raise ConfigError(f"{p}: y_{key} must hold non-negative integer class ids")
     if x_tr.shape[1:] != x_te.shape[1:]:
-        raise ConfigError(f"{p}: x_train samples {x_tr.shape[1:]} and x_test samples {x_te.shape[1:]} differ")
+        raise ConfigError(
+            f"{p}: x_train samples {x_tr.shape[1:]} and x_test samples {x_te.shape[1:]} differ"
+        )
     if x_tr.ndim == 2 or x_tr.ndim == 3 and x_tr.shape[1] > 4:
         # (n, L) -> (n, 1, L);  (n, H, W) with H > 4 is an image without a channel axis.
         x_tr, x_te = x_tr[:, None], x_te[:, None]
@@ -123,8 +129,10 @@ def _npz(path: str):
 
 def _in_memory(x_tr, x_te, y_tr, y_te) -> tuple[TensorSet, TensorSet]:
     mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
-    return (TensorSet(torch.from_numpy((x_tr - mean) / std), torch.from_numpy(y_tr)),
-            TensorSet(torch.from_numpy((x_te - mean) / std), torch.from_numpy(y_te)))  # fmt: skip
+    return (
+        TensorSet(torch.from_numpy((x_tr - mean) / std), torch.from_numpy(y_tr)),
+        TensorSet(torch.from_numpy((x_te - mean) / std), torch.from_numpy(y_te)),
+    )
 
 
 # -- the user's datasets ----------------------------------------------------------------
@@ -136,10 +144,14 @@ def import_callable(spec: str, key: str):
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"config key '{key}': cannot import module {module_name!r} ({exc}); install your package "
-                          "in this environment or add its directory to PYTHONPATH") from None  # fmt: skip
+        raise ConfigError(
+            f"config key '{key}': cannot import module {module_name!r} ({exc}); install your "
+            "package in this environment or add its directory to PYTHONPATH"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-        raise ConfigError(f"config key '{key}': importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"config key '{key}': importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
     if not hasattr(module, attr):
         raise ConfigError(f"config key '{key}': module {module_name!r} has no attribute {attr!r}")
     fn = getattr(module, attr)
@@ -155,11 +167,15 @@ def _user_datasets(spec: str):
     except Exception as exc:  # noqa: BLE001 - the user's code failed
         raise ConfigError(f"{KEY}: {spec}() raised {type(exc).__name__}: {exc}") from None
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise ConfigError(f"{KEY}: {spec}() must return (train_dataset, test_dataset); got {type(got).__name__}")
+        raise ConfigError(
+            f"{KEY}: {spec}() must return (train_dataset, test_dataset); got {type(got).__name__}"
+        )
     for name, ds in zip(("train", "test"), got):
         if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
-            raise ConfigError(f"{KEY}: {spec}(): the {name} dataset ({type(ds).__name__}) is not a map-style "
-                              "Dataset (it needs __getitem__ and __len__)")  # fmt: skip
+            raise ConfigError(
+                f"{KEY}: {spec}(): the {name} dataset ({type(ds).__name__}) is not a map-style "
+                "Dataset (it needs __getitem__ and __len__)"
+            )
         if len(ds) == 0:
             raise ConfigError(f"{KEY}: {spec}(): the {name} dataset is empty")
     return got[0], got[1]
@@ -187,8 +203,13 @@ class WorkloadData:
         return len(self.test)
 
     def describe(self) -> dict[str, Any]:
-        return {"dataset": self.name, "train_samples": self.train_size, "test_samples": self.test_size,
-                "num_classes": self.num_classes, "input_shape": list(self.input_shape)}  # fmt: skip
+        return {
+            "dataset": self.name,
+            "train_samples": self.train_size,
+            "test_samples": self.test_size,
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+        }
 
 
 def stored_image_size(ds: TorchDataset) -> tuple[int, int] | None:
@@ -207,15 +228,26 @@ def _sample(ds: TorchDataset, spec: str, which: str) -> tuple[torch.Tensor, int]
     try:
         item = ds[0]
     except Exception as exc:  # noqa: BLE001 - a broken file, a transform that fails
-        raise ConfigError(f"{KEY}: reading the first {which} sample of {spec} failed: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"{KEY}: reading the first {which} sample of {spec} failed: {type(exc).__name__}: {exc}"
+        ) from None
     if not (isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0])):
-        raise ConfigError(f"{KEY}: {spec}: a {which} sample must be (tensor, int); got "
-                          f"{type(item).__name__}" + (f" of ({', '.join(type(v).__name__ for v in item)})"
-                                                      if isinstance(item, (tuple, list)) else ""))  # fmt: skip
+        raise ConfigError(
+            f"{KEY}: {spec}: a {which} sample must be (tensor, int); got {type(item).__name__}"
+            + (
+                f" of ({', '.join(type(v).__name__ for v in item)})"
+                if isinstance(item, (tuple, list))
+                else ""
+            )
+        )
     label = item[1]
-    if not (isinstance(label, (int, np.integer)) or (torch.is_tensor(label) and label.numel() == 1
-                                                   and not label.is_floating_point())):  # fmt: skip
-        raise ConfigError(f"{KEY}: {spec}: a {which} label must be an integer class id; got {label!r}")
+    if not (
+        isinstance(label, (int, np.integer))
+        or (torch.is_tensor(label) and label.numel() == 1 and not label.is_floating_point())
+    ):
+        raise ConfigError(
+            f"{KEY}: {spec}: a {which} label must be an integer class id; got {label!r}"
+        )
     return item[0], int(label)
 
 
@@ -243,19 +275,26 @@ def load(w: Workload, d: Data) -> WorkloadData:
     elif spec.startswith("imagefolder:"):
         from tula.runtime.images import image_folder
 
-        train, test = image_folder(spec[len("imagefolder:"):], d, KEY)
+        train, test = image_folder(spec[len("imagefolder:") :], d, KEY)
     elif ":" in spec:
         train, test = _user_datasets(spec)
     else:
-        raise ConfigError(f"{KEY}: unknown dataset {spec!r} (digits, mnist1d, npz:<path>, imagefolder:<root>, "
-                          "package.module:callable)")  # fmt: skip
+        raise ConfigError(
+            f"{KEY}: unknown dataset {spec!r} (digits, mnist1d, npz:<path>, imagefolder:<root>, "
+            "package.module:callable)"
+        )
     x, _ = _sample(train, spec, "training")
     x_test, _ = _sample(test, spec, "test")
     if x.shape != x_test.shape:
-        raise ConfigError(f"{KEY}: {spec}: training samples are {tuple(x.shape)} but test samples "
-                          f"{tuple(x_test.shape)}; they must match")  # fmt: skip
+        raise ConfigError(
+            f"{KEY}: {spec}: training samples are {tuple(x.shape)} but test samples "
+            f"{tuple(x_test.shape)}; they must match"
+        )
     if x.ndim not in (2, 3):
-        raise ConfigError(f"{KEY}: {spec}: a sample must be (C, L) or (C, H, W), channels first; got {tuple(x.shape)}")
+        raise ConfigError(
+            f"{KEY}: {spec}: a sample must be (C, L) or (C, H, W), channels first; got "
+            f"{tuple(x.shape)}"
+        )
     k = max(_num_classes(train, spec), _num_classes(test, spec))
     return WorkloadData(spec, train, test, k, tuple(x.shape))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+import platform
 import socket
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as torch_dist
 
 from tula import devices, slurm
-from tula.config import Cluster, Hardware
+from tula.config import Cluster, Config, Hardware
 from tula.runtime import agreement
 
 
@@ -64,7 +65,10 @@ def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
 def local_workers(world_size: int) -> int:
     """Workers of this job on this machine (torchrun's LOCAL_WORLD_SIZE, srun's tasks per node;
     a single-host launch: all ``world_size`` of them)."""
-    per_node = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    per_node = (
+        os.environ.get("LOCAL_WORLD_SIZE")
+        or os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    )
     return int(per_node) if per_node.isdigit() else world_size
 
 
@@ -75,7 +79,9 @@ def resolve_device(hw: Hardware, wenv: WorkerEnv) -> tuple[torch.device, str]:
     machine's workers is refused, naming the keys, before NCCL would put two ranks on one GPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        d = devices.decide(hw.device, hw.backend, local_workers(wenv.world_size), gpus, f"this node ({hostname()})")
+        d = devices.decide(
+            hw.device, hw.backend, local_workers(wenv.world_size), gpus, f"this node ({hostname()})"
+        )
     except devices.DeviceError as exc:
         raise RuntimeError(str(exc)) from None
     if d.device == "cuda":
@@ -97,8 +103,10 @@ def join_lab_node(lab: str, rank: int, workers_per_node: int) -> str:
     node = rank // workers_per_node
     path = f"/var/run/netns/{lab}-n{node}"
     if not os.path.exists(path):
-        raise RuntimeError(f"config key 'cluster.netlab' is {lab!r} but {path} does not exist: run "
-                           f"`scripts/netlab.sh up` (as root) with at least {node + 1} node(s)")  # fmt: skip
+        raise RuntimeError(
+            f"config key 'cluster.netlab' is {lab!r} but {path} does not exist: run "
+            f"`scripts/netlab.sh up` (as root) with at least {node + 1} node(s)"
+        )
     fd = os.open(path, os.O_RDONLY)
     try:
         if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
@@ -111,7 +119,9 @@ def join_lab_node(lab: str, rank: int, workers_per_node: int) -> str:
     return f"{lab}-n{node}"
 
 
-def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None) -> tuple[WorkerEnv, torch.device, str]:
+def init(
+    hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None
+) -> tuple[WorkerEnv, torch.device, str]:
     """Join the process group described by the environment; return (env, device, backend).
     With ``cluster.netlab``, first move into this rank's node of the network lab."""
     wenv = worker_env()
@@ -124,7 +134,8 @@ def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None)
         # cuDNN picks the fastest convolution per shape; the first step at each shape pays the
         # search, which the probe measures as first_steps_time_s (start-up), not as the step
         torch.backends.cudnn.benchmark = True
-    os.environ.update({**LAUNCHER_ENV, **hw.comm_env})  # the same in every probe and production worker
+    # the same in every probe and production worker
+    os.environ.update({**LAUNCHER_ENV, **hw.comm_env})
     if not torch_dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", wenv.master_addr)
         os.environ.setdefault("MASTER_PORT", str(wenv.master_port or _free_port()))
@@ -134,9 +145,13 @@ def init(hw: Hardware, timeout_s: float = 300.0, cluster: Cluster | None = None)
             world_size=wenv.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        # the step's flags (OOM, stop) travel over the CPU: beside NCCL, a gloo group of the same ranks
-        agreement.HOST_GROUP[0] = (torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-                                   if backend == "nccl" and wenv.world_size > 1 else None)  # fmt: skip
+        # the step's flags (OOM, stop) travel over the CPU: beside NCCL, a gloo group of the same
+        # ranks
+        agreement.HOST_GROUP[0] = (
+            torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            if backend == "nccl" and wenv.world_size > 1
+            else None
+        )
     return wenv, device, backend
 
 
@@ -175,3 +190,23 @@ def _free_port() -> int:
 def hostname() -> str:
     return socket.gethostname()
 
+
+def env_info(device, backend: str, wenv, hosts: list[str], cfg: Config, data_workers: int) -> dict:
+    """What a probe's workers ran with, for its record: device, backend, versions, hosts."""
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "backend": backend,
+        "comm_env": comm_env(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "world_size": wenv.world_size,
+        "launcher": wenv.launcher,
+        "hostnames": hosts,
+        "threads_per_worker": cfg.hardware.threads_per_worker,
+        "precision": cfg.train.precision,
+        "method": cfg.train.method,
+        "data_workers": data_workers,  # data.num_workers, "auto" decided
+    }

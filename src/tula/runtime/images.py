@@ -164,8 +164,10 @@ def decode_batch(enc: Encoded, d: Data, device: torch.device) -> torch.Tensor:
     raw = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in enc.data]
     imgs = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
     boxes = enc.boxes.tolist()  # a CPU tensor: no wait for the device
-    views = [train_view(img, d, Augment(*box[:4], flip=bool(box[4]))) if enc.train else test_view(img, d)
-             for img, box in zip(imgs, boxes)]  # fmt: skip
+    views = [
+        train_view(img, d, Augment(*box[:4], flip=bool(box[4]))) if enc.train else test_view(img, d)
+        for img, box in zip(imgs, boxes)
+    ]
     return normalise(torch.stack(views), d)
 
 
@@ -180,13 +182,17 @@ def decode_on_device(d: Data, device_type: str, ds) -> bool:
         return False
     if not isinstance(ds, ImageFiles):
         if d.decode == "gpu":
-            raise ConfigError("config key 'data.decode': gpu decodes the JPEG files of imagefolder: datasets; "
-                              "this dataset has none: set data.decode: auto or cpu")  # fmt: skip
+            raise ConfigError(
+                "config key 'data.decode': gpu decodes the JPEG files of imagefolder: datasets; "
+                "this dataset has none: set data.decode: auto or cpu"
+            )
         return False
     other = next((p for p, _ in ds.samples if not p.lower().endswith(JPEG)), None)
     if d.decode == "gpu" and other is not None:
-        raise ConfigError(f"config key 'data.decode': gpu decodes JPEG files only (nvJPEG), and {other} is not "
-                          "one: set data.decode: auto (JPEG folders on the GPU, others on the CPU) or cpu")  # fmt: skip
+        raise ConfigError(
+            f"config key 'data.decode': gpu decodes JPEG files only (nvJPEG), and {other} is not "
+            "one: set data.decode: auto (JPEG folders on the GPU, others on the CPU) or cpu"
+        )
     return d.decode == "gpu" or (device_type == "cuda" and other is None)
 
 
@@ -220,7 +226,8 @@ class ImageFiles(torch.utils.data.Dataset):
 
     def encoded(self, seed: int, epoch: int, keys: list[int]) -> tuple[Encoded, torch.Tensor]:
         """Samples ``keys`` of ``epoch`` as file bytes and boxes (:func:`decode_batch` decodes
-        them): the box comes from the image's size in its header, drawn as :meth:`seeded` draws it."""
+        them): the box comes from the image's size in its header, drawn as :meth:`seeded` draws
+        it."""
         from PIL import Image
 
         data, boxes = [], []
@@ -228,7 +235,11 @@ class ImageFiles(torch.utils.data.Dataset):
             path = self.samples[i][0]
             with Image.open(path) as im:  # the header only
                 width, height = im.size
-            a = augment_params(self.d, seed, epoch, i, height, width) if self.train else Augment(0, 0, 0, 0, False)
+            a = (
+                augment_params(self.d, seed, epoch, i, height, width)
+                if self.train
+                else Augment(0, 0, 0, 0, False)
+            )
             data.append(Path(path).read_bytes())
             boxes.append((a.top, a.left, a.height, a.width, int(a.flip)))
         labels = torch.tensor([self.targets[i] for i in keys], dtype=torch.long)
@@ -242,22 +253,33 @@ def image_folder(root: str, d: Data, key: str) -> tuple[ImageFiles, ImageFiles]:
     for split in ("train", "val"):
         sub = top / split
         if not sub.is_dir():
-            raise ConfigError(f"{key}: image folder {sub} not found; imagefolder:<root> needs root/train/<class>/* "
-                              "and root/val/<class>/*")  # fmt: skip
+            raise ConfigError(
+                f"{key}: image folder {sub} not found; imagefolder:<root> needs "
+                "root/train/<class>/* and root/val/<class>/*"
+            )
         classes = [c for c in sorted(sub.iterdir()) if c.is_dir()]
         if not classes:
-            raise ConfigError(f"{key}: {sub} has no class folders; put each class's images in {sub}/<class>/")
+            raise ConfigError(
+                f"{key}: {sub} has no class folders; put each class's images in {sub}/<class>/"
+            )
     try:
         import torchvision.io  # noqa: F401 - the decoder
     except Exception as exc:  # noqa: BLE001 - ImportError or a binary mismatch with torch
-        raise ConfigError(f"{key}: imagefolder datasets need torchvision, which does not import here ({exc})") from None
+        raise ConfigError(
+            f"{key}: imagefolder datasets need torchvision, which does not import here ({exc})"
+        ) from None
     try:
-        train, test = ImageFiles(top / "train", d, train=True), ImageFiles(top / "val", d, train=False)
+        train, test = (
+            ImageFiles(top / "train", d, train=True),
+            ImageFiles(top / "val", d, train=False),
+        )
     except (FileNotFoundError, RuntimeError) as exc:  # a class folder without any image file
         raise ConfigError(f"{key}: {top}: {exc}") from None
     if train.classes != test.classes:
         only_train = sorted(set(train.classes) - set(test.classes))
         only_val = sorted(set(test.classes) - set(train.classes))
-        raise ConfigError(f"{key}: {top}/train and {top}/val have different class folders (only in train: "
-                          f"{only_train or 'none'}; only in val: {only_val or 'none'})")  # fmt: skip
+        raise ConfigError(
+            f"{key}: {top}/train and {top}/val have different class folders (only in train: "
+            f"{only_train or 'none'}; only in val: {only_val or 'none'})"
+        )
     return train, test

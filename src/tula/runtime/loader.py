@@ -34,7 +34,9 @@ def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -
 
 
 def epoch_permutation(train_samples: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(train_samples, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+    return torch.randperm(
+        train_samples, generator=torch.Generator().manual_seed(seed * 100003 + epoch)
+    )
 
 
 class EpochBatchSampler(Sampler[list]):
@@ -45,7 +47,13 @@ class EpochBatchSampler(Sampler[list]):
     runs in the training process)."""
 
     def __init__(self, train_samples: int, global_batch: int, rank: int, world: int, seed: int):
-        self.n, self.batch, self.rank, self.world, self.seed = train_samples, global_batch, rank, world, seed
+        self.n, self.batch, self.rank, self.world, self.seed = (
+            train_samples,
+            global_batch,
+            rank,
+            world,
+            seed,
+        )
         self.epoch, self.offset = 1, 0
 
     def set_position(self, epoch: int, offset: int) -> None:
@@ -59,7 +67,8 @@ class EpochBatchSampler(Sampler[list]):
             off += k
 
     def __iter__(self) -> Iterator[list]:
-        perm = epoch_permutation(self.n, self.seed, self.epoch).tolist()  # a host list once per epoch
+        # a host list once per epoch
+        perm = epoch_permutation(self.n, self.seed, self.epoch).tolist()
         for off, k in self.chunks():
             yield [(self.epoch, i) for i in perm[off + self.rank : off + k : self.world]]
 
@@ -122,7 +131,9 @@ MAX_AUTO_WORKERS = 16  # data.num_workers auto: loader processes per training wo
 def cores_per_worker(world: int) -> int:
     """CPU cores this training worker may use: the cores this process may run on (SLURM binds
     a task to its --cpus-per-task) shared by this machine's training workers."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     return max(cores // max(local_workers(world), 1), 1)
 
 
@@ -138,25 +149,37 @@ def loader_workers(d: Data, data: WorkloadData, world: int) -> int:
 
 
 def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_workers": workers, "collate_fn": collate,
-                            "pin_memory": device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)}  # fmt: skip
+    opts: dict[str, Any] = {
+        "num_workers": workers,
+        "collate_fn": collate,
+        "pin_memory": device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory),
+    }
     if workers > 0:
         opts.update(persistent_workers=d.persistent_workers, prefetch_factor=d.prefetch_factor)
     return opts
 
 
-def train_loader(cfg: Config, data: WorkloadData, global_batch: int, rank: int, world: int,
-                 device: torch.device) -> tuple[DataLoader, EpochBatchSampler]:  # fmt: skip
+def train_loader(
+    cfg: Config, data: WorkloadData, global_batch: int, rank: int, world: int, device: torch.device
+) -> tuple[DataLoader, EpochBatchSampler]:
     """The training DataLoader of one rank and its sampler (position it before iterating)."""
     sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
     opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
     encoded = decode_on_device(cfg.data, device.type, data.train)
-    loader = DataLoader(Seeded(data.train, cfg.workload.seed, encoded), batch_sampler=sampler, **opts)
+    loader = DataLoader(
+        Seeded(data.train, cfg.workload.seed, encoded), batch_sampler=sampler, **opts
+    )
     return loader, sampler
 
 
-def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device,
-                batch_size: int | None = None) -> DataLoader:  # fmt: skip
+def eval_loader(
+    cfg: Config,
+    data: WorkloadData,
+    rank: int,
+    world: int,
+    device: torch.device,
+    batch_size: int | None = None,
+) -> DataLoader:
     """The test set sharded over the ranks, ``batch_size`` (default ``data.eval_batch_size``)
     samples per worker and batch."""
     sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
@@ -166,7 +189,8 @@ def eval_loader(cfg: Config, data: WorkloadData, rank: int, world: int, device: 
 
 # -- batches on the device ---------------------------------------------------------------
 
-RESIDENT_SHARE = 0.25  # data.on_device auto: an in-memory set is kept on the GPU up to this share of its memory
+# data.on_device auto: an in-memory set is kept on the GPU up to this share of its memory
+RESIDENT_SHARE = 0.25
 
 
 def resident_bytes(data: WorkloadData) -> int | None:
@@ -190,7 +214,9 @@ def keep_on_device(cfg: Config, data: WorkloadData, device: torch.device) -> boo
         return True
     if device.type != "cuda":
         return False
-    budget = cfg.hardware.memory_budget_bytes or torch.cuda.get_device_properties(device).total_memory
+    budget = (
+        cfg.hardware.memory_budget_bytes or torch.cuda.get_device_properties(device).total_memory
+    )
     return nbytes <= RESIDENT_SHARE * budget
 
 
@@ -210,12 +236,26 @@ class DeviceFeed:
     On CPU both are the plain gather; the code path is the same.
     """
 
-    def __init__(self, cfg: Config, data: WorkloadData, loader: DataLoader, sampler: EpochBatchSampler,
-                 device: torch.device, channels_last: bool):  # fmt: skip
-        self.loader, self.sampler, self.device, self.channels_last = loader, sampler, device, channels_last
+    def __init__(
+        self,
+        cfg: Config,
+        data: WorkloadData,
+        loader: DataLoader,
+        sampler: EpochBatchSampler,
+        device: torch.device,
+        channels_last: bool,
+    ):
+        self.loader, self.sampler, self.device, self.channels_last = (
+            loader,
+            sampler,
+            device,
+            channels_last,
+        )
         self.data_cfg = cfg.data
         self.resident = keep_on_device(cfg, data, device)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
+        self.stream = (
+            torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
+        )
         if self.resident:
             self.x = data.train.x.to(device)
             self.y = data.train.y.to(device)
@@ -257,7 +297,11 @@ class DeviceFeed:
         return x.to(self.device, non_blocking=self.stream is not None)
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x
+        return (
+            x.contiguous(memory_format=torch.channels_last)
+            if self.channels_last and x.ndim == 4
+            else x
+        )
 
     def _streamed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         it = iter(self.loader)
@@ -269,5 +313,8 @@ class DeviceFeed:
                 current.wait_stream(self.stream)
                 x.record_stream(current)
                 y.record_stream(current)
-            yield x, y  # the step is queued on the device; then the next batch is gathered and copied
+            yield (
+                x,
+                y,
+            )  # the step is queued on the device; then the next batch is gathered and copied
             ahead = self._prepare(next(it, None))

@@ -28,7 +28,8 @@ from tula.runtime.agreement import agree
 if TYPE_CHECKING:
     from tula.runtime.replica import Replica
 
-PROFILER_TRIES = 6  # each rank fails a try now and then (about one step in ten): 4 ranks fail one in three tries
+# each rank fails a try now and then (about one step in ten): 4 ranks fail one in three tries
+PROFILER_TRIES = 6
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,9 @@ class MemoryBreakdown:
 
     @property
     def total_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.opt_bytes + self.act_bytes + self.batch_bytes
+        return (
+            self.param_bytes + self.grad_bytes + self.opt_bytes + self.act_bytes + self.batch_bytes
+        )
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "model_total_bytes": self.total_bytes}
@@ -96,7 +99,10 @@ def measure_step(
     loss.backward()
     optimizer.step()
     opt_bytes = sum(
-        _nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+        _nbytes(v)
+        for state in optimizer.state.values()
+        for v in state.values()
+        if torch.is_tensor(v)
     )
     return MemoryBreakdown(
         param_bytes=sum(_nbytes(p) for p in params),
@@ -107,7 +113,9 @@ def measure_step(
     )
 
 
-def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_step: Callable[[], Any]) -> int:
+def cpu_step_peak_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_step: Callable[[], Any]
+) -> int:
     """Measured peak of live tensor bytes during one training step on CPU.
 
     CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
@@ -119,11 +127,13 @@ def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     instead, which sees everything.
     """
 
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         run_step()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA-only snapshots
+        # deprecated in favour of CUDA-only snapshots
+        warnings.simplefilter("ignore", FutureWarning)
         path = f"{tmp}/timeline.json"
         prof.export_memory_timeline(path, device="cpu")
         with open(path) as fh:
@@ -135,7 +145,9 @@ def cpu_step_peak_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return int(transient + persistent)
 
 
-def step_peak_bytes(replica: Replica, refresh: bool = True, retries: dict[str, int] | None = None) -> dict[str, int]:
+def step_peak_bytes(
+    replica: Replica, refresh: bool = True, retries: dict[str, int] | None = None
+) -> dict[str, int]:
     """Peak memory of the replica's next training steps at its current batch: a plain step
     and, with AGS (and ``refresh``), a step that refreshes the factors (``refresh``). Each
     is measured on its own. ``retries`` (if given) gets, per kind, how many extra steps the
@@ -158,7 +170,8 @@ def step_peak_bytes(replica: Replica, refresh: bool = True, retries: dict[str, i
             try:
                 peak = cpu_step_peak_bytes(replica.ddp, replica.opt, replica.next_timed_step)
                 if replica.inject is not None:
-                    replica.inject("profiler")  # fault injection: the timeline of a step that ran fails
+                    # fault injection: the timeline of a step that ran fails
+                    replica.inject("profiler")
             except AssertionError as exc:
                 peak = None
                 errors.append(str(exc).splitlines()[0][:200])
@@ -175,11 +188,14 @@ def step_peak_bytes(replica: Replica, refresh: bool = True, retries: dict[str, i
             if retries is not None:
                 retries["refresh" if refresh else "plain"] = PROFILER_TRIES - 1
             return own
-        raise RuntimeError(f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
-                           f"(on this rank: {errors or 'fine; another rank failed'})")  # fmt: skip
+        raise RuntimeError(
+            f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
+            f"(on this rank: {errors or 'fine; another rank failed'})"
+        )
 
     if replica.pos.offset == 0 and replica.steps_per_epoch > 1:
-        replica.next_timed_step()  # an epoch's first step (loader refill, AGS refresh): not the plain step
+        # an epoch's first step (loader refill, AGS refresh): not the plain step
+        replica.next_timed_step()
     peaks = {"plain": measure(False)}
     if refresh and replica.t.method == "ags":
         peaks["refresh"] = measure(True)

@@ -28,41 +28,81 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
     OOM; then at the largest grid batch the fitted model says fits (:func:`next_probe_batch`)."""
     out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
     try:
-        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster)
+        wenv, device, backend = dist.init(
+            cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
+        )
         replica = Replica(cfg, device, batches[0], 0, 1)
-        out["env"] = {"device": device.type, "backend": backend, "comm_env": dist.comm_env(), "precision": cfg.train.precision,
-                      "method": cfg.train.method, "torch": torch.__version__}  # fmt: skip
-        replica.next_timed_step()  # the first step ever creates the optimizer state: not a measurement
+        out["env"] = {
+            "device": device.type,
+            "backend": backend,
+            "comm_env": dist.comm_env(),
+            "precision": cfg.train.precision,
+            "method": cfg.train.method,
+            "torch": torch.__version__,
+        }
+        # the first step ever creates the optimizer state: not a measurement
+        replica.next_timed_step()
         todo = list(batches)
         while todo:
             b = todo.pop(0)
-            point: dict[str, Any] = {"local_batch": b, "verifies_b_max": b not in batches}
-            try:
-                replica.set_global_batch(b)
-                mem = measure_step(replica.ddp, replica.opt, replica.eager_forward_loss, *replica.to_device(*next(replica.epoch_batches())))
-                peaks = step_peak_bytes(replica)
-                point.update(status="ok", peak_mem_bytes=max(peaks.values()), plain_peak_bytes=peaks["plain"],
-                             refresh_peak_bytes=peaks.get("refresh"), memory=mem.to_dict())  # fmt: skip
-            except (StepOOM, torch.OutOfMemoryError) as exc:
-                point.update(status="oom", error=f"out of memory at local batch {b}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            point = _measure_at(replica, b, verifies_b_max=b not in batches)
             out["points"].append(point)
-            print(f"[memprobe] b={b}: " + (f"peak {point['peak_mem_bytes'] / 2**20:.1f} MiB" if point["status"] == "ok"
-                                          else point["status"]), flush=True)  # fmt: skip
+            print(
+                f"[memprobe] b={b}: "
+                + (
+                    f"peak {point['peak_mem_bytes'] / 2**20:.1f} MiB"
+                    if point["status"] == "ok"
+                    else point["status"]
+                ),
+                flush=True,
+            )
             if point["status"] != "ok" and b in batches:
                 break
             if not todo:
                 nxt = next_probe_batch(cfg, out["points"])
                 todo = [nxt] if nxt is not None else []
     except Exception as exc:  # recorded, never silently dropped
-        out.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        out.update(
+            status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
+        )
     write_json(workers.result_path(result_dir, 0), out)
     dist.shutdown(ok=out["status"] == "ok")
     if out["status"] != "ok":
         sys.exit(1)
 
 
+def _measure_at(replica: Replica, b: int, verifies_b_max: bool) -> dict[str, Any]:
+    """Peak memory of one step at local batch ``b`` (an OOM recorded as such)."""
+    point: dict[str, Any] = {"local_batch": b, "verifies_b_max": verifies_b_max}
+    try:
+        replica.set_global_batch(b)
+        mem = measure_step(
+            replica.ddp,
+            replica.opt,
+            replica.eager_forward_loss,
+            *replica.to_device(*next(replica.epoch_batches())),
+        )
+        peaks = step_peak_bytes(replica)
+        point.update(
+            status="ok",
+            peak_mem_bytes=max(peaks.values()),
+            plain_peak_bytes=peaks["plain"],
+            refresh_peak_bytes=peaks.get("refresh"),
+            memory=mem.to_dict(),
+        )
+    except (StepOOM, torch.OutOfMemoryError) as exc:
+        point.update(
+            status="oom",
+            error=f"out of memory at local batch {b}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+        )
+    return point
+
+
 def _worker_main(argv: list[str] | None = None) -> None:
-    a = workers.parse_worker_args("tula.runtime.memprobe_worker", argv, batch_flag="--local-batches", batch_list=True)
+    a = workers.parse_worker_args(
+        "tula.runtime.memprobe_worker", argv, batch_flag="--local-batches", batch_list=True
+    )
     run_worker(config_mod.load(a.config), a.local_batches, Path(a.result_dir))
 
 

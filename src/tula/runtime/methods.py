@@ -23,7 +23,13 @@ class LARS(torch.optim.Optimizer):
     norm scales) keep trust 1 and plain weight decay when ``exclude_1d``.
     """
 
-    def __init__(self, optim: torch.optim.Optimizer, weight_decay: float, eta: float = 0.001, exclude_1d: bool = True):
+    def __init__(
+        self,
+        optim: torch.optim.Optimizer,
+        weight_decay: float,
+        eta: float = 0.001,
+        exclude_1d: bool = True,
+    ):
         self.optim, self.param_groups, self.defaults = optim, optim.param_groups, optim.defaults
         self.weight_decay, self.eta, self.exclude_1d = weight_decay, eta, exclude_1d
 
@@ -65,8 +71,16 @@ class LARS(torch.optim.Optimizer):
 METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
 
 
-def lr_factor(method: str, step: int, steps_per_epoch: int, global_batch: int, base_batch: int,
-              warmup_epochs: int, decay_epochs: tuple[int, ...], decay_factor: float) -> float:  # fmt: skip
+def lr_factor(
+    method: str,
+    step: int,
+    steps_per_epoch: int,
+    global_batch: int,
+    base_batch: int,
+    warmup_epochs: int,
+    decay_epochs: tuple[int, ...],
+    decay_factor: float,
+) -> float:
     """Multiplier of train.lr at a global step.
 
     lrs / lars: linear scaling k = B / base_batch (Goyal et al.), reached by a linear warm-up
@@ -85,11 +99,15 @@ def lr_factor(method: str, step: int, steps_per_epoch: int, global_batch: int, b
     return f * decay_factor ** sum(1 for e in decay_epochs if step >= e * steps_per_epoch)
 
 
-def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int):
+def build_method(
+    method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int
+):
     """Optimizer for ``train.method`` (t = the config's TrainSettings), and a function that
     prepares the DDP module for it (post-local SGD registers its comm hook)."""
     if method not in METHODS:
-        raise ValueError(f"config key 'train.method': unknown method {method!r} ({', '.join(METHODS)})")
+        raise ValueError(
+            f"config key 'train.method': unknown method {method!r} ({', '.join(METHODS)})"
+        )
     wd = 0.0 if method == "lars" else t.weight_decay
     # fused: one kernel for the update, and it honours found_inf (TulaOptimizer's skip of a
     # non-finite step, decided on the device)
@@ -101,12 +119,18 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
     if method in ("lbt", "lrs"):
         return base, no_hook
     if method == "lars":
-        return LARS(base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d), no_hook
+        return LARS(
+            base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d
+        ), no_hook
     if method == "polo":
-        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that starts, so only polo's
-        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook  # noqa: I001 - see above
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager  # polo only, as above
-        from torch.distributed.optim import PostLocalSGDOptimizer  # polo only, as above
+        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that
+        # starts, so only polo's imports them
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+            PostLocalSGDState,
+            post_localSGD_hook,
+        )
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer
 
         start = t.polo_sync_epochs * steps_per_epoch
         period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
@@ -114,15 +138,27 @@ def build_method(method: str, t, params: list[torch.nn.Parameter], global_batch:
         def hook(ddp) -> None:
             # After `start`, no gradient all-reduce at all: each worker steps locally (one GPU
             # per node in the paper) and parameters are averaged every `period` steps.
-            state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=start,
-                                      post_local_gradient_allreduce=False)  # fmt: skip
+            state = PostLocalSGDState(
+                process_group=None,
+                subgroup=None,
+                start_localSGD_iter=start,
+                post_local_gradient_allreduce=False,
+            )
             ddp.register_comm_hook(state, post_localSGD_hook)
             ddp.tula_polo_state = state  # a resumed run sets state.iter (set_post_local_iter)
 
-        return PostLocalSGDOptimizer(base, PeriodicModelAverager(period=period, warmup_steps=start)), hook
+        return PostLocalSGDOptimizer(
+            base, PeriodicModelAverager(period=period, warmup_steps=start)
+        ), hook
     s_max = math.sqrt(global_batch / t.ags_small_batch)
-    return TulaOptimizer(base, mode=method, delta=t.ags_delta, static_scale=t.static_scale, s_max=s_max,
-                         s_min=t.ags_s_min), no_hook  # fmt: skip
+    return TulaOptimizer(
+        base,
+        mode=method,
+        delta=t.ags_delta,
+        static_scale=t.static_scale,
+        s_max=s_max,
+        s_min=t.ags_s_min,
+    ), no_hook
 
 
 def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
@@ -158,7 +194,13 @@ def follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> b
     for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
         group["lr"] = base * lam(sched.last_epoch)
     if rank == 0:
-        print(f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
-              + (f", AGS s_max {opt.s_max:.3g}, scale factors re-measured" if isinstance(opt, TulaOptimizer) else ""),
-              flush=True)  # fmt: skip
+        print(
+            f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
+            + (
+                f", AGS s_max {opt.s_max:.3g}, scale factors re-measured"
+                if isinstance(opt, TulaOptimizer)
+                else ""
+            ),
+            flush=True,
+        )
     return isinstance(opt, TulaOptimizer)

@@ -44,20 +44,32 @@ def small_cnn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     o = _Ops(len(in_shape) - 1)
     c = in_shape[0]
     return nn.Sequential(
-        o.conv(c, 32, 3, padding=1), o.bn(32), nn.ReLU(inplace=True),
-        o.conv(32, 64, 3, padding=1), o.bn(64), nn.ReLU(inplace=True), o.maxpool(2),
-        o.conv(64, 64, 3, padding=1), o.bn(64), nn.ReLU(inplace=True),
-        o.avgpool(1), nn.Flatten(), nn.Linear(64, num_classes),
-    )  # fmt: skip
+        o.conv(c, 32, 3, padding=1),
+        o.bn(32),
+        nn.ReLU(inplace=True),
+        o.conv(32, 64, 3, padding=1),
+        o.bn(64),
+        nn.ReLU(inplace=True),
+        o.maxpool(2),
+        o.conv(64, 64, 3, padding=1),
+        o.bn(64),
+        nn.ReLU(inplace=True),
+        o.avgpool(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
+    )
 
 
 class _BasicBlock(nn.Module):
     def __init__(self, o: _Ops, cin: int, cout: int, stride: int):
         super().__init__()
         self.body = nn.Sequential(
-            o.conv(cin, cout, 3, stride, 1, bias=False), o.bn(cout), nn.ReLU(inplace=True),
-            o.conv(cout, cout, 3, 1, 1, bias=False), o.bn(cout),
-        )  # fmt: skip
+            o.conv(cin, cout, 3, stride, 1, bias=False),
+            o.bn(cout),
+            nn.ReLU(inplace=True),
+            o.conv(cout, cout, 3, 1, 1, bias=False),
+            o.bn(cout),
+        )
         self.skip = (
             nn.Identity()
             if stride == 1 and cin == cout
@@ -71,10 +83,16 @@ class _BasicBlock(nn.Module):
 def resnet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     o = _Ops(len(in_shape) - 1)
     return nn.Sequential(
-        o.conv(in_shape[0], 16, 3, 1, 1, bias=False), o.bn(16), nn.ReLU(inplace=True),
-        _BasicBlock(o, 16, 16, 1), _BasicBlock(o, 16, 32, 2), _BasicBlock(o, 32, 64, 2),
-        o.avgpool(1), nn.Flatten(), nn.Linear(64, num_classes),
-    )  # fmt: skip
+        o.conv(in_shape[0], 16, 3, 1, 1, bias=False),
+        o.bn(16),
+        nn.ReLU(inplace=True),
+        _BasicBlock(o, 16, 16, 1),
+        _BasicBlock(o, 16, 32, 2),
+        _BasicBlock(o, 32, 64, 2),
+        o.avgpool(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def vgg_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -95,19 +113,33 @@ def alexnet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     o = _Ops(len(in_shape) - 1)
     pooled = 2 ** (len(in_shape) - 1)  # 2 (1-D) or 2x2 (2-D) cells after adaptive pooling
     return nn.Sequential(
-        o.conv(in_shape[0], 32, 5, padding=2), nn.ReLU(inplace=True), o.maxpool(2),
-        o.conv(32, 64, 3, padding=1), nn.ReLU(inplace=True),
-        o.conv(64, 64, 3, padding=1), nn.ReLU(inplace=True), o.avgpool(2), nn.Flatten(),
-        nn.Dropout(0.5), nn.Linear(64 * pooled, 128), nn.ReLU(inplace=True),
-        nn.Dropout(0.5), nn.Linear(128, num_classes),
-    )  # fmt: skip
+        o.conv(in_shape[0], 32, 5, padding=2),
+        nn.ReLU(inplace=True),
+        o.maxpool(2),
+        o.conv(32, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        o.conv(64, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        o.avgpool(2),
+        nn.Flatten(),
+        nn.Dropout(0.5),
+        nn.Linear(64 * pooled, 128),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(128, num_classes),
+    )
 
 
 class _SqueezeExcite(nn.Module):
     def __init__(self, o: _Ops, c: int, reduce: int = 4):
         super().__init__()
         self.pool = o.avgpool(1)
-        self.fc = nn.Sequential(o.conv(c, c // reduce, 1), nn.ReLU(inplace=True), o.conv(c // reduce, c, 1), nn.Hardsigmoid())
+        self.fc = nn.Sequential(
+            o.conv(c, c // reduce, 1),
+            nn.ReLU(inplace=True),
+            o.conv(c // reduce, c, 1),
+            nn.Hardsigmoid(),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.fc(self.pool(x))
@@ -118,11 +150,16 @@ class _InvertedResidual(nn.Module):
         super().__init__()
         self.residual = stride == 1 and cin == cout
         self.body = nn.Sequential(
-            o.conv(cin, expand, 1, bias=False), o.bn(expand), nn.Hardswish(),
-            o.conv(expand, expand, 3, stride, 1, groups=expand, bias=False), o.bn(expand), nn.Hardswish(),
+            o.conv(cin, expand, 1, bias=False),
+            o.bn(expand),
+            nn.Hardswish(),
+            o.conv(expand, expand, 3, stride, 1, groups=expand, bias=False),
+            o.bn(expand),
+            nn.Hardswish(),
             _SqueezeExcite(o, expand),
-            o.conv(expand, cout, 1, bias=False), o.bn(cout),
-        )  # fmt: skip
+            o.conv(expand, cout, 1, bias=False),
+            o.bn(cout),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.body(x)
@@ -132,12 +169,20 @@ class _InvertedResidual(nn.Module):
 def mobilenet_tiny(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     o = _Ops(len(in_shape) - 1)
     return nn.Sequential(
-        o.conv(in_shape[0], 16, 3, 1, 1, bias=False), o.bn(16), nn.Hardswish(),
-        _InvertedResidual(o, 16, 32, 16, 1), _InvertedResidual(o, 16, 48, 24, 2),
-        _InvertedResidual(o, 24, 72, 24, 1), _InvertedResidual(o, 24, 96, 40, 2),
-        o.conv(40, 128, 1, bias=False), o.bn(128), nn.Hardswish(),
-        o.avgpool(1), nn.Flatten(), nn.Linear(128, num_classes),
-    )  # fmt: skip
+        o.conv(in_shape[0], 16, 3, 1, 1, bias=False),
+        o.bn(16),
+        nn.Hardswish(),
+        _InvertedResidual(o, 16, 32, 16, 1),
+        _InvertedResidual(o, 16, 48, 24, 2),
+        _InvertedResidual(o, 24, 72, 24, 1),
+        _InvertedResidual(o, 24, 96, 40, 2),
+        o.conv(40, 128, 1, bias=False),
+        o.bn(128),
+        nn.Hardswish(),
+        o.avgpool(1),
+        nn.Flatten(),
+        nn.Linear(128, num_classes),
+    )
 
 
 Builder = Callable[[tuple[int, ...], int], nn.Module]
@@ -154,23 +199,37 @@ MODELS: dict[str, Builder] = {
 # tv_<name> is torchvision.models.get_model(<name>); tv_vgg11 keeps its earlier meaning, VGG-11 with
 # batch norm (the paper trains VGG11 on CIFAR-100, where the plain one does not train from scratch).
 TV_ALIASES = {"vgg11": "vgg11_bn"}
-PAPER_TORCHVISION = ("tv_resnet18", "tv_resnet50", "tv_vgg11", "tv_alexnet", "tv_mobilenet_v3_large")
+PAPER_TORCHVISION = (
+    "tv_resnet18",
+    "tv_resnet50",
+    "tv_vgg11",
+    "tv_alexnet",
+    "tv_mobilenet_v3_large",
+)
 
 
 def _torchvision_builder(name: str) -> Builder:
     try:
-        import torchvision.models as tvm  # only for tv_<name>: a broken torchvision names workload.model
+        # only for tv_<name>: a broken torchvision names workload.model
+        import torchvision.models as tvm
     except Exception as exc:  # noqa: BLE001 - ImportError, or a binary mismatch with this torch build
-        raise ValueError(f"config key 'workload.model': {name} needs torchvision, which does not import here ({exc})") from None
+        raise ValueError(
+            f"config key 'workload.model': {name} needs torchvision, which does not import here "
+            f"({exc})"
+        ) from None
     arch = TV_ALIASES.get(name[3:], name[3:])
     if arch not in tvm.list_models(module=tvm):
-        raise ValueError(f"config key 'workload.model': torchvision has no classification model {arch!r} "
-                         f"(from {name!r}); e.g. {', '.join(PAPER_TORCHVISION)}")  # fmt: skip
+        raise ValueError(
+            f"config key 'workload.model': torchvision has no classification model {arch!r} (from "
+            f"{name!r}); e.g. {', '.join(PAPER_TORCHVISION)}"
+        )
 
     def build(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         if len(in_shape) != 3 or in_shape[0] != 3:
-            raise ValueError(f"config key 'workload.model': torchvision's {arch} needs 3-channel images (3, H, W); "
-                             f"the dataset's samples are {tuple(in_shape)}")  # fmt: skip
+            raise ValueError(
+                f"config key 'workload.model': torchvision's {arch} needs 3-channel images (3, H, "
+                f"W); the dataset's samples are {tuple(in_shape)}"
+            )
         return tvm.get_model(arch, weights=None, num_classes=num_classes)
 
     return build
@@ -189,8 +248,10 @@ def builder(spec: str) -> Builder:
         return _torchvision_builder(spec)
     if ":" in spec:
         return import_callable(spec, "workload.model")
-    raise ValueError(f"config key 'workload.model': unknown model {spec!r}; shipped: {', '.join(MODELS)}; "
-                     "torchvision: tv_<name> (e.g. tv_resnet18); yours: package.module:callable")  # fmt: skip
+    raise ValueError(
+        f"config key 'workload.model': unknown model {spec!r}; shipped: {', '.join(MODELS)}; "
+        "torchvision: tv_<name> (e.g. tv_resnet18); yours: package.module:callable"
+    )
 
 
 def build_model(spec: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -200,10 +261,15 @@ def build_model(spec: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Mo
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's builder failed
-        raise ValueError(f"config key 'workload.model': {spec}{tuple(in_shape), num_classes} raised "
-                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise ValueError(
+            f"config key 'workload.model': {spec}{tuple(in_shape), num_classes} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(model, nn.Module):
-        raise ValueError(f"config key 'workload.model': {spec} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise ValueError(
+            f"config key 'workload.model': {spec} returned a {type(model).__name__}, not a "
+            "torch.nn.Module"
+        )
     return model
 
 
@@ -214,12 +280,16 @@ def check_forward(spec: str, model: nn.Module, sample: torch.Tensor, num_classes
         with torch.no_grad():
             out = model(x)
     except Exception as exc:  # noqa: BLE001 - shape mismatch, wrong channel count, ...
-        raise ValueError(f"config key 'workload.model': {spec} failed on a batch of dataset samples of shape "
-                         f"{tuple(x.shape)}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None  # fmt: skip
+        raise ValueError(
+            f"config key 'workload.model': {spec} failed on a batch of dataset samples of shape "
+            f"{tuple(x.shape)}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from None
     if not torch.is_tensor(out) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
-        raise ValueError(f"config key 'workload.model': {spec} must return logits of shape (batch, num_classes) = "
-                         f"(2, {num_classes}) for a batch of 2; got {got}")  # fmt: skip
+        raise ValueError(
+            f"config key 'workload.model': {spec} must return logits of shape (batch, num_classes) "
+            f"= (2, {num_classes}) for a batch of 2; got {got}"
+        )
 
 
 def check_workload(cfg) -> dict:
@@ -234,10 +304,16 @@ def check_workload(cfg) -> dict:
     check_forward(cfg.workload.model, model, sample, d.num_classes)
     params = sum(p.numel() for p in model.parameters())
     stored = data_mod.stored_image_size(d.train)
-    on_device = decode_on_device(cfg.data, cfg.hardware.device, d.train)  # data.decode gpu on PNGs: refused here
-    return {**d.describe(), "model": cfg.workload.model, "parameters": params, "stored_image_size": stored,
-            "decode": ("gpu" if on_device else "cpu") if stored else None,
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}  # fmt: skip
+    # data.decode gpu on PNGs: refused here
+    on_device = decode_on_device(cfg.data, cfg.hardware.device, d.train)
+    return {
+        **d.describe(),
+        "model": cfg.workload.model,
+        "parameters": params,
+        "stored_image_size": stored,
+        "decode": ("gpu" if on_device else "cpu") if stored else None,
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
 
 
 def compiled(module: torch.nn.Module) -> torch.nn.Module:

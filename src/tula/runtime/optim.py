@@ -43,17 +43,27 @@ def variability(sq_norm: torch.Tensor, prev_sq_norm: torch.Tensor) -> torch.Tens
     (a sensitive step) where there is no usable previous norm (NaN: none yet, <= 0, inf)."""
     usable = torch.isfinite(prev_sq_norm) & (prev_sq_norm > 0)
     safe_prev = torch.where(usable, prev_sq_norm, torch.ones_like(prev_sq_norm))
-    return torch.where(usable, (sq_norm - prev_sq_norm).abs() / safe_prev, torch.full_like(sq_norm, math.inf))
+    return torch.where(
+        usable, (sq_norm - prev_sq_norm).abs() / safe_prev, torch.full_like(sq_norm, math.inf)
+    )
 
 
 def grad_variability(sq_norm: float, prev_sq_norm: float | None) -> float:
     """Eq. 5 on host numbers (:func:`variability`). Infinite when there is no previous norm."""
     prev = math.nan if prev_sq_norm is None else prev_sq_norm
-    return float(variability(torch.tensor(sq_norm, dtype=torch.float64), torch.tensor(prev, dtype=torch.float64)))
+    return float(
+        variability(
+            torch.tensor(sq_norm, dtype=torch.float64), torch.tensor(prev, dtype=torch.float64)
+        )
+    )
 
 
 def ags_scales(
-    g_small: list[torch.Tensor], g_large: list[torch.Tensor], s_max: float, s_min: float = 0.0, eps: float = 1e-8
+    g_small: list[torch.Tensor],
+    g_large: list[torch.Tensor],
+    s_max: float,
+    s_min: float = 0.0,
+    eps: float = 1e-8,
 ) -> list[torch.Tensor]:
     """Algorithm 1, lines 15-17: s = min(|g_small / (g_large + eps)|, s_max), and >= s_min."""
     out = []
@@ -85,7 +95,9 @@ class TulaOptimizer(torch.optim.Optimizer):
         eps: float = 1e-8,
     ):
         if mode not in MODES:
-            raise ValueError(f"config key 'train.method': unknown scaling mode {mode!r} ({', '.join(MODES)})")
+            raise ValueError(
+                f"config key 'train.method': unknown scaling mode {mode!r} ({', '.join(MODES)})"
+            )
         self.optim = optim
         self.param_groups = optim.param_groups
         self.defaults = optim.defaults
@@ -106,8 +118,12 @@ class TulaOptimizer(torch.optim.Optimizer):
         """Steps taken, scaled, sensitive, skipped (non-finite), refreshes, unscaled parameters.
         Reading it reads the device: at an epoch's end, a checkpoint or the job's end."""
         dev = [0, 0, 0] if self._counts is None else [int(v) for v in self._counts.tolist()]
-        return {"steps": self._host["steps"], **dict(zip(self.DEVICE_COUNTERS, dev)),
-                "refreshes": self._host["refreshes"], "unscaled_params": self._host["unscaled_params"]}  # fmt: skip
+        return {
+            "steps": self._host["steps"],
+            **dict(zip(self.DEVICE_COUNTERS, dev)),
+            "refreshes": self._host["refreshes"],
+            "unscaled_params": self._host["unscaled_params"],
+        }
 
     @counters.setter
     def counters(self, values: dict[str, int]) -> None:
@@ -145,7 +161,10 @@ class TulaOptimizer(torch.optim.Optimizer):
         return self.optim.state
 
     def __repr__(self) -> str:
-        return f"TulaOptimizer(mode={self.mode}, delta={self.delta}, s_max={self.s_max:.3g}, s_min={self.s_min}, {self.optim!r})"
+        return (
+            f"TulaOptimizer(mode={self.mode}, delta={self.delta}, s_max={self.s_max:.3g}, "
+            f"s_min={self.s_min}, {self.optim!r})"
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # type: ignore[override]
         self.optim.zero_grad(set_to_none=set_to_none)
@@ -187,7 +206,9 @@ class TulaOptimizer(torch.optim.Optimizer):
             scaled = apply
         elif self.mode == "ags":
             scaled = self._scale_by_factors(params, apply)
-        self._delta = torch.where(finite, delta, self._delta if self._delta is not None else torch.full_like(sq, math.inf))
+        self._delta = torch.where(
+            finite, delta, self._delta if self._delta is not None else torch.full_like(sq, math.inf)
+        )
         self._prev = torch.where(finite, sq, prev)
         self._counts += torch.stack([scaled, finite & sensitive, ~finite]).to(self._counts.dtype)
         # A non-finite gradient never reaches the weights: a fused optimizer (build_method's)
@@ -203,11 +224,16 @@ class TulaOptimizer(torch.optim.Optimizer):
             self.optim.found_inf = None
         return loss
 
-    def _scale_by_factors(self, params: list[torch.nn.Parameter], apply: torch.Tensor) -> torch.Tensor:
+    def _scale_by_factors(
+        self, params: list[torch.nn.Parameter], apply: torch.Tensor
+    ) -> torch.Tensor:
         """Each gradient times its factor where ``apply`` (a device bool) holds, as it was
         otherwise: g *= 1 + (s - 1) * apply, with no read of ``apply`` on the host."""
-        scaled = [(p.grad, self.state[p]["ags_scale"]) for p in params if "ags_scale" in self.state[p]]
-        self._host["unscaled_params"] += len(params) - len(scaled)  # a gradient with no factor measured yet
+        scaled = [
+            (p.grad, self.state[p]["ags_scale"]) for p in params if "ags_scale" in self.state[p]
+        ]
+        # a gradient with no factor measured yet
+        self._host["unscaled_params"] += len(params) - len(scaled)
         if not scaled:
             return torch.zeros_like(apply)
         factors = torch._foreach_sub([s for _, s in scaled], 1.0)
@@ -216,40 +242,60 @@ class TulaOptimizer(torch.optim.Optimizer):
         torch._foreach_mul_([g for g, _ in scaled], factors)
         return apply
 
-    def set_scales(self, params: list[torch.nn.Parameter], g_small: list[torch.Tensor],
-                   g_large: list[torch.Tensor]) -> None:  # fmt: skip
+    def set_scales(
+        self,
+        params: list[torch.nn.Parameter],
+        g_small: list[torch.Tensor],
+        g_large: list[torch.Tensor],
+    ) -> None:
         """UPDATEGRADSCALE: each parameter's factor from its small- and large-batch gradients."""
         for p, s in zip(params, ags_scales(g_small, g_large, self.s_max, self.s_min, self.eps)):
             self.state[p]["ags_scale"] = s
         self._host["refreshes"] += 1
 
     def forget_scales(self) -> None:
-        """Drop every factor (they were measured at another batch); the next refresh measures them again."""
+        """Drop every factor (they were measured at another batch); the next refresh measures them
+        again."""
         for st in self.state.values():
             st.pop("ags_scale", None)
 
     def scales(self) -> list[torch.Tensor]:
         """The factors, in parameter order (parameters without one left out)."""
-        return [self.state[p]["ags_scale"] for g in self.param_groups for p in g["params"] if "ags_scale" in self.state[p]]
+        return [
+            self.state[p]["ags_scale"]
+            for g in self.param_groups
+            for p in g["params"]
+            if "ags_scale" in self.state[p]
+        ]
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         return {
             "base": self.optim.state_dict(),  # per parameter: momentum buffer and ags_scale
-            "tula": {"mode": self.mode, "prev_sq_norm": self.prev_sq_norm, "last_delta": self.last_delta,
-                     "counters": dict(self.counters)},  # fmt: skip
+            "tula": {
+                "mode": self.mode,
+                "prev_sq_norm": self.prev_sq_norm,
+                "last_delta": self.last_delta,
+                "counters": dict(self.counters),
+            },
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self.optim.load_state_dict(state_dict["base"])
         t = state_dict["tula"]
         if t["mode"] != self.mode:
-            raise ValueError(f"checkpoint was written with scaling mode {t['mode']!r}, this run uses {self.mode!r}")
+            raise ValueError(
+                f"checkpoint was written with scaling mode {t['mode']!r}, this run uses "
+                f"{self.mode!r}"
+            )
         self.prev_sq_norm = t["prev_sq_norm"]
         delta = t.get("last_delta", math.inf)
-        self._delta = torch.tensor(math.inf if delta is None else float(delta), device=self._device())
+        self._delta = torch.tensor(
+            math.inf if delta is None else float(delta), device=self._device()
+        )
         self.counters = {**self.counters, **t["counters"]}
-        if t.get("scales"):  # written before the factors were per-parameter state: one list, parameter order
+        # written before the factors were per-parameter state: one list, parameter order
+        if t.get("scales"):
             params = [p for g in self.param_groups for p in g["params"]]
             if len(params) == len(t["scales"]):
                 for p, s in zip(params, t["scales"]):
@@ -274,9 +320,10 @@ def refresh_scales(
     large-batch gradient is restored afterwards. Cost: one forward/backward on the sub-batch
     and one all-reduce.
 
-    Out of memory in the sub-batch's forward or backward on any rank: the ranks learn it
-    from that same all-reduce (one flag per rank rides along) and all raise
-    :class:`tula.runtime.agreement.StepOOM` (``where="refresh"``), the large-batch gradient restored.
+    Out of memory in the sub-batch's forward or backward on any rank: the ranks learn it from that
+    same all-reduce (one flag per rank rides along) and all raise
+    :class:`tula.runtime.agreement.StepOOM` (``where="refresh"``), the large-batch gradient
+    restored.
 
     Mixed precision: the forward runs under ``autocast`` (the step's), and with fp16 the
     small loss is multiplied by the GradScaler's ``loss_scale`` and its gradient divided by it
@@ -288,21 +335,27 @@ def refresh_scales(
     if not math.isfinite(large_sq):
         return False
     g_large = [p.grad.detach().clone() for p in params]
-    g_small, oom = _small_batch_gradient(model, params, loss_fn, x_small, y_small, autocast, loss_scale)
+    g_small, oom = _small_batch_gradient(
+        model, params, loss_fn, x_small, y_small, autocast, loss_scale
+    )
     # the small gradient's sum over the ranks, and which ranks ran out of memory: one all-reduce
     flat, failed = agree(bool(oom), torch.cat([g.reshape(-1) for g in g_small]))
     _restore(params, g_large)
     if failed:
         raise StepOOM(failed, oom, where="refresh")
     flat = flat / (torch_dist.get_world_size() if torch_dist.is_initialized() else 1)
-    g_small = [t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in g_small]), g_small)]
+    g_small = [
+        t.view_as(g) for t, g in zip(torch.split(flat, [g.numel() for g in g_small]), g_small)
+    ]
     opt.set_scales(params, g_small, g_large)
     # the two squared norms give a one-step gradient noise estimate (tula.model.noise), for free
     opt.last_sq_norms = (float(squared_global_norm(g_small)), large_sq)
     return True
 
 
-def _small_batch_gradient(model, params, loss_fn, x_small, y_small, autocast, loss_scale) -> tuple[list, str]:
+def _small_batch_gradient(
+    model, params, loss_fn, x_small, y_small, autocast, loss_scale
+) -> tuple[list, str]:
     """This rank's gradient on its slice of the reference sub-batch (unscaled), computed
     without DDP's all-reduce, and the out-of-memory message if it ran out (zeros then)."""
     for p in params:
@@ -312,8 +365,11 @@ def _small_batch_gradient(model, params, loss_fn, x_small, y_small, autocast, lo
             with autocast():
                 loss = loss_fn(model(x_small), y_small)
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        g_small = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-    except torch.OutOfMemoryError as exc:  # agreed by the caller, through the all-reduce every rank makes anyway
+        g_small = [
+            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params
+        ]
+    # agreed by the caller, through the all-reduce every rank makes anyway
+    except torch.OutOfMemoryError as exc:
         return [torch.zeros_like(p) for p in params], str(exc) or "out of memory"
     if loss_scale != 1.0:
         torch._foreach_div_(g_small, loss_scale)

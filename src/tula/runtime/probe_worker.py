@@ -8,7 +8,6 @@ the measurement (:mod:`tula.stages.probe` says what is timed and how).
 from __future__ import annotations
 
 import contextlib
-import platform
 import resource
 import shutil
 import statistics
@@ -25,144 +24,174 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula import workers
 from tula.io import write_json
-from tula.model import noise
-from tula.model.grid import Point, sweep_local_batches
-from tula.model.memory import max_local_batch
 from tula.model.floor import INPUT_BOUND
+from tula.model.grid import Point
+from tula.model.memory import max_local_batch
 from tula.progress import Progress
-from tula.runtime import dist
+from tula.runtime import dist, gradnoise, sweep
 from tula.runtime.agreement import StepOOM
-from tula.runtime.measure import input_time_s, measure_step, process_started, step_peak_bytes, timing_stats
+from tula.runtime.measure import (
+    input_time_s,
+    measure_step,
+    process_started,
+    step_peak_bytes,
+    timing_stats,
+)
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
 
-SWEEP_MIN_STEPS = 4  # a swept batch must fit this many times into an epoch (start, short last batch aside)
-EXTRA_STEPS = 3  # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
+# epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
+EXTRA_STEPS = 3
 
 
-def _env_info(device, backend: str, wenv, hosts: list[str], cfg: config_mod.Config, data_workers: int) -> dict:
-    return {
-        "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "backend": backend,
-        "comm_env": dist.comm_env(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "world_size": wenv.world_size,
-        "launcher": wenv.launcher,
-        "hostnames": hosts,
-        "threads_per_worker": cfg.hardware.threads_per_worker,
-        "precision": cfg.train.precision,
-        "method": cfg.train.method,
-        "data_workers": data_workers,  # data.num_workers, "auto" decided
-    }
-
-
-def _sweep(replica, cfg: config_mod.Config, point: Point, max_local_batch: int | None, start_extra_s: float) -> list[dict]:
-    """Compute-only steps (the training step under ``DDP.no_sync()``) at the other local
-    batches that fit, in this process after the probe's own measurement: the compute curve.
-
-    Each local batch gets one untimed step, then ``probe.sweep_steps`` timed ones; an epoch's
-    first step and its short last batch are left out of the mean, and the first step's extra
-    (measured at the probe's own batch) is added at that batch's rate, as for the probe's own
-    compute time. Only batches of which an epoch holds at least SWEEP_MIN_STEPS are swept.
-    Peak memory is measured on a plain step. Smallest first; the first OOM (agreed by every
-    rank) ends the sweep."""
-    rows: list[dict] = []
-    for lb in sweep_local_batches(cfg, point.workers, point.local_batch, max_local_batch,
-                                  replica.data.train_size // SWEEP_MIN_STEPS):  # fmt: skip
-        replica.set_global_batch(lb * point.workers)
-        row: dict[str, Any] = {"local_batch": lb}
-        try:
-            with replica.ddp.no_sync():
-                replica.next_timed_step()  # warm-up: the allocator and caches meet the new shape
-                times, timed = [], 0
-                while timed < cfg.probe.sweep_steps:  # blocks, one synchronisation each
-                    t, kind, n = replica.next_timed_block(min(cfg.probe.block_steps, cfg.probe.sweep_steps - timed))
-                    times.append((t, kind))
-                    timed += n
-                peak = step_peak_bytes(replica, refresh=False)["plain"]
-        except StepOOM as exc:
-            row.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
-            rows.append(row)
-            break
-        plain = [t for t, kind in times if kind == "plain"] or [t for t, _ in times]
-        row.update(status="ok", times=plain, peak=peak, extra=start_extra_s / replica.steps_per_epoch)
-        rows.append(row)
-    return rows
-
-
-def run_worker(cfg: config_mod.Config, point: Point, result_dir: Path, max_local_batch: int | None = None,
-               attempt: int = 1) -> None:  # fmt: skip
+def run_worker(
+    cfg: config_mod.Config,
+    point: Point,
+    result_dir: Path,
+    max_local_batch: int | None = None,
+    attempt: int = 1,
+) -> None:
     """Body of one worker process (rank r of N): the probe's own measurement, then the
     gradient noise scale and the compute sweep. Writes result_dir/rank{r}.json; a failure
     is recorded there (once the measurement stands, a later failure is only noted beside it)."""
     rank = dist.worker_env().rank
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
     result = workers.result_path(result_dir, rank)
-    after = ""  # what runs after the measurement, named if it fails; "" while measuring
+    after = [""]  # what runs after the measurement, named if it fails; "" while measuring
     try:
-        wenv, device, backend = dist.init(cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster)
-        if wenv.world_size != point.workers:
-            raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
-        replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
-        startup_s = time.time() - process_started()  # as the production job counts it: to its first step
-        mem = measure_step(replica.ddp, replica.opt, replica.eager_forward_loss, *replica.to_device(*next(replica.epoch_batches())))
-        # the memory step took a batch but no position: the epoch's iterator starts over
-        injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
-        if injector:  # after the memory step: an OOM meets the step's agreement
-            replica.inject_faults(injector)
-            replica.inject("start")
-        synced, compute, first_steps = _time_steps(replica, cfg, point.name)
-        retried: dict[str, int] = {}
-        mine = _this_rank(replica, cfg, synced, compute, first_steps, retried)
-        gathered: list[Any] = [None] * wenv.world_size
-        torch_dist.all_gather_object(gathered, mine)
-        if rank == 0:
-            out.update(_measurement(replica, gathered, synced, compute), grad_bytes_per_step=mem.grad_bytes,
-                       memory=mem.to_dict(), profiler_retries=retried,  # extra steps: CPU profiler failures
-                       env=_env_info(device, backend, wenv, [g["host"] for g in gathered], cfg, replica.loader.num_workers),
-                       sweep=[])  # fmt: skip
-            write_json(result, out)  # the probe's own measurement stands even if what follows fails
-        after = "overheads"
-        paid = _overheads(replica, result_dir, startup_s)
-        if rank == 0:
-            out.update(paid)
-            write_json(result, out)
-        after = "noise"
-        if cfg.probe.noise_steps > 0:
-            noise_record = _gradient_noise(replica, cfg.probe.noise_steps)  # before the sweep changes the batch
-            if rank == 0:
-                out.update(noise_record)
-                write_json(result, out)
-        after = "sweep"
-        if cfg.probe.sweep_steps > 0:
-            _sweep_all(replica, cfg, point, max_local_batch, out, wenv.world_size)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
-        out = {"rank": rank, "status": "oom",
-               "error": f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}"}  # fmt: skip
+        out = {
+            "rank": rank,
+            "status": "oom",
+            "error": f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}",
+        }
         write_json(result, out)
         dist.shutdown(ok=True)
         sys.exit(1)
     except Exception as exc:  # recorded, never silently dropped
-        out = _failure(out, exc, rank, after)
+        out = _failure(out, exc, rank, after[0])
     write_json(result, out)
-    dist.shutdown(ok=out["status"] == "ok" and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep")))
+    dist.shutdown(
+        ok=out["status"] == "ok"
+        and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep"))
+    )
     if out["status"] != "ok":
         sys.exit(1)
 
 
-def _this_rank(replica: Replica, cfg: config_mod.Config, synced: list, compute: list, first_steps: float,
-               retried: dict[str, int]) -> dict[str, Any]:  # fmt: skip
+def _measure_point(
+    cfg: config_mod.Config, point: Point, attempt: int, out: dict[str, Any], result: Path
+) -> tuple[Replica, float]:
+    """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
+    every rank, combined on rank 0 and written to ``result`` at once. Returns the replica and
+    this process's start-up (to its first step, as the production job counts it)."""
+    rank = out["rank"]
+    wenv, device, backend = dist.init(
+        cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
+    )
+    if wenv.world_size != point.workers:
+        raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
+    replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
+    # as the production job counts it: to its first step
+    startup_s = time.time() - process_started()
+    mem = measure_step(
+        replica.ddp,
+        replica.opt,
+        replica.eager_forward_loss,
+        *replica.to_device(*next(replica.epoch_batches())),
+    )
+    # the memory step took a batch but no position: the epoch's iterator starts over
+    injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
+    if injector:  # after the memory step: an OOM meets the step's agreement
+        replica.inject_faults(injector)
+        replica.inject("start")
+    synced, compute, first_steps = _time_steps(replica, cfg, point.name)
+    retried: dict[str, int] = {}
+    mine = _this_rank(replica, cfg, synced, compute, first_steps, retried)
+    gathered: list[Any] = [None] * wenv.world_size
+    torch_dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        out.update(
+            _measurement(replica, gathered, synced, compute),
+            grad_bytes_per_step=mem.grad_bytes,
+            memory=mem.to_dict(),
+            profiler_retries=retried,  # extra steps: CPU profiler failures
+            env=dist.env_info(
+                device,
+                backend,
+                wenv,
+                [g["host"] for g in gathered],
+                cfg,
+                replica.loader.num_workers,
+            ),
+            sweep=[],
+        )
+        write_json(result, out)  # the probe's own measurement stands even if what follows fails
+    return replica, startup_s
+
+
+def _probe(
+    cfg: config_mod.Config,
+    point: Point,
+    result_dir: Path,
+    max_local_batch: int | None,
+    attempt: int,
+    out: dict[str, Any],
+    after: list[str],
+) -> None:
+    """The probe's phases on this rank: its own measurement (written as soon as it stands),
+    then what the job pays besides steps, the gradient noise scale and the compute sweep
+    (``after[0]`` names the phase running, for the record if it fails)."""
+    rank = out["rank"]
+    result = workers.result_path(result_dir, rank)
+    replica, startup_s = _measure_point(cfg, point, attempt, out, result)
+    after[0] = "overheads"
+    paid = _overheads(replica, result_dir, startup_s)
+    if rank == 0:
+        out.update(paid)
+        write_json(result, out)
+    after[0] = "noise"
+    if cfg.probe.noise_steps > 0:
+        # before the sweep changes the batch
+        noise_record = gradnoise.measure(replica, cfg.probe.noise_steps)
+        if rank == 0:
+            out.update(noise_record)
+            write_json(result, out)
+    after[0] = "sweep"
+    if cfg.probe.sweep_steps > 0:
+        sweep.run_sweep(replica, cfg, point, max_local_batch, out, replica.world)
+
+
+def _this_rank(
+    replica: Replica,
+    cfg: config_mod.Config,
+    synced: list,
+    compute: list,
+    first_steps: float,
+    retried: dict[str, int],
+) -> dict[str, Any]:
     """What this rank measured, for rank 0 to gather: its step times, its memory peaks (a
     plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
     peaks = step_peak_bytes(replica, retries=retried)
-    reads = max(cfg.probe.input_batches, 3 * replica.loader.num_workers) if cfg.probe.input_batches else 0
-    return {"host": dist.hostname(), "step": [t for t, _ in synced], "first_steps": first_steps,
-            "compute": [t for t, _ in compute], "peak": max(peaks.values()), "peaks": peaks,
-            "input": input_time_s(replica, reads) if reads else None,  # all ranks at once: they share the node
-            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # fmt: skip
+    reads = (
+        max(cfg.probe.input_batches, 3 * replica.loader.num_workers)
+        if cfg.probe.input_batches
+        else 0
+    )
+    return {
+        "host": dist.hostname(),
+        "step": [t for t, _ in synced],
+        "first_steps": first_steps,
+        "compute": [t for t, _ in compute],
+        "peak": max(peaks.values()),
+        "peaks": peaks,
+        "input": input_time_s(replica, reads)
+        if reads
+        else None,  # all ranks at once: they share the node
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
 
 def _failure(out: dict[str, Any], exc: Exception, rank: int, after: str) -> dict[str, Any]:
@@ -173,8 +202,13 @@ def _failure(out: dict[str, Any], exc: Exception, rank: int, after: str) -> dict
         return {**out, f"{after}_error": f"rank {rank}: {type(exc).__name__}: {first}"}
     if isinstance(exc, torch.OutOfMemoryError):
         return {"rank": rank, "status": "oom", "error": f"out of memory on rank {rank}: {first}"}
-    return {"rank": rank, "status": "error", "error": f"rank {rank}: {type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(), "failed_at": time.time()}  # fmt: skip
+    return {
+        "rank": rank,
+        "status": "error",
+        "error": f"rank {rank}: {type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(),
+        "failed_at": time.time(),
+    }
 
 
 def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str, Any]:
@@ -202,7 +236,12 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     gathered: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(gathered, mine)
     startup, first, ev, ck = (max(g[i] for g in gathered) for i in range(4))
-    return {"startup_time_s": startup, "eval_first_time_s": first, "eval_time_s": ev, "checkpoint_time_s": ck}
+    return {
+        "startup_time_s": startup,
+        "eval_first_time_s": first,
+        "eval_time_s": ev,
+        "checkpoint_time_s": ck,
+    }
 
 
 def _timed(replica: Replica, sync: bool, block: int = 1) -> tuple[float, str]:
@@ -222,7 +261,11 @@ def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[li
     per step, kind) lists, one entry per block, and the first steps' seconds (the full
     batch's and the short last batch's first step: what training pays once per shape)."""
     block = cfg.probe.block_steps
-    progress = Progress(f"probe {name}", 2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps), enabled=replica.rank == 0)
+    progress = Progress(
+        f"probe {name}",
+        2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps),
+        enabled=replica.rank == 0,
+    )
     first, _ = _timed(replica, sync=True)  # compilation, cuDNN's autotuning, the allocator's growth
     _timed(replica, sync=False)
     # the epoch's short last batch is a shape of its own: its first step now, so that what follows
@@ -247,7 +290,8 @@ def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[li
     def count(kind: str) -> int:
         return sum(k == kind for _, k in synced)
 
-    while count("start") < EXTRA_STEPS and replica.steps_per_epoch > 1:  # start further epochs to time their first step
+    # start further epochs to time their first step
+    while count("start") < EXTRA_STEPS and replica.steps_per_epoch > 1:
         replica.restart_epoch()
         synced.append(_timed(replica, sync=True))
     while replica.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
@@ -256,7 +300,9 @@ def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[li
     return synced, compute, first + short
 
 
-def _measurement(replica: Replica, gathered: list[dict], synced: list, compute: list) -> dict[str, Any]:
+def _measurement(
+    replica: Replica, gathered: list[dict], synced: list, compute: list
+) -> dict[str, Any]:
     """Rank 0: the probe's step, compute and sync times from every rank's steps (per step, the
     slowest rank's), with an epoch start's and a mid-epoch refresh's extra cost added at
     training's rate; its peak memory, the largest rank's."""
@@ -265,31 +311,65 @@ def _measurement(replica: Replica, gathered: list[dict], synced: list, compute: 
         return [max(g[key][i] for g in gathered) for i in range(len(gathered[0][key]))]
 
     step_max, comp_max = slowest("step"), slowest("compute")
-    kinds = {k: [t for t, (_, kind) in zip(step_max, synced) if kind == k] for k in ("plain", "start", "refresh")}
+    kinds = {
+        k: [t for t, (_, kind) in zip(step_max, synced) if kind == k]
+        for k in ("plain", "start", "refresh")
+    }
     plain_comp = [t for t, (_, kind) in zip(comp_max, compute) if kind == "plain"]
     s = timing_stats(kinds["plain"] or kinds["start"])
     c = timing_stats(plain_comp or comp_max)
-    start_extra = max(statistics.fmean(kinds["start"]) - s["mean"], 0.0) if kinds["plain"] and kinds["start"] else 0.0
-    refresh_extra = max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
-    extra = start_extra / replica.steps_per_epoch + refresh_extra * replica.midepoch_refreshes_per_step()
-    refresh_peaks = [g["peaks"]["refresh"] for g in gathered if "refresh" in g["peaks"]]
+    start_extra = (
+        max(statistics.fmean(kinds["start"]) - s["mean"], 0.0)
+        if kinds["plain"] and kinds["start"]
+        else 0.0
+    )
+    refresh_extra = (
+        max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
+    )
+    extra = (
+        start_extra / replica.steps_per_epoch
+        + refresh_extra * replica.midepoch_refreshes_per_step()
+    )
     return {
-        "step_time_s": s["mean"] + extra, "compute_time_s": c["mean"] + extra,
-        "sync_time_s": max(s["mean"] - c["mean"], 0.0), "epoch_start_extra_s": start_extra,
-        "refresh_extra_s": refresh_extra, "steps_per_epoch": replica.steps_per_epoch,
-        "epoch_start_step_times_s": kinds["start"], "refresh_step_times_s": kinds["refresh"],
-        "step_time_median_s": s["median"], "compute_time_median_s": c["median"], "step_time_iqr_s": s["iqr"],
-        "compute_time_iqr_s": c["iqr"], "step_time_cv": s["cv"], "compute_time_cv": c["cv"],
-        "step_times_s": kinds["plain"], "compute_times_s": plain_comp,
-        "peak_mem_bytes": int(max(g["peak"] for g in gathered)),
-        "plain_peak_bytes": int(max(g["peaks"]["plain"] for g in gathered)),  # each the largest rank's
-        "refresh_peak_bytes": int(max(refresh_peaks)) if refresh_peaks else None,
-        "rss_peak_bytes": int(max(g["rss"] for g in gathered)), "train_samples": replica.data.train_size,
-        "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered), "block_steps": replica.cfg.probe.block_steps,
-        "compile": replica.t.compile, "on_device": replica.feed.resident, **_input(gathered, s["mean"] + extra),
+        "step_time_s": s["mean"] + extra,
+        "compute_time_s": c["mean"] + extra,
+        "sync_time_s": max(s["mean"] - c["mean"], 0.0),
+        "epoch_start_extra_s": start_extra,
+        "refresh_extra_s": refresh_extra,
+        "steps_per_epoch": replica.steps_per_epoch,
+        "epoch_start_step_times_s": kinds["start"],
+        "refresh_step_times_s": kinds["refresh"],
+        "step_time_median_s": s["median"],
+        "compute_time_median_s": c["median"],
+        "step_time_iqr_s": s["iqr"],
+        "compute_time_iqr_s": c["iqr"],
+        "step_time_cv": s["cv"],
+        "compute_time_cv": c["cv"],
+        "step_times_s": kinds["plain"],
+        "compute_times_s": plain_comp,
+        **_peaks(gathered),
+        "train_samples": replica.data.train_size,
+        "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
+        "block_steps": replica.cfg.probe.block_steps,
+        "compile": replica.t.compile,
+        "on_device": replica.feed.resident,
+        **_input(gathered, s["mean"] + extra),
         "steps_run": replica.pos.step,
-        "optimizer_counters": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
-    }  # fmt: skip
+        "optimizer_counters": dict(replica.opt.counters)
+        if isinstance(replica.opt, TulaOptimizer)
+        else None,
+    }
+
+
+def _peaks(gathered: list[dict]) -> dict[str, int | None]:
+    """The probe's memory peaks, each the largest rank's."""
+    refresh = [g["peaks"]["refresh"] for g in gathered if "refresh" in g["peaks"]]
+    return {
+        "peak_mem_bytes": int(max(g["peak"] for g in gathered)),
+        "plain_peak_bytes": int(max(g["peaks"]["plain"] for g in gathered)),
+        "refresh_peak_bytes": int(max(refresh)) if refresh else None,
+        "rss_peak_bytes": int(max(g["rss"] for g in gathered)),
+    }
 
 
 def _input(gathered: list[dict], step_s: float) -> dict[str, Any]:
@@ -300,94 +380,16 @@ def _input(gathered: list[dict], step_s: float) -> dict[str, Any]:
     return {"input_time_s": max(times), "input_bound": bool(max(times) >= INPUT_BOUND * step_s)}
 
 
-def _sweep_all(replica: Replica, cfg: config_mod.Config, point: Point, max_local_batch: int | None, out: dict,
-               world: int) -> None:  # fmt: skip
-    """The compute sweep on every rank (rank 0's epoch-start extra given to all), its rows
-    gathered into rank 0's record."""
-    start_extra: list[Any] = [out.get("epoch_start_extra_s", 0.0)]
-    torch_dist.broadcast_object_list(start_extra, src=0)
-    rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]))
-    swept: list[Any] = [None] * world
-    torch_dist.all_gather_object(swept, rows)
-    if replica.rank == 0:
-        out["sweep"] = _sweep_rows(swept)
-
-
-def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
-    share of one global batch, at the current weights: forward and backward under
-    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
-    the worker's squared norm riding along. No optimizer step; the gradients are
-    cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
-    x, y = replica.to_device(x, y)
-    replica.opt.zero_grad(set_to_none=True)
-    with replica.ddp.no_sync():
-        _, loss = replica.forward_loss(x, y)
-        loss.float().backward()
-    grads = [p.grad.reshape(-1).float() for p in replica.ddp.parameters() if p.grad is not None]
-    flat = torch.cat(grads)
-    buf = torch.cat([flat, flat.pow(2).sum().view(1)])
-    torch_dist.all_reduce(buf)
-    buf /= replica.world
-    replica.opt.zero_grad(set_to_none=True)
-    return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
-
-
-def _gradient_noise(replica, steps: int) -> dict[str, Any]:
-    """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
-    (rank 0's, given to every rank first): ``steps`` untimed steps of
-    :func:`gradient_norms` over full batches, none twice (every rank takes part),
-    estimated by tula.model.noise. One worker has no second batch size."""
-    if replica.world == 1:
-        return {"gradient_noise": {"b_noise": None, "why": "one worker: no second batch size to compare with"}}
-    full = replica.data.train_size // replica.global_batch  # batches of the full size in an epoch
-    if full == 0:
-        return {"gradient_noise": {"b_noise": None, "why": "the training set is smaller than one global batch"}}
-    t0 = time.perf_counter()
-    # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
-    # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
-    with torch.no_grad():
-        for t in replica.ddp.module.state_dict().values():
-            torch_dist.broadcast(t, src=0)
-    small, big = [], []
-    batches = None
-    for i in range(steps):
-        if i % full == 0:  # an epoch's full batches, then those of the next epoch's new order: no batch twice
-            replica.sampler.set_position(replica.pos.epoch + i // full, 0)
-            batches = iter(replica.feed)  # on the device, decoded there where data.decode is gpu
-        s, g = gradient_norms(replica, *next(batches))
-        small.append(s)
-        big.append(g)
-    seconds = time.perf_counter() - t0
-    est = noise.estimate(small, big, replica.global_batch // replica.world, replica.global_batch, population=replica.data.train_size)
-    return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace,
-            "grad_sq_se": est.grad_sq_se, "grad_trace_se": est.trace_se,
-            "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps}}  # fmt: skip
-
-
-def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
-    """One row per swept local batch: the slowest rank per step, mean (+ amortised epoch-start
-    extra), median, CV; peak memory the largest of the ranks'."""
-    rows = []
-    for i, first in enumerate(per_rank[0]):
-        row = {"local_batch": first["local_batch"], "status": first["status"]}
-        if first["status"] == "ok":
-            steps = [max(rk[i]["times"][j] for rk in per_rank) for j in range(len(first["times"]))]
-            st = timing_stats(steps)
-            peaks = [rk[i]["peak"] for rk in per_rank if rk[i].get("peak") is not None]
-            row.update(compute_time_s=st["mean"] + first["extra"], compute_time_median_s=st["median"],
-                       compute_time_cv=st["cv"], compute_times_s=steps,
-                       peak_mem_bytes=int(max(peaks)) if peaks else None)  # fmt: skip
-        else:
-            row["error"] = first.get("error")
-        rows.append(row)
-    return rows
-
-
 def _worker_main(argv: list[str] | None = None) -> None:
     a = workers.parse_worker_args("tula.runtime.probe_worker", argv)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
-    run_worker(config_mod.load(a.config), Point(a.workers, a.global_batch), Path(a.result_dir), bmax, a.attempt)
+    run_worker(
+        config_mod.load(a.config),
+        Point(a.workers, a.global_batch),
+        Path(a.result_dir),
+        bmax,
+        a.attempt,
+    )
 
 
 if __name__ == "__main__":

@@ -34,17 +34,15 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import config as config_mod
-from tula.model import noise
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
-from tula.runtime import loader
-from tula.runtime.agreement import StepOOM, agree, agree_host
-from tula.runtime.methods import build_method, lr_factor, refresh_due, set_post_local_iter
+from tula.runtime import evaluation, loader
+from tula.runtime.agreement import StepOOM, agree_host
+from tula.runtime.methods import build_method, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.optim import load_optimizer_state, refresh_scales
+from tula.runtime.optim import refresh_scales
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 
 @dataclass
@@ -64,9 +62,12 @@ class Position:
 class Replica:
     """One worker's model, optimizer, data and position, and the training step."""
 
-    def __init__(self, cfg: config_mod.Config, device: torch.device, global_batch: int, rank: int, world: int):
+    def __init__(
+        self, cfg: config_mod.Config, device: torch.device, global_batch: int, rank: int, world: int
+    ):
         t = cfg.train
-        self.cfg, self.t, self.device, self.global_batch, self.rank, self.world = cfg, t, device, global_batch, rank, world
+        self.cfg, self.t, self.device = cfg, t, device
+        self.global_batch, self.rank, self.world = global_batch, rank, world
         self.data = data_mod.load_config(cfg)
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
         model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
@@ -75,9 +76,12 @@ class Replica:
             model = model.to(memory_format=torch.channels_last)
         model = model.to(device)
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.net = compiled(self.ddp) if t.compile == "on" else self.ddp  # what the step's forward calls
+        # what the step's forward calls
+        self.net = compiled(self.ddp) if t.compile == "on" else self.ddp
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
-        self.opt, prepare_ddp = build_method(t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch)
+        self.opt, prepare_ddp = build_method(
+            t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch
+        )
         prepare_ddp(self.ddp)
         self.pos = Position()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda _: self._lr_factor())
@@ -85,28 +89,45 @@ class Replica:
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.small_local = max(1, t.ags_small_batch // world)
-        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n of this epoch
+        # loss*n, correct, n of this epoch
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)
         self.force_refresh = False
         self.refreshed = False  # did the last step refresh AGS's factors?
         self.last_chunk = 0  # samples (all ranks) of the last step's batch
         self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
-        self.phase = "forward"  # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
-        self.inject: Callable[[str], None] | None = None  # fault injection (tula.faults): inject(place)
-        self.sync_delay: Callable[[int], float] | None = None  # fault injection: slowsync's wait at a step
-        self.eval_batch = cfg.data.eval_batch_size  # per worker; halved after an out-of-memory in evaluation
+        # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
+        self.phase = "forward"
+        # fault injection (tula.faults): inject(place)
+        self.inject: Callable[[str], None] | None = None
+        # fault injection: slowsync's wait at a step
+        self.sync_delay: Callable[[int], float] | None = None
+        # per worker; halved after an out-of-memory in evaluation
+        self.eval_batch = cfg.data.eval_batch_size
         self.eval_retries: list[dict[str, Any]] = []
-        self.noise_pairs: list[tuple[float, float]] = []  # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
-        self.loader, self.sampler = loader.train_loader(cfg, self.data, global_batch, rank, world, device)
-        self.feed = loader.DeviceFeed(cfg, self.data, self.loader, self.sampler, device, self.channels_last)
+        # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
+        self.noise_pairs: list[tuple[float, float]] = []
+        self.loader, self.sampler = loader.train_loader(
+            cfg, self.data, global_batch, rank, world, device
+        )
+        self.feed = loader.DeviceFeed(
+            cfg, self.data, self.loader, self.sampler, device, self.channels_last
+        )
         self._eval_loader = None
         self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
         t = self.t
-        return lr_factor(t.method, self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
-                         self.steps_per_epoch, self.global_batch, t.base_batch, t.warmup_epochs,
-                         t.lr_decay_epochs, t.lr_decay_factor)  # fmt: skip
+        return lr_factor(
+            t.method,
+            self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
+            self.steps_per_epoch,
+            self.global_batch,
+            t.base_batch,
+            t.warmup_epochs,
+            t.lr_decay_epochs,
+            t.lr_decay_factor,
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -119,14 +140,18 @@ class Replica:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_loss(
+        self, x: torch.Tensor, y: torch.Tensor, eager: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, loss) under the configured precision; x, y already on the device. ``eager``:
         the uncompiled model (the memory count of Eq. 3 hooks autograd's saved tensors)."""
         with self.autocast():
             logits = (self.ddp if eager else self.net)(x)
             return logits, self.loss_fn(logits, y)
 
-    def eager_forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def eager_forward_loss(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_loss(x, y, eager=True)
 
     def sync_device(self) -> None:
@@ -153,14 +178,17 @@ class Replica:
         when any rank ran out of memory moving the batch to the device, in the forward pass or
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
         are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
-        chunk = loader.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
+        chunk = loader.next_chunk(
+            self.data.train_size, self.global_batch, self.pos.offset, self.world
+        )
         self.opt.zero_grad(set_to_none=True)
         oom, self.phase = "", "forward"
         try:
             x, y = self.to_device(x, y)
             logits, loss = self.forward_loss(x, y)
         except torch.OutOfMemoryError as exc:
-            oom, logits, loss = str(exc) or "CUDA out of memory", None, None  # drop what was allocated
+            # drop what was allocated
+            oom, logits, loss = str(exc) or "CUDA out of memory", None, None
         if oom:
             self.free_cached_memory()
         # One tiny all-reduce per step, over the CPU: did any rank run out of memory, was a stop
@@ -172,33 +200,54 @@ class Replica:
         if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
         self.scaler.scale(loss).backward()
-        if self.sync_delay is not None and self.ddp.require_backward_grad_sync:  # fault injection: a slower network
+        # fault injection: a slower network
+        if self.sync_delay is not None and self.ddp.require_backward_grad_sync:
             time.sleep(self.sync_delay(self.pos.step))
-        self.scaler.unscale_(self.opt)  # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
-        self.refreshed = self.force_refresh or refresh_due(self.t, self.pos.offset == 0, self.pos.step)
+        # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
+        self.scaler.unscale_(self.opt)
+        self.refreshed = self.force_refresh or refresh_due(
+            self.t, self.pos.offset == 0, self.pos.step
+        )
         if self.refreshed:
-            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            self.phase = "refresh"
-            try:
-                done = refresh_scales(self.ddp, self.opt, self.loss_fn, x[: self.small_local],
-                                      y[: self.small_local], autocast=self.autocast, loss_scale=scale)  # fmt: skip
-            except StepOOM:
-                self.free_cached_memory()
-                raise
-            self.force_refresh = not done  # a non-finite gradient: try again at the next step
-            if done:  # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
-                self.noise_pairs.append(self.opt.last_sq_norms)
+            self._refresh(x, y)
         self.phase = "forward"
-        self.scaler.step(self.opt)  # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
+        # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
+        self.scaler.step(self.opt)
         self.scaler.update()
         self.pos.step += 1
         self.pos.offset += chunk
         self.last_chunk = chunk
         self.sched.step()
         n = len(y)
-        self.stats[:2] += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double()])
+        self.stats[:2] += torch.stack(
+            [loss.detach().double() * n, (logits.argmax(1) == y).sum().double()]
+        )
         self.stats[2] += n
         return stop
+
+    def _refresh(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """AGS's refresh inside the step: the scale factors measured again at the reference
+        sub-batch (:func:`tula.runtime.optim.refresh_scales`), and the pair of squared norms
+        kept for the epoch's gradient noise scale."""
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self.phase = "refresh"
+        try:
+            done = refresh_scales(
+                self.ddp,
+                self.opt,
+                self.loss_fn,
+                x[: self.small_local],
+                y[: self.small_local],
+                autocast=self.autocast,
+                loss_scale=scale,
+            )
+        except StepOOM:
+            self.free_cached_memory()
+            raise
+        self.force_refresh = not done  # a non-finite gradient: try again at the next step
+        # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
+        if done:
+            self.noise_pairs.append(self.opt.last_sq_norms)
 
     def set_global_batch(self, global_batch: int) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step):
@@ -206,8 +255,9 @@ class Replica:
         probe's compute sweep and the memory probe time and measure other local batches so."""
         self.global_batch = global_batch
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
-        self.loader, self.sampler = loader.train_loader(self.cfg, self.data, global_batch, self.rank, self.world,
-                                                          self.device)  # fmt: skip
+        self.loader, self.sampler = loader.train_loader(
+            self.cfg, self.data, global_batch, self.rank, self.world, self.device
+        )
         self.feed = self.feed.retarget(self.loader, self.sampler)
         self.pos = Position(self.pos.step, self.pos.epoch, 0)
         self.stats.zero_()
@@ -243,7 +293,16 @@ class Replica:
             got = self.timed_step(self._batches)
             if got is not None:
                 short = self.last_chunk < self.global_batch
-                return got[0], "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
+                return (
+                    got[0],
+                    "start"
+                    if start
+                    else "refresh"
+                    if self.refreshed
+                    else "partial"
+                    if short
+                    else "plain",
+                )
             self.restart_epoch()
 
     def first_short_step_time(self) -> float:
@@ -314,21 +373,9 @@ class Replica:
         self.sync_device()
         return (time.perf_counter() - t0) / n, "plain", n
 
-    def epoch_noise(self) -> dict[str, float | None]:
-        """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
-        tula.model.noise): the reference sub-batch's gradient against the step's, both all-reduced,
-        so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
-        pair; None where there was none (other methods) or |G|^2 came out <= 0."""
-        pairs, self.noise_pairs = self.noise_pairs, []
-        small = self.small_local * self.world
-        if not pairs or not small < self.global_batch:
-            return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}
-        est = noise.estimate([p[0] for p in pairs], [p[1] for p in pairs], small, self.global_batch,
-                             population=self.data.train_size)  # fmt: skip
-        return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace}
-
     def end_epoch(self) -> tuple[float, float, int]:
-        """Close the epoch: (train loss, train accuracy, samples) over every rank; the next starts."""
+        """Close the epoch: (train loss, train accuracy, samples) over every rank; the next
+        starts."""
         torch_dist.all_reduce(self.stats)
         samples = int(self.stats[2].item())
         loss, acc = (self.stats[:2] / max(samples, 1)).tolist()
@@ -337,64 +384,6 @@ class Replica:
         return loss, acc, samples
 
     def evaluate(self) -> tuple[float, float]:
-        """(test loss, test accuracy) over the whole test set, sharded over the ranks.
-
-        Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
-        (a flag per rank rides along) and evaluate again at half the evaluation batch, down
-        to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
-        while True:
-            if self._eval_loader is None:
-                self._eval_loader = loader.eval_loader(self.cfg, self.data, self.rank, self.world, self.device,
-                                                         batch_size=self.eval_batch)  # fmt: skip
-            t0, oom = time.perf_counter(), ""
-            sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-            self.ddp.eval()
-            self.phase = "eval"
-            try:
-                with torch.no_grad():
-                    for x, y in self._eval_loader:
-                        x, y = self.to_device(x, y)
-                        with self.autocast():
-                            logits = self.ddp.module(x)
-                        sums[0] += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
-                        sums[1] += (logits.argmax(1) == y).sum().double()
-                        sums[2] += len(y)
-            except torch.OutOfMemoryError as exc:
-                oom = str(exc) or "out of memory"
-            finally:
-                self.ddp.train()
-                self.phase = "forward"
-            if oom:
-                self.free_cached_memory()
-            sums, failed = agree(bool(oom), sums)
-            if not failed:
-                n = max(sums[2].item(), 1.0)
-                return sums[0].item() / n, sums[1].item() / n
-            if self.eval_batch == 1:
-                raise StepOOM(failed, oom, where="eval")
-            smaller = self.eval_batch // 2
-            self.eval_retries.append({"step": self.pos.step, "eval_batch": self.eval_batch, "retry_batch": smaller,
-                                      "ranks": failed, "seconds_lost": time.perf_counter() - t0})  # fmt: skip
-            if self.rank == 0:
-                print(f"[train] out of memory in evaluation on rank(s) {failed} at {self.eval_batch} samples per "
-                      f"worker: evaluating again at {smaller}", flush=True)  # fmt: skip
-            self.eval_batch, self._eval_loader = smaller, None
-
-    # -- state -------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {"model": self.ddp.module.state_dict(), "optimizer": self.opt.state_dict(),
-                "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(), "epoch": self.pos.epoch,
-                "offset": self.pos.offset, "eval_batch": self.eval_batch, "eval_retries": self.eval_retries,
-                "noise_pairs": list(self.noise_pairs)}  # fmt: skip
-
-    def load_state(self, state: dict[str, Any], step: int) -> None:
-        self.ddp.module.load_state_dict(state["model"])
-        load_optimizer_state(self.opt, state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.eval_batch = min(self.eval_batch, state.get("eval_batch", self.eval_batch))  # learnt: keep it
-        self.eval_retries = list(state.get("eval_retries", []))
-        self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
-        self.pos = Position(step, state["epoch"], state["offset"])
-        set_post_local_iter(self.ddp, step)
+        """(test loss, test accuracy) over the whole test set, sharded over the ranks
+        (:func:`tula.runtime.evaluation.evaluate`: an OOM anywhere halves the batch)."""
+        return evaluation.evaluate(self)

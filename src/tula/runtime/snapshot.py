@@ -1,8 +1,10 @@
-"""A replica's checkpoint, written by every rank together: the production job writes it at
-its checkpoints and the probe times the same call (the write a job will pay)."""
+"""A replica's checkpoint, written by every rank together (the production job writes it at
+its checkpoints, and the probe times the same call: the write a job will pay), and the
+newest usable one loaded alike on every rank when a job resumes."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,44 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.replica import Replica
+from tula.runtime.methods import set_post_local_iter
+from tula.runtime.optim import load_optimizer_state
+from tula.runtime.replica import Position, Replica
 
 
-def write_checkpoint(replica: Replica, directory: Path, keep: int, extra: dict[str, Any], after_write=None) -> None:
+def state_of(replica: Replica) -> dict[str, Any]:
+    """What a checkpoint holds of ``replica`` besides its ranks' RNG states and sums."""
+    return {
+        "model": replica.ddp.module.state_dict(),
+        "optimizer": replica.opt.state_dict(),
+        "scheduler": replica.sched.state_dict(),
+        "scaler": replica.scaler.state_dict(),
+        "epoch": replica.pos.epoch,
+        "offset": replica.pos.offset,
+        "eval_batch": replica.eval_batch,
+        "eval_retries": replica.eval_retries,
+        "noise_pairs": list(replica.noise_pairs),
+    }
+
+
+def load_state(replica: Replica, state: dict[str, Any], step: int) -> None:
+    """``replica`` as the checkpoint ``state`` holds it, at optimizer step ``step``."""
+    replica.ddp.module.load_state_dict(state["model"])
+    load_optimizer_state(replica.opt, state["optimizer"])
+    replica.sched.load_state_dict(state["scheduler"])
+    if state.get("scaler"):
+        replica.scaler.load_state_dict(state["scaler"])
+    # learnt: keep it
+    replica.eval_batch = min(replica.eval_batch, state.get("eval_batch", replica.eval_batch))
+    replica.eval_retries = list(state.get("eval_retries", []))
+    replica.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
+    replica.pos = Position(step, state["epoch"], state["offset"])
+    set_post_local_iter(replica.ddp, step)
+
+
+def write_checkpoint(
+    replica: Replica, directory: Path, keep: int, extra: dict[str, Any], after_write=None
+) -> None:
     """The production job's checkpoint (the probe times the same call): every rank's RNG
     states and partial-epoch sums (and its own model between post-local SGD averages) go to
     rank 0, which writes them with the replica's state and ``extra``.
@@ -29,15 +65,18 @@ def write_checkpoint(replica: Replica, directory: Path, keep: int, extra: dict[s
         if replica.inject is not None:
             replica.inject("checkpoint")
         mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
-        if replica.replicas_differ() and rank != 0:  # rank 0's model and optimizer are the file's own
-            mine["replica"] = _to_cpu({"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()})
+        # rank 0's model and optimizer are the file's own
+        if replica.replicas_differ() and rank != 0:
+            mine["replica"] = _to_cpu(
+                {"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()}
+            )
     except (torch.OutOfMemoryError, MemoryError) as exc:
         err = str(exc) or type(exc).__name__
     per_rank: list[Any] = [None] * world
     torch_dist.all_gather_object(per_rank, mine)
     if rank == 0 and all(p is not None for p in per_rank):
         try:
-            state = {**replica.state(), **extra, "ranks": per_rank}
+            state = {**state_of(replica), **extra, "ranks": per_rank}
             checkpoint.save(directory, state, replica.pos.step, keep=keep, after_write=after_write)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__
@@ -56,3 +95,25 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+def load_newest(ckpt: checkpoint.Checkpointing, rank: int) -> dict[str, Any] | None:
+    """Rank 0 picks the newest usable checkpoint of this run; every rank loads that one."""
+    chosen: list[Any] = [None]
+    if rank == 0:
+
+        def accept(state: dict[str, Any]) -> str:
+            if state.get("fingerprint") != ckpt.fingerprint:
+                return "written by a run with other settings, N or selected B"
+            return "the run it belongs to had finished" if state.get("complete") else ""
+
+        loaded, warnings = checkpoint.load_latest(ckpt.directory, accept)
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+            print(f"warning: {w}", flush=True)
+        chosen[0] = str(loaded.path) if loaded else None
+        state = loaded.state if loaded else None
+    torch_dist.broadcast_object_list(chosen, src=0)
+    if rank != 0 and chosen[0] is not None:
+        state = checkpoint.from_bytes(Path(chosen[0]).read_bytes())  # rank 0 verified this file
+    return state if chosen[0] is not None else None

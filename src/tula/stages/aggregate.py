@@ -21,16 +21,33 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes"):
         row[k] = mem.get(k)
     env = record.get("env") or {}
-    row["device"], row["backend"], row["comm_env"] = env.get("device"), env.get("backend"), comm_env_text(env)
+    row["device"], row["backend"], row["comm_env"] = (
+        env.get("device"),
+        env.get("backend"),
+        comm_env_text(env),
+    )
     row["data_workers"] = env.get("data_workers")
     row["source"], row["probe_file"] = "probe", probe_file
     rows = [row]
     for sw in record.get("sweep") or []:
-        rows.append({"workers": record["workers"], "nodes": record.get("nodes"), "global_batch": record["global_batch"], "local_batch": sw["local_batch"],
-                     "compute_time_s": sw.get("compute_time_s"), "compute_time_cv": sw.get("compute_time_cv"),
-                     "peak_mem_bytes": sw.get("peak_mem_bytes"), "status": sw["status"], "error": sw.get("error"),
-                     "source": "sweep", "probe_file": probe_file, "device": row["device"],
-                     "backend": row["backend"], "train_samples": record.get("train_samples")})  # fmt: skip
+        rows.append(
+            {
+                "workers": record["workers"],
+                "nodes": record.get("nodes"),
+                "global_batch": record["global_batch"],
+                "local_batch": sw["local_batch"],
+                "compute_time_s": sw.get("compute_time_s"),
+                "compute_time_cv": sw.get("compute_time_cv"),
+                "peak_mem_bytes": sw.get("peak_mem_bytes"),
+                "status": sw["status"],
+                "error": sw.get("error"),
+                "source": "sweep",
+                "probe_file": probe_file,
+                "device": row["device"],
+                "backend": row["backend"],
+                "train_samples": record.get("train_samples"),
+            }
+        )
     for fb in record.get("fallbacks") or []:
         rows += rows_from_probe(fb, probe_file)
     return rows
@@ -38,15 +55,31 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
 
 def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
     env = record.get("env") or {}
-    return [{"workers": 1, "nodes": 1, "global_batch": p["local_batch"], "local_batch": p["local_batch"],
-             "peak_mem_bytes": p.get("peak_mem_bytes"), "status": p["status"], "error": p.get("error"),
-             "source": "memory", "probe_file": path, "device": env.get("device"), "backend": env.get("backend"),
-             **{k: (p.get("memory") or {}).get(k) for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes",
-                                                             "batch_bytes")}}
-            for p in record.get("points", [])]  # fmt: skip
+    return [
+        {
+            "workers": 1,
+            "nodes": 1,
+            "global_batch": p["local_batch"],
+            "local_batch": p["local_batch"],
+            "peak_mem_bytes": p.get("peak_mem_bytes"),
+            "status": p["status"],
+            "error": p.get("error"),
+            "source": "memory",
+            "probe_file": path,
+            "device": env.get("device"),
+            "backend": env.get("backend"),
+            **{
+                k: (p.get("memory") or {}).get(k)
+                for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes")
+            },
+        }
+        for p in record.get("points", [])
+    ]
 
 
-def run(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None) -> pd.DataFrame:
+def run(
+    probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None
+) -> pd.DataFrame:
     """Collect probe JSON files (and the memory probe's points) into one table; failed
     probes are included, with their status."""
     rows = []
@@ -65,12 +98,16 @@ def run(probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | 
         rows += rows_from_memory_probe(rec, str(memory_probe))
     order = {s: i for i, s in enumerate(SOURCES)}
     df = pd.DataFrame(rows, columns=REQUIRED + OPTIONAL)
-    df = df.assign(_o=df["source"].map(order)).sort_values(["_o", "workers", "global_batch", "local_batch"], kind="stable")
+    df = df.assign(_o=df["source"].map(order)).sort_values(
+        ["_o", "workers", "global_batch", "local_batch"], kind="stable"
+    )
     df = df.drop(columns="_o")
     write_csv(out, df)
     probes = df[df["source"] == "probe"]
     ok = int((probes["status"] == "ok").sum())
-    print(f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
-          f"{int((df['source'] == 'sweep').sum())} sweep rows, {int((df['source'] == 'memory').sum())} memory rows "
-          f"-> {out}")  # fmt: skip
+    print(
+        f"[aggregate] {len(probes)} probes ({ok} ok, {len(probes) - ok} failed), "
+        f"{int((df['source'] == 'sweep').sum())} sweep rows, "
+        f"{int((df['source'] == 'memory').sum())} memory rows -> {out}"
+    )
     return df

@@ -25,8 +25,29 @@ from tula.io import write_json
 from tula.model.grid import boundary_workers, grid, search_set
 
 
-def run(config, out=None, config_only: bool = False, profile: str | None = None,
-              cluster: bool = False) -> dict | None:  # fmt: skip
+def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
+    """What the profile says (``profile``), and whether the partitions can run the grid's
+    jobs (``cluster``: scontrol/sinfo)."""
+    if profile:
+        print(
+            f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
+            f"{prof['probe_partition'] or '(cluster default)'}, training on "
+            f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} "
+            f"for {cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min"
+        )
+    if cluster:
+        report = preflight.preflight(
+            cfg,
+            prof.get("probe_partition"),
+            cfg.launch.slurm_partition or prof.get("train_partition"),
+            cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
+        )
+        print(preflight.describe(report))
+
+
+def run(
+    config, out=None, config_only: bool = False, profile: str | None = None, cluster: bool = False
+) -> dict | None:
     """``tula check``: validate the config, list the search set; with ``profile``, read the
     Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
     (tula.slurm); unless ``config_only``, load the dataset and run the model on real
@@ -34,43 +55,41 @@ def run(config, out=None, config_only: bool = False, profile: str | None = None,
     cfg = config_mod.load(config)
     check_dataset_paths(cfg)
     pts = search_set(cfg)
-    print(f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to {len(pts)} "
-          f"(fewer where the memory probe's b_max rules points out): " + ", ".join(p.name for p in pts))  # fmt: skip
+    print(
+        f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to "
+        f"{len(pts)} (fewer where the memory probe's b_max rules points out): "
+        + ", ".join(p.name for p in pts)
+    )
     edge = boundary_workers(cfg)
     if edge and cfg.search == "partial":
-        print(f"the grid crosses a node boundary (cluster.workers_per_node={cfg.cluster.workers_per_node}): partial "
-              f"search also probes N={edge[0]} (the largest on one node) and N={edge[1]} (the smallest on several), "
-              "so the sync model sees both sides of it")  # fmt: skip
+        print(
+            "the grid crosses a node boundary "
+            f"(cluster.workers_per_node={cfg.cluster.workers_per_node}): partial search also "
+            f"probes N={edge[0]} (the largest on one node) and N={edge[1]} (the smallest on "
+            "several), so the sync model sees both sides of it"
+        )
     print(describe_campaign(campaign(cfg)))
     prof = preflight.read_profile(profile) if profile else {}
     decision = devices.for_config(cfg, "slurm" if cluster else "local", prof.get("probe_partition"))
     print(f"device: {decision.why}")
     cfg = devices.apply(cfg, decision)  # as the workflow's jobs will run
-    if profile or cluster:
-        if profile:
-            print(f"profile {profile}: valid; executor {prof['executor']}, probes on partition "
-                  f"{prof['probe_partition'] or '(cluster default)'}, training on "
-                  f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} for "
-                  f"{cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min")  # fmt: skip
-        if cluster:
-            report = preflight.preflight(
-                cfg, prof.get("probe_partition"), cfg.launch.slurm_partition or prof.get("train_partition"),
-                cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440)  # fmt: skip
-            print(preflight.describe(report))
+    _cluster_side(cfg, prof, profile, cluster)
     if config_only:
         return None
     from tula.runtime.nets import check_workload  # torch: only when the workload itself is checked
 
     w = check_workload(cfg)
-    print(f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test samples of shape "
-          f"{tuple(w['input_shape'])}, {w['num_classes']} classes; model {w['model']}: {w['parameters']:,} parameters, "
-          f"forward on a sample batch ok")  # fmt: skip
+    print(
+        f"workload: {w['dataset']}: {w['train_samples']} training / {w['test_samples']} test "
+        f"samples of shape {tuple(w['input_shape'])}, {w['num_classes']} classes; model "
+        f"{w['model']}: {w['parameters']:,} parameters, forward on a sample batch ok"
+    )
     upsampling = image_size_warning(cfg, w.get("stored_image_size"))
     if upsampling:
         print(upsampling)
     if out:
-        write_json(out, {**w, "device": {"device": decision.device, "backend": decision.backend, "why": decision.why},
-                         "warnings": [upsampling] if upsampling else []})  # fmt: skip
+        device = {"device": decision.device, "backend": decision.backend, "why": decision.why}
+        write_json(out, {**w, "device": device, "warnings": [upsampling] if upsampling else []})
     return w
 
 
@@ -81,24 +100,37 @@ def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict
     limit (probe.timeout_s + 5 min): an upper bound."""
     hours = preflight.probe_runtime_min(cfg) / 60
     jobs = [("memory probe", 1, slurm.job_shape(cfg, 1).nodes)]
-    jobs += [(p.name, p.workers, slurm.job_shape(cfg, p.workers).nodes) for p in search_set(cfg, max_local_batch)]
-    return {"jobs": [{"job": j, "workers": w, "nodes": n} for j, w, n in jobs], "probe_jobs": len(jobs) - 1,
-            "node_jobs": sum(n for _, _, n in jobs), "node_hours_max": sum(n for _, _, n in jobs) * hours,
-            "hours_per_job_max": hours, "exclusive": cfg.probe.exclusive}  # fmt: skip
+    jobs += [
+        (p.name, p.workers, slurm.job_shape(cfg, p.workers).nodes)
+        for p in search_set(cfg, max_local_batch)
+    ]
+    return {
+        "jobs": [{"job": j, "workers": w, "nodes": n} for j, w, n in jobs],
+        "probe_jobs": len(jobs) - 1,
+        "node_jobs": sum(n for _, _, n in jobs),
+        "node_hours_max": sum(n for _, _, n in jobs) * hours,
+        "hours_per_job_max": hours,
+        "exclusive": cfg.probe.exclusive,
+    }
 
 
 def describe_campaign(c: dict[str, Any]) -> str:
     by_nodes: dict[int, list[str]] = {}
     for j in c["jobs"][1:]:
         by_nodes.setdefault(j["nodes"], []).append(j["job"])
-    per = "; ".join(f"{len(names)} on {n} node(s) ({', '.join(names)})" for n, names in sorted(by_nodes.items()))
-    return (f"probe campaign: the memory probe (1 node) and {c['probe_jobs']} probe job(s): {per}; "
-            f"{c['node_jobs']} node-jobs of at most {60 * c['hours_per_job_max']:.0f} min"
-            f"{' (whole nodes: probe.exclusive)' if c['exclusive'] else ''}, at most {c['node_hours_max']:.1f} "
-            "node-hours (every job at its time limit)")  # fmt: skip
+    per = "; ".join(
+        f"{len(names)} on {n} node(s) ({', '.join(names)})" for n, names in sorted(by_nodes.items())
+    )
+    return (
+        f"probe campaign: the memory probe (1 node) and {c['probe_jobs']} probe job(s): {per}; "
+        f"{c['node_jobs']} node-jobs of at most {60 * c['hours_per_job_max']:.0f} "
+        f"min{' (whole nodes: probe.exclusive)' if c['exclusive'] else ''}, at most "
+        f"{c['node_hours_max']:.1f} node-hours (every job at its time limit)"
+    )
 
 
-UPSAMPLE_WARN = 1.25  # data.image_size above this many times an image folder's stored side is worth a warning
+# data.image_size above this many times an image folder's stored side is worth a warning
+UPSAMPLE_WARN = 1.25
 
 
 def image_size_warning(cfg: config_mod.Config, stored: tuple[int, int] | list[int] | None) -> str:
@@ -112,7 +144,9 @@ def image_size_warning(cfg: config_mod.Config, stored: tuple[int, int] | list[in
         return ""
     w, h = stored
     factor = side * side / (w * h)
-    return (f"warning: config key 'data.image_size' is {side}, but the images of {cfg.workload.dataset} are "
-            f"{w}x{h} px: each is upsampled to {side}x{side}, {factor:.0f}x its pixels, and every probe and training "
-            f"step pays for them. Unless the model needs that input size, set data.image_size: {max(w, h)} (and "
-            "data.resize, if set)")
+    return (
+        f"warning: config key 'data.image_size' is {side}, but the images of "
+        f"{cfg.workload.dataset} are {w}x{h} px: each is upsampled to {side}x{side}, {factor:.0f}x "
+        "its pixels, and every probe and training step pays for them. Unless the model needs that "
+        f"input size, set data.image_size: {max(w, h)} (and data.resize, if set)"
+    )

@@ -1,15 +1,15 @@
 """Generalization suite (paper §IV-D, Table I): test accuracy and time to a target accuracy
 per model x batch x method, as a Snakemake fan-out (``rules/compare.smk``).
 
-- ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B,
-  method, seed) in :func:`runs`. It is a real training with ``compare.workers`` workers,
-  submitted like the production job (:func:`tula.production.launcher.train`: submitit, an sbatch job under
-  the SLURM profile, local processes otherwise; requeued from its checkpoints) and running
-  the same training step, under the config's ``train`` settings with ``train.method`` and
-  the seed replaced. It writes ``runs/<id>/result.json``: the status, the final accuracies
-  and every epoch's test accuracy and step time. A run that runs out of memory is a result
-  (status ``oom``), not relaunched smaller: a cell is trained at its own B or not at all.
-  Finished runs are Snakemake outputs; an interrupted run resumes from its checkpoint.
+- ``rule compare_run`` (``tula compare run``): one job per run, i.e. per (workload, B, method, seed)
+  in :func:`runs`. It is a real training with ``compare.workers`` workers, submitted like the
+  production job (:func:`tula.production.launcher.train`: submitit, an sbatch job under the SLURM
+  profile, local processes otherwise; requeued from its checkpoints) and running the same training
+  step, under the config's ``train`` settings with ``train.method`` and the seed replaced. It writes
+  ``runs/<id>/result.json``: the status, the final accuracies and every epoch's test accuracy and
+  step time. A run that runs out of memory is a result (status ``oom``), not relaunched smaller: a
+  cell is trained at its own B or not at all. Finished runs are Snakemake outputs; an interrupted
+  run resumes from its checkpoint.
 - ``rule compare`` (``tula compare aggregate``) reads every result.json and writes
   ``accuracy.csv`` (one row per run), ``table.md`` (mean ± std per cell, best per row in
   bold, AGS − LBT, and the median time to the target per cell) and ``heatmap.png``.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,15 @@ import numpy as np
 import pandas as pd
 
 from tula import config as config_mod
-from tula.io import read_json, write_bytes, write_csv, write_json
 from tula.figures import plt, save_figure
-from tula.production import launcher
+from tula.io import read_json, write_bytes, write_csv, write_json
+from tula.production import launcher, relaunch
 
 METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags"]
-COLUMNS = ["model", "dataset", "global_batch", "method", "seed", "status", "test_acc", "best_test_acc",
-           "train_time_s", "epochs", "target_acc", "time_to_target_s", "epochs_to_target", "error"]  # fmt: skip
+COLUMNS = [  # results/compare/accuracy.csv, in this order
+    "model", "dataset", "global_batch", "method", "seed", "status", "test_acc", "best_test_acc",
+    "train_time_s", "epochs", "target_acc", "time_to_target_s", "epochs_to_target", "error",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,13 @@ class Run:
 
 def runs(cfg: config_mod.Config) -> list[Run]:
     c = cfg.compare
-    return [Run(w.model, w.dataset, b, m, s) for w in c.workloads for b in c.batches for s in range(c.seeds)
-            for m in c.methods]  # fmt: skip
+    return [
+        Run(w.model, w.dataset, b, m, s)
+        for w in c.workloads
+        for b in c.batches
+        for s in range(c.seeds)
+        for m in c.methods
+    ]
 
 
 def run_ids(cfg: config_mod.Config) -> list[str]:
@@ -70,8 +77,10 @@ def find(cfg: config_mod.Config, run_id: str) -> Run:
     for run in runs(cfg):
         if run.id == run_id:
             return run
-    raise ValueError(f"run '{run_id}' is not in the suite of config keys compare.workloads x compare.batches x "
-                     f"compare.methods x compare.seeds ({len(runs(cfg))} runs)")  # fmt: skip
+    raise ValueError(
+        f"run '{run_id}' is not in the suite of config keys compare.workloads x compare.batches x "
+        f"compare.methods x compare.seeds ({len(runs(cfg))} runs)"
+    )
 
 
 def _run_config(raw: dict, run: Run, cmp: config_mod.CompareSettings) -> dict:
@@ -83,35 +92,61 @@ def _run_config(raw: dict, run: Run, cmp: config_mod.CompareSettings) -> dict:
     return d
 
 
-def run_one(cfg_path: str | Path, run_id: str, out: str | Path, executor_hint: str | None = None,
-            timeout_min: int | None = None, partition: str | None = None, account: str | None = None) -> dict:  # fmt: skip
+def run_one(
+    cfg_path: str | Path,
+    run_id: str,
+    out: str | Path,
+    executor_hint: str | None = None,
+    timeout_min: int | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+) -> dict:
     """Train one run of the suite and write its result.json (``out``) atomically, last."""
-    raw = config_mod.validate(__import__("yaml").safe_load(Path(cfg_path).read_text()), str(cfg_path))
+    raw = config_mod.validate(
+        __import__("yaml").safe_load(Path(cfg_path).read_text()), str(cfg_path)
+    )
     cfg = config_mod.from_dict(raw, str(cfg_path))
     run = find(cfg, run_id)
     out = Path(out)
     d = out.parent
     write_json(d / "config.json", _run_config(raw, run, cfg.compare))
-    write_json(d / "selection.json", {"selected": {"workers": cfg.compare.workers, "global_batch": run.global_batch}})
-    result: dict[str, Any] = {"run": run.id, "model": run.model, "dataset": run.dataset,
-                              "global_batch": run.global_batch, "method": run.method, "seed": run.seed,
-                              "workers": cfg.compare.workers, "started": time.time()}  # fmt: skip
-    print(f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.workers} B={run.global_batch}, "
-          f"method {run.method}, seed {run.seed}", flush=True)  # fmt: skip
+    write_json(
+        d / "selection.json",
+        {"selected": {"workers": cfg.compare.workers, "global_batch": run.global_batch}},
+    )
+    result: dict[str, Any] = {"run": run.id, **asdict(run), "workers": cfg.compare.workers}
+    result["started"] = time.time()
+    print(
+        f"[compare] {run.id}: {cfg.compare.epochs} epochs at N={cfg.compare.workers} "
+        f"B={run.global_batch}, method {run.method}, seed {run.seed}",
+        flush=True,
+    )
     try:
-        final = launcher.train(d / "config.json", d / "selection.json", d, executor_hint=executor_hint,
-                              timeout_min=timeout_min, partition=partition, account=account, shrink=False,
-                              job_name=f"tula-compare-{run.id}")  # fmt: skip
-    except launcher.OutOfMemory as exc:
+        final = launcher.train(
+            d / "config.json",
+            d / "selection.json",
+            d,
+            executor_hint=executor_hint,
+            timeout_min=timeout_min,
+            partition=partition,
+            account=account,
+            shrink=False,
+            job_name=f"tula-compare-{run.id}",
+        )
+    except relaunch.OutOfMemory as exc:
         result.update(status="oom", error=str(exc), epochs=[])
     else:
-        m = pd.read_csv(d / "metrics.csv")
-        result.update(status="ok", error="", test_acc=final["final_test_acc"], best_test_acc=final["best_test_acc"],
-                      train_time_s=final["train_time_s"],
-                      epochs=m[["epoch", "test_acc", "epoch_time_s"]].to_dict(orient="records"))  # fmt: skip
+        epochs = pd.read_csv(d / "metrics.csv")[["epoch", "test_acc", "epoch_time_s"]]
+        result.update(status="ok", error="", test_acc=final["final_test_acc"])
+        result.update(best_test_acc=final["best_test_acc"], train_time_s=final["train_time_s"])
+        result["epochs"] = epochs.to_dict(orient="records")
     result["ended"] = time.time()
     write_json(out, result)
-    acc = f"test accuracy {100 * result['test_acc']:.2f}%" if result["status"] == "ok" else result["error"]
+    acc = (
+        f"test accuracy {100 * result['test_acc']:.2f}%"
+        if result["status"] == "ok"
+        else result["error"]
+    )
     print(f"[compare] {run.id}: {result['status']}, {acc} -> {out}", flush=True)
     return result
 
@@ -145,19 +180,36 @@ def targets(cfg: config_mod.Config, df: pd.DataFrame) -> dict[tuple[str, str], f
 def collect(cfg: config_mod.Config, results: list[str | Path]) -> pd.DataFrame:
     """accuracy.csv's rows from the runs' result.json files, with time to each workload's target."""
     recs = [read_json(p) for p in results]
-    df = pd.DataFrame([{k: rec.get(k) for k in COLUMNS if k not in ("epochs", "target_acc", "time_to_target_s",
-                                                                  "epochs_to_target")} for rec in recs])  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {
+                k: rec.get(k)
+                for k in COLUMNS
+                if k not in ("epochs", "target_acc", "time_to_target_s", "epochs_to_target")
+            }
+            for rec in recs
+        ]
+    )
     goal = targets(cfg, df)
     for i, rec in enumerate(recs):
         target = goal.get((rec["model"], rec["dataset"]))
         tt, et = time_to_target(rec["epochs"], target) if target is not None else (float("nan"), -1)
         df.loc[i, ["epochs", "target_acc", "time_to_target_s", "epochs_to_target"]] = (
-            len(rec["epochs"]), target, tt, et if et > 0 else np.nan)
+            len(rec["epochs"]),
+            target,
+            tt,
+            et if et > 0 else np.nan,
+        )
     return df.reindex(columns=COLUMNS)
 
 
-def aggregate(cfg_path: str | Path, results: list[str | Path], csv: str | Path, table: str | Path,
-              heatmap_path: str | Path) -> pd.DataFrame:  # fmt: skip
+def aggregate(
+    cfg_path: str | Path,
+    results: list[str | Path],
+    csv: str | Path,
+    table: str | Path,
+    heatmap_path: str | Path,
+) -> pd.DataFrame:
     cfg = config_mod.load(cfg_path)
     df = collect(cfg, results)
     write_csv(csv, df)
@@ -170,9 +222,13 @@ def cell_stats(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
     keys = ["model", "dataset", "global_batch", "method"]
     g = ok.groupby(keys)["test_acc"]
-    st = pd.DataFrame({"mean": 100 * g.mean(), "std": 100 * g.std(ddof=1).fillna(0.0), "n": g.size()})
+    st = pd.DataFrame(
+        {"mean": 100 * g.mean(), "std": 100 * g.std(ddof=1).fillna(0.0), "n": g.size()}
+    )
     if "time_to_target_s" in ok:
-        t = ok.assign(t=median_time_input(ok["time_to_target_s"], ok["target_acc"])).groupby(keys)["t"]
+        t = ok.assign(t=median_time_input(ok["time_to_target_s"], ok["target_acc"])).groupby(keys)[
+            "t"
+        ]
         st["ttt_median"] = t.median()  # inf where most seeds never reached the target
         st["reached"] = ok.groupby(keys)["time_to_target_s"].count()  # NaN: never reached
     return st.reset_index()
@@ -194,14 +250,24 @@ def _grid(st: pd.DataFrame, methods: list[str], cell, best) -> list[str]:
     """The header, the rule and one row per (model, dataset, B) of a method table: ``cell(row)``
     gives a cell's text, None for a cell without a figure to compare; the best cell of a row
     (``best`` over the row's figures) is in bold."""
-    lines = ["| model | dataset | B | " + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods) + " |",
-             "|---|---|---|" + "---|" * len(methods)]  # fmt: skip
+    lines = [
+        "| model | dataset | B | "
+        + " | ".join(m.upper() if m != "ags" else "Tula AGS" for m in methods)
+        + " |",
+        "|---|---|---|" + "---|" * len(methods),
+    ]
     for (model, ds, b), g in st.groupby(["model", "dataset", "global_batch"]):
         by_method = {row["method"]: row for _, row in g.iterrows()}
         texts = {m: cell(row) for m, row in by_method.items()}
         top = best(g)
-        cells = ["—" if m not in by_method else f"**{texts[m][0]}**" if texts[m][1] == top else texts[m][0]
-                 for m in methods]  # fmt: skip
+        cells = [
+            "—"
+            if m not in by_method
+            else f"**{texts[m][0]}**"
+            if texts[m][1] == top
+            else texts[m][0]
+            for m in methods
+        ]
         lines.append(f"| {model} | {ds} | {b} | " + " | ".join(cells) + " |")
     return lines
 
@@ -212,7 +278,10 @@ def _accuracy_cell(row: pd.Series) -> tuple[str, float]:
 
 def _time_cell(row: pd.Series) -> tuple[str, float | None]:
     if not np.isfinite(row["ttt_median"]):
-        return f"{'median ' if row['reached'] else ''}not reached ({row['reached']}/{row['n']})", None
+        return (
+            f"{'median ' if row['reached'] else ''}not reached ({row['reached']}/{row['n']})",
+            None,
+        )
     return f"{row['ttt_median']:.2f} s ({row['reached']}/{row['n']})", row["ttt_median"]
 
 
@@ -230,22 +299,39 @@ def table_markdown(df: pd.DataFrame) -> str:
             near_best += means["ags"] >= max(means.values()) - 1.0
             if "lbt" in means:
                 gains.append(means["ags"] - means["lbt"])
-    lines += ["", f"Test accuracy (%), mean ± std over {int(st['n'].min()) if len(st) else 0} seeds; best mean per "
-                  "row in bold."]  # fmt: skip
+    lines += [
+        "",
+        f"Test accuracy (%), mean ± std over {int(st['n'].min()) if len(st) else 0} seeds; best "
+        "mean per row in bold.",
+    ]
     if gains:
-        lines.append(f"AGS − LBT, averaged over the {len(gains)} rows: {np.mean(gains):+.2f} points.")
+        lines.append(
+            f"AGS − LBT, averaged over the {len(gains)} rows: {np.mean(gains):+.2f} points."
+        )
     if rows:
         lines.append(f"AGS best or within 1 point of the best in {near_best}/{rows} rows.")
     failed = df[df["status"] != "ok"]
     if len(failed):
-        lines.append(f"Not trained: {', '.join(f'B={r.global_batch} {r.method} seed {r.seed} ({r.status})' for r in failed.itertuples())}.")
+        runs = [
+            f"B={r.global_batch} {r.method} seed {r.seed} ({r.status})" for r in failed.itertuples()
+        ]
+        lines.append(f"Not trained: {', '.join(runs)}.")
     if "ttt_median" in st and df["target_acc"].notna().any():
-        lines += ["", "### Time to target accuracy", "", *_grid(st, methods, _time_cell, lambda g: g["ttt_median"].min())]
+        lines += [
+            "",
+            "### Time to target accuracy",
+            "",
+            *_grid(st, methods, _time_cell, lambda g: g["ttt_median"].min()),
+        ]
         goals = df.groupby(["model", "dataset"])["target_acc"].first()
-        lines += ["", "Training-step time (evaluation excluded) summed to the first epoch at or above the target, "
-                      "median over the seeds, one that never reached it counting as infinitely slow (reached/seeds); "
-                      "fastest per row in bold. Targets: "
-                      + ", ".join(f"{m} / {d}: {100 * t:.2f}%" for (m, d), t in goals.items() if t == t) + "."]  # fmt: skip
+        lines += [
+            "",
+            "Training-step time (evaluation excluded) summed to the first epoch at or above the "
+            "target, median over the seeds, one that never reached it counting as infinitely slow "
+            "(reached/seeds); fastest per row in bold. Targets: "
+            + ", ".join(f"{m} / {d}: {100 * t:.2f}%" for (m, d), t in goals.items() if t == t)
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -265,8 +351,12 @@ def heatmap(df: pd.DataFrame, path: str | Path):
             panels.append(("ttt_median", "time to target (s)", "RdYlGn_r", np.nanmin, "{:.1f}"))
     rows = st["row"].unique()
     methods = _methods(st)
-    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (1.3 * len(methods) + 3), 0.5 * len(rows) + 1.5),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(len(panels) * (1.3 * len(methods) + 3), 0.5 * len(rows) + 1.5),
+        squeeze=False,
+    )
     for ax, (col, label, cmap, best, fmt) in zip(axes[0], panels):
         piv = st.pivot(index="row", columns="method", values=col).reindex(rows)[methods]
         im = ax.imshow(piv.to_numpy(dtype=float), cmap=cmap, aspect="auto")
@@ -276,11 +366,20 @@ def heatmap(df: pd.DataFrame, path: str | Path):
             row = piv.iloc[i].to_numpy(dtype=float)
             for j, v in enumerate(row):
                 if v == v:
-                    ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
-                            fontweight="bold" if v == best(row) else "normal")  # fmt: skip
+                    ax.text(
+                        j,
+                        i,
+                        fmt.format(v),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        fontweight="bold" if v == best(row) else "normal",
+                    )
                 else:
                     ax.text(j, i, "—", ha="center", va="center", fontsize=8)
         fig.colorbar(im, ax=ax, label=label)
-        ax.set_title(("Test accuracy" if col == "mean" else "Time to target") + " by method (over seeds)")
+        ax.set_title(
+            ("Test accuracy" if col == "mean" else "Time to target") + " by method (over seeds)"
+        )
     save_figure(fig, path)
     return fig

@@ -10,11 +10,32 @@ from typing import Any
 from tula.production.launcher import train
 
 
-def run(cfg_path: str | Path, selection: str | Path, out_dir: str | Path, predictions: str | Path | None = None,
-        executor_hint: str | None = None, timeout_min: int | None = None, partition: str | None = None,
-        account: str | None = None, fresh: bool = False) -> dict[str, Any]:  # fmt: skip
+def run(
+    cfg_path: str | Path,
+    selection: str | Path,
+    out_dir: str | Path,
+    predictions: str | Path | None = None,
+    executor_hint: str | None = None,
+    timeout_min: int | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    fresh: bool = False,
+) -> dict[str, Any]:
     """``tula launch``: final.json of the production job at the selected point."""
-    final = train(cfg_path, selection, out_dir, predictions, executor_hint, timeout_min, partition, account, fresh)
-    print(f"[launch] done: N={final['workers']} B={final['global_batch']}, test accuracy "
-          f"{100 * final['final_test_acc']:.2f}% -> {out_dir}/ (final.json, metrics.csv, model.pt, attempts.json)")
+    final = train(
+        cfg_path,
+        selection,
+        out_dir,
+        predictions,
+        executor_hint,
+        timeout_min,
+        partition,
+        account,
+        fresh,
+    )
+    print(
+        f"[launch] done: N={final['workers']} B={final['global_batch']}, test accuracy "
+        f"{100 * final['final_test_acc']:.2f}% -> {out_dir}/ (final.json, metrics.csv, model.pt, "
+        "attempts.json)"
+    )
     return final

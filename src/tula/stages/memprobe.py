@@ -25,35 +25,69 @@ from tula.model.memory import probe_batches
 SCHEMA = "tula.memory_probe/1"
 
 
+def _measure(
+    cfg: config_mod.Config, cfg_path, batches: list[int], work: Path
+) -> tuple[dict, float]:
+    """The worker's result (a record of its failure if it wrote none) and its wall time."""
+    print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    launch = workers.start(
+        1,
+        ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--workers", "1"]
+        + ["--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
+        threads_per_worker=cfg.hardware.threads_per_worker,
+        timeout_s=cfg.probe.timeout_s,
+    )
+    res_path = workers.result_path(work, 0)
+    res = (
+        read_json(res_path)
+        if res_path.exists()
+        else {
+            "status": "error",
+            "points": [],
+            "error": f"the worker exited (code {launch.returncode}) "
+            "without a result" + (" (timeout)" if launch.timed_out else ""),
+        }
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return res, launch.wall_s
+
+
 def run(cfg_path: str | Path, out: str | Path) -> dict:
     """Measure memory at a few local batches on one worker, fit the memory model, write ``out``
     (results/memory_probe.json) with b_max. Stops with an error when nothing could be measured."""
     cfg = config_mod.load(cfg_path)
     batches = probe_batches(cfg)
     out = Path(out)
-    work = out.parent / f".{out.stem}.ranks"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
-    launch = workers.start(1, ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--workers", "1",
-                               "--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
-                           threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s)  # fmt: skip
-    res_path = workers.result_path(work, 0)
-    res = read_json(res_path) if res_path.exists() else {"status": "error", "points": [],
-                                                          "error": f"the worker exited (code {launch.returncode}) "
-                                                                   "without a result" + (" (timeout)" if launch.timed_out else "")}  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)
+    res, wall_s = _measure(cfg, cfg_path, batches, out.parent / f".{out.stem}.ranks")
     ok = [p for p in res["points"] if p["status"] == "ok"]
     if not ok:
-        raise RuntimeError(f"memory probe: no local batch could be measured ({res.get('error') or res['points']}); "
-                           "see the log above")  # fmt: skip
-    model = memory.from_points(ok, [p for p in res["points"] if p["status"] == "oom"], cfg.hardware.memory_budget_bytes)
-    record = {"schema": SCHEMA, "status": res["status"], "model": cfg.workload.model,
-              "dataset": cfg.workload.dataset, "points": res["points"], "env": res.get("env"),
-              "memory_model": model.to_dict(), "max_local_batch": model.max_local_batch(),
-              "budget_bytes": cfg.hardware.memory_budget_bytes, "wall_s": launch.wall_s}  # fmt: skip
+        raise RuntimeError(
+            "memory probe: no local batch could be measured "
+            f"({res.get('error') or res['points']}); see the log above"
+        )
+    model = memory.from_points(
+        ok, [p for p in res["points"] if p["status"] == "oom"], cfg.hardware.memory_budget_bytes
+    )
+    record = {
+        "schema": SCHEMA,
+        "status": res["status"],
+        "model": cfg.workload.model,
+        "dataset": cfg.workload.dataset,
+        "points": res["points"],
+        "env": res.get("env"),
+        "memory_model": model.to_dict(),
+        "max_local_batch": model.max_local_batch(),
+        "budget_bytes": cfg.hardware.memory_budget_bytes,
+        "wall_s": wall_s,
+    }
     write_json(out, record)
     bmax = record["max_local_batch"]
-    print(f"[memprobe] memory = {model.fit.intercept / 2**20:.1f} MiB + {model.fit.slope / 2**10:.1f} KiB x b; "
-          f"largest local batch that fits: {bmax if bmax is not None else 'unbounded'} -> {out}", flush=True)  # fmt: skip
+    print(
+        f"[memprobe] memory = {model.fit.intercept / 2**20:.1f} MiB + "
+        f"{model.fit.slope / 2**10:.1f} KiB x b; largest local batch that fits: "
+        f"{bmax if bmax is not None else 'unbounded'} -> {out}",
+        flush=True,
+    )
     return record

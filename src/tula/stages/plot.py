@@ -6,9 +6,9 @@ with the relaunches and resumes marked. Each figure function returns the figure 
 
 from __future__ import annotations
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
-import matplotlib.ticker
 from matplotlib.figure import Figure
 
 from tula.figures import plt, save_figure
@@ -24,7 +24,27 @@ def _fmt_time(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
 
-def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str | None, ylabel: str, title: str, path) -> Figure:
+def _batch_axis(ax, batches, ylabel: str, title: str) -> None:
+    """B on a log2 axis with a tick at each grid batch; labels, grid, legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(batches))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("global batch size B")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def curve_vs_batch(
+    pred: pd.DataFrame,
+    selection: dict,
+    y: str,
+    measured_y: str | None,
+    ylabel: str,
+    title: str,
+    path,
+) -> Figure:
     """One line per N of ``y`` against B (log2 axis); probes as points; the choice starred."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -32,36 +52,59 @@ def curve_vs_batch(pred: pd.DataFrame, selection: dict, y: str, measured_y: str 
         c = colors[i % len(colors)]
         ax.plot(g["global_batch"], g[y], "-", color=c, label=f"N={n} predicted")
         if y == "train_time_s" and {"train_time_lo_s", "train_time_hi_s"} <= set(g.columns):
-            ax.fill_between(g["global_batch"], g["train_time_lo_s"], g["train_time_hi_s"], color=c, alpha=0.12, lw=0)
+            ax.fill_between(
+                g["global_batch"],
+                g["train_time_lo_s"],
+                g["train_time_hi_s"],
+                color=c,
+                alpha=0.12,
+                lw=0,
+            )
         bad = g[~g["feasible"].astype(bool)]
         if len(bad):
             ax.plot(bad["global_batch"], bad[y], "x", color=c, ms=9, label=f"N={n} infeasible")
         if measured_y is not None:
             m = g[g["probe_status"] == "ok"]
             if len(m):
-                ax.plot(m["global_batch"], m[measured_y], "o", color=c, mfc="none", ms=8, label=f"N={n} probed")
+                ax.plot(
+                    m["global_batch"],
+                    m[measured_y],
+                    "o",
+                    color=c,
+                    mfc="none",
+                    ms=8,
+                    label=f"N={n} probed",
+                )
     sel = selection["selected"]
     row = pred[(pred["workers"] == sel["workers"]) & (pred["global_batch"] == sel["global_batch"])]
     if len(row):
-        ax.plot(row["global_batch"], row[y], "*", color="crimson", ms=18, zorder=5,
-                label=f"selected ({selection['objective']}): N={sel['workers']}, B={sel['global_batch']}")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(pred["global_batch"].unique()))
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("global batch size B")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        ax.plot(
+            row["global_batch"],
+            row[y],
+            "*",
+            color="crimson",
+            ms=18,
+            zorder=5,
+            label=f"selected ({selection['objective']}): "
+            f"N={sel['workers']}, B={sel['global_batch']}",
+        )
+    _batch_axis(ax, pred["global_batch"].unique(), ylabel, title)
     save_figure(fig, path)
     return fig
 
 
 def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     sel = selection["selected"]
-    return curve_vs_batch(pred, selection, "train_time_s", "measured_train_time_s", "training time T (s)",
-                   f"Training time vs batch — selected N={sel['workers']}, B={sel['global_batch']}: "
-                   f"{_fmt_time(sel['train_time_s'])}", path)  # fmt: skip
+    return curve_vs_batch(
+        pred,
+        selection,
+        "train_time_s",
+        "measured_train_time_s",
+        "training time T (s)",
+        f"Training time vs batch — selected N={sel['workers']}, B={sel['global_batch']}: "
+        f"{_fmt_time(sel['train_time_s'])}",
+        path,
+    )
 
 
 def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
@@ -72,27 +115,52 @@ def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
     pred["measured_cost"] = pred["measured_train_time_s"] * scale
     sel = selection["selected"]
     unit = UNITS[pr["model"]]
-    return curve_vs_batch(pred, selection, col, "measured_cost", f"cost C ({pr['currency']}, per {unit} pricing)",
-                   f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}", path)  # fmt: skip
+    return curve_vs_batch(
+        pred,
+        selection,
+        col,
+        "measured_cost",
+        f"cost C ({pr['currency']}, per {unit} pricing)",
+        f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}",
+        path,
+    )
 
 
 def compute_vs_batch(measured: pd.DataFrame, perf: dict, path) -> Figure:
     """The compute curve: every compute-only measurement (probe and sweep rows) against
     local batch, one colour per N, with the fitted compute model through them."""
     model = PerfModel.from_dict(perf)
-    ok = measured[(measured["status"] == "ok") & pd.to_numeric(measured["compute_time_s"], errors="coerce").notna()]
+    ok = measured[
+        (measured["status"] == "ok")
+        & pd.to_numeric(measured["compute_time_s"], errors="coerce").notna()
+    ]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     src = ok["source"] if "source" in ok.columns else pd.Series("probe", index=ok.index)
     for i, (n, g) in enumerate(ok.groupby("workers")):
         c = colors[i % len(colors)]
         xs = np.geomspace(max(ok["local_batch"].min(), 1), ok["local_batch"].max(), 80)
-        ax.plot(xs, 1e3 * model.compute_time_s(np.full_like(xs, n), xs), "-", color=c,
-                label=f"N={n} model ({model.compute.form.name})")  # fmt: skip
+        ax.plot(
+            xs,
+            1e3 * model.compute_time_s(np.full_like(xs, n), xs),
+            "-",
+            color=c,
+            label=f"N={n} model ({model.compute.form.name})",
+        )
         sw = g[src.loc[g.index] == "sweep"]
         pr = g[src.loc[g.index] != "sweep"]
-        ax.plot(sw["local_batch"], 1e3 * sw["compute_time_s"], ".", color=c, ms=7, label=f"N={n} sweep")
-        ax.plot(pr["local_batch"], 1e3 * pr["compute_time_s"], "o", color=c, mfc="none", ms=9, label=f"N={n} probe")
+        ax.plot(
+            sw["local_batch"], 1e3 * sw["compute_time_s"], ".", color=c, ms=7, label=f"N={n} sweep"
+        )
+        ax.plot(
+            pr["local_batch"],
+            1e3 * pr["compute_time_s"],
+            "o",
+            color=c,
+            mfc="none",
+            ms=9,
+            label=f"N={n} probe",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("local batch b")
@@ -109,12 +177,21 @@ def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: di
     lb = np.sort(pred["local_batch"].unique())
     fit = memory_model["fit"]
     xs = np.linspace(lb.min(), lb.max(), 100)
-    ax.plot(xs, (fit["intercept"] + fit["slope"] * xs) / 2**20, "-", label="Eq. 3 model (linear in b)")
-    ok = measured[(measured["status"] == "ok") & pd.to_numeric(measured["peak_mem_bytes"], errors="coerce").notna()]
-    ax.plot(ok["local_batch"], ok["peak_mem_bytes"] / 2**20, "o", mfc="none", ms=8, label="measured")
+    ax.plot(
+        xs, (fit["intercept"] + fit["slope"] * xs) / 2**20, "-", label="Eq. 3 model (linear in b)"
+    )
+    ok = measured[
+        (measured["status"] == "ok")
+        & pd.to_numeric(measured["peak_mem_bytes"], errors="coerce").notna()
+    ]
+    ax.plot(
+        ok["local_batch"], ok["peak_mem_bytes"] / 2**20, "o", mfc="none", ms=8, label="measured"
+    )
     oom = measured[measured["status"] == "oom"]
     if len(oom):
-        ax.plot(oom["local_batch"], np.full(len(oom), ax.get_ylim()[1]), "rx", ms=10, label="probe OOM")
+        ax.plot(
+            oom["local_batch"], np.full(len(oom), ax.get_ylim()[1]), "rx", ms=10, label="probe OOM"
+        )
     if memory_model.get("budget_bytes"):
         budget = memory_model["budget_bytes"] / 2**20
         if budget < 4 * ax.get_ylim()[1]:
@@ -124,7 +201,9 @@ def memory_vs_batch(pred: pd.DataFrame, measured: pd.DataFrame, memory_model: di
     ax.set_xlabel("local batch b = B / N")
     ax.set_ylabel("peak memory per worker (MiB)")
     mx = memory_model.get("max_local_batch")
-    ax.set_title(f"Memory vs local batch — largest feasible b: {mx if mx is not None else 'unbounded'}")
+    ax.set_title(
+        f"Memory vs local batch — largest feasible b: {mx if mx is not None else 'unbounded'}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
@@ -145,23 +224,45 @@ def attempt_marks(metrics: pd.DataFrame, attempts: dict | None) -> list[tuple[fl
             why = "OOM" if prev["outcome"] == "oom" else prev["outcome"]
             n, pn = a.get("workers"), prev.get("workers")
             where = f"N={n} B={a['global_batch']}" if n and n != pn else f"B={a['global_batch']}"
-            was = f"N={pn} B={prev['global_batch']}" if n and n != pn else f"B={prev['global_batch']}"
-            marks.append((float(np.interp(a["start_step"], steps, epochs)), f"{where} ({why} at {was})", True))
+            was = (
+                f"N={pn} B={prev['global_batch']}" if n and n != pn else f"B={prev['global_batch']}"
+            )
+            marks.append(
+                (
+                    float(np.interp(a["start_step"], steps, epochs)),
+                    f"{where} ({why} at {was})",
+                    True,
+                )
+            )
         for seg in a.get("segments", [])[1:]:
             marks.append((float(np.interp(seg["start_step"], steps, epochs)), "resumed", False))
         prev = a
     return marks
 
 
-def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None) -> Figure:
+def training_curve(
+    metrics: pd.DataFrame, final: dict, path, attempts: dict | None = None
+) -> Figure:
     noisy = "grad_noise_scale" in metrics.columns and metrics["grad_noise_scale"].notna().any()
     fig, axes = plt.subplots(1, 3 if noisy else 2, figsize=(15 if noisy else 10, 4))
     a1, a2 = axes[0], axes[1]
     if noisy:  # the epoch's gradient noise scale (AGS refreshes) beside the batch training runs at
         a3 = axes[2]
-        a3.plot(metrics["epoch"], metrics["grad_noise_scale"], "-o", ms=3, color="tab:purple",
-                label="B_noise (per epoch, AGS refresh)")  # fmt: skip
-        a3.axhline(final["global_batch"], color="k", ls="--", lw=1, label=f"trained at B={final['global_batch']}")
+        a3.plot(
+            metrics["epoch"],
+            metrics["grad_noise_scale"],
+            "-o",
+            ms=3,
+            color="tab:purple",
+            label="B_noise (per epoch, AGS refresh)",
+        )
+        a3.axhline(
+            final["global_batch"],
+            color="k",
+            ls="--",
+            lw=1,
+            label=f"trained at B={final['global_batch']}",
+        )
         a3.set_xlabel("epoch")
         a3.set_ylabel("gradient noise scale (samples)")
         a3.set_yscale("log")
@@ -177,14 +278,26 @@ def training_curve(metrics: pd.DataFrame, final: dict, path, attempts: dict | No
     a2.set_ylabel("accuracy (%)")
     for x, label, relaunch in attempt_marks(metrics, attempts):
         for ax in (a1, a2):
-            ax.axvline(x, color="tab:red" if relaunch else "0.6", ls="--" if relaunch else ":", lw=1.2)
-        a1.annotate(label, (x, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-                    fontsize=8, color="tab:red" if relaunch else "0.4")  # fmt: skip
+            ax.axvline(
+                x, color="tab:red" if relaunch else "0.6", ls="--" if relaunch else ":", lw=1.2
+            )
+        a1.annotate(
+            label,
+            (x, 1),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="tab:red" if relaunch else "0.4",
+        )
     for ax in (a1, a2):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Training at N={final['workers']}, B={final['global_batch']}: "
-                 f"final test accuracy {100 * final['final_test_acc']:.2f}%")  # fmt: skip
+    fig.suptitle(
+        f"Training at N={final['workers']}, B={final['global_batch']}: final test accuracy "
+        f"{100 * final['final_test_acc']:.2f}%"
+    )
     save_figure(fig, path)
     return fig
 
@@ -196,37 +309,70 @@ def sync_over_run(steps: pd.DataFrame, drifts: list[dict], path) -> Figure:
     figure that says so."""
     fig, ax = plt.subplots(figsize=(10, 3.6))
     if steps.empty:
-        ax.text(0.5, 0.5, "no monitored steps (one worker, post-local SGD, or launch.replan: off)",
-                ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+        why = "no monitored steps (one worker, post-local SGD, or launch.replan: off)"
+        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         save_figure(fig, path)
         return fig
     x = steps["step"]
     ax.plot(x, 1e3 * steps["step_time_s"], ".", ms=5, color="tab:blue", label="step (synced)")
-    ax.plot(x, 1e3 * steps["compute_time_s"], ".", ms=4, color="tab:green", alpha=0.6, label="compute-only step")
-    ax.plot(x, 1e3 * steps["sync_time_s"], "o", ms=4, color="tab:red", label="sync = step - compute")
+    compute = dict(ms=4, color="tab:green", alpha=0.6, label="compute-only step")
+    ax.plot(x, 1e3 * steps["compute_time_s"], ".", **compute)
+    ax.plot(
+        x, 1e3 * steps["sync_time_s"], "o", ms=4, color="tab:red", label="sync = step - compute"
+    )
     if steps["predicted_sync_s"].notna().any():
-        ax.plot(x, 1e3 * steps["predicted_sync_s"], "--", color="tab:red", lw=1, label="predicted sync")
-        ax.fill_between(x, 1e3 * steps["sync_lo_s"], 1e3 * steps["sync_hi_s"], color="tab:red", alpha=0.12,
-                        label="band the detector accepts")  # fmt: skip
+        ax.plot(
+            x, 1e3 * steps["predicted_sync_s"], "--", color="tab:red", lw=1, label="predicted sync"
+        )
+        ax.fill_between(
+            x,
+            1e3 * steps["sync_lo_s"],
+            1e3 * steps["sync_hi_s"],
+            color="tab:red",
+            alpha=0.12,
+            label="band the detector accepts",
+        )
     for d in drifts:
         ax.axvline(d["step"], color="k", ls=":", lw=1.2)
-        ax.annotate(f"drift ({d['direction']}): {d['action']}", (d["step"], 1), xycoords=("data", "axes fraction"),
-                    rotation=90, va="top", ha="right", fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"drift ({d['direction']}): {d['action']}",
+            (d["step"], 1),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("time (ms)")
-    ax.set_title(f"Monitored steps: {len(steps)} paired compute-only steps, N={int(steps['workers'].iloc[-1])}, "
-                 f"B={int(steps['global_batch'].iloc[-1])}")  # fmt: skip
+    ax.set_title(
+        f"Monitored steps: {len(steps)} paired compute-only steps, "
+        f"N={int(steps['workers'].iloc[-1])}, B={int(steps['global_batch'].iloc[-1])}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=3)
     save_figure(fig, path)
     return fig
 
 
-def run_selection(predictions, selection, measurements, memory, perf, time_plot, cost_plot, memory_plot,
-                  compute_plot) -> None:  # fmt: skip
+def run_selection(
+    predictions,
+    selection,
+    measurements,
+    memory,
+    perf,
+    time_plot,
+    cost_plot,
+    memory_plot,
+    compute_plot,
+) -> None:
     """``tula plot --selection ...``: the selection figures from the results files."""
-    pred, sel, meas = pd.read_csv(predictions), read_json(selection), measurements_mod.load(measurements)
+    pred, sel, meas = (
+        pd.read_csv(predictions),
+        read_json(selection),
+        measurements_mod.load(measurements),
+    )
     time_vs_batch(pred, sel, time_plot)
     cost_vs_batch(pred, sel, cost_plot)
     memory_vs_batch(pred, meas, read_json(memory), memory_plot)
@@ -234,8 +380,11 @@ def run_selection(predictions, selection, measurements, memory, perf, time_plot,
 
 
 def run_training(metrics, final, attempts, training_plot, steps=None, steps_plot=None) -> None:
-    """``tula plot --metrics ...``: the training curve (and, with ``steps``, the monitored steps)."""
+    """``tula plot --metrics ...``: the training curve (and, with ``steps``, the monitored
+    steps)."""
     fin = read_json(final)
-    training_curve(pd.read_csv(metrics), fin, training_plot, read_json(attempts) if attempts else None)
+    training_curve(
+        pd.read_csv(metrics), fin, training_plot, read_json(attempts) if attempts else None
+    )
     if steps and steps_plot:
         sync_over_run(pd.read_csv(steps), fin.get("drift", []), steps_plot)

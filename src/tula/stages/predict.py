@@ -19,11 +19,64 @@ from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel, evaluation_time
 
 
-def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
+def _costs(df: pd.DataFrame, cfg: Config) -> None:
+    """Each pricing model's cost of training at every point (Eq. 4b), and the configured one."""
+    df["cost_worker_hour"] = pricing_mod.worker_cost(
+        df["train_time_s"], df["workers"], cfg.pricing.per_worker_hour
+    )
+    df["cost_node_hour"] = (
+        math.nan
+        if cfg.pricing.per_node_hour is None
+        else pricing_mod.node_cost(
+            df["train_time_s"],
+            df["workers"],
+            cfg.cluster.workers_per_node,
+            cfg.pricing.per_node_hour,
+        )
+    )
+    df["cost_memory"] = pricing_mod.memory_cost(
+        df["train_time_s"], df["workers"], df["mem_bytes"], cfg.pricing.per_gb_hour
+    )
+    df["cost"] = df[f"cost_{cfg.pricing.model}"]
+
+
+def _probed(df: pd.DataFrame, measured: pd.DataFrame | None) -> None:
+    """Each point's probe: its status and measured step (and T); a probe that ran out of
+    memory makes its point infeasible."""
+    df["probe_status"] = ""
+    df["measured_step_time_s"] = math.nan
+    df["measured_train_time_s"] = math.nan
+    if measured is None or not len(measured):
+        return
+    m = measurements_mod.probes(measured).set_index(["workers", "global_batch"])
+    for i, row in df.iterrows():
+        key = (row["workers"], row["global_batch"])
+        if key in m.index:
+            rec = m.loc[key]
+            rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
+            df.at[i, "probe_status"] = rec["status"]
+            if rec["status"] == "ok":
+                df.at[i, "measured_step_time_s"] = rec["step_time_s"]
+                df.at[i, "measured_train_time_s"] = (
+                    row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
+                )
+            elif rec["status"] == "oom":
+                df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
+
+
+def predict(
+    cfg: Config,
+    perf: PerfModel,
+    mem: MemoryModel,
+    train_samples: int,
+    measured: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
     feasibility, and the probe's measurement where there was one."""
     pts = grid(cfg)
-    df = pd.DataFrame({"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]})
+    df = pd.DataFrame(
+        {"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]}
+    )
     df.insert(1, "nodes", nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
     df["local_batch"] = df["global_batch"] // df["workers"]
     n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
@@ -37,33 +90,16 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
     df["epochs"] = cfg.workload.epochs
     steps = df["epochs"] * df["steps_per_epoch"]
     df["train_time_s"] = steps * df["step_time_s"]
-    df["train_time_lo_s"], df["train_time_hi_s"] = steps * df["step_time_lo_s"], steps * df["step_time_hi_s"]
+    df["train_time_lo_s"] = steps * df["step_time_lo_s"]
+    df["train_time_hi_s"] = steps * df["step_time_hi_s"]
     df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
-    df["cost_worker_hour"] = pricing_mod.worker_cost(df["train_time_s"], df["workers"], cfg.pricing.per_worker_hour)
-    df["cost_node_hour"] = (math.nan if cfg.pricing.per_node_hour is None else pricing_mod.node_cost(
-        df["train_time_s"], df["workers"], cfg.cluster.workers_per_node, cfg.pricing.per_node_hour))  # fmt: skip
-    df["cost_memory"] = pricing_mod.memory_cost(df["train_time_s"], df["workers"], df["mem_bytes"], cfg.pricing.per_gb_hour)
-    df["cost"] = df[f"cost_{cfg.pricing.model}"]
+    _costs(df, cfg)
     df["feasible"] = mem.feasible(df["local_batch"])
-    # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free" communication
+    # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free"
+    # communication
     df["sync_measured"] = (df["workers"] == 1) | (perf.step is not None)
     df["feasible"] &= df["sync_measured"]
-    df["probe_status"] = ""
-    df["measured_step_time_s"] = math.nan
-    df["measured_train_time_s"] = math.nan
-    if measured is not None and len(measured):
-        m = measurements_mod.probes(measured).set_index(["workers", "global_batch"])
-        for i, row in df.iterrows():
-            key = (row["workers"], row["global_batch"])
-            if key in m.index:
-                rec = m.loc[key]
-                rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
-                df.at[i, "probe_status"] = rec["status"]
-                if rec["status"] == "ok":
-                    df.at[i, "measured_step_time_s"] = rec["step_time_s"]
-                    df.at[i, "measured_train_time_s"] = row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
-                elif rec["status"] == "oom":
-                    df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
+    _probed(df, measured)
     df["feasible"] = df["feasible"].astype(bool)
     _wall_time(df, cfg, measured)
     _time_to_accuracy(df, cfg, noise.pool(measured) if measured is not None else None)
@@ -73,11 +109,17 @@ def predict(cfg: Config, perf: PerfModel, mem: MemoryModel, train_samples: int, 
 OVERHEADS = ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s")
 
 
-def checkpoints_written(epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None) -> int:
+def checkpoints_written(
+    epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None
+) -> int:
     """The checkpoints a run that is never stopped writes: every k-th step, at the end of
     every k-th epoch but the last, and the final one (as tula.production.trainer does)."""
     steps = epochs * steps_per_epoch
-    return (steps // every_steps if every_steps else 0) + ((epochs - 1) // every_epochs if every_epochs else 0) + 1
+    return (
+        (steps // every_steps if every_steps else 0)
+        + ((epochs - 1) // every_epochs if every_epochs else 0)
+        + 1
+    )
 
 
 def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:
@@ -90,8 +132,10 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     each shape training meets (``first_steps_time_s``: the full batch's and the short last
     batch's first step, compilation and autotuning in them), the probes' median at that N."""
     L = cfg.launch
-    df["checkpoints"] = [checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
-                         for e, s in zip(df["epochs"], df["steps_per_epoch"])]  # fmt: skip
+    df["checkpoints"] = [
+        checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
+        for e, s in zip(df["epochs"], df["steps_per_epoch"])
+    ]
     ok = measurements_mod.probes(measured) if measured is not None and len(measured) else None
     if ok is not None:
         ok = ok[ok["status"] == "ok"]
@@ -101,21 +145,35 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
             df[c] = math.nan
         return
     first = measurements_mod.probes(measured)
-    first = first[first["status"] == "ok"].groupby("workers")["first_steps_time_s"].median() if (
-        "first_steps_time_s" in first.columns) else None  # fmt: skip
+    first = (
+        first[first["status"] == "ok"].groupby("workers")["first_steps_time_s"].median()
+        if ("first_steps_time_s" in first.columns)
+        else None
+    )
     per_n = ok.groupby("workers")[list(OVERHEADS)].median()
     probed = per_n.index.to_numpy()
     n = df["workers"].to_numpy()
-    n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]  # the nearest probed N of each row
+    # the nearest probed N of each row
+    n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    df["first_steps_time_s"] = first.reindex(n0).fillna(0.0).to_numpy() if first is not None else 0.0
+    df["first_steps_time_s"] = (
+        first.reindex(n0).fillna(0.0).to_numpy() if first is not None else 0.0
+    )
     for c in ("eval_first_time_s", "eval_time_s"):
         df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
-    besides = df["startup_time_s"] + df["first_steps_time_s"] + evaluation_time(df) + df["checkpoints"] * df["checkpoint_time_s"]
+    besides = (
+        df["startup_time_s"]
+        + df["first_steps_time_s"]
+        + evaluation_time(df)
+        + df["checkpoints"] * df["checkpoint_time_s"]
+    )
     df["wall_time_s"] = df["train_time_s"] + besides
-    df["wall_time_lo_s"], df["wall_time_hi_s"] = df["train_time_lo_s"] + besides, df["train_time_hi_s"] + besides
+    df["wall_time_lo_s"], df["wall_time_hi_s"] = (
+        df["train_time_lo_s"] + besides,
+        df["train_time_hi_s"] + besides,
+    )
 
 
 def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
@@ -130,12 +188,18 @@ def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
         return
     bn, base = nz["b_noise"], cfg.train.base_batch
     df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
-    df["epochs_to_accuracy"] = noise.epochs_to_accuracy(cfg.workload.epochs, df["global_batch"], base, bn)
+    df["epochs_to_accuracy"] = noise.epochs_to_accuracy(
+        cfg.workload.epochs, df["global_batch"], base, bn
+    )
     df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
-    df["cost_to_accuracy"] = pricing_mod.cost(df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg)
+    df["cost_to_accuracy"] = pricing_mod.cost(
+        df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg
+    )
 
 
-def train_samples_of(df: pd.DataFrame, given: int | None = None, workload: str | Path | None = None) -> int:
+def train_samples_of(
+    df: pd.DataFrame, given: int | None = None, workload: str | Path | None = None
+) -> int:
     """D: given, else recorded by the probes, else by `tula check` in results/workload.json."""
     if given:
         return given
@@ -143,12 +207,21 @@ def train_samples_of(df: pd.DataFrame, given: int | None = None, workload: str |
         return int(df["train_samples"].dropna().iloc[0])
     if workload and Path(workload).exists() and read_json(workload).get("train_samples"):
         return int(read_json(workload)["train_samples"])
-    raise ValueError("predict: the number of training samples D is unknown: no probe recorded it; pass "
-                     "--train-samples or --workload results/workload.json (written by `tula check`)")  # fmt: skip
+    raise ValueError(
+        "predict: the number of training samples D is unknown: no probe recorded it; pass "
+        "--train-samples or --workload results/workload.json (written by `tula check`)"
+    )
 
 
-def run(config: str | Path, measurements: str | Path, memory: str | Path, perf: str | Path, out: str | Path,
-        train_samples: int | None = None, workload: str | Path | None = None) -> pd.DataFrame:  # fmt: skip
+def run(
+    config: str | Path,
+    measurements: str | Path,
+    memory: str | Path,
+    perf: str | Path,
+    out: str | Path,
+    train_samples: int | None = None,
+    workload: str | Path | None = None,
+) -> pd.DataFrame:
     """``tula predict``: read the config, measurements and fitted models; write ``out``."""
     cfg = config_mod.load(config)
     df = measurements_mod.load(measurements)
@@ -157,6 +230,8 @@ def run(config: str | Path, measurements: str | Path, memory: str | Path, perf: 
     D = train_samples_of(df, train_samples, workload)
     pred = predict(cfg, perf_m, mem_m, D, df)
     write_csv(out, pred)
-    print(f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} samples, "
-          f"E={cfg.workload.epochs} epochs -> {out}")  # fmt: skip
+    print(
+        f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} "
+        f"samples, E={cfg.workload.epochs} epochs -> {out}"
+    )
     return pred

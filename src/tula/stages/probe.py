@@ -1,9 +1,9 @@
 """``tula probe``: a short DDP run at one (N, B) that measures step time and memory.
 
-``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe_worker`) -- under torchrun on one machine, or as
-the N tasks of a SLURM job step -- and always writes ``results/probes/N{n}_B{b}.json``,
-also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
-point is recorded and the DAG goes on.
+``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe_worker`) -- under torchrun
+on one machine, or as the N tasks of a SLURM job step -- and always writes
+``results/probes/N{n}_B{b}.json``, also when the workers fail (status ``oom``, ``error`` or
+``timeout``), so a failing point is recorded and the DAG goes on.
 
 What is timed is the production step itself: :meth:`tula.runtime.replica.Replica.timed_step`, with
 the configured method (AGS by default, refreshing when due), precision and input pipeline
@@ -42,7 +42,13 @@ from tula.model.memory import max_local_batch, smaller_batches
 
 SCHEMA = "tula.probe/1"
 
-def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResult | None, cfg: config_mod.Config) -> dict:
+
+def _combine(
+    point: Point,
+    rank_results: list[dict],
+    launch: workers.LaunchResult | None,
+    cfg: config_mod.Config,
+) -> dict:
     """Merge the per-rank files (and how the launch ended) into one probe record."""
     record: dict[str, Any] = {
         "schema": SCHEMA,
@@ -58,7 +64,9 @@ def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResul
     failed = [r for r in rank_results if r.get("status") != "ok"]
     rank0 = next((r for r in rank_results if r.get("rank") == 0 and r.get("status") == "ok"), None)
     if launch is not None and launch.timed_out:
-        record.update(status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s")
+        record.update(
+            status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s"
+        )
     elif failed:
         oom = [r for r in failed if r["status"] == "oom"]
         # the rank that failed first is the cause; the others lost their peer in a collective
@@ -68,7 +76,9 @@ def _combine(point: Point, rank_results: list[dict], launch: workers.LaunchResul
             record["traceback"] = first["traceback"]
     elif rank0 is None or "step_time_s" not in rank0:
         code = launch.returncode if launch else "?"
-        record.update(status="error", error=f"workers exited (code {code}) before reporting a measurement")
+        record.update(
+            status="error", error=f"workers exited (code {code}) before reporting a measurement"
+        )
     else:
         record["status"] = "ok"
         record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
@@ -81,26 +91,58 @@ def _input_note(record: dict) -> str:
     t = record.get("input_time_s")
     if not t:
         return ""
-    bound = " — INPUT-BOUND: the input pipeline sets the pace (see the report)" if record.get("input_bound") else ""
+    bound = (
+        " — INPUT-BOUND: the input pipeline sets the pace (see the report)"
+        if record.get("input_bound")
+        else ""
+    )
     return f"; input alone {t * 1e3:.2f} ms per batch{bound}"
 
 
-def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
-                memory_probe: str | Path | None, attempt: int = 1) -> dict:  # fmt: skip
+def _say(point: Point, record: dict) -> None:
+    """The probe's outcome, one line for the log."""
+    if record["status"] == "ok":
+        print(
+            f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
+            f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
+            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
+            f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local "
+            "batches" + _input_note(record),
+            flush=True,
+        )
+    else:
+        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
+
+
+def _probe_once(
+    cfg: config_mod.Config,
+    cfg_path: str | Path,
+    point: Point,
+    work: Path,
+    memory_probe: str | Path | None,
+    attempt: int = 1,
+) -> dict:
     """Launch the N workers at one point and combine what they wrote into a record."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    print(f"[probe {point.name}] N={point.workers} B={point.global_batch} (b={point.local_batch} per worker), "
-          f"model={cfg.workload.model}, dataset={cfg.workload.dataset}", flush=True)  # fmt: skip
-    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--workers", str(point.workers),
-                   "--global-batch", str(point.global_batch), "--result-dir", str(work)]  # fmt: skip
+    print(
+        f"[probe {point.name}] N={point.workers} B={point.global_batch} (b={point.local_batch} per "
+        f"worker), model={cfg.workload.model}, dataset={cfg.workload.dataset}",
+        flush=True,
+    )
+    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path)]
+    worker_args += ["--workers", str(point.workers), "--global-batch", str(point.global_batch)]
+    worker_args += ["--result-dir", str(work)]
     if memory_probe:
         worker_args += ["--memory-probe", str(memory_probe)]
     if attempt > 1:
         worker_args += ["--attempt", str(attempt)]
     launch = workers.start(
-        point.workers, worker_args, threads_per_worker=cfg.hardware.threads_per_worker, timeout_s=cfg.probe.timeout_s
+        point.workers,
+        worker_args,
+        threads_per_worker=cfg.hardware.threads_per_worker,
+        timeout_s=cfg.probe.timeout_s,
     )
     ranks = []
     for r in range(point.workers):
@@ -118,22 +160,23 @@ def _probe_once(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work
         # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
         # saw the connection drop, so the error they report is not the cause; a peer may also have
         # been stopped by the launcher before it wrote its own (torchrun tears the group down)
-        record.update(lost_ranks=lost, error=f"rank(s) {lost} died without writing a result (killed by a signal: "
-                                             f"a segfault or the out-of-memory killer, or stopped by the launcher "
-                                             f"after a peer died); {record['error']}")  # fmt: skip
-    if record["status"] == "ok":
-        print(f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
-              f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-              f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
-              f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local batches"
-              + _input_note(record), flush=True)  # fmt: skip
-    else:
-        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
+        record.update(
+            lost_ranks=lost,
+            error=f"rank(s) {lost} died without writing a result (killed by a signal: "
+            "a segfault or the out-of-memory killer, or stopped by the launcher after a peer "
+            f"died); {record['error']}",
+        )
+    _say(point, record)
     return record
 
 
-def _probe_point(cfg: config_mod.Config, cfg_path: str | Path, point: Point, work: Path,
-                 memory_probe: str | Path | None) -> dict:  # fmt: skip
+def _probe_point(
+    cfg: config_mod.Config,
+    cfg_path: str | Path,
+    point: Point,
+    work: Path,
+    memory_probe: str | Path | None,
+) -> dict:
     """One probe, launched once more when a rank died without writing its result: such a
     crash is the machine's (torch's CPU profiler segfaulted once in a CI run), not the
     point's, and one lost launch should not cost the user the point. An error the ranks
@@ -148,7 +191,9 @@ def _probe_point(cfg: config_mod.Config, cfg_path: str | Path, point: Point, wor
     return again
 
 
-def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | Path | None) -> list[int]:
+def fallback_batches(
+    cfg: config_mod.Config, point: Point, memory_probe: str | Path | None
+) -> list[int]:
     """Smaller global batches to try, largest first, when a partial search's largest-B corner
     runs out of memory: down to (not including) the smallest B that fits at this N."""
     if cfg.search != "partial":
@@ -160,8 +205,13 @@ def fallback_batches(cfg: config_mod.Config, point: Point, memory_probe: str | P
     return smaller_batches(batch_sizes(cfg), point.global_batch, point.workers, floor=at_n[0] + 1)
 
 
-def run(cfg_path: str | Path, workers: int, global_batch: int, out: str | Path,
-        memory_probe: str | Path | None = None) -> dict:  # fmt: skip
+def run(
+    cfg_path: str | Path,
+    workers: int,
+    global_batch: int,
+    out: str | Path,
+    memory_probe: str | Path | None = None,
+) -> dict:
     """Launch the N workers of one probe, then write ``out``; returns the record.
 
     ``memory_probe`` (results/memory_probe.json) bounds the compute sweep at b_max. When a
@@ -169,7 +219,9 @@ def run(cfg_path: str | Path, workers: int, global_batch: int, out: str | Path,
     probed in the same job until one fits; their records go under ``fallbacks``."""
     cfg = config_mod.load(cfg_path)
     if global_batch % workers:
-        raise config_mod.ConfigError(f"probe: global batch B={global_batch} is not divisible by N={workers}")
+        raise config_mod.ConfigError(
+            f"probe: global batch B={global_batch} is not divisible by N={workers}"
+        )
     point = Point(workers, global_batch)
     out = Path(out)
     work = out.parent / f".{out.stem}.ranks"

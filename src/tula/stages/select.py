@@ -18,5 +18,8 @@ def run(config, predictions, out) -> dict[str, Any]:
     sel = select(pd.read_csv(predictions), cfg)
     write_json(out, sel)
     s = sel["selected"]
-    print(f"[select] objective {sel['objective']}: N={s['workers']} B={s['global_batch']} — {sel['reason']} -> {out}")
+    print(
+        f"[select] objective {sel['objective']}: N={s['workers']} B={s['global_batch']} — "
+        f"{sel['reason']} -> {out}"
+    )
     return sel

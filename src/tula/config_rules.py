@@ -1,0 +1,127 @@
+"""What a config must say that its JSON schema cannot: keys renamed in an older config, and
+the rules between keys (B divisible by N, whole nodes, powers of two, ...). Each problem is a
+sentence naming its config key; :func:`tula.config.validate` raises them together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Keys renamed when N became "workers": an old key is refused with its replacement,
+# never read under its old meaning.
+RENAMED = {
+    ("grid", "nodes"): "grid.workers (N counts workers: GPUs, or CPU processes)",
+    ("grid", "workers_per_node"): "cluster.workers_per_node",
+    ("constraints", "min_nodes"): "constraints.min_workers",
+    ("constraints", "max_nodes"): "constraints.max_workers",
+    ("compare", "nodes"): "compare.workers",
+}
+
+
+def renamed_keys(raw: dict[str, Any]) -> list[str]:
+    """Keys of an older config that are refused, each with what replaced it."""
+    problems = [
+        f"config key '{sec}.{key}' was renamed: use {new}"
+        for (sec, key), new in RENAMED.items()
+        if isinstance(raw.get(sec), dict) and key in raw[sec]
+    ]
+    pr = raw.get("pricing") if isinstance(raw.get("pricing"), dict) else {}
+    if pr.get("model") == "node":
+        problems.append(
+            "config key 'pricing.model': `node` (it charged per worker) was renamed: use "
+            "`worker_hour` with pricing.per_worker_hour, or `node_hour` with pricing.per_node_hour "
+            "if whole nodes are billed"
+        )
+    elif pr.get("per_node_hour") is not None and pr.get("model") != "node_hour":
+        problems.append(
+            "config key 'pricing.per_node_hour': a whole node's price is used only by "
+            "`pricing.model: node_hour`; set that, or give the price of one worker as "
+            "pricing.per_worker_hour (per_node_hour meant per worker before)"
+        )
+    return problems
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def problems(d: dict[str, Any]) -> list[str]:
+    """What the schema cannot express, in the validated config ``d``; each names its key."""
+    return _grid_problems(d) + _other_problems(d)
+
+
+def _grid_problems(d: dict[str, Any]) -> list[str]:
+    """The grid: powers of two, B divisible by N, whole nodes."""
+    g = d["grid"]
+    problems: list[str] = []
+    for key in ("batch_min", "batch_max"):
+        if not _is_pow2(g[key]):
+            problems.append(f"config key 'grid.{key}': {g[key]} is not a power of two")
+    if g["batch_min"] > g["batch_max"]:
+        problems.append(
+            f"config key 'grid.batch_min': {g['batch_min']} is larger than "
+            f"grid.batch_max={g['batch_max']}"
+        )
+    wpn = d["cluster"]["workers_per_node"]
+    for n in g["workers"]:
+        if g["batch_min"] % n:
+            problems.append(
+                f"config key 'grid.workers': N={n} does not divide the global batch "
+                f"B={g['batch_min']} (grid.batch_min); every B must split evenly over N workers"
+            )
+        if n > wpn and n % wpn:
+            problems.append(
+                f"config key 'grid.workers': N={n} does not fill whole nodes of "
+                f"cluster.workers_per_node={wpn}: a job of more workers than one node holds takes "
+                f"whole nodes, alike for probe and production; use a multiple of {wpn} (or fewer "
+                f"than {wpn + 1})"
+            )
+    return problems
+
+
+def _other_problems(d: dict[str, Any]) -> list[str]:
+    """Pricing, constraints, the suite, the input pipeline, the backend and checkpoints."""
+    problems: list[str] = []
+    wpn = d["cluster"]["workers_per_node"]
+    if d["pricing"]["model"] == "node_hour" and d["pricing"]["per_node_hour"] is None:
+        problems.append(
+            "config key 'pricing.per_node_hour': `pricing.model: node_hour` needs the price of one "
+            "node-hour"
+        )
+    c = d["constraints"]
+    for lo, hi in (("min_workers", "max_workers"), ("min_batch", "max_batch")):
+        if c[lo] is not None and c[hi] is not None and c[lo] > c[hi]:
+            problems.append(
+                f"config key 'constraints.{lo}': {c[lo]} is larger than constraints.{hi}={c[hi]}"
+            )
+    cmp = d["compare"]
+    if cmp["workers"] > wpn and cmp["workers"] % wpn:
+        problems.append(
+            f"config key 'compare.workers': {cmp['workers']} does not fill whole nodes of "
+            f"cluster.workers_per_node={wpn}"
+        )
+    for b in cmp["batches"]:
+        if b % cmp["workers"]:
+            problems.append(
+                f"config key 'compare.batches': B={b} is not divisible by "
+                f"compare.workers={cmp['workers']}"
+            )
+    hw = d["hardware"]
+    dt = d["data"]
+    if dt["resize"] is not None and dt["resize"] < dt["image_size"]:
+        problems.append(
+            f"config key 'data.resize': {dt['resize']} is smaller than "
+            f"data.image_size={dt['image_size']}; the test transform resizes, then center-crops "
+            "image_size"
+        )
+    if hw["backend"] == "nccl" and hw["device"] == "cpu":
+        problems.append(
+            "config key 'hardware.backend': nccl needs CUDA devices but hardware.device is cpu"
+        )
+    ln = d["launch"]
+    if ln["checkpoint_every_steps"] is None and ln["checkpoint_every_epochs"] is None:
+        problems.append(
+            "config key 'launch.checkpoint_every_epochs': null together with "
+            "launch.checkpoint_every_steps null means no checkpoint at all, and a preempted or OOM "
+            "job would start over; set one"
+        )
+    return problems

@@ -1,0 +1,80 @@
+"""``launch.replan: move`` on the launcher's side: read the drifts the running job reports,
+decide on each (:func:`tula.model.refit.decide`), and ask the job to checkpoint and stop when
+moving pays; what it decided goes into the attempt's record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from tula.config import Config
+from tula.io import read_json, write_bytes
+from tula.model import refit
+from tula.production import history
+from tula.production.history import Attempt
+
+
+class Replan:
+    """The decisions of one `tula launch` on its job's drifts."""
+
+    def __init__(self, cfg: Config, predictions: str | Path | None, out: Path):
+        self.cfg, self.predictions, self.out = cfg, predictions, out
+        self.move: refit.Decision | None = None  # the move decided on for the current attempt
+        self.decisions: dict[int, dict[str, str]] = {}  # drift step -> what was decided
+
+    def watch(self, att: Attempt, workers: int) -> Callable[[], bool] | None:
+        """A check for :func:`history.wait` while ``att`` trains at N = ``workers``: on each
+        new drift the job reports, decide (:func:`refit.decide`); on a move, ask the job to
+        checkpoint and stop (a request file rank 0 looks for), and say so. The check returns
+        True once a move is asked for. None where nothing is re-planned (launch.replan is not
+        move, or there are no predictions)."""
+        self.move, self.decisions = None, {}
+        if self.cfg.launch.replan != "move" or not self.predictions:
+            return None
+
+        def check() -> bool:
+            if self.move is not None:
+                return False
+            for d in history.drifts(self.out, att.attempt):
+                if d["step"] in self.decisions:
+                    continue
+                dec = refit.decide(
+                    self.cfg,
+                    pd.read_csv(self.predictions),
+                    workers,
+                    att.global_batch,
+                    d,
+                    self.relaunch_s(att),
+                )
+                self.decisions[d["step"]] = {
+                    "action": "moved" if dec.move else "stayed",
+                    "reason": dec.reason,
+                }
+                print(f"[launch] drift at step {d['step']}: {dec.reason}", flush=True)
+                if dec.move:
+                    self.move = dec
+                    write_bytes(
+                        history.move_request_path(self.out),
+                        f"to N={dec.workers} B={dec.global_batch}".encode(),
+                    )
+                    return True
+            return False
+
+        return check
+
+    def relaunch_s(self, att: Attempt) -> float:
+        """What a relaunch costs: this attempt's submission to its first step (started.json;
+        after a requeue inside the attempt, its process start to first step: no queue wait seen)."""
+        started = history.started_path(self.out)
+        if att.submitted and started.exists():
+            s = read_json(started)
+            if s.get("attempt") == att.attempt:
+                since = (
+                    att.submitted
+                    if s.get("step") == att.start_step
+                    else s.get("process_started", att.submitted)
+                )
+                return max(float(s["first_step_time"]) - float(since), 0.0)
+        return 0.0

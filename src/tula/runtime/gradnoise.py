@@ -1,0 +1,107 @@
+"""The gradient noise scale: measured at a probe's (N, B) from each worker's gradient and
+their mean on the same batch, and in training from AGS's refreshes over an epoch; both
+estimated by :mod:`tula.model.noise`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from tula.model import noise
+from tula.runtime.replica import Replica
+
+
+def measure(replica, steps: int) -> dict[str, Any]:
+    """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
+    (rank 0's, given to every rank first): ``steps`` untimed steps of
+    :func:`gradient_norms` over full batches, none twice (every rank takes part),
+    estimated by tula.model.noise. One worker has no second batch size."""
+    if replica.world == 1:
+        return {
+            "gradient_noise": {
+                "b_noise": None,
+                "why": "one worker: no second batch size to compare with",
+            }
+        }
+    full = replica.data.train_size // replica.global_batch  # batches of the full size in an epoch
+    if full == 0:
+        return {
+            "gradient_noise": {
+                "b_noise": None,
+                "why": "the training set is smaller than one global batch",
+            }
+        }
+    t0 = time.perf_counter()
+    # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
+    # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
+    with torch.no_grad():
+        for t in replica.ddp.module.state_dict().values():
+            torch_dist.broadcast(t, src=0)
+    small, big = [], []
+    batches = None
+    for i in range(steps):
+        # an epoch's full batches, then those of the next epoch's new order: no batch twice
+        if i % full == 0:
+            replica.sampler.set_position(replica.pos.epoch + i // full, 0)
+            batches = iter(replica.feed)  # on the device, decoded there where data.decode is gpu
+        s, g = gradient_norms(replica, *next(batches))
+        small.append(s)
+        big.append(g)
+    seconds = time.perf_counter() - t0
+    est = noise.estimate(
+        small,
+        big,
+        replica.global_batch // replica.world,
+        replica.global_batch,
+        population=replica.data.train_size,
+    )
+    return {
+        "grad_noise_scale": est.b_noise,
+        "grad_sq": est.grad_sq,
+        "grad_trace": est.trace,
+        "grad_sq_se": est.grad_sq_se,
+        "grad_trace_se": est.trace_se,
+        "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps},
+    }
+
+
+def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+    share of one global batch, at the current weights: forward and backward under
+    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
+    the worker's squared norm riding along. No optimizer step; the gradients are
+    cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
+    x, y = replica.to_device(x, y)
+    replica.opt.zero_grad(set_to_none=True)
+    with replica.ddp.no_sync():
+        _, loss = replica.forward_loss(x, y)
+        loss.float().backward()
+    grads = [p.grad.reshape(-1).float() for p in replica.ddp.parameters() if p.grad is not None]
+    flat = torch.cat(grads)
+    buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+    torch_dist.all_reduce(buf)
+    buf /= replica.world
+    replica.opt.zero_grad(set_to_none=True)
+    return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+
+
+def epoch_noise(replica: Replica) -> dict[str, float | None]:
+    """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
+    tula.model.noise): the reference sub-batch's gradient against the step's, both all-reduced,
+    so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
+    pair; None where there was none (other methods) or |G|^2 came out <= 0."""
+    pairs, replica.noise_pairs = replica.noise_pairs, []
+    small = replica.small_local * replica.world
+    if not pairs or not small < replica.global_batch:
+        return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}
+    est = noise.estimate(
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        small,
+        replica.global_batch,
+        population=replica.data.train_size,
+    )
+    return {"grad_noise_scale": est.b_noise, "grad_sq": est.grad_sq, "grad_trace": est.trace}

@@ -1,0 +1,110 @@
+"""``results/report.html``: the page a user opens first. One self-contained file (plots
+embedded), rendered from the results files only: the page is ``page.html`` (jinja2, every
+value escaped unless it is one of the sections' own HTML), its sections
+:mod:`tula.stages.report.sections`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from tula.io import atomic_write, read_json
+from tula.progress import fmt_duration
+from tula.stages.report.sections import (
+    TRAINING_PLOTS,
+    _img,
+    _table,
+    attempts_table,
+    comm_env_section,
+    device_line,
+    drift_card,
+    input_section,
+    model_section,
+    noise_section,
+    prediction_card,
+)
+
+PAGE = jinja2.Environment(
+    loader=jinja2.PackageLoader("tula.stages.report", "."),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+).get_template("page.html")
+
+PREDICTION_COLUMNS = (
+    "workers", "nodes", "global_batch", "local_batch", "step_time_s", "input_time_s",
+    "input_bound", "train_time_s", "cost", "mem_bytes", "feasible", "probe_status",
+    "measured_step_time_s",
+)  # fmt: skip
+MEASUREMENT_COLUMNS = (
+    "source", "workers", "nodes", "global_batch", "local_batch", "status", "step_time_s",
+    "compute_time_s", "sync_time_s", "input_time_s", "step_time_cv", "peak_mem_bytes", "error",
+)  # fmt: skip
+
+
+def render(
+    selection: dict,
+    predictions: pd.DataFrame,
+    measurements: pd.DataFrame,
+    final: dict,
+    plots: list[Path],
+    out: str | Path,
+    title: str = "Tula report",
+    attempts: dict | None = None,
+    perf: dict | None = None,
+    workload: dict | None = None,
+) -> None:
+    s = selection["selected"]
+    chosen = (s["workers"], s["global_batch"])
+    failed = measurements[measurements["status"] != "ok"]
+    pred_cols = [c for c in PREDICTION_COLUMNS if c in predictions.columns]
+    meas_cols = [c for c in MEASUREMENT_COLUMNS if c in measurements.columns]
+    page = PAGE.render(
+        title=title,
+        generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+        objective=selection["objective"],
+        device=device_line(workload),
+        warnings=(workload or {}).get("warnings", []),
+        s=s,
+        train_time=fmt_duration(s["train_time_s"]),
+        reason=selection["reason"],
+        final=final,
+        trained_time=fmt_duration(final["train_time_s"]),
+        prediction=prediction_card(final),
+        comm_env=comm_env_section(measurements, final),
+        selection_plots=[_img(p) for p in plots if p.name not in TRAINING_PLOTS],
+        training_plot="".join(_img(p) for p in plots if p.name == "training.png"),
+        attempts=attempts_table(attempts),
+        steps_plot="".join(_img(p) for p in plots if p.name == "steps.png"),
+        drift=drift_card(final),
+        input=input_section(predictions, measurements, chosen),
+        model=model_section(perf),
+        noise=noise_section(predictions, s["global_batch"]),
+        failed=_table(failed[meas_cols]) if len(failed) else "",
+        failed_count=len(failed),
+        predictions=_table(predictions[pred_cols], chosen),
+        measurements=_table(measurements[meas_cols]),
+    )
+    with atomic_write(out) as fh:
+        fh.write(page)
+
+
+def run(
+    selection, predictions, measurements, final, plots, out, attempts=None, perf=None, workload=None
+) -> None:
+    """``tula report``: render ``out`` from the results files (plots: the PNG paths; workload:
+    results/workload.json, whose warnings head the page)."""
+    render(
+        read_json(selection),
+        pd.read_csv(predictions),
+        pd.read_csv(measurements),
+        read_json(final),
+        [Path(p) for p in plots],
+        out,
+        attempts=read_json(attempts) if attempts else None,
+        perf=read_json(perf) if perf else None,
+        workload=read_json(workload) if workload else None,
+    )
+    print(f"[report] -> {out}")
