@@ -31,14 +31,15 @@ READS = ("item", "__float__", "__int__", "__bool__", "__index__", "cpu", "tolist
 
 @contextlib.contextmanager
 def counting_host_reads():
-    """Every host read of a tensor's value while inside, as (what, where in tula's code)."""
+    """Every host read of a tensor's value while inside, as (what, where in tula's code: module
+    and function, not line, so that a reformat does not move the mark)."""
     seen: list[tuple[str, str]] = []
     saved = {name: getattr(torch.Tensor, name) for name in READS}
     saved_sync = torch.cuda.synchronize
 
     def where() -> str:
         frames = [f for f in traceback.extract_stack()[:-2] if "/tula/" in f.filename]
-        return f"{frames[-1].filename.split('/tula/')[-1]}:{frames[-1].lineno}" if frames else "?"
+        return f"{frames[-1].filename.split('/tula/')[-1]}:{frames[-1].name}" if frames else "?"
 
     def wrap(name, orig):
         def read(self, *a, **k):
@@ -113,7 +114,7 @@ def test_with_two_workers_only_the_agreement_reads_its_cpu_flags(tmp_path):
         got = json.loads(open(f"{out}.{rank}").read())
         for method, reads in got.items():
             assert len(reads) == 10, (method, reads)  # one per step
-            assert {tuple(r) for r in reads} == {("tolist", "runtime/agreement.py:71")}, (
+            assert {tuple(r) for r in reads} == {("tolist", "runtime/agreement.py:agree_host")}, (
                 method,
                 reads,
             )
