@@ -1,7 +1,9 @@
 # The validated config, and the input, parameter and resource functions the rules use.
 # Nothing here acts while Snakemake parses: the device is decided when the first job asks
 # for it, and the config snapshot the jobs read is written by `onstart` (rules/hooks.smk),
-# so `snakemake -n` and `--lint` write nothing and ask the cluster nothing.
+# so `snakemake -n` and `--lint` write nothing. `--lint` asks the cluster nothing; a dry run
+# under the SLURM executor reads (`sinfo`) which GPUs the probe partition has, because the
+# jobs' --gres it shows depends on that, and changes nothing there.
 import functools
 import os
 
