@@ -1,9 +1,9 @@
 # The validated config, and the input, parameter and resource functions the rules use.
 # Nothing here acts while Snakemake parses: the device is decided when the first job asks
 # for it, and the config snapshot the jobs read is written by `onstart` (rules/hooks.smk),
-# so `snakemake -n` and `--lint` write nothing. `--lint` asks the cluster nothing; a dry run
-# under the SLURM executor reads (`sinfo`) which GPUs the probe partition has, because the
-# jobs' --gres it shows depends on that, and changes nothing there.
+# so `snakemake -n` and `--lint` write nothing and ask the cluster nothing. (A dry run runs
+# Snakemake's own dry-run executor in place of the SLURM one, so it decides the device as for
+# this machine, and says so; the SLURM executor plugin itself asks `scontrol show config`.)
 import functools
 import os
 
@@ -177,7 +177,13 @@ def decided():
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
-    print(f"tula: {decision.why}", flush=True)
+    said = f"tula: {decision.why}"
+    if workflow.output_settings.dryrun:
+        said += (
+            " (a dry run: Snakemake runs no executor, so this is this machine's answer;"
+            " a run under the SLURM executor decides from the probe partition's GPUs)"
+        )
+    print(said, flush=True)
     return tula_devices.apply(TULA, decision)
 
 

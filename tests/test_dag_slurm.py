@@ -104,6 +104,9 @@ def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
         "runtime": "15",
     }, line
     assert "Shell command: tula memprobe" in job  # the profile's printshellcmds
+    # the dry run cannot see the SLURM executor (Snakemake swaps in its own): it says whose
+    # device decision it shows rather than pass this machine's off as the partition's
+    assert "(a dry run: Snakemake runs no executor, so this is this machine's answer;" in out
     assert not (tmp_path / "results").exists()
 
 
