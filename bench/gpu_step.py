@@ -6,15 +6,18 @@ For each global batch B (one worker), at the same model, precision and memory fo
   plain eager      DDP of one, SGD (momentum, weight decay), autocast, data already on the
                    device: the loop a user writes by hand (../shared/gpu/plain_bench.py's step)
   plain compiled   the same under torch.compile
-  tula probe       Replica.next_timed_block: the probe's timed blocks (the train.method step,
-                   its loader feed, AGS's on-device test), eager and with train.compile: on
+  tula probe       Replica.next_steps under the probe's timer (the train.method step, its
+                   loader feed, AGS's on-device test), eager and with train.compile: on
   tula production  Replica.run_step over a stretch with one synchronisation at its end, as
                    the production job's Trainer runs it, eager and compiled
 
-Each variant: warm-up steps, then BLOCKS blocks of BLOCK steps, one synchronisation per block;
-the step is the median block mean, its scatter the blocks' CV. Then host reads: every method's
-10 steady-state steps under torch.cuda.set_sync_debug_mode("error") (a synchronising call
-raises), and the first-step costs the probe records.
+Each variant: warm-up steps, then the probe's own timer (tula.runtime.timing.StepTimer): on CUDA
+blocks between CUDA events sized so that their one synchronisation costs under 1 %, on CPU each
+step alone, until the mean is within --target (95 % half-width, 2 %) or --budget seconds are
+spent; the step is the mean, beside its median, the samples' CV and the precision reached.
+Then host reads: every method's 10 steady-state steps under
+torch.cuda.set_sync_debug_mode("error") (a synchronising call raises), and the first-step costs
+the probe records.
 
     python bench/gpu_step.py --device cuda --model tv_resnet50 --size 224 \
         --batches 32,64,128,256,512,1024
@@ -44,6 +47,7 @@ from tula import config as config_mod  # noqa: E402
 from tula.runtime import dist  # noqa: E402
 from tula.runtime.nets import build_model  # noqa: E402
 from tula.runtime.replica import Replica  # noqa: E402
+from tula.runtime.timing import StepTimer, Target, clock_for  # noqa: E402
 
 METHODS = ("ags", "lbt", "lrs", "static", "lars", "polo")
 
@@ -82,22 +86,31 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def blocks(run_block, device, warm: int, n_blocks: int, block: int) -> dict:
-    """``run_block(k)`` runs k steady-state steps and returns (steps, seconds) of them: each
-    variant times its own plain steps, one synchronisation per block (an epoch's first step
-    and its short last batch are first-step and epoch-start costs, timed apart by the probe
-    and the trainer, and left out here)."""
-    run_block(warm)
+def blocks(run, device, a) -> dict:
+    """``run(k)`` runs up to k steps untimed and returns (steps, kind). Timed by the probe's own
+    timer (:class:`tula.runtime.timing.StepTimer`): on CUDA blocks between CUDA events, sized so
+    that their one synchronisation costs under 1 % (``--block`` forces a size), on CPU every step
+    alone; until the mean is within ``--target`` (95 % half-width) after ``--min-steps``, or
+    ``--budget`` seconds. Steps other than plain ones (an epoch's first) are set apart."""
+    run(a.warm)
     sync(device)
-    means = []
-    for _ in range(n_blocks):
-        done, seconds = run_block(block)
-        means.append(seconds / done)
-    med = statistics.median(means)
+    timer = StepTimer(
+        clock_for(device, lambda: sync(device)),
+        Target(a.target, a.min_steps, a.budget),
+        block_steps=a.block,
+    )
+    t = timer.run({"step": run})
+    s = t.arms["step"]
     return {
-        "step_s": med,
-        "cv": statistics.pstdev(means) / statistics.fmean(means),
-        "blocks": means,
+        "step_s": s.mean(),
+        "median_s": statistics.median(s.times),
+        "cv": statistics.pstdev(s.times) / statistics.fmean(s.times),
+        "halfwidth_rel": s.half_width(),
+        "reached": t.reached,
+        "block": t.block_steps,
+        "steps": s.n_steps,
+        "timing_s": t.elapsed_s,
+        "blocks": s.times,
     }
 
 
@@ -115,23 +128,20 @@ def plain(a, device, B: int, compiled: bool) -> dict:
     y = torch.randint(0, 10, (B,), device=device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
 
-    def steps(k: int) -> None:
+    def steps(k: int) -> tuple[int, str]:
         for _ in range(k):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 loss = torch.nn.functional.cross_entropy(net(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        return k, "plain"
 
-    def run(k: int) -> tuple[int, float]:
-        sync(device)
-        t0 = time.perf_counter()
-        steps(k)
-        sync(device)
-        return k, time.perf_counter() - t0
-
-    first = run(1)[1]
-    out = blocks(run, device, a.warm, a.blocks, a.block)
+    t0 = time.perf_counter()
+    steps(1)
+    sync(device)
+    first = time.perf_counter() - t0
+    out = blocks(steps, device, a)
     out["first_step_s"] = first
     return out
 
@@ -145,37 +155,17 @@ def tula(
     r.next_timed_step()  # the first step at this shape (an epoch's first: AGS's refresh too)
     first = time.perf_counter() - t0
 
-    def probe_block(k: int) -> tuple[int, float]:  # the probe's timed blocks (ProbeWorker._timed)
-        done, seconds = 0, 0.0
-        while done < k:
-            t, kind, n = r.next_timed_block(k - done)
-            if kind == "plain":
-                done, seconds = done + n, seconds + t * n
-        return done, seconds
+    def production_stretch(k: int) -> tuple[int, str]:  # Trainer.train_epoch: steps queued
+        n = min(k, r.plain_steps_ahead())
+        if n < 1:  # an epoch's start or its short last batch: the trainer times those apart
+            return r.next_steps(1)
+        r._batches = r.epoch_batches() if r._batches is None else r._batches
+        for _ in range(n):
+            r.run_step(r._batches)
+        return n, "plain"
 
-    # Trainer.train_epoch: steps queued, one sync at the end
-    def production_stretch(
-        k: int,
-    ) -> tuple[int, float]:
-        done, seconds = 0, 0.0
-        while done < k:
-            n = min(k - done, r.plain_steps_ahead())
-            if n < 1:
-                # an epoch's start or its short last batch: timed apart, as the trainer does
-                r.next_timed_step()
-                continue
-            r._batches = r.epoch_batches() if r._batches is None else r._batches
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                r.run_step(r._batches)
-            sync(device)
-            done, seconds = done + n, seconds + time.perf_counter() - t0
-        return done, seconds
-
-    out = blocks(
-        production_stretch if production else probe_block, device, a.warm, a.blocks, a.block
-    )
+    # the probe: Replica.next_steps under the probe's timer; production: the trainer's stretch
+    out = blocks(production_stretch if production else r.next_steps, device, a)
     out["first_step_s"] = first
     r = None  # the replica (and its device memory) goes before the next point
     return out
@@ -221,8 +211,12 @@ def main() -> None:
     ap.add_argument("--memory-gb", type=float, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warm", type=int, default=5)
-    ap.add_argument("--blocks", type=int, default=6)
-    ap.add_argument("--block", type=int, default=5)
+    ap.add_argument(
+        "--block", type=int, default=None, help="steps per block (CUDA; default: sized)"
+    )
+    ap.add_argument("--target", type=float, default=0.02, help="precision: 95 %% half-width")
+    ap.add_argument("--min-steps", type=int, default=20)
+    ap.add_argument("--budget", type=float, default=30.0, help="seconds of timing per variant")
     ap.add_argument(
         "--variants",
         default="plain,tula_probe,tula_production,plain_compiled,tula_probe_compiled,"
@@ -241,7 +235,7 @@ def main() -> None:
     ]
     comp = [int(b) for b in a.compile_batches.split(",")] if a.compile_batches else a.batches
     # whole blocks between an epoch's start and end
-    a.samples = a.samples or max(a.batches) * (2 * a.block + 3)
+    a.samples = a.samples or max(a.batches) * 13
     os.environ.update(
         {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561"}
     )
@@ -262,7 +256,8 @@ def main() -> None:
         "size": a.size,
         "precision": a.precision,
         "block": a.block,
-        "blocks": a.blocks,
+        "target": a.target,
+        "budget_s": a.budget,
         "rows": [],
     }
     runners = {
@@ -299,8 +294,10 @@ def main() -> None:
             result["rows"].append(row)
             print(
                 f"B={B:5d} {v:26s} {1e3 * r['step_s']:8.2f} ms  {B / r['step_s']:8.0f} img/s  CV "
-                f"{100 * r['cv']:5.2f} %  "
-                f"first {r['first_step_s']:.2f} s" + (f"  x{ratio:.3f} of plain" if ratio else ""),
+                f"{100 * r['cv']:5.2f} %  +-{100 * r['halfwidth_rel']:.2f} % "
+                f"({'reached' if r['reached'] else 'missed'}, {r['steps']} steps, block "
+                f"{r['block']})  first {r['first_step_s']:.2f} s"
+                + (f"  x{ratio:.3f} of plain" if ratio else ""),
                 flush=True,
             )
             if gpu:

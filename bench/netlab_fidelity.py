@@ -43,6 +43,7 @@ RAW = {
     "probe": {
         "warmup_steps": 2,
         "timed_steps": 10,
+        "time_budget_s": 3,
         "timeout_s": 300,
         "sweep_steps": 0,
         "noise_steps": 0,
@@ -119,14 +120,24 @@ def main() -> None:
         try:
             for rate in a.rates:
                 lab("rate", rate)
+                t_rate = time.time()
                 out = Path(tmp) / rate
                 out.mkdir()
                 df = measure(cfg_path, out)
+                (ROOT / "results" / "fidelity").mkdir(parents=True, exist_ok=True)
+                df.to_csv(ROOT / "results" / "fidelity" / f"netlab_rows_{rate}.csv", index=False)
                 sync4 = df[df["workers"] == 4]["sync_time_s"].median()
                 sync2 = df[df["workers"] == 2]["sync_time_s"].median()
                 results[rate] = {
                     "errors": errors(df, cfg),
                     "noise_pct": 100 * float(df["step_time_cv"].median()),
+                    "halfwidth_pct": 100 * float(df["step_time_halfwidth_rel"].median())
+                    if "step_time_halfwidth_rel" in df
+                    else None,
+                    "reached": int(df["precision_reached"].fillna(False).astype(bool).sum())
+                    if "precision_reached" in df
+                    else None,
+                    "seconds": time.time() - t_rate,
                     "sync_ms_one_node_N2": 1e3 * sync2,
                     "sync_ms_two_nodes_N4": 1e3 * sync4,
                     "rows": df.drop(columns=["error"], errors="ignore").to_dict("records"),
@@ -149,6 +160,14 @@ def main() -> None:
             print(
                 f"| {rate} | {search} | " + " | ".join(cells) + f" | {r['noise_pct']:.1f} % | "
                 f"{r['sync_ms_one_node_N2']:.1f} / {r['sync_ms_two_nodes_N4']:.1f} ms |"
+            )
+    for rate, r in results.items():
+        if r.get("halfwidth_pct") is not None:
+            print(
+                f"{rate}: probes' precision (95 % half-width of the mean step) median "
+                f"{r['halfwidth_pct']:.1f} %, target reached at {r['reached']} of "
+                f"{len([x for x in r['rows'] if x.get('source') == 'probe'])} points; "
+                f"{r['seconds']:.0f} s of probing"
             )
     print(
         "\nforms (two-level): "

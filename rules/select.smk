@@ -4,7 +4,10 @@ localrules:
 
 rule select:
     input:
-        rules.predict.output,
+        predictions=rules.predict.output[0],
+        measurements=rules.aggregate.output[0],
+        perf=rules.fit.output.perf,
+        memory=rules.fit.output.memory,
     output:
         "results/selection.json",
     log:
@@ -15,4 +18,6 @@ rule select:
         config=CONFIG,
         settings=settings("select"),
     shell:
-        "tula select --config {params.config} --predictions {input} --out {output} > {log} 2>&1"
+        "tula select --config {params.config} --predictions {input.predictions}"
+        " --measurements {input.measurements} --perf {input.perf} --memory {input.memory}"
+        " --out {output} > {log} 2>&1"

@@ -25,7 +25,7 @@ GPU_NODES = (
 TINY = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
     "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
-    "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120},
+    "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120, "time_budget_s": 0.5},
     "train": {"lr_decay_epochs": []},
 }
 

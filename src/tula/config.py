@@ -111,7 +111,9 @@ class ProbeSettings:
     sweep_steps: int = 6
     noise_steps: int = 16
     exclusive: bool = True
-    block_steps: int = 5
+    block_steps: int | None = None
+    precision: float = 0.02
+    time_budget_s: float = 30.0
     input_batches: int = 10
     memory_batches: tuple[int, ...] | None = None
     no_sync_fallback: bool = False

@@ -126,6 +126,8 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
         "probe.noise_steps",
         "probe.exclusive",
         "probe.block_steps",
+        "probe.precision",
+        "probe.time_budget_s",
         "probe.input_batches",
     ),
     "fit": (

@@ -7,43 +7,37 @@ import torch
 from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
 from tula.runtime import probe_worker
+from tula.runtime.timing import Series, Target, Timing
 
 
-def test_the_slowest_rank_per_step_and_an_epoch_starts_extra_at_trainings_rate(one_process_group):  # noqa: F811
+def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one_process_group):  # noqa: F811
+    """The timer's series are already the slowest rank's (tests/runtime/test_timing.py); rank 0
+    adds an epoch start's extra and the short last batch's saving once per epoch, and takes the
+    largest rank's memory."""
     replica = _replica("fp32")  # digits at B=64: 23 steps an epoch
     gathered = [
-        {
-            "step": [0.10, 0.12, 0.30],
-            "compute": [0.08, 0.09],
-            "peak": 100,
-            "peaks": {"plain": 90, "refresh": 100},
-            "rss": 5,
-            "host": "a",
-        },
-        {
-            "step": [0.11, 0.10, 0.32],
-            "compute": [0.07, 0.10],
-            "peak": 120,
-            "peaks": {"plain": 120, "refresh": 110},
-            "rss": 7,
-            "host": "b",
-        },
+        {"peak": 100, "peaks": {"plain": 90, "refresh": 100}, "rss": 5, "host": "a"},
+        {"peak": 120, "peaks": {"plain": 120, "refresh": 110}, "rss": 7, "host": "b"},
     ]
-    synced = [
-        (0.10, "plain"),
-        (0.12, "plain"),
-        (0.30, "start"),
-    ]  # this rank's times and the kinds of its steps
-    compute = [(0.08, "plain"), (0.09, "plain")]
-    m = probe_worker._measurement(replica, gathered, synced, compute)
-    plain, start_extra = (0.11 + 0.12) / 2, 0.32 - (0.11 + 0.12) / 2  # per step the slower rank
+    step, compute = Series([0.11, 0.12], [1, 1]), Series([0.08, 0.10], [1, 1])
+    timing = Timing(
+        {"step": step, "compute": compute}, Target(0.02, 2, 1.0), False, "budget", 1.0, 1, "steps"
+    )
+    extras = {"start": [0.32], "refresh": [], "partial": [0.05]}
+    m = probe_worker._measurement(replica, gathered, timing, extras)
+    plain = (0.11 + 0.12) / 2
+    start_extra, partial_extra = 0.32 - plain, 0.05 - plain
     assert m["step_times_s"] == [0.11, 0.12] and m["compute_times_s"] == [0.08, 0.10]
     assert m["epoch_start_step_times_s"] == [0.32] and m["epoch_start_extra_s"] == pytest.approx(
         start_extra
     )
-    assert m["step_time_s"] == pytest.approx(plain + start_extra / 23)
-    assert m["compute_time_s"] == pytest.approx(0.09 + start_extra / 23)
+    assert m["partial_extra_s"] == pytest.approx(partial_extra)
+    extra = (start_extra + partial_extra) / 23
+    assert m["step_time_s"] == pytest.approx(plain + extra)
+    assert m["compute_time_s"] == pytest.approx(0.09 + extra)
     assert m["sync_time_s"] == pytest.approx(plain - 0.09) and m["steps_per_epoch"] == 23
+    assert m["precision_reached"] is False and m["timing_stopped_by"] == "budget"
+    assert m["step_timed_steps"] == 2 and m["step_time_halfwidth_rel"] > 0.02
     assert (
         m["peak_mem_bytes"],
         m["plain_peak_bytes"],

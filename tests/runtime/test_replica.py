@@ -86,20 +86,36 @@ def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_p
     assert loss > 0 and 0 <= acc <= 1 and r.eval_retries == []
 
 
+def test_a_parked_batch_is_taken_up_where_it_was_left(one_process_group):
+    """The sweep's rounds: a batch parked mid-epoch continues there (the same loader), with the
+    step count going on; one not parked starts an epoch."""
+    r = _replica("fp32", method="lbt")
+    [r.next_timed_step() for _ in range(3)]
+    assert (r.pos.step, r.pos.offset) == (3, 192)
+    r.set_global_batch(32, park=True)
+    assert r.next_steps(4) == (1, "start") and r.next_steps(4) == (4, "plain")
+    r.set_global_batch(64, park=True)
+    assert (r.pos.step, r.pos.offset) == (8, 192) and r.next_steps(2) == (2, "plain")
+    r.set_global_batch(32)  # 64 not parked: gone; 32 was parked at 160 samples
+    assert (r.pos.offset, r.steps_per_epoch) == (160, 45)
+    r.set_global_batch(64)
+    assert r.pos.offset == 0 and r.next_steps(2) == (1, "start")
+
+
 @pytest.mark.parametrize("every", [None, 4])
-def test_a_timed_block_holds_plain_steps_only(one_process_group, every):
-    """The probe times blocks of plain steps with one synchronisation per block; an epoch's first
-    step, its short last batch and a mid-epoch AGS refresh are never inside a block: each is
-    timed alone, with its kind: timings a GPU can trust."""
+def test_a_run_of_steps_holds_plain_steps_only(one_process_group, every):
+    """The timer times runs of plain steps (a block on a device with a queue); an epoch's first
+    step, its short last batch and a mid-epoch AGS refresh are never inside a run: each is run
+    alone, with its kind: timings a GPU can trust."""
     cfg = config.from_dict({"train": {"ags_refresh_every_steps": every}})
     # digits: 1437 samples, 22 full batches and one of 29
     r = Replica(cfg, torch.device("cpu"), 64, 0, 1)
     seen = []
     while [k for k, _ in seen].count("partial") < 2:  # two epochs
         offset, step = r.pos.offset, r.pos.step
-        t, kind, n = r.next_timed_block(5)
+        n, kind = r.next_steps(5)
         seen.append((kind, n))
-        assert t > 0 and 1 <= n <= 5
+        assert 1 <= n <= 5
         if kind == "plain":
             assert offset > 0 and offset + n * 64 <= 1437 - 29  # full batches of one epoch
             assert not every or (step % every) + n <= every  # no refresh inside

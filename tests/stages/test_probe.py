@@ -22,27 +22,41 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     )
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
-    # probe.timed_steps = 3 in blocks of probe.block_steps = 5: one block of 3 steps, one sync at
-    # its end
-    assert len(rec["step_times_s"]) == 1 and rec["step_time_iqr_s"] >= 0 and rec["block_steps"] == 5
-    # The probe ran the production step: AGS (the default method) refreshed at the first step of the
-    # epoch (the first, untimed-as-a-step pair) and at the first step of 3 more epochs, started to
-    # time epoch-start steps; the first pair (a synced and a compute-only step, what a new shape
-    # costs
-    # once) + 1 warm-up pair + 3 timed pairs + 3 epoch starts + the first short last batch + the two
-    # memory steps (a plain step and a forced AGS refresh, each measured alone) = 16 steps of the
-    # epoch's iterator; the optimizer also stepped once more for the Eq. 3 breakdown, which takes no
-    # position. Torch's CPU profiler now and then cannot build a step's memory timeline: that memory
-    # step is measured again, one step more.
+    # on CPU (no queue) every timed step is timed alone, synced and compute-only alternating, at
+    # least probe.timed_steps = 3 of each, until both means are within probe.precision or the
+    # budget (0.5 s here) is spent; the record says which
+    assert rec["timing_mode"] == "steps" and rec["block_steps"] == 1
+    assert rec["step_timed_steps"] >= 3 and rec["compute_timed_steps"] >= 3
+    assert len(rec["step_times_s"]) == rec["step_timed_steps"] and rec["step_time_iqr_s"] >= 0
+    reached = max(rec["step_time_halfwidth_rel"], rec["compute_time_halfwidth_rel"]) <= 0.02
+    assert rec["precision_target"] == 0.02 and rec["precision_reached"] is reached
+    assert rec["timing_stopped_by"] == ("precision" if reached else "budget")
+    assert rec["timing_budget_s"] == 0.5 and (reached or rec["timing_s"] >= 0.5)
+    # The probe ran the production step: AGS (the default method) refreshed at the first step of
+    # every epoch. Steps of the epoch's iterator: the first pair (a synced and a compute-only step,
+    # what a new shape costs once), the first short last batch, 1 warm-up pair, the timed steps of
+    # both kinds (epoch starts and short batches met among them included), epoch starts started
+    # until 3 are timed, and the two memory steps (a plain step and a forced AGS refresh, each
+    # measured alone); the optimizer also stepped once more for the Eq. 3 breakdown, which takes
+    # no position. Torch's CPU profiler now and then cannot build a step's memory timeline: that
+    # memory step is measured again, one step more.
     c, extra = rec["optimizer_counters"], rec["profiler_retries"]
     assert set(extra) == {"plain", "refresh"} and all(
         0 <= v < PROFILER_TRIES for v in extra.values()
     )
-    assert rec["steps_run"] == 16 + sum(extra.values()) and c["steps"] == 17 + sum(extra.values())
-    # refreshes: the 4 epoch starts, the first memory step (the short last batch closed an epoch, so
-    # it starts one) and the forced one
-    assert c["refreshes"] == 6 + extra["refresh"]
-    assert len(rec["epoch_start_step_times_s"]) == 3
+    timed = sum(
+        rec[f"{a}_timed_steps"] + sum(rec[f"{a}_other_steps"].values()) for a in ("step", "compute")
+    )
+    starts = rec["epoch_start_step_times_s"]
+    assert len(starts) >= 3
+    started = len(starts) - rec["step_other_steps"].get("start", 0)
+    assert rec["steps_run"] == 2 + 1 + 2 + timed + started + 2 + sum(extra.values())
+    assert c["steps"] == rec["steps_run"] + 1
+    # refreshes: every epoch's first step (the timed ones of both kinds among them), the forced
+    # one, and the first memory step where it started an epoch
+    met = rec["step_other_steps"].get("start", 0) + rec["compute_other_steps"].get("start", 0)
+    least = 1 + met + started + 1
+    assert least <= c["refreshes"] <= least + 1 + extra["refresh"]
     assert rec["peak_mem_bytes"] == max(rec["plain_peak_bytes"], rec["refresh_peak_bytes"])
     # step time = mean plain step + the epoch start's extra time at training's rate: once per epoch
     # of ceil(1437 / 64) = 23 steps
@@ -51,8 +65,10 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
         and rec["epoch_start_extra_s"] >= 0
         and rec["refresh_extra_s"] == 0
     )
-    plain = rec["step_times_s"][0]
-    assert rec["step_time_s"] == pytest.approx(plain + rec["epoch_start_extra_s"] / 23)
+    # ... and the short last batch's saving (its steps timed apart, like the starts)
+    plain = sum(rec["step_times_s"]) / len(rec["step_times_s"])
+    extras = rec["epoch_start_extra_s"] + rec["partial_extra_s"]
+    assert rec["step_time_s"] == pytest.approx(plain + extras / 23)
     mem = rec["memory"]
     assert (
         mem["act_bytes"] > 0
@@ -82,11 +98,13 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert [s["local_batch"] for s in sweep] == [16, 64, 128] and all(
         s["status"] == "ok" for s in sweep
     )
-    # probe.sweep_steps = 6 timed, less an epoch's first and short last steps (B=256: 5.6 steps an
-    # epoch)
-    assert all(1 <= len(s["compute_times_s"]) <= 6 and s["compute_time_cv"] >= 0 for s in sweep)
-    # B=32: 45 steps an epoch, 6 steps in blocks of 5 + 1
-    assert len(sweep[0]["compute_times_s"]) == 2
+    # in rounds of 4 steps at each batch, each step timed alone: at least probe.sweep_steps = 6 of
+    # each (an epoch's first step set apart), until within the precision or the budget is spent
+    for s in sweep:
+        assert s["compute_timed_steps"] == len(s["compute_times_s"]) >= 6
+        assert s["compute_time_cv"] >= 0 and s["precision_reached"] is (
+            s["compute_time_halfwidth_rel"] <= 0.02
+        )
     peaks = [s["peak_mem_bytes"] for s in sweep]
     assert peaks[0] < rec["plain_peak_bytes"] < peaks[1] < peaks[2]
     # the gradient noise scale: probe.noise_steps (16) untimed steps at the weights the timed steps
@@ -276,15 +294,15 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(
     monkeypatch.setenv(FAULT_ENV, "profiler:point=N2_B64,rank=1")
     rec = probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
     assert rec["status"] == "ok", rec.get("error")
-    # one step more than without the failure (13 steps: test_two_process_gloo_probe), and one more
-    # for
-    # each failure of torch's own (about one step in ten: a measurement here once ran 15)
+    # one step more than without the failure (the count of test_two_process_gloo_probe), and one
+    # more for each failure of torch's own (about one step in ten)
     retried = rec["profiler_retries"]
-    assert (
-        retried["plain"] >= 1
-        and rec["steps_run"] == 16 + sum(retried.values())
-        and rec["peak_mem_bytes"] > 0
+    timed = sum(
+        rec[f"{a}_timed_steps"] + sum(rec[f"{a}_other_steps"].values()) for a in ("step", "compute")
     )
+    started = len(rec["epoch_start_step_times_s"]) - rec["step_other_steps"].get("start", 0)
+    assert retried["plain"] >= 1 and rec["peak_mem_bytes"] > 0
+    assert rec["steps_run"] == 5 + timed + started + 2 + sum(retried.values())
 
 
 def test_a_rank_that_dies_without_a_result_is_probed_once_more(
@@ -361,5 +379,5 @@ def test_a_compiled_probe_counts_compilation_as_a_first_step_cost(
     cfg.write_text(yaml.safe_dump(raw))
     rec = probe.run(cfg, 1, 64, tmp_path / "probes" / "N1_B64.json")
     assert rec["status"] == "ok", rec.get("error")
-    assert rec["compile"] == "on" and rec["block_steps"] == 5
+    assert rec["compile"] == "on" and rec["block_steps"] == 1
     assert rec["first_steps_time_s"] > 5 * rec["step_time_median_s"] > 0

@@ -183,7 +183,7 @@ def add_predict(sub) -> None:
 def cmd_select(a) -> None:
     from tula.stages import select
 
-    select.run(a.config, a.predictions, a.out)
+    select.run(a.config, a.predictions, a.out, a.measurements, a.perf, a.memory)
 
 
 def add_select(sub) -> None:
@@ -196,5 +196,13 @@ def add_select(sub) -> None:
     )
     cfg_arg(s)
     s.add_argument("--predictions", required=True, help="predictions CSV from `tula predict`")
+    s.add_argument(
+        "--measurements",
+        default=None,
+        help="measurements CSV: with --perf and --memory, the choice is also made on resamples "
+        "of the probes' timings (selection.json's robustness)",
+    )
+    s.add_argument("--perf", default=None, help="step-time model JSON (results/model/perf.json)")
+    s.add_argument("--memory", default=None, help="memory model JSON (results/model/memory.json)")
     s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
     s.set_defaults(func=cmd_select)

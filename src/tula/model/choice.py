@@ -92,7 +92,7 @@ def _envelope(cand: pd.DataFrame, col: str) -> pd.DataFrame:
     return cand.loc[idx].sort_values("global_batch")
 
 
-def _summary(row: pd.Series, currency: str) -> dict[str, Any]:
+def summary(row: pd.Series, currency: str) -> dict[str, Any]:
     return {
         "workers": int(row["workers"]),
         "nodes": int(row["nodes"]) if "nodes" in row else None,
@@ -349,8 +349,8 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
     }
     if cfg.objective in BLOCK_NAME:
         out[BLOCK_NAME[cfg.objective]] = choice.block
-    out["selected"] = _summary(choice.best, cur)
-    out["runner_up"] = _summary(choice.runner, cur) if choice.runner is not None else None
+    out["selected"] = summary(choice.best, cur)
+    out["runner_up"] = summary(choice.runner, cur) if choice.runner is not None else None
     out["reason"] = choice.reason
     out["pricing"] = {
         "model": cfg.pricing.model,

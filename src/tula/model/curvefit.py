@@ -33,6 +33,7 @@ KFOLD_ABOVE = 40  # more points than this: 10-fold instead of leave-one-out
 KFOLDS = 10
 NOISE_DOF = 1000  # intervals from a measured noise level: effectively normal quantiles
 FEW_DOF = 5  # below this many residual degrees of freedom, a measured noise level sets the scale
+MIN_REL_SE = 0.005  # a point's weight counts its standard error as at least 0.5 % (model error)
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,38 @@ def _subset(X: Inputs, idx: np.ndarray) -> Inputs:
     return {k: v[idx] for k, v in X.items()}
 
 
-def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -> Fitted:
-    """Least squares of (f - y) / y within the form's bounds, best of its starts.
+def weights_from(halfwidth_rel: np.ndarray | None) -> np.ndarray | None:
+    """Each point's weight from its measured precision (the 95 % half-width of its mean,
+    relative): 1 / standard error, the error floored at MIN_REL_SE (a model is not exact to
+    better than that); a point without one gets the median; scaled to a root mean square of 1,
+    so the residual scale stays a relative error. None where no point has one."""
+    if halfwidth_rel is None:
+        return None
+    hw = np.asarray(halfwidth_rel, dtype=float)
+    known = np.isfinite(hw) & (hw > 0)
+    if not known.any():
+        return None
+    se = np.where(known, hw, np.median(hw[known])) / 1.96
+    w = 1.0 / np.maximum(se, MIN_REL_SE)
+    return w / np.sqrt(np.mean(w**2))
+
+
+def fit(
+    form: Form,
+    X: Inputs,
+    y: np.ndarray,
+    noise: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+) -> Fitted:
+    """Least squares of (f - y) / y within the form's bounds, best of its starts; with
+    ``weights`` (:func:`weights_from`), each relative residual weighted by its point's
+    measured precision (weighted least squares: a noisy point pulls less).
 
     ``noise``: each point's measured relative noise; with fewer than FEW_DOF residual degrees
     of freedom the intervals use the larger of it and the residual scatter, with normal
     quantiles."""
     y = np.asarray(y, dtype=float)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
     lo, hi = np.asarray(form.lower, float), np.asarray(form.upper, float)
     best = None
     for x0 in form.starts(X, y):
@@ -131,7 +157,7 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             res = least_squares(
-                lambda th: (form(th, X) - y) / y,
+                lambda th: w * (form(th, X) - y) / y,
                 x0,
                 bounds=(lo, hi),
                 method="trf",
@@ -145,24 +171,7 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
     dof = n - p
     rss = float(np.sum(best.fun**2))
     sigma = math.sqrt(rss / dof) if dof > 0 else 0.0
-    extra: dict[str, Any] = {}
-    if dof < FEW_DOF and noise is not None and len(noise) and np.all(np.isfinite(noise)):
-        # A scatter estimated from 0-4 residuals is itself unknown (t quantile 12.7 at one degree
-        # of freedom); the probes' noise, measured over many steps each, is known far better.
-        # The larger of the two is kept, so a misfit beyond the noise still widens the interval.
-        measured = float(np.sqrt(np.mean(np.asarray(noise, float) ** 2)))
-        extra["interval_from"] = (
-            (
-                f"the probes' measured noise ({100 * measured:.1f} %): {max(dof, 0)} residual "
-                "degree(s) of freedom are too few to estimate the scatter"
-            )
-            if measured >= sigma
-            else (
-                f"the residual scatter ({100 * sigma:.1f} %), larger than the probes' measured "
-                f"noise ({100 * measured:.1f} %), with normal quantiles"
-            )
-        )
-        sigma, dof = max(sigma, measured), NOISE_DOF
+    sigma, dof, extra = _scatter(sigma, dof, noise)
     J = best.jac
     try:
         cov = np.linalg.pinv(J.T @ J) * sigma**2
@@ -179,9 +188,35 @@ def fit(form: Form, X: Inputs, y: np.ndarray, noise: np.ndarray | None = None) -
     )
 
 
-def held_out_errors(form: Form, X: Inputs, y: np.ndarray) -> tuple[np.ndarray, str]:
-    """Relative error (%) of each point predicted by a fit on the others: leave-one-out, or
-    10-fold (deterministic folds) for many points."""
+def _scatter(sigma: float, dof: int, noise: np.ndarray | None) -> tuple[float, int, dict[str, Any]]:
+    """The residual scale and its degrees of freedom for the intervals: with fewer than
+    FEW_DOF residual degrees of freedom and a measured noise per point, the larger of that
+    noise and the scatter, with normal quantiles (and why, for the record)."""
+    if not (dof < FEW_DOF and noise is not None and len(noise) and np.all(np.isfinite(noise))):
+        return sigma, dof, {}
+    # A scatter estimated from 0-4 residuals is itself unknown (t quantile 12.7 at one degree
+    # of freedom); the probes' noise, measured over many steps each, is known far better.
+    # The larger of the two is kept, so a misfit beyond the noise still widens the interval.
+    measured = float(np.sqrt(np.mean(np.asarray(noise, float) ** 2)))
+    why = (
+        (
+            f"the probes' measured noise ({100 * measured:.1f} %): {max(dof, 0)} residual "
+            "degree(s) of freedom are too few to estimate the scatter"
+        )
+        if measured >= sigma
+        else (
+            f"the residual scatter ({100 * sigma:.1f} %), larger than the probes' measured "
+            f"noise ({100 * measured:.1f} %), with normal quantiles"
+        )
+    )
+    return max(sigma, measured), NOISE_DOF, {"interval_from": why}
+
+
+def held_out_errors(
+    form: Form, X: Inputs, y: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, str]:
+    """Relative error (%) of each point predicted by a fit on the others (weighted as the full
+    fit is): leave-one-out, or 10-fold (deterministic folds) for many points."""
     n = len(y)
     if n > KFOLD_ABOVE:
         folds, how = np.arange(n) % KFOLDS, f"{KFOLDS}-fold"
@@ -190,7 +225,9 @@ def held_out_errors(form: Form, X: Inputs, y: np.ndarray) -> tuple[np.ndarray, s
     err = np.empty(n)
     for k in np.unique(folds):
         test = folds == k
-        f = fit(form, _subset(X, ~test), y[~test])
+        f = fit(
+            form, _subset(X, ~test), y[~test], weights=None if weights is None else weights[~test]
+        )
         err[test] = 100.0 * (f.predict(_subset(X, test)) - y[test]) / y[test]
     return err, how
 
@@ -204,7 +241,12 @@ def aicc(fitted: Fitted) -> float:
 
 
 def choose(
-    forms: list[Form], X: Inputs, y: np.ndarray, what: str, noise: np.ndarray | None = None
+    forms: list[Form],
+    X: Inputs,
+    y: np.ndarray,
+    what: str,
+    noise: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> Fitted:
     """Fit the candidates and keep the best; ``forms`` are listed simplest first.
 
@@ -224,11 +266,13 @@ def choose(
         and bool(np.all(np.isfinite(noise) & (np.asarray(noise) > 0)))
     )
     if all(n >= len(f.params) + 1 for f in forms) or not has_noise:
-        return _by_held_out(forms, X, y, noise)
-    return _by_aic(forms, X, y, np.asarray(noise))
+        return _by_held_out(forms, X, y, noise, weights)
+    return _by_aic(forms, X, y, np.asarray(noise), weights)
 
 
-def _by_aic(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray) -> Fitted:
+def _by_aic(
+    forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray, weights: np.ndarray | None
+) -> Fitted:
     """Too few points to hold any out: AIC with the known (measured) noise, chi^2 + 2p, over
     the forms the points determine."""
     n = len(y)
@@ -243,7 +287,7 @@ def _by_aic(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray) -> F
                 }
             )
             continue
-        f = fit(form, X, y, noise)
+        f = fit(form, X, y, noise, weights)
         chi2 = float(np.sum(((f.predict(X) - y) / y / np.asarray(noise)) ** 2))
         score = chi2 + 2 * len(form.params)
         rows.append(
@@ -268,7 +312,13 @@ def _by_aic(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray) -> F
     return Fitted(f.form, f.theta, f.cov, f.sigma, f.dof, f.n_points, extra)
 
 
-def _by_held_out(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray | None) -> Fitted:
+def _by_held_out(
+    forms: list[Form],
+    X: Inputs,
+    y: np.ndarray,
+    noise: np.ndarray | None,
+    weights: np.ndarray | None,
+) -> Fitted:
     n = len(y)
     rows: list[dict[str, Any]] = []
     best: tuple[Form, float] | None = None
@@ -284,9 +334,9 @@ def _by_held_out(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray 
                 }
             )
             continue
-        err, how = held_out_errors(form, X, y)
+        err, how = held_out_errors(form, X, y, weights)
         rms = float(np.sqrt(np.mean(err**2)))
-        full = fit(form, X, y)
+        full = fit(form, X, y, weights=weights)
         rows.append(
             {
                 "form": form.name,
@@ -300,14 +350,14 @@ def _by_held_out(forms: list[Form], X: Inputs, y: np.ndarray, noise: np.ndarray 
             best = (form, rms)
     if best is None:
         form = forms[0]
-        chosen = fit(form, X, y, noise)
+        chosen = fit(form, X, y, noise, weights)
         why = (
             f"too few points ({n}) to compare forms by held-out error: the simplest form, "
             f"{form.name}"
         )
     else:
         form = best[0]
-        chosen = fit(form, X, y, noise)
+        chosen = fit(form, X, y, noise, weights)
         why = _held_out_why(rows, form, best[1], how, n)
     extra = {"criterion": "held_out", "cross_validation": how, "candidates": rows, "why": why}
     c = chosen

@@ -36,7 +36,11 @@ per-sample gradient covariance's trace, with grad_sq_se and grad_trace_se their 
 the noise steps (empty for N = 1); and on probe rows input_time_s, the input pipeline's time per
 batch read alone (no model; the slowest rank's), the floor of :mod:`tula.model.floor`, with
 input_bound (it took at least INPUT_BOUND, 80 %, of the step) and data_workers (the loader processes
-each worker read with)."""
+each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
+step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
+relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the steps
+that mean is over; precision_target (probe.precision), precision_reached (both within it) and
+timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width."""
 
 from __future__ import annotations
 
@@ -91,6 +95,13 @@ OPTIONAL = [
     "input_time_s",
     "input_bound",
     "data_workers",
+    "step_time_halfwidth_rel",
+    "compute_time_halfwidth_rel",
+    "step_timed_steps",
+    "compute_timed_steps",
+    "precision_target",
+    "precision_reached",
+    "timing_stopped_by",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

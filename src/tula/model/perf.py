@@ -6,9 +6,12 @@
 Each part is a choice among candidate forms (:mod:`tula.model.forms`; :mod:`tula.model.curvefit`
 chooses by held-out error on what was measured, simplest first).
 
-All parameters are bounded at zero or above (gamma in [1, 8]), so compute is never negative
-nor decreasing in b. The chosen forms, their parameters with 95 % intervals and why each won
-are recorded in perf.json, with every probe's residual beside its measured noise.
+Each point is weighted by its measured precision (the 95 % half-width of its mean, from the
+probe's timer): a point timed to +-1 % pulls harder than one timed to +-10 %
+(:func:`tula.model.curvefit.weights_from`). All parameters are bounded at zero or above
+(gamma in [1, 8]), so compute is never negative nor decreasing in b. The chosen forms, their
+parameters with 95 % intervals and why each won are recorded in perf.json, with every probe's
+residual beside its measured noise.
 """
 
 from __future__ import annotations
@@ -165,10 +168,32 @@ def _fitted(d: dict[str, Any], form: Form) -> Fitted:
     )
 
 
-def fit(measurements: pd.DataFrame, collective: str, workers_per_node: int = 1) -> PerfModel:
+def _choose(
+    kept: Fitted | None,
+    forms: list[Form],
+    X: Inputs,
+    y: np.ndarray,
+    what: str,
+    noise: np.ndarray | None,
+    weights: np.ndarray | None,
+) -> Fitted:
+    """The best of ``forms`` by held-out error, or ``kept``'s form fitted again (a resample)."""
+    if kept is not None:
+        return curvefit.fit(kept.form, X, y, noise, weights)
+    return curvefit.choose(forms, X, y, what, noise, weights)
+
+
+def fit(
+    measurements: pd.DataFrame,
+    collective: str,
+    workers_per_node: int = 1,
+    keep: PerfModel | None = None,
+) -> PerfModel:
     """Choose and fit the compute and step forms on the ok rows; a job of N workers ran on
     ceil(N / workers_per_node) nodes (a ``nodes`` column, where the measurements have one,
-    must agree: the model predicts the layout the probes measured)."""
+    must agree: the model predicts the layout the probes measured). ``keep``: a model fitted
+    before, whose forms (and input floor) are fitted again on these rows instead of chosen
+    anew: the choice's resamples (:mod:`tula.model.robust`)."""
     if collective not in COLLECTIVE_TERMS:
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
     ok = measurements[measurements["status"] == "ok"]
@@ -183,36 +208,70 @@ def fit(measurements: pd.DataFrame, collective: str, workers_per_node: int = 1) 
     if len(np.unique(Xc["n"])) < 2:
         # one N: sharing cannot be seen
         forms = [f for f in forms if not f.name.endswith("_shared")]
-    compute = curvefit.choose(forms, Xc, comp["compute_time_s"].to_numpy(float), "compute model")
+    compute = _choose(
+        keep.compute if keep else None,
+        forms,
+        Xc,
+        comp["compute_time_s"].to_numpy(float),
+        "compute model",
+        None,
+        curvefit.weights_from(_column(comp, "compute_time_halfwidth_rel")),
+    )
     probes = ok[(ok["source"] == "probe") if "source" in ok.columns else slice(None)]
     probes = probes[
         np.isfinite(pd.to_numeric(probes["step_time_s"], errors="coerce"))
         & (probes["step_time_s"] > 0)
     ]
     _check_layout(probes, workers_per_node)
-    floor = fit_input(probes, workers_per_node)
+    floor = keep.input if keep else fit_input(probes, workers_per_node)
     model = PerfModel(collective, compute, None, workers_per_node=workers_per_node, input=floor)
     multi = probes[probes["workers"] > 1]
     if len(multi):
-        n = multi["workers"].to_numpy(float)
-        X = model._sx(n, multi["local_batch"].to_numpy(float))
-        latency = (
-            probes["workers"].nunique() >= 3 and len(np.unique(n)) >= 2 and collective != "tree"
-        )
-        forms = step_forms(collective, False) + (step_forms(collective, True) if latency else [])
-        if (X["multi"] > 0).any() and ((X["multi"] == 0) & (X["n"] > 1)).any():
-            forms += two_level_forms(collective)  # both sides of a node boundary were measured
-        forms.sort(key=lambda f: len(f.params))
-        noise = (
-            pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float)
-            if "step_time_cv" in multi
-            else None
-        )
-        step = curvefit.choose(forms, X, multi["step_time_s"].to_numpy(float), "step model", noise)
+        step = _fit_step(model, probes, multi, collective, keep)
         model = PerfModel(collective, compute, step, workers_per_node=workers_per_node, input=floor)
+    if keep is not None:
+        return model
     return PerfModel(
         collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node, floor
     )
+
+
+def _fit_step(
+    model: PerfModel,
+    probes: pd.DataFrame,
+    multi: pd.DataFrame,
+    collective: str,
+    keep: PerfModel | None,
+) -> Fitted:
+    """The step model on the multi-worker probes, given the compute model: the collective's
+    forms, its latency forms where three N were probed, the two-level forms where both sides
+    of a node boundary were; chosen by held-out error (or ``keep``'s form fitted again)."""
+    n = multi["workers"].to_numpy(float)
+    X = model._sx(n, multi["local_batch"].to_numpy(float))
+    latency = probes["workers"].nunique() >= 3 and len(np.unique(n)) >= 2 and collective != "tree"
+    forms = step_forms(collective, False) + (step_forms(collective, True) if latency else [])
+    if (X["multi"] > 0).any() and ((X["multi"] == 0) & (X["n"] > 1)).any():
+        forms += two_level_forms(collective)  # both sides of a node boundary were measured
+    forms.sort(key=lambda f: len(f.params))
+    noise = (
+        pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float)
+        if "step_time_cv" in multi
+        else None
+    )
+    return _choose(
+        keep.step if keep else None,
+        forms,
+        X,
+        multi["step_time_s"].to_numpy(float),
+        "step model",
+        noise,
+        curvefit.weights_from(_column(multi, "step_time_halfwidth_rel")),
+    )
+
+
+def _column(rows: pd.DataFrame, name: str) -> np.ndarray | None:
+    """A numeric column of the rows (None where the table has none: measurements from elsewhere)."""
+    return pd.to_numeric(rows[name], errors="coerce").to_numpy(float) if name in rows else None
 
 
 def _check_layout(probes: pd.DataFrame, workers_per_node: int) -> None:

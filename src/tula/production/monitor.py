@@ -40,6 +40,7 @@ from tula.runtime import agreement
 from tula.runtime.methods import refresh_due
 from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
+from tula.runtime.timing import StepTimer, clock_for
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
 # auto: the first pair (about one step's cost) after this many steps: 1 % from the start
@@ -137,6 +138,8 @@ class Monitor:
         self.since, self.spent_before = resumed_from, times["monitor_time_s"]
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
+        # the probe's timer: the pair's steps timed as the probe timed them
+        self.timer = StepTimer(clock_for(replica.device, replica.sync_device))
         self.rows, self.drifts = [], []
         if replica.rank == 0:
             steps, drifts = self.out / "steps.csv", self.out / "drift.json"
@@ -173,26 +176,30 @@ class Monitor:
         """Fetch the next batch; a compute-only step on it (then undone), then the real step.
         Returns (seconds of the real step, fetch included; its stop code) or None at the
         epoch's end, as :meth:`Replica.timed_step` does."""
-        r = self.replica
-        r.sync_device()  # the steps queued before it are not its time
-        t0 = time.perf_counter()
-        batch = next(batches, None)
+        r, timer = self.replica, self.timer
+        # the fetch, timed as the timer times (queued steps drained first on a host clock)
+        fetch, batch = timer.time_call(lambda: next(batches, None))
         if batch is None:
             return None
-        fetch = time.perf_counter() - t0
         t1 = time.perf_counter()
         snap = _snapshot(r)
-        t2 = time.perf_counter()
-        with r.ddp.no_sync():
-            r.step(*batch)
-        r.sync_device()
-        compute = fetch + time.perf_counter() - t2
+
+        def compute_only(_: int) -> tuple[int, str]:
+            with r.ddp.no_sync():
+                r.step(*batch)
+            return 1, "plain"
+
+        compute = fetch + timer.time_once(compute_only)[0]
         _restore(r, snap)
-        overhead = time.perf_counter() - t1
-        t3 = time.perf_counter()
-        stop = r.step(*batch)
         r.sync_device()
-        step = fetch + time.perf_counter() - t3
+        overhead = time.perf_counter() - t1  # what the pair adds: snapshot, compute-only, restore
+        stop = [0]
+
+        def synced(_: int) -> tuple[int, str]:
+            stop[0] = r.step(*batch)
+            return 1, "plain"
+
+        step = fetch + timer.time_once(synced)[0]
         agreed = torch.tensor([step, compute, overhead], dtype=torch.float64)
         # the slowest rank's, as the probe takes it; over the CPU group (a CPU tensor, NCCL or not)
         torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX, group=agreement.HOST_GROUP[0])

@@ -90,3 +90,17 @@ def _device() -> torch.device:
     if torch_dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """The element-wise maximum of ``values`` over the ranks (the slowest rank's times): one
+    all-reduce of a CPU tensor over the host group; with one process, ``values`` as they are.
+    Every rank must call it at the same place with as many values."""
+    if (
+        not (torch_dist.is_available() and torch_dist.is_initialized())
+        or torch_dist.get_world_size() == 1
+    ):
+        return list(values)
+    buf = torch.tensor(values, dtype=torch.float64)
+    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX, group=HOST_GROUP[0])
+    return buf.tolist()

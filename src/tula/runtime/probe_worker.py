@@ -7,7 +7,6 @@ the measurement (:mod:`tula.stages.probe` says what is timed and how).
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import shutil
 import statistics
@@ -27,8 +26,7 @@ from tula.io import write_json
 from tula.model.floor import INPUT_BOUND
 from tula.model.grid import Point
 from tula.model.memory import max_local_batch
-from tula.progress import Progress
-from tula.runtime import dist, gradnoise, sweep
+from tula.runtime import dist, gradnoise, probe_timing, sweep
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import (
     input_time_s,
@@ -40,9 +38,7 @@ from tula.runtime.measure import (
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
-
-# epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
-EXTRA_STEPS = 3
+from tula.runtime.timing import Timing
 
 
 def run_worker(
@@ -96,6 +92,11 @@ def _measure_point(
     replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
     # as the production job counts it: to its first step
     startup_s = time.time() - process_started()
+    # the process's first training steps, before anything else has run a forward pass: what the
+    # production job pays at its start and at its first short batch
+    first_steps = probe_timing.first_steps(replica)
+    if replica.epoch_over():  # the short last batch closed the epoch: the next one starts
+        replica.restart_epoch()
     mem = measure_step(
         replica.ddp,
         replica.opt,
@@ -103,18 +104,19 @@ def _measure_point(
         *replica.to_device(*next(replica.epoch_batches())),
     )
     # the memory step took a batch but no position: the epoch's iterator starts over
+    replica.forget_batches()
     injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
     if injector:  # after the memory step: an OOM meets the step's agreement
         replica.inject_faults(injector)
         replica.inject("start")
-    synced, compute, first_steps = _time_steps(replica, cfg, point.name)
+    timing, extras = probe_timing.time_steps(replica, cfg, point.name)
     retried: dict[str, int] = {}
-    mine = _this_rank(replica, cfg, synced, compute, first_steps, retried)
+    mine = _this_rank(replica, cfg, first_steps, retried)
     gathered: list[Any] = [None] * wenv.world_size
     torch_dist.all_gather_object(gathered, mine)
     if rank == 0:
         out.update(
-            _measurement(replica, gathered, synced, compute),
+            _measurement(replica, gathered, timing, extras),
             grad_bytes_per_step=mem.grad_bytes,
             memory=mem.to_dict(),
             profiler_retries=retried,  # extra steps: CPU profiler failures
@@ -165,14 +167,9 @@ def _probe(
 
 
 def _this_rank(
-    replica: Replica,
-    cfg: config_mod.Config,
-    synced: list,
-    compute: list,
-    first_steps: float,
-    retried: dict[str, int],
+    replica: Replica, cfg: config_mod.Config, first_steps: float, retried: dict[str, int]
 ) -> dict[str, Any]:
-    """What this rank measured, for rank 0 to gather: its step times, its memory peaks (a
+    """What this rank measured, for rank 0 to gather: its first steps, its memory peaks (a
     plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
     peaks = step_peak_bytes(replica, retries=retried)
     reads = (
@@ -182,9 +179,7 @@ def _this_rank(
     )
     return {
         "host": dist.hostname(),
-        "step": [t for t, _ in synced],
         "first_steps": first_steps,
-        "compute": [t for t, _ in compute],
         "peak": max(peaks.values()),
         "peaks": peaks,
         "input": input_time_s(replica, reads)
@@ -244,113 +239,55 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     }
 
 
-def _timed(replica: Replica, sync: bool, block: int = 1) -> tuple[float, str]:
-    """(seconds per step, kind) of a block of training steps timed together
-    (:meth:`Replica.next_timed_block`), synced or compute-only (no_sync)."""
-    with contextlib.nullcontext() if sync else replica.ddp.no_sync():
-        t, kind, _ = replica.next_timed_block(block)
-    return t, "plain" if kind == "partial" else kind  # training pays its short batches as they come
-
-
-def _time_steps(replica: Replica, cfg: config_mod.Config, name: str) -> tuple[list, list, float]:
-    """The first step at this shape alone (and its compute-only twin), warm-up pairs, then
-    pairs of blocks of ``probe.block_steps`` synced and compute-only steps, each block timed
-    with one synchronisation at its end, until ``probe.timed_steps`` of each kind are timed;
-    then further epoch starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each are
-    timed, and the first short last batch. Returns the synced and the compute-only (seconds
-    per step, kind) lists, one entry per block, and the first steps' seconds (the full
-    batch's and the short last batch's first step: what training pays once per shape)."""
-    block = cfg.probe.block_steps
-    progress = Progress(
-        f"probe {name}",
-        2 * (cfg.probe.warmup_steps + cfg.probe.timed_steps),
-        enabled=replica.rank == 0,
-    )
-    first, _ = _timed(replica, sync=True)  # compilation, cuDNN's autotuning, the allocator's growth
-    _timed(replica, sync=False)
-    # the epoch's short last batch is a shape of its own: its first step now, so that what follows
-    # (warm-up from a new epoch's start, the timed blocks, the memory steps) is not changed by it
-    short = replica.first_short_step_time()
-    done = 0
-    for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
-        _timed(replica, sync=True)
-        _timed(replica, sync=False)
-        done += 2
-        progress.update(done, "warm-up ")
-    synced, compute = [], []
-    timed = 0
-    while timed < cfg.probe.timed_steps:
-        n = min(block, cfg.probe.timed_steps - timed)
-        synced.append(_timed(replica, sync=True, block=n))
-        compute.append(_timed(replica, sync=False, block=n))
-        timed += n
-        done += 2 * n
-        progress.update(done, "timed ")
-
-    def count(kind: str) -> int:
-        return sum(k == kind for _, k in synced)
-
-    # start further epochs to time their first step
-    while count("start") < EXTRA_STEPS and replica.steps_per_epoch > 1:
-        replica.restart_epoch()
-        synced.append(_timed(replica, sync=True))
-    while replica.midepoch_refreshes_per_step() > 0 and count("refresh") < EXTRA_STEPS:
-        replica.force_refresh = True
-        synced.append(_timed(replica, sync=True))
-    return synced, compute, first + short
-
-
 def _measurement(
-    replica: Replica, gathered: list[dict], synced: list, compute: list
+    replica: Replica, gathered: list[dict], timing: Timing, extras: dict[str, list[float]]
 ) -> dict[str, Any]:
-    """Rank 0: the probe's step, compute and sync times from every rank's steps (per step, the
-    slowest rank's), with an epoch start's and a mid-epoch refresh's extra cost added at
-    training's rate; its peak memory, the largest rank's."""
-
-    def slowest(key: str) -> list[float]:
-        return [max(g[key][i] for g in gathered) for i in range(len(gathered[0][key]))]
-
-    step_max, comp_max = slowest("step"), slowest("compute")
-    kinds = {
-        k: [t for t, (_, kind) in zip(step_max, synced) if kind == k]
-        for k in ("plain", "start", "refresh")
-    }
-    plain_comp = [t for t, (_, kind) in zip(comp_max, compute) if kind == "plain"]
-    s = timing_stats(kinds["plain"] or kinds["start"])
-    c = timing_stats(plain_comp or comp_max)
+    """Rank 0: the probe's step, compute and sync times (per step, the slowest rank's), with an
+    epoch start's and a mid-epoch refresh's extra cost, and the short last batch's saving,
+    added at training's rate; the timing's precision; its peak memory, the largest rank's."""
+    step, comp = timing.arms["step"], timing.arms["compute"]
+    if not step.times or not comp.times:  # every step an epoch's first (B >= D): those, then
+        for arm in (step, comp):
+            arm.times, arm.steps = (
+                arm.times or arm.other["start"],
+                arm.steps or [1] * len(arm.other["start"]),
+            )
+    s, c = timing_stats(step.times), timing_stats(comp.times)
+    s["mean"], c["mean"] = step.mean(), comp.mean()
     start_extra = (
-        max(statistics.fmean(kinds["start"]) - s["mean"], 0.0)
-        if kinds["plain"] and kinds["start"]
-        else 0.0
+        max(statistics.fmean(extras["start"]) - s["mean"], 0.0) if extras["start"] else 0.0
     )
     refresh_extra = (
-        max(statistics.fmean(kinds["refresh"]) - s["mean"], 0.0) if kinds["refresh"] else 0.0
+        max(statistics.fmean(extras["refresh"]) - s["mean"], 0.0) if extras["refresh"] else 0.0
     )
+    # the epoch's short last batch, cheaper than a full one (negative), once an epoch
+    partial_extra = statistics.fmean(extras["partial"]) - s["mean"] if extras["partial"] else 0.0
     extra = (
-        start_extra / replica.steps_per_epoch
-        + refresh_extra * replica.midepoch_refreshes_per_step()
-    )
+        start_extra + partial_extra
+    ) / replica.steps_per_epoch + refresh_extra * replica.midepoch_refreshes_per_step()
     return {
         "step_time_s": s["mean"] + extra,
         "compute_time_s": c["mean"] + extra,
         "sync_time_s": max(s["mean"] - c["mean"], 0.0),
         "epoch_start_extra_s": start_extra,
         "refresh_extra_s": refresh_extra,
+        "partial_extra_s": partial_extra,
+        "partial_step_times_s": extras["partial"],
         "steps_per_epoch": replica.steps_per_epoch,
-        "epoch_start_step_times_s": kinds["start"],
-        "refresh_step_times_s": kinds["refresh"],
+        "epoch_start_step_times_s": extras["start"],
+        "refresh_step_times_s": extras["refresh"],
         "step_time_median_s": s["median"],
         "compute_time_median_s": c["median"],
         "step_time_iqr_s": s["iqr"],
         "compute_time_iqr_s": c["iqr"],
         "step_time_cv": s["cv"],
         "compute_time_cv": c["cv"],
-        "step_times_s": kinds["plain"],
-        "compute_times_s": plain_comp,
+        "step_times_s": step.times,
+        "compute_times_s": comp.times,
+        **timing.record(),
         **_peaks(gathered),
         "train_samples": replica.data.train_size,
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
-        "block_steps": replica.cfg.probe.block_steps,
         "compile": replica.t.compile,
         "on_device": replica.feed.resident,
         **_input(gathered, s["mean"] + extra),

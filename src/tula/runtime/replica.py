@@ -113,7 +113,8 @@ class Replica:
             cfg, self.data, self.loader, self.sampler, device, self.channels_last
         )
         self._eval_loader = None
-        self._batches: Iterator | None = None  # next_timed_step's iterator over this epoch
+        self._batches: Iterator | None = None  # next_steps's iterator over this epoch
+        self._parked: dict[int, tuple] = {}  # global batch: (loader, sampler, position, iterator)
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
@@ -249,19 +250,28 @@ class Replica:
         if done:
             self.noise_pairs.append(self.opt.last_sq_norms)
 
-    def set_global_batch(self, global_batch: int) -> None:
-        """Run the next steps at another global batch (the same model, optimizer and step):
-        a new loader cut into batches of ``global_batch``, from the start of an epoch. The
-        probe's compute sweep and the memory probe time and measure other local batches so."""
+    def set_global_batch(self, global_batch: int, park: bool = False) -> None:
+        """Run the next steps at another global batch (the same model, optimizer and step): a
+        loader cut into batches of ``global_batch``, from the start of an epoch, or where that
+        batch was left if it was parked. ``park``: keep this batch's loader and place for a
+        later return (the sweep's rounds); :meth:`forget_parked` lets them go."""
+        if park:
+            self._parked[self.global_batch] = (self.loader, self.sampler, self.pos, self._batches)
         self.global_batch = global_batch
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
-        self.loader, self.sampler = loader.train_loader(
-            self.cfg, self.data, global_batch, self.rank, self.world, self.device
-        )
+        if global_batch in self._parked:
+            self.loader, self.sampler, pos, self._batches = self._parked.pop(global_batch)
+            self.pos = Position(self.pos.step, pos.epoch, pos.offset)
+        else:
+            self.loader, self.sampler = loader.train_loader(
+                self.cfg, self.data, global_batch, self.rank, self.world, self.device
+            )
+            self.pos, self._batches = Position(self.pos.step, self.pos.epoch, 0), None
         self.feed = self.feed.retarget(self.loader, self.sampler)
-        self.pos = Position(self.pos.step, self.pos.epoch, 0)
         self.stats.zero_()
-        self._batches = None
+
+    def forget_parked(self) -> None:
+        self._parked.clear()
 
     def replicas_differ(self) -> bool:
         """Can the ranks' models and optimizer states differ? Post-local SGD's local phase:
@@ -281,29 +291,48 @@ class Replica:
         self.sampler.set_position(self.pos.epoch, self.pos.offset)
         return iter(self.feed)
 
-    def next_timed_step(self) -> tuple[float, str]:
-        """Time the next training step wherever training stands, closing an epoch (untimed, as
-        training does) when it runs out. Returns (seconds, kind); kind is "start" (an epoch's
+    def next_steps(self, steps: int) -> tuple[int, str]:
+        """Run the next steps wherever training stands, untimed: up to ``steps`` plain steps
+        queued back to back (full batches, not an epoch's first nor a mid-epoch AGS refresh),
+        or else one step of its own kind. An epoch that ran out is closed first (as training
+        does it, between steps). Returns (steps run, kind): "plain", or "start" (an epoch's
         first step), "refresh" (a mid-epoch AGS refresh), "partial" (an epoch's short last
-        batch) or "plain"."""
-        while True:
-            if self._batches is None:
-                self._batches = self.epoch_batches()
-            start = self.pos.offset == 0
-            got = self.timed_step(self._batches)
-            if got is not None:
-                short = self.last_chunk < self.global_batch
-                return (
-                    got[0],
-                    "start"
-                    if start
-                    else "refresh"
-                    if self.refreshed
-                    else "partial"
-                    if short
-                    else "plain",
-                )
+        batch). The timer (:mod:`tula.runtime.timing`) times around it."""
+        if self.pos.offset > 0 and self.epoch_over():
             self.restart_epoch()
+        if self._batches is None:
+            self._batches = self.epoch_batches()
+        ahead = self.plain_steps_ahead()
+        if steps > 1 and ahead > 1:
+            n = min(steps, ahead)
+            for _ in range(n):
+                self.run_step(self._batches)
+            return n, "plain"
+        start = self.pos.offset == 0
+        self.run_step(self._batches)
+        short = self.last_chunk < self.global_batch
+        kind = (
+            "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
+        )
+        return 1, kind
+
+    def epoch_over(self) -> bool:
+        """Has this epoch no batch left (the next step starts another)?"""
+        return (
+            loader.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
+            == 0
+        )
+
+    def next_timed_step(self) -> tuple[float, str]:
+        """Time the next training step alone, wherever training stands (device drained before
+        and after; an epoch that ran out closed first, untimed): (seconds, kind)."""
+        if self.pos.offset > 0 and self.epoch_over():
+            self.restart_epoch()
+        self.sync_device()
+        t0 = time.perf_counter()
+        _, kind = self.next_steps(1)
+        self.sync_device()
+        return time.perf_counter() - t0, kind
 
     def first_short_step_time(self) -> float:
         """Seconds of the first step at the epoch's short last batch (what a new shape costs
@@ -354,24 +383,6 @@ class Replica:
             return n
         into = self.pos.step % k  # the step after k-1 plain ones refreshes (refresh_due)
         return min(n, k - into) if into else 0
-
-    def next_timed_block(self, steps: int) -> tuple[float, str, int]:
-        """Time up to ``steps`` plain steps together, with one device synchronisation at the end
-        (and the device drained before): (seconds per step, "plain", steps). An epoch's first
-        step, its short last batch and a mid-epoch refresh are timed alone
-        (:meth:`next_timed_step`) and returned with their kind and 1."""
-        if self._batches is None:
-            self._batches = self.epoch_batches()
-        n = min(steps, self.plain_steps_ahead())
-        if n < 1:
-            t, kind = self.next_timed_step()
-            return t, kind, 1
-        self.sync_device()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.run_step(self._batches)
-        self.sync_device()
-        return (time.perf_counter() - t0) / n, "plain", n
 
     def end_epoch(self) -> tuple[float, float, int]:
         """Close the epoch: (train loss, train accuracy, samples) over every rank; the next

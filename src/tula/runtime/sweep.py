@@ -4,18 +4,22 @@ compute curve the step-time model is fitted on (:mod:`tula.model.perf`)."""
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import torch.distributed as torch_dist
 
 from tula import config as config_mod
-from tula.model.grid import Point, sweep_local_batches
-from tula.runtime.agreement import StepOOM
+from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
+from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
 from tula.runtime.replica import Replica
+from tula.runtime.timing import Series, StepTimer, Target, clock_for
 
 # a swept batch must fit this many times into an epoch (start, short last batch aside)
 SWEEP_MIN_STEPS = 4
+ROUND_STEPS = 4  # timed steps at each local batch per round
 
 
 def run_sweep(
@@ -43,43 +47,107 @@ def _sweep(
     """Compute-only steps (the training step under ``DDP.no_sync()``) at the other local
     batches that fit, in this process after the probe's own measurement: the compute curve.
 
-    Each local batch gets one untimed step, then ``probe.sweep_steps`` timed ones; an epoch's
-    first step and its short last batch are left out of the mean, and the first step's extra
-    (measured at the probe's own batch) is added at that batch's rate, as for the probe's own
-    compute time. Only batches of which an epoch holds at least SWEEP_MIN_STEPS are swept.
-    Peak memory is measured on a plain step. Smallest first; the first OOM (agreed by every
-    rank) ends the sweep."""
-    rows: list[dict] = []
-    for lb in sweep_local_batches(
+    In rounds over the local batches, so that a drift of the machine falls on every batch
+    alike: the first round gives each batch one untimed step (the allocator and caches meet
+    the shape) and its peak memory (a plain step); every round then times ROUND_STEPS steps
+    at each batch not yet done, each step alone on a device without a queue (the probe's
+    timer, :mod:`tula.runtime.timing`). A batch is done when its mean is within
+    ``probe.precision`` after ``probe.sweep_steps`` steps; the rounds end when every batch is
+    done or ``probe.time_budget_s`` is spent. An epoch's first step and its short last batch
+    are left out of the mean, and the first step's extra (measured at the probe's own batch) is
+    added at that batch's rate, as for the probe's own compute time. Only batches of which an
+    epoch holds at least SWEEP_MIN_STEPS are swept. Smallest first; the first OOM (agreed by
+    every rank) ends the sweep for it and every larger batch."""
+    batches = sweep_local_batches(
         cfg,
         point.workers,
         point.local_batch,
         max_local_batch,
         replica.data.train_size // SWEEP_MIN_STEPS,
-    ):
-        replica.set_global_batch(lb * point.workers)
-        row: dict[str, Any] = {"local_batch": lb}
+    )
+    own = replica.global_batch
+    target = Target(cfg.probe.precision, cfg.probe.sweep_steps, cfg.probe.time_budget_s)
+    timer = StepTimer(
+        clock_for(replica.device, replica.sync_device),
+        target,
+        combine=max_over_ranks,
+        block_steps=cfg.probe.block_steps,
+    )
+    rows = {lb: {"local_batch": lb} for lb in batches}
+    live, warm = _first_round(replica, batches, rows, point.workers)
+    batches = [lb for lb in batches if lb in live or "status" in rows[lb]]
+    series = _rounds(
+        replica, timer, live, point.workers, timer.size_block(min(warm)) if warm else 1
+    )
+    replica.set_global_batch(own)
+    replica.forget_parked()
+    for lb in live:
+        s = series[lb]
+        hw = s.half_width()
+        rows[lb].update(
+            status="ok",
+            times=s.times,
+            extra=start_extra_s / steps_per_epoch(replica.data.train_size, lb * point.workers),
+            timed_steps=s.n_steps,
+            halfwidth=hw if math.isfinite(hw) else None,
+            reached=bool(hw <= target.precision),
+        )
+    return [rows[lb] for lb in batches]
+
+
+def _first_round(
+    replica: Replica, batches: list[int], rows: dict[int, dict], workers: int
+) -> tuple[list[int], list[float]]:
+    """Each local batch's untimed first step (the allocator and caches meet the shape) and its
+    peak memory (a plain step), smallest first; the first OOM ends the sweep there. Returns the
+    batches to time and the first steps' seconds."""
+    live: list[int] = []
+    warm: list[float] = []
+    for lb in batches:
+        replica.set_global_batch(lb * workers, park=True)
         try:
             with replica.ddp.no_sync():
-                replica.next_timed_step()  # warm-up: the allocator and caches meet the new shape
-                times, timed = [], 0
-                while timed < cfg.probe.sweep_steps:  # blocks, one synchronisation each
-                    t, kind, n = replica.next_timed_block(
-                        min(cfg.probe.block_steps, cfg.probe.sweep_steps - timed)
-                    )
-                    times.append((t, kind))
-                    timed += n
-                peak = step_peak_bytes(replica, refresh=False)["plain"]
+                warm.append(replica.next_timed_step()[0])
+                rows[lb]["peak"] = step_peak_bytes(replica, refresh=False)["plain"]
         except StepOOM as exc:
-            row.update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
-            rows.append(row)
+            rows[lb].update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
             break
-        plain = [t for t, kind in times if kind == "plain"] or [t for t, _ in times]
-        row.update(
-            status="ok", times=plain, peak=peak, extra=start_extra_s / replica.steps_per_epoch
-        )
-        rows.append(row)
-    return rows
+        live.append(lb)
+    return live, warm
+
+
+def _rounds(
+    replica: Replica, timer: StepTimer, batches: list[int], workers: int, block: int
+) -> dict[int, Series]:
+    """Rounds of ROUND_STEPS compute-only steps at every batch not yet done, each sample the
+    slowest rank's (one all-reduce per round): a batch is done within the precision after its
+    minimum of steps, or, once the budget is spent, after its minimum of steps of any kind."""
+    target = timer.target
+    assert target is not None
+    series = {lb: Series() for lb in batches}
+
+    def compute(steps: int) -> tuple[int, str]:
+        with replica.ddp.no_sync():
+            return replica.next_steps(steps)
+
+    def done(s: Series, spent: bool) -> bool:
+        if s.n_steps >= target.min_steps and s.half_width() <= target.precision:
+            return True
+        return spent and s.n_steps + sum(map(len, s.other.values())) >= target.min_steps
+
+    t0, live = time.perf_counter(), list(batches)
+    while live:
+        pending = []
+        for lb in live:
+            replica.set_global_batch(lb * workers, park=True)
+            for _ in range(ROUND_STEPS):
+                t, n, kind = timer.time_once(compute, block)
+                pending.append((lb, t, n, kind))
+        agreed = max_over_ranks([t for _, t, _, _ in pending] + [time.perf_counter() - t0])
+        for (lb, _, n, kind), t in zip(pending, agreed):
+            series[lb].add(t, n, kind)
+        live = [lb for lb in live if not done(series[lb], agreed[-1] >= target.budget_s)]
+    return series
 
 
 def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
@@ -97,6 +165,9 @@ def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:
                 compute_time_median_s=st["median"],
                 compute_time_cv=st["cv"],
                 compute_times_s=steps,
+                compute_timed_steps=first["timed_steps"],
+                compute_time_halfwidth_rel=first["halfwidth"],
+                precision_reached=first["reached"],
                 peak_mem_bytes=int(max(peaks)) if peaks else None,
             )
         else:

@@ -1,5 +1,7 @@
 """``tula select``: read the config and predictions.csv, write selection.json. The choice
-itself (objectives, constraints, the knee, the re-plan on drift) is :mod:`tula.model.choice`."""
+itself (objectives, constraints, the knee, the re-plan on drift) is :mod:`tula.model.choice`;
+how firmly the probes' noise holds it (the choice made again on resamples of their timings)
+is :mod:`tula.model.robust`, given the measurements and the fitted models."""
 
 from __future__ import annotations
 
@@ -8,18 +10,75 @@ from typing import Any
 import pandas as pd
 
 from tula import config as config_mod
-from tula.io import write_json
-from tula.model.choice import select
+from tula.io import read_json, write_json
+from tula.model import measurements as measurements_mod
+from tula.model import robust
+from tula.model.choice import select, summary
+from tula.model.memory import MemoryModel
+from tula.model.perf import PerfModel
 
 
-def run(config, predictions, out) -> dict[str, Any]:
-    """``tula select``: read the config and predictions.csv, write selection.json."""
+def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) -> None:
+    """The choice over resamples of the probes' timings; where most resamples choose another
+    point than the measured means do, that point (the rule in :mod:`tula.model.robust`)."""
+    measured = measurements_mod.load(measurements)
+    D = _train_samples(measured, pred)
+    shares = robust.choice_shares(
+        cfg,
+        measured,
+        PerfModel.from_dict(read_json(perf)),
+        MemoryModel.from_dict(read_json(memory)),
+        D,
+    )
+    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg)
+    sel["robustness"] = r
+    chosen = (r["chosen"]["workers"], r["chosen"]["global_batch"])
+    estimate = (sel["selected"]["workers"], sel["selected"]["global_batch"])
+    if chosen != estimate:
+        row = pred[(pred["workers"] == chosen[0]) & (pred["global_batch"] == chosen[1])].iloc[0]
+        sel["runner_up"], sel["selected"] = sel["selected"], summary(row, cfg.pricing.currency)
+        sel["reason"] = (
+            f"N={chosen[0]} B={chosen[1]} is chosen in {100 * r['chosen']['share']:.0f} % of "
+            f"{r['resamples']} resamples of the probes' timings, N={estimate[0]} "
+            f"B={estimate[1]} (the measured means' choice: {sel['reason']}) in "
+            f"{100 * r['point_estimate']['share']:.0f} %"
+        )
+    if not r["settled"]:
+        sel["reason"] = (
+            f"Not settled at this noise (no point wins more than {100 * r['threshold']:.0f} % "
+            f"of the resamples; chosen by the rule: {r['rule']}). " + sel["reason"]
+        )
+
+
+def _train_samples(measured: pd.DataFrame, pred: pd.DataFrame) -> int:
+    """D, as predict took it: the probes' record, else one epoch's steps at the smallest B."""
+    if "train_samples" in measured.columns and measured["train_samples"].notna().any():
+        return int(measured["train_samples"].dropna().iloc[0])
+    row = pred.sort_values("global_batch").iloc[0]
+    return int(row["steps_per_epoch"] * row["global_batch"])
+
+
+def run(config, predictions, out, measurements=None, perf=None, memory=None) -> dict[str, Any]:
+    """``tula select``: read the config and predictions.csv, write selection.json; with the
+    measurements and the fitted models, also how firmly the probes' noise holds the choice."""
     cfg = config_mod.load(config)
-    sel = select(pd.read_csv(predictions), cfg)
+    pred = pd.read_csv(predictions)
+    sel = select(pred, cfg)
+    if measurements and perf and memory:
+        _robustness(sel, pred, cfg, measurements, perf, memory)
     write_json(out, sel)
     s = sel["selected"]
+    held = sel.get("robustness")
     print(
         f"[select] objective {sel['objective']}: N={s['workers']} B={s['global_batch']} — "
-        f"{sel['reason']} -> {out}"
+        f"{sel['reason']}"
+        + (
+            f" [{100 * held['chosen']['share']:.0f} % of {held['resamples']} resamples"
+            + ("" if held["settled"] else ", not settled")
+            + "]"
+            if held
+            else ""
+        )
+        + f" -> {out}"
     )
     return sel

@@ -26,6 +26,7 @@ from tula.stages.report.sections import (
     noise_section,
     prediction_card,
 )
+from tula.stages.report.trust import precision_section, robustness_line
 
 PAGE = jinja2.Environment(
     loader=jinja2.PackageLoader("tula.stages.report", "."),
@@ -70,6 +71,7 @@ def render(
         s=s,
         train_time=fmt_duration(s["train_time_s"]),
         reason=selection["reason"],
+        robustness=robustness_line(selection.get("robustness")),
         final=final,
         trained_time=fmt_duration(final["train_time_s"]),
         prediction=prediction_card(final),
@@ -81,6 +83,7 @@ def render(
         drift=drift_card(final),
         input=input_section(predictions, measurements, chosen),
         model=model_section(perf),
+        precision=precision_section(measurements),
         noise=noise_section(predictions, s["global_batch"]),
         failed=_table(failed[meas_cols]) if len(failed) else "",
         failed_count=len(failed),

@@ -1,0 +1,196 @@
+"""Every grid point's prediction, probed or not: step time with its interval, T (Eq. 4a),
+C (Eq. 4b), memory, feasibility, the job's wall time besides its steps, and the time to the
+same accuracy. One frame, ``results/predictions.csv``'s rows (:mod:`tula.stages.predict`
+writes it; the choice's resamples, :mod:`tula.model.robust`, rebuild it)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from tula.config import Config
+from tula.model import measurements as measurements_mod
+from tula.model import noise
+from tula.model import pricing as pricing_mod
+from tula.model.grid import grid, nodes_of, steps_per_epoch
+from tula.model.memory import MemoryModel
+from tula.model.perf import PerfModel, evaluation_time
+
+
+def _costs(df: pd.DataFrame, cfg: Config) -> None:
+    """Each pricing model's cost of training at every point (Eq. 4b), and the configured one."""
+    df["cost_worker_hour"] = pricing_mod.worker_cost(
+        df["train_time_s"], df["workers"], cfg.pricing.per_worker_hour
+    )
+    df["cost_node_hour"] = (
+        math.nan
+        if cfg.pricing.per_node_hour is None
+        else pricing_mod.node_cost(
+            df["train_time_s"],
+            df["workers"],
+            cfg.cluster.workers_per_node,
+            cfg.pricing.per_node_hour,
+        )
+    )
+    df["cost_memory"] = pricing_mod.memory_cost(
+        df["train_time_s"], df["workers"], df["mem_bytes"], cfg.pricing.per_gb_hour
+    )
+    df["cost"] = df[f"cost_{cfg.pricing.model}"]
+
+
+def _probed(df: pd.DataFrame, measured: pd.DataFrame | None) -> None:
+    """Each point's probe: its status and measured step (and T); a probe that ran out of
+    memory makes its point infeasible."""
+    df["probe_status"] = ""
+    df["measured_step_time_s"] = math.nan
+    df["measured_train_time_s"] = math.nan
+    if measured is None or not len(measured):
+        return
+    m = measurements_mod.probes(measured).set_index(["workers", "global_batch"])
+    for i, row in df.iterrows():
+        key = (row["workers"], row["global_batch"])
+        if key in m.index:
+            rec = m.loc[key]
+            rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
+            df.at[i, "probe_status"] = rec["status"]
+            if rec["status"] == "ok":
+                df.at[i, "measured_step_time_s"] = rec["step_time_s"]
+                df.at[i, "measured_train_time_s"] = (
+                    row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
+                )
+            elif rec["status"] == "oom":
+                df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
+
+
+def predict(
+    cfg: Config,
+    perf: PerfModel,
+    mem: MemoryModel,
+    train_samples: int,
+    measured: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
+    feasibility, and the probe's measurement where there was one."""
+    pts = grid(cfg)
+    df = pd.DataFrame(
+        {"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]}
+    )
+    df.insert(1, "nodes", nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
+    df["local_batch"] = df["global_batch"] // df["workers"]
+    n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
+    df["compute_time_s"] = perf.compute_time_s(n, b)
+    df["step_time_s"] = perf.step_time_s(n, b)
+    df["sync_time_s"] = perf.sync_time_s(n, b)
+    df["input_time_s"] = perf.input_time_s(n, b) if perf.input is not None else math.nan
+    df["input_bound"] = perf.input_bound(n, b)
+    df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
+    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"].to_numpy())
+    df["epochs"] = cfg.workload.epochs
+    steps = df["epochs"] * df["steps_per_epoch"]
+    df["train_time_s"] = steps * df["step_time_s"]
+    df["train_time_lo_s"] = steps * df["step_time_lo_s"]
+    df["train_time_hi_s"] = steps * df["step_time_hi_s"]
+    df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
+    _costs(df, cfg)
+    df["feasible"] = mem.feasible(df["local_batch"])
+    # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free"
+    # communication
+    df["sync_measured"] = (df["workers"] == 1) | (perf.step is not None)
+    df["feasible"] &= df["sync_measured"]
+    _probed(df, measured)
+    df["feasible"] = df["feasible"].astype(bool)
+    _wall_time(df, cfg, measured)
+    _time_to_accuracy(df, cfg, noise.pool(measured) if measured is not None else None)
+    return df
+
+
+OVERHEADS = ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s")
+
+
+def checkpoints_written(
+    epochs: int, steps_per_epoch: int, every_steps: int | None, every_epochs: int | None
+) -> int:
+    """The checkpoints a run that is never stopped writes: every k-th step, at the end of
+    every k-th epoch but the last, and the final one (as tula.production.trainer does)."""
+    steps = epochs * steps_per_epoch
+    return (
+        (steps // every_steps if every_steps else 0)
+        + ((epochs - 1) // every_epochs if every_epochs else 0)
+        + 1
+    )
+
+
+def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:
+    """What the job pays besides its steps, beside T: start-up, one evaluation pass per
+    epoch (the first, cold, apart) and each checkpoint write, as the probes measured them
+    (their median at the same N; at an N not probed, the nearest probed N's, its evaluation
+    scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
+    + T + first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe
+    measured them (records from before they did). Start-up also holds the first steps at
+    each shape training meets (``first_steps_time_s``: the full batch's and the short last
+    batch's first step, compilation and autotuning in them), the probes' median at that N."""
+    L = cfg.launch
+    df["checkpoints"] = [
+        checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
+        for e, s in zip(df["epochs"], df["steps_per_epoch"])
+    ]
+    ok = measurements_mod.probes(measured) if measured is not None and len(measured) else None
+    if ok is not None:
+        ok = ok[ok["status"] == "ok"]
+        ok = ok[[c for c in ("workers", *OVERHEADS) if c in ok.columns]].dropna()
+    if ok is None or ok.empty or len(ok.columns) < 1 + len(OVERHEADS):
+        for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):
+            df[c] = math.nan
+        return
+    first = measurements_mod.probes(measured)
+    first = (
+        first[first["status"] == "ok"].groupby("workers")["first_steps_time_s"].median()
+        if ("first_steps_time_s" in first.columns)
+        else None
+    )
+    per_n = ok.groupby("workers")[list(OVERHEADS)].median()
+    probed = per_n.index.to_numpy()
+    n = df["workers"].to_numpy()
+    # the nearest probed N of each row
+    n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
+    near = per_n.loc[n0]
+    df["startup_time_s"] = near["startup_time_s"].to_numpy()
+    df["first_steps_time_s"] = (
+        first.reindex(n0).fillna(0.0).to_numpy() if first is not None else 0.0
+    )
+    for c in ("eval_first_time_s", "eval_time_s"):
+        df[c] = near[c].to_numpy() * n0 / n
+    df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
+    besides = (
+        df["startup_time_s"]
+        + df["first_steps_time_s"]
+        + evaluation_time(df)
+        + df["checkpoints"] * df["checkpoint_time_s"]
+    )
+    df["wall_time_s"] = df["train_time_s"] + besides
+    df["wall_time_lo_s"], df["wall_time_hi_s"] = (
+        df["train_time_lo_s"] + besides,
+        df["train_time_hi_s"] + besides,
+    )
+
+
+def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
+    """Time and cost to the accuracy that ``workload.epochs`` reach at ``train.base_batch``
+    (McCandlish et al. 2018): reaching a given loss takes E = E_min (1 + B / B_noise) samples,
+    so at batch B the epochs scale by (1 + B / B_noise) / (1 + base_batch / B_noise).
+    B_noise is pooled from the probes (tula.model.noise.pool); NaN columns without it."""
+    cols = ("b_noise", "b_noise_se", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy")
+    if nz is None:
+        for c in cols:
+            df[c] = math.nan
+        return
+    bn, base = nz["b_noise"], cfg.train.base_batch
+    df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
+    df["epochs_to_accuracy"] = noise.epochs_to_accuracy(
+        cfg.workload.epochs, df["global_batch"], base, bn
+    )
+    df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
+    df["cost_to_accuracy"] = pricing_mod.cost(
+        df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg
+    )

@@ -1,0 +1,136 @@
+"""How firmly the probes' timings hold the choice: the choice made again on resamples of them.
+
+Each resample redraws every measured mean (a probe's step and compute time, a swept batch's
+compute time) from its own sampling distribution: normal, centred on the measured mean, with
+the standard error its timer measured (``*_halfwidth_rel`` / 1.96; the parametric bootstrap of
+the mean of the steps it timed). The step-time model's chosen forms are fitted again on the
+resample (:func:`tula.model.perf.fit` with ``keep``), every grid point predicted again
+(:func:`tula.model.predictions.predict`) and the objective chosen again
+(:func:`tula.model.choice.select`). The share of resamples that choose each point says how
+far the noise could move the choice.
+
+The choice is the point chosen in most resamples (ties to the smaller B: less memory, less
+generalization gap). Where no point wins a clear majority (more than SETTLED, three resamples
+in four), the choice is not settled at this noise, and the record says what would settle it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tula.config import Config
+from tula.model import choice
+from tula.model import perf as perf_mod
+from tula.model.memory import MemoryModel
+from tula.model.predictions import predict
+
+RESAMPLES = 100
+SETTLED = 0.75  # a settled choice wins more than this share of the resamples
+SEED = 0
+Z95 = 1.96
+# a mean without a measured precision (older records, measurements from elsewhere): this
+# relative standard error
+UNKNOWN_REL_SE = 0.05
+
+_REDRAWN = (
+    ("step_time_s", "step_time_halfwidth_rel"),
+    ("compute_time_s", "compute_time_halfwidth_rel"),
+)
+
+
+def resample(measured: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
+    """The measurements with every ok probe and sweep mean redrawn from its sampling law."""
+    out = measured.copy()
+    ok = (out["status"] == "ok") & out["source"].isin(["probe", "sweep"])
+    for col, hw in _REDRAWN:
+        mean = pd.to_numeric(out[col], errors="coerce").to_numpy(float)
+        rel = (
+            pd.to_numeric(out[hw], errors="coerce").to_numpy(float) / Z95
+            if hw in out
+            else np.full(len(out), np.nan)
+        )
+        rel = np.where(np.isfinite(rel) & (rel > 0), rel, UNKNOWN_REL_SE)
+        drawn = mean * (1 + rel * rng.standard_normal(len(out)))
+        use = ok.to_numpy() & np.isfinite(mean)
+        out[col] = np.where(use, np.maximum(drawn, 1e-3 * mean), mean)
+    probe = (out["source"] == "probe") & ok
+    out.loc[probe, "sync_time_s"] = np.maximum(
+        out.loc[probe, "step_time_s"] - out.loc[probe, "compute_time_s"], 0.0
+    )
+    return out
+
+
+def choice_shares(
+    cfg: Config,
+    measured: pd.DataFrame,
+    perf: perf_mod.PerfModel,
+    mem: MemoryModel,
+    train_samples: int,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> list[dict[str, Any]]:
+    """Each point chosen in some resample and its share, most chosen first."""
+    rng = np.random.default_rng(seed)
+    counts: Counter = Counter()
+    for _ in range(resamples):
+        m = resample(measured, rng)
+        p = perf_mod.fit(m, perf.collective, perf.workers_per_node, keep=perf)
+        try:
+            s = choice.select(predict(cfg, p, mem, train_samples, m), cfg)["selected"]
+        except ValueError:  # no feasible point in this resample
+            counts[None] += 1
+            continue
+        counts[(int(s["workers"]), int(s["global_batch"]))] += 1
+    rows = [
+        {"workers": k[0], "global_batch": k[1], "share": v / resamples}
+        for k, v in counts.items()
+        if k is not None
+    ]
+    return sorted(rows, key=lambda r: (-r["share"], r["global_batch"], r["workers"]))
+
+
+def verdict(
+    selected: dict[str, Any], shares: list[dict[str, Any]], resamples: int, cfg: Config
+) -> dict[str, Any]:
+    """selection.json's ``robustness``: the chosen point's share, the runner-up's, whether the
+    choice is settled, the rule used when it is not, and what would settle it."""
+    key = (int(selected["workers"]), int(selected["global_batch"]))
+
+    def share_of(k: tuple[int, int]) -> float:
+        return next((r["share"] for r in shares if (r["workers"], r["global_batch"]) == k), 0.0)
+
+    top = shares[0] if shares else None
+    mode = (top["workers"], top["global_batch"]) if top else key
+    others = [r for r in shares if (r["workers"], r["global_batch"]) != mode]
+    runner = others[0] if others else None
+    settled = bool(top) and top["share"] > SETTLED
+    out: dict[str, Any] = {
+        "resamples": resamples,
+        "method": (
+            "every measured mean redrawn from its own sampling law (normal, the standard error "
+            "its timer measured), the step model's forms refitted, every point predicted and "
+            "the objective chosen again"
+        ),
+        "shares": shares,
+        "point_estimate": {"workers": key[0], "global_batch": key[1], "share": share_of(key)},
+        "chosen": {"workers": mode[0], "global_batch": mode[1], "share": share_of(mode)},
+        "runner_up": runner,
+        "settled": settled,
+        "threshold": SETTLED,
+        "rule": (
+            f"the point chosen in most resamples (ties: the smaller B); settled when it wins "
+            f"more than {100 * SETTLED:.0f} % of them"
+        ),
+    }
+    if not settled and runner is not None:
+        out["to_settle"] = (
+            f"time N={mode[0]} B={mode[1]} and N={runner['workers']} "
+            f"B={runner['global_batch']} more precisely: a longer probe.time_budget_s (or a "
+            f"tighter probe.precision than {100 * cfg.probe.precision:g} %) for the probes "
+            "that missed their precision, or search: full, which probes both points directly"
+        )
+    return out

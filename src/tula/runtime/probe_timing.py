@@ -1,0 +1,109 @@
+"""How the probe times its steps (:mod:`tula.runtime.timing`'s one timer): the process's first
+steps, warm-up, synced and compute-only steps alternating to the stated precision, and the
+epoch starts (and AGS refreshes) that training pays apart."""
+
+from __future__ import annotations
+
+import math
+
+from tula import config as config_mod
+from tula.progress import Progress
+from tula.runtime.agreement import max_over_ranks
+from tula.runtime.replica import Replica
+from tula.runtime.timing import Run, StepTimer, Target, Timing, clock_for
+
+# epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
+EXTRA_STEPS = 3
+
+
+def probe_target(cfg: config_mod.Config) -> Target:
+    """When a probe's timing stops: ``probe.precision`` reached after ``probe.timed_steps``
+    steps of each kind, or ``probe.time_budget_s`` spent."""
+    p = cfg.probe
+    return Target(p.precision, p.timed_steps, p.time_budget_s)
+
+
+def step_timer(replica: Replica, target: Target) -> StepTimer:
+    """The timer that fits the replica's device, its samples the slowest rank's."""
+    return StepTimer(
+        clock_for(replica.device, replica.sync_device),
+        target,
+        combine=max_over_ranks,
+        block_steps=replica.cfg.probe.block_steps,
+    )
+
+
+def _compute_only(replica: Replica) -> Run:
+    def run(steps: int) -> tuple[int, str]:
+        with replica.ddp.no_sync():
+            return replica.next_steps(steps)
+
+    return run
+
+
+def first_steps(replica: Replica) -> float:
+    """Seconds of the first step at this shape (an epoch's first) and of the first short last
+    batch, each timed alone, and the first step's compute-only twin untimed: what training pays
+    once per shape (compilation, cuDNN's autotuning, the allocator's growth, DDP's first
+    buckets), as the production job's first steps pay it."""
+    first, _ = replica.next_timed_step()
+    with replica.ddp.no_sync():
+        replica.next_timed_step()
+    # the epoch's short last batch is a shape of its own: its first step now, so that what follows
+    # (warm-up from a new epoch's start, the timed steps, the memory steps) is not changed by it
+    return first + replica.first_short_step_time()
+
+
+def time_steps(
+    replica: Replica, cfg: config_mod.Config, name: str
+) -> tuple[Timing, dict[str, list[float]]]:
+    """Warm-up pairs, then the timer (:class:`tula.runtime.timing.StepTimer`): synced and
+    compute-only steps alternating until both means reach ``probe.precision`` or the budget is
+    spent; then further epoch starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each
+    are timed. Returns the timing and the other kinds' step times (the slowest rank's)."""
+    progress = Progress(f"probe {name}", cfg.probe.timed_steps, enabled=replica.rank == 0)
+    compute = _compute_only(replica)
+    warm = 0.0
+    for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
+        warm, _ = replica.next_timed_step()
+        compute(1)
+    timer = step_timer(replica, probe_target(cfg))
+    if cfg.probe.warmup_steps:
+        timer.size_block(warm)
+
+    def shown(t: Timing) -> None:
+        n = t.arms["step"].n_steps
+        hw = max((s.half_width() for s in t.arms.values()), default=math.inf)
+        # the steps the precision asks (the half-width falls as 1/sqrt(n)), or the budget's
+        want = n * (hw / cfg.probe.precision) ** 2 if math.isfinite(hw) else n
+        progress.total = max(
+            n, int(min(want, n * cfg.probe.time_budget_s / max(t.elapsed_s, 1e-9)))
+        )
+        progress.update(
+            n, "timed ", f"precision {100 * hw:.1f} % (target {100 * cfg.probe.precision:g} %)"
+        )
+
+    timing = timer.run({"step": replica.next_steps, "compute": compute}, on_check=shown)
+    return timing, extra_kinds(replica, timing)
+
+
+def extra_kinds(replica: Replica, timing: Timing) -> dict[str, list[float]]:
+    """Epoch starts (and mid-epoch AGS refreshes) met while timing, then more started until
+    EXTRA_STEPS of each are timed, each timed alone; the slowest rank's."""
+    met = {k: list(timing.arms["step"].other.get(k, [])) for k in ("start", "refresh", "partial")}
+    more: dict[str, list[float]] = {"start": [], "refresh": []}
+    while len(met["start"]) + len(more["start"]) < EXTRA_STEPS and replica.steps_per_epoch > 1:
+        replica.restart_epoch()
+        t, kind = replica.next_timed_step()
+        more.setdefault(kind, []).append(t)
+    while replica.midepoch_refreshes_per_step() > 0 and (
+        len(met["refresh"]) + len(more["refresh"]) < EXTRA_STEPS
+    ):
+        replica.force_refresh = True
+        t, kind = replica.next_timed_step()
+        more.setdefault(kind, []).append(t)
+    flat = [(k, t) for k in sorted(more) for t in more[k]]
+    agreed = max_over_ranks([t for _, t in flat]) if flat else []
+    for (k, _), t in zip(flat, agreed):
+        met.setdefault(k, []).append(t)
+    return met

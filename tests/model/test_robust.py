@@ -1,0 +1,91 @@
+"""How firmly the probes' noise holds the choice (tula.model.robust): the knee's share of the
+resamples on known curves."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tula import config
+from tula.model import memory, robust
+from tula.model import perf as perf_mod
+from tula.model.linfit import fit_linear
+
+D = 1024 * 100  # every B of the grid divides it: T = E * D / B * t_step exactly
+BATCHES = [32, 64, 128, 256, 512, 1024]
+
+
+def _measured(c0: float, c1: float, halfwidth: float) -> pd.DataFrame:
+    """One worker: compute-only sweep rows at every batch and probes at the two ends, exact
+    t_step = c0 + c1 * b, each mean with the given measured precision."""
+    rows = [
+        dict(
+            workers=1,
+            global_batch=b if src == "probe" else 32,
+            local_batch=b,
+            status="ok",
+            source=src,
+            compute_time_s=c0 + c1 * b,
+            step_time_s=c0 + c1 * b if src == "probe" else np.nan,
+            sync_time_s=0.0 if src == "probe" else np.nan,
+            peak_mem_bytes=1.0,
+            compute_time_halfwidth_rel=halfwidth,
+            step_time_halfwidth_rel=halfwidth if src == "probe" else np.nan,
+            train_samples=D,
+        )
+        for b in BATCHES
+        for src in (("probe", "sweep") if b in (32, 1024) else ("sweep",))
+    ]
+    return pd.DataFrame(rows)
+
+
+def _shares(c0: float, c1: float, halfwidth: float):
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1], "batch_min": 32, "batch_max": 1024},
+            "workload": {"epochs": 1},
+            "objective": "knee",
+            "knee_rule": "marginal",
+            "knee_gain": 0.1,
+        }
+    )
+    measured = _measured(c0, c1, halfwidth)
+    perf = perf_mod.fit(measured, "ring")
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    shares = robust.choice_shares(cfg, measured, perf, mem, D, resamples=60)
+    return cfg, shares
+
+
+def test_a_knee_far_from_the_threshold_holds_in_every_resample():
+    """t_step = 10 ms + 0.1 ms x b: doubling B saves 1 - T(2B)/T(B) = (x/2)/(x+1), x = 100/B:
+    14 % from 256 to 512, 8.2 % from 512 to 1024, so the marginal knee (10 %) is B = 512, with
+    4 points of gain to spare; timed to +-0.4 %, no resample moves it."""
+    cfg, shares = _shares(0.01, 1e-4, 0.004)
+    assert shares[0] == {"workers": 1, "global_batch": 512, "share": 1.0}
+    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg)
+    assert v["settled"] and v["chosen"]["share"] == 1.0 and "to_settle" not in v
+
+
+def test_a_knee_on_the_threshold_is_a_coin_toss_and_is_said_so():
+    """c0 / c1 = 64: doubling 256 -> 512 saves exactly 10 % (x = 1/4), 128 -> 256 saves 16.7 %
+    and 512 -> 1024 5.6 %: the knee is 256 when noise puts that doubling below 10 %, else 512,
+    about half the time each. Timed to +-5 %, neither holds a clear majority of the resamples,
+    and the verdict names both points as what to time more precisely."""
+    cfg, shares = _shares(0.0064, 1e-4, 0.05)
+    got = {r["global_batch"]: r["share"] for r in shares}
+    assert set(got) <= {256, 512} and sum(got.values()) == pytest.approx(1.0)
+    assert 0.25 <= got.get(256, 0.0) <= 0.75 and 0.25 <= got.get(512, 0.0) <= 0.75
+    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg)
+    assert not v["settled"] and "B=256" in v["to_settle"] and "B=512" in v["to_settle"]
+    assert v["chosen"]["share"] == max(got.values()) and v["runner_up"]["share"] == min(
+        got.values()
+    )
+
+
+def test_a_resample_redraws_each_mean_within_its_own_precision():
+    m = _measured(0.01, 1e-4, 0.02)
+    m.loc[0, "compute_time_halfwidth_rel"] = 0.2  # one noisy point
+    rng = np.random.default_rng(1)
+    draws = np.array([robust.resample(m, rng)["compute_time_s"].to_numpy() for _ in range(400)])
+    rel = draws.std(axis=0) / m["compute_time_s"].to_numpy()
+    assert rel[0] == pytest.approx(0.2 / 1.96, rel=0.15)
+    assert np.median(rel[1:]) == pytest.approx(0.02 / 1.96, rel=0.15)

@@ -1,0 +1,104 @@
+"""The one step timer (tula.runtime.timing) on steps of known noise: sleeps with a seeded jitter."""
+
+import math
+import random
+import time
+
+import pytest
+
+from tula.runtime.timing import (
+    HostClock,
+    StepTimer,
+    Target,
+    block_for,
+    half_width_rel,
+)
+
+
+class Sleeper:
+    """An arm whose steps sleep ``mean_s`` with a seeded relative jitter ``cv``; it logs calls."""
+
+    def __init__(self, name: str, mean_s: float, cv: float, log: list, seed: int):
+        self.name, self.mean_s, self.cv, self.log = name, mean_s, cv, log
+        self.rng = random.Random(seed)
+
+    def __call__(self, steps: int) -> tuple[int, str]:
+        self.log.append((self.name, steps))
+        for _ in range(steps):
+            time.sleep(max(self.mean_s * (1 + self.cv * self.rng.gauss(0, 1)), 0.0))
+        return steps, "plain"
+
+
+def test_half_width_is_the_t_interval_of_the_mean():
+    xs = [1.0, 1.2, 0.8, 1.1, 0.9]
+    # t(0.975, 4) = 2.776; sd = 0.1581; mean 1.0
+    assert half_width_rel(xs) == pytest.approx(2.776 * 0.1581 / math.sqrt(5), rel=1e-3)
+    assert half_width_rel([1.0]) == math.inf
+
+
+def test_on_a_host_clock_steps_are_timed_alone_and_the_arms_alternate():
+    log: list = []
+    timer = StepTimer(HostClock(), Target(0.5, 4, 10.0), block_steps=8)
+    arms = {
+        "step": Sleeper("step", 0.002, 0.0, log, 0),
+        "compute": Sleeper("c", 0.001, 0.0, log, 1),
+    }
+    t = timer.run(arms)
+    # no queue: the block asked for is not used, every timed step alone
+    assert t.mode == "steps" and t.block_steps == 1 and all(n == 1 for _, n in log)
+    assert [name for name, _ in log[:6]] == ["step", "c"] * 3
+    assert t.arms["step"].n_steps == t.arms["compute"].n_steps == len(log) // 2
+
+
+def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
+    """Steps of 4 ms with 20 % jitter: 2.5 % precision needs about (2 x 0.2 / 0.025)^2 = 256
+    steps; the timer stops once both arms are within it, and the means are that close."""
+    log: list = []
+    target = Target(precision=0.025, min_steps=10, budget_s=60.0)
+    t = StepTimer(HostClock(), target).run(
+        {"step": Sleeper("step", 0.004, 0.2, log, 2), "compute": Sleeper("c", 0.003, 0.2, log, 3)}
+    )
+    assert t.reached and t.stopped_by == "precision"
+    for name, s in t.arms.items():
+        assert s.half_width() <= 0.025 and s.n_steps >= 10
+        assert 100 <= s.n_steps <= 1000  # it took about what the noise asks, not the budget
+    # time.sleep oversleeps by a little: the mean is at least the asked sleep, and near it
+    assert 0.004 <= t.arms["step"].mean() <= 0.004 * 1.15
+    assert 0.003 <= t.arms["compute"].mean() <= 0.003 * 1.2
+    rec = t.record()
+    assert rec["precision_reached"] is True and rec["step_timed_steps"] == t.arms["step"].n_steps
+
+
+def test_the_budget_ending_first_is_said_in_the_record():
+    log: list = []
+    target = Target(precision=0.0005, min_steps=5, budget_s=0.3)
+    t = StepTimer(HostClock(), target).run(
+        {"step": Sleeper("step", 0.003, 0.3, log, 4), "compute": Sleeper("c", 0.002, 0.3, log, 5)}
+    )
+    rec = t.record()
+    assert not t.reached and t.stopped_by == "budget" and t.elapsed_s >= 0.3
+    assert rec["precision_reached"] is False and rec["timing_stopped_by"] == "budget"
+    assert rec["step_time_halfwidth_rel"] > 0.0005 and rec["timing_budget_s"] == 0.3
+
+
+def test_the_minimum_of_steps_holds_past_the_budget():
+    log: list = []
+    t = StepTimer(HostClock(), Target(0.5, 30, 0.01)).run(
+        {"step": Sleeper("step", 0.001, 0.0, log, 6), "compute": Sleeper("c", 0.001, 0.0, log, 7)}
+    )
+    assert min(s.n_steps for s in t.arms.values()) >= 30
+
+
+def test_the_slowest_rank_sets_each_sample():
+    """combine is the ranks' element-wise maximum: here a peer 1.5x slower on every sample."""
+    log: list = []
+    t = StepTimer(HostClock(), Target(0.5, 8, 10.0), combine=lambda v: [x * 1.5 for x in v]).run(
+        {"step": Sleeper("step", 0.002, 0.0, log, 8)}
+    )
+    assert t.arms["step"].mean() >= 0.003
+
+
+def test_a_queued_device_gets_blocks_whose_sync_costs_under_one_percent():
+    assert block_for(0.100, 50e-6) == 1  # a 100 ms step: one step is plenty
+    assert block_for(0.001, 50e-6) == 5  # 1 ms steps: 5 of them make the 50 us sync 1 %
+    assert block_for(0.001, 0.0) == 1
