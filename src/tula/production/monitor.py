@@ -208,7 +208,7 @@ class Monitor:
         self._schedule(step, overhead)
         if r.rank == 0:
             self._record(step, compute, overhead)
-        return step, stop
+        return step, stop[0]
 
     def _schedule(self, step_s: float, cost_s: float) -> None:
         at = self.replica.pos.step - 1  # the pair's step index (pos.step counts it done)
