@@ -59,6 +59,7 @@ BASE = {
     "probe": {
         "warmup_steps": 2,
         "timed_steps": 10,
+        "time_budget_s": 1,
         "timeout_s": 300,
         "sweep_steps": 0,
         "noise_steps": 0,

@@ -84,7 +84,7 @@ def main() -> None:
         cfg["workload"]["epochs"] = a.epochs
         cfg["grid"].update(batch_max=128)
         cfg["cluster"] = {"workers_per_node": 2}  # the test cluster is one 2-core node
-        cfg["probe"] = {"warmup_steps": 1, "timed_steps": 3}
+        cfg["probe"] = {"warmup_steps": 1, "timed_steps": 3, "time_budget_s": 0.5}
         # 45 steps an epoch: the job trains for a minute or more
         cfg["constraints"] = {"max_batch": 32}
         (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -20,7 +20,13 @@ from tula.stages import probe
 CONFIG = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
     "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 256},
-    "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 300, "noise_steps": 16},
+    "probe": {
+        "warmup_steps": 1,
+        "timed_steps": 3,
+        "time_budget_s": 0.5,
+        "timeout_s": 300,
+        "noise_steps": 16,
+    },
 }
 
 

@@ -54,7 +54,7 @@ def workloads(scratch: Path) -> dict[str, dict]:
         "num_workers": 2,
     }
     folder["grid"].update(batch_min=32, batch_max=128)
-    folder["probe"] = {"warmup_steps": 2, "timed_steps": 8}
+    folder["probe"] = {"warmup_steps": 2, "timed_steps": 8, "time_budget_s": 2}
     folder["train"].update(lr=0.05, lr_decay_epochs=[])
     bf16 = json.loads(json.dumps(base))
     bf16["workload"].update(model="resnet_tiny", dataset="mnist1d", epochs=6)

@@ -193,7 +193,7 @@ def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(
                     "model": "user_workload:make_model",
                     "dataset": "user_workload:make_datasets",
                 },
-                "probe": {"warmup_steps": 1, "timed_steps": 2},
+                "probe": {"warmup_steps": 1, "timed_steps": 2, "time_budget_s": 0.5},
             }
         )
     )
@@ -226,7 +226,12 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
                 },
                 "grid": {"workers": [1], "batch_min": 8, "batch_max": 16},
                 "data": {"num_workers": 0},
-                "probe": {"warmup_steps": 1, "timed_steps": 10, "input_batches": 4},
+                "probe": {
+                    "warmup_steps": 1,
+                    "timed_steps": 10,
+                    "input_batches": 4,
+                    "time_budget_s": 0.5,
+                },
             }
         )
     )
@@ -273,7 +278,12 @@ def test_a_probe_decodes_jpegs_on_the_device_path(tmp_path, venv_path):
                 "workload": {"dataset": f"imagefolder:{root}", "epochs": 1},
                 "grid": {"workers": [2], "batch_min": 8, "batch_max": 16},
                 "data": {"image_size": 16, "decode": "gpu", "num_workers": 1},
-                "probe": {"warmup_steps": 1, "timed_steps": 3, "noise_steps": 4},
+                "probe": {
+                    "warmup_steps": 1,
+                    "timed_steps": 3,
+                    "noise_steps": 4,
+                    "time_budget_s": 0.5,
+                },
             }
         )
     )
