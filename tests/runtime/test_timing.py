@@ -102,3 +102,46 @@ def test_a_queued_device_gets_blocks_whose_sync_costs_under_one_percent():
     assert block_for(0.100, 50e-6) == 1  # a 100 ms step: one step is plenty
     assert block_for(0.001, 50e-6) == 5  # 1 ms steps: 5 of them make the 50 us sync 1 %
     assert block_for(0.001, 0.0) == 1
+
+
+class QueuedClock(HostClock):
+    """CUDA's event clock stood in for on CPU (CI has no GPU): a queue that reports a sync cost,
+    and a log of when samples are read."""
+
+    queued = True
+
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+
+    def begin(self) -> float:
+        self.log.append("begin")
+        return time.perf_counter()
+
+    def end(self, mark: float) -> tuple[float, float]:
+        return mark, time.perf_counter()
+
+    def read(self, handle) -> float:
+        self.log.append("read")
+        return handle[1] - handle[0]
+
+    def sync_cost_s(self) -> float:
+        return 50e-6
+
+
+def test_a_queued_clock_times_sized_blocks_and_reads_them_only_when_judging():
+    """On a device with a queue: blocks sized from a first step (1 ms steps, 50 us sync: 5
+    steps, fewer where the sleep overshoots), the arms' blocks alternating, and no sample read between blocks, only at the
+    timer's checks (every 4 rounds of 2 arms: 8 samples at once)."""
+    log: list = []
+    clock_log: list = []
+    timer = StepTimer(QueuedClock(clock_log), Target(0.5, 20, 10.0), check_every=4)
+    t = timer.run(
+        {"step": Sleeper("step", 0.001, 0.0, log, 9), "compute": Sleeper("c", 0.001, 0.0, log, 10)}
+    )
+    assert t.mode == "blocks" and 2 <= t.block_steps <= 5
+    assert [n for _, n in log[1:]] == [t.block_steps] * (len(log) - 1)  # after the sizing step
+    assert [name for name, _ in log[1:7]] == ["step", "c"] * 3
+    runs = "".join("b" if e == "begin" else "r" for e in clock_log[2:])  # after the sizing step
+    assert set(runs.split("b")) <= {"", "r" * 8}  # reads only in runs of 8, between rounds
+    assert t.arms["step"].n_steps >= 20
