@@ -89,3 +89,22 @@ def test_a_resample_redraws_each_mean_within_its_own_precision():
     rel = draws.std(axis=0) / m["compute_time_s"].to_numpy()
     assert rel[0] == pytest.approx(0.2 / 1.96, rel=0.15)
     assert np.median(rel[1:]) == pytest.approx(0.02 / 1.96, rel=0.15)
+
+
+def test_a_fit_that_scatters_beyond_the_measured_precision_widens_the_resamples():
+    """Points each timed to +-0.4 % but 5 % off the model (the machine drifted between probes):
+    the scatter ratio is about 5 / (0.4 / 1.96) = 25 (less what the fit absorbs), so each
+    resample redraws the means that much wider; points on the model give 1."""
+    m = _measured(0.01, 1e-4, 0.004)
+    rng = np.random.default_rng(3)
+    m["compute_time_s"] *= 1 + 0.05 * rng.choice([-1.0, 1.0], len(m))
+    m["step_time_s"] = np.where(m["source"] == "probe", m["compute_time_s"], np.nan)
+    perf = perf_mod.fit(m, "ring")
+    ratio = robust.scatter_ratio(m, perf)
+    assert 10 < ratio < 40
+    assert (
+        robust.scatter_ratio(
+            _measured(0.01, 1e-4, 0.004), perf_mod.fit(_measured(0.01, 1e-4, 0.004), "ring")
+        )
+        == 1.0
+    )

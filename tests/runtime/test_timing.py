@@ -131,8 +131,8 @@ class QueuedClock(HostClock):
 
 def test_a_queued_clock_times_sized_blocks_and_reads_them_only_when_judging():
     """On a device with a queue: blocks sized from a first step (1 ms steps, 50 us sync: 5
-    steps, fewer where the sleep overshoots), the arms' blocks alternating, and no sample read between blocks, only at the
-    timer's checks (every 4 rounds of 2 arms: 8 samples at once)."""
+    steps, fewer where the sleep overshoots), the arms' blocks alternating, and no sample read
+    between blocks, only at the timer's checks (every 4 rounds of 2 arms: 8 samples at once)."""
     log: list = []
     clock_log: list = []
     timer = StepTimer(QueuedClock(clock_log), Target(0.5, 20, 10.0), check_every=4)

@@ -248,3 +248,45 @@ def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_i
     assert "at most 0.08 % of a predicted step" in tiny  # small shares keep their digits, not "0 %"
     # not measured: not said
     assert input_section(pred.assign(input_time_s=float("nan")), meas, (1, 64)) == ""
+
+
+def test_the_precision_table_names_the_points_that_missed_and_what_would_reach_them():
+    from tula.stages.report.trust import precision_section
+
+    m = pd.DataFrame(
+        [
+            dict(source="probe", status="ok", workers=1, global_batch=32, local_batch=32,
+                 step_time_s=0.01, compute_time_s=0.01, step_time_halfwidth_rel=0.01,
+                 compute_time_halfwidth_rel=0.015, step_timed_steps=40, compute_timed_steps=40,
+                 precision_target=0.02, precision_reached=True),
+            dict(source="probe", status="ok", workers=2, global_batch=512, local_batch=256,
+                 step_time_s=0.05, compute_time_s=0.04, step_time_halfwidth_rel=0.08,
+                 compute_time_halfwidth_rel=0.04, step_timed_steps=10, compute_timed_steps=10,
+                 precision_target=0.02, precision_reached=False),
+        ]
+    )  # fmt: skip
+    html = precision_section(m)
+    assert "1 of 2 points missed it" in html and html.count("class=bad>") == 2
+    # +-8 % from 10 steps: (8 / 2)^2 x 10 = 160 steps of 90 ms (step + compute) = 14 s
+    assert "N=2 B=512: &plusmn;8.0 %, about 160 steps (~14s of timing)" in html
+    assert precision_section(m.drop(columns="precision_reached")) == ""
+
+
+def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():
+    from tula.stages.report.trust import robustness_line
+
+    r = {
+        "resamples": 100,
+        "chosen": {"workers": 2, "global_batch": 256, "share": 0.55},
+        "runner_up": {"workers": 2, "global_batch": 512, "share": 0.45},
+        "settled": False,
+        "scatter_ratio": 2.5,
+        "rule": "the point chosen in most resamples",
+        "to_settle": "time N=2 B=256 and N=2 B=512 more precisely",
+    }
+    html = robustness_line(r)
+    assert "not settled at this noise" in html and "<b>55 %</b>" in html and "2.5" in html
+    assert "N=2 B=512, in 45 %" in html and "time N=2 B=256 and N=2 B=512" in html
+    assert (
+        "not settled" not in robustness_line({**r, "settled": True}) and robustness_line(None) == ""
+    )

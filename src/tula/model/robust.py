@@ -3,7 +3,9 @@
 Each resample redraws every measured mean (a probe's step and compute time, a swept batch's
 compute time) from its own sampling distribution: normal, centred on the measured mean, with
 the standard error its timer measured (``*_halfwidth_rel`` / 1.96; the parametric bootstrap of
-the mean of the steps it timed). The step-time model's chosen forms are fitted again on the
+the mean of the steps it timed), times the fit's scatter ratio where the residuals exceed
+those errors (identical runs of this machine differ by more than one probe's precision says:
+:func:`scatter_ratio`). The step-time model's chosen forms are fitted again on the
 resample (:func:`tula.model.perf.fit` with ``keep``), every grid point predicted again
 (:func:`tula.model.predictions.predict`) and the objective chosen again
 (:func:`tula.model.choice.select`). The share of resamples that choose each point says how
@@ -42,8 +44,35 @@ _REDRAWN = (
 )
 
 
-def resample(measured: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
-    """The measurements with every ok probe and sweep mean redrawn from its sampling law."""
+def scatter_ratio(measured: pd.DataFrame, perf: perf_mod.PerfModel) -> float:
+    """How far the fitted model's residuals exceed the measurements' own standard errors (the
+    Birge ratio, sqrt(mean((residual / standard error)^2)), at least 1). Identical runs scatter
+    more than one probe's precision says (the machine drifts between probes); a resample with
+    each standard error times this ratio covers the scatter the fit saw."""
+    ok = measured[(measured["status"] == "ok") & measured["source"].isin(["probe", "sweep"])]
+    z = []
+    for col, hw, model in (
+        ("compute_time_s", "compute_time_halfwidth_rel", perf.compute_time_s),
+        ("step_time_s", "step_time_halfwidth_rel", perf.model_step_time_s),
+    ):
+        if hw not in ok:
+            continue
+        rows = ok[np.isfinite(pd.to_numeric(ok[hw], errors="coerce")) & (ok[col] > 0)]
+        if col == "step_time_s":
+            rows = rows[rows["workers"] > 1]
+        if rows.empty:
+            continue
+        y = rows[col].to_numpy(float)
+        r = model(rows["workers"].to_numpy(float), rows["local_batch"].to_numpy(float)) / y - 1
+        z += list(r / (rows[hw].to_numpy(float) / Z95))
+    return max(1.0, float(np.sqrt(np.mean(np.square(z))))) if z else 1.0
+
+
+def resample(
+    measured: pd.DataFrame, rng: np.random.Generator, inflate: float = 1.0
+) -> pd.DataFrame:
+    """The measurements with every ok probe and sweep mean redrawn from its sampling law, each
+    standard error times ``inflate`` (:func:`scatter_ratio`)."""
     out = measured.copy()
     ok = (out["status"] == "ok") & out["source"].isin(["probe", "sweep"])
     for col, hw in _REDRAWN:
@@ -53,7 +82,7 @@ def resample(measured: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
             if hw in out
             else np.full(len(out), np.nan)
         )
-        rel = np.where(np.isfinite(rel) & (rel > 0), rel, UNKNOWN_REL_SE)
+        rel = inflate * np.where(np.isfinite(rel) & (rel > 0), rel, UNKNOWN_REL_SE)
         drawn = mean * (1 + rel * rng.standard_normal(len(out)))
         use = ok.to_numpy() & np.isfinite(mean)
         out[col] = np.where(use, np.maximum(drawn, 1e-3 * mean), mean)
@@ -72,12 +101,15 @@ def choice_shares(
     train_samples: int,
     resamples: int = RESAMPLES,
     seed: int = SEED,
+    inflate: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Each point chosen in some resample and its share, most chosen first."""
+    """Each point chosen in some resample and its share, most chosen first; standard errors
+    times ``inflate`` (default: the fit's :func:`scatter_ratio`)."""
     rng = np.random.default_rng(seed)
     counts: Counter = Counter()
+    inflate = scatter_ratio(measured, perf) if inflate is None else inflate
     for _ in range(resamples):
-        m = resample(measured, rng)
+        m = resample(measured, rng, inflate)
         p = perf_mod.fit(m, perf.collective, perf.workers_per_node, keep=perf)
         try:
             s = choice.select(predict(cfg, p, mem, train_samples, m), cfg)["selected"]
@@ -94,7 +126,11 @@ def choice_shares(
 
 
 def verdict(
-    selected: dict[str, Any], shares: list[dict[str, Any]], resamples: int, cfg: Config
+    selected: dict[str, Any],
+    shares: list[dict[str, Any]],
+    resamples: int,
+    cfg: Config,
+    inflate: float = 1.0,
 ) -> dict[str, Any]:
     """selection.json's ``robustness``: the chosen point's share, the runner-up's, whether the
     choice is settled, the rule used when it is not, and what would settle it."""
@@ -112,9 +148,10 @@ def verdict(
         "resamples": resamples,
         "method": (
             "every measured mean redrawn from its own sampling law (normal, the standard error "
-            "its timer measured), the step model's forms refitted, every point predicted and "
-            "the objective chosen again"
+            "its timer measured, times the fit's scatter ratio), the step model's forms "
+            "refitted, every point predicted and the objective chosen again"
         ),
+        "scatter_ratio": inflate,
         "shares": shares,
         "point_estimate": {"workers": key[0], "global_batch": key[1], "share": share_of(key)},
         "chosen": {"workers": mode[0], "global_batch": mode[1], "share": share_of(mode)},

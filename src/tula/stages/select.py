@@ -22,15 +22,17 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) 
     """The choice over resamples of the probes' timings; where most resamples choose another
     point than the measured means do, that point (the rule in :mod:`tula.model.robust`)."""
     measured = measurements_mod.load(measurements)
-    D = _train_samples(measured, pred)
+    perf_m = PerfModel.from_dict(read_json(perf))
+    inflate = robust.scatter_ratio(measured, perf_m)
     shares = robust.choice_shares(
         cfg,
         measured,
-        PerfModel.from_dict(read_json(perf)),
+        perf_m,
         MemoryModel.from_dict(read_json(memory)),
-        D,
+        _train_samples(measured, pred),
+        inflate=inflate,
     )
-    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg)
+    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg, inflate)
     sel["robustness"] = r
     chosen = (r["chosen"]["workers"], r["chosen"]["global_batch"])
     estimate = (sel["selected"]["workers"], sel["selected"]["global_batch"])

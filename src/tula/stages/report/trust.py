@@ -91,9 +91,16 @@ def robustness_line(r: dict | None) -> str:
         if ru
         else ""
     )
+    ratio = r.get("scatter_ratio", 1.0)
+    wider = (
+        f" (each mean redrawn within its measured precision times {ratio:.1f}, how far the fit's "
+        "residuals exceed that precision)"
+        if ratio > 1.0
+        else " (each mean redrawn within its measured precision)"
+    )
     line = (
         f"Chosen in <b>{100 * c['share']:.0f} %</b> of {r['resamples']} resamples of the probes' "
-        f"timings{other}."
+        f"timings{wider}{other}."
     )
     if r["settled"]:
         return f"<p>{line}</p>"
