@@ -74,7 +74,9 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
         mem["act_bytes"] > 0
         and mem["grad_bytes"] == mem["param_bytes"] == rec["grad_bytes_per_step"]
     )
-    assert mem["opt_bytes"] == mem["param_bytes"]  # SGD momentum: one buffer per parameter
+    # SGD's momentum and AGS's per-parameter scale: two buffers per parameter (the memory step comes
+    # after the first steps, as in training, so AGS's factors exist)
+    assert mem["opt_bytes"] == 2 * mem["param_bytes"]
     assert mem["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # float32 8x8 images + int64 labels
     # measured peak (profiler timeline + persistent tensors) covers the Eq. 3 terms, plus
     # transients:
@@ -292,8 +294,11 @@ def test_a_probe_decodes_jpegs_on_the_device_path(tmp_path, venv_path):
     assert rec["input_time_s"] > 0 and rec["env"]["data_workers"] == 1
     # decoded float images + labels
     assert rec["memory"]["batch_bytes"] == 8 * 3 * 16 * 16 * 4 + 8 * 8
-    assert rec["grad_noise_scale"] is not None and all(s["status"] == "ok" for s in rec["sweep"])
-    assert rec["eval_time_s"] > 0
+    # the gradient-noise steps read through the same feed (decoded there); on 48 images after the
+    # timed steps their |G|^2 estimate may come out at or below zero, and B_noise is then None
+    gn = rec["gradient_noise"]
+    assert "noise_error" not in rec and gn["steps"] == 4 and gn["trace"] > 0
+    assert all(s["status"] == "ok" for s in rec["sweep"]) and rec["eval_time_s"] > 0
 
 
 def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(

@@ -140,10 +140,12 @@ def _rounds(
         pending = []
         for lb in live:
             replica.set_global_batch(lb * workers, park=True)
-            for _ in range(ROUND_STEPS):
-                t, n, kind = timer.time_once(compute, block)
-                pending.append((lb, t, n, kind))
-        agreed = max_over_ranks([t for _, t, _, _ in pending] + [time.perf_counter() - t0])
+            for _ in range(ROUND_STEPS):  # queued on a device clock, read once the round ends
+                mark = timer.clock.begin()
+                n, kind = compute(block)
+                pending.append((lb, timer.clock.end(mark), n, kind))
+        own = [timer.clock.read(h) / max(n, 1) for _, h, n, _ in pending]
+        agreed = max_over_ranks(own + [time.perf_counter() - t0])
         for (lb, _, n, kind), t in zip(pending, agreed):
             series[lb].add(t, n, kind)
         live = [lb for lb in live if not done(series[lb], agreed[-1] >= target.budget_s)]
