@@ -136,7 +136,7 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
     assert (
         "<code>saturating</code>" in html and "b0 = 60 [55, 65]" in html and "linear: 30 %" in html
     )
-    assert "within each probe's measured step-to-step noise at 1 of 2 probes" in html
+    assert "the 95 % half-width of its mean step) at 1 of 2 probes" in html
     assert "Step (sync)" not in html and model_section(None) == ""
 
 

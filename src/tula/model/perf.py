@@ -253,11 +253,7 @@ def _fit_step(
     if (X["multi"] > 0).any() and ((X["multi"] == 0) & (X["n"] > 1)).any():
         forms += two_level_forms(collective)  # both sides of a node boundary were measured
     forms.sort(key=lambda f: len(f.params))
-    noise = (
-        pd.to_numeric(multi["step_time_cv"], errors="coerce").to_numpy(float)
-        if "step_time_cv" in multi
-        else None
-    )
+    noise = _mean_noise(multi)
     return _choose(
         keep.step if keep else None,
         forms,
@@ -267,6 +263,18 @@ def _fit_step(
         noise,
         curvefit.weights_from(_column(multi, "step_time_halfwidth_rel")),
     )
+
+
+def _mean_noise(rows: pd.DataFrame) -> np.ndarray | None:
+    """Each probe's mean step time's relative standard error: its 95 % half-width / 1.96 (the
+    timer's), else (records without one) its step-time CV, which the probe then took over block
+    means."""
+    cv = _column(rows, "step_time_cv")
+    hw = _column(rows, "step_time_halfwidth_rel")
+    if hw is None:
+        return cv
+    se = hw / 1.96
+    return se if cv is None else np.where(np.isfinite(se), se, cv)
 
 
 def _column(rows: pd.DataFrame, name: str) -> np.ndarray | None:
@@ -291,15 +299,17 @@ def _check_layout(probes: pd.DataFrame, workers_per_node: int) -> None:
 
 
 def residuals(model: PerfModel, probes: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each probe's measured step time beside the model's, and its own step-to-step noise."""
+    """Each probe's measured step time beside the model's, and how precisely it was measured
+    (``noise_pct``: the 95 % half-width of its mean; records without one: its step-time CV)."""
     out = []
     pred = model.step_time_s(
         probes["workers"].to_numpy(float), probes["local_batch"].to_numpy(float)
     )
     for (_, r), p in zip(probes.iterrows(), pred):
         err = 100.0 * (p - r["step_time_s"]) / r["step_time_s"]
-        cv = r.get("step_time_cv")
-        noise = 100.0 * float(cv) if cv is not None and np.isfinite(cv) else None
+        hw, cv = r.get("step_time_halfwidth_rel"), r.get("step_time_cv")
+        known = hw if hw is not None and np.isfinite(hw) else cv
+        noise = 100.0 * float(known) if known is not None and np.isfinite(known) else None
         out.append(
             {
                 "workers": int(r["workers"]),

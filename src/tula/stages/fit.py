@@ -60,11 +60,11 @@ def _say_fits(perf: perfmodel.PerfModel) -> None:
             )
     far = [r for r in perf.residuals if r["within_noise"] is False]
     print(
-        f"[fit] probes within their measured noise: {len(perf.residuals) - len(far)} of "
+        f"[fit] probes within their measured precision: {len(perf.residuals) - len(far)} of "
         f"{len(perf.residuals)}"
         + "".join(
-            f"; N={r['workers']} B={r['global_batch']}: {r['error_pct']:+.1f} % (noise "
-            f"{r['noise_pct']:.1f} %)"
+            f"; N={r['workers']} B={r['global_batch']}: {r['error_pct']:+.1f} % (measured to "
+            f"+-{r['noise_pct']:.1f} %)"
             for r in far
         )
     )

@@ -211,8 +211,8 @@ def model_section(perf: dict | None) -> str:
     if len(res):
         inside = int(res["within_noise"].fillna(False).astype(bool).sum())
         parts.append(
-            f"<p>The model passes within each probe's measured step-to-step noise at {inside} of "
-            f"{len(res)} probes:</p>" + _table(res)
+            f"<p>The model passes within each probe's measured precision (noise_pct: the 95 % "
+            f"half-width of its mean step) at {inside} of {len(res)} probes:</p>" + _table(res)
         )
     return "\n".join(parts)
 
