@@ -20,7 +20,8 @@ from tula.model.perf import PerfModel
 
 def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) -> None:
     """The choice over resamples of the probes' timings; where most resamples choose another
-    point than the measured means do, that point (the rule in :mod:`tula.model.robust`)."""
+    point than the measured means do, that point (the rule in :mod:`tula.model.robust`). An
+    unsettled choice is said by ``robustness`` (the report's line, the log's bracket)."""
     measured = measurements_mod.load(measurements)
     perf_m = PerfModel.from_dict(read_json(perf))
     inflate = robust.scatter_ratio(measured, perf_m)
@@ -44,11 +45,6 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) 
             f"{r['resamples']} resamples of the probes' timings, N={estimate[0]} "
             f"B={estimate[1]} (the measured means' choice: {sel['reason']}) in "
             f"{100 * r['point_estimate']['share']:.0f} %"
-        )
-    if not r["settled"]:
-        sel["reason"] = (
-            f"Not settled at this noise (no point wins more than {100 * r['threshold']:.0f} % "
-            f"of the resamples; chosen by the rule: {r['rule']}). " + sel["reason"]
         )
 
 
