@@ -33,7 +33,10 @@ def step_timer(replica: Replica, target: Target) -> StepTimer:
     )
 
 
-def _compute_only(replica: Replica) -> Run:
+def compute_only(replica: Replica) -> Run:
+    """Run the next steps as :meth:`Replica.next_steps` does, under ``DDP.no_sync()``: the
+    compute-only arm of the probe and its sweep."""
+
     def run(steps: int) -> tuple[int, str]:
         with replica.ddp.no_sync():
             return replica.next_steps(steps)
@@ -62,7 +65,7 @@ def time_steps(
     spent; then further epoch starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each
     are timed. Returns the timing and the other kinds' step times (the slowest rank's)."""
     progress = Progress(f"probe {name}", cfg.probe.timed_steps, enabled=replica.rank == 0)
-    compute = _compute_only(replica)
+    compute = compute_only(replica)
     warm = 0.0
     for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
         warm, _ = replica.next_timed_step()

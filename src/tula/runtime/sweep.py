@@ -14,6 +14,7 @@ from tula import config as config_mod
 from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
+from tula.runtime.probe_timing import compute_only
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Series, StepTimer, Target, clock_for
 
@@ -126,9 +127,7 @@ def _rounds(
     assert target is not None
     series = {lb: Series() for lb in batches}
 
-    def compute(steps: int) -> tuple[int, str]:
-        with replica.ddp.no_sync():
-            return replica.next_steps(steps)
+    compute = compute_only(replica)
 
     def done(s: Series, spent: bool) -> bool:
         if s.n_steps >= target.min_steps and s.half_width() <= target.precision:
