@@ -159,9 +159,9 @@ def tula(
         n = min(k, r.plain_steps_ahead())
         if n < 1:  # an epoch's start or its short last batch: the trainer times those apart
             return r.next_steps(1)
-        r._batches = r.epoch_batches() if r._batches is None else r._batches
+        batches = r.stream.current(r.pos)
         for _ in range(n):
-            r.run_step(r._batches)
+            r.run_step(batches)
         return n, "plain"
 
     # the probe: Replica.next_steps under the probe's timer; production: the trainer's stretch
@@ -181,13 +181,13 @@ def host_reads(a, device, npz: Path, B: int) -> dict:
         r = Replica(tula_config(a, npz, method), device, B, 0, 1)
         r.next_timed_step()
         r.next_timed_step()
-        r._batches = r.epoch_batches() if r._batches is None else r._batches
+        batches = r.stream.current(r.pos)
         sync(device)
         try:
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("error")
             for _ in range(min(10, r.plain_steps_ahead())):
-                r.run_step(r._batches)
+                r.run_step(batches)
             res[method] = "0 synchronising calls"
         except RuntimeError as exc:
             res[method] = f"synchronised: {str(exc).splitlines()[0][:160]}"

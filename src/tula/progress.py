@@ -33,6 +33,10 @@ class Progress:
         self.every_s, self.enabled = every_s, enabled
         self.t0 = self.last = time.perf_counter()
 
+    def retotal(self, total: int) -> None:
+        """The work turned out larger or smaller (a probe timing until its precision)."""
+        self.total = total
+
     def update(self, done: int, what: str = "", extra: str = "", force: bool = False) -> None:
         if not self.enabled:
             return

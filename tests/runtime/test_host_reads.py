@@ -73,7 +73,7 @@ def steady_reads(
     assert r.plain_steps_ahead() >= 10, "the test needs 10 plain steps in the epoch"
     with counting_host_reads() as seen:
         for _ in range(10):
-            assert r.run_step(r._batches) == 0
+            assert r.run_step(r.stream.current(r.pos)) == 0
     assert r.pos.step == 12
     return seen
 

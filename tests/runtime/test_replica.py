@@ -83,7 +83,7 @@ def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_p
     assert (r.pos.offset, r.steps_per_epoch) == (0, 45) and r.next_timed_step()[1] == "start"
     assert r.pos.offset == 32 and r.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
     loss, acc = r.evaluate()
-    assert loss > 0 and 0 <= acc <= 1 and r.eval_retries == []
+    assert loss > 0 and 0 <= acc <= 1 and r.evaluator.retries == []
 
 
 def test_a_parked_batch_is_taken_up_where_it_was_left(one_process_group):

@@ -95,6 +95,18 @@ class Attempt:
     workers: int | None = None
     submitted: float | None = None  # when it was submitted (epoch seconds): what a relaunch costs
 
+    def end(self, outcome: str, reason: str) -> None:
+        """How the attempt ended, and why."""
+        self.outcome, self.reason = outcome, reason
+
+    def account(self, segments: list[dict[str, Any]], checkpoint_step: int | None, drift) -> None:
+        """What its job left: the segments it trained in (and so the steps where the workers
+        really started, a damaged newest checkpoint skipped, and ended), its newest checkpoint,
+        and the network drift it found."""
+        self.segments, self.checkpoint_step, self.drift = segments, checkpoint_step, drift
+        if segments:
+            self.start_step, self.end_step = segments[0]["start_step"], segments[-1]["end_step"]
+
 
 @dataclass
 class History:

@@ -161,10 +161,10 @@ class Launch:
         attempts = self.history.attempts
         # its launcher died; the job is gone
         if attempts and attempts[-1].outcome == "running" and not job:
-            attempts[-1].outcome = "interrupted"
-            attempts[-1].reason = (
+            attempts[-1].end(
+                "interrupted",
                 "tula launch stopped while the job ran; resumed by a new attempt from the newest "
-                "checkpoint"
+                "checkpoint",
             )
         self.tried = {a.global_batch for a in attempts if a.outcome == "oom"}
         if job:
@@ -264,34 +264,22 @@ class Launch:
             history.wait(job, self.cfg.launch.poll_s, check=watch_drift)
         except BaseException:
             job.cancel(check=False)
-            att.outcome, att.reason = (
-                "cancelled",
-                "tula launch was interrupted; the job was cancelled",
-            )
+            att.end("cancelled", "tula launch was interrupted; the job was cancelled")
             self.history.write("cancelled")
             raise
-        att.outcome, att.reason = history.outcome(job, self.out, att.attempt)
-        att.segments, att.checkpoint_step = (
-            history.segments(self.out, att.attempt),
-            self.checkpoint_step(),
-        )
-        att.drift = [
+        att.end(*history.outcome(job, self.out, att.attempt))
+        drift = [
             {**d, **self.replan.decisions.get(d["step"], {})}
             for d in history.drifts(self.out, att.attempt)
         ]
+        att.account(history.segments(self.out, att.attempt), self.checkpoint_step(), drift)
         if self.replan.move is not None and att.outcome == "stopped":
-            att.outcome, att.reason = "moved", self.replan.move.reason
+            att.end("moved", self.replan.move.reason)
         for d in att.drift:
             print(
                 f"[launch] attempt {att.attempt}: network drift at step {d['step']}: {d['reason']} "
                 f"— {d['action']}",
                 flush=True,
-            )
-        # where the workers really started (a damaged newest checkpoint was skipped) and ended
-        if att.segments:
-            att.start_step, att.end_step = (
-                att.segments[0]["start_step"],
-                att.segments[-1]["end_step"],
             )
         self.history.write()
         # each segment after the first resumed from a checkpoint
@@ -306,6 +294,11 @@ class Launch:
             + (f" — {att.reason}" if att.reason and att.outcome != "completed" else ""),
             flush=True,
         )
+
+    def move_to(self, move) -> int:
+        """launch.replan: move: the rest at the re-planned N; returns the global batch."""
+        self.workers = move.workers
+        return move.global_batch
 
     def after(self, att: Attempt, job: submitit.Job, shrink: bool) -> int:
         """The global batch of the next attempt after one that did not complete; raises when
@@ -387,7 +380,6 @@ def train(
             return launch.finish()
         # launch.replan: move — the rest at the re-planned (N, B), from the checkpoint
         if att.outcome == "moved":
-            move = launch.replan.move
-            launch.workers, batch, job = move.workers, move.global_batch, None
+            batch, job = launch.move_to(launch.replan.move), None
             continue
         batch, job = launch.after(att, job, shrink), None

@@ -21,8 +21,6 @@ all-reduce to time and is not monitored.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import time
 from dataclasses import asdict
@@ -33,14 +31,12 @@ import pandas as pd
 import torch
 import torch.distributed as torch_dist
 
-from tula import checkpoint
 from tula.io import read_json, write_csv, write_json
 from tula.model import drift as drift_mod
+from tula.production.ledger import Ledger
 from tula.runtime import agreement
 from tula.runtime.methods import refresh_due
-from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
-from tula.runtime.timing import StepTimer, clock_for
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
 # auto: the first pair (about one step's cost) after this many steps: 1 % from the start
@@ -69,45 +65,6 @@ def next_auto_pair(at: int, since: int, spent_s: float, cost_s: float, step_s: f
     return max(at + 1, since + math.ceil((spent_s + cost_s) / (COST_SHARE * max(step_s, 1e-9))))
 
 
-def _snapshot(replica: Replica) -> dict[str, Any]:
-    """Everything one training step changes, copied (to host memory: no extra device memory)."""
-
-    def cpu(sd):
-        return {
-            k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
-            for k, v in sd.items()
-        }
-
-    return {
-        "model": cpu(replica.ddp.module.state_dict()),
-        "optimizer": copy.deepcopy(replica.opt.state_dict()),
-        "scheduler": replica.sched.state_dict(),
-        "scaler": replica.scaler.state_dict(),
-        "pos": dataclasses.replace(replica.pos),
-        "stats": replica.stats.clone(),
-        "rng": checkpoint.rng_state(),
-        "fields": {
-            k: copy.copy(getattr(replica, k))
-            for k in ("last_chunk", "refreshed", "force_refresh", "noise_pairs")
-        },
-        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
-        # step before synced its gradients: a no_sync step turns that off for the next one
-        "ddp_forward_sync": replica.ddp.require_forward_param_sync,
-    }
-
-
-def _restore(replica: Replica, snap: dict[str, Any]) -> None:
-    replica.ddp.module.load_state_dict(snap["model"])
-    load_optimizer_state(replica.opt, snap["optimizer"])
-    replica.sched.load_state_dict(snap["scheduler"])
-    replica.scaler.load_state_dict(snap["scaler"])
-    replica.pos, replica.stats = snap["pos"], snap["stats"]
-    for k, v in snap["fields"].items():
-        setattr(replica, k, v)
-    checkpoint.set_rng_state(snap["rng"])
-    replica.ddp.require_forward_param_sync = snap["ddp_forward_sync"]
-
-
 class Monitor:
     """When to monitor, the paired step, and (rank 0) steps.csv, drift.json and the detector.
 
@@ -118,28 +75,18 @@ class Monitor:
         self,
         replica: Replica,
         every: int | str | None,
-        out_dir: Path,
-        attempt: int,
+        ledger: Ledger,
         band: drift_mod.Band | None,
-        resumed_from: int,
-        times: dict[str, float],
     ):
-        self.replica, self.out, self.attempt, self.band, self.times = (
-            replica,
-            Path(out_dir),
-            attempt,
-            band,
-            times,
-        )
+        self.replica, self.ledger, self.band = replica, ledger, band
+        self.out, self.attempt, resumed_from = Path(ledger.out), ledger.attempt, ledger.resumed_from
         self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
         self.every = None if every in (None, "auto") else int(every)
         # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier
         # attempts' too)
-        self.since, self.spent_before = resumed_from, times["monitor_time_s"]
+        self.since, self.spent_before = resumed_from, ledger.times["monitor_time_s"]
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
-        # the probe's timer: the pair's steps timed as the probe timed them
-        self.timer = StepTimer(clock_for(replica.device, replica.sync_device))
         self.rows, self.drifts = [], []
         if replica.rank == 0:
             steps, drifts = self.out / "steps.csv", self.out / "drift.json"
@@ -175,22 +122,21 @@ class Monitor:
     def paired_step(self, batches: Iterator) -> tuple[float, int] | None:
         """Fetch the next batch; a compute-only step on it (then undone), then the real step.
         Returns (seconds of the real step, fetch included; its stop code) or None at the
-        epoch's end, as :meth:`Replica.timed_step` does."""
-        r, timer = self.replica, self.timer
+        epoch's end."""
+        r, timer = self.replica, self.ledger.timer  # the probe's timer: as the probe times
         # the fetch, timed as the timer times (queued steps drained first on a host clock)
         fetch, batch = timer.time_call(lambda: next(batches, None))
         if batch is None:
             return None
         t1 = time.perf_counter()
-        snap = _snapshot(r)
 
         def compute_only(_: int) -> tuple[int, str]:
             with r.ddp.no_sync():
                 r.step(*batch)
             return 1, "plain"
 
-        compute = fetch + timer.time_once(compute_only)[0]
-        _restore(r, snap)
+        with r.undone():  # the compute-only step, then everything it changed put back
+            compute = fetch + timer.time_once(compute_only)[0]
         r.sync_device()
         overhead = time.perf_counter() - t1  # what the pair adds: snapshot, compute-only, restore
         stop = [0]
@@ -204,7 +150,7 @@ class Monitor:
         # the slowest rank's, as the probe takes it; over the CPU group (a CPU tensor, NCCL or not)
         torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX, group=agreement.HOST_GROUP[0])
         step, compute, overhead = agreed.tolist()
-        self.times["monitor_time_s"] += overhead
+        self.ledger.spend("monitor_time_s", overhead)
         self._schedule(step, overhead)
         if r.rank == 0:
             self._record(step, compute, overhead)
@@ -216,7 +162,7 @@ class Monitor:
             self.next_step = at + self.every
         else:
             # the pairs since (re)start, this one included
-            spent = self.times["monitor_time_s"] - self.spent_before
+            spent = self.ledger.times["monitor_time_s"] - self.spent_before
             self.next_step = next_auto_pair(at, self.since, spent, cost_s, step_s)
 
     def _record(self, step_s: float, compute_s: float, cost_s: float) -> None:

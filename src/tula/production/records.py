@@ -5,54 +5,55 @@ step and the place (every rank agreed on it, or it happened where they cannot ag
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as torch_dist
 
 from tula.io import write_json
 from tula.production import history
+from tula.production.ledger import Ledger
+from tula.production.monitor import Monitor
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM, oom_place
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 
-if TYPE_CHECKING:
-    from tula.production.trainer import Trainer
 
-
-def final_record(tr: Trainer) -> dict[str, Any]:
+def final_record(
+    ledger: Ledger, replica: Replica, backend: str, monitor: Monitor | None
+) -> dict[str, Any]:
     """final.json: the run's settings, its results and what its parts took."""
-    replica, t = tr.replica, tr.cfg.train
+    cfg, t, times, rows = replica.cfg, replica.t, ledger.times, ledger.rows
     steps = max(replica.pos.step, 1)
     return {
-        "workers": tr.workers,
-        "global_batch": tr.global_batch,
-        "local_batch": tr.global_batch // tr.workers,
-        "model": tr.cfg.workload.model,
-        "dataset": tr.cfg.workload.dataset,
+        "workers": replica.world,
+        "global_batch": replica.global_batch,
+        "local_batch": replica.global_batch // replica.world,
+        "model": cfg.workload.model,
+        "dataset": cfg.workload.dataset,
         "optimizer": t.optimizer,
         "method": t.method,
         "precision": t.precision,
         "compile": t.compile,
         "channels_last": replica.channels_last,
-        "data_workers": replica.loader.num_workers,
+        "data_workers": replica.stream.loader.num_workers,
         "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
         "fp16_skipped_steps": _skipped(replica),
-        "epochs": tr.cfg.workload.epochs,
+        "epochs": cfg.workload.epochs,
         "steps": replica.pos.step,
-        "eval_batch_size": replica.eval_batch,
-        "eval_oom_retries": replica.eval_retries,
+        "eval_batch_size": replica.evaluator.batch,
+        "eval_oom_retries": replica.evaluator.retries,
         "train_samples": replica.data.train_size,
-        "final_test_acc": tr.rows[-1]["test_acc"],
-        "best_test_acc": max(x["test_acc"] for x in tr.rows),
-        "final_train_loss": tr.rows[-1]["train_loss"],
-        **tr.times,
-        "mean_step_time_s": tr.times["train_time_s"] / max(steps - tr.times["first_steps"], 1),
-        "wall_time_s": tr.wall_time(),
-        "backend": tr.backend,
-        "device": str(tr.device),
+        "final_test_acc": rows[-1]["test_acc"],
+        "best_test_acc": max(x["test_acc"] for x in rows),
+        "final_train_loss": rows[-1]["train_loss"],
+        **times,
+        "mean_step_time_s": times["train_time_s"] / max(steps - times["first_steps"], 1),
+        "wall_time_s": ledger.wall_time(),
+        "backend": backend,
+        "device": str(replica.device),
         "comm_env": dist.comm_env(),
-        **(tr.monitor.summary() if tr.monitor else {"monitored_steps": 0, "drift": []}),
+        **(monitor.summary() if monitor else {"monitored_steps": 0, "drift": []}),
     }
 
 
@@ -63,13 +64,13 @@ def _skipped(replica: Replica) -> int | None:
     return replica.pos.step - replica.opt.counters["steps"]
 
 
-def oom_record(tr: Trainer, where: str, message: str) -> None:
-    step = tr.replica.pos.step
+def oom_record(ledger: Ledger, replica: Replica, where: str, message: str) -> None:
+    step = replica.pos.step
     write_json(
-        history.oom_record_path(tr.out, tr.attempt, tr.rank),
+        history.oom_record_path(ledger.out, ledger.attempt, ledger.rank),
         {
             "step": step,
-            "global_batch": tr.global_batch,
+            "global_batch": replica.global_batch,
             "where": where,
             "place": oom_place(where, step),
             "message": message,
@@ -78,36 +79,39 @@ def oom_record(tr: Trainer, where: str, message: str) -> None:
     )
 
 
-def oom_outcome(tr: Trainer, exc: StepOOM) -> dict[str, Any]:
-    messages: list[Any] = [None] * tr.workers
+def oom_outcome(
+    ledger: Ledger, replica: Replica, exc: StepOOM, checkpointed: bool
+) -> dict[str, Any]:
+    """After an out-of-memory error every rank agreed on: the failing ranks' records, rank 0's
+    line and (a checkpointed run) the segment's end; the outcome ``tula launch`` reads."""
+    messages: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(messages, exc.message)
-    exc.message = next(messages[replica] for replica in exc.ranks)
-    step = tr.replica.pos.step
-    if tr.rank in exc.ranks:
-        oom_record(tr, exc.where, exc.message)
+    message = next(messages[r] for r in exc.ranks)  # the first failing rank's own words
+    step = replica.pos.step
+    if ledger.rank in exc.ranks:
+        oom_record(ledger, replica, exc.where, message)
     what = oom_place(exc.where, step)
-    if tr.rank == 0:
+    if ledger.rank == 0:
         print(
-            f"[{tr.label}] out of memory {what} on rank(s) {exc.ranks}: {exc.message}",
+            f"[{ledger.label}] out of memory {what} on rank(s) {exc.ranks}: {message}",
             flush=True,
         )
-        if tr.ckpt:
+        if checkpointed:
             history.add_segment(
-                tr.out,
-                {
-                    **tr.seg,
-                    "end_step": step,
-                    "outcome": "oom",
-                    "ended": history.utc_now(),
-                    "reason": f"out of memory {what} on rank(s) {exc.ranks}: {exc.message}",
-                },
+                ledger.out,
+                ledger.segment(
+                    end_step=step,
+                    outcome="oom",
+                    ended=history.utc_now(),
+                    reason=f"out of memory {what} on rank(s) {exc.ranks}: {message}",
+                ),
             )
     dist.shutdown(ok=True)
     return {
         "outcome": "oom",
         "step": step,
         "ranks": exc.ranks,
-        "message": exc.message,
+        "message": message,
         "where": exc.where,
         "place": what,
     }

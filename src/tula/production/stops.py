@@ -8,11 +8,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from tula.production import history
+from tula.production.ledger import Ledger
 from tula.runtime import dist
-from tula.runtime.replica import Position
+from tula.runtime.stepstate import Position
 
 
 class StopSignals:
@@ -65,15 +65,7 @@ class StopSignals:
         )
 
 
-def stop(
-    code: int,
-    stops: StopSignals,
-    seg: dict[str, Any],
-    pos: Position,
-    out_dir: Path,
-    rank: int,
-    label: str,
-) -> None:
+def stop(code: int, stops: StopSignals, ledger: Ledger, pos: Position) -> None:
     """After the stop checkpoint: record the segment, leave the process group, and either let
     submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
     sig = (
@@ -82,23 +74,19 @@ def stop(
         else ("USR2" if code == 2 else "TERM")
     )  # this rank's own signal, else the one the peers agreed on
     requeue = stops.requeue_handler() if code == 2 else None
-    if rank == 0:
+    if ledger.rank == 0:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
-        print(
-            f"[{label}] {stops.reason or f'SIG{sig} received'}: stopped after step {pos.step}, "
-            f"{what}",
-            flush=True,
-        )
+        said = stops.reason or f"SIG{sig} received"
+        print(f"[{ledger.label}] {said}: stopped after step {pos.step}, {what}", flush=True)
         history.add_segment(
-            out_dir,
-            {
-                **seg,
-                "end_step": pos.step,
-                "outcome": "requeued" if requeue else "stopped",
-                "ended": history.utc_now(),
-                "reason": f"{why}: {what}",
-            },
+            ledger.out,
+            ledger.segment(
+                end_step=pos.step,
+                outcome="requeued" if requeue else "stopped",
+                ended=history.utc_now(),
+                reason=f"{why}: {what}",
+            ),
         )
     dist.shutdown(ok=True)
     sys.stdout.flush()

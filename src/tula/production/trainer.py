@@ -24,15 +24,17 @@ from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
 from tula.production import history, records, stops
+from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.progress import Progress, fmt_duration
 from tula.runtime import dist, gradnoise
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import process_started
-from tula.runtime.methods import follow_new_batch
 from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import load_newest, load_state, write_checkpoint
+from tula.runtime.stepstate import StepHooks
+from tula.runtime.timing import StepTimer, clock_for
 
 METRIC_COLUMNS = [
     "epoch",
@@ -76,49 +78,30 @@ class Trainer:
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = stops.StopSignals() if ckpt else None
-        self.replica = Replica(cfg, self.device, global_batch, self.rank, workers)
-        self._wire_replica()
-        # time spent, carried across requeues: steps only / evaluation / checkpoints / process
-        # start-ups
-        self.times = {
-            "train_time_s": 0.0,
-            "eval_time_s": 0.0,
-            "checkpoint_time_s": 0.0,
-            "startup_time_s": 0.0,
-            "first_steps_time_s": 0.0,
-            "first_steps": 0,
-            "monitor_time_s": 0.0,
-        }
-        # batch shapes this attempt has stepped at (first_steps_time_s)
-        self.shapes_met: set[str] = set()
+        self.replica = Replica(cfg, self.device, global_batch, self.rank, workers, self._hooks())
+        self.label = f"train N={workers} B={global_batch}"
+        timer = StepTimer(clock_for(self.device, self.replica.sync_device))
+        self.ledger = Ledger(out_dir, self.rank, self.attempt, self.label, timer, process_started())
         # the predicted sync at (N, B): the drift detector's
         self.band = drift.Band(**band) if band else None
         self.monitor: Monitor | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.epoch_time = 0.0
-        self.resumed_from = 0
-        self.wall_before = 0.0  # the wall time of earlier attempts, to their last checkpoint
-        self.process_started, self.first_step_at = process_started(), None
-        self.label = f"train N={workers} B={global_batch}"
-        self.seg: dict[str, Any] = {}
 
-    def _wire_replica(self) -> None:
+    def _hooks(self) -> StepHooks:
         """What the replica's step asks of the job: the agreed stop (a signal, or on rank 0 a
         move request too) and the fault drills' injections."""
+        hooks: dict[str, Any] = {}
         if self.stops:
-            request = history.move_request_path(self.out)
-            self.replica.stop_code = (
-                (lambda: self.stops.move_requested(request))
+            request, signals = history.move_request_path(self.out), self.stops
+            hooks["stop_code"] = (
+                (lambda: signals.move_requested(request))
                 if self.rank == 0
-                else (lambda: self.stops.code)
+                else (lambda: signals.code)
             )
-        if any(f.kind == "slowsync" for f in self.faults):
-            self.replica.sync_delay = lambda step: tula_faults.sync_delay_s(
-                self.faults, step, self.workers
-            )
-        injector = tula_faults.Injector(self.faults, self.rank)
-        if injector:
-            self.replica.inject_faults(injector)
+        faults, workers = self.faults, self.workers
+        if any(f.kind == "slowsync" for f in faults):
+            hooks["sync_delay"] = lambda step: tula_faults.sync_delay_s(faults, step, workers)
+        injector = tula_faults.Injector(faults, self.rank)
+        return StepHooks(**hooks, injector=injector if injector else None)
 
     # -- phases ------------------------------------------------------------------------
     def restore(self) -> None:
@@ -128,31 +111,24 @@ class Trainer:
         state = load_newest(self.ckpt, self.rank)
         if not state:
             return
-        replica = self.replica
-        load_state(replica, state, state["step"])
-        ranks = state["ranks"]
+        replica, ranks = self.replica, state["ranks"]
+        if len(ranks) == self.workers:
+            checkpoint.set_rng_state(ranks[self.rank]["rng"])
+            stats = ranks[self.rank]["epoch_stats"]
+        # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
+        else:
+            checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
+            total = sum(r["epoch_stats"] for r in ranks)
+            stats = total if self.rank == 0 else torch.zeros_like(total)
+        load_state(replica, state, state["step"], stats)
         own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
         # post-local SGD between two averages: this rank's own model and momentum
         if own is not None:
             replica.ddp.module.load_state_dict(own["model"])
             load_optimizer_state(replica.opt, own["optimizer"])
-        if len(ranks) == self.workers:
-            checkpoint.set_rng_state(ranks[self.rank]["rng"])
-            replica.stats = ranks[self.rank]["epoch_stats"].to(self.device)
-        # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
-        else:
-            checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
-            total = sum(r["epoch_stats"] for r in ranks)
-            replica.stats = (total if self.rank == 0 else torch.zeros_like(total)).to(self.device)
-        self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
-        self.times.update({k: state.get(k, 0.0) for k in self.times})
-        self.wall_before = state.get("wall_time_s", 0.0)
-        self.resumed_from = replica.pos.step
+        self.ledger.restore(state)
         if state["global_batch"] != self.global_batch:
-            replica.noise_pairs = []  # measured at the old B
-            replica.force_refresh = follow_new_batch(
-                replica.opt, replica.sched, state["global_batch"], self.global_batch, self.rank
-            )
+            replica.follow_batch_change(state["global_batch"])
         if self.rank == 0:
             print(
                 f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch "
@@ -168,32 +144,27 @@ class Trainer:
         pair). The first step of the attempt and the first short last batch are timed alone:
         they pay what a new shape costs once (compilation, cuDNN's autotuning, the allocator's
         growth) and are counted in ``first_steps_time_s``, not in the step time."""
-        replica = self.replica
+        replica, ledger = self.replica, self.ledger
         batches = replica.epoch_batches()
         stretch = time.perf_counter()
 
-        def close() -> float:  # the stretch's time, into the epoch's and training's
+        def close() -> None:  # the stretch's time, into the epoch's and training's
             replica.sync_device()
-            dt = time.perf_counter() - stretch
-            self.epoch_time += dt
-            self.times["train_time_s"] += dt
-            return dt
+            ledger.spend("train_time_s", time.perf_counter() - stretch, in_epoch=True)
 
         while True:
-            tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, self.resumed_from)
-            if self.first_step_at is None:
+            tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, ledger.resumed_from)
+            if ledger.first_step_at is None:
                 self._first_step()
             first = self._first_of_shape()
             if first or (self.monitor and self.monitor.due()):
                 close()
-                timed = replica.timed_step(batches) if first else self.monitor.paired_step(batches)
-                if timed is not None:
-                    dt, stop = timed
-                    self.epoch_time += dt
-                    self.times["first_steps_time_s" if first else "train_time_s"] += dt
-                    if first:
-                        self.shapes_met.add(first)
-                        self.times["first_steps"] += 1
+                timed = self._timed_first(batches) if first else self.monitor.paired_step(batches)
+                if timed is not None and first:
+                    ledger.first_of_shape(first, timed[0])
+                elif timed is not None:
+                    ledger.spend("train_time_s", timed[0], in_epoch=True)
+                stop = timed[1] if timed is not None else None
                 stretch = time.perf_counter()
             else:
                 stop = replica.run_step(batches)
@@ -207,18 +178,21 @@ class Trainer:
                 self.checkpoint()
                 stretch = time.perf_counter()
             if stop:
-                stops.stop(stop, self.stops, self.seg, replica.pos, self.out, self.rank, self.label)
+                stops.stop(stop, self.stops, self.ledger, replica.pos)
+
+    def _timed_first(self, batches) -> tuple[float, int] | None:
+        """The first step at a batch shape, timed alone by the ledger's timer: (seconds, stop
+        code), or None when the epoch has no batch left."""
+        seconds, stop = self.ledger.timer.time_call(lambda: self.replica.run_step(batches))
+        return None if stop is None else (seconds, stop)
 
     def _first_step(self) -> None:
         """The attempt's first step is about to run: start-up ends here."""
-        self.first_step_at = time.time()
-        self.times["startup_time_s"] += self.first_step_at - self.process_started
-        # fault drills: time to resumed training
-        self.seg["first_step_time"] = self.first_step_at
+        at = self.ledger.first_step()
         # tula launch: what a (re)launch costs, submission to first step
         if self.rank == 0 and self.ckpt:
-            started = {"attempt": self.attempt, "first_step_time": self.first_step_at}
-            started.update(process_started=self.process_started, step=self.replica.pos.step)
+            started = {"attempt": self.attempt, "first_step_time": at}
+            started.update(process_started=self.ledger.process_started, step=self.replica.pos.step)
             write_json(history.started_path(self.out), started)
 
     def _first_of_shape(self) -> str:
@@ -227,14 +201,15 @@ class Trainer:
         r = self.replica
         left = r.data.train_size - r.pos.offset
         shape = "full" if left >= r.global_batch else "short" if left >= r.world else ""
-        return shape if shape and shape not in self.shapes_met else ""
+        return shape if shape and shape not in self.ledger.shapes_met else ""
 
     def end_of_epoch(self, epochs: int, progress: Progress) -> None:
         replica = self.replica
         train_loss, train_acc, samples = replica.end_epoch()
         t0 = time.perf_counter()
         test_loss, test_acc = replica.evaluate()
-        self.times["eval_time_s"] += time.perf_counter() - t0
+        self.ledger.spend("eval_time_s", time.perf_counter() - t0)
+        epoch_time = self.ledger.epoch_time
         row = {
             "epoch": replica.pos.epoch - 1,
             "step": replica.pos.step,
@@ -243,17 +218,17 @@ class Trainer:
             "train_acc": train_acc,
             "test_loss": test_loss,
             "test_acc": test_acc,
-            "epoch_time_s": self.epoch_time,
-            "samples_per_s": samples / max(self.epoch_time, 1e-9),
+            "epoch_time_s": epoch_time,
+            "samples_per_s": samples / max(epoch_time, 1e-9),
             "samples": samples,
             "workers": self.workers,
             "global_batch": self.global_batch,
             **gradnoise.epoch_noise(replica),
         }
-        self.rows.append(row)
-        self.epoch_time = 0.0
+        self.ledger.close_epoch(row)
         if self.rank == 0:
-            write_csv(self.out / "metrics.csv", pd.DataFrame(self.rows, columns=METRIC_COLUMNS))
+            rows = pd.DataFrame(self.ledger.rows, columns=METRIC_COLUMNS)
+            write_csv(self.out / "metrics.csv", rows)
             progress.update(
                 row["epoch"],
                 "epoch ",
@@ -281,40 +256,31 @@ class Trainer:
                 "global_batch": self.global_batch,
                 "workers": self.workers,
                 "complete": complete,
-                "rows": self.rows,
-                "epoch_time_s": self.epoch_time,
-                **self.times,
-                "wall_time_s": self.wall_time(),
+                **self.ledger.checkpointed(),
                 "method": self.cfg.train.method,
                 "attempt": self.attempt,
             },
             hook,
         )
-        self.times["checkpoint_time_s"] += time.perf_counter() - t0
-
-    def wall_time(self) -> float:
-        """Seconds this run has taken so far: each attempt from its process's start (earlier
-        attempts to their last checkpoint; time in the queue not counted)."""
-        return self.wall_before + time.time() - self.process_started
+        self.ledger.spend("checkpoint_time_s", time.perf_counter() - t0)
 
     def finish(self) -> dict[str, Any]:
         replica = self.replica
         if self.ckpt:
             self.checkpoint(complete=True)
         if self.rank == 0:
-            final = records.final_record(self)
+            final = records.final_record(self.ledger, replica, self.backend, self.monitor)
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
                 history.add_segment(
                     self.out,
-                    {
-                        **self.seg,
-                        "end_step": replica.pos.step,
-                        "outcome": "completed",
-                        "ended": history.utc_now(),
-                        "reason": "trained every epoch",
-                    },
+                    self.ledger.segment(
+                        end_step=replica.pos.step,
+                        outcome="completed",
+                        ended=history.utc_now(),
+                        reason="trained every epoch",
+                    ),
                 )
             print(
                 f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} "
@@ -337,16 +303,15 @@ class Trainer:
         # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
         if self.ckpt:
             every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
-            self.monitor = Monitor(
-                replica, every, self.out, self.attempt, self.band, self.resumed_from, self.times
-            )
+            self.monitor = Monitor(replica, every, self.ledger, self.band)
         if self.rank == 0:
             print(
                 f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: "
                 f"{replica.data.train_size} training samples, {replica.steps_per_epoch} "
                 f"steps/epoch x {epochs} epochs, method {cfg.train.method}, {cfg.train.precision}, "
-                f"backend {self.backend} on {self.device}, {replica.loader.num_workers} loader "
-                f"worker(s)" + (f", attempt {self.attempt}" if self.ckpt else ""),
+                f"backend {self.backend} on {self.device}, "
+                f"{replica.stream.loader.num_workers} loader worker(s)"
+                + (f", attempt {self.attempt}" if self.ckpt else ""),
                 flush=True,
             )
         progress = Progress(
@@ -357,24 +322,26 @@ class Trainer:
             enabled=self.rank == 0,
             start=replica.pos.epoch - 1,
         )
-        self.seg = {
-            "attempt": self.attempt,
-            "global_batch": self.global_batch,
-            "start_step": replica.pos.step,
-            "host": dist.hostname(),
-            "started": history.utc_now(),
-            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-        }
+        self.ledger.begin_segment(
+            {
+                "attempt": self.attempt,
+                "global_batch": self.global_batch,
+                "start_step": replica.pos.step,
+                "host": dist.hostname(),
+                "started": history.utc_now(),
+                "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+            }
+        )
         try:
             while replica.pos.epoch <= epochs:
                 self.train_epoch()
                 self.end_of_epoch(epochs, progress)
             return self.finish()
         except StepOOM as exc:
-            return records.oom_outcome(self, exc)
+            return records.oom_outcome(self.ledger, replica, exc, bool(self.ckpt))
         except torch.OutOfMemoryError as exc:
             # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
             # the launcher, which classifies the attempt as out of memory from it, and fail; the
             # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
-            records.oom_record(self, replica.phase, str(exc) or "out of memory")
+            records.oom_record(self.ledger, replica, replica.phase, str(exc) or "out of memory")
             raise

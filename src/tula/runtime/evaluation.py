@@ -1,86 +1,115 @@
 """Evaluation on the test set, sharded over the ranks, surviving an out-of-memory error on any
-of them by evaluating again at half the evaluation batch."""
+of them by evaluating again at half the evaluation batch.
+
+:class:`Evaluator` owns what evaluation keeps between epochs: its batch per worker (halved
+after an out-of-memory error, and kept for the rest of the run, across requeues through the
+checkpoint), its loader at that batch, and the record of each retry. The replica builds one
+and hands it the model to evaluate (:class:`Evaluated`), so this module needs nothing of the
+replica's own module."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 import torch
 
 from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree
 
-if TYPE_CHECKING:
-    from tula.runtime.replica import Replica
+
+class Evaluated(Protocol):
+    """What evaluation asks of the model it evaluates (:class:`tula.runtime.replica.Replica`)."""
+
+    ddp: torch.nn.parallel.DistributedDataParallel
+
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def autocast(self) -> contextlib.AbstractContextManager: ...
+
+    def in_phase(self, phase: str) -> contextlib.AbstractContextManager: ...
+
+    def free_cached_memory(self) -> None: ...
 
 
-def evaluate(replica: Replica) -> tuple[float, float]:
-    """(test loss, test accuracy) over the whole test set, sharded over the ranks.
+class Evaluator:
+    """One rank's evaluation: its batch, loader and retries."""
 
-    Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
-    (a flag per rank rides along) and evaluate again at half the evaluation batch, down
-    to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
-    while True:
-        if replica._eval_loader is None:
-            replica._eval_loader = loader.eval_loader(
-                replica.cfg,
-                replica.data,
-                replica.rank,
-                replica.world,
-                replica.device,
-                batch_size=replica.eval_batch,
-            )
-        t0 = time.perf_counter()
-        sums, oom = _test_sums(replica)
-        if oom:
-            replica.free_cached_memory()
-        sums, failed = agree(bool(oom), sums)
-        if not failed:
-            n = max(sums[2].item(), 1.0)
-            return sums[0].item() / n, sums[1].item() / n
-        if replica.eval_batch == 1:
-            raise StepOOM(failed, oom, where="eval")
-        smaller = replica.eval_batch // 2
-        replica.eval_retries.append(
-            {
-                "step": replica.pos.step,
-                "eval_batch": replica.eval_batch,
-                "retry_batch": smaller,
-                "ranks": failed,
-                "seconds_lost": time.perf_counter() - t0,
-            }
+    def __init__(self, cfg, data, rank: int, world: int, device: torch.device, batch: int):
+        self._loader_at: Callable[[int], Any] = lambda b: loader.eval_loader(
+            cfg, data, rank, world, device, batch_size=b
         )
-        if replica.rank == 0:
-            print(
-                f"[train] out of memory in evaluation on rank(s) {failed} at {replica.eval_batch} "
-                f"samples per worker: evaluating again at {smaller}",
-                flush=True,
+        self.rank, self.device = rank, device
+        self.batch = batch  # per worker; halved after an out-of-memory error
+        self.retries: list[dict[str, Any]] = []
+        self._loader = None
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it."""
+        return {"eval_batch": self.batch, "eval_retries": list(self.retries)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """From a checkpoint: a batch found too large stays smaller; its retries are kept."""
+        self.batch = min(self.batch, state.get("eval_batch", self.batch))
+        self.retries, self._loader = list(state.get("eval_retries", [])), None
+
+    def evaluate(self, model: Evaluated, step: int) -> tuple[float, float]:
+        """(test loss, test accuracy) over the whole test set, sharded over the ranks.
+
+        Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
+        (a flag per rank rides along) and evaluate again at half the evaluation batch, down
+        to one sample per worker; below that, :class:`StepOOM` (``where="eval"``)."""
+        while True:
+            if self._loader is None:
+                self._loader = self._loader_at(self.batch)
+            t0 = time.perf_counter()
+            sums, oom = self._test_sums(model)
+            if oom:
+                model.free_cached_memory()
+            sums, failed = agree(bool(oom), sums)
+            if not failed:
+                n = max(sums[2].item(), 1.0)
+                return sums[0].item() / n, sums[1].item() / n
+            if self.batch == 1:
+                raise StepOOM(failed, oom, where="eval")
+            smaller = self.batch // 2
+            self.retries.append(
+                {
+                    "step": step,
+                    "eval_batch": self.batch,
+                    "retry_batch": smaller,
+                    "ranks": failed,
+                    "seconds_lost": time.perf_counter() - t0,
+                }
             )
-        replica.eval_batch, replica._eval_loader = smaller, None
+            if self.rank == 0:
+                print(
+                    f"[train] out of memory in evaluation on rank(s) {failed} at {self.batch} "
+                    f"samples per worker: evaluating again at {smaller}",
+                    flush=True,
+                )
+            self.batch, self._loader = smaller, None
 
-
-def _test_sums(replica: Replica) -> tuple[torch.Tensor, str]:
-    """This rank's (loss sum, correct, count) over its shard of the test set, and the
-    out-of-memory message if it ran out ("" if not)."""
-    sums = torch.zeros(3, dtype=torch.float64, device=replica.device)  # loss, correct, count
-    oom = ""
-    replica.ddp.eval()
-    replica.phase = "eval"
-    try:
-        with torch.no_grad():
-            for x, y in replica._eval_loader:
-                x, y = replica.to_device(x, y)
-                with replica.autocast():
-                    logits = replica.ddp.module(x)
-                sums[0] += torch.nn.functional.cross_entropy(
-                    logits.float(), y, reduction="sum"
-                ).double()
-                sums[1] += (logits.argmax(1) == y).sum().double()
-                sums[2] += len(y)
-    except torch.OutOfMemoryError as exc:
-        oom = str(exc) or "out of memory"
-    finally:
-        replica.ddp.train()
-        replica.phase = "forward"
-    return sums, oom
+    def _test_sums(self, model: Evaluated) -> tuple[torch.Tensor, str]:
+        """This rank's (loss sum, correct, count) over its shard of the test set, and the
+        out-of-memory message if it ran out ("" if not)."""
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        oom = ""
+        model.ddp.eval()
+        try:
+            with model.in_phase("eval"), torch.no_grad():
+                for x, y in self._loader:
+                    x, y = model.to_device(x, y)
+                    with model.autocast():
+                        logits = model.ddp.module(x)
+                    sums[0] += torch.nn.functional.cross_entropy(
+                        logits.float(), y, reduction="sum"
+                    ).double()
+                    sums[1] += (logits.argmax(1) == y).sum().double()
+                    sums[2] += len(y)
+        except torch.OutOfMemoryError as exc:
+            oom = str(exc) or "out of memory"
+        finally:
+            model.ddp.train()
+        return sums, oom

@@ -44,9 +44,8 @@ def measure(replica, steps: int) -> dict[str, Any]:
     batches = None
     for i in range(steps):
         # an epoch's full batches, then those of the next epoch's new order: no batch twice
-        if i % full == 0:
-            replica.sampler.set_position(replica.pos.epoch + i // full, 0)
-            batches = iter(replica.feed)  # on the device, decoded there where data.decode is gpu
+        if i % full == 0:  # on the device, decoded there where data.decode is gpu
+            batches = replica.stream.batches(replica.pos.epoch + i // full)
         s, g = gradient_norms(replica, *next(batches))
         small.append(s)
         big.append(g)
@@ -93,7 +92,7 @@ def epoch_noise(replica: Replica) -> dict[str, float | None]:
     tula.model.noise): the reference sub-batch's gradient against the step's, both all-reduced,
     so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
     pair; None where there was none (other methods) or |G|^2 came out <= 0."""
-    pairs, replica.noise_pairs = replica.noise_pairs, []
+    pairs = replica.take_noise_pairs()
     small = replica.small_local * replica.world
     if not pairs or not small < replica.global_batch:
         return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}

@@ -155,7 +155,7 @@ def step_peak_bytes(
 
     def measure(refresh: bool) -> int:
         if replica.device.type == "cuda":
-            replica.force_refresh = refresh
+            replica.refresh_next(refresh)
             torch.cuda.synchronize(replica.device)
             torch.cuda.reset_peak_memory_stats(replica.device)
             replica.next_timed_step()
@@ -166,12 +166,11 @@ def step_peak_bytes(
         # of them got a peak, and all measure one more step if not, so they stay in step.
         errors, own = [], None  # own: this rank's largest peak of a try that worked here
         for attempt in range(PROFILER_TRIES):
-            replica.force_refresh = refresh
+            replica.refresh_next(refresh)
             try:
                 peak = cpu_step_peak_bytes(replica.ddp, replica.opt, replica.next_timed_step)
-                if replica.inject is not None:
-                    # fault injection: the timeline of a step that ran fails
-                    replica.inject("profiler")
+                # fault injection: the timeline of a step that ran fails
+                replica.inject("profiler")
             except AssertionError as exc:
                 peak = None
                 errors.append(str(exc).splitlines()[0][:200])
@@ -217,12 +216,11 @@ def input_time_s(replica: Replica, batches: int) -> float | None:
     The first batch (the loader workers' start) is left out; short last batches are skipped.
     None where no full batch follows the first. Training's own position is untouched: its
     next step starts a fresh pass over the feed where training stands."""
-    sampler, epoch, timed = replica.sampler, replica.pos.epoch, []
+    epoch, timed = replica.pos.epoch, []
     full = replica.global_batch // replica.world
     for _ in range(batches + 1):  # epochs: enough for `batches` batches even at one per epoch
-        sampler.set_position(epoch, 0)
         t0 = time.perf_counter()
-        for x, _ in replica.feed:
+        for x, _ in replica.stream.batches(epoch):
             if replica.device.type == "cuda":
                 torch.cuda.current_stream(replica.device).synchronize()
             t1 = time.perf_counter()
@@ -234,7 +232,7 @@ def input_time_s(replica: Replica, batches: int) -> float | None:
         if len(timed) > batches:
             break
         epoch += 1
-    replica.forget_batches()
+    replica.stream.forget()
     return statistics.fmean(timed[1:]) if len(timed) > 1 else None
 
 

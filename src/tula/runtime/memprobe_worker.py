@@ -6,6 +6,7 @@ It writes ``<result-dir>/rank0.json``, also when it fails."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 from pathlib import Path
@@ -79,7 +80,7 @@ def _measure_at(replica: Replica, b: int, verifies_b_max: bool) -> dict[str, Any
         mem = measure_step(
             replica.ddp,
             replica.opt,
-            replica.eager_forward_loss,
+            functools.partial(replica.forward_loss, eager=True),
             *replica.to_device(*next(replica.epoch_batches())),
         )
         peaks = step_peak_bytes(replica)

@@ -169,6 +169,20 @@ def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
     return global_step % k == 0 if k else epoch_start
 
 
+def replicas_differ(t: TrainSettings) -> bool:
+    """Can the ranks' models and optimizer states differ? Post-local SGD's local phase: each
+    rank steps on its own gradient between two averages, so a checkpoint keeps every rank's
+    model and optimizer state, not only rank 0's."""
+    return t.method == "polo"
+
+
+def midepoch_refreshes_per_step(t: TrainSettings) -> float:
+    """How often training refreshes AGS's factors other than at an epoch's first step
+    (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
+    k = t.ags_refresh_every_steps
+    return 1.0 / k if t.method == "ags" and k else 0.0
+
+
 def set_post_local_iter(ddp: DDP, step: int) -> None:
     """Post-local SGD's hook counts steps in its own state; a resumed run continues the count."""
     state = getattr(ddp, "tula_polo_state", None)
@@ -189,8 +203,7 @@ def follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> b
     Returns True: the AGS factors must be refreshed at the next step.
     """
     if isinstance(opt, TulaOptimizer):
-        opt.forget_scales()
-        opt.prev_sq_norm = None
+        opt.forget_batch()
     for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
         group["lr"] = base * lam(sched.last_epoch)
     if rank == 0:

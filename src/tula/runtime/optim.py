@@ -253,6 +253,12 @@ class TulaOptimizer(torch.optim.Optimizer):
             self.state[p]["ags_scale"] = s
         self._host["refreshes"] += 1
 
+    def forget_batch(self) -> None:
+        """Resumed at another global batch: the factors and the last gradient norm, both
+        measured at the old one, are dropped (:func:`tula.runtime.methods.follow_new_batch`)."""
+        self.forget_scales()
+        self.prev_sq_norm = None
+
     def forget_scales(self) -> None:
         """Drop every factor (they were measured at another batch); the next refresh measures them
         again."""

@@ -9,6 +9,7 @@ import math
 from tula import config as config_mod
 from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
+from tula.runtime.methods import midepoch_refreshes_per_step
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Run, StepTimer, Target, Timing, clock_for
 
@@ -79,8 +80,8 @@ def time_steps(
         hw = max((s.half_width() for s in t.arms.values()), default=math.inf)
         # the steps the precision asks (the half-width falls as 1/sqrt(n)), or the budget's
         want = n * (hw / cfg.probe.precision) ** 2 if math.isfinite(hw) else n
-        progress.total = max(
-            n, int(min(want, n * cfg.probe.time_budget_s / max(t.elapsed_s, 1e-9)))
+        progress.retotal(
+            max(n, int(min(want, n * cfg.probe.time_budget_s / max(t.elapsed_s, 1e-9))))
         )
         progress.update(
             n, "timed ", f"precision {100 * hw:.1f} % (target {100 * cfg.probe.precision:g} %)"
@@ -99,10 +100,10 @@ def extra_kinds(replica: Replica, timing: Timing) -> dict[str, list[float]]:
         replica.restart_epoch()
         t, kind = replica.next_timed_step()
         more.setdefault(kind, []).append(t)
-    while replica.midepoch_refreshes_per_step() > 0 and (
+    while midepoch_refreshes_per_step(replica.t) > 0 and (
         len(met["refresh"]) + len(more["refresh"]) < EXTRA_STEPS
     ):
-        replica.force_refresh = True
+        replica.refresh_next()
         t, kind = replica.next_timed_step()
         more.setdefault(kind, []).append(t)
     flat = [(k, t) for k in sorted(more) for t in more[k]]

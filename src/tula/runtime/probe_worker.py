@@ -7,6 +7,7 @@ the measurement (:mod:`tula.stages.probe` says what is timed and how).
 
 from __future__ import annotations
 
+import functools
 import resource
 import shutil
 import statistics
@@ -35,6 +36,7 @@ from tula.runtime.measure import (
     step_peak_bytes,
     timing_stats,
 )
+from tula.runtime.methods import midepoch_refreshes_per_step
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
@@ -100,11 +102,11 @@ def _measure_point(
     mem = measure_step(
         replica.ddp,
         replica.opt,
-        replica.eager_forward_loss,
+        functools.partial(replica.forward_loss, eager=True),
         *replica.to_device(*next(replica.epoch_batches())),
     )
     # the memory step took a batch but no position: the epoch's iterator starts over
-    replica.forget_batches()
+    replica.stream.forget()
     injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
     if injector:  # after the memory step: an OOM meets the step's agreement
         replica.inject_faults(injector)
@@ -126,7 +128,7 @@ def _measure_point(
                 wenv,
                 [g["host"] for g in gathered],
                 cfg,
-                replica.loader.num_workers,
+                replica.stream.loader.num_workers,
             ),
             sweep=[],
         )
@@ -173,7 +175,7 @@ def _this_rank(
     plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
     peaks = step_peak_bytes(replica, retries=retried)
     reads = (
-        max(cfg.probe.input_batches, 3 * replica.loader.num_workers)
+        max(cfg.probe.input_batches, 3 * replica.stream.loader.num_workers)
         if cfg.probe.input_batches
         else 0
     )
@@ -246,12 +248,8 @@ def _measurement(
     epoch start's and a mid-epoch refresh's extra cost, and the short last batch's saving,
     added at training's rate; the timing's precision; its peak memory, the largest rank's."""
     step, comp = timing.arms["step"], timing.arms["compute"]
-    if not step.times or not comp.times:  # every step an epoch's first (B >= D): those, then
-        for arm in (step, comp):
-            arm.times, arm.steps = (
-                arm.times or arm.other["start"],
-                arm.steps or [1] * len(arm.other["start"]),
-            )
+    for arm in (step, comp):  # every step an epoch's first (B >= D): those, then
+        arm.fall_back_to_starts()
     s, c = timing_stats(step.times), timing_stats(comp.times)
     s["mean"], c["mean"] = step.mean(), comp.mean()
     start_extra = (
@@ -264,7 +262,7 @@ def _measurement(
     partial_extra = statistics.fmean(extras["partial"]) - s["mean"] if extras["partial"] else 0.0
     extra = (
         start_extra + partial_extra
-    ) / replica.steps_per_epoch + refresh_extra * replica.midepoch_refreshes_per_step()
+    ) / replica.steps_per_epoch + refresh_extra * midepoch_refreshes_per_step(replica.t)
     return {
         "step_time_s": s["mean"] + extra,
         "compute_time_s": c["mean"] + extra,
@@ -289,7 +287,7 @@ def _measurement(
         "train_samples": replica.data.train_size,
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
         "compile": replica.t.compile,
-        "on_device": replica.feed.resident,
+        "on_device": replica.stream.feed.resident,
         **_input(gathered, s["mean"] + extra),
         "steps_run": replica.pos.step,
         "optimizer_counters": dict(replica.opt.counters)

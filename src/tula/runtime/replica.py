@@ -1,11 +1,11 @@
 """The one training step (paper §III-C, §IV-B): what the probe, the production job and the
 generalization suite all run.
 
-:class:`Replica` is one data-parallel worker: the workload's data and DataLoader, the DDP
-model, the ``train.method`` optimizer, its LR schedule, the mixed-precision autocast and
-GradScaler, and where training stands (:class:`Position`). :meth:`Replica.step` is the
-training step that the probe (``tula probe``), the production job (``tula launch``) and the
-generalization suite (``tula compare``) all run:
+:class:`Replica` is one data-parallel worker and owns the step's state: the workload's data
+and DataLoader, the DDP model, the ``train.method`` optimizer, its LR schedule, autocast and
+GradScaler, where training stands (:class:`Position`), the epoch's sums and AGS's noise pairs;
+its :class:`tula.runtime.evaluation.Evaluator`; and the :class:`StepHooks` the job gives it.
+Other modules change that state only through its methods. :meth:`Replica.step`:
 
     forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
     -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
@@ -15,55 +15,52 @@ Out of memory is agreed on wherever a collective follows that every rank makes a
 step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a
 checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
 backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
-(``oom/``) instead (:mod:`tula.production.trainer`).
-
-:meth:`Replica.timed_step` times one step from fetching its batch to the end of the step
-(device synchronised), the way the probe and the production job both time it. The probe's
-compute-only steps are the same call under ``DDP.no_sync()``.
+(``oom/``) instead (:mod:`tula.production.trainer`). The timer (:mod:`tula.runtime.timing`)
+times around :meth:`Replica.next_steps`; the probe's compute-only steps are the same call
+under ``DDP.no_sync()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tula import checkpoint
 from tula import config as config_mod
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
-from tula.runtime import evaluation, loader
+from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree_host
-from tula.runtime.methods import build_method, lr_factor, refresh_due
+from tula.runtime.evaluation import Evaluator
+from tula.runtime.methods import build_method, follow_new_batch, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.optim import refresh_scales
+from tula.runtime.optim import load_optimizer_state, refresh_scales
+from tula.runtime.stepstate import Position, StepHooks
+from tula.runtime.stream import Stream
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass
-class Position:
-    """Where training stands: optimizer steps taken, the epoch in progress (1-based) and how
-    many samples of that epoch's permutation are consumed. Independent of the batch size, so
-    a relaunch at a smaller batch continues with the next unseen sample."""
-
-    step: int = 0
-    epoch: int = 1
-    offset: int = 0
-
-    def epochs_done(self, train_samples: int) -> float:
-        return (self.epoch - 1) + min(self.offset, train_samples) / train_samples
+# what a step changes besides the model, optimizer, schedule, scaler and RNG (Replica.undone)
+STEP_FIELDS = ("pos", "stats", "last_chunk", "refreshed", "force_refresh", "noise_pairs")
 
 
 class Replica:
     """One worker's model, optimizer, data and position, and the training step."""
 
     def __init__(
-        self, cfg: config_mod.Config, device: torch.device, global_batch: int, rank: int, world: int
+        self,
+        cfg: config_mod.Config,
+        device: torch.device,
+        global_batch: int,
+        rank: int,
+        world: int,
+        hooks: StepHooks | None = None,
     ):
         t = cfg.train
         self.cfg, self.t, self.device = cfg, t, device
@@ -94,27 +91,14 @@ class Replica:
         self.force_refresh = False
         self.refreshed = False  # did the last step refresh AGS's factors?
         self.last_chunk = 0  # samples (all ranks) of the last step's batch
-        self.stop_code: Callable[[], int] = lambda: 0  # production: the agreed stop signal
         # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
         self.phase = "forward"
-        # fault injection (tula.faults): inject(place)
-        self.inject: Callable[[str], None] | None = None
-        # fault injection: slowsync's wait at a step
-        self.sync_delay: Callable[[int], float] | None = None
-        # per worker; halved after an out-of-memory in evaluation
-        self.eval_batch = cfg.data.eval_batch_size
-        self.eval_retries: list[dict[str, Any]] = []
+        self.hooks = dataclasses.replace(hooks or StepHooks(), injector=None)
+        self.inject_faults((hooks or StepHooks()).injector)
+        self.evaluator = Evaluator(cfg, self.data, rank, world, device, cfg.data.eval_batch_size)
         # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.noise_pairs: list[tuple[float, float]] = []
-        self.loader, self.sampler = loader.train_loader(
-            cfg, self.data, global_batch, rank, world, device
-        )
-        self.feed = loader.DeviceFeed(
-            cfg, self.data, self.loader, self.sampler, device, self.channels_last
-        )
-        self._eval_loader = None
-        self._batches: Iterator | None = None  # next_steps's iterator over this epoch
-        self._parked: dict[int, tuple] = {}  # global batch: (loader, sampler, position, iterator)
+        self.stream = Stream(cfg, self.data, global_batch, rank, world, device, self.channels_last)
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
@@ -150,11 +134,6 @@ class Replica:
             logits = (self.ddp if eager else self.net)(x)
             return logits, self.loss_fn(logits, y)
 
-    def eager_forward_loss(
-        self, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward_loss(x, y, eager=True)
-
     def sync_device(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -164,13 +143,30 @@ class Replica:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def inject_faults(self, injector: Callable[[str, int, int], None]) -> None:
-        """Call ``injector(place, step, global batch)`` (:class:`tula.faults.Injector`) where an
-        error can happen: inside the model's forward (training, AGS refresh, evaluation: the
-        phase says which), at the start of backward, and where :meth:`inject` is called (the
-        trainer while checkpointing, the probe as it starts, the memory measurement)."""
-        self.inject = lambda place: injector(place, self.pos.step, self.global_batch)
+    def inject_faults(self, injector: Callable[[str, int, int], None] | None) -> None:
+        """From now on, call ``injector(place, step, global batch)`` (:class:`tula.faults.Injector`)
+        where an error can happen: inside the model's forward (training, AGS refresh,
+        evaluation: the phase says which), at the start of backward, and at :meth:`inject`
+        (the trainer while checkpointing, the probe as it starts, the memory measurement).
+        The probe arms it only after its memory step, whose forward has no agreement."""
+        if injector is None or self.hooks.injector is not None:
+            return
+        self.hooks = dataclasses.replace(self.hooks, injector=injector)
         self.ddp.module.register_forward_pre_hook(lambda m, a: self.inject(self.phase))
+
+    def inject(self, place: str) -> None:
+        """A fault drill's error due at ``place`` now (nothing without an injector)."""
+        if self.hooks.injector is not None:
+            self.hooks.injector(place, self.pos.step, self.global_batch)
+
+    @contextlib.contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        """Code that runs the model outside the step (evaluation): the phase a fault sees."""
+        self.phase = phase
+        try:
+            yield
+        finally:
+            self.phase = "forward"
 
     # -- the step ----------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -194,16 +190,16 @@ class Replica:
             self.free_cached_memory()
         # One tiny all-reduce per step, over the CPU: did any rank run out of memory, was a stop
         # asked? Both are known to the host, so the host never waits for the device here.
-        stop, failed = agree_host(bool(oom), self.stop_code())
+        stop, failed = agree_host(bool(oom), self.hooks.stop_code())
         if failed:
             raise StepOOM(failed, oom, where="forward")
         self.phase = "backward"
-        if self.inject is not None:  # the start of backward: the peers go on into DDP's all-reduce
+        if self.hooks.injector is not None:  # backward's start: the peers go on into the all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
         self.scaler.scale(loss).backward()
         # fault injection: a slower network
-        if self.sync_delay is not None and self.ddp.require_backward_grad_sync:
-            time.sleep(self.sync_delay(self.pos.step))
+        if self.hooks.sync_delay is not None and self.ddp.require_backward_grad_sync:
+            time.sleep(self.hooks.sync_delay(self.pos.step))
         # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
         self.scaler.unscale_(self.opt)
         self.refreshed = self.force_refresh or refresh_due(
@@ -251,45 +247,18 @@ class Replica:
             self.noise_pairs.append(self.opt.last_sq_norms)
 
     def set_global_batch(self, global_batch: int, park: bool = False) -> None:
-        """Run the next steps at another global batch (the same model, optimizer and step): a
-        loader cut into batches of ``global_batch``, from the start of an epoch, or where that
-        batch was left if it was parked. ``park``: keep this batch's loader and place for a
-        later return (the sweep's rounds); :meth:`forget_parked` lets them go."""
-        if park:
-            self._parked[self.global_batch] = (self.loader, self.sampler, self.pos, self._batches)
+        """Run the next steps at another global batch (the same model, optimizer and step), from
+        the start of an epoch, or where that batch was left if it was parked. ``park``: keep
+        this batch's loader and place for a later return (the sweep's rounds)."""
+        self.pos = self.stream.switch(global_batch, self.pos, park)
         self.global_batch = global_batch
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
-        if global_batch in self._parked:
-            self.loader, self.sampler, pos, self._batches = self._parked.pop(global_batch)
-            self.pos = Position(self.pos.step, pos.epoch, pos.offset)
-        else:
-            self.loader, self.sampler = loader.train_loader(
-                self.cfg, self.data, global_batch, self.rank, self.world, self.device
-            )
-            self.pos, self._batches = Position(self.pos.step, self.pos.epoch, 0), None
-        self.feed = self.feed.retarget(self.loader, self.sampler)
         self.stats.zero_()
-
-    def forget_parked(self) -> None:
-        self._parked.clear()
-
-    def replicas_differ(self) -> bool:
-        """Can the ranks' models and optimizer states differ? Post-local SGD's local phase:
-        each rank steps on its own gradient between two averages, so a checkpoint keeps every
-        rank's model and optimizer state, not only rank 0's."""
-        return self.t.method == "polo"
-
-    def midepoch_refreshes_per_step(self) -> float:
-        """How often training refreshes AGS's factors other than at an epoch's first step
-        (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
-        k = self.t.ags_refresh_every_steps
-        return 1.0 / k if self.t.method == "ags" and k else 0.0
 
     def epoch_batches(self) -> Iterator:
         """This rank's batches, on the device, from the current position to the end of the
-        epoch (:class:`tula.runtime.loader.DeviceFeed`: the next one prepared while a step runs)."""
-        self.sampler.set_position(self.pos.epoch, self.pos.offset)
-        return iter(self.feed)
+        epoch (:class:`tula.runtime.stream.Stream`)."""
+        return self.stream.batches(self.pos.epoch, self.pos.offset)
 
     def next_steps(self, steps: int) -> tuple[int, str]:
         """Run the next steps wherever training stands, untimed: up to ``steps`` plain steps
@@ -300,16 +269,15 @@ class Replica:
         batch). The timer (:mod:`tula.runtime.timing`) times around it."""
         if self.pos.offset > 0 and self.epoch_over():
             self.restart_epoch()
-        if self._batches is None:
-            self._batches = self.epoch_batches()
+        batches = self.stream.current(self.pos)
         ahead = self.plain_steps_ahead()
         if steps > 1 and ahead > 1:
             n = min(steps, ahead)
             for _ in range(n):
-                self.run_step(self._batches)
+                self.run_step(batches)
             return n, "plain"
         start = self.pos.offset == 0
-        self.run_step(self._batches)
+        self.run_step(batches)
         short = self.last_chunk < self.global_batch
         kind = (
             "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
@@ -341,36 +309,21 @@ class Replica:
         tail = self.data.train_size % self.global_batch
         if tail < self.world:
             return 0.0
-        self.pos.offset, self._batches = self.data.train_size - tail, None
+        self.pos.offset = self.data.train_size - tail
+        self.stream.forget()
         t, _ = self.next_timed_step()
         return t
 
     def restart_epoch(self) -> None:
         """Close the epoch in progress; the next step starts a new one."""
         self.end_epoch()
-        self.forget_batches()
-
-    def forget_batches(self) -> None:
-        """The feed was used elsewhere: the next step starts a new pass where training stands."""
-        self._batches = None
+        self.stream.forget()
 
     def run_step(self, batches: Iterator) -> int | None:
         """Fetch the next batch and run :meth:`step`, queued without waiting for the device;
         its stop code, or None when the epoch has no batch left."""
         batch = next(batches, None)
         return None if batch is None else self.step(*batch)
-
-    def timed_step(self, batches: Iterator) -> tuple[float, int] | None:
-        """One step timed alone: the device drained first, then from fetching the batch to the
-        end of the step (device synchronised); (seconds, stop code), or None when the epoch has
-        no batch left. Training and the probe's blocks run steps without this."""
-        self.sync_device()
-        t0 = time.perf_counter()
-        stop = self.run_step(batches)
-        if stop is None:
-            return None
-        self.sync_device()
-        return time.perf_counter() - t0, stop
 
     def plain_steps_ahead(self) -> int:
         """Steps from here that are plain: full batches of this epoch before its short last one,
@@ -396,5 +349,52 @@ class Replica:
 
     def evaluate(self) -> tuple[float, float]:
         """(test loss, test accuracy) over the whole test set, sharded over the ranks
-        (:func:`tula.runtime.evaluation.evaluate`: an OOM anywhere halves the batch)."""
-        return evaluation.evaluate(self)
+        (:class:`tula.runtime.evaluation.Evaluator`: an OOM anywhere halves the batch)."""
+        return self.evaluator.evaluate(self, self.pos.step)
+
+    # -- state changed from outside only through these ----------------------------------
+    def refresh_next(self, due: bool = True) -> None:
+        """The next step refreshes AGS's factors (a timed or measured refresh step)."""
+        self.force_refresh = due
+
+    def take_noise_pairs(self) -> list[tuple[float, float]]:
+        """This epoch's AGS noise pairs, handed over and forgotten (the epoch's noise scale)."""
+        pairs, self.noise_pairs = self.noise_pairs, []
+        return pairs
+
+    def resume(self, pos: Position, noise_pairs: list, stats: torch.Tensor) -> None:
+        """Where a checkpoint left training: the position, the epoch's noise pairs and sums."""
+        self.pos, self.noise_pairs = pos, [tuple(p) for p in noise_pairs]
+        self.stats = stats.to(self.device)
+
+    def follow_batch_change(self, old_batch: int) -> None:
+        """Resumed from a checkpoint written at ``old_batch`` (a relaunch at a smaller B):
+        the optimizer follows the new B (:func:`follow_new_batch`), and the noise pairs
+        measured at the old one are dropped."""
+        self.noise_pairs = []
+        self.force_refresh = follow_new_batch(
+            self.opt, self.sched, old_batch, self.global_batch, self.rank
+        )
+
+    @contextlib.contextmanager
+    def undone(self) -> Iterator[None]:
+        """Run steps, then put back exactly everything a step changes (model, optimizer,
+        schedule, scaler, position, sums, RNG and the step's flags): the monitor's
+        compute-only step. Copies go to host memory: no extra device memory."""
+        model = {
+            k: v.detach().to("cpu", copy=True) for k, v in self.ddp.module.state_dict().items()
+        }
+        saved = [copy.deepcopy(self.opt.state_dict()), self.sched.state_dict()]
+        saved += [self.scaler.state_dict(), checkpoint.rng_state()]
+        fields = {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
+        # step before synced its gradients: a no_sync step turns that off for the next one
+        forward_sync = self.ddp.require_forward_param_sync
+        yield
+        self.ddp.module.load_state_dict(model)
+        load_optimizer_state(self.opt, saved[0])
+        self.sched.load_state_dict(saved[1])
+        self.scaler.load_state_dict(saved[2])
+        checkpoint.set_rng_state(saved[3])
+        self.__dict__.update(fields)
+        self.ddp.require_forward_param_sync = forward_sync

@@ -13,9 +13,10 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.methods import set_post_local_iter
+from tula.runtime.methods import replicas_differ, set_post_local_iter
 from tula.runtime.optim import load_optimizer_state
-from tula.runtime.replica import Position, Replica
+from tula.runtime.replica import Replica
+from tula.runtime.stepstate import Position
 
 
 def state_of(replica: Replica) -> dict[str, Any]:
@@ -27,24 +28,22 @@ def state_of(replica: Replica) -> dict[str, Any]:
         "scaler": replica.scaler.state_dict(),
         "epoch": replica.pos.epoch,
         "offset": replica.pos.offset,
-        "eval_batch": replica.eval_batch,
-        "eval_retries": replica.eval_retries,
+        **replica.evaluator.state(),
         "noise_pairs": list(replica.noise_pairs),
     }
 
 
-def load_state(replica: Replica, state: dict[str, Any], step: int) -> None:
-    """``replica`` as the checkpoint ``state`` holds it, at optimizer step ``step``."""
+def load_state(replica: Replica, state: dict[str, Any], step: int, stats: torch.Tensor) -> None:
+    """``replica`` as the checkpoint ``state`` holds it, at optimizer step ``step``, with this
+    rank's partial-epoch sums ``stats``."""
     replica.ddp.module.load_state_dict(state["model"])
     load_optimizer_state(replica.opt, state["optimizer"])
     replica.sched.load_state_dict(state["scheduler"])
     if state.get("scaler"):
         replica.scaler.load_state_dict(state["scaler"])
-    # learnt: keep it
-    replica.eval_batch = min(replica.eval_batch, state.get("eval_batch", replica.eval_batch))
-    replica.eval_retries = list(state.get("eval_retries", []))
-    replica.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
-    replica.pos = Position(step, state["epoch"], state["offset"])
+    replica.evaluator.restore(state)
+    pos = Position(step, state["epoch"], state["offset"])
+    replica.resume(pos, state.get("noise_pairs", []), stats)
     set_post_local_iter(replica.ddp, step)
 
 
@@ -62,11 +61,10 @@ def write_checkpoint(
     rank, world = replica.rank, replica.world
     err, mine = "", None
     try:
-        if replica.inject is not None:
-            replica.inject("checkpoint")
+        replica.inject("checkpoint")
         mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
         # rank 0's model and optimizer are the file's own
-        if replica.replicas_differ() and rank != 0:
+        if replicas_differ(replica.t) and rank != 0:
             mine["replica"] = _to_cpu(
                 {"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()}
             )

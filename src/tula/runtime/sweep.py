@@ -81,7 +81,7 @@ def _sweep(
         replica, timer, live, point.workers, timer.size_block(min(warm)) if warm else 1
     )
     replica.set_global_batch(own)
-    replica.forget_parked()
+    replica.stream.forget_parked()
     for lb in live:
         s = series[lb]
         hw = s.half_width()

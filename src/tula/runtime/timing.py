@@ -94,6 +94,13 @@ class Series:
     def half_width(self) -> float:
         return half_width_rel(self.times)
 
+    def fall_back_to_starts(self) -> None:
+        """Where no plain step was timed (every step an epoch's first: B >= D), the epoch
+        starts stand in for them."""
+        if not self.times:
+            starts = self.other.get("start", [])
+            self.times, self.steps = list(starts), [1] * len(starts)
+
     def add(self, seconds_per_step: float, steps: int, kind: str) -> None:
         if kind in PLAIN:
             self.times.append(seconds_per_step)

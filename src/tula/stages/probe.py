@@ -5,7 +5,7 @@ on one machine, or as the N tasks of a SLURM job step -- and always writes
 ``results/probes/N{n}_B{b}.json``, also when the workers fail (status ``oom``, ``error`` or
 ``timeout``), so a failing point is recorded and the DAG goes on.
 
-What is timed is the production step itself: :meth:`tula.runtime.replica.Replica.timed_step`, with
+What is timed is the production step itself: :meth:`tula.runtime.replica.Replica.step`, with
 the configured method (AGS by default, refreshing when due), precision and input pipeline
 (the DataLoader and sampler of training), from fetching the batch to the end of the step.
 Timed steps come in pairs. A synced step is that step as training runs it; a compute-only
