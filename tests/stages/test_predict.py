@@ -200,3 +200,29 @@ def test_the_training_set_size_comes_from_the_probes_else_from_tula_checks_workl
     assert predict_mod.train_samples_of(bare, None, workload) == 300
     with pytest.raises(ValueError, match="--train-samples or --workload results/workload.json"):
         predict_mod.train_samples_of(bare, None, tmp_path / "missing.json")
+
+
+def test_first_steps_come_from_the_nearest_batch_and_the_short_batch_only_where_one_is_left():
+    """A point pays its full batch's first step as the probe nearest in B at its N paid it (the
+    loader's first batches grow with B), and a short last batch's first step only where its
+    epoch ends in one; records without the split fall back to the median at that N."""
+    from tula.model.predictions import first_steps
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2, 2, 4],
+            global_batch=[32, 128, 128],
+            status="ok",
+            train_samples=480,
+            first_steps_time_s=[0.30, 1.30, 2.0],  # full + short
+            first_short_step_s=[0.0, 0.50, 0.60],  # 480 % 32 == 0: no short batch at B=32
+        )
+    )
+    points = pd.DataFrame(dict(workers=[2, 2, 2, 4], global_batch=[32, 64, 128, 256]))
+    got = first_steps(points, probes, n0=[2, 2, 2, 4])
+    # B=32: 0.30 and no short batch; B=64: 32 and 128 are equally near, their median full
+    # step 0.55, and a short batch of 32 (the B=128 probe's 0.50); B=128: 0.80 + 0.50;
+    # N=4, B=256: 1.40 + 0.60
+    assert got == pytest.approx([0.30, 0.55 + 0.50, 0.80 + 0.50, 1.40 + 0.60])
+    old = probes.drop(columns=["first_short_step_s"])
+    assert first_steps(points, old, n0=[2, 2, 2, 4]) == pytest.approx([0.8, 0.8, 0.8, 2.0])

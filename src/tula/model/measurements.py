@@ -61,6 +61,7 @@ REQUIRED = [
 ]
 OPTIONAL = [
     "source",
+    "first_short_step_s",
     "nodes",
     "step_time_iqr_s",
     "compute_time_iqr_s",

@@ -128,8 +128,7 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
     + T + first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe
     measured them (records from before they did). Start-up also holds the first steps at
-    each shape training meets (``first_steps_time_s``: the full batch's and the short last
-    batch's first step, compilation and autotuning in them), the probes' median at that N."""
+    each shape training meets (:func:`first_steps`)."""
     L = cfg.launch
     df["checkpoints"] = [
         checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
@@ -143,12 +142,6 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):
             df[c] = math.nan
         return
-    first = measurements_mod.probes(measured)
-    first = (
-        first[first["status"] == "ok"].groupby("workers")["first_steps_time_s"].median()
-        if ("first_steps_time_s" in first.columns)
-        else None
-    )
     per_n = ok.groupby("workers")[list(OVERHEADS)].median()
     probed = per_n.index.to_numpy()
     n = df["workers"].to_numpy()
@@ -156,9 +149,7 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    df["first_steps_time_s"] = (
-        first.reindex(n0).fillna(0.0).to_numpy() if first is not None else 0.0
-    )
+    df["first_steps_time_s"] = first_steps(df, measurements_mod.probes(measured), n0)
     for c in ("eval_first_time_s", "eval_time_s"):
         df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
@@ -173,6 +164,39 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         df["train_time_lo_s"] + besides,
         df["train_time_hi_s"] + besides,
     )
+
+
+def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> list[float]:
+    """What each point's job pays once per batch shape (compilation, autotuning, the loader's
+    first batches, the allocator's growth): its full batch's first step, from the ok probe at
+    the nearest probed N (``n0``) nearest in B (the loader's first batches grow with B), and,
+    only where the point's epoch ends in a short batch, that batch's first step
+    (``first_short_step_s``) from the nearest probe that had one. Records without the split
+    give the probes' median ``first_steps_time_s`` at that N."""
+    ok = probes[probes["status"] == "ok"] if "status" in probes.columns else probes
+    if "first_steps_time_s" not in ok.columns or ok.empty:
+        return [0.0] * len(df)
+    if "first_short_step_s" not in ok.columns or ok["first_short_step_s"].isna().all():
+        med = ok.groupby("workers")["first_steps_time_s"].median()
+        return med.reindex(n0).fillna(0.0).tolist()
+    ok = ok.assign(full=ok["first_steps_time_s"] - ok["first_short_step_s"].fillna(0.0))
+    train = ok["train_samples"].dropna() if "train_samples" in ok.columns else pd.Series()
+
+    def nearest(rows: pd.DataFrame, b: int, col: str) -> float:
+        if rows.empty:
+            return 0.0
+        far = (rows["global_batch"].map(math.log2) - math.log2(b)).abs()
+        return float(rows.loc[far == far.min(), col].median())
+
+    out = []
+    for n, b, at in zip(df["workers"], df["global_batch"], n0):
+        here = ok[ok["workers"] == at]
+        short = bool(len(train)) and int(train.iloc[0]) % int(b) >= int(n)
+        had = here[here["first_short_step_s"] > 0]
+        out.append(
+            nearest(here, b, "full") + (nearest(had, b, "first_short_step_s") if short else 0.0)
+        )
+    return out
 
 
 def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:

@@ -45,17 +45,18 @@ def compute_only(replica: Replica) -> Run:
     return run
 
 
-def first_steps(replica: Replica) -> float:
+def first_steps(replica: Replica) -> tuple[float, float]:
     """Seconds of the first step at this shape (an epoch's first) and of the first short last
-    batch, each timed alone, and the first step's compute-only twin untimed: what training pays
-    once per shape (compilation, cuDNN's autotuning, the allocator's growth, DDP's first
-    buckets), as the production job's first steps pay it."""
+    batch (0.0 where the epoch has none), each timed alone, and the first step's compute-only
+    twin untimed: what training pays once per shape (compilation, cuDNN's autotuning, the
+    allocator's growth, DDP's first buckets, the loader's first batches), as the production
+    job's first steps pay it."""
     first, _ = replica.next_timed_step()
     with replica.ddp.no_sync():
         replica.next_timed_step()
     # the epoch's short last batch is a shape of its own: its first step now, so that what follows
     # (warm-up from a new epoch's start, the timed steps, the memory steps) is not changed by it
-    return first + replica.first_short_step_time()
+    return first, replica.first_short_step_time()
 
 
 def time_steps(

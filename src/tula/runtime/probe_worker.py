@@ -169,7 +169,10 @@ def _probe(
 
 
 def _this_rank(
-    replica: Replica, cfg: config_mod.Config, first_steps: float, retried: dict[str, int]
+    replica: Replica,
+    cfg: config_mod.Config,
+    first_steps: tuple[float, float],
+    retried: dict[str, int],
 ) -> dict[str, Any]:
     """What this rank measured, for rank 0 to gather: its first steps, its memory peaks (a
     plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
@@ -181,7 +184,8 @@ def _this_rank(
     )
     return {
         "host": dist.hostname(),
-        "first_steps": first_steps,
+        "first_steps": sum(first_steps),
+        "first_short_step": first_steps[1],
         "peak": max(peaks.values()),
         "peaks": peaks,
         "input": input_time_s(replica, reads)
@@ -286,6 +290,7 @@ def _measurement(
         **_peaks(gathered),
         "train_samples": replica.data.train_size,
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
+        "first_short_step_s": max(g.get("first_short_step", 0.0) for g in gathered),
         "compile": replica.t.compile,
         "on_device": replica.stream.feed.resident,
         **_input(gathered, s["mean"] + extra),

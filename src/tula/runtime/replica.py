@@ -6,7 +6,6 @@ and DataLoader, the DDP model, the ``train.method`` optimizer, its LR schedule, 
 GradScaler, where training stands (:class:`Position`), the epoch's sums and AGS's noise pairs;
 its :class:`tula.runtime.evaluation.Evaluator`; and the :class:`StepHooks` the job gives it.
 Other modules change that state only through its methods. :meth:`Replica.step`:
-
     forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
     -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
     -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
@@ -16,8 +15,7 @@ step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after 
 checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
 backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
 (``oom/``) instead (:mod:`tula.production.trainer`). The timer (:mod:`tula.runtime.timing`)
-times around :meth:`Replica.next_steps`; the probe's compute-only steps are the same call
-under ``DDP.no_sync()``.
+times around :meth:`Replica.next_steps`; compute-only steps are it under ``DDP.no_sync()``.
 """
 
 from __future__ import annotations
@@ -144,11 +142,9 @@ class Replica:
             torch.cuda.empty_cache()
 
     def inject_faults(self, injector: Callable[[str, int, int], None] | None) -> None:
-        """From now on, call ``injector(place, step, global batch)`` (:class:`tula.faults.Injector`)
-        where an error can happen: inside the model's forward (training, AGS refresh,
-        evaluation: the phase says which), at the start of backward, and at :meth:`inject`
-        (the trainer while checkpointing, the probe as it starts, the memory measurement).
-        The probe arms it only after its memory step, whose forward has no agreement."""
+        """From now on, ``injector(place, step, global batch)`` (:class:`tula.faults.Injector`) is
+        called in the model's forward (the phase says which), at backward's start and at
+        :meth:`inject`. The probe arms it after its memory step, whose forward has no agreement."""
         if injector is None or self.hooks.injector is not None:
             return
         self.hooks = dataclasses.replace(self.hooks, injector=injector)
@@ -303,16 +299,20 @@ class Replica:
         return time.perf_counter() - t0, kind
 
     def first_short_step_time(self) -> float:
-        """Seconds of the first step at the epoch's short last batch (what a new shape costs
-        once: compilation, autotuning), 0.0 where the epoch has none: run from that batch's
-        position (the probe's steps need no true position); the next step starts an epoch."""
+        """Seconds of the first step at the epoch's short last batch (a new shape's one-off cost),
+        0.0 where there is none; run from that batch's position, fetched before the clock starts
+        (a new loader's start, which training, streaming already, does not pay there)."""
         tail = self.data.train_size % self.global_batch
         if tail < self.world:
             return 0.0
         self.pos.offset = self.data.train_size - tail
         self.stream.forget()
-        t, _ = self.next_timed_step()
-        return t
+        batch = next(self.stream.current(self.pos))
+        self.sync_device()
+        t0 = time.perf_counter()
+        self.step(*batch)
+        self.sync_device()
+        return time.perf_counter() - t0
 
     def restart_epoch(self) -> None:
         """Close the epoch in progress; the next step starts a new one."""
