@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster on localhost, for Tula's `slurm` tests and for trying the
-# SLURM profile by hand. Debian 12 (SLURM 22.05), as root, without systemd: every daemon
-# is started here and stopped by pid file.
+# A real SLURM cluster on this machine, for Tula's `slurm` tests and for trying the SLURM
+# profile by hand. Debian 12 (SLURM 22.05), as root, without systemd: every daemon is started
+# here and stopped by pid file.
 #
-#   scripts/slurm-cluster.sh up      install packages if missing, configure, start, wait
-#   scripts/slurm-cluster.sh down    stop every daemon this script started
+#   scripts/slurm-cluster.sh up      install packages if missing, configure, start, wait:
+#                                    one node on localhost (partition debug)
+#   scripts/slurm-cluster.sh up --nodes K [--rate 200mbit] [--slots S]
+#                                    K nodes on the network lab (scripts/netlab.sh): each lab
+#                                    namespace tula-n<i> runs one slurmd under its own hostname
+#                                    (a UTS namespace), S slots (default 2) and a count-only
+#                                    GRES gpu:S each; partition lab; every link shaped at RATE
+#   scripts/slurm-cluster.sh down    stop every daemon this script started, remove the lab
 #   scripts/slurm-cluster.sh status  sinfo + a 1-task sbatch round trip through sacct
 #
 # State lives under $TULA_SLURM_DIR (default /var/tmp/tula-slurm); logs in its log/.
@@ -15,6 +21,10 @@ PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 HOST=$(hostname -s)
 CLUSTER=tula
 DB_PASS=tula-slurm-test
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAB=tula                     # the lab's namespaces: tula-n0, tula-n1, ... (scripts/netlab.sh)
+LAB_NET=10.77.0              # node i at .i+1, the root namespace (slurmctld) at .254
+HOSTS_TAG="# tula-slurm-lab"  # the lines `up --nodes` adds to /etc/hosts, removed by `down`
 
 log() { echo "[slurm-cluster] $*"; }
 die() { echo "[slurm-cluster] error: $*" >&2; exit 1; }
@@ -56,22 +66,38 @@ stop_mariadb() {  # ours carry the tula-mariadb.pid marker on their command line
 
 down() {
     stop_pidfile slurmd "$STATE/run/slurmd.pid"
+    for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile slurmd "$f"; done
     stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
     stop_pidfile slurmdbd "$STATE/run/slurmdbd.pid"
     stop_mariadb
     stop_pidfile munged "$STATE/run/munged.pid"
+    if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
+        # /etc/hosts may be a bind mount (containers): rewrite it in place, never replace it
+        grep -v "$HOSTS_TAG" /etc/hosts > "$STATE/hosts.new" || true
+        cat "$STATE/hosts.new" > /etc/hosts && rm -f "$STATE/hosts.new"
+    fi
+    if ip netns list 2>/dev/null | grep -qE "^$LAB-n[0-9]+"; then
+        NETLAB_PREFIX=$LAB bash "$HERE/netlab.sh" down >/dev/null
+        log "removed the network lab"
+    fi
 }
 
-write_configs() {
-    local cpus mem
+write_configs() {  # write_configs [K SLOTS]: one node on localhost, or K lab nodes
+    local cpus mem k=${1:-0} slots=${2:-2}
     cpus=$(nproc)
     mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
     mem=$(( mem * 9 / 10 ))
     mkdir -p "$STATE"/{run,log,spool/ctld,spool/d} /etc/slurm
+    local ctld=$HOST nodes
+    if [ "$k" -gt 0 ]; then
+        ctld="$HOST($LAB_NET.254)"
+        cpus=$slots
+        mem=$(( mem / k ))
+    fi
     cat > /etc/slurm/slurm.conf <<CONF
-# Written by tula scripts/slurm-cluster.sh: one node on localhost, for tests.
+# Written by tula scripts/slurm-cluster.sh, for tests: $( [ "$k" -gt 0 ] && echo "$k nodes on the network lab" || echo "one node on localhost")
 ClusterName=$CLUSTER
-SlurmctldHost=$HOST
+SlurmctldHost=$ctld
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -85,19 +111,45 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 MinJobAge=300
 ReturnToService=2
 SlurmctldPidFile=$STATE/run/slurmctld.pid
-SlurmdPidFile=$STATE/run/slurmd.pid
 StateSaveLocation=$STATE/spool/ctld
-SlurmdSpoolDir=$STATE/spool/d
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
+CONF
+    if [ "$k" -gt 0 ]; then
+        # one slurmd per lab node: %n (the node's name) keeps their files apart
+        nodes="$LAB-n[0-$(( k - 1 ))]"
+        cat >> /etc/slurm/slurm.conf <<CONF
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmdSpoolDir=$STATE/spool/d-%n
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+GresTypes=gpu
+$(for i in $(seq 0 $(( k - 1 ))); do
+    echo "NodeName=$LAB-n$i NodeAddr=$LAB_NET.$(( i + 1 )) CPUs=$cpus RealMemory=$mem Gres=gpu:$slots State=UNKNOWN"
+done)
+PartitionName=lab Nodes=$nodes Default=YES MaxTime=INFINITE State=UP
+CONF
+        # GPUs that are only counted: SLURM 22.05's gres/gpu counts a GPU only by its File (with
+        # Count alone, or Flags=CountOnly, slurmd reports 0 and the node goes INVAL: "gres/gpu
+        # count reported lower than configured"), so each slot stands on an empty file here.
+        # No task plugin constrains devices, so nothing opens them; jobs see no GPU.
+        mkdir -p "$STATE/gpu"
+        for j in $(seq 0 $(( slots - 1 ))); do touch "$STATE/gpu/gpu$j"; done
+        echo "NodeName=$nodes Name=gpu File=$STATE/gpu/gpu[0-$(( slots - 1 ))]" > /etc/slurm/gres.conf
+        for i in $(seq 0 $(( k - 1 ))); do mkdir -p "$STATE/spool/d-$LAB-n$i"; done
+    else
+        cat >> /etc/slurm/slurm.conf <<CONF
+SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmdSpoolDir=$STATE/spool/d
+SlurmdLogFile=$STATE/log/slurmd.log
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+        rm -f /etc/slurm/gres.conf
+    fi
     cat > /etc/slurm/slurmdbd.conf <<CONF
 AuthType=auth/munge
 DbdHost=localhost
@@ -134,11 +186,28 @@ cancel_leftovers() {
     log "cancelled jobs left by an earlier run: $ids"
 }
 
-up() {
+up() {  # up [--nodes K] [--rate RATE] [--slots S]
+    local k=0 rate=200mbit slots=2
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --nodes) k=${2:?--nodes K}; shift 2 ;;
+            --rate) rate=${2:?--rate RATE}; shift 2 ;;
+            --slots) slots=${2:?--slots S}; shift 2 ;;
+            *) die "unknown option $1 (up [--nodes K] [--rate RATE] [--slots S])" ;;
+        esac
+    done
     need_root
     install_packages
     down
-    write_configs
+    if [ "$k" -gt 0 ]; then
+        NETLAB_PREFIX=$LAB bash "$HERE/netlab.sh" up "$k" "$rate" >/dev/null
+        {
+            for i in $(seq 0 $(( k - 1 ))); do echo "$LAB_NET.$(( i + 1 )) $LAB-n$i $HOSTS_TAG"; done
+            echo "$LAB_NET.254 $HOST-lab $HOSTS_TAG"
+        } >> /etc/hosts
+        log "network lab: $k node(s), links at $rate"
+    fi
+    write_configs "$k" "$slots"
 
     # munge
     mkdir -p /run/munge /var/log/munge /var/lib/munge
@@ -167,11 +236,30 @@ up() {
     slurmctld
     wait_for 30 slurmctld scontrol ping
     cancel_leftovers
-    slurmd
-    wait_for 120 "node $HOST idle" bash -c "sinfo -h -n $HOST -o %t | grep -qE '^(idle|mix)'"
+    if [ "$k" -gt 0 ]; then
+        start_lab_slurmds "$k"
+    else
+        slurmd
+        wait_for 120 "node $HOST idle" bash -c "sinfo -h -n $HOST -o %t | grep -qE '^(idle|mix)'"
+    fi
     sacctmgr -i add account root Cluster="$CLUSTER" >/dev/null 2>&1 || true
     sacctmgr -i add user root Account=root Cluster="$CLUSTER" >/dev/null 2>&1 || true
     log "cluster '$CLUSTER' up: $(sinfo -h -o '%P %D %t %c CPUs %m MB')"
+}
+
+# Each lab node's slurmd: in its namespace's network (nsenter --net: `ip netns exec` remounts
+# /sys, where slurmd then finds no cgroup file system) and a UTS namespace of its own, so that
+# it, and every job step it starts, sees the node's name as its hostname.
+start_lab_slurmds() {
+    local k=$1 i node
+    for i in $(seq 0 $(( k - 1 ))); do
+        node=$LAB-n$i
+        nsenter --net="/var/run/netns/$node" unshare --uts sh -c "hostname $node; exec slurmd -N $node"
+    done
+    for i in $(seq 0 $(( k - 1 ))); do
+        node=$LAB-n$i
+        wait_for 120 "node $node idle" bash -c "sinfo -h -n $node -o %t | grep -qE '^(idle|mix)'"
+    done
 }
 
 status() {
@@ -183,8 +271,8 @@ status() {
 }
 
 case "${1:-}" in
-    up) up ;;
+    up) shift; up "$@" ;;
     down) down ;;
     status) status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes K [--rate RATE] [--slots S]] | down | status" >&2; exit 2 ;;
 esac
