@@ -127,3 +127,61 @@ def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path
     steps = run("sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,NNodes,State")
     assert f"{job}.0|4|2|COMPLETED" in steps, steps
     assert rec["sync_time_s"] > 0 and rec["step_time_s"] > rec["compute_time_s"]
+
+
+def test_the_whole_workflow_runs_across_the_two_nodes(lab_cluster, tmp_path):
+    """`snakemake --profile` as a user runs it, on the partition `lab`: the N = 4 probes are
+    two-node jobs whose workers srun starts on both nodes, the step model is fitted from them,
+    and the production job (held to N = 4 by the config's constraint) trains through submitit
+    on both nodes. No cluster.netlab: a worker is on its node because that node's slurmd
+    started it. hardware.device is cpu: the lab's gpu slots are only counted (on auto, the
+    jobs would ask for them and find no GPU, which the workers say)."""
+    from conftest import copy_workflow
+
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
+    lab = {
+        **TINY,
+        "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
+        "cluster": {"workers_per_node": 2},
+        "hardware": {"device": "cpu"},
+        "constraints": {"min_workers": 4},
+    }
+    (tmp_path / "lab.yaml").write_text(yaml.safe_dump(lab))
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"] = {
+        **profile["default-resources"],
+        "slurm_account": "root",
+        "slurm_partition": "lab",
+        "mem_mb": 1000,
+    }
+    profile["set-resources"]["launch"]["runtime"] = 10
+    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "jobs": 4})
+    (tmp_path / "profiles" / "lab").mkdir(parents=True)
+    (tmp_path / "profiles" / "lab" / "config.yaml").write_text(yaml.safe_dump(profile))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(
+        ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
+        + ["--configfile", "lab.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    res = tmp_path / "results"
+    for probe in res.glob("probes/N4_*.json"):
+        rec = json.loads(probe.read_text())
+        assert rec["status"] == "ok", rec.get("error")
+        assert sorted(rec["env"]["hostnames"]) == ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]
+    assert list(res.glob("probes/N4_*.json")), "no N = 4 probe ran"
+    perf = json.loads((res / "model" / "perf.json").read_text())
+    assert perf["workers_per_node"] == 2
+    assert {(p["workers"], p["status"]) for p in perf["multi_worker_probes"]} >= {(4, "ok")}
+    final = json.loads((res / "train" / "final.json").read_text())
+    assert final["workers"] == 4 and final["step_time_ratio"] > 0
+    job = json.loads((res / "train" / "attempts.json").read_text())["attempts"][-1]["job_id"]
+    steps = run("sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,NNodes,NodeList,State")
+    assert f"{job}.0|4|2|tula-n[0-1]|COMPLETED" in steps, steps
