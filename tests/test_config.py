@@ -5,6 +5,7 @@ import pytest
 
 from tula import config, dataset_paths
 from tula.config import ConfigError
+from tula.model import grid
 
 
 def test_defaults_fill_every_section():
@@ -31,7 +32,8 @@ def test_shipped_config_is_valid():
         ({"objective": "fastest"}, "objective"),
         ({"search": "some"}, "search"),
         ({"grid": {"workers": [3], "batch_min": 32, "batch_max": 64}}, "grid.workers"),
-        ({"grid": {"batch_min": 48, "batch_max": 64}}, "grid.batch_min"),
+        ({"grid": {"batch_min": 48, "batch_max": 64}}, "grid.batch_max"),
+        ({"grid": {"batch_min": 48, "batch_max": 512}}, "grid.batch_max"),
         ({"grid": {"batch_min": 128, "batch_max": 64}}, "grid.batch_min"),
         ({"grid": {"batchmax": 64}}, "grid"),
         ({"workload": {"dataset": "imagenet"}}, "workload.dataset"),
@@ -174,3 +176,12 @@ def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading
         dataset_paths.check_dataset_paths(
             config.from_dict({"workload": {"dataset": f"imagefolder:{tmp_path / 'img'}"}})
         )
+
+
+def test_a_grid_of_doublings_need_not_start_at_a_power_of_two():
+    """B = 48, 96, ..., 768 (six workers' nodes, or a knee clear of knee_gain) is a grid; a
+    batch_max off the doublings is refused with the two that would do."""
+    cfg = config.from_dict({"grid": {"workers": [1, 2, 6], "batch_min": 48, "batch_max": 768}})
+    assert grid.batch_sizes(cfg) == [48, 96, 192, 384, 768]
+    with pytest.raises(ConfigError, match=r"grid.batch_max.*use 384 or 768"):
+        config.from_dict({"grid": {"batch_min": 48, "batch_max": 512}})

@@ -1,5 +1,5 @@
 """What a config must say that its JSON schema cannot: keys renamed in an older config, and
-the rules between keys (B divisible by N, whole nodes, powers of two, ...). Each problem is a
+the rules between keys (B divisible by N, whole nodes, B by doublings, ...). Each problem is a
 sentence naming its config key; :func:`tula.config.validate` raises them together."""
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ def renamed_keys(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
+def _doublings(lo: int, hi: int) -> bool:
+    """Whether ``hi`` is ``lo`` doubled a whole number of times (0 included)."""
+    while lo < hi:
+        lo *= 2
+    return lo == hi
 
 
 def problems(d: dict[str, Any]) -> list[str]:
@@ -50,16 +53,22 @@ def problems(d: dict[str, Any]) -> list[str]:
 
 
 def _grid_problems(d: dict[str, Any]) -> list[str]:
-    """The grid: powers of two, B divisible by N, whole nodes."""
+    """The grid: batch_max is batch_min doubled, B divisible by N, whole nodes."""
     g = d["grid"]
     problems: list[str] = []
-    for key in ("batch_min", "batch_max"):
-        if not _is_pow2(g[key]):
-            problems.append(f"config key 'grid.{key}': {g[key]} is not a power of two")
     if g["batch_min"] > g["batch_max"]:
         problems.append(
             f"config key 'grid.batch_min': {g['batch_min']} is larger than "
             f"grid.batch_max={g['batch_max']}"
+        )
+    elif not _doublings(g["batch_min"], g["batch_max"]):
+        lo = g["batch_min"]
+        above = next(lo << k for k in range(64) if lo << k > g["batch_max"])
+        near = (above // 2, above)
+        problems.append(
+            f"config key 'grid.batch_max': {g['batch_max']} is not grid.batch_min={lo} doubled "
+            f"(the grid's B are batch_min, 2*batch_min, 4*batch_min, ...); use "
+            f"{' or '.join(map(str, near))}"
         )
     wpn = d["cluster"]["workers_per_node"]
     for n in g["workers"]:

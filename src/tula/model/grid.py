@@ -27,7 +27,7 @@ class Point:
 
 
 def batch_sizes(cfg: Config) -> list[int]:
-    """Global batches from grid.batch_min to grid.batch_max in powers of two."""
+    """Global batches from grid.batch_min to grid.batch_max, doubling."""
     out, b = [], cfg.grid.batch_min
     while b <= cfg.grid.batch_max:
         out.append(b)
