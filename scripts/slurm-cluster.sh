@@ -12,6 +12,11 @@
 #                                    GRES gpu:S each; partition lab; every link shaped at RATE
 #   scripts/slurm-cluster.sh down    stop every daemon this script started, remove the lab
 #   scripts/slurm-cluster.sh status  sinfo + a 1-task sbatch round trip through sacct
+#   scripts/slurm-cluster.sh kill-node tula-n1 [REASON]
+#                                    the node-loss drill: kill every process of a lab node (its
+#                                    slurmd, job steps, workers) and mark it down in SLURM
+#   scripts/slurm-cluster.sh revive-node tula-n1
+#                                    a fresh slurmd on it; SLURM returns it to service
 #
 # State lives under $TULA_SLURM_DIR (default /var/tmp/tula-slurm); logs in its log/.
 set -euo pipefail
@@ -262,6 +267,26 @@ start_lab_slurmds() {
     done
 }
 
+# The node-loss drill: a lab node dies (every process in its namespace: its slurmd, the job
+# steps and workers it started) and SLURM is told at once, as its controller would be once the
+# node stopped answering; then it comes back (a fresh slurmd; ReturnToService=2 returns it).
+kill_node() {  # kill_node NODE [REASON]
+    local node=${1:?kill-node NODE [REASON]} reason=${2:-tula node-loss drill}
+    [ -e "/var/run/netns/$node" ] || die "no lab node $node (up --nodes K first)"
+    ip netns pids "$node" | xargs -r kill -9
+    scontrol update nodename="$node" state=down reason="$reason"
+    log "node $node killed and marked down ($reason)"
+}
+
+revive_node() {  # revive_node NODE
+    local node=${1:?revive-node NODE}
+    [ -e "/var/run/netns/$node" ] || die "no lab node $node (up --nodes K first)"
+    nsenter --net="/var/run/netns/$node" unshare --uts sh -c "hostname $node; exec slurmd -N $node"
+    scontrol update nodename="$node" state=resume 2>/dev/null || true
+    wait_for 120 "node $node back" bash -c "sinfo -h -n $node -o %t | grep -qE '^(idle|mix|alloc)'"
+    log "node $node is back: $(sinfo -h -n "$node" -o %t)"
+}
+
 status() {
     sinfo
     local id
@@ -274,5 +299,7 @@ case "${1:-}" in
     up) shift; up "$@" ;;
     down) down ;;
     status) status ;;
-    *) echo "usage: $0 up [--nodes K [--rate RATE] [--slots S]] | down | status" >&2; exit 2 ;;
+    kill-node) shift; kill_node "$@" ;;
+    revive-node) shift; revive_node "$@" ;;
+    *) echo "usage: $0 up [--nodes K [--rate RATE] [--slots S]] | down | status | kill-node NODE [REASON] | revive-node NODE" >&2; exit 2 ;;
 esac

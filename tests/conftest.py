@@ -1,7 +1,9 @@
 import contextlib
 import copy
+import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,55 @@ def copy_workflow(dest: Path) -> None:
     (dest / "workflow").mkdir()
     shutil.copytree(ROOT / "workflow" / "report", dest / "workflow" / "report")
     shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
+
+
+def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]]:
+    """The workflow, a lab config (grid.workers 1, 2, 4; two workers a node; the partition
+    `lab` of `scripts/slurm-cluster.sh up --nodes 2`; ``changes``: sections updated) and a lab
+    profile in ``where``: the snakemake command a user runs there, and its environment
+    (tests/test_slurm_lab.py, bench/slurm_lab.py)."""
+    copy_workflow(where)
+    (where / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    lab = {
+        **TINY,
+        "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
+        "cluster": {"workers_per_node": 2},
+        "hardware": {"device": "cpu"},
+        "constraints": {"min_workers": 4},
+    }
+    for section, values in changes.items():
+        lab[section] = {**lab.get(section, {}), **values} if isinstance(values, dict) else values
+    (where / "lab.yaml").write_text(yaml.safe_dump(lab))
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"] = {
+        **profile["default-resources"],
+        "slurm_account": "root",
+        "slurm_partition": "lab",
+        "mem_mb": 1000,
+    }
+    profile["set-resources"]["launch"]["runtime"] = 10
+    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "jobs": 4})
+    (where / "profiles" / "lab").mkdir(parents=True)
+    (where / "profiles" / "lab" / "config.yaml").write_text(yaml.safe_dump(profile))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    cmd = ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
+    return [*cmd, "--configfile", "lab.yaml"], env
+
+
+def lab_launch_command(run_dir: Path, out: Path, **launch) -> list[str]:
+    """`tula launch` in ``out`` at the choice of a lab workflow run in ``run_dir`` (its config
+    snapshot, selection and predictions): 8 epochs, on the partition `lab`, ``launch``'s keys
+    updated (checkpoint_every_steps, node_wait_min)."""
+    raw = json.loads((run_dir / ".snakemake" / "tula" / "config.json").read_text())
+    raw["workload"]["epochs"] = 8
+    raw["launch"].update(
+        executor="slurm", slurm_partition="lab", slurm_account="root", timeout_min=10, poll_s=1
+    )
+    raw["launch"].update(launch)
+    (out / "config.yaml").write_text(yaml.safe_dump(raw))
+    res = run_dir / "results"
+    cmd = ["tula", "launch", "--config", "config.yaml", "--selection", str(res / "selection.json")]
+    return cmd + ["--predictions", str(res / "predictions.csv"), "--out-dir", "train"]
 
 
 def slurm_controller_answers() -> bool:

@@ -2,6 +2,7 @@
 what the grid's jobs ask for — parsed from recorded scontrol/sinfo text here, and against
 the real one-node test cluster (scripts/slurm-preflight.sh) below."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -300,3 +301,31 @@ def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(
     ):
         launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     assert not (tmp_path / "train" / "submitit").exists()  # nothing was submitted
+
+
+def test_a_drained_or_down_node_is_named_with_its_partition_before_anything_is_queued():
+    """sinfo's state and reason per node: a job that needs more nodes than can start one now
+    is refused, naming the partition, each node that cannot, its state and the admin's reason;
+    where enough are left the preflight passes and notes the others."""
+    line = "PartitionName=lab TotalNodes=2 MaxNodes=UNLIMITED MaxTime=UNLIMITED State=UP"
+    nodes = "tula-n0|2|gpu:2|idle|none\ntula-n1|2|gpu:2|drain|tula drill\n"
+    part = slurm.parse_partition(line, nodes)
+    assert part.node_states == ["idle", "drain"] and part.unusable() == [
+        "tula-n1 is drain (reason: tula drill)"
+    ]
+    up = ("mix", "idle~", "alloc")
+    for state in ("down*", "idle*", "drng", "maint", "fail", *up):
+        ok = slurm.parse_partition(line, f"a|2|gpu:2|{state}|x\n").can_start(0)
+        assert ok is (state in up), state
+    cfg = _cfg(grid__workers=[1, 2, 4], cluster__workers_per_node=2)
+    four, two = (preflight.job_needs(cfg, 60, n)[-1] for n in (4, 2))
+    (msg,) = preflight.problems(cfg, part, four)
+    assert "training at N=4 needs 2 node(s), but only 1 node(s) of partition 'lab'" in msg
+    assert "tula-n1 is drain (reason: tula drill)" in msg and "state=resume" in msg
+    assert preflight.problems(cfg, part, two) == []
+    # tula launch waits for lost nodes instead (tula.production.nodes)
+    assert preflight.problems(cfg, part, four, node_states=False) == []
+    # without the state columns (an older record) every node counts as up
+    assert slurm.parse_partition(line, "tula-n0|2|gpu:2\ntula-n1|2|gpu:2\n").unusable() == []
+    report = {"partitions": {"lab": dataclasses.asdict(part)}, "jobs": []}
+    assert "note: tula-n1 is drain (reason: tula drill)" in preflight.describe(report)

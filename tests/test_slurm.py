@@ -3,6 +3,7 @@ it, the controller's answers parsed from recorded scontrol/sinfo text, and the s
 against the real one-node test cluster (scripts/slurm-cluster.sh)."""
 
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -176,3 +177,43 @@ def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_descr
         slurm.PreflightError, match="partition 'no_such' does not exist on this cluster"
     ):
         slurm.read_partition("no_such")
+
+
+class _Resources(dict):
+    __getattr__ = dict.get
+
+
+@pytest.mark.slurm
+def test_the_plugins_failed_node_exclusion_keeps_only_nodes_that_are_down(slurm_cluster):
+    """snakemake-executor-plugin-slurm excludes every node a NODE_FAIL job listed from later
+    submissions, 'None assigned' (a requeued job's) included, which breaks every later sbatch.
+    Narrowed, the exclusion keeps only the nodes that cannot start a job now: nothing while
+    the node is up, the node once it is drained."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    node = slurm.read_partition(None).node_names[0]
+    slurm.keep_exclusions_to_nodes_down()
+    slurm.keep_exclusions_to_nodes_down()  # once only: the wrapper is not wrapped again
+    assert plugin.get_submit_command.__name__ == "narrowed_submit_command"
+    job = SimpleNamespace(resources=_Resources(runtime=5), threads=1)
+    params = {
+        "run_uuid": "u",
+        "slurm_logfile": "l",
+        "comment_str": "c",
+        "account": "",
+        "partition": "",
+        "workdir": "",
+    }
+
+    def excluded() -> str:
+        call = plugin.get_submit_command(job, params, failed_nodes={"None assigned", node})
+        return call.split("--exclude=")[1].split()[0] if "--exclude=" in call else ""
+
+    assert slurm.still_unusable(["None assigned", node]) == [] and excluded() == ""
+    subprocess.run(
+        ["scontrol", "update", f"nodename={node}", "state=drain", "reason=tula test"], check=True
+    )
+    try:
+        assert slurm.still_unusable(["None assigned", node]) == [node] and excluded() == node
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)

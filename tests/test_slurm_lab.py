@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, slurm_controller_answers
+from conftest import ROOT, TINY, lab_launch_command, lab_workdir, slurm_controller_answers
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netlab, pytest.mark.slow]
 CLUSTER = ["bash", str(ROOT / "scripts" / "slurm-cluster.sh")]
@@ -129,49 +129,45 @@ def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path
     assert rec["sync_time_s"] > 0 and rec["step_time_s"] > rec["compute_time_s"]
 
 
-def test_the_whole_workflow_runs_across_the_two_nodes(lab_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def lab_run(lab_cluster, tmp_path_factory):
+    """The whole workflow, once, as a user runs it on the lab cluster, with a node lost
+    mid-probe: once a two-node probe job runs, tula-n1 dies (every process on it killed, the
+    node marked down) and comes back 5 s later. Returns (directory, result, the probe job)."""
+    where = tmp_path_factory.mktemp("lab_run")
+    cmd, env = lab_workdir(where)
+    out, err = where / "snakemake.out", where / "snakemake.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen(cmd, cwd=where, stdout=o, stderr=e, text=True, env=env)
+    try:
+        victim = None
+        while victim is None and proc.poll() is None:
+            jobs = run("squeue", "-h", "-t", "R", "-o", "%i|%k|%D").split()
+            victim = next((j for j in jobs if "rule_probe" in j and j.endswith("|2")), None)
+            time.sleep(0.3)
+        if victim is not None:
+            time.sleep(2)  # its workers started
+            cluster("kill-node", "tula-n1", "tula drill")
+            time.sleep(5)
+            cluster("revive-node", "tula-n1")
+        proc.wait(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = subprocess.CompletedProcess(cmd, proc.returncode, out.read_text(), err.read_text())
+    return where, r, victim and victim.split("|")[0]
+
+
+def test_the_whole_workflow_runs_across_the_two_nodes(lab_run):
     """`snakemake --profile` as a user runs it, on the partition `lab`: the N = 4 probes are
     two-node jobs whose workers srun starts on both nodes, the step model is fitted from them,
     and the production job (held to N = 4 by the config's constraint) trains through submitit
     on both nodes. No cluster.netlab: a worker is on its node because that node's slurmd
     started it. hardware.device is cpu: the lab's gpu slots are only counted (on auto, the
     jobs would ask for them and find no GPU, which the workers say)."""
-    from conftest import copy_workflow
-
-    copy_workflow(tmp_path)
-    (tmp_path / "workflow" / "config.yaml").write_text(
-        (ROOT / "workflow" / "config.yaml").read_text()
-    )
-    lab = {
-        **TINY,
-        "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
-        "cluster": {"workers_per_node": 2},
-        "hardware": {"device": "cpu"},
-        "constraints": {"min_workers": 4},
-    }
-    (tmp_path / "lab.yaml").write_text(yaml.safe_dump(lab))
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["default-resources"] = {
-        **profile["default-resources"],
-        "slurm_account": "root",
-        "slurm_partition": "lab",
-        "mem_mb": 1000,
-    }
-    profile["set-resources"]["launch"]["runtime"] = 10
-    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "jobs": 4})
-    (tmp_path / "profiles" / "lab").mkdir(parents=True)
-    (tmp_path / "profiles" / "lab" / "config.yaml").write_text(yaml.safe_dump(profile))
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    r = subprocess.run(
-        ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
-        + ["--configfile", "lab.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    where, r, _ = lab_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    res = tmp_path / "results"
+    res = where / "results"
     for probe in res.glob("probes/N4_*.json"):
         rec = json.loads(probe.read_text())
         assert rec["status"] == "ok", rec.get("error")
@@ -185,3 +181,120 @@ def test_the_whole_workflow_runs_across_the_two_nodes(lab_cluster, tmp_path):
     job = json.loads((res / "train" / "attempts.json").read_text())["attempts"][-1]["job_id"]
     steps = run("sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,NNodes,NodeList,State")
     assert f"{job}.0|4|2|tula-n[0-1]|COMPLETED" in steps, steps
+
+
+def test_a_probe_whose_node_died_is_run_again_and_the_campaign_completes(lab_run):
+    """The two-node probe job that lost tula-n1 mid-run ended (NODE_FAIL, or failed: its
+    surviving ranks lost their peers), SLURM requeued it or Snakemake's retries submitted it
+    again once the node was back, and its point was measured on both nodes after all."""
+    where, r, victim = lab_run
+    assert victim, "no two-node probe job was seen running: the drill did not happen"
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    runs = run("sacct", "-n", "-D", "-X", "-P", "-j", victim, "-o", "State,Comment").splitlines()
+    states, comment = [r.split("|")[0] for r in runs], runs[0].split("|")[1]
+    point = comment.rsplit("_", 2)[-2:]  # rule_probe_wildcards_<n>_<b>
+    # SLURM's own requeue shows in the job's history (-D); Snakemake's retry is a later job
+    later = run("sacct", "-n", "-X", "-P", "-a", "-o", "JobID,Comment").splitlines()
+    again = [j for j in later if j.endswith(f"|{comment}") and int(j.split("|")[0]) > int(victim)]
+    assert any(s.startswith(("NODE_FAIL", "FAILED")) for s in states) or again, (states, again)
+    rec = json.loads((where / "results" / "probes" / f"N{point[0]}_B{point[1]}.json").read_text())
+    assert rec["status"] == "ok", rec.get("error")
+    assert sorted(rec["env"]["hostnames"]) == ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]
+
+
+def test_a_drained_node_stops_the_campaign_before_anything_is_queued(lab_cluster, tmp_path):
+    """A node drained before the campaign never starts a job: the workflow's preflight says so,
+    naming the partition, the node and the admin's reason, and submits nothing."""
+    cmd, env = lab_workdir(tmp_path)
+    before = run("sacct", "-n", "-X", "-P", "-a", "-o", "JobID").split()
+    run("scontrol", "update", "nodename=tula-n1", "state=drain", "reason=tula drill")
+    try:
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
+    finally:
+        run("scontrol", "update", "nodename=tula-n1", "state=resume")
+    said = r.stdout + r.stderr
+    assert r.returncode != 0, said[-3000:]
+    assert "only 1 node(s) of partition 'lab' can start a job now" in said, said[-3000:]
+    assert "tula-n1 is drain (reason: tula drill)" in said
+    assert run("sacct", "-n", "-X", "-P", "-a", "-o", "JobID").split() == before
+    assert not (tmp_path / "results" / "memory_probe.json").exists()
+
+
+def drill(lab_run, tmp_path, node_wait_min: float, revive_after_s: float | None):
+    """`tula launch` at the workflow's own choice (N = 4 on both nodes), more epochs; once two
+    epochs are done, tula-n1 dies (every process on it killed, the node marked down); it comes
+    back after ``revive_after_s`` (None: never, within the test). Returns (final, attempts,
+    metrics, launch log)."""
+    where, r, _ = lab_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cmd = lab_launch_command(where, tmp_path, checkpoint_every_steps=4, node_wait_min=node_wait_min)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    log_path = tmp_path / "launch.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
+    revived = revive_after_s is None
+    try:
+        deadline, metrics = time.time() + 240, tmp_path / "train" / "metrics.csv"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.time() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        cluster("kill-node", "tula-n1", "tula drill")
+        killed = time.time()
+        if revive_after_s is not None:
+            while time.time() < killed + revive_after_s:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+            cluster("revive-node", "tula-n1")
+            revived = True
+        assert proc.wait(timeout=420) == 0, log_path.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if not revived or revive_after_s is None:
+            cluster("revive-node", "tula-n1")
+    train = tmp_path / "train"
+    final = json.loads((train / "final.json").read_text())
+    attempts = json.loads((train / "attempts.json").read_text())["attempts"]
+    metrics = [line.split(",") for line in (train / "metrics.csv").read_text().splitlines()]
+    head = metrics[0]
+    rows = [dict(zip(head, m)) for m in metrics[1:]]
+    # every epoch saw every sample once, and the checkpoints are intact
+    assert [int(m["epoch"]) for m in rows] == list(range(1, 9))
+    assert {int(m["samples"]) for m in rows} == {final["train_samples"]}
+    from tula import checkpoint
+
+    assert checkpoint.newest_intact(train / "checkpoints") is not None
+    return final, attempts, rows, log_path.read_text()
+
+
+def test_a_node_lost_mid_production_resumes_at_the_same_shape_when_it_comes_back(lab_run, tmp_path):
+    """tula-n1 dies under the N = 4 job and comes back within launch.node_wait_min: SLURM
+    requeues the job (or the launcher resubmits it), it resumes from its last checkpoint at
+    N = 4 on both nodes, and completes."""
+    final, attempts, rows, log = drill(lab_run, tmp_path, node_wait_min=5, revive_after_s=8)
+    assert final["workers"] == 4 and {int(m["workers"]) for m in rows} == {4}
+    assert all(a["workers"] == 4 for a in attempts) and attempts[-1]["outcome"] == "completed"
+    # resumed from a checkpoint: a second segment (requeued) or a second attempt (resubmitted)
+    assert len(attempts) + len(attempts[-1]["segments"]) >= 3, attempts
+    assert "resumed from the checkpoint of step" in log, log[-3000:]
+    # a resubmission after a failed job is said in final.json; SLURM's own requeue is not Tula's
+    lost = [a["attempt"] for a in attempts if a["outcome"] == "node_lost"]
+    assert [e["attempt"] for e in final.get("nodes_lost", [])] == lost
+    jobs = {a["job_id"] for a in attempts}
+    states = " ".join(run("sacct", "-n", "-D", "-X", "-P", "-j", j, "-o", "State") for j in jobs)
+    assert "NODE_FAIL" in states or any(a["outcome"] == "node_lost" for a in attempts), states
+
+
+def test_a_node_lost_for_good_replans_onto_the_node_left(lab_run, tmp_path):
+    """tula-n1 dies under the N = 4 job and stays down past launch.node_wait_min: the launcher
+    cancels the waiting job, re-plans onto what one node can run (the objective's choice among
+    the predictions at N <= 2; the constraint min_workers = 4 dropped, and said), resumes from
+    the checkpoint there, completes, and says why in its log and final.json."""
+    final, attempts, rows, log = drill(lab_run, tmp_path, node_wait_min=0.1, revive_after_s=None)
+    assert final["workers"] <= 2 and int(rows[0]["workers"]) == 4
+    assert [a["outcome"] for a in attempts][-2:] == ["replanned", "completed"], attempts
+    (event,) = [e for e in final["nodes_lost"] if e["outcome"] == "replanned"]
+    for said in (event["reason"], log):
+        assert "partition 'lab' lost nodes (tula-n1 is down" in said and "tula drill" in said
+        assert "constraints.min_workers=4 cannot hold on them: dropped" in said
+    assert attempts[-1]["start_step"] == attempts[-2]["checkpoint_step"] > 0

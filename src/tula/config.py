@@ -171,6 +171,7 @@ class LaunchSettings:
     poll_s: float
     monitor_every_steps: int | str | None = "auto"
     replan: str = "record"
+    node_wait_min: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -79,15 +79,13 @@ def job_needs(
     ]
 
 
-def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
-    """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change."""
+def problems(cfg: Config, part: Partition, need: JobNeed, node_states: bool = True) -> list[str]:
+    """Why ``part`` cannot run ``need`` (empty: it can), naming the config keys to change.
+    With ``node_states``, nodes that cannot start a job now (down, drained, ...) do not count."""
     out: list[str] = []
     wpn, threads = cfg.cluster.workers_per_node, cfg.hardware.threads_per_worker
-    fit = [
-        i
-        for i in range(len(part.node_cpus))
-        if part.node_cpus[i] >= need.cpus_per_node and part.node_gpus[i] >= need.gpus_per_node
-    ]
+    big = zip(part.node_cpus, part.node_gpus)
+    fit = [i for i, (c, g) in enumerate(big) if c >= need.cpus_per_node and g >= need.gpus_per_node]
     limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
     if need.nodes > limit:
         out.append(
@@ -122,6 +120,8 @@ def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
                 f"'{part.name}' have that: lower the largest grid.workers or "
                 "cluster.workers_per_node"
             )
+    if not out and node_states:
+        out += _nodes_down(part, need, fit)
     if (
         need.runtime_min is not None
         and part.max_time_min is not None
@@ -139,6 +139,19 @@ def problems(cfg: Config, part: Partition, need: JobNeed) -> list[str]:
     return out
 
 
+def _nodes_down(part: Partition, need: JobNeed, fit: list[int]) -> list[str]:
+    """The job's nodes would fit, but too few of them can start a job now (down, drained)."""
+    up = [i for i in fit if part.can_start(i)]
+    if len(up) >= need.nodes:
+        return []
+    return [
+        f"{need.what} needs {need.nodes} node(s), but only {len(up)} node(s) of partition "
+        f"'{part.name}' can start a job now: {'; '.join(part.unusable())}. Ask the cluster's "
+        "admins (or `scontrol update nodename=<node> state=resume` once it is fixed), use "
+        "another partition, or lower the largest grid.workers"
+    ]
+
+
 def preflight(
     cfg: Config,
     probe_partition: str | None = None,
@@ -146,10 +159,13 @@ def preflight(
     train_runtime_min: int | None = None,
     training_only: bool = False,
     train_nodes: int | None = None,
+    node_states: bool = True,
 ) -> dict[str, Any]:
     """Check every job kind (or only training) against its partition (``None``: the
-    cluster's default). Returns what was checked; raises :class:`PreflightError` listing
-    every problem, or :class:`ClusterUnreadable` when there is no controller to ask."""
+    cluster's default); with ``node_states``, only the nodes that can start a job now count
+    (`tula launch` waits for lost nodes instead: :mod:`tula.production.nodes`). Returns what
+    was checked; raises :class:`PreflightError` listing every problem, or
+    :class:`ClusterUnreadable` when there is no controller to ask."""
     parts: dict[str | None, Partition] = {}
     checked, found = [], []
     needs = job_needs(cfg, train_runtime_min, train_nodes)
@@ -158,7 +174,7 @@ def preflight(
         if name not in parts:
             parts[name] = read_partition(name)
         part = parts[name]
-        found += problems(cfg, part, need)
+        found += problems(cfg, part, need, node_states)
         checked.append({**asdict(need), "partition": part.name})
     if found:
         raise PreflightError(
@@ -178,6 +194,9 @@ def describe(report: dict[str, Any]) -> str:
             f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) "
             f"per node, time limit {limit}"
         )
+        lost = Partition(**p).unusable()
+        if lost:
+            lines.append(f"  note: {'; '.join(lost)} (the other nodes are enough for now)")
     for j in report["jobs"]:
         rt = (
             "runtime checked when tula launch submits it"

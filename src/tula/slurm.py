@@ -21,6 +21,19 @@ from dataclasses import dataclass, field
 from tula.config import Config
 
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
+# sinfo's short states (%t) of a node that will not start a job
+UNUSABLE = (
+    "down",
+    "drain",
+    "drng",
+    "drained",
+    "draining",
+    "fail",
+    "failg",
+    "maint",
+    "inval",
+    "futr",
+)
 
 
 class PreflightError(Exception):
@@ -40,6 +53,30 @@ class Partition:
     node_cpus: list[int] = field(default_factory=list)  # per node of the partition
     node_gpus: list[int] = field(default_factory=list)
     state: str = "UP"
+    node_names: list[str] = field(default_factory=list)
+    node_states: list[str] = field(default_factory=list)  # sinfo's %t: idle, mix, drain, down*
+    node_reasons: list[str] = field(default_factory=list)  # sinfo's %E: why an admin set it
+
+    def can_start(self, i: int) -> bool:
+        """Whether node ``i`` can start a job now (or once it is free): not down, drained,
+        draining, failing, in maintenance, invalid or not answering (sinfo's ``*``)."""
+        state = (self.node_states[i] if i < len(self.node_states) else "idle").lower()
+        return not (state.endswith("*") or state.rstrip("~#!%$@^-") in UNUSABLE)
+
+    def unusable_names(self) -> list[str]:
+        return [n for i, n in enumerate(self.node_names) if not self.can_start(i)]
+
+    def unusable(self) -> list[str]:
+        """The nodes that cannot start a job, each with its state and the admin's reason."""
+        out = []
+        for i, name in enumerate(self.node_names):
+            if not self.can_start(i):
+                why = self.node_reasons[i] if i < len(self.node_reasons) else ""
+                out.append(
+                    f"{name} is {self.node_states[i]}"
+                    + (f" (reason: {why})" if why and why != "none" else "")
+                )
+        return out
 
 
 def parse_time_min(text: str) -> int | None:
@@ -72,15 +109,18 @@ def gpus_of(gres: str) -> int:
 
 def parse_partition(scontrol_line: str, sinfo_text: str) -> Partition:
     """A partition from ``scontrol show partition -o NAME`` (one line of Key=Value) and
-    ``sinfo -h -N -p NAME -o '%N|%c|%G'`` (one line per node)."""
+    ``sinfo -h -N -p NAME -o '%N|%c|%G|%t|%E'`` (one line per node; state and reason may be
+    left out: the node is then taken as up)."""
     fields = dict(kv.split("=", 1) for kv in scontrol_line.split() if "=" in kv)
-    nodes: dict[str, tuple[int, int]] = {}
+    nodes: dict[str, tuple[int, int, str, str]] = {}
     for line in sinfo_text.splitlines():
         if line.strip():
-            name, cpus, gres = (line.split("|") + ["", ""])[:3]
+            name, cpus, gres, state, reason = (line.split("|", 4) + ["", "", "idle", ""])[:5]
             nodes[name] = (
                 int(re.sub(r"\D.*", "", cpus) or 0),
                 gpus_of(gres),
+                state.strip() or "idle",
+                reason.strip(),
             )  # a node listed twice counts once
     max_nodes = fields.get("MaxNodes", "UNLIMITED")
     return Partition(
@@ -88,9 +128,12 @@ def parse_partition(scontrol_line: str, sinfo_text: str) -> Partition:
         total_nodes=int(fields.get("TotalNodes", len(nodes))),
         max_nodes=None if max_nodes.upper() in UNLIMITED else int(max_nodes),
         max_time_min=parse_time_min(fields.get("MaxTime", "UNLIMITED")),
-        node_cpus=[c for c, _ in nodes.values()],
-        node_gpus=[g for _, g in nodes.values()],
+        node_cpus=[n[0] for n in nodes.values()],
+        node_gpus=[n[1] for n in nodes.values()],
         state=fields.get("State", "UP"),
+        node_names=list(nodes),
+        node_states=[n[2] for n in nodes.values()],
+        node_reasons=[n[3] for n in nodes.values()],
     )
 
 
@@ -122,7 +165,9 @@ def read_partition(name: str | None) -> Partition:
                 "(default-resources) or launch.slurm_partition in the config"
             )
     part_name = line.split()[0].split("=", 1)[1]
-    return parse_partition(line, _run(["sinfo", "-h", "-N", "-p", part_name, "-o", "%N|%c|%G"]))
+    return parse_partition(
+        line, _run(["sinfo", "-h", "-N", "-p", part_name, "-o", "%N|%c|%G|%t|%E"])
+    )
 
 
 # -- the shape of a job ---------------------------------------------------------------------
@@ -218,6 +263,17 @@ def job_state(job_id: str) -> str:
     return ""
 
 
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job ran on (its last run, from sacct), by name; [] when unknown."""
+    try:
+        listed = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "NodeList"]).split()
+        if not listed or listed[0] in ("None", "(null)", "None assigned"):
+            return []
+        return _run(["scontrol", "show", "hostnames", listed[0]]).split()
+    except (ClusterUnreadable, subprocess.TimeoutExpired):
+        return []
+
+
 def job_tasks(job_id: str) -> int:
     """Tasks allocated to a SLURM job, from ``scontrol show job`` (NumTasks); 1 if unknown."""
     if not shutil.which("scontrol"):
@@ -272,3 +328,54 @@ def master_port(job_id: str) -> int:
     choice, a random port in 20000-60000, was: a relaunched job failed with EADDRINUSE in CI).
     An array task's id (``123_4``) counts its digits."""
     return PORT_BASE + int(re.sub(r"\D", "", str(job_id))) % (EPHEMERAL_LOW - PORT_BASE)
+
+
+# -- snakemake-executor-plugin-slurm's failed-node exclusion ------------------------------
+
+
+def still_unusable(entries) -> list[str]:
+    """The nodes of ``entries`` (sacct NodeList strings: ``tula-n[0-1]``, ``None assigned``)
+    that cannot start a job now (down, drained, not answering): the only ones worth excluding.
+    A placeholder that names no node is dropped, and so is a node that is up: the healthy
+    partner of a failed node in a two-node job, or a failed node that came back."""
+    names: list[str] = []
+    for entry in entries or ():
+        try:
+            names += _run(["scontrol", "show", "hostnames", entry]).split()
+        except (ClusterUnreadable, subprocess.TimeoutExpired):
+            continue
+    if not names:
+        return []
+    try:
+        rows = _run(["sinfo", "-h", "-N", "-o", "%N|%t"]).split()
+    except (ClusterUnreadable, subprocess.TimeoutExpired):
+        return sorted(set(names))
+    state = dict(r.split("|", 1) for r in rows if "|" in r)
+    part = Partition(
+        "all", len(state), None, None, node_names=list(state), node_states=list(state.values())
+    )
+    down = set(part.unusable_names())
+    return sorted({n for n in names if n in down})
+
+
+def keep_exclusions_to_nodes_down() -> None:
+    """snakemake-executor-plugin-slurm (2.8.0) excludes, after a job ends NODE_FAIL, every node
+    sacct lists for it from all later submissions (``--exclude=``). Two things break Tula there:
+    a job SLURM requeued lists ``None assigned``, which goes into sbatch's command line unquoted,
+    so every later sbatch fails (snakemake/snakemake-executor-plugin-slurm#485); and a two-node
+    probe's healthy node is excluded with the dead one, so on a partition of two nodes no later
+    two-node probe can run, even once the dead node is back. Until the plugin fixes it, the
+    exclusion it passes is narrowed to :func:`still_unusable` when each job is submitted."""
+    try:
+        import snakemake_executor_plugin_slurm as plugin  # only under the SLURM executor: optional
+    except ImportError:
+        return
+    submit = getattr(plugin, "get_submit_command", None)
+    if submit is None or submit.__name__ == "narrowed_submit_command":
+        return
+
+    def narrowed_submit_command(job, params, settings=None, failed_nodes=None, **kw):
+        narrowed = set(still_unusable(failed_nodes)) if failed_nodes else failed_nodes
+        return submit(job, params, settings=settings, failed_nodes=narrowed, **kw)
+
+    plugin.get_submit_command = narrowed_submit_command

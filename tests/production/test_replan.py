@@ -169,3 +169,50 @@ def test_move_without_a_drift_never_moves(run_dir, venv_path):
     assert [(a["workers"], a["outcome"]) for a in att] == [(2, "completed")]
     assert final["workers"] == 2 and final["monitored_steps"] > 10
     assert all(d["action"] != "moved" for d in att[0]["drift"])
+
+
+def test_a_node_lost_for_good_replans_onto_the_worker_counts_left():
+    """A node lost under N = 2 (one node of two workers here): the rest goes where the
+    objective chooses among the N that can still run; a min_workers the nodes left cannot
+    hold is dropped, and the reason says so."""
+    cfg = config.from_dict(
+        {
+            "workload": {"epochs": 20},
+            "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64},
+            "objective": "time",
+            "cluster": {"workers_per_node": 2},
+            "constraints": {"min_workers": 2},
+        }
+    )
+    d = refit.onto(cfg, _pred(), 2, B, allowed=[1])
+    assert (d.move, d.workers, d.global_batch) == (True, 1, B)
+    assert "N=2 B=64 cannot run on the nodes left (N <= 1 can)" in d.reason
+    assert "constraints.min_workers=2 cannot hold on them: dropped" in d.reason
+    # where both can run, the objective's own choice (N = 2 is faster) and nothing dropped
+    d = refit.onto(cfg, _pred(), 2, B, allowed=[1, 2])
+    assert d.workers == 2 and "dropped" not in d.reason
+
+
+def test_a_lost_node_or_peer_is_resubmitted_at_most_max_requeues_times_in_a_row():
+    """The launcher's rule after a failed attempt on SLURM: a worker's error that says a peer
+    vanished is resubmitted at the same shape (the controller marks a dead node down only
+    after SlurmdTimeout); any other failure ends the run; never more than
+    launch.max_requeues times in a row."""
+    from types import SimpleNamespace
+
+    from tula.production.nodes import LOST_PEER, NodeWatch
+
+    cfg = config.from_dict({"launch": {"max_requeues": 2}})
+    watch = NodeWatch(cfg, None, None)
+    gloo = "RuntimeError: [pair.cc:545] Read error [10.77.0.2]:42711: Connection reset by peer."
+    assert LOST_PEER.search(gloo) and not LOST_PEER.search("ValueError: bad input shape")
+    watch.start(4, 128, "local")  # a local job has no nodes to lose: the outcome stands
+    assert watch.outcome(("failed", gloo), SimpleNamespace(job_id="1")) == ("failed", gloo)
+
+    def ended(*outcomes):
+        return [SimpleNamespace(outcome=o) for o in outcomes]
+
+    assert watch.resubmits(ended("completed", "peer_lost"))
+    assert watch.resubmits(ended("node_lost", "peer_lost"))
+    assert not watch.resubmits(ended("peer_lost", "node_lost", "peer_lost"))
+    assert not watch.resubmits(ended("failed")) and not watch.resubmits(ended("oom"))

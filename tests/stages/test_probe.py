@@ -356,6 +356,20 @@ def test_a_rank_lost_twice_is_an_error_that_names_it(
     )
 
 
+def test_a_rank_lost_twice_inside_a_slurm_job_fails_it_so_that_it_runs_again(
+    tiny_config_file, tmp_path, venv_path, monkeypatch
+):
+    """Inside a SLURM job a rank lost in both launches is the machine's (a node died under the
+    probe): nothing is recorded and the probe fails, so that SLURM's requeue or Snakemake's
+    retries run it again instead of the campaign going on without the point. (A job id SLURM
+    does not know has no tasks to srun onto: the workers start with torchrun.)"""
+    monkeypatch.setenv(FAULT_ENV, "crash:point=N2_B64,rank=1,attempts=2")
+    monkeypatch.setenv("SLURM_JOB_ID", "424242")
+    with pytest.raises(RuntimeError, match=r"probe N2_B64: rank\(s\) \[.*1.*\] were lost in both"):
+        probe.run(tiny_config_file, 2, 64, tmp_path / "N2_B64.json")
+    assert not (tmp_path / "N2_B64.json").exists()
+
+
 def test_the_rank_that_failed_first_is_the_error_reported():
     from tula.model.grid import Point
 

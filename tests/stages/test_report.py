@@ -290,3 +290,51 @@ def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():
     assert (
         "not settled" not in robustness_line({**r, "settled": True}) and robustness_line(None) == ""
     )
+
+
+def test_nodes_and_links_name_the_hosts_and_each_levels_bus_bandwidth():
+    """Where the probes and the production job ran, and per network level the probes' sync and
+    the ring bus bandwidth it implies: 2(N-1)/N x the gradient bytes / the sync time."""
+    from tula.stages.report.cluster import nodes_section
+
+    mb = 2**20
+    m = pd.DataFrame(
+        {
+            "source": ["probe", "probe", "probe", "sweep"],
+            "status": ["ok"] * 4,
+            "workers": [1, 2, 4, 4],
+            "nodes": [1, 1, 2, 2],
+            "sync_time_s": [0.0, 0.002, 0.080, None],
+            "grad_bytes_per_step": [mb, mb, mb, None],
+            "hosts": ["tula-n0", "tula-n0 tula-n0", "tula-n0 tula-n0 tula-n1 tula-n1", None],
+        }
+    )
+    final = {"hostnames": ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]}
+    html = nodes_section(m, final)
+    assert "4 worker(s) on 2 node(s): tula-n0 (2 workers), tula-n1 (2 workers)" in html
+    assert "The probes ran on tula-n0, tula-n1." in html
+    # within a node: 2 x 1/2 x 1 MiB / 2 ms; between nodes: 2 x 3/4 x 1 MiB / 80 ms
+    assert (
+        f"sync median 2.0 ms for 1.00 MiB of gradients a step: {mb / 0.002 / 1e6:.1f} MB/s" in html
+    )
+    assert (
+        f"sync median 80.0 ms for 1.00 MiB of gradients a step: {1.5 * mb / 0.08 / 1e6:.1f}" in html
+    )
+    assert "<b>within a node</b> (N = 2, 1 probe(s))" in html
+    assert "<b>between nodes</b> (N = 4, 1 probe(s))" in html
+    one = nodes_section(m.iloc[:1].drop(columns=["hosts"]), {})
+    assert "no link was measured" in one
+
+
+def test_a_lost_node_is_said_in_the_attempts_table():
+    from tula.stages.report.sections import attempts_table
+
+    lost = {
+        "attempts": [
+            {**ATTEMPTS["attempts"][0], "outcome": "replanned", "reason": "partition 'lab' lost"},
+            ATTEMPTS["attempts"][1],
+        ]
+    }
+    html = attempts_table(lost)
+    assert "Node lost (attempt 1): partition &#x27;lab&#x27; lost." in html
+    assert "<td class=bad>replanned</td>" in html

@@ -80,6 +80,7 @@ OPTIONAL = [
     "device",
     "backend",
     "comm_env",
+    "hosts",
     "error",
     "probe_file",
     "grad_noise_scale",

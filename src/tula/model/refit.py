@@ -22,7 +22,7 @@ objectives and constraints choose among them as they did before training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -173,3 +173,24 @@ def decide(
         f"{100 * saving:.0f} % of the remaining {what} (relaunch {relaunch_s:.0f} s included)",
         saving,
     )
+
+
+def onto(cfg: Config, pred: pd.DataFrame, workers: int, batch: int, allowed: list[int]) -> Decision:
+    """Where to train the rest when N = ``workers`` cannot run any more (a node lost) and only
+    the worker counts ``allowed`` can: ``tula select``'s own objective among the predictions at
+    those N. A constraint on N that cannot hold there is dropped, and the reason says so. Every
+    point trains the same epochs that are left, so the choice over whole-run predictions is the
+    choice for the rest."""
+    rest = pred[pred["workers"].isin(allowed)]
+    c, dropped = cfg.constraints, []
+    if c.min_workers and not (rest["workers"] >= c.min_workers).any():
+        dropped.append(f"constraints.min_workers={c.min_workers}")
+        c = replace(c, min_workers=None)
+    sel = select(rest, replace(cfg, constraints=c))["selected"]
+    n2, b2 = int(sel["workers"]), int(sel["global_batch"])
+    why = (
+        f"N={workers} B={batch} cannot run on the nodes left (N <= {max(allowed)} can); "
+        f"re-planned to N={n2} B={b2}, the {cfg.objective} choice among the predictions there"
+        + (f" ({', '.join(dropped)} cannot hold on them: dropped for the rest)" if dropped else "")
+    )
+    return Decision(True, n2, b2, why, 0.0)

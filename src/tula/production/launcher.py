@@ -6,19 +6,20 @@ until a feasible configuration is found". One *attempt* is one submitit job at o
 batch B at one N (:class:`tula.production.history.Attempt`):
 
 - the job is a :class:`tula.production.job.ProductionJob` (``submitit.helpers.Checkpointable``):
-SLURM's USR2
-  before the time limit or on preemption makes every rank checkpoint at the next step
-  boundary, and submitit requeues the job, which resumes from that checkpoint (TERM, from
+  SLURM's USR2 before the time limit or on preemption makes every rank checkpoint at the next
+  step boundary, and submitit requeues the job, which resumes from that checkpoint (TERM, from
   scancel or ``scontrol requeue``, also checkpoints first). Requeues stay inside one attempt;
 - if a rank runs out of memory, all ranks agree, the job ends with outcome ``oom``, and
   the next attempt resumes from the last checkpoint at the next smaller feasible B (the
   memory model's order from predictions.csv, else B/2) until one trains or none is left;
 - with ``launch.replan: move``, a drift the job reports (its sync outside the predicted band,
-  :mod:`tula.production.monitor`) is re-planned (:func:`tula.model.refit.decide`); if another (N,
-  B)
-  pays for the relaunch, the job is asked to checkpoint and stop, and the next attempt
+  :mod:`tula.production.monitor`) is re-planned (:func:`tula.model.refit.decide`); if another
+  (N, B) pays for the relaunch, the job is asked to checkpoint and stop, and the next attempt
   continues there from that checkpoint (every sample once per epoch: the position is in
-  samples, independent of N and B).
+  samples, independent of N and B);
+- on SLURM, a node lost under the job (:mod:`tula.production.nodes`): the job is resubmitted
+  or requeued at its shape; if the nodes are not back within ``launch.node_wait_min``, the
+  rest is re-planned onto the nodes left and continues there from the checkpoint.
 
 Every attempt is written to ``results/train/attempts.json``
 (:class:`tula.production.history.History`);
@@ -43,10 +44,11 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
 from tula.model import drift
-from tula.production import history, relaunch
+from tula.production import history, nodes, relaunch
 from tula.production.confirm import prediction_row, record_prediction
 from tula.production.history import Attempt, History
 from tula.production.job import ProductionJob
+from tula.production.nodes import NodeWatch
 from tula.production.replan import Replan
 
 
@@ -105,6 +107,8 @@ class Launch:
         self.replan = Replan(self.cfg, predictions, self.out)  # launch.replan: move
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440
         self.tried: set[int] = set()  # global batches that ran out of memory
+        self.train_partition = self.cfg.launch.slurm_partition or partition
+        self.lost = NodeWatch(self.cfg, predictions, self.train_partition)  # nodes lost (SLURM)
         self.history: History
         self.started = time.time()
 
@@ -121,10 +125,11 @@ class Launch:
         try:
             preflight.preflight(
                 self.cfg,
-                train_partition=self.cfg.launch.slurm_partition or self.partition,
+                train_partition=self.train_partition,
                 train_runtime_min=self.limit,
                 training_only=True,
                 train_nodes=self.workers,
+                node_states=False,  # a node lost: waited for, then re-planned (Launch.watch)
             )
         except slurm.ClusterUnreadable:
             pass  # sbatch says what is wrong
@@ -259,15 +264,16 @@ class Launch:
         """Wait for the attempt's job, then record how it ended (Ctrl-C or Snakemake stopping
         cancels it: scancel; the workers checkpoint on the TERM)."""
         self.history.write()
-        watch_drift = self.replan.watch(att, self.workers)
+        drift = self.replan.watch(att, self.workers)
+        check = self.lost.around(att, self.history.executor, drift, job)
         try:
-            history.wait(job, self.cfg.launch.poll_s, check=watch_drift)
+            history.wait(job, self.cfg.launch.poll_s, check=check)
         except BaseException:
             job.cancel(check=False)
             att.end("cancelled", "tula launch was interrupted; the job was cancelled")
             self.history.write("cancelled")
             raise
-        att.end(*history.outcome(job, self.out, att.attempt))
+        att.end(*self.lost.outcome(history.outcome(job, self.out, att.attempt), job))
         drift = [
             {**d, **self.replan.decisions.get(d["step"], {})}
             for d in history.drifts(self.out, att.attempt)
@@ -305,6 +311,8 @@ class Launch:
         there is none (stopped, failed, out of memory without ``shrink``, no batch left),
         the run's record written first."""
         try:
+            if self.lost.resubmits(self.history.attempts):  # a node or peer lost: same shape
+                return att.global_batch
             if att.outcome == "oom" and shrink:
                 self.tried.add(att.global_batch)
                 return self.next_batch(att.global_batch)
@@ -333,8 +341,9 @@ class Launch:
         result = record_prediction(final, self.predictions)
         # with what tula launch decided on each
         drifts = [d for a in self.history.attempts for d in a.drift]
-        if drifts != result.get("drift", []):
-            result["drift"] = drifts
+        lost = nodes.events(self.history.attempts)  # each node lost, and what Tula did
+        if drifts != result.get("drift", []) or lost:
+            result = {**result, "drift": drifts, "nodes_lost": lost}
             write_json(final, result)
         return result
 
@@ -378,8 +387,10 @@ def train(
         launch.watch(att, job)
         if att.outcome == "completed":
             return launch.finish()
-        # launch.replan: move — the rest at the re-planned (N, B), from the checkpoint
-        if att.outcome == "moved":
-            batch, job = launch.move_to(launch.replan.move), None
+        # launch.replan: move, or a node lost for good: the rest at the re-planned (N, B), from
+        # the checkpoint
+        if att.outcome in ("moved", "replanned"):
+            move = launch.replan.move if att.outcome == "moved" else launch.lost.decision
+            batch, job = launch.move_to(move), None
             continue
         batch, job = launch.after(att, job, shrink), None

@@ -20,9 +20,10 @@ from tula.runtime.replica import Replica
 
 
 def final_record(
-    ledger: Ledger, replica: Replica, backend: str, monitor: Monitor | None
+    ledger: Ledger, replica: Replica, backend: str, monitor: Monitor | None, hosts: list[str]
 ) -> dict[str, Any]:
-    """final.json: the run's settings, its results and what its parts took."""
+    """final.json: the run's settings, its results, what its parts took and every rank's host
+    (in rank order)."""
     cfg, t, times, rows = replica.cfg, replica.t, ledger.times, ledger.rows
     steps = max(replica.pos.step, 1)
     return {
@@ -53,6 +54,7 @@ def final_record(
         "backend": backend,
         "device": str(replica.device),
         "comm_env": dist.comm_env(),
+        "hostnames": hosts,
         **(monitor.summary() if monitor else {"monitored_steps": 0, "drift": []}),
     }
 

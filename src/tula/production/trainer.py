@@ -268,8 +268,9 @@ class Trainer:
         replica = self.replica
         if self.ckpt:
             self.checkpoint(complete=True)
+        hosts = dist.hostnames()  # every rank: a collective
         if self.rank == 0:
-            final = records.final_record(self.ledger, replica, self.backend, self.monitor)
+            final = records.final_record(self.ledger, replica, self.backend, self.monitor, hosts)
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:

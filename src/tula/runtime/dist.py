@@ -19,6 +19,7 @@ import os
 import platform
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -189,6 +190,13 @@ def _free_port() -> int:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def hostnames() -> list[str]:
+    """Every rank's host, in rank order (a collective: every rank calls it)."""
+    out: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, hostname())
+    return [str(h) for h in out]
 
 
 def env_info(device, backend: str, wenv, hosts: list[str], cfg: Config, data_workers: int) -> dict:

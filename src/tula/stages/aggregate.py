@@ -27,6 +27,7 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
         comm_env_text(env),
     )
     row["data_workers"] = env.get("data_workers")
+    row["hosts"] = " ".join(env.get("hostnames") or []) or None  # every rank's, in rank order
     row["source"], row["probe_file"] = "probe", probe_file
     rows = [row]
     for sw in record.get("sweep") or []:

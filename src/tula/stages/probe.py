@@ -29,6 +29,7 @@ The launcher only starts and collects: it imports no torch.
 
 from __future__ import annotations
 
+import os
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -226,6 +227,14 @@ def run(
     out = Path(out)
     work = out.parent / f".{out.stem}.ranks"
     record = _probe_point(cfg, cfg_path, point, work, memory_probe)
+    if record.get("lost_ranks") and os.environ.get("SLURM_JOB_ID"):
+        # lost in both launches, inside a SLURM job: its node died or its link went (the machine,
+        # not the point); failing the job lets SLURM's requeue or Snakemake's retries run it again
+        raise RuntimeError(
+            f"probe {point.name}: rank(s) {record['lost_ranks']} were lost in both launches "
+            f"({record['error']}); nothing recorded: this job fails so that it is run again "
+            "(the profile's `retries`)"
+        )
     if record["status"] == "oom":
         record["fallbacks"] = []
         for b in fallback_batches(cfg, point, memory_probe):

@@ -13,6 +13,7 @@ import pandas as pd
 
 from tula.io import atomic_write, read_json
 from tula.progress import fmt_duration
+from tula.stages.report.cluster import nodes_section
 from tula.stages.report.sections import (
     TRAINING_PLOTS,
     _img,
@@ -76,6 +77,7 @@ def render(
         trained_time=fmt_duration(final["train_time_s"]),
         prediction=prediction_card(final),
         comm_env=comm_env_section(measurements, final),
+        nodes=nodes_section(measurements, final),
         selection_plots=[_img(p) for p in plots if p.name not in TRAINING_PLOTS],
         training_plot="".join(_img(p) for p in plots if p.name == "training.png"),
         attempts=attempts_table(attempts),

@@ -74,6 +74,11 @@ def attempts_table(attempts: dict | None) -> str:
         f"checkpoint at B={b['global_batch']}.</p>"
         for a, b in after_oom
     ) + "".join(f"<p>Network drift: {html.escape(a['reason'])}.</p>" for a in moves)
+    note += "".join(
+        f"<p>Node lost (attempt {a['attempt']}): {html.escape(a['reason'])}.</p>"
+        for a in attempts["attempts"]
+        if a["outcome"] in ("replanned", "node_lost", "peer_lost")
+    )
     return (
         note
         + "\n".join(out)
