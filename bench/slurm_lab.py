@@ -44,6 +44,7 @@ from tula.io import write_json
 from tula.stages.aggregate import rows_from_probe
 
 CLUSTER = ["bash", str(ROOT / "scripts" / "slurm-cluster.sh")]
+DRILL_BATCH = 32  # N = 4 at B = 32: 45 steps an epoch of digits, so an interval of k steps counts
 
 
 def sh(*cmd: str, **kw) -> str:
@@ -89,7 +90,9 @@ def campaign(where: Path, rate: str) -> dict:
     df = pd.DataFrame(rows)
     df = df[df["source"] == "probe"].reset_index(drop=True)
     df["point"] = [f"N{w}_B{b}" for w, b in zip(df["workers"], df["global_batch"])]
-    cfg = config_mod.from_dict(json.loads((where / ".snakemake/tula/config.json").read_text()))
+    # held out: what a partial search would not have probed (the campaign probed every point)
+    raw = json.loads((where / ".snakemake/tula/config.json").read_text())
+    cfg = config_mod.from_dict({**raw, "search": "partial"})
     final = json.loads((res / "train" / "final.json").read_text())
     return {
         "dag_s": dag_s,
@@ -105,44 +108,50 @@ def campaign(where: Path, rate: str) -> dict:
 
 
 def drill(where: Path, interval: int, kill: bool) -> dict:
-    """`tula launch` at the campaign's point, checkpointing every ``interval`` steps; with
-    ``kill``, tula-n1 dies after two epochs and comes back 5 s later."""
+    """`tula launch` at N = 4 (both nodes), B = 32 (45 steps an epoch), checkpointing every
+    ``interval`` steps and at epoch ends; with ``kill``, tula-n1 dies half an epoch after the
+    first epoch ended (so the work since the last checkpoint depends on the interval) and
+    comes back 5 s later."""
     out = where / f"drill_k{interval}_{'kill' if kill else 'clean'}"
     out.mkdir()
     cmd = tests_helper("lab_launch_command")(
         where, out, checkpoint_every_steps=interval, node_wait_min=5
     )
-    res = where / "results"
+    (out / "selection.json").write_text(
+        json.dumps({"selected": {"workers": 4, "global_batch": DRILL_BATCH}})
+    )
+    cmd[cmd.index("--selection") + 1] = "selection.json"
     t0 = time.perf_counter()
     with open(out / "launch.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=out, stdout=log, stderr=subprocess.STDOUT, env=env())
     metrics, killed_at = out / "train" / "metrics.csv", None
     while kill and killed_at is None and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            time.sleep(pd.read_csv(metrics)["epoch_time_s"].iloc[0] / 2)
             sh(*CLUSTER, "kill-node", "tula-n1", "bench drill")
             killed_at = time.perf_counter() - t0
             time.sleep(5)
             sh(*CLUSTER, "revive-node", "tula-n1")
-        time.sleep(0.2)
+        time.sleep(0.1)
     if proc.wait(timeout=900):
         sys.exit(f"tula launch failed:\n{(out / 'launch.log').read_text()[-3000:]}")
     wall = time.perf_counter() - t0
     attempts = json.loads((out / "train" / "attempts.json").read_text())["attempts"]
+    final = json.loads((out / "train" / "final.json").read_text())
     return {
         "wall_s": wall,
         "killed_at_s": killed_at,
         "attempts": [(a["outcome"], a["start_step"], a["checkpoint_step"]) for a in attempts],
         "resumed_from": attempts[-1]["start_step"] if len(attempts) > 1 else None,
-        "steps_per_epoch": int(
-            pd.read_csv(res / "predictions.csv").query("workers == 4")["steps_per_epoch"].iloc[0]
-        ),
+        "steps_per_epoch": final["steps"] // final["epochs"],
+        "step_s": final["mean_step_time_s"],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", nargs="+", default=["200mbit", "50mbit"])
-    ap.add_argument("--intervals", nargs="+", type=int, default=[4, 44])
+    ap.add_argument("--intervals", nargs="+", type=int, default=[4, 1000])
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/slurm_lab.py needs root (it makes the network lab and starts slurmd)")
@@ -199,15 +208,20 @@ def report(results: dict) -> None:
             f"{med('to_first_step_s')} |"
         )
     print(
-        "\n| checkpoint every | clean wall | drilled wall | lost | attempts (outcome, from step) |"
+        "\n| checkpoint every | clean wall | drilled wall | lost | steps redone (at most) "
+        "| attempts (outcome, from step) |"
     )
-    print("|---:|---:|---:|---:|---|")
+    print("|---:|---:|---:|---:|---:|---|")
     for k, d in results["drill"].items():
-        lost = d["kill"]["wall_s"] - d["clean"]["wall_s"]
-        att = ", ".join(f"{o} from {s}" for o, s, _ in d["kill"]["attempts"])
+        kill = d["kill"]
+        lost = kill["wall_s"] - d["clean"]["wall_s"]
+        att = ", ".join(f"{o} from {s}" for o, s, _ in kill["attempts"])
+        spe = d["clean"]["steps_per_epoch"]
+        every = f"{k} steps" if int(k) < spe else "epoch ends only"
+        redo = min(int(k), spe)
         print(
-            f"| {k} steps ({k / d['clean']['steps_per_epoch']:.1f} epochs) | "
-            f"{d['clean']['wall_s']:.1f} s | {d['kill']['wall_s']:.1f} s | {lost:.1f} s | {att} |"
+            f"| {every} | {d['clean']['wall_s']:.1f} s | {kill['wall_s']:.1f} s | {lost:.1f} s "
+            f"| {redo} ({redo * kill['step_s']:.1f} s of steps) | {att} |"
         )
 
 
