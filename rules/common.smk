@@ -18,6 +18,7 @@ from tula import slurm as tula_slurm
 from tula import workflow as tula_workflow
 from tula.stages import check as tula_check
 from tula.stages import compare as tula_compare
+from tula.stages import summary as tula_summary
 from tula.model.grid import search_set
 from tula.model.memory import max_local_batch
 

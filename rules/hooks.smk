@@ -27,3 +27,16 @@ onstart:
             print(f"tula preflight skipped: {err}", flush=True)
         except tula_preflight.PreflightError as err:
             raise WorkflowError(f"{err}\n(see workflow/config.yaml and the profile)")
+
+
+# The answer where the user looks (tula.stages.summary): at the end of a run, the choice and
+# why, what the production job paid against the prediction, the accuracy, what not to trust
+# and the report's path; after a failure, the failing rule's log and its last error line.
+onsuccess:
+    for line in tula_summary.success_lines("results", TULA):
+        print(line, flush=True)
+
+
+onerror:
+    for line in tula_summary.error_lines(log):
+        print(line, flush=True)

@@ -1,6 +1,7 @@
 """The whole DAG through Snakemake, on a tiny config in a temporary directory."""
 
 import json
+import os
 import re
 import subprocess
 import zipfile
@@ -14,6 +15,7 @@ from tula import config
 from tula.faults import ENV as FAULT_ENV
 from tula.model import perf as perfmodel
 from tula.model.grid import sweep_local_batches
+from tula.progress import fmt_duration
 
 
 def snakemake(workdir, *args, env=None, timeout=900):
@@ -36,7 +38,44 @@ def finished_run(tmp_path_factory):
     env[FAULT_ENV] = "oom:point=N2_B128,rank=1"
     r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
+    (wd / "snakemake.out").write_text(r.stdout + r.stderr)
     return wd, env
+
+
+def test_the_run_ends_with_the_answer_on_the_terminal(finished_run):
+    """Snakemake's onsuccess prints the choice and why, what the production job paid against
+    the prediction, the accuracy, what to trust and the report's path."""
+    wd, _ = finished_run
+    said = (wd / "snakemake.out").read_text()
+    sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
+    final = json.loads((wd / "results" / "train" / "final.json").read_text())
+    assert f"tula: use N={sel['workers']} workers, global batch B={sel['global_batch']}" in said
+    wall = final["wall_time_s"]
+    wall = f"{wall:.1f} s" if wall < 60 else fmt_duration(wall)
+    assert f"paid {wall} (x{final['wall_time_ratio']:.2f})" in said
+    assert f"accuracy: {100 * final['final_test_acc']:.2f} % at the end" in said
+    assert "  trust: " in said and f"report: {(wd / 'results' / 'report.html').resolve()}" in said
+
+
+def test_a_failing_rule_is_named_with_its_log_and_last_error(tmp_path, venv_path):
+    """Both N = 2 probes fail, so `tula fit` has no sync to fit and stops: Snakemake's onerror
+    names the rule, its log and the error line in it."""
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    env = dict(os.environ, **{FAULT_ENV: "error:point=N2_B32;error:point=N2_B128"})
+    r = snakemake(tmp_path, "--configfile", "tiny.yaml", env=env)
+    assert r.returncode != 0
+    said = r.stdout + r.stderr
+    assert "tula: rule fit failed; its log: results/logs/fit.log" in said, said[-3000:]
+    last = [ln for ln in said.splitlines() if ln.startswith("  last error: ")]
+    assert (
+        last
+        and last[0].removeprefix("  last error: ")
+        in (tmp_path / "results" / "logs" / "fit.log").read_text()
+    )
 
 
 def test_every_output_exists_and_parses(finished_run):
@@ -128,9 +167,11 @@ def test_every_output_exists_and_parses(finished_run):
     assert json.loads((res / "workload.json").read_text())["device"]["device"] == "cpu"
     assert (
         "Use N = " in html
-        and html.count("data:image/png;base64,") == 6
+        and html.count("data:image/png;base64,") == 5 + (len(steps) > 0)
         and "did not succeed" in html
     )
+    # nothing monitored: one sentence, not an empty figure
+    assert ('alt="steps"' in html) == (len(steps) > 0)
     assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (
         len(steps) == 0
     )

@@ -81,7 +81,10 @@ def render(
         selection_plots=[_img(p) for p in plots if p.name not in TRAINING_PLOTS],
         training_plot="".join(_img(p) for p in plots if p.name == "training.png"),
         attempts=attempts_table(attempts),
-        steps_plot="".join(_img(p) for p in plots if p.name == "steps.png"),
+        # nothing monitored: the drift card's one sentence says so, not an empty figure
+        steps_plot="".join(_img(p) for p in plots if p.name == "steps.png")
+        if final.get("monitored_steps")
+        else "",
         drift=drift_card(final),
         input=input_section(predictions, measurements, chosen),
         model=model_section(perf),

@@ -1,0 +1,149 @@
+"""The answer where the user looks: what `snakemake` prints at its end (the workflow's
+``onsuccess`` and ``onerror``, rules/hooks.smk), so that the recommendation, what the
+production job paid against it, how far to trust it and where the report is are on the
+terminal, not only in files; after a failure, the failing rule's log and its last error line.
+Reads the results files only."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from tula.config import Config
+from tula.io import read_json
+from tula.model import pricing
+from tula.progress import fmt_duration
+
+
+def _first_sentence(text: str) -> str:
+    cut = re.split(r"(?<=[.;)])\s+(?=[A-Z(])", text.strip(), maxsplit=1)[0]
+    return cut if len(cut) < 240 else cut[:237] + "..."
+
+
+def _span(seconds: float) -> str:
+    """A duration as a person reads it: tenths of a second below a minute."""
+    return f"{seconds:.1f} s" if seconds < 60 else fmt_duration(seconds)
+
+
+def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
+    """Training time, wall time and cost: predicted, paid, and their ratio."""
+    s, cur = sel["selected"], cfg.pricing.currency
+    out = []
+    if final.get("predicted_train_time_s"):
+        out.append(
+            f"training steps predicted {_span(final['predicted_train_time_s'])}, paid "
+            f"{_span(final['train_time_s'])} (x{final['train_time_ratio']:.2f})"
+        )
+    if final.get("predicted_wall_time_s"):
+        out.append(
+            f"wall time predicted {_span(final['predicted_wall_time_s'])}, paid "
+            f"{_span(final['wall_time_s'])} (x{final['wall_time_ratio']:.2f})"
+        )
+    paid = float(
+        pricing.cost(final["train_time_s"], final["workers"], s.get("mem_bytes", 0.0), cfg)
+    )
+    out.append(f"cost predicted {s['cost']:.4g} {cur}, paid {paid:.4g} {cur}")
+    return out
+
+
+def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
+    """What not to trust: an unsettled choice, probes that missed their precision, a step
+    outside its interval."""
+    out = []
+    r = sel.get("robustness") or {}
+    if r and not r.get("settled", True):
+        c = r["chosen"]
+        out.append(
+            f"the choice is not settled at this noise (chosen in {100 * c['share']:.0f} % of "
+            f"{r['resamples']} resamples); to settle it: {r.get('to_settle', '')}"
+        )
+    meas = results / "measurements.csv"
+    if meas.exists():
+        m = pd.read_csv(meas)
+        if {"source", "precision_reached", "step_time_halfwidth_rel"} <= set(m.columns):
+            p = m[(m["source"] == "probe") & (m["status"] == "ok")]
+            missed = p[p["precision_reached"].astype(str).str.lower() == "false"]
+            if len(missed):
+                names = ", ".join(
+                    f"N{int(w)}_B{int(b)} (±{100 * h:.1f} %)"
+                    for w, b, h in zip(
+                        missed["workers"], missed["global_batch"], missed["step_time_halfwidth_rel"]
+                    )
+                )
+                out.append(
+                    f"{len(missed)} of {len(p)} probes missed their precision: {names} (the report "
+                    "says what would reach it)"
+                )
+    lo_hi = (final or {}).get("predicted_step_time_interval_s")
+    if final and lo_hi and not lo_hi[0] <= final["mean_step_time_s"] <= lo_hi[1]:
+        out.append(
+            f"the production step ({1e3 * final['mean_step_time_s']:.1f} ms) fell outside its "
+            f"95 % interval ({1e3 * lo_hi[0]:.1f}-{1e3 * lo_hi[1]:.1f} ms)"
+        )
+    return out or ["every probe reached its precision and the choice held in the resamples"]
+
+
+def success_lines(results: str | Path, cfg: Config) -> list[str]:
+    """The end-of-run summary; [] where the run made no selection (another target)."""
+    results = Path(results)
+    if not (results / "selection.json").exists():
+        return []
+    sel = read_json(results / "selection.json")
+    final_path = results / "train" / "final.json"
+    final = read_json(final_path) if final_path.exists() else None
+    s = sel["selected"]
+    lines = [
+        f"tula: use N={s['workers']} workers, global batch B={s['global_batch']} "
+        f"({s['local_batch']} per worker), objective {sel['objective']}: "
+        + _first_sentence(sel["reason"])
+    ]
+    if final:
+        if (final["workers"], final["global_batch"]) != (s["workers"], s["global_batch"]):
+            lines.append(
+                f"  trained at N={final['workers']} B={final['global_batch']} instead (see the "
+                "report's attempts: an out-of-memory relaunch, a move or a lost node)"
+            )
+        lines.append("  " + "; ".join(_paid(final, sel, cfg)))
+        lines.append(
+            f"  accuracy: {100 * final['final_test_acc']:.2f} % at the end, best "
+            f"{100 * final['best_test_acc']:.2f} %, {final['epochs']} epochs"
+        )
+    lines += [f"  trust: {t}" for t in _trust(results, sel, final)]
+    report = results / "report.html"
+    if report.exists():
+        lines.append(f"  report: {report.resolve()}")
+    return lines
+
+
+def error_lines(snakemake_log) -> list[str]:
+    """After a failed run: the failing rule(s), each one's log and the last error line in it.
+    ``snakemake_log``: what Snakemake's onerror gives as ``log`` (its log file, or a list)."""
+    logs = [snakemake_log] if isinstance(snakemake_log, (str, Path)) else snakemake_log or []
+    text = ""
+    for one in logs:
+        try:
+            text += Path(one).read_text(errors="replace")
+        except OSError:
+            pass
+    out = []
+    for rule, block in re.findall(r"Error in rule (\w+):\n(.*?)(?=\n\S|\Z)", text, re.S):
+        logs = re.findall(r"^\s+log: (\S+)", block, re.M)
+        out.append(f"tula: rule {rule} failed" + (f"; its log: {logs[0]}" if logs else ""))
+        last = last_error(Path(logs[0])) if logs else ""
+        if last:
+            out.append(f"  last error: {last}")
+    if not out and logs:
+        out.append(f"tula: the run failed; Snakemake's log: {', '.join(map(str, logs))}")
+    return out
+
+
+def last_error(log: Path) -> str:
+    """The last line of ``log`` that reads as an error, else its last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if re.search(r"\b\w*(Error|error|Exception)\b", ln)]
+    return (errors or lines or [""])[-1][:400]
