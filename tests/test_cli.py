@@ -38,6 +38,7 @@ def test_every_stage_module_is_a_subcommand_of_the_same_name():
         "probe",
         "report",
         "select",
+        "summary",
     ]
 
 

@@ -52,6 +52,7 @@ STAGES = (
     training.add_plot,
     training.add_launch,
     training.add_report,
+    training.add_summary,
     training.add_compare,
     training.add_models,
 )

@@ -129,6 +129,29 @@ def cmd_report(a) -> None:
     )
 
 
+def cmd_summary(a) -> None:
+    from tula import config as config_mod
+    from tula.stages import summary
+
+    lines = summary.success_lines(a.results, config_mod.load(a.config))
+    if not lines:
+        raise FileNotFoundError(f"{a.results}/selection.json: no run to summarise")
+    print("\n".join(lines))
+
+
+def add_summary(sub) -> None:
+    s = sub.add_parser(
+        "summary",
+        help="print a finished run's answer (what Snakemake prints at its end)",
+        description="The chosen (N, B) and why, what the production job paid against the "
+        "prediction, the accuracy, what not to trust and the report's path, from the results "
+        "files.",
+    )
+    s.add_argument("--config", required=True, help="the run's config (pricing)")
+    s.add_argument("--results", default="results", help="the results directory")
+    s.set_defaults(func=cmd_summary)
+
+
 def add_report(sub) -> None:
     s = sub.add_parser(
         "report",
