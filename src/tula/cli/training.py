@@ -147,7 +147,7 @@ def add_summary(sub) -> None:
         "prediction, the accuracy, what not to trust and the report's path, from the results "
         "files.",
     )
-    s.add_argument("--config", required=True, help="the run's config (pricing)")
+    cfg_arg(s)
     s.add_argument("--results", default="results", help="the results directory")
     s.set_defaults(func=cmd_summary)
 
