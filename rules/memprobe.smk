@@ -23,4 +23,4 @@ checkpoint memprobe:
         config=CONFIG,
         settings=settings("memprobe"),
     shell:
-        "tula memprobe --config {params.config} --out {output} > {log} 2>&1"
+        "tula memprobe --config {params.config} --workload {input} --out {output} > {log} 2>&1"

@@ -9,6 +9,7 @@ rule report:
         measurements=rules.aggregate.output[0],
         perf=rules.fit.output.perf,
         workload=rules.check.output[0],
+        memory=rules.memprobe.output[0],
         final=rules.launch.output.final,
         attempts=rules.launch.output.attempts,
         plots=list(rules.plot_selection.output) + list(rules.plot_training.output),
@@ -21,5 +22,6 @@ rule report:
     shell:
         "tula report --selection {input.selection} --predictions {input.predictions}"
         " --measurements {input.measurements} --perf {input.perf} --workload {input.workload}"
+        " --memory-probe {input.memory}"
         " --final {input.final}"
         " --attempts {input.attempts} --plots {input.plots} --out {output} > {log} 2>&1"

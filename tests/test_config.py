@@ -185,3 +185,26 @@ def test_a_grid_of_doublings_need_not_start_at_a_power_of_two():
     assert grid.batch_sizes(cfg) == [48, 96, 192, 384, 768]
     with pytest.raises(ConfigError, match=r"grid.batch_max.*use 384 or 768"):
         config.from_dict({"grid": {"batch_min": 48, "batch_max": 512}})
+
+
+def test_hardware_gpu_by_name_sets_the_memory_unless_given():
+    """A GPU Tula knows gives hardware.device_memory_gb (its memory) unless the config sets it;
+    explicit figures stand for one it does not know."""
+    assert config.from_dict({"hardware": {"gpu": "H100"}}).hardware.device_memory_gb == 80
+    assert (
+        config.from_dict({"hardware": {"gpu": "h100", "device_memory_gb": 40}}).hardware
+    ).device_memory_gb == 40
+    mine = {"memory_gb": 24, "bandwidth_gbs": 500, "fp32_tflops": 20, "bf16_tflops": 80}
+    hw = config.from_dict({"hardware": {"gpu": mine}}).hardware
+    assert hw.device_memory_gb == 24 and hw.gpu == mine
+    assert config.from_dict({}).hardware.device_memory_gb == 16  # no GPU named: as before
+
+
+def test_an_unknown_gpu_is_refused_naming_the_key_and_the_known_names():
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict({"hardware": {"gpu": "h1000"}})
+    msg = str(err.value)
+    assert "config key 'hardware.gpu': unknown GPU 'h1000'" in msg
+    assert all(name in msg for name in ("h100", "a100-80gb", "l40s", "v100-32gb"))
+    with pytest.raises(config.ConfigError, match=r"hardware.gpu.*fp32_tflops"):
+        config.from_dict({"hardware": {"gpu": {"memory_gb": 24, "bandwidth_gbs": 500}}})

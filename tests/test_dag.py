@@ -90,7 +90,15 @@ def test_every_output_exists_and_parses(finished_run):
     ]  # partial: 4 corners
     mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
     assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
+    # tula check's estimate from the model alone, checked by the memory probe, in the CSV and report
+    assert json.loads((res / "workload.json").read_text())["estimate"]["per_sample_bytes"] > 0
+    checked = mp["estimate"]["against_probe"]["points"]
+    assert [r["local_batch"] for r in checked] == [p["local_batch"] for p in mp["points"]]
     m = pd.read_csv(res / "measurements.csv")
+    assert list(m.loc[m["source"] == "memory", "estimate_mem_error"]) == pytest.approx(
+        [r["error"] for r in checked]
+    )
+    assert "Memory from the model alone" in (res / "report.html").read_text()
     pr = m[m["source"] == "probe"]
     # N2_B128 ran out of memory (injected) and fell back to the next smaller batch, in the same job
     assert dict(

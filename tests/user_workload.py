@@ -96,3 +96,34 @@ def yields_dicts():
             return {"x": torch.zeros(1, 16), "y": 0}
 
     return D(), D()
+
+
+HIDDEN = 256
+
+
+def linear_stack(in_shape, num_classes):
+    """Flatten, Linear(D, 256), ReLU, Linear(256, K): a model whose step memory is known by hand
+    (tests/runtime/test_estimate.py)."""
+    d = 1
+    for s in in_shape:
+        d *= s
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(d, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, num_classes)
+    )
+
+
+class ReadsItsValues(nn.Module):
+    """A forward that reads a tensor's value (``.item()``): it cannot run without data."""
+
+    def __init__(self, in_shape, num_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[-1], num_classes)
+
+    def forward(self, x):
+        if x.abs().max().item() > 1e6:
+            x = x / 1e6
+        return self.fc(x.flatten(1)[:, : self.fc.in_features])
+
+
+def reads_its_values(in_shape, num_classes):
+    return ReadsItsValues(in_shape, num_classes)

@@ -94,6 +94,7 @@ class Hardware:
     device_memory_gb: float | None
     memory_margin: float
     device_why: str = ""  # written by the workflow with its decision of `auto` (tula.devices)
+    gpu: str | dict[str, Any] | None = None  # a name of tula.gpus.TABLE, or a GPU's figures
 
     @property
     def memory_budget_bytes(self) -> float | None:
@@ -255,6 +256,9 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
             f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed)
         )
     data = copy.deepcopy(raw)
+    gpu_problem = config_rules.gpu_memory(data)
+    if gpu_problem:
+        raise ConfigError(f"{source}: invalid configuration\n  - {gpu_problem}")
     if isinstance(data.get("launch"), dict) and data["launch"].get("replan") is False:
         data["launch"]["replan"] = "off"  # YAML reads an unquoted `off` as false
     validator = _validator_with_defaults()(schema())

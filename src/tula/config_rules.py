@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tula import gpus
+
 # Keys renamed when N became "workers": an old key is refused with its replacement,
 # never read under its old meaning.
 RENAMED = {
@@ -134,3 +136,28 @@ def _other_problems(d: dict[str, Any]) -> list[str]:
             "job would start over; set one"
         )
     return problems
+
+
+def gpu_memory(raw: dict[str, Any]) -> str:
+    """Before the schema fills defaults: a ``hardware.gpu`` name Tula does not know is an
+    error naming the key and the names it knows; a known name or explicit figures give
+    ``hardware.device_memory_gb`` unless the config sets it."""
+    hw = raw.get("hardware")
+    if not isinstance(hw, dict) or hw.get("gpu") is None:
+        return ""
+    gpu = hw["gpu"]
+    memory = None
+    if isinstance(gpu, str):
+        known = gpus.lookup(gpu)
+        if known is None:
+            return (
+                f"config key 'hardware.gpu': unknown GPU {gpu!r}; Tula knows "
+                f"{', '.join(gpus.names())}; for another, give its figures (memory_gb, "
+                "bandwidth_gbs, fp32_tflops, and bf16_tflops where it has them)"
+            )
+        memory = known.memory_gb
+    elif isinstance(gpu, dict):
+        memory = gpu.get("memory_gb")
+    if "device_memory_gb" not in hw and isinstance(memory, (int, float)):
+        hw["device_memory_gb"] = memory
+    return ""

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tula.cli import main
+from tula.stages import check
 
 
 def test_check_lists_the_search_set(tiny_config_file, capsys):
@@ -178,3 +179,59 @@ def test_check_says_when_partial_search_adds_the_node_boundary(tmp_path, capsys)
         "N=8 (the largest on one node) and N=16 (the smallest on several)"
     ) in out
     assert "N1_B32, N1_B256, N8_B32, N8_B256, N16_B32, N16_B256" in out and "6 probe job(s)" in out
+
+
+def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_path, capsys):
+    """With hardware.gpu, tula check prints the step's estimate for CUDA (whatever this node
+    has), b_max per N after the margin, the points the estimate rules out (and the campaign
+    without them), each point's roofline time, and the campaign's price range."""
+    import re
+
+    import yaml
+
+    from tula import config
+    from tula.io import read_json
+    from tula.model import plan
+
+    tiny_raw["grid"]["batch_max"] = 256
+    # a GPU small enough that the largest local batches cannot fit
+    tiny_raw["hardware"] = {
+        "gpu": {"memory_gb": 0.015, "bandwidth_gbs": 100, "fp32_tflops": 1, "tf32_tflops": 2}
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw))
+    check.run(path, tmp_path / "workload.json")
+    said = capsys.readouterr().out
+    est = read_json(tmp_path / "workload.json")["estimate"]
+    cfg = config.load(path)
+    assert est["device"] == "cuda" and cfg.hardware.device_memory_gb == 0.015
+    bmax = plan.max_local_batch(est, cfg.hardware.memory_budget_bytes)
+    assert f"b_max = {bmax} per worker, so N=1: B <= {bmax}, N=2: B <= {2 * bmax}" in said
+    out = re.search(r"ruled out by the estimate .*?: (.*)", said).group(1)
+    ruled = [
+        f"N={n} B={b}"
+        for n in (1, 2)
+        for b in (32, 64, 128, 256)
+        if plan.clearly_out(est, cfg.hardware.memory_budget_bytes, b // n)
+    ]
+    assert ruled and [x.split(" (")[0] for x in out.split(", ")] == ruled
+    campaign = re.search(r"so the campaign probes at most \d+: (.*)", said).group(1)
+    assert not set(campaign.split(", ")) & {r.replace("=", "").replace(" ", "_") for r in ruled}
+    for n in (1, 2):
+        assert re.search(rf"  N={n}: B=32 [\d.]+, B=64 [\d.]+, B=128 [\d.]+, B=256 [\d.]+", said)
+    assert re.search(r"probe campaign's price: [\d.e-]+ to [\d.e-]+ USD \(\d probe jobs", said)
+
+
+def test_check_goes_on_without_an_estimate_for_a_model_that_reads_its_values(
+    tiny_raw, tmp_path, capsys, user_pythonpath
+):
+    import yaml
+
+    from tula.io import read_json
+
+    tiny_raw["workload"] = {"model": "user_workload:reads_its_values", "dataset": "digits"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw))
+    check.run(path, tmp_path / "workload.json")
+    assert "estimate: none (config key 'workload.model'" in capsys.readouterr().out
+    assert read_json(tmp_path / "workload.json")["estimate"] is None

@@ -1,6 +1,8 @@
 """The memory probe (tula.stages.memprobe, and its worker tula.runtime.memprobe_worker): one real
 worker's peaks at a few local batches, b_max, and the measurement at the b_max it predicts."""
 
+import pytest
+
 
 def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tmp_path, venv_path):
     """One real worker at a few local batches; with a 9 MB device (8.1 MB after the 10 % margin)
@@ -61,3 +63,55 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     assert next_batch(cfg, oom) is None  # below the OOM, 256 is the largest and was measured
     ran = pts + [{"local_batch": 512, "status": "ok", "peak_mem_bytes": 1000 + 100 * 512}]
     assert next_batch(cfg, ran) is None
+
+
+def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_checked(
+    tiny_raw, tmp_path, venv_path
+):
+    """tula check's estimate (the step under FakeTensorMode) with a budget that fits local batch
+    ~100: b=256 is over it by far more than the 25 % margin, so the memory probe does not buy a
+    step to watch it run out of memory; it measures 16 and 64, writes how far the estimate was
+    from each, and the search set never reaches b=256. measurements.csv carries the errors."""
+    import yaml
+
+    from tula import config
+    from tula.io import read_json
+    from tula.model import plan
+    from tula.model.grid import search_set
+    from tula.stages import aggregate, check, memprobe
+
+    tiny_raw["grid"]["batch_max"] = 256
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump(tiny_raw))
+    workload = tmp_path / "workload.json"
+    check.run(cfg_file, workload)
+    est = read_json(workload)["estimate"]
+    assert est["device"] == "cpu" and est["batches"] == [16, 256]
+    budget = plan.predict_bytes(est, 100)
+    tiny_raw["hardware"] = {"device_memory_gb": budget / 0.9 / 1e9}
+    cfg_file.write_text(yaml.safe_dump(tiny_raw))
+    assert plan.clearly_out(est, budget, 256) and not plan.clearly_out(est, budget, 64)
+
+    out = tmp_path / "memory_probe.json"
+    rec = memprobe.run(cfg_file, out, workload=workload)
+    assert [p["local_batch"] for p in rec["points"]] == [16, 64]
+    assert [r["local_batch"] for r in rec["estimate"]["ruled_out"]] == [256]
+    check_ = rec["estimate"]["against_probe"]
+    for r, p in zip(check_["points"], rec["points"]):
+        assert r["measured_bytes"] == p["peak_mem_bytes"]
+        assert r["error"] == pytest.approx(
+            plan.predict_bytes(est, p["local_batch"]) / r["measured_bytes"] - 1
+        )
+    assert check_["error_at_largest"] == check_["points"][-1]["error"]
+    bmax = rec["max_local_batch"]
+    assert 64 <= bmax < 256
+    assert all(p.local_batch < 256 for p in search_set(config.load(cfg_file), bmax))
+
+    probe = tmp_path / "N1_B32.json"  # one probe row, so that aggregate has a probe file
+    probe.write_text(
+        '{"workers": 1, "global_batch": 32, "local_batch": 32, "status": "oom", "error": "x"}'
+    )
+    df = aggregate.run([probe], tmp_path / "m.csv", memory_probe=out)
+    mem = df[df["source"] == "memory"]
+    assert list(mem["estimate_mem_error"]) == pytest.approx([r["error"] for r in check_["points"]])
+    assert mem["estimate_mem_bytes"].notna().all()

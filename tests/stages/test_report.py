@@ -338,3 +338,46 @@ def test_a_lost_node_is_said_in_the_attempts_table():
     html = attempts_table(lost)
     assert "Node lost (attempt 1): partition &#x27;lab&#x27; lost." in html
     assert "<td class=bad>replanned</td>" in html
+
+
+def _memory_probe(measured_at_64: float) -> dict:
+    from tula.model import plan
+
+    mib = 2**20
+    est = {"fixed_bytes": 10 * mib, "per_sample_bytes": mib, "flops_per_sample": 2e9}
+    pts = [
+        {"local_batch": 16, "status": "ok", "peak_mem_bytes": 26 * mib},
+        {"local_batch": 64, "status": "ok", "peak_mem_bytes": measured_at_64},
+    ]
+    fit = {"intercept": 10 * mib, "slope": mib}
+    return {
+        "points": pts,
+        "estimate": {
+            **est,
+            "device": "cuda",
+            "ruled_out": [{"local_batch": 4096, "estimate_bytes": plan.predict_bytes(est, 4096)}],
+            "against_probe": plan.against_probe(est, pts, fit),
+        },
+    }
+
+
+def test_the_estimate_section_says_how_far_the_model_alone_held(tmp_path):
+    """Where it held: its error at each batch and the bound; where the probe contradicted it:
+    by how much, and that the probe's figures were used; the batches it ruled out unmeasured.
+    The end-of-run summary names a contradicted estimate among what not to trust."""
+    from tula.io import write_json
+    from tula.stages.report.trust import estimate_section
+    from tula.stages.summary import _estimate_contradicted
+
+    mib = 2**20
+    held = estimate_section(_memory_probe(74 * mib))
+    assert "The estimate held: +0.0% at the largest batch measured" in held
+    assert "local batch 4096 (4.3 GB)" in held and "class=bad" not in held
+    off = estimate_section(_memory_probe(100 * mib))  # the estimate 26 % low at b=64
+    assert "disagree: -26.0% at the largest batch measured" in off and "class=bad" in off
+    assert "<td>64</td><td>100.0</td><td>74.0</td><td>-26.0%</td>" in off
+    assert estimate_section({"points": []}) == ""  # no estimate (a model that reads its values)
+    write_json(tmp_path / "memory_probe.json", _memory_probe(100 * mib))
+    assert "-26% off the memory probe" in _estimate_contradicted(tmp_path / "memory_probe.json")
+    write_json(tmp_path / "memory_probe.json", _memory_probe(74 * mib))
+    assert _estimate_contradicted(tmp_path / "memory_probe.json") == ""

@@ -49,7 +49,7 @@ def add_check(sub) -> None:
 def cmd_memprobe(a) -> None:
     from tula.stages import memprobe
 
-    memprobe.run(a.config, a.out)
+    memprobe.run(a.config, a.out, workload=a.workload)
 
 
 def add_memprobe(sub) -> None:
@@ -63,6 +63,11 @@ def add_memprobe(sub) -> None:
     )
     cfg_arg(s)
     s.add_argument("--out", required=True, help="JSON to write (results/memory_probe.json)")
+    s.add_argument(
+        "--workload",
+        help="tula check's results/workload.json: its estimate of the step's memory rules out the "
+        "local batches far beyond the budget (not measured), and is checked against the probe",
+    )
     s.set_defaults(func=cmd_memprobe)
 
 

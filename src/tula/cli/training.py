@@ -126,6 +126,7 @@ def cmd_report(a) -> None:
         attempts=a.attempts,
         perf=a.perf,
         workload=a.workload,
+        memory_probe=a.memory_probe,
     )
 
 
@@ -169,6 +170,10 @@ def add_report(sub) -> None:
     s.add_argument("--perf", help="step-time model JSON: the model section (forms, why, residuals)")
     s.add_argument(
         "--workload", help="results/workload.json (tula check): its warnings head the page"
+    )
+    s.add_argument(
+        "--memory-probe",
+        help="results/memory_probe.json: how far the estimate from the model alone held",
     )
     s.add_argument("--plots", nargs="+", required=True, help="PNG figures to embed")
     s.add_argument("--out", required=True, help="HTML to write (results/report.html)")

@@ -40,7 +40,10 @@ each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
 step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
 relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the steps
 that mean is over; precision_target (probe.precision), precision_reached (both within it) and
-timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width."""
+timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width. On
+memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
+estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
+relative error against the measured peak ((estimate - measured) / measured)."""
 
 from __future__ import annotations
 
@@ -104,6 +107,8 @@ OPTIONAL = [
     "precision_target",
     "precision_reached",
     "timing_stopped_by",
+    "estimate_mem_bytes",
+    "estimate_mem_error",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

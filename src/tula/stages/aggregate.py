@@ -60,6 +60,10 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
 
 def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
     env = record.get("env") or {}
+    checked = {
+        r["local_batch"]: r
+        for r in ((record.get("estimate") or {}).get("against_probe") or {}).get("points", [])
+    }
     return [
         {
             "workers": 1,
@@ -77,6 +81,8 @@ def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
                 k: (p.get("memory") or {}).get(k)
                 for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes")
             },
+            "estimate_mem_bytes": checked.get(p["local_batch"], {}).get("estimate_bytes"),
+            "estimate_mem_error": checked.get(p["local_batch"], {}).get("error"),
         }
         for p in record.get("points", [])
     ]

@@ -22,7 +22,9 @@ from tula import config as config_mod
 from tula import devices, preflight, slurm
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
+from tula.model import plan
 from tula.model.grid import boundary_workers, grid, search_set
+from tula.model.memory import probe_batches
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -87,10 +89,87 @@ def run(
     upsampling = image_size_warning(cfg, w.get("stored_image_size"))
     if upsampling:
         print(upsampling)
+    # a named GPU: the jobs' device, whatever this (login) node has
+    w["estimate"] = estimate(cfg, w, "cuda" if cfg.hardware.gpu else decision.device)
     if out:
         device = {"device": decision.device, "backend": decision.backend, "why": decision.why}
         write_json(out, {**w, "device": device, "warnings": [upsampling] if upsampling else []})
     return w
+
+
+def estimate(cfg: config_mod.Config, w: dict, device: str) -> dict | None:
+    """The step's memory and FLOPs from the model alone (:mod:`tula.runtime.estimate`) at the
+    memory probe's smallest and largest local batch, and what they say of the grid
+    (:func:`print_plan`). None, said, when the model cannot run without data: the memory probe
+    measures it all the same."""
+    # torch: only when the workload itself is checked
+    from tula.runtime.estimate import estimate_step
+
+    bs = probe_batches(cfg)
+    lo, hi = bs[0], bs[-1] if bs[-1] > bs[0] else 2 * bs[0]
+    try:
+        est = estimate_step(cfg, w["input_shape"], w["num_classes"], (lo, hi), device).to_dict()
+    except RuntimeError as exc:
+        print(f"estimate: none ({exc}); the memory probe will measure the step")
+        return None
+    print_plan(cfg, est)
+    return est
+
+
+def print_plan(cfg: config_mod.Config, est: dict) -> None:
+    """What the estimate says before anything is queued: the step's memory and FLOPs, b_max per
+    N after the margin, the points it rules out, and with hardware.gpu each point's roofline
+    compute time and the campaign's price range."""
+    mib = 2**20
+    print(
+        f"estimate (the step under FakeTensorMode, {est['seconds']:.1f} s, for {est['device']}, "
+        f"{cfg.train.precision}): memory per worker = {est['fixed_bytes'] / mib:.1f} MiB + "
+        f"{est['per_sample_bytes'] / mib:.2f} MiB x local batch; "
+        f"{est['flops_per_sample'] / 1e9:.3g} GFLOP per sample (forward + backward)"
+    )
+    budget = cfg.hardware.memory_budget_bytes
+    gpu = cfg.hardware.gpu
+    where = (gpu if isinstance(gpu, str) else "the GPU given") if gpu else "the device"
+    if budget is not None:
+        bmax = plan.max_local_batch(est, budget)
+        print(
+            f"on {where} ({budget / 1e9:.1f} GB per worker after hardware.memory_margin): "
+            f"b_max = {bmax} per worker, so "
+            + ", ".join(f"N={n}: B <= {n * bmax}" for n in cfg.grid.workers)
+        )
+    rows = plan.grid_plan(cfg, est, [(p.workers, p.global_batch) for p in grid(cfg)])
+    out = [r for r in rows if r["ruled_out"]]
+    if out:
+        print(
+            f"ruled out by the estimate (over the budget by more than {plan.CLEAR_MARGIN:.0%}; "
+            "not probed): "
+            + ", ".join(
+                f"N={r['workers']} B={r['global_batch']} ({r['estimate_bytes'] / 1e9:.1f} GB)"
+                for r in out
+            )
+        )
+    if gpu:
+        print("roofline, the least compute time of a step (ms):")
+        for n in cfg.grid.workers:
+            print(
+                f"  N={n}: "
+                + ", ".join(
+                    f"B={r['global_batch']} {1e3 * r['roofline_s']:.3g}"
+                    for r in rows
+                    if r["workers"] == n
+                )
+            )
+    pts = search_set(cfg, plan.clear_bound(est, budget))
+    if out:
+        print(f"so the campaign probes at most {len(pts)}: {', '.join(p.name for p in pts)}")
+    if gpu:
+        jobs = [{"workers": p.workers, "local_batch": p.local_batch} for p in pts]
+        price = plan.campaign_price(cfg, est, jobs)
+        print(
+            f"probe campaign's price: {price['low']:.3g} to {price['high']:.3g} "
+            f"{price['currency']} ({len(jobs)} probe jobs: at least their timed steps at the "
+            "roofline, at most each at its time limit)"
+        )
 
 
 def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from tula import config as config_mod
 from tula import workers
 from tula.io import read_json, write_json
-from tula.model import memory
+from tula.model import memory, plan
 from tula.model.memory import probe_batches
 
 SCHEMA = "tula.memory_probe/1"
@@ -54,11 +54,29 @@ def _measure(
     return res, launch.wall_s
 
 
-def run(cfg_path: str | Path, out: str | Path) -> dict:
+def _unless_ruled_out(batches: list[int], est: dict | None, budget) -> tuple[list, list]:
+    """The batches to measure, and those the estimate rules out (the two smallest never: the
+    memory model needs two points)."""
+    skipped = [b for b in batches[2:] if plan.clearly_out(est, budget, b)]
+    if skipped:
+        print(
+            f"[memprobe] not measured, ruled out by the estimate (over the budget by more than "
+            f"{plan.CLEAR_MARGIN:.0%}): local batches {skipped}",
+            flush=True,
+        )
+    return [b for b in batches if b not in skipped], skipped
+
+
+def run(cfg_path: str | Path, out: str | Path, workload: str | Path | None = None) -> dict:
     """Measure memory at a few local batches on one worker, fit the memory model, write ``out``
-    (results/memory_probe.json) with b_max. Stops with an error when nothing could be measured."""
+    (results/memory_probe.json) with b_max. Stops with an error when nothing could be measured.
+    ``workload`` (tula check's results/workload.json): the local batches its estimate rules out
+    (:func:`tula.model.plan.clearly_out`) are not measured, the two smallest always are, and the
+    estimate's error against what was measured is written beside the memory model."""
     cfg = config_mod.load(cfg_path)
-    batches = probe_batches(cfg)
+    est = read_json(workload).get("estimate") if workload else None
+    budget = cfg.hardware.memory_budget_bytes
+    batches, skipped = _unless_ruled_out(probe_batches(cfg), est, budget)
     out = Path(out)
     res, wall_s = _measure(cfg, cfg_path, batches, out.parent / f".{out.stem}.ranks")
     ok = [p for p in res["points"] if p["status"] == "ok"]
@@ -81,8 +99,20 @@ def run(cfg_path: str | Path, out: str | Path) -> dict:
         "max_local_batch": model.max_local_batch(),
         "budget_bytes": cfg.hardware.memory_budget_bytes,
         "wall_s": wall_s,
+        "estimate": est
+        and {
+            **{
+                k: est[k] for k in ("device", "fixed_bytes", "per_sample_bytes", "flops_per_sample")
+            },
+            "ruled_out": [
+                {"local_batch": b, "estimate_bytes": plan.predict_bytes(est, b)} for b in skipped
+            ],
+            "against_probe": plan.against_probe(est, ok, model.fit.to_dict()),
+        },
     }
     write_json(out, record)
+    if est:
+        print(f"[memprobe] {describe_estimate(record['estimate']['against_probe'])}", flush=True)
     bmax = record["max_local_batch"]
     print(
         f"[memprobe] memory = {model.fit.intercept / 2**20:.1f} MiB + "
@@ -91,3 +121,16 @@ def run(cfg_path: str | Path, out: str | Path) -> dict:
         flush=True,
     )
     return record
+
+
+def describe_estimate(check: dict) -> str:
+    """One sentence: how far the estimate from the model alone was from the memory probe."""
+    if check["worst_error"] is None:
+        return "the estimate could not be checked (no batch measured)"
+    pts = ", ".join(f"b={r['local_batch']} {r['error']:+.0%}" for r in check["points"])
+    verdict = (
+        f"off by more than {check['bound']:.0%} at the largest: the probe's figures are used"
+        if check["disagrees"]
+        else f"within {check['bound']:.0%} at the largest"
+    )
+    return f"the estimate from the model alone against the memory probe: {pts} ({verdict})"

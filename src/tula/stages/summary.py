@@ -76,6 +76,9 @@ def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
                     f"{len(missed)} of {len(p)} probes missed their precision: {names} (the report "
                     "says what would reach it)"
                 )
+    est = _estimate_contradicted(results / "memory_probe.json")
+    if est:
+        out.append(est)
     lo_hi = (final or {}).get("predicted_step_time_interval_s")
     if final and lo_hi and not lo_hi[0] <= final["mean_step_time_s"] <= lo_hi[1]:
         out.append(
@@ -83,6 +86,20 @@ def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
             f"95 % interval ({1e3 * lo_hi[0]:.1f}-{1e3 * lo_hi[1]:.1f} ms)"
         )
     return out or ["every probe reached its precision and the choice held in the resamples"]
+
+
+def _estimate_contradicted(memory_probe: Path) -> str:
+    """A sentence where the memory probe contradicted the estimate from the model alone."""
+    if not memory_probe.exists():
+        return ""
+    check = ((read_json(memory_probe).get("estimate") or {}).get("against_probe")) or {}
+    if not check.get("disagrees"):
+        return ""
+    return (
+        f"the memory estimate from the model alone was {check['error_at_largest']:+.0%} off the "
+        "memory probe at its largest batch: the probe's figures were used; do not plan this "
+        "model's memory on the estimate (tula check) alone"
+    )
 
 
 def success_lines(results: str | Path, cfg: Config) -> list[str]:

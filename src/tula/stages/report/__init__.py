@@ -27,7 +27,7 @@ from tula.stages.report.sections import (
     noise_section,
     prediction_card,
 )
-from tula.stages.report.trust import precision_section, robustness_line
+from tula.stages.report.trust import estimate_section, precision_section, robustness_line
 
 PAGE = jinja2.Environment(
     loader=jinja2.PackageLoader("tula.stages.report", "."),
@@ -57,6 +57,7 @@ def render(
     attempts: dict | None = None,
     perf: dict | None = None,
     workload: dict | None = None,
+    memory_probe: dict | None = None,
 ) -> None:
     s = selection["selected"]
     chosen = (s["workers"], s["global_batch"])
@@ -89,6 +90,7 @@ def render(
         input=input_section(predictions, measurements, chosen),
         model=model_section(perf),
         precision=precision_section(measurements),
+        estimate=estimate_section(memory_probe),
         noise=noise_section(predictions, s["global_batch"]),
         failed=_table(failed[meas_cols]) if len(failed) else "",
         failed_count=len(failed),
@@ -100,10 +102,20 @@ def render(
 
 
 def run(
-    selection, predictions, measurements, final, plots, out, attempts=None, perf=None, workload=None
+    selection,
+    predictions,
+    measurements,
+    final,
+    plots,
+    out,
+    attempts=None,
+    perf=None,
+    workload=None,
+    memory_probe=None,
 ) -> None:
     """``tula report``: render ``out`` from the results files (plots: the PNG paths; workload:
-    results/workload.json, whose warnings head the page)."""
+    results/workload.json, whose warnings head the page; memory_probe: its check of the
+    estimate from the model alone)."""
     render(
         read_json(selection),
         pd.read_csv(predictions),
@@ -114,5 +126,6 @@ def run(
         attempts=read_json(attempts) if attempts else None,
         perf=read_json(perf) if perf else None,
         workload=read_json(workload) if workload else None,
+        memory_probe=read_json(memory_probe) if memory_probe else None,
     )
     print(f"[report] -> {out}")

@@ -108,3 +108,61 @@ def robustness_line(r: dict | None) -> str:
         f"<p class=bad><b>The choice is not settled at this noise</b>: {line} Rule: "
         f"{html.escape(r['rule'])}. To settle it: {html.escape(r.get('to_settle', ''))}.</p>"
     )
+
+
+def estimate_section(memory_probe: dict | None) -> str:
+    """How far the estimate from the model alone (tula check) held against the memory probe,
+    and the batches it ruled out unmeasured."""
+    est = (memory_probe or {}).get("estimate")
+    if not est:
+        return ""
+    check = est["against_probe"]
+    mib = 2**20
+    head = (
+        "<h2>Memory from the model alone</h2><p>Before any job ran, <code>tula check</code> ran "
+        "the training step under FakeTensorMode and estimated "
+        f"{est['fixed_bytes'] / mib:.1f} MiB + {est['per_sample_bytes'] / mib:.3f} MiB per "
+        f"sample of the local batch (for {html.escape(str(est['device']))}); "
+        f"{est['flops_per_sample'] / 1e9:.3g} GFLOP per sample. The memory probe measured the "
+        "real step; its figures decide what fits.</p>"
+    )
+    out = [
+        "<table><tr><th>local batch</th><th>measured peak (MiB)</th><th>estimate (MiB)</th>"
+        "<th>error</th></tr>"
+    ]
+    for r in check["points"]:
+        out.append(
+            f"<tr><td>{r['local_batch']}</td><td>{r['measured_bytes'] / mib:.1f}</td>"
+            f"<td>{r['estimate_bytes'] / mib:.1f}</td><td>{r['error']:+.1%}</td></tr>"
+        )
+    out.append("</table>")
+    largest = check["error_at_largest"]
+    if largest is None:
+        verdict = "<p>No batch was measured: the estimate is unchecked.</p>"
+    elif check["disagrees"]:
+        verdict = (
+            f"<p class=bad>The estimate and the probe disagree: {largest:+.1%} at the largest "
+            f"batch measured, beyond the {check['bound']:.0%} bound. The probe's figures are "
+            "used; for this model, do not plan on the estimate alone.</p>"
+        )
+    else:
+        verdict = (
+            f"<p>The estimate held: {largest:+.1%} at the largest batch measured (bound "
+            f"&plusmn;{check['bound']:.0%}); per sample {_pct(check['per_sample_error'])}, "
+            f"fixed part {_pct(check['fixed_error'])}.</p>"
+        )
+    skipped = est.get("ruled_out") or []
+    if skipped:
+        verdict += (
+            "<p>Not measured, ruled out by the estimate (over the budget by a clear margin): "
+            + ", ".join(
+                f"local batch {r['local_batch']} ({r['estimate_bytes'] / 1e9:.1f} GB)"
+                for r in skipped
+            )
+            + ".</p>"
+        )
+    return head + verdict + "".join(out)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
