@@ -45,10 +45,13 @@ def _config(path: Path, **sections) -> Path:
     return path
 
 
-def against_probe(work: Path, name: str, dataset: str, batches: list[int]) -> dict:
+def against_probe(
+    work: Path, name: str, dataset: str, batches: list[int], batch_max: int = 128
+) -> dict:
     cfg = _config(
         work / f"{name}.yaml",
         workload={"model": name, "dataset": dataset},
+        grid={"batch_min": batches[0], "batch_max": batch_max},
         probe={"memory_batches": batches, "timeout_s": 1200},
     )
     wl, mp = work / f"{name}.workload.json", work / f"{name}.memory_probe.json"
@@ -108,8 +111,9 @@ def main() -> None:
         for name in SHIPPED:
             rows.append(against_probe(work, name, "digits", [8, 32, 128]))
         folder = make_jpeg_folder(work / "jpegs", n=4, size=(a.size, a.size))
+        # grid.batch_max 8: the folder's 8 training images are an epoch; a larger batch is cut to it
         rows.append(
-            against_probe(work, "tv_resnet18", f"imagefolder:{folder}", [2, 4, 8])
+            against_probe(work, "tv_resnet18", f"imagefolder:{folder}", [2, 4, 8], batch_max=8)
             | {"image_px": a.size}
         )
         r50, walls = resnet50_for_cuda(work, folder)
@@ -137,9 +141,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
-        json.dumps(
-            {"cpu_probe": rows, "resnet50_cuda": r50, "check_wall_s": walls}, indent=1
-        )
+        json.dumps({"cpu_probe": rows, "resnet50_cuda": r50, "check_wall_s": walls}, indent=1)
     )
     print(f"-> {out}")
 

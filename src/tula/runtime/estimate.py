@@ -134,8 +134,11 @@ def estimate_step(
             tracker.track_external(model, opt)
             terms: dict[str, dict[str, float]] = {}
             counter = FlopCounterMode(display=False)
-            # the first step creates the optimizer state; the steps after it are the ones counted
+            # the first step creates the optimizer state (AGS: its factors too, as a refresh
+            # sets them); the steps after it are the ones counted
             for b, counted in ((b_lo, False), (b_lo, True), (b_hi, True)):
+                if b == b_lo and counted and hasattr(opt, "set_scales"):
+                    opt.set_scales(params, [torch.ones_like(p) for p in params], params)
                 tracker.reset_mod_stats()
                 with tracker, counter if b == b_hi else contextlib.nullcontext():
                     _step(model, opt, input_shape, num_classes, b, dtype, channels_last)
