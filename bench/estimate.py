@@ -12,7 +12,7 @@ the memory probe's measurement, and how long `tula check` takes with it.
 3. `tula check` on that ResNet-50 config with hardware.gpu h100, timed end to end (a fresh
    process: imports, the dataset, a real forward on two samples, the estimate, the plan).
 
-    .venv/bin/python bench/estimate.py [--out bench/results/estimate.json]
+    .venv/bin/python bench/estimate.py [--out estimate.json]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def resnet50_for_cuda(work: Path, folder: Path) -> tuple[dict, list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=224, help="ResNet-18's image side (px)")
-    ap.add_argument("--out", default="bench/results/estimate.json")
+    ap.add_argument("--out", default="estimate.json")
     a = ap.parse_args()
     make_jpeg_folder = tests_helper("make_jpeg_folder")
     rows = []
