@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 
 import yaml
+
 from _harness import env, tests_helper, tula
 
-H100_MIB_PER_SAMPLE = 42.0  # max_memory_allocated on one H100, ResNet-50 224 px bf16 (issue 40)
+H100_MIB_PER_SAMPLE = 42.0  # max_memory_allocated, one H100: ResNet-50 224 px bf16
 H100_FITTED_MIB_PER_SAMPLE = 43.4  # the memory model fitted from that run's memory probe
 SHIPPED = ("small_cnn", "resnet_tiny", "vgg_tiny", "alexnet_tiny", "mobilenet_tiny")
 
@@ -125,15 +126,17 @@ def main() -> None:
                 f"{p['estimate_bytes'] / 2**20:>9.2f} {p['error']:>+7.1%}"
             )
         print(
-            f"{'':16} per sample {r['estimate_per_sample_mib']:.3f} vs {r['probe_per_sample_mib']:.3f}"
-            f" MiB ({r['per_sample_error']:+.1%}); fixed {r['estimate_fixed_mib']:.2f} vs "
+            f"{'':16} per sample {r['estimate_per_sample_mib']:.3f} vs "
+            f"{r['probe_per_sample_mib']:.3f} MiB ({r['per_sample_error']:+.1%}); "
+            f"fixed {r['estimate_fixed_mib']:.2f} vs "
             f"{r['probe_fixed_mib']:.2f} MiB ({r['fixed_error']:+.1%})"
         )
     slope = r50["per_sample_bytes"] / 2**20
     print(
         f"ResNet-50 224 px bf16 channels_last, for CUDA: {slope:.2f} MiB/sample "
         f"({slope / H100_MIB_PER_SAMPLE - 1:+.1%} vs the H100's {H100_MIB_PER_SAMPLE}, "
-        f"{slope / H100_FITTED_MIB_PER_SAMPLE - 1:+.1%} vs its fitted {H100_FITTED_MIB_PER_SAMPLE}); "
+        f"{slope / H100_FITTED_MIB_PER_SAMPLE - 1:+.1%} vs its fitted "
+        f"{H100_FITTED_MIB_PER_SAMPLE}); "
         f"fixed {r50['fixed_bytes'] / 2**20:.0f} MiB; {r50['flops_per_sample'] / 1e9:.1f} "
         f"GFLOP/sample; estimate {r50['seconds']:.1f} s; tula check "
         f"{', '.join(f'{w:.1f}' for w in walls)} s (median {statistics.median(walls):.1f})"
