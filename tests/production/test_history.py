@@ -178,3 +178,30 @@ def test_the_production_job_unpickles_without_the_launcher(tmp_path):
         "tula.production.job",
         "[]\n",
     ]  # no stage, no launcher, and no torch until the job runs
+
+
+def test_a_start_that_left_no_record_is_a_lost_stretch_when_the_job_resumes(tmp_path):
+    """Rank 0's processes killed with their node write no segment; the requeued job, resuming
+    from the checkpoint of step 24, records the stretch the first start trained (from its step
+    in started.json) as lost. A start whose segment is there, and a new attempt's first start,
+    add nothing."""
+    from tula.io import write_json
+
+    assert history.unrecorded_stretch(tmp_path, 1, 24) is None  # nothing started yet
+    write_json(history.started_path(tmp_path), {"attempt": 1, "step": 0, "first_step_time": 1.0})
+    lost = history.unrecorded_stretch(tmp_path, 1, 24)
+    assert lost is not None
+    assert (lost["start_step"], lost["end_step"], lost["outcome"]) == (0, 24, "lost")
+    assert "from the checkpoint of step 24" in lost["reason"]
+    assert history.unrecorded_stretch(tmp_path, 2, 24) is None  # attempt 2's first start
+    assert history.unrecorded_stretch(tmp_path / "x", 1, 0) is None
+    write_json(history.started_path(tmp_path / "x"), {"attempt": 1, "step": 40})
+    assert history.unrecorded_stretch(tmp_path / "x", 1, 0) is None  # not this run's start
+    # the launcher, once attempt 1's job has ended (its next attempt resumes): the same stretch
+    assert history.attempt_segments(tmp_path, 1, 24) == [lost]
+    assert history.attempt_segments(tmp_path, 1, 24) == [lost]  # written once
+    (tmp_path / "segments.json").unlink()
+    history.add_segment(
+        tmp_path, {"attempt": 1, "start_step": 0, "end_step": 28, "outcome": "requeued"}
+    )
+    assert history.unrecorded_stretch(tmp_path, 1, 28) is None  # that start said how it ended

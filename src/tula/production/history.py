@@ -57,6 +57,40 @@ def segments(out_dir: Path, attempt: int) -> list[dict[str, Any]]:
     return [s for s in (read_json(path) if path.exists() else []) if s.get("attempt") == attempt]
 
 
+def unrecorded_stretch(out_dir: Path, attempt: int, resumed_step: int) -> dict[str, Any] | None:
+    """The stretch an earlier start of this attempt trained and left no segment for: it started
+    (started.json: rank 0's first step) but its processes ended without a word (the node rank 0
+    ran on was lost, a SIGKILL); training goes on from the checkpoint of ``resumed_step`` (the
+    job requeued, or the next attempt). None where that start's segment is there (or this is
+    the attempt's first start)."""
+    path = started_path(out_dir)
+    if not path.exists():
+        return None
+    start = read_json(path)
+    if start.get("attempt") != attempt or start.get("step", 0) > resumed_step:
+        return None  # another attempt's start, or not this run's
+    if any(s.get("start_step") == start.get("step") for s in segments(out_dir, attempt)):
+        return None
+    return {
+        "attempt": attempt,
+        "start_step": start.get("step", 0),
+        "end_step": resumed_step,
+        "outcome": "lost",
+        "reason": "its processes ended without a record (a crash, a lost node, a kill); training "
+        f"goes on from the checkpoint of step {resumed_step}, and what came after it is trained "
+        "again",
+    }
+
+
+def attempt_segments(out_dir: Path, attempt: int, checkpoint_step: int) -> list[dict[str, Any]]:
+    """The segments of ``attempt`` once its job has ended, with the stretch of its last start
+    where that start left none (:func:`unrecorded_stretch`, up to the newest checkpoint)."""
+    lost = unrecorded_stretch(out_dir, attempt, checkpoint_step)
+    if lost:
+        add_segment(out_dir, lost)
+    return segments(out_dir, attempt)
+
+
 def move_request_path(out_dir: Path) -> Path:
     """`tula launch` writes this (launch.replan: move) to ask the running job to checkpoint and
     stop."""

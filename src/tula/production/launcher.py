@@ -149,7 +149,8 @@ class Launch:
         if not (job or (not fresh and history.resumable(self.ck, self.fingerprint))):
             for stale in (self.ck, self.out / "oom"):
                 shutil.rmtree(stale, ignore_errors=True)
-            (self.out / "segments.json").unlink(missing_ok=True)
+            for record in ("segments.json", "started.json"):  # another run's
+                (self.out / record).unlink(missing_ok=True)
             prior = {}
         elif not same_run:
             # the checkpoints are this run's but its record is gone: the history starts here
@@ -278,7 +279,8 @@ class Launch:
             {**d, **self.replan.decisions.get(d["step"], {})}
             for d in history.drifts(self.out, att.attempt)
         ]
-        att.account(history.segments(self.out, att.attempt), self.checkpoint_step(), drift)
+        ck = self.checkpoint_step()
+        att.account(history.attempt_segments(self.out, att.attempt, ck), ck, drift)
         if self.replan.move is not None and att.outcome == "stopped":
             att.end("moved", self.replan.move.reason)
         for d in att.drift:

@@ -323,6 +323,10 @@ class Trainer:
             enabled=self.rank == 0,
             start=replica.pos.epoch - 1,
         )
+        if self.rank == 0 and self.ckpt:  # requeued after a start that left no record
+            lost = history.unrecorded_stretch(self.out, self.attempt, replica.pos.step)
+            if lost:
+                history.add_segment(self.out, lost)
         self.ledger.begin_segment(
             {
                 "attempt": self.attempt,
