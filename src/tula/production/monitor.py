@@ -148,7 +148,7 @@ class Monitor:
         step = fetch + timer.time_once(synced)[0]
         agreed = torch.tensor([step, compute, overhead], dtype=torch.float64)
         # the slowest rank's, as the probe takes it; over the CPU group (a CPU tensor, NCCL or not)
-        agreement.all_reduce_kept(agreed, torch_dist.ReduceOp.MAX, agreement.HOST_GROUP[0])
+        torch_dist.all_reduce(agreed, op=torch_dist.ReduceOp.MAX, group=agreement.HOST_GROUP[0])
         step, compute, overhead = agreed.tolist()
         self.ledger.spend("monitor_time_s", overhead)
         self._schedule(step, overhead)

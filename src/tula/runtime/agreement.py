@@ -34,23 +34,6 @@ def oom_place(where: str, step: int) -> str:
     )
 
 
-# The tensor of the last all-reduce, kept until the next one. gloo's worker thread holds its
-# own reference until it has finished the operation, after the caller has returned; were
-# Python's the first to go, that thread would release the tensor's Python object and so take
-# CPython's interpreter lock without the GIL, and a DataLoader forking its workers at that
-# moment leaves a child stuck for good on Python <= 3.11 (CPython gh-112275; seen in a
-# production job's evaluation loader). Kept here, the tensor is released by this thread, at
-# the next all-reduce.
-_LAST_SENT: list = [None]
-
-
-def all_reduce_kept(buf: torch.Tensor, op=torch_dist.ReduceOp.SUM, group=None) -> None:
-    """``torch.distributed.all_reduce`` of ``buf`` in place, ``buf`` kept alive until the next
-    one (:data:`_LAST_SENT`): every all-reduce of a tensor made for it goes through here."""
-    torch_dist.all_reduce(buf, op=op, group=group)
-    _LAST_SENT[0] = buf
-
-
 def agree(
     failed: bool, payload: torch.Tensor | None = None, op: str = "sum"
 ) -> tuple[torch.Tensor | None, list[int]]:
@@ -70,7 +53,9 @@ def agree(
     flags = torch.zeros(world, dtype=dtype, device=device)
     flags[rank] = float(bool(failed))
     buf = flags if payload is None else torch.cat([payload.reshape(-1).to(dtype), flags])
-    all_reduce_kept(buf, torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM)
+    torch_dist.all_reduce(
+        buf, op=torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM
+    )
     failed_ranks = [k for k in range(world) if buf[buf.numel() - world + k] > 0]
     if payload is None:
         return None, failed_ranks
@@ -95,7 +80,7 @@ def agree_host(failed: bool, code: int = 0) -> tuple[int, list[int]]:
     world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     buf = torch.zeros(world + 1, dtype=torch.float64)
     buf[rank], buf[world] = float(bool(failed)), float(code)
-    all_reduce_kept(buf, torch_dist.ReduceOp.MAX, HOST_GROUP[0])
+    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX, group=HOST_GROUP[0])
     vals = buf.tolist()  # a CPU tensor: no device read
     return int(vals[world]), [k for k in range(world) if vals[k] > 0]
 
@@ -117,5 +102,5 @@ def max_over_ranks(values: list[float]) -> list[float]:
     ):
         return list(values)
     buf = torch.tensor(values, dtype=torch.float64)
-    all_reduce_kept(buf, torch_dist.ReduceOp.MAX, HOST_GROUP[0])
+    torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.MAX, group=HOST_GROUP[0])
     return buf.tolist()

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as torch_dist
 
 from tula.model import noise
-from tula.runtime import agreement
 from tula.runtime.replica import Replica
 
 
@@ -82,7 +81,7 @@ def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[
     grads = [p.grad.reshape(-1).float() for p in replica.ddp.parameters() if p.grad is not None]
     flat = torch.cat(grads)
     buf = torch.cat([flat, flat.pow(2).sum().view(1)])
-    agreement.all_reduce_kept(buf)
+    torch_dist.all_reduce(buf)
     buf /= replica.world
     replica.opt.zero_grad(set_to_none=True)
     return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
