@@ -151,22 +151,27 @@ def fit(
     y = np.asarray(y, dtype=float)
     w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
     lo, hi = np.asarray(form.lower, float), np.asarray(form.upper, float)
-    best = None
+    best, failed = None, None
     for x0 in form.starts(X, y):
         x0 = np.clip(np.asarray(x0, float), lo, hi)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            res = least_squares(
-                lambda th: w * (form(th, X) - y) / y,
-                x0,
-                bounds=(lo, hi),
-                method="trf",
-                x_scale="jac",
-                max_nfev=2000,
-            )
+            try:
+                res = least_squares(
+                    lambda th: w * (form(th, X) - y) / y,
+                    x0,
+                    bounds=(lo, hi),
+                    method="trf",
+                    x_scale="jac",
+                    max_nfev=2000,
+                )
+            except ValueError as exc:  # scipy's trf losing its step at a bound: the next start
+                failed = exc
+                continue
         if best is None or res.cost < best.cost:
             best = res
-    assert best is not None
+    if best is None:
+        raise ValueError(f"{form.name}: no start of the fit converged ({failed})")
     n, p = len(y), len(form.params)
     dof = n - p
     rss = float(np.sum(best.fun**2))
