@@ -6,7 +6,9 @@ import pytest
 import torch
 from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
-from tula.runtime import probe_worker
+from tula import config
+from tula.runtime import probe_timing, probe_worker
+from tula.runtime.replica import Replica
 from tula.runtime.timing import Series, Target, Timing
 
 
@@ -61,3 +63,26 @@ def test_a_failure_before_the_measurement_is_the_record_and_after_it_a_note_besi
     ) and "traceback" in err
     kept = probe_worker._failure(measured, RuntimeError("lost peer"), 0, after="sweep")
     assert kept == {**measured, "sweep_error": "rank 0: RuntimeError: lost peer"}
+
+
+def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_group):  # noqa: F811
+    """Digits' 1437 samples at B = 1024: an epoch is its first step and a short last batch of
+    413. Synced and compute-only steps alternate one by one, so one arm meets every epoch start
+    and the other every short batch, and neither a plain step: both arms are then timed at the
+    epoch's start, each its own, and the probe's record stands (it raised on an empty series)."""
+    cfg = config.from_dict({"probe": {"warmup_steps": 1, "timed_steps": 4, "time_budget_s": 0.3}})
+    replica = Replica(cfg, torch.device("cpu"), 1024, 0, 1)
+    assert replica.steps_per_epoch == 2
+    timing, extras = probe_timing.time_steps(replica, cfg, "N1_B1024")
+    step, compute = timing.arms["step"], timing.arms["compute"]
+    # what alternation met: the short batches fell on the compute-only arm alone
+    assert compute.other.get("partial") and not step.other.get("partial")
+    for arm in (step, compute):
+        assert not arm.times and len(arm.other["start"]) >= probe_timing.EXTRA_STEPS
+    m = probe_worker._measurement(
+        replica, [{"peak": 1, "peaks": {"plain": 1}, "rss": 1, "host": "a"}], timing, extras
+    )
+    assert m["step_timed_steps"] == len(step.other["start"])
+    assert m["compute_timed_steps"] == len(compute.other["start"])
+    assert m["step_time_s"] > 0 and m["compute_time_s"] > 0 and m["sync_time_s"] >= 0
+    assert m["epoch_start_step_times_s"] == step.other["start"]

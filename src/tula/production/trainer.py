@@ -34,7 +34,6 @@ from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import load_newest, load_state, write_checkpoint
 from tula.runtime.stepstate import StepHooks
-from tula.runtime.timing import StepTimer, clock_for
 
 METRIC_COLUMNS = [
     "epoch",
@@ -80,8 +79,9 @@ class Trainer:
         self.stops = stops.StopSignals() if ckpt else None
         self.replica = Replica(cfg, self.device, global_batch, self.rank, workers, self._hooks())
         self.label = f"train N={workers} B={global_batch}"
-        timer = StepTimer(clock_for(self.device, self.replica.sync_device))
-        self.ledger = Ledger(out_dir, self.rank, self.attempt, self.label, timer, process_started())
+        self.ledger = Ledger(
+            out_dir, self.rank, self.attempt, self.label, self.replica.timer, process_started()
+        )
         # the predicted sync at (N, B): the drift detector's
         self.band = drift.Band(**band) if band else None
         self.monitor: Monitor | None = None

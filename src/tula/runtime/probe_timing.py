@@ -11,7 +11,7 @@ from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
 from tula.runtime.methods import midepoch_refreshes_per_step
 from tula.runtime.replica import Replica
-from tula.runtime.timing import Run, StepTimer, Target, Timing, clock_for
+from tula.runtime.timing import Run, StepTimer, Target, Timing
 
 # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
 EXTRA_STEPS = 3
@@ -27,7 +27,7 @@ def probe_target(cfg: config_mod.Config) -> Target:
 def step_timer(replica: Replica, target: Target) -> StepTimer:
     """The timer that fits the replica's device, its samples the slowest rank's."""
     return StepTimer(
-        clock_for(replica.device, replica.sync_device),
+        replica.timer.clock,
         target,
         combine=max_over_ranks,
         block_steps=replica.cfg.probe.block_steps,
@@ -88,8 +88,29 @@ def time_steps(
             n, "timed ", f"precision {100 * hw:.1f} % (target {100 * cfg.probe.precision:g} %)"
         )
 
-    timing = timer.run({"step": replica.next_steps, "compute": compute}, on_check=shown)
+    arms = {"step": replica.next_steps, "compute": compute}
+    timing = timer.run(arms, on_check=shown)
+    starts_alike(replica, timing, arms)
     return timing, extra_kinds(replica, timing)
+
+
+def starts_alike(replica: Replica, timing: Timing, arms: dict[str, Run]) -> None:
+    """Where an arm met no plain step, every arm is measured at the epoch's first step. An
+    epoch of two steps is the case: alternation gives one arm every epoch start and the other
+    every short last batch (or every plain step, where B divides D in two), so the arms' mean
+    times would be of different kinds. Each arm gets its own epoch starts, timed alone, up to
+    EXTRA_STEPS, and its plain samples are set aside; the slowest rank's."""
+    if all(arm.times for arm in timing.arms.values()) or replica.steps_per_epoch < 2:
+        return
+    for name, run in arms.items():
+        arm = timing.arms[name]
+        own = []
+        for _ in range(EXTRA_STEPS - len(arm.other.get("start", []))):
+            replica.restart_epoch()
+            own.append(replica.timer.time_once(run)[0])
+        for t in max_over_ranks(own) if own else []:
+            arm.add(t, 1, "start")
+        arm.starts_only()
 
 
 def extra_kinds(replica: Replica, timing: Timing) -> dict[str, list[float]]:

@@ -42,6 +42,7 @@ from tula.runtime.nets import build_model, compiled
 from tula.runtime.optim import load_optimizer_state, refresh_scales
 from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
+from tula.runtime.timing import StepTimer, clock_for
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # what a step changes besides the model, optimizer, schedule, scaler and RNG (Replica.undone)
@@ -97,6 +98,8 @@ class Replica:
         # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.noise_pairs: list[tuple[float, float]] = []
         self.stream = Stream(cfg, self.data, global_batch, rank, world, device, self.channels_last)
+        # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
+        self.timer = StepTimer(clock_for(device, self.sync_device))
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
@@ -288,15 +291,12 @@ class Replica:
         )
 
     def next_timed_step(self) -> tuple[float, str]:
-        """Time the next training step alone, wherever training stands (device drained before
-        and after; an epoch that ran out closed first, untimed): (seconds, kind)."""
+        """Time the next training step alone by the device's clock, wherever training stands
+        (an epoch that ran out closed first, untimed): (seconds, kind)."""
         if self.pos.offset > 0 and self.epoch_over():
             self.restart_epoch()
-        self.sync_device()
-        t0 = time.perf_counter()
-        _, kind = self.next_steps(1)
-        self.sync_device()
-        return time.perf_counter() - t0, kind
+        seconds, (_, kind) = self.timer.time_call(lambda: self.next_steps(1))
+        return seconds, kind
 
     def first_short_step_time(self) -> float:
         """Seconds of the first step at the epoch's short last batch (a new shape's one-off cost),
@@ -308,11 +308,7 @@ class Replica:
         self.pos.offset = self.data.train_size - tail
         self.stream.forget()
         batch = next(self.stream.current(self.pos))
-        self.sync_device()
-        t0 = time.perf_counter()
-        self.step(*batch)
-        self.sync_device()
-        return time.perf_counter() - t0
+        return self.timer.time_call(lambda: self.step(*batch))[0]
 
     def restart_epoch(self) -> None:
         """Close the epoch in progress; the next step starts a new one."""

@@ -14,9 +14,9 @@ from tula import config as config_mod
 from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
-from tula.runtime.probe_timing import compute_only
+from tula.runtime.probe_timing import compute_only, step_timer
 from tula.runtime.replica import Replica
-from tula.runtime.timing import Series, StepTimer, Target, clock_for
+from tula.runtime.timing import Series, StepTimer, Target
 
 # a swept batch must fit this many times into an epoch (start, short last batch aside)
 SWEEP_MIN_STEPS = 4
@@ -68,12 +68,7 @@ def _sweep(
     )
     own = replica.global_batch
     target = Target(cfg.probe.precision, cfg.probe.sweep_steps, cfg.probe.time_budget_s)
-    timer = StepTimer(
-        clock_for(replica.device, replica.sync_device),
-        target,
-        combine=max_over_ranks,
-        block_steps=cfg.probe.block_steps,
-    )
+    timer = step_timer(replica, target)
     rows = {lb: {"local_batch": lb} for lb in batches}
     live, warm = _first_round(replica, batches, rows, point.workers)
     batches = [lb for lb in batches if lb in live or "status" in rows[lb]]

@@ -101,6 +101,12 @@ class Series:
             starts = self.other.get("start", [])
             self.times, self.steps = list(starts), [1] * len(starts)
 
+    def starts_only(self) -> None:
+        """Set the plain samples aside (``other["plain"]``), so that the epoch starts stand in
+        for them: where another arm met no plain step, every arm is judged at the same kind."""
+        self.other.setdefault("plain", []).extend(self.times)
+        self.times, self.steps = [], []
+
     def add(self, seconds_per_step: float, steps: int, kind: str) -> None:
         if kind in PLAIN:
             self.times.append(seconds_per_step)
