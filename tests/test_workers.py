@@ -5,6 +5,7 @@ killed with its whole process group."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -21,6 +22,32 @@ def test_probe_and_production_workers_get_the_same_thread_environment():
         and env["PATH"] == "/bin"
         and env["PYTHONUNBUFFERED"] == "1"
     )
+
+
+PROFILED_STEP = """
+import torch
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    (torch.randn(64, 64, requires_grad=True) @ torch.randn(64, 64)).sum().backward()
+print("measured")
+"""
+
+
+def test_the_memory_profiler_writes_nothing_into_a_workers_log():
+    """The CPU memory measurement runs torch's profiler on every measured step; in the worker
+    environment kineto adds nothing to the probe's log, outside it (level 5) it wrote a
+    "USDT ... profiler_start" and a "profiler_stop" line per step at torch 2.14."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    run = subprocess.run(
+        [sys.executable, "-c", PROFILED_STEP],
+        env=worker_environment(1, env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "measured", run.stderr
+    assert "profiler_st" not in run.stderr and "USDT" not in run.stderr, run.stderr
+    assert worker_environment(1, {"KINETO_LOG_LEVEL": "2"})["KINETO_LOG_LEVEL"] == "2"
 
 
 @pytest.mark.slow

@@ -49,11 +49,12 @@ class LaunchResult:
 def worker_environment(threads_per_worker: int, base: dict | None = None) -> dict[str, str]:
     """The environment of every worker, probe and production alike: the thread pools sized
     to ``hardware.threads_per_worker`` (whatever Snakemake exported for the rule's threads),
-    unbuffered output, and kineto (the profiler behind the CPU memory measurement) quiet
-    about the GPU a CUDA build of torch looks for."""
+    unbuffered output, and kineto (the profiler behind the CPU memory measurement) quiet: at
+    torch 2.14 its level 5 still wrote two "USDT: ... profiler_start/stop" lines per measured
+    step into every probe's log, 6 writes none (a user's own KINETO_LOG_LEVEL wins)."""
     env = dict(os.environ if base is None else base, PYTHONUNBUFFERED="1")
     env.update({v: str(threads_per_worker) for v in THREAD_VARIABLES})
-    env.setdefault("KINETO_LOG_LEVEL", "5")
+    env.setdefault("KINETO_LOG_LEVEL", "6")
     return env
 
 
