@@ -388,6 +388,34 @@ def test_record_prediction_puts_each_part_of_the_wall_time_beside_what_the_job_p
     assert "checkpoints  predicted 1.0 s, paid 1.5 s (x1.500)" in capsys.readouterr().out
 
 
+def test_the_steps_timed_apart_are_taken_out_of_t_where_the_prediction_counts_them(tmp_path):
+    """T counts every step at the step's rate, while the job times its first step at each
+    shape apart (first_steps_time_s) and the rest as training: the steps part predicted is T
+    less those steps, so that the parts add up to the wall time predicted."""
+    pred = tmp_path / "predictions.csv"
+    row = dict(workers=2, global_batch=256, step_time_s=0.2, step_time_lo_s=0.1, step_time_hi_s=0.3)
+    row |= dict(train_time_s=1.2, train_time_lo_s=0.6, train_time_hi_s=1.8, epochs=3)
+    row |= dict(startup_time_s=4.0, first_steps=2, first_steps_time_s=0.6, eval_first_time_s=0.1)
+    row |= dict(eval_time_s=0.05, checkpoint_time_s=0.01, checkpoints=3)
+    # start-up + T + the first steps beyond T's rate + evaluation + checkpoints
+    row |= dict(wall_time_s=4.0 + 1.2 + (0.6 - 2 * 0.2) + 0.2 + 0.03)
+    row |= dict(wall_time_lo_s=4.83, wall_time_hi_s=6.03)
+    pd.DataFrame([row]).to_csv(pred, index=False)
+    final_path = tmp_path / "final.json"
+    paid = dict(workers=2, global_batch=256, mean_step_time_s=0.2, train_time_s=0.8)
+    paid |= dict(startup_time_s=4.0, first_steps_time_s=0.6, eval_time_s=0.2)
+    write_json(final_path, paid | dict(checkpoint_time_s=0.03, wall_time_s=5.63))
+    final = confirm.record_prediction(final_path, pred)
+    parts = {p["part"]: p for p in final["wall_check"]}
+    # 6 steps at 0.2 s: 2 timed apart, 4 as training
+    assert parts["steps"]["predicted_s"] == pytest.approx(0.8)
+    assert final["train_time_ratio"] == pytest.approx(1.0)
+    predicted = sum(parts[k]["predicted_s"] for k in ("steps", "start-up", "first steps"))
+    predicted += parts["evaluation"]["predicted_s"] + parts["checkpoints"]["predicted_s"]
+    assert predicted == pytest.approx(parts["wall time"]["predicted_s"])
+    assert final["wall_time_ratio"] == pytest.approx(1.0)
+
+
 @pytest.mark.slow
 def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint(
     run_dir, venv_path, monkeypatch

@@ -202,10 +202,11 @@ def test_the_training_set_size_comes_from_the_probes_else_from_tula_checks_workl
         predict_mod.train_samples_of(bare, None, tmp_path / "missing.json")
 
 
-def test_first_steps_come_from_the_nearest_batch_and_the_short_batch_only_where_one_is_left():
-    """A point pays its full batch's first step as the probe nearest in B at its N paid it (the
-    loader's first batches grow with B), and a short last batch's first step only where its
-    epoch ends in one; records without the split fall back to the median at that N."""
+def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_extra():
+    """A point pays its first step at each batch shape (the full batch's, and the short last
+    batch's where its epoch ends in one) as its own predicted step plus the one-off extra per
+    shape that the probe nearest in B at its N paid beyond its steps (never below zero);
+    records without the short batch's split fall back to the median at that N."""
     from tula.model.predictions import first_steps
 
     probes = pd.DataFrame(
@@ -214,15 +215,25 @@ def test_first_steps_come_from_the_nearest_batch_and_the_short_batch_only_where_
             global_batch=[32, 128, 128],
             status="ok",
             train_samples=480,
-            first_steps_time_s=[0.30, 1.30, 2.0],  # full + short
+            step_time_s=[0.10, 0.40, 0.50],
+            first_steps_time_s=[0.30, 1.30, 0.80],  # full + short
             first_short_step_s=[0.0, 0.50, 0.60],  # 480 % 32 == 0: no short batch at B=32
         )
     )
-    points = pd.DataFrame(dict(workers=[2, 2, 2, 4], global_batch=[32, 64, 128, 256]))
-    got = first_steps(points, probes, n0=[2, 2, 2, 4])
-    # B=32: 0.30 and no short batch; B=64: 32 and 128 are equally near, their median full
-    # step 0.55, and a short batch of 32 (the B=128 probe's 0.50); B=128: 0.80 + 0.50;
-    # N=4, B=256: 1.40 + 0.60
-    assert got == pytest.approx([0.30, 0.55 + 0.50, 0.80 + 0.50, 1.40 + 0.60])
+    points = pd.DataFrame(
+        dict(
+            workers=[2, 2, 2, 4],
+            global_batch=[32, 64, 128, 256],
+            step_time_s=[0.11, 0.2, 0.38, 0.9],
+        )
+    )
+    got, shapes = first_steps(points, probes, n0=[2, 2, 2, 4])
+    # extras per shape: B=32 0.30 - 0.10 = 0.20 (one shape); B=128 (1.30 - 2 x 0.40) / 2 = 0.25;
+    # N=4: 0.80 < 2 x 0.50, so 0. B=64 lies as near 32 as 128: the median extra, 0.225
+    assert shapes == [1, 2, 2, 2]
+    assert got == pytest.approx([0.11 + 0.20, 2 * (0.2 + 0.225), 2 * (0.38 + 0.25), 2 * 0.9])
     old = probes.drop(columns=["first_short_step_s"])
-    assert first_steps(points, old, n0=[2, 2, 2, 4]) == pytest.approx([0.8, 0.8, 0.8, 2.0])
+    assert first_steps(points, old, n0=[2, 2, 2, 4])[0] == pytest.approx([0.8, 0.8, 0.8, 0.8])
+    # nothing measured: nothing predicted, and no step taken out of T
+    none = probes.drop(columns=["first_steps_time_s", "first_short_step_s"])
+    assert first_steps(points, none, n0=[2, 2, 2, 4]) == ([0.0] * 4, [0] * 4)

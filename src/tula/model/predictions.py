@@ -126,9 +126,9 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     epoch (the first, cold, apart) and each checkpoint write, as the probes measured them
     (their median at the same N; at an N not probed, the nearest probed N's, its evaluation
     scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
-    + T + first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe
-    measured them (records from before they did). Start-up also holds the first steps at
-    each shape training meets (:func:`first_steps`)."""
+    + T + what the first step at each shape pays beyond T's rate (:func:`first_steps`) +
+    first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe measured them
+    (records from before they did)."""
     L = cfg.launch
     df["checkpoints"] = [
         checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
@@ -149,13 +149,17 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    df["first_steps_time_s"] = first_steps(df, measurements_mod.probes(measured), n0)
+    df["first_steps_time_s"], df["first_steps"] = first_steps(
+        df, measurements_mod.probes(measured), n0
+    )
     for c in ("eval_first_time_s", "eval_time_s"):
         df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
+    # T counts every step at the step's rate: the first steps add only what they pay beyond it
     besides = (
         df["startup_time_s"]
         + df["first_steps_time_s"]
+        - df["first_steps"] * df["step_time_s"]
         + evaluation_time(df)
         + df["checkpoints"] * df["checkpoint_time_s"]
     )
@@ -166,37 +170,46 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     )
 
 
-def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> list[float]:
-    """What each point's job pays once per batch shape (compilation, autotuning, the loader's
-    first batches, the allocator's growth): its full batch's first step, from the ok probe at
-    the nearest probed N (``n0``) nearest in B (the loader's first batches grow with B), and,
-    only where the point's epoch ends in a short batch, that batch's first step
-    (``first_short_step_s``) from the nearest probe that had one. Records without the split
-    give the probes' median ``first_steps_time_s`` at that N."""
+def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
+    """Steps a job pays apart at its start: the first full batch, and the first short last
+    batch where its epoch ends in one (a short batch smaller than N is dropped)."""
+    return 1 + int(train_samples % global_batch >= workers)
+
+
+def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float], list[int]]:
+    """What each point's job pays for its first step at each batch shape (compilation,
+    autotuning, the loader's first batches, the allocator's growth), and how many such steps:
+    each is the point's own predicted step (``df["step_time_s"]``) plus the one-off extra that
+    the ok probe at the nearest probed N (``n0``) nearest in B paid per shape (its
+    ``first_steps_time_s`` less as many of its own steps, never below zero). The extra is what
+    moves from one B to another; the step itself grows with B. Records without the split of
+    the short batch's first step give the probes' median ``first_steps_time_s`` at that N."""
     ok = probes[probes["status"] == "ok"] if "status" in probes.columns else probes
-    if "first_steps_time_s" not in ok.columns or ok.empty:
-        return [0.0] * len(df)
+    train = ok["train_samples"].dropna() if "train_samples" in ok.columns else pd.Series()
+    counts = [
+        shapes_apart(int(train.iloc[0]), int(b), int(n)) if len(train) else 1
+        for n, b in zip(df["workers"], df["global_batch"])
+    ]
+    if "first_steps_time_s" not in ok.columns or ok.empty:  # not measured: none predicted
+        return [0.0] * len(df), [0] * len(df)
     if "first_short_step_s" not in ok.columns or ok["first_short_step_s"].isna().all():
         med = ok.groupby("workers")["first_steps_time_s"].median()
-        return med.reindex(n0).fillna(0.0).tolist()
-    ok = ok.assign(full=ok["first_steps_time_s"] - ok["first_short_step_s"].fillna(0.0))
-    train = ok["train_samples"].dropna() if "train_samples" in ok.columns else pd.Series()
+        return med.reindex(n0).fillna(0.0).tolist(), counts
+    shapes = 1 + (ok["first_short_step_s"].fillna(0.0) > 0)
+    extra = (ok["first_steps_time_s"] - shapes * ok["step_time_s"]).clip(lower=0.0) / shapes
+    ok = ok.assign(extra=extra)
 
-    def nearest(rows: pd.DataFrame, b: int, col: str) -> float:
+    def nearest(rows: pd.DataFrame, b: int) -> float:
         if rows.empty:
             return 0.0
         far = (rows["global_batch"].map(math.log2) - math.log2(b)).abs()
-        return float(rows.loc[far == far.min(), col].median())
+        return float(rows.loc[far == far.min(), "extra"].median())
 
-    out = []
-    for n, b, at in zip(df["workers"], df["global_batch"], n0):
-        here = ok[ok["workers"] == at]
-        short = bool(len(train)) and int(train.iloc[0]) % int(b) >= int(n)
-        had = here[here["first_short_step_s"] > 0]
-        out.append(
-            nearest(here, b, "full") + (nearest(had, b, "first_short_step_s") if short else 0.0)
-        )
-    return out
+    out = [
+        k * (float(t) + nearest(ok[ok["workers"] == at], b))
+        for k, b, at, t in zip(counts, df["global_batch"], n0, df["step_time_s"])
+    ]
+    return out, counts
 
 
 def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
