@@ -156,6 +156,17 @@ def test_every_output_exists_and_parses(finished_run):
     assert final["wall_time_ratio"] == pytest.approx(
         final["wall_time_s"] / final["predicted_wall_time_s"]
     )
+    # the parts predicted add up to the wall predicted: the steps the job times apart (its first
+    # at each shape) are out of the steps part and in the first steps', counted once
+    parts = {p["part"]: p["predicted_s"] for p in final["wall_check"]}
+    row = pd.read_csv(res / "predictions.csv").set_index(["workers", "global_batch"])
+    row = row.loc[(final["workers"], final["global_batch"])]
+    assert row["first_steps"] >= 1 and parts["steps"] == pytest.approx(
+        row["train_time_s"] - row["first_steps"] * row["step_time_s"]
+    )
+    assert sum(v for k, v in parts.items() if k not in ("rest", "wall time")) == pytest.approx(
+        final["predicted_wall_time_s"]
+    )
     assert len(pd.read_csv(res / "train" / "metrics.csv")) == 2
     for png in (
         "time_vs_batch",

@@ -86,7 +86,9 @@ def test_summary_card_shows_predicted_vs_measured():
     }
     html = prediction_card(final)
     assert "step predicted 26.70 ms (20.00–33.00), measured 25.00 ms (×0.936, inside" in html
-    assert "training time predicted 5s (4s–6s), measured 4s in training steps" in html
+    assert (
+        "training time predicted 5s (4s–6s) for every step, measured 4s in training steps" in html
+    )
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_card(final)
     assert "No prediction" in prediction_card({"workers": 1})

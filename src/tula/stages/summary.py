@@ -32,8 +32,11 @@ def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
     s, cur = sel["selected"], cfg.pricing.currency
     out = []
     if final.get("predicted_train_time_s"):
+        # T less the steps the job timed apart (its first at each shape), as train_time_s
+        timed = next((p for p in final.get("wall_check") or [] if p["part"] == "steps"), None)
+        predicted = timed["predicted_s"] if timed else final["predicted_train_time_s"]
         out.append(
-            f"training steps predicted {_span(final['predicted_train_time_s'])}, paid "
+            f"training steps predicted {_span(predicted)}, paid "
             f"{_span(final['train_time_s'])} (x{final['train_time_ratio']:.2f})"
         )
     if final.get("predicted_wall_time_s"):

@@ -137,8 +137,9 @@ def prediction_card(final: dict) -> str:
         f"predicted {1e3 * final['predicted_step_time_s']:.2f} ms ({1e3 * lo:.2f}–{1e3 * hi:.2f}), "
         f"measured {1e3 * final['mean_step_time_s']:.2f} ms (×{ratio:.3f}, {verdict}); training "
         f"time predicted {fmt_duration(final['predicted_train_time_s'])} "
-        f"({fmt_duration(tlo)}–{fmt_duration(thi)}), measured "
-        f"{fmt_duration(final['train_time_s'])} in training steps.</p>" + wall_table(final)
+        f"({fmt_duration(tlo)}–{fmt_duration(thi)}) for every step, measured "
+        f"{fmt_duration(final['train_time_s'])} in training steps (the first step at each batch "
+        f"shape is timed apart: the table's steps and first steps).</p>" + wall_table(final)
     )
 
 
