@@ -209,6 +209,9 @@ def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_ex
     records without the short batch's split fall back to the median at that N."""
     from tula.model.predictions import first_steps
 
+    big = dict(
+        global_batch=512, step_time_s=0.476, first_steps_time_s=1.119, first_short_step_s=0.43
+    )
     probes = pd.DataFrame(
         dict(
             workers=[2, 2, 4],
@@ -232,6 +235,13 @@ def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_ex
     # N=4: 0.80 < 2 x 0.50, so 0. B=64 lies as near 32 as 128: the median extra, 0.225
     assert shapes == [1, 2, 2, 2]
     assert got == pytest.approx([0.11 + 0.20, 2 * (0.2 + 0.225), 2 * (0.38 + 0.25), 2 * 0.9])
+    # B >= D: the epoch is one batch, one shape, one step apart; the probe there timed that
+    # shape twice (first and "short"), so its extra is 1.119 - 2 x 0.476 for the one shape
+    whole = pd.concat([probes, pd.DataFrame([dict(probes.iloc[0]) | big])], ignore_index=True)
+    one, k = first_steps(
+        pd.DataFrame(dict(workers=[2], global_batch=[512], step_time_s=[0.5])), whole, n0=[2]
+    )
+    assert k == [1] and one == pytest.approx([0.5 + (1.119 - 2 * 0.476)])
     old = probes.drop(columns=["first_short_step_s"])
     assert first_steps(points, old, n0=[2, 2, 2, 4])[0] == pytest.approx([0.8, 0.8, 0.8, 0.8])
     # nothing measured: nothing predicted, and no step taken out of T

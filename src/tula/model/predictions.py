@@ -172,7 +172,10 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
 
 def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
     """Steps a job pays apart at its start: the first full batch, and the first short last
-    batch where its epoch ends in one (a short batch smaller than N is dropped)."""
+    batch where its epoch ends in one (a short batch smaller than N is dropped); one where
+    the whole epoch is one batch (B >= D)."""
+    if global_batch >= train_samples:
+        return 1
     return 1 + int(train_samples % global_batch >= workers)
 
 
@@ -195,8 +198,17 @@ def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float]
     if "first_short_step_s" not in ok.columns or ok["first_short_step_s"].isna().all():
         med = ok.groupby("workers")["first_steps_time_s"].median()
         return med.reindex(n0).fillna(0.0).tolist(), counts
-    shapes = 1 + (ok["first_short_step_s"].fillna(0.0) > 0)
-    extra = (ok["first_steps_time_s"] - shapes * ok["step_time_s"]).clip(lower=0.0) / shapes
+    # the probe's first steps hold its first full and short steps (at B >= D the one shape twice)
+    timed = 1 + (ok["first_short_step_s"].fillna(0.0) > 0)
+    shapes = (
+        [
+            shapes_apart(int(train.iloc[0]), int(b), int(n))
+            for n, b in zip(ok.workers, ok.global_batch)
+        ]
+        if len(train)
+        else timed
+    )
+    extra = (ok["first_steps_time_s"] - timed * ok["step_time_s"]).clip(lower=0.0) / shapes
     ok = ok.assign(extra=extra)
 
     def nearest(rows: pd.DataFrame, b: int) -> float:
