@@ -441,3 +441,23 @@ def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoi
     # attempt 2's full and short batches at B=32 (the run's times carry over its attempts)
     assert final["first_steps"] == 3 and final["first_steps_time_s"] > 0
     assert final["final_test_acc"] > 0.5
+
+
+def test_a_job_whose_every_step_is_timed_apart_has_no_training_ratio(tmp_path):
+    """One epoch of one step: the step is the job's first at its shape, timed apart, so no
+    training step is left to compare; the ratio is None, and the summary says the rest."""
+    from tula import config
+    from tula.stages.summary import _paid
+
+    pred = tmp_path / "predictions.csv"
+    row = dict(workers=1, global_batch=512, step_time_s=0.2, step_time_lo_s=0.1, step_time_hi_s=0.3)
+    row |= dict(train_time_s=0.2, train_time_lo_s=0.1, train_time_hi_s=0.3, first_steps=1)
+    pd.DataFrame([row]).to_csv(pred, index=False)
+    final_path = tmp_path / "final.json"
+    write_json(
+        final_path, dict(workers=1, global_batch=512, mean_step_time_s=0.0, train_time_s=0.0)
+    )
+    final = confirm.record_prediction(final_path, pred)
+    assert final["train_time_ratio"] is None and final["predicted_train_time_s"] == 0.2
+    said = _paid(final, {"selected": {"cost": 0.1, "mem_bytes": 0.0}}, config.from_dict({}))
+    assert said[0].startswith("training steps predicted") and "(x" not in said[0]

@@ -52,6 +52,7 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
     if row is None:
         return final
     pred_step, pred_T = float(row["step_time_s"]), float(row["train_time_s"])
+    timed = steps_timed(row)
     final.update(
         {
             "predicted_step_time_s": pred_step,
@@ -65,7 +66,8 @@ def record_prediction(final_path: Path, predictions: str | Path | None) -> dict[
                 float(row["train_time_hi_s"]),
             ],
             "step_time_ratio": final["mean_step_time_s"] / pred_step if pred_step > 0 else None,
-            "train_time_ratio": final["train_time_s"] / steps_timed(row) if pred_T > 0 else None,
+            # None where every step is timed apart (one epoch of one step): nothing to compare
+            "train_time_ratio": final["train_time_s"] / timed if timed > 0 else None,
             "prediction_note": "predicted_* come from predictions.csv at the trained (N, B); "
             "train_time_s counts training steps only, less the first at each shape (paid apart "
             "as first_steps_time_s), and train_time_ratio compares it with T less those steps; "

@@ -37,7 +37,8 @@ def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
         predicted = timed["predicted_s"] if timed else final["predicted_train_time_s"]
         out.append(
             f"training steps predicted {_span(predicted)}, paid "
-            f"{_span(final['train_time_s'])} (x{final['train_time_ratio']:.2f})"
+            f"{_span(final['train_time_s'])}"
+            + (f" (x{r:.2f})" if (r := final.get("train_time_ratio")) is not None else "")
         )
     if final.get("predicted_wall_time_s"):
         out.append(
