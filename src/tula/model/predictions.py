@@ -189,10 +189,16 @@ def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float]
     the short batch's first step give the probes' median ``first_steps_time_s`` at that N."""
     ok = probes[probes["status"] == "ok"] if "status" in probes.columns else probes
     train = ok["train_samples"].dropna() if "train_samples" in ok.columns else pd.Series()
-    counts = [
-        shapes_apart(int(train.iloc[0]), int(b), int(n)) if len(train) else 1
-        for n, b in zip(df["workers"], df["global_batch"])
-    ]
+
+    def shapes(rows: pd.DataFrame) -> list[int] | None:  # None: D not recorded
+        if not len(train):
+            return None
+        d = int(train.iloc[0])
+        return [
+            shapes_apart(d, int(b), int(n)) for n, b in zip(rows["workers"], rows["global_batch"])
+        ]
+
+    counts = shapes(df) or [1] * len(df)
     if "first_steps_time_s" not in ok.columns or ok.empty:  # not measured: none predicted
         return [0.0] * len(df), [0] * len(df)
     if "first_short_step_s" not in ok.columns or ok["first_short_step_s"].isna().all():
@@ -200,15 +206,10 @@ def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float]
         return med.reindex(n0).fillna(0.0).tolist(), counts
     # the probe's first steps hold its first full and short steps (at B >= D the one shape twice)
     timed = 1 + (ok["first_short_step_s"].fillna(0.0) > 0)
-    shapes = (
-        [
-            shapes_apart(int(train.iloc[0]), int(b), int(n))
-            for n, b in zip(ok.workers, ok.global_batch)
-        ]
-        if len(train)
-        else timed
+    own = shapes(ok)
+    extra = (ok["first_steps_time_s"] - timed * ok["step_time_s"]).clip(lower=0.0) / (
+        timed if own is None else own
     )
-    extra = (ok["first_steps_time_s"] - timed * ok["step_time_s"]).clip(lower=0.0) / shapes
     ok = ok.assign(extra=extra)
 
     def nearest(rows: pd.DataFrame, b: int) -> float:
