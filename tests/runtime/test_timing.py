@@ -6,12 +6,15 @@ import time
 
 import pytest
 
+from tula.model.grid import paid_mix
 from tula.runtime.timing import (
     HostClock,
+    Series,
     StepTimer,
     Target,
     block_for,
     half_width_rel,
+    mix_half_width_rel,
 )
 
 
@@ -34,6 +37,70 @@ def test_half_width_is_the_t_interval_of_the_mean():
     # t(0.975, 4) = 2.776; sd = 0.1581; mean 1.0
     assert half_width_rel(xs) == pytest.approx(2.776 * 0.1581 / math.sqrt(5), rel=1e-3)
     assert half_width_rel([1.0]) == math.inf
+
+
+def test_the_precision_of_the_mean_training_pays_weighs_every_kind_of_step():
+    """An epoch of 3 steps (the default at B = 512: its first, one plain, a short last batch),
+    each kind with its own mean and noise, 8 samples of each (what a 2 s budget buys there).
+    The 95 % interval from every kind, weighted by its share, holds the mean training pays in
+    95 % of draws; the plain steps alone (the old half-width) said a precision 2x too poor."""
+    rng = random.Random(11)
+    kinds = {"start": (46.0, 6.0), "plain": (36.0, 9.0), "partial": (30.0, 3.0)}
+    mix = paid_mix(1437, 512, 0.0)
+    assert mix == pytest.approx({"start": 1 / 3, "partial": 1 / 3})
+    truth = sum(m for m, _ in kinds.values()) / 3
+    held, mixed, plain_only = 0, [], []
+    for _ in range(2000):
+        draw = {k: [rng.gauss(m, sd) for _ in range(8)] for k, (m, sd) in kinds.items()}
+        s = Series(times=draw["plain"], steps=[1] * 8, mix=mix)
+        s.other = {"start": draw["start"], "partial": draw["partial"]}
+        hw = s.half_width()
+        mean = sum(sum(v) / 8 for v in draw.values()) / 3
+        held += abs(mean - truth) <= hw * mean
+        mixed.append(hw)
+        plain_only.append(half_width_rel(draw["plain"]))
+    assert 0.935 <= held / 2000 <= 0.965
+    assert sorted(plain_only)[1000] > 1.8 * sorted(mixed)[1000]
+    # one kind of weight 1 is the plain t interval; a kind with one sample cannot be judged
+    xs = [1.0, 1.2, 0.8, 1.1, 0.9]
+    assert mix_half_width_rel([(1.0, xs)]) == pytest.approx(half_width_rel(xs))
+    assert mix_half_width_rel([(0.5, xs), (0.5, [1.0])]) == math.inf
+    short = Series(times=xs, steps=[1] * 5, mix={"start": 0.5}, other={"start": [1.0]})
+    assert short.half_width() == pytest.approx(half_width_rel(xs))  # plain alone until then
+
+
+def test_the_mix_of_steps_follows_the_epoch():
+    assert paid_mix(1437, 32, 0.0) == pytest.approx({"start": 1 / 45, "partial": 1 / 45})
+    assert paid_mix(1024, 256, 0.1) == pytest.approx({"start": 1 / 4, "refresh": 0.1})
+    assert paid_mix(1437, 1024, 0.0) is None  # its first and its short last: no plain step
+    assert paid_mix(1437, 2048, 0.0) is None  # every step the epoch's first
+
+
+def test_a_timer_given_the_mix_judges_the_mean_training_pays():
+    """Arms that meet an epoch's kinds in turn (start, plain, short last batch): the record
+    says the mix, and the half-width is the one of every kind's samples together."""
+
+    def epoch_arm(seed: int):
+        rng, kinds = random.Random(seed), ["start", "plain", "partial"]
+        at = [0]
+
+        def run(steps: int) -> tuple[int, str]:
+            kind = kinds[at[0] % 3]
+            at[0] += 1
+            time.sleep(0.002 * (1.3 if kind == "start" else 1.0) * (1 + 0.1 * rng.random()))
+            return 1, kind
+
+        return run
+
+    mix = {"start": 1 / 3, "partial": 1 / 3}
+    t = StepTimer(HostClock(), Target(0.0001, 6, 0.4), mix=mix).run(
+        {"step": epoch_arm(0), "compute": epoch_arm(1)}
+    )
+    rec, s = t.record(), t.arms["step"]
+    assert rec["step_halfwidth_mix"] == mix and rec["timing_stopped_by"] == "budget"
+    groups = [(1 / 3, s.times), (1 / 3, s.other["partial"]), (1 / 3, s.other["start"])]
+    assert rec["step_time_halfwidth_rel"] == pytest.approx(mix_half_width_rel(groups))
+    assert rec["step_time_halfwidth_rel"] != pytest.approx(half_width_rel(s.times))
 
 
 def test_on_a_host_clock_steps_are_timed_alone_and_the_arms_alternate():

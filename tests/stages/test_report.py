@@ -272,6 +272,10 @@ def test_the_precision_table_names_the_points_that_missed_and_what_would_reach_t
     # +-8 % from 10 steps: (8 / 2)^2 x 10 = 160 steps of 90 ms (step + compute) = 14 s
     assert "N=2 B=512: &plusmn;8.0 %, about 160 steps (~14s of timing)" in html
     assert precision_section(m.drop(columns="precision_reached")) == ""
+    # digits' 1437 samples at B = 512: an epoch of 3 steps, one plain; the precision weighs all
+    # three kinds, so the 10 plain steps came with 20 others, and all of them scale alike
+    html = precision_section(m.assign(train_samples=1437))
+    assert "N=2 B=512: &plusmn;8.0 %, about 480 steps (~43s of timing)" in html
 
 
 def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():

@@ -109,3 +109,18 @@ def steps_per_epoch(train_samples: int, global_batch):
     An int for one B, an int array for an array of them."""
     steps = np.ceil(train_samples / np.asarray(global_batch, dtype=float)).astype(int)
     return int(steps) if steps.ndim == 0 else steps
+
+
+def paid_mix(train_size: int, global_batch: int, refresh_per_step: float) -> dict | None:
+    """The share of training's steps at this batch that are an epoch's first, its short last
+    batch and a mid-epoch AGS refresh: the weights of the mean step it pays (as
+    :func:`tula.runtime.probe_worker._measurement` adds them up), so that the probe's
+    precision is that mean's. None where no plain step is left (an epoch of one or two steps:
+    the starts stand in, :func:`tula.runtime.probe_timing.starts_alike`)."""
+    spe = steps_per_epoch(train_size, global_batch)
+    mix = {"start": 1.0 / spe}
+    if train_size % global_batch:
+        mix["partial"] = 1.0 / spe
+    if refresh_per_step > 0:
+        mix["refresh"] = refresh_per_step
+    return mix if spe > 1 and sum(mix.values()) < 1.0 else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from tula import config as config_mod
+from tula.model.grid import paid_mix
 from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
 from tula.runtime.methods import midepoch_refreshes_per_step
@@ -24,13 +25,15 @@ def probe_target(cfg: config_mod.Config) -> Target:
     return Target(p.precision, p.timed_steps, p.time_budget_s)
 
 
-def step_timer(replica: Replica, target: Target) -> StepTimer:
-    """The timer that fits the replica's device, its samples the slowest rank's."""
+def step_timer(replica: Replica, target: Target, mix: dict[str, float] | None = None) -> StepTimer:
+    """The timer that fits the replica's device, its samples the slowest rank's; ``mix``: the
+    kinds of step training pays besides plain ones (:func:`tula.model.grid.paid_mix`)."""
     return StepTimer(
         replica.timer.clock,
         target,
         combine=max_over_ranks,
         block_steps=replica.cfg.probe.block_steps,
+        mix=mix,
     )
 
 
@@ -72,7 +75,10 @@ def time_steps(
     for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
         warm, _ = replica.next_timed_step()
         compute(1)
-    timer = step_timer(replica, probe_target(cfg))
+    mix = paid_mix(
+        replica.data.train_size, replica.global_batch, midepoch_refreshes_per_step(replica.t)
+    )
+    timer = step_timer(replica, probe_target(cfg), mix)
     if cfg.probe.warmup_steps:
         timer.size_block(warm)
 

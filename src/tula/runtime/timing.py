@@ -19,7 +19,10 @@ autorange, pyperf, Triton's ``do_bench``):
 The timer goes on, round after round, until every arm has at least ``min_steps`` steps and
 its half-width is at most ``precision``, or until ``budget_s`` seconds of timing are spent;
 the result says which ended it. The production job pays its slow steps too, so the figure is
-the mean (not the median) and its precision is the mean's.
+the mean (not the median) and its precision is the mean's. Where training pays other kinds of
+step often (an epoch of 3 steps: its first, one plain, its short last batch), the precision is
+that of the mean it pays, weighing every kind's samples by its share (:class:`Series`'s
+``mix``): the plain steps alone would be a third of the samples, and the others' noise unsaid.
 
 **Every rank alike.** A step's time is the slowest rank's (the step waits for it); at each check
 the ranks combine their new samples with an element-wise maximum (``combine``: one small
@@ -72,15 +75,40 @@ def half_width_rel(xs: list[float], alpha: float = 0.05) -> float:
     return q * statistics.stdev(xs) / math.sqrt(len(xs)) / mean
 
 
+def mix_half_width_rel(groups: list[tuple[float, list[float]]], alpha: float = 0.05) -> float:
+    """The 1 - alpha confidence half-width of ``sum(w * mean(xs))`` over ``(w, xs)`` groups,
+    relative to it: each group's variance of its mean, weighted, in quadrature; the degrees of
+    freedom by Welch-Satterthwaite. One group of weight 1 is :func:`half_width_rel`. inf where
+    a group of positive weight has fewer than two samples."""
+    parts = [(w, xs) for w, xs in groups if w > 0]
+    if not parts or any(len(xs) < 2 for _, xs in parts):
+        return math.inf
+    mean = sum(w * statistics.fmean(xs) for w, xs in parts)
+    if mean <= 0:
+        return math.inf
+    var = [(w * w * statistics.variance(xs) / len(xs), len(xs) - 1) for w, xs in parts]
+    total = sum(v for v, _ in var)
+    if total == 0:
+        return 0.0
+    dof = total**2 / sum(v * v / d for v, d in var if v > 0)
+    return float(stats.t.ppf(1 - alpha / 2, dof)) * math.sqrt(total) / mean
+
+
 @dataclass
 class Series:
     """One arm's samples: each sample's seconds per step and the steps it holds. Samples of a
     kind other than plain (an epoch start, a refresh, a short last batch) are kept apart in
-    ``other``."""
+    ``other``.
+
+    ``mix``: the share of the steps training pays that are of each other kind (an epoch of 3
+    steps: ``{"start": 1/3, "partial": 1/3}``; plain the rest). With it, the precision is the
+    one of the mean training pays, ``sum(share * mean of the kind)``, from every sample of every
+    kind; without it (or before every kind has two samples), that of the plain steps' mean."""
 
     times: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     other: dict[str, list[float]] = field(default_factory=dict)
+    mix: dict[str, float] | None = None
 
     @property
     def n_steps(self) -> int:
@@ -92,6 +120,13 @@ class Series:
         return sum(t * k for t, k in zip(self.times, self.steps)) / n if n else math.nan
 
     def half_width(self) -> float:
+        if self.mix and self.times:
+            plain = 1.0 - sum(self.mix.values())
+            groups = [(plain, self.times)]
+            groups += [(w, self.other.get(kind, [])) for kind, w in sorted(self.mix.items())]
+            mixed = mix_half_width_rel(groups)
+            if math.isfinite(mixed):
+                return mixed
         return half_width_rel(self.times)
 
     def fall_back_to_starts(self) -> None:
@@ -99,13 +134,13 @@ class Series:
         starts stand in for them."""
         if not self.times:
             starts = self.other.get("start", [])
-            self.times, self.steps = list(starts), [1] * len(starts)
+            self.times, self.steps, self.mix = list(starts), [1] * len(starts), None
 
     def starts_only(self) -> None:
         """Set the plain samples aside (``other["plain"]``), so that the epoch starts stand in
         for them: where another arm met no plain step, every arm is judged at the same kind."""
         self.other.setdefault("plain", []).extend(self.times)
-        self.times, self.steps = [], []
+        self.times, self.steps, self.mix = [], [], None
 
     def add(self, seconds_per_step: float, steps: int, kind: str) -> None:
         if kind in PLAIN:
@@ -135,6 +170,8 @@ class Timing:
         for name, s in self.arms.items():
             out[f"{prefix}{name}_timed_steps"] = s.n_steps
             out[f"{prefix}{name}_other_steps"] = {k: len(v) for k, v in sorted(s.other.items())}
+            # the shares of the other kinds the half-width weighs in (None: plain steps alone)
+            out[f"{prefix}{name}_halfwidth_mix"] = s.mix
             hw = s.half_width()
             out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
         out.update(
@@ -245,8 +282,10 @@ class StepTimer:
         combine: Callable[[list[float]], list[float]] = _same,
         block_steps: int | None = None,
         check_every: int = 4,
+        mix: dict[str, float] | None = None,
     ):
         self.clock, self.target, self.combine = clock, target, combine
+        self.mix = mix  # each arm's :attr:`Series.mix`: the kinds training pays, and how often
         self.block = 1 if not clock.queued else block_steps
         self.check_every = check_every
         self._elapsed = 0.0  # seconds of timing so far, the slowest rank's (at the last check)
@@ -279,7 +318,7 @@ class StepTimer:
             self.size_block(first)
         block = int(self.block or 1)
         t0 = time.perf_counter()
-        series = {name: Series() for name in arms}
+        series = {name: Series(mix=self.mix) for name in arms}
         pending: list[tuple[str, Any, int, str]] = []
         rounds, stopped, reached = 0, "", False
         while not stopped:

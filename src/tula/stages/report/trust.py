@@ -7,6 +7,7 @@ import html
 
 import pandas as pd
 
+from tula.model.grid import paid_mix
 from tula.progress import fmt_duration
 from tula.stages.report.sections import _cell
 
@@ -40,8 +41,10 @@ def precision_section(measurements: pd.DataFrame) -> str:
     head = (
         f"<h2>How precise the probes are</h2><p>Each probe timed its steps until the 95 % "
         f"confidence half-width of its mean was within &plusmn;{100 * target:g} % "
-        "(probe.precision), or its time budget (probe.time_budget_s) was spent. The fits weight "
-        "each point by its precision.</p>"
+        "(probe.precision), or its time budget (probe.time_budget_s) was spent: the mean step "
+        "training pays, every kind of step (an epoch's first, its short last batch) at its "
+        "share of an epoch; the steps counted here are the plain ones. The fits weight each "
+        "point by its precision.</p>"
     )
     if not missed:
         return head + "<p>Every point reached it.</p>" + "\n".join(out) + "</table>"
@@ -74,11 +77,23 @@ def _precision_row(r: pd.Series, target: float) -> tuple[list, str]:
         return cells, ""
     worst = max((h for h in hws if h is not None), default=float("nan"))
     per_step = (r["step_time_s"] + r["compute_time_s"]) if probe else r["compute_time_s"]
-    need = float(steps) * (worst / target) ** 2
+    # a probe's precision weighs every kind of step at its share of an epoch: the plain steps
+    # counted are that share of the steps it timed, and all of them scale alike
+    need = float(steps) / _plain_share(r) * (worst / target) ** 2
     return cells, (
         f"{name}: &plusmn;{100 * worst:.1f} %, about {need:.0f} steps "
         f"(~{fmt_duration(need * float(per_step))} of timing)"
     )
+
+
+def _plain_share(r: pd.Series) -> float:
+    """The share of an epoch's steps that are plain at a probe's batch (1 for a sweep row,
+    or where the training set's size is not known)."""
+    samples = pd.to_numeric(r.get("train_samples"), errors="coerce")
+    if r["source"] != "probe" or not samples == samples:
+        return 1.0
+    mix = paid_mix(int(samples), int(r["global_batch"]), 0.0)
+    return 1.0 - sum(mix.values()) if mix else 1.0
 
 
 def robustness_line(r: dict | None) -> str:
