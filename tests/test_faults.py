@@ -64,10 +64,10 @@ def test_probe_faults_are_for_their_probe_and_production_faults_never_reach_a_pr
 
 
 def test_a_crash_is_for_the_probes_first_attempts_only():
-    fs = faults.parse("crash:point=N2_B64,rank=1;crash:point=N4_B32,attempts=2")
+    fs = faults.parse("crash:point=N2_B64,rank=1;crash:point=N4_B32,attempts=2,where=sweep")
     assert [(f.kind, f.rank, f.attempts, f.place) for f in fs] == [
         ("crash", 1, None, "profiler"),
-        ("crash", None, 2, "profiler"),
+        ("crash", None, 2, "sweep"),
     ]
     assert faults.Injector(fs, rank=1, point="N2_B64") and not faults.Injector(
         fs, rank=0, point="N2_B64"
@@ -92,6 +92,7 @@ def test_a_crash_is_for_the_probes_first_attempts_only():
         ("oom:step=x", "integers"),
         ("oom:step=1,when=2", "bad field 'when=2'"),
         ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint"),
+        ("crash:point=N2_B64,where=eval", "where='eval'.*profiler, sweep"),
     ],
 )
 def test_a_malformed_spec_names_what_is_wrong(bad, msg):

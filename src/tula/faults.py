@@ -29,11 +29,12 @@ never for a probe. ``rank`` limits it to one rank; each fault fires at most once
 ``profiler:point=P[,rank=R]``
     the first CPU memory timeline of the probe fails (torch's profiler's "version mismatch"
     AssertionError, seen about once in ten probes here); the ranks measure one more step.
-``crash:point=P[,rank=R][,attempts=A]``
-    the worker dies by SIGSEGV where the profiler's memory timeline is built, without writing
-    its result (torch's CPU profiler did this once in a CI run; a node's hiccup looks the
-    same), in the probe's first A launches (default 1). A probe that loses a rank so is
-    launched once more.
+``crash:point=P[,rank=R][,attempts=A][,where=profiler|sweep]``
+    the worker dies by SIGSEGV without writing its result (torch's CPU profiler did this once
+    in a CI run; a node's hiccup looks the same), in the probe's first A launches (default 1):
+    where the profiler's memory timeline is built (default), before the measurement stands, or
+    as the compute sweep starts, after rank 0 wrote the measurement (seen in a benchmark run).
+    A probe that loses a rank so is launched once more.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
     preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). A run
@@ -65,7 +66,7 @@ KINDS = {
     "oom": {"step", "rank", "batch", "where", "point"},
     "error": {"rank", "point"},
     "profiler": {"rank", "point"},
-    "crash": {"rank", "point", "attempts"},
+    "crash": {"rank", "point", "attempts", "where"},
     "signal": {"step", "sig", "rank"},
     "truncate": {"step"},
     "slowsync": {"step", "ms", "workers"},
@@ -84,10 +85,10 @@ PROBE_KINDS = {kind for kind, fields in KINDS.items() if "point" in fields}
 INTEGERS = ("step", "rank", "batch", "ms", "workers", "attempts")  # the fields that are numbers
 WHERE = ("forward", "backward", "refresh", "eval", "checkpoint")
 SIGNALS = {"USR2": signal.SIGUSR2, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
+CRASH_WHERE = ("profiler", "sweep")  # where a crash may be put (the first is its default)
 PLACE_OF = {
     "error": "start",
     "profiler": "profiler",
-    "crash": "profiler",
 }  # where the other kinds fire
 
 
@@ -133,9 +134,10 @@ def _parse_one(item: str) -> Fault:
         raise ValueError(f"{ENV}: {item!r} needs {', '.join(f'{k}=' for k in missing)}")
     if kind == "signal" and kv["sig"] not in SIGNALS:
         raise ValueError(f"{ENV}: {item!r} needs sig= one of {', '.join(SIGNALS)}")
-    where = kv.get("where", "forward")
-    if where not in WHERE:
-        raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(WHERE)}")
+    places = CRASH_WHERE if kind == "crash" else WHERE
+    where = kv.get("where", places[0])
+    if where not in places:
+        raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(places)}")
     try:
         number = {k: int(kv[k]) for k in INTEGERS if k in kv}
     except ValueError:

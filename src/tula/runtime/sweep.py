@@ -33,6 +33,7 @@ def run_sweep(
 ) -> None:
     """The compute sweep on every rank (rank 0's epoch-start extra given to all), its rows
     gathered into rank 0's record."""
+    replica.inject("sweep")  # a fault drill's crash after the measurement stood
     start_extra: list[Any] = [out.get("epoch_start_extra_s", 0.0)]
     torch_dist.broadcast_object_list(start_extra, src=0)
     rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]))

@@ -111,6 +111,8 @@ def _say(point: Point, record: dict) -> None:
             "batches" + _input_note(record),
             flush=True,
         )
+        if record.get("after_error"):
+            print(f"[probe {point.name}] WARNING: {record['after_error']}", flush=True)
     else:
         print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
 
@@ -157,15 +159,22 @@ def _probe_once(
     record = _combine(point, ranks, launch, cfg)
     record["started_at"] = started
     lost = sorted(set(range(point.workers)) - {r.get("rank") for r in ranks})
+    died = (
+        f"rank(s) {lost} died without writing a result (killed by a signal: a segfault or the "
+        "out-of-memory killer, or stopped by the launcher after a peer died)"
+    )
     if record["status"] == "error" and lost and not launch.timed_out:
         # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
         # saw the connection drop, so the error they report is not the cause; a peer may also have
         # been stopped by the launcher before it wrote its own (torchrun tears the group down)
+        record.update(lost_ranks=lost, error=f"{died}; {record['error']}")
+    elif record["status"] == "ok" and lost and not launch.timed_out:
+        # rank 0 wrote the measurement as soon as it stood; what came after it (the overheads,
+        # the gradient noise, the compute sweep) ended with the lost rank: said, never silent
         record.update(
             lost_ranks=lost,
-            error=f"rank(s) {lost} died without writing a result (killed by a signal: "
-            "a segfault or the out-of-memory killer, or stopped by the launcher after a peer "
-            f"died); {record['error']}",
+            after_error=f"{died} after the measurement stood: this record holds what rank 0 "
+            f"wrote before ({len(record.get('sweep') or [])} sweep rows)",
         )
     _say(point, record)
     return record
@@ -180,7 +189,9 @@ def _probe_point(
 ) -> dict:
     """One probe, launched once more when a rank died without writing its result: such a
     crash is the machine's (torch's CPU profiler segfaulted once in a CI run), not the
-    point's, and one lost launch should not cost the user the point. An error the ranks
+    point's, and one lost launch should not cost the user the point (nor its sweep rows, where
+    the rank died after the measurement stood: lost twice so, the measurement is kept and
+    ``after_error`` says what is missing). An error the ranks
     reported, an OOM or a timeout is the point's own and recorded as it is. The record keeps
     the first launch's error under ``retried_after``."""
     record = _probe_once(cfg, cfg_path, point, work, memory_probe)
@@ -188,7 +199,8 @@ def _probe_point(
         return record
     print(f"[probe {point.name}] a worker was lost: launching the probe once more", flush=True)
     again = _probe_once(cfg, cfg_path, point, work, memory_probe, attempt=2)
-    again["retried_after"] = {"error": record["error"], "lost_ranks": record["lost_ranks"]}
+    why = record.get("error") or record["after_error"]
+    again["retried_after"] = {"error": why, "lost_ranks": record["lost_ranks"]}
     return again
 
 
@@ -227,7 +239,7 @@ def run(
     out = Path(out)
     work = out.parent / f".{out.stem}.ranks"
     record = _probe_point(cfg, cfg_path, point, work, memory_probe)
-    if record.get("lost_ranks") and os.environ.get("SLURM_JOB_ID"):
+    if record.get("lost_ranks") and record["status"] != "ok" and os.environ.get("SLURM_JOB_ID"):
         # lost in both launches, inside a SLURM job: its node died or its link went (the machine,
         # not the point); failing the job lets SLURM's requeue or Snakemake's retries run it again
         raise RuntimeError(
