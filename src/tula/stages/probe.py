@@ -159,16 +159,24 @@ def _probe_once(
     record = _combine(point, ranks, launch, cfg)
     record["started_at"] = started
     lost = sorted(set(range(point.workers)) - {r.get("rank") for r in ranks})
+    if lost and not launch.timed_out:
+        _note_lost(record, lost)
+    _say(point, record)
+    return record
+
+
+def _note_lost(record: dict, lost: list[int]) -> None:
+    """Say in the record that ranks ``lost`` died without writing their result."""
     died = (
         f"rank(s) {lost} died without writing a result (killed by a signal: a segfault or the "
         "out-of-memory killer, or stopped by the launcher after a peer died)"
     )
-    if record["status"] == "error" and lost and not launch.timed_out:
+    if record["status"] == "error":
         # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
         # saw the connection drop, so the error they report is not the cause; a peer may also have
         # been stopped by the launcher before it wrote its own (torchrun tears the group down)
         record.update(lost_ranks=lost, error=f"{died}; {record['error']}")
-    elif record["status"] == "ok" and lost and not launch.timed_out:
+    elif record["status"] == "ok":
         # rank 0 wrote the measurement as soon as it stood; what came after it (the overheads,
         # the gradient noise, the compute sweep) ended with the lost rank: said, never silent
         record.update(
@@ -176,8 +184,6 @@ def _probe_once(
             after_error=f"{died} after the measurement stood: this record holds what rank 0 "
             f"wrote before ({len(record.get('sweep') or [])} sweep rows)",
         )
-    _say(point, record)
-    return record
 
 
 def _probe_point(
