@@ -67,6 +67,7 @@ def test_the_precision_of_the_mean_training_pays_weighs_every_kind_of_step():
     assert mix_half_width_rel([(0.5, xs), (0.5, [1.0])]) == math.inf
     short = Series(times=xs, steps=[1] * 5, mix={"start": 0.5}, other={"start": [1.0]})
     assert short.half_width() == pytest.approx(half_width_rel(xs))  # plain alone until then
+    assert short.mixed_half_width() == math.inf
 
 
 def test_the_mix_of_steps_follows_the_epoch():

@@ -120,14 +120,17 @@ class Series:
         return sum(t * k for t, k in zip(self.times, self.steps)) / n if n else math.nan
 
     def half_width(self) -> float:
-        if self.mix and self.times:
-            plain = 1.0 - sum(self.mix.values())
-            groups = [(plain, self.times)]
-            groups += [(w, self.other.get(kind, [])) for kind, w in sorted(self.mix.items())]
-            mixed = mix_half_width_rel(groups)
-            if math.isfinite(mixed):
-                return mixed
-        return half_width_rel(self.times)
+        mixed = self.mixed_half_width()
+        return mixed if math.isfinite(mixed) else half_width_rel(self.times)
+
+    def mixed_half_width(self) -> float:
+        """The half-width of the mean training pays (``mix``); inf where it cannot be judged
+        (no mix, no plain step, or a kind with fewer than two samples)."""
+        if not (self.mix and self.times):
+            return math.inf
+        groups = [(1.0 - sum(self.mix.values()), self.times)]
+        groups += [(w, self.other.get(kind, [])) for kind, w in sorted(self.mix.items())]
+        return mix_half_width_rel(groups)
 
     def fall_back_to_starts(self) -> None:
         """Where no plain step was timed (every step an epoch's first: B >= D), the epoch
@@ -170,8 +173,10 @@ class Timing:
         for name, s in self.arms.items():
             out[f"{prefix}{name}_timed_steps"] = s.n_steps
             out[f"{prefix}{name}_other_steps"] = {k: len(v) for k, v in sorted(s.other.items())}
-            # the shares of the other kinds the half-width weighs in (None: plain steps alone)
-            out[f"{prefix}{name}_halfwidth_mix"] = s.mix
+            # the shares of the other kinds the half-width weighed in (None: plain steps alone)
+            out[f"{prefix}{name}_halfwidth_mix"] = (
+                s.mix if math.isfinite(s.mixed_half_width()) else None
+            )
             hw = s.half_width()
             out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
         out.update(
