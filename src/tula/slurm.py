@@ -333,39 +333,18 @@ def master_port(job_id: str) -> int:
 # -- snakemake-executor-plugin-slurm's failed-node exclusion ------------------------------
 
 
-def still_unusable(entries) -> list[str]:
-    """The nodes of ``entries`` (sacct NodeList strings: ``tula-n[0-1]``, ``None assigned``)
-    that cannot start a job now (down, drained, not answering): the only ones worth excluding.
-    A placeholder that names no node is dropped, and so is a node that is up: the healthy
-    partner of a failed node in a two-node job, or a failed node that came back."""
-    names: list[str] = []
-    for entry in entries or ():
-        try:
-            names += _run(["scontrol", "show", "hostnames", entry]).split()
-        except (ClusterUnreadable, subprocess.TimeoutExpired):
-            continue
-    if not names:
-        return []
-    try:
-        rows = _run(["sinfo", "-h", "-N", "-o", "%N|%t"]).split()
-    except (ClusterUnreadable, subprocess.TimeoutExpired):
-        return sorted(set(names))
-    state = dict(r.split("|", 1) for r in rows if "|" in r)
-    part = Partition(
-        "all", len(state), None, None, node_names=list(state), node_states=list(state.values())
-    )
-    down = set(part.unusable_names())
-    return sorted({n for n in names if n in down})
-
-
 def keep_exclusions_to_nodes_down() -> None:
     """snakemake-executor-plugin-slurm (2.8.0) excludes, after a job ends NODE_FAIL, every node
-    sacct lists for it from all later submissions (``--exclude=``). Two things break Tula there:
-    a job SLURM requeued lists ``None assigned``, which goes into sbatch's command line unquoted,
-    so every later sbatch fails (snakemake/snakemake-executor-plugin-slurm#485); and a two-node
-    probe's healthy node is excluded with the dead one, so on a partition of two nodes no later
-    two-node probe can run, even once the dead node is back. Until the plugin fixes it, the
-    exclusion it passes is narrowed to :func:`still_unusable` when each job is submitted."""
+    sacct lists for it from all later submissions (``--exclude=``). Three things break Tula
+    there: a job SLURM requeued lists ``None assigned``, which goes into sbatch's command line
+    unquoted, so every later sbatch fails (snakemake/snakemake-executor-plugin-slurm#485); a
+    two-node probe's healthy node is excluded with the dead one; and while the dead node is
+    down, a two-node job that excludes it asks for more nodes than the partition has, which
+    sbatch rejects ("Requested node configuration is not available") where SLURM would
+    otherwise hold it until the node is back. SLURM starts no job on a node it marks down or
+    drained, so that exclusion adds nothing SLURM does not do already. Until the plugin fixes
+    it, each submission excludes only the nodes the user named (its ``exclude_failed_nodes``
+    setting), none added after a failure."""
     try:
         import snakemake_executor_plugin_slurm as plugin  # only under the SLURM executor: optional
     except ImportError:
@@ -375,7 +354,8 @@ def keep_exclusions_to_nodes_down() -> None:
         return
 
     def narrowed_submit_command(job, params, settings=None, failed_nodes=None, **kw):
-        narrowed = set(still_unusable(failed_nodes)) if failed_nodes else failed_nodes
-        return submit(job, params, settings=settings, failed_nodes=narrowed, **kw)
+        named = getattr(settings, "exclude_failed_nodes", None) or ""
+        own = {n.strip() for n in named.split(",") if n.strip()}
+        return submit(job, params, settings=settings, failed_nodes=own, **kw)
 
     plugin.get_submit_command = narrowed_submit_command
