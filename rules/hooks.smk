@@ -7,7 +7,7 @@
 onstart:
     tula_workflow.snapshot(tula_workflow.decided_raw(config, decided()), CONFIG)
     if workflow.non_local_exec:
-        tula_slurm.keep_exclusions_to_nodes_down()  # the plugin's failed-node exclusion
+        tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         print(
             f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}",
             flush=True,

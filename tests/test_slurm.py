@@ -193,8 +193,8 @@ def test_the_plugins_failed_node_exclusion_keeps_only_the_nodes_the_user_named(s
     import snakemake_executor_plugin_slurm as plugin
 
     node = slurm.read_partition(None).node_names[0]
-    slurm.keep_exclusions_to_nodes_down()
-    slurm.keep_exclusions_to_nodes_down()  # once only: the wrapper is not wrapped again
+    slurm.keep_exclusions_to_named_nodes()
+    slurm.keep_exclusions_to_named_nodes()  # once only: the wrapper is not wrapped again
     assert plugin.get_submit_command.__name__ == "narrowed_submit_command"
     job = SimpleNamespace(resources=_Resources(runtime=5), threads=1)
     params = {

@@ -333,7 +333,7 @@ def master_port(job_id: str) -> int:
 # -- snakemake-executor-plugin-slurm's failed-node exclusion ------------------------------
 
 
-def keep_exclusions_to_nodes_down() -> None:
+def keep_exclusions_to_named_nodes() -> None:
     """snakemake-executor-plugin-slurm (2.8.0) excludes, after a job ends NODE_FAIL, every node
     sacct lists for it from all later submissions (``--exclude=``). Three things break Tula
     there: a job SLURM requeued lists ``None assigned``, which goes into sbatch's command line
