@@ -109,6 +109,26 @@ def test_a_cost_objective_weighs_the_price_of_the_workers(tmp_path):
     assert (d.move, d.workers) == (True, 1) and "of the remaining cost" in d.reason
 
 
+def test_a_drift_moves_the_job_only_by_what_it_changed(tmp_path):
+    """A job put at a point the predictions already disfavoured (N = 2 at 45 ms against N = 1 at
+    30 ms: 33 % predicted to be saved by moving) is not moved off it by a sync that came out
+    *faster* than predicted; a slower one that adds more than the margin to that saving moves it."""
+    pred = _pred(compute1=0.030)
+    faster = refit.decide(_cfg(), pred, 2, B, _drift(0.002), relaunch_s=0.0)
+    assert (faster.move, faster.workers) == (False, 2), faster.reason
+    assert faster.saving == pytest.approx(1 - 0.030 / 0.042)
+    assert (
+        "N=1 B=64 would save 29 % of the remaining time after the relaunch (0 s), 33 % of it "
+        "predicted before the drift: the drift adds -5 %, not more than the 10 % margin; stayed"
+    ) in faster.reason
+    slower = refit.decide(_cfg(), pred, 2, B, _drift(0.030), relaunch_s=0.0)
+    assert (slower.move, slower.workers) == (True, 1), slower.reason
+    assert slower.saving == pytest.approx(1 - 0.030 / 0.070)  # 57 %: 24 points more than before
+    # a little slower (9 ms against 5: 39 % against 33 %, within the margin of it): stays
+    mild = refit.decide(_cfg(), pred, 2, B, _drift(0.009), relaunch_s=0.0)
+    assert not mild.move and "the drift adds 5 %" in mild.reason, mild.reason
+
+
 @pytest.fixture
 def run_dir(tmp_path, tiny_raw):
     tiny_raw["workload"]["epochs"] = 20

@@ -101,18 +101,33 @@ class Decision:
     saving: float  # share of what is left at the current point
 
 
-def _here_and_there(
-    cfg: Config, rest: pd.DataFrame, workers: int, batch: int
-) -> tuple[pd.Series, pd.Series]:
-    """The rest of training at the current (N, B), and at the point the objective chooses now
-    (the current one where nothing is feasible)."""
-    cur = rest[(rest["workers"] == workers) & (rest["global_batch"] == batch)].iloc[0]
+def _chosen(cfg: Config, rest: pd.DataFrame, workers: int, batch: int) -> tuple[int, int]:
+    """The (N, B) the objective chooses for the rest of training (the current one where
+    nothing is feasible)."""
     try:
         chosen = select(rest, cfg)["selected"]
     except NoFeasibleConfiguration:
-        chosen = {"workers": workers, "global_batch": batch}
-    at = (rest["workers"] == chosen["workers"]) & (rest["global_batch"] == chosen["global_batch"])
-    return cur, rest[at].iloc[0]
+        return workers, batch
+    return int(chosen["workers"]), int(chosen["global_batch"])
+
+
+def _saving(
+    rest: pd.DataFrame,
+    cfg: Config,
+    here: tuple[int, int],
+    there: tuple[int, int],
+    relaunch_s: float,
+) -> float:
+    """What training the rest at ``there`` instead of ``here`` saves, the relaunch paid, as a
+    share of what is left at ``here`` (time, or cost for a cost objective)."""
+    at = lambda n, b: rest[(rest["workers"] == n) & (rest["global_batch"] == b)].iloc[0]  # noqa: E731
+    cur, to = at(*here), at(*there)
+    col = "cost" if cfg.objective in COST_OBJECTIVES else "train_time_s"
+    rate = (
+        float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
+    )
+    net = float(cur[col] - to[col]) - relaunch_s * rate
+    return net / float(cur[col]) if cur[col] > 0 else 0.0
 
 
 def decide(
@@ -130,49 +145,47 @@ def decide(
     The sync part is re-fitted from the job's own observations (:mod:`tula.model.refit`), the
     grid re-predicted for the epochs left, and ``tula select``'s own objective and constraints
     choose among it. The job moves when the chosen (N, B) finishes the rest sooner — or, for a
-    cost objective, cheaper — than staying, once the relaunch is paid, by more than a margin:
+    cost objective, cheaper — than staying, once the relaunch is paid, by more than a margin
+    on top of what the same move was predicted to save before the drift:
 
         saving - measured relaunch cost (submission to first step, from this run's attempts)
-          >  MARGIN x what is left at the current point
+          >  MARGIN x what is left at the current point  +  the same move's saving undrifted
 
-    so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot
-    make it move for nothing. Otherwise the drift is recorded and the job goes on.
+    so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot move
+    it for nothing, nor a sync faster than predicted move it off a point that the predictions
+    liked less already: a drift counts by what it changed. Else it is recorded; the job goes on.
     """
     refitted, fit = refit(pred, workers, batch, float(drift["observed_s"]))
     left = max(cfg.workload.epochs - float(drift["epochs_done"]), 0.0)
-    cur, to = _here_and_there(cfg, remaining(refitted, left), workers, batch)
-    col = "cost" if cfg.objective in COST_OBJECTIVES else "train_time_s"
-    rate = (
-        float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
-    )
-    net = float(cur[col] - to[col]) - relaunch_s * rate  # what moving saves, the relaunch paid
+    rest = remaining(refitted, left)
     head = (
         f"{drift['reason']}; re-fitted sync {fit.level} x{fit.factor:.2f}, {left:.2f} epochs left: "
     )
-    what = "time" if col == "train_time_s" else "cost"
-    n2, b2 = int(to["workers"]), int(to["global_batch"])
+    what = "cost" if cfg.objective in COST_OBJECTIVES else "time"
+    n2, b2 = _chosen(cfg, rest, workers, batch)
     if (n2, b2) == (workers, batch):
         still = f"N={workers} B={batch} is still the {cfg.objective} choice; stayed"
         return Decision(False, workers, batch, head + still, 0.0)
-    saving = net / float(cur[col]) if cur[col] > 0 else 0.0
-    if saving <= MARGIN:
-        return Decision(
-            False,
-            workers,
-            batch,
-            head + f"N={n2} B={b2} would save {100 * saving:.0f} % of the remaining "
-            f"{what} after the relaunch ({relaunch_s:.0f} s), not more than the {100 * MARGIN:.0f} "
-            "% margin; stayed",
-            saving,
+    saving = _saving(rest, cfg, (workers, batch), (n2, b2), relaunch_s)
+    before = max(_saving(remaining(pred, left), cfg, (workers, batch), (n2, b2), relaunch_s), 0.0)
+    if saving <= MARGIN + before:
+        undrifted = (
+            f", {100 * before:.0f} % of it predicted before the drift: the drift adds "
+            f"{100 * (saving - before):.0f} %,"
+            if before > 0
+            else ""
         )
-    return Decision(
-        True,
-        n2,
-        b2,
-        head + f"moved from N={workers} B={batch} to N={n2} B={b2}, predicted to save "
-        f"{100 * saving:.0f} % of the remaining {what} (relaunch {relaunch_s:.0f} s included)",
-        saving,
+        why = (
+            f"N={n2} B={b2} would save {100 * saving:.0f} % of the remaining {what} after the "
+            f"relaunch ({relaunch_s:.0f} s){undrifted} not more than the {100 * MARGIN:.0f} % "
+            "margin; stayed"
+        )
+        return Decision(False, workers, batch, head + why, saving)
+    why = (
+        f"moved from N={workers} B={batch} to N={n2} B={b2}, predicted to save "
+        f"{100 * saving:.0f} % of the remaining {what} (relaunch {relaunch_s:.0f} s included)"
     )
+    return Decision(True, n2, b2, head + why, saving)
 
 
 def onto(cfg: Config, pred: pd.DataFrame, workers: int, batch: int, allowed: list[int]) -> Decision:
