@@ -2,6 +2,8 @@
 ranks, and where training stands is in samples, so a relaunch at another batch consumes every
 sample of the epoch exactly once."""
 
+import numpy as np
+
 from tula.model.grid import steps_per_epoch
 from tula.runtime import loader
 
@@ -25,6 +27,22 @@ def test_each_epoch_is_a_permutation_split_over_the_ranks():
     assert sorted(idx) == list(range(103)) and steps == 7 == steps_per_epoch(103, 16)
     # a new order every epoch
     assert consumed(103, 16, 2, 0, 3, 0)[0] != consumed(103, 16, 2, 0, 4, 0)[0]
+
+
+def test_the_steps_of_an_epoch_are_the_ones_the_loader_yields():
+    """A tail smaller than N is left out (every worker must get a sample): 101 samples at B = 16
+    end in 5, trained on 4 workers (7 steps), left out on 8 (6 steps, 96 samples); the grid's
+    steps per epoch, the probe's mix of steps and the first steps priced apart say the same."""
+    from tula.model.grid import paid_mix, short_last_batch
+    from tula.model.predictions import shapes_apart
+
+    for world, steps, samples in ((4, 7, 101), (8, 6, 96)):
+        idx, n = consumed(101, 16, world, seed=0, epoch=0, start=0)
+        assert (n, len(idx)) == (steps, samples) == (steps_per_epoch(101, 16, world), samples)
+        assert short_last_batch(101, 16, world) == (world == 4)
+        assert ("partial" in paid_mix(101, 16, world, 0.0)) == (world == 4)
+        assert shapes_apart(101, 16, world) == (2 if world == 4 else 1)
+    assert steps_per_epoch(101, np.array([16, 32, 128]), np.array([8, 4, 2])).tolist() == [6, 4, 1]
 
 
 def test_a_relaunch_at_a_smaller_batch_consumes_every_sample_exactly_once():

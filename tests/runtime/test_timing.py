@@ -46,7 +46,7 @@ def test_the_precision_of_the_mean_training_pays_weighs_every_kind_of_step():
     95 % of draws; the plain steps alone (the old half-width) said a precision 2x too poor."""
     rng = random.Random(11)
     kinds = {"start": (46.0, 6.0), "plain": (36.0, 9.0), "partial": (30.0, 3.0)}
-    mix = paid_mix(1437, 512, 0.0)
+    mix = paid_mix(1437, 512, 2, 0.0)
     assert mix == pytest.approx({"start": 1 / 3, "partial": 1 / 3})
     truth = sum(m for m, _ in kinds.values()) / 3
     held, mixed, plain_only = 0, [], []
@@ -71,10 +71,12 @@ def test_the_precision_of_the_mean_training_pays_weighs_every_kind_of_step():
 
 
 def test_the_mix_of_steps_follows_the_epoch():
-    assert paid_mix(1437, 32, 0.0) == pytest.approx({"start": 1 / 45, "partial": 1 / 45})
-    assert paid_mix(1024, 256, 0.1) == pytest.approx({"start": 1 / 4, "refresh": 0.1})
-    assert paid_mix(1437, 1024, 0.0) is None  # its first and its short last: no plain step
-    assert paid_mix(1437, 2048, 0.0) is None  # every step the epoch's first
+    assert paid_mix(1437, 32, 4, 0.0) == pytest.approx({"start": 1 / 45, "partial": 1 / 45})
+    assert paid_mix(1024, 256, 4, 0.1) == pytest.approx({"start": 1 / 4, "refresh": 0.1})
+    assert paid_mix(1437, 1024, 4, 0.0) is None  # its first and its short last: no plain step
+    assert paid_mix(1437, 2048, 4, 0.0) is None  # every step the epoch's first
+    # a short tail that 32 workers cannot share is left out: no partial step to pay
+    assert paid_mix(1437, 64, 32, 0.0) == pytest.approx({"start": 1 / 22})
 
 
 def test_a_timer_given_the_mix_judges_the_mean_training_pays():

@@ -104,22 +104,36 @@ def sweep_local_batches(
     return sorted(out)
 
 
-def steps_per_epoch(train_samples: int, global_batch):
-    """ceil(D / B): optimizer steps in an epoch of D samples at global batch B (Eq. 4a's I / E).
-    An int for one B, an int array for an array of them."""
-    steps = np.ceil(train_samples / np.asarray(global_batch, dtype=float)).astype(int)
+def short_last_batch(train_samples: int, global_batch, workers=1):
+    """Whether an epoch of D samples at global batch B ends in a short batch that is trained:
+    D mod B samples, kept where every one of the N workers gets one (a tail smaller than N is
+    left out, :func:`tula.runtime.loader.next_chunk`). A bool, or a bool array for arrays."""
+    tail = np.asarray(train_samples) % np.asarray(global_batch)
+    kept = (tail > 0) & (tail >= np.asarray(workers))
+    return bool(kept) if kept.ndim == 0 else kept
+
+
+def steps_per_epoch(train_samples: int, global_batch, workers=1):
+    """Optimizer steps in an epoch of D samples at global batch B on N workers (Eq. 4a's I / E):
+    floor(D / B), and one more for a short last batch that is trained (:func:`short_last_batch`;
+    ceil(D / B) but where a tail smaller than N is left out). An int for one B, an int array
+    for arrays."""
+    full = np.asarray(train_samples) // np.asarray(global_batch)
+    steps = (full + short_last_batch(train_samples, global_batch, workers)).astype(int)
     return int(steps) if steps.ndim == 0 else steps
 
 
-def paid_mix(train_size: int, global_batch: int, refresh_per_step: float) -> dict | None:
-    """The share of training's steps at this batch that are an epoch's first, its short last
-    batch and a mid-epoch AGS refresh: the weights of the mean step it pays (as
-    :func:`tula.runtime.probe_worker._measurement` adds them up), so that the probe's
-    precision is that mean's. None where no plain step is left (an epoch of one or two steps:
-    the starts stand in, :func:`tula.runtime.probe_timing.starts_alike`)."""
-    spe = steps_per_epoch(train_size, global_batch)
+def paid_mix(
+    train_size: int, global_batch: int, workers: int, refresh_per_step: float
+) -> dict | None:
+    """The share of training's steps at this batch on N workers that are an epoch's first, its
+    short last batch (where one is trained) and a mid-epoch AGS refresh: the weights of the mean
+    step it pays (as :func:`tula.runtime.probe_worker._measurement` adds them up), so that the
+    probe's precision is that mean's. None where no plain step is left (an epoch of one or two
+    steps: the starts stand in, :func:`tula.runtime.probe_timing.starts_alike`)."""
+    spe = steps_per_epoch(train_size, global_batch, workers)
     mix = {"start": 1.0 / spe}
-    if train_size % global_batch:
+    if short_last_batch(train_size, global_batch, workers):
         mix["partial"] = 1.0 / spe
     if refresh_per_step > 0:
         mix["refresh"] = refresh_per_step

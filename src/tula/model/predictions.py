@@ -13,7 +13,7 @@ from tula.config import Config
 from tula.model import measurements as measurements_mod
 from tula.model import noise
 from tula.model import pricing as pricing_mod
-from tula.model.grid import grid, nodes_of, steps_per_epoch
+from tula.model.grid import grid, nodes_of, short_last_batch, steps_per_epoch
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel, evaluation_time
 
@@ -85,7 +85,9 @@ def predict(
     df["input_time_s"] = perf.input_time_s(n, b) if perf.input is not None else math.nan
     df["input_bound"] = perf.input_bound(n, b)
     df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
-    df["steps_per_epoch"] = steps_per_epoch(train_samples, df["global_batch"].to_numpy())
+    df["steps_per_epoch"] = steps_per_epoch(
+        train_samples, df["global_batch"].to_numpy(), df["workers"].to_numpy()
+    )
     df["epochs"] = cfg.workload.epochs
     steps = df["epochs"] * df["steps_per_epoch"]
     df["train_time_s"] = steps * df["step_time_s"]
@@ -172,11 +174,11 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
 
 def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
     """Steps a job pays apart at its start: the first full batch, and the first short last
-    batch where its epoch ends in one (a short batch smaller than N is dropped); one where
-    the whole epoch is one batch (B >= D)."""
+    batch where its epoch ends in one that is trained (:func:`tula.model.grid.short_last_batch`);
+    one where the whole epoch is one batch (B >= D)."""
     if global_batch >= train_samples:
         return 1
-    return 1 + int(train_samples % global_batch >= workers)
+    return 1 + int(short_last_batch(train_samples, global_batch, workers))
 
 
 def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float], list[int]]:

@@ -76,7 +76,10 @@ def time_steps(
         warm, _ = replica.next_timed_step()
         compute(1)
     mix = paid_mix(
-        replica.data.train_size, replica.global_batch, midepoch_refreshes_per_step(replica.t)
+        replica.data.train_size,
+        replica.global_batch,
+        replica.world,
+        midepoch_refreshes_per_step(replica.t),
     )
     timer = step_timer(replica, probe_target(cfg), mix)
     if cfg.probe.warmup_steps:

@@ -74,7 +74,7 @@ class Replica:
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         # what the step's forward calls
         self.net = compiled(self.ddp) if t.compile == "on" else self.ddp
-        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
         self.opt, prepare_ddp = build_method(
             t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch
         )
@@ -251,7 +251,7 @@ class Replica:
         this batch's loader and place for a later return (the sweep's rounds)."""
         self.pos = self.stream.switch(global_batch, self.pos, park)
         self.global_batch = global_batch
-        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch)
+        self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
         self.stats.zero_()
 
     def epoch_batches(self) -> Iterator:

@@ -84,7 +84,8 @@ def _sweep(
         rows[lb].update(
             status="ok",
             times=s.times,
-            extra=start_extra_s / steps_per_epoch(replica.data.train_size, lb * point.workers),
+            extra=start_extra_s
+            / steps_per_epoch(replica.data.train_size, lb * point.workers, point.workers),
             timed_steps=s.n_steps,
             halfwidth=hw if math.isfinite(hw) else None,
             reached=bool(hw <= target.precision),

@@ -92,7 +92,7 @@ def _plain_share(r: pd.Series) -> float:
     samples = pd.to_numeric(r.get("train_samples"), errors="coerce")
     if r["source"] != "probe" or not samples == samples:
         return 1.0
-    mix = paid_mix(int(samples), int(r["global_batch"]), 0.0)
+    mix = paid_mix(int(samples), int(r["global_batch"]), int(r["workers"]), 0.0)
     return 1.0 - sum(mix.values()) if mix else 1.0
 
 
