@@ -103,7 +103,13 @@ def one_run(workdir: Path, cfg: dict) -> dict:
         print(f"direct probe at N={n} B={b} failed: {rec.get('error')}", flush=True)
     direct = rec.get("step_time_s") or float("nan")
     lo, hi = final["predicted_step_time_interval_s"]
+    # how firmly the probes' noise held the choice (tula select's resamples)
+    held = json.loads((workdir / "results/selection.json").read_text()).get("robustness") or {}
+    runner = held.get("runner_up") or {}
     return {
+        "share": (held.get("chosen") or {}).get("share", float("nan")),
+        "settled": held.get("settled"),
+        "runner_up": (runner.get("workers"), runner.get("global_batch"), runner.get("share")),
         "N": n,
         "B": b,
         "ratio": final["step_time_ratio"],
@@ -152,7 +158,9 @@ def main() -> None:
                     f"({'inside' if row['inside'] else 'OUTSIDE'} 95 % interval), T ratio "
                     f"{row['T_ratio']:.3f}, DAG {row['dag_s']:.1f} s (eval {row['eval_s']:.1f} s, "
                     f"checkpoints {row['ckpt_s']:.1f} s, start-up {row['startup_s']:.1f} s), test "
-                    f"acc {100 * row['acc']:.1f}%; wall time {row['wall_s']:.1f} s, paid / "
+                    f"acc {100 * row['acc']:.1f}%; chosen in {100 * row['share']:.0f} % of the "
+                    f"resamples{'' if row['settled'] else ' (not settled)'}; wall time "
+                    f"{row['wall_s']:.1f} s, paid / "
                     f"predicted {row['wall_ratio']:.3f} ("
                     + ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items() if v is not None)
                     + ")",
@@ -174,6 +182,24 @@ def main() -> None:
                 f"{sum(r['inside'] for r in rs)}/{len(rs)} | **{statistics.median(direct):.3f}** | "
                 f"{', '.join(f'{x:.3f}' for x in direct)} | "
                 f"{statistics.median(r['dag_s'] for r in rs):.1f} s |"
+            )
+
+        print("\n| workload | the choice (N, B): share of the resamples, settled | runner-up |")
+        print("|---|---|---|")
+        for name, rs in rows.items():
+            print(
+                f"| {name} | "
+                + ", ".join(
+                    f"({r['N']}, {r['B']}): {100 * r['share']:.0f} %"
+                    + ("" if r["settled"] else ", not settled")
+                    for r in rs
+                )
+                + " | "
+                + ", ".join(
+                    f"({u[0]}, {u[1]}): {100 * u[2]:.0f} %" if u[2] is not None else "none"
+                    for u in (r["runner_up"] for r in rs)
+                )
+                + " |"
             )
 
         print(
