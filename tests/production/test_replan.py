@@ -129,6 +129,79 @@ def test_a_drift_moves_the_job_only_by_what_it_changed(tmp_path):
     assert not mild.move and "the drift adds 5 %" in mild.reason, mild.reason
 
 
+def _observed(out, drift_step, direction, observed_ms, later_ms):
+    """drift.json with one drift of attempt 1 at ``drift_step``, and steps.csv with the
+    observations after it, against a band of 0-12 ms (as the job's rank 0 writes them)."""
+    from tula.io import write_csv
+
+    write_json(
+        out / "drift.json",
+        [
+            {
+                "step": drift_step,
+                "since_step": drift_step - 8,
+                "observed_s": observed_ms / 1e3,
+                "direction": direction,
+                "attempt": 1,
+                "epochs_done": 2.0,
+                "reason": f"sync {observed_ms:.1f} ms vs predicted 5.0 ms",
+            }
+        ],
+    )
+    rows = [
+        {"step": drift_step + 2 * (i + 1), "attempt": 1, "sync_time_s": ms / 1e3}
+        for i, ms in enumerate(later_ms)
+    ]
+    write_csv(
+        out / "steps.csv",
+        pd.DataFrame(rows).assign(sync_lo_s=0.0, sync_hi_s=0.012),
+    )
+
+
+def test_a_drift_moves_the_job_only_once_the_next_observations_confirm_it(tmp_path):
+    """A move costs a relaunch: tula launch waits for the next drift.CONFIRM observations; a
+    slow spell that goes (the machine busy for a dozen steps, seen in CI) stays, a slowdown
+    that holds moves."""
+    from tula.model import drift as drift_mod
+    from tula.production.history import Attempt
+    from tula.production.replan import Replan
+
+    _pred().to_csv(tmp_path / "p.csv", index=False)
+    cfg = config.from_dict(
+        {
+            "workload": {"epochs": 20},
+            "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64},
+            "objective": "time",
+            "cluster": {"workers_per_node": 2},
+            "launch": {"replan": "move"},
+        }
+    )
+    att = Attempt(attempt=1, global_batch=B, local_batch=B // 2, job_id="1", start_step=0)
+    for later, moves in (([9.0, 10.0, 8.0], False), ([90.0, 85.0, 95.0], True)):
+        out = tmp_path / f"run{int(moves)}"
+        out.mkdir()
+        replan = Replan(cfg, tmp_path / "p.csv", out)
+        _observed(out, 40, "slower", 85.0, later[: drift_mod.CONFIRM - 1])
+        check = replan.watch(att, 2)
+        assert check() is False and replan.decisions == {}  # not yet: one observation short
+        _observed(out, 40, "slower", 85.0, later)
+        assert check() is moves
+        d = replan.decided({"step": 40, "reason": "x"})
+        assert d["action"] == ("moved" if moves else "stayed"), d
+        if moves:
+            assert "held: the next 3 observations' median 90.0 ms (steps 42-46)" in d["reason"]
+            assert (out / "move.request").exists()
+        else:
+            assert d["reason"].endswith(
+                "did not hold: the next 3 observations' median 9.0 ms (steps 42-46), not beyond "
+                "the band (0.0-12.0 ms); stayed"
+            )
+            assert not (out / "move.request").exists()
+    # the attempt ended before a drift could be confirmed: said
+    left = Replan(cfg, tmp_path / "p.csv", tmp_path / "run0").decided({"step": 99})
+    assert left["action"].startswith("not decided: the attempt ended before")
+
+
 @pytest.fixture
 def run_dir(tmp_path, tiny_raw):
     tiny_raw["workload"]["epochs"] = 20

@@ -27,6 +27,7 @@ from typing import Any
 
 WINDOW = 5  # observations in the median: 3 of 5 beyond the band fire, 2 slow steps do not
 TOLERANCE = 0.2  # x the predicted step, either side of the sync interval
+CONFIRM = 3  # observations after a drift whose median must still be beyond the band to move
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,12 @@ class Detector:
         )
         self.seen = self.seen[-1:]
         return drift
+
+
+def held(direction: str, later_s: list[float], accept_lo_s: float, accept_hi_s: float) -> bool:
+    """Whether a drift held: the median of the ``CONFIRM`` observations after it is still beyond
+    the predicted band on the drift's side (``later_s``: at least that many). A move costs a
+    relaunch, so `tula launch` moves only on a level that held; a transient that fills one
+    window (the machine busy for a dozen steps) and goes does not move the job."""
+    med = statistics.median(later_s[:CONFIRM])
+    return med > accept_hi_s if direction == "slower" else med < accept_lo_s

@@ -275,10 +275,7 @@ class Launch:
             self.history.write("cancelled")
             raise
         att.end(*self.lost.outcome(history.outcome(job, self.out, att.attempt), job))
-        drift = [
-            {**d, **self.replan.decisions.get(d["step"], {})}
-            for d in history.drifts(self.out, att.attempt)
-        ]
+        drift = [self.replan.decided(d) for d in history.drifts(self.out, att.attempt)]
         ck = self.checkpoint_step()
         att.account(history.attempt_segments(self.out, att.attempt, ck), ck, drift)
         if self.replan.move is not None and att.outcome == "stopped":

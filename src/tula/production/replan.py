@@ -1,6 +1,7 @@
 """``launch.replan: move`` on the launcher's side: read the drifts the running job reports,
-decide on each (:func:`tula.model.refit.decide`), and ask the job to checkpoint and stop when
-moving pays; what it decided goes into the attempt's record."""
+wait until the next observations say whether each held (:func:`tula.model.drift.held`),
+decide on those that did (:func:`tula.model.refit.decide`), and ask the job to checkpoint and
+stop when moving pays; what it decided goes into the attempt's record."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from tula.config import Config
 from tula.io import read_json, write_bytes
+from tula.model import drift as drift_mod
 from tula.model import refit
 from tula.production import history
 from tula.production.history import Attempt
@@ -40,12 +42,22 @@ class Replan:
             for d in history.drifts(self.out, att.attempt):
                 if d["step"] in self.decisions:
                     continue
+                after = self.after(d, att.attempt)
+                if after is None:  # not yet observed long enough to say whether it held
+                    continue
+                if not after[0]:
+                    self.decisions[d["step"]] = {
+                        "action": "stayed",
+                        "reason": f"{d['reason']}; {after[1]}; stayed",
+                    }
+                    print(f"[launch] drift at step {d['step']}: {after[1]}; stayed", flush=True)
+                    continue
                 dec = refit.decide(
                     self.cfg,
                     pd.read_csv(self.predictions),
                     workers,
                     att.global_batch,
-                    d,
+                    {**d, "reason": f"{d['reason']}; {after[1]}"},
                     self.relaunch_s(att),
                 )
                 self.decisions[d["step"]] = {
@@ -63,6 +75,39 @@ class Replan:
             return False
 
         return check
+
+    def decided(self, d: dict) -> dict:
+        """Drift ``d`` (a drift.json entry) with what was decided on it; one the attempt ended
+        before it could be confirmed says so."""
+        if d["step"] in self.decisions:
+            return {**d, **self.decisions[d["step"]]}
+        if self.cfg.launch.replan == "move" and self.predictions:
+            return {**d, "action": "not decided: the attempt ended before it could be confirmed"}
+        return d
+
+    def after(self, d: dict, attempt: int) -> tuple[bool, str] | None:
+        """Whether drift ``d`` held over the next ``drift.CONFIRM`` observations of its attempt
+        (steps.csv), and in words; None until there are that many."""
+        steps = Path(self.out) / "steps.csv"
+        rows = pd.read_csv(steps) if steps.exists() else pd.DataFrame()
+        if rows.empty:
+            return None
+        rows = rows[(rows["attempt"] == attempt) & (rows["step"] > d["step"])].head(
+            drift_mod.CONFIRM
+        )
+        if len(rows) < drift_mod.CONFIRM:
+            return None
+        lo, hi = float(rows["sync_lo_s"].iloc[0]), float(rows["sync_hi_s"].iloc[0])
+        ok = drift_mod.held(d["direction"], rows["sync_time_s"].tolist(), lo, hi)
+        med = 1e3 * float(rows["sync_time_s"].median())
+        span = f"the next {len(rows)} observations' median {med:.1f} ms (steps "
+        span += f"{int(rows['step'].iloc[0])}-{int(rows['step'].iloc[-1])})"
+        if ok:
+            return True, f"held: {span}"
+        return (
+            False,
+            f"did not hold: {span}, not beyond the band ({1e3 * lo:.1f}-{1e3 * hi:.1f} ms)",
+        )
 
     def relaunch_s(self, att: Attempt) -> float:
         """What a relaunch costs: this attempt's submission to its first step (started.json;
