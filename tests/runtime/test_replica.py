@@ -130,3 +130,33 @@ def test_a_run_of_steps_holds_plain_steps_only(one_process_group, every):
     refreshes = [s for s in range(2 * 23) if every and s % every == 0 and s not in (0, 23)]
     assert kinds.count("refresh") == len(refreshes)
     assert sum(n for k, n in seen if k == "plain") + kinds.count("refresh") == 2 * 21
+
+
+def test_the_sweep_times_each_compute_only_step_after_a_synced_one(one_process_group, monkeypatch):
+    """The compute sweep's rounds (tula.runtime.sweep): every timed compute-only step follows
+    an untimed synced step at the same batch, as the probe's alternation and training meet
+    it; back to back, two workers' compute-only steps read 10-30 % faster than that."""
+    from tula.runtime import probe_timing, sweep
+    from tula.runtime.timing import Target
+
+    r = _replica("fp32")
+    events = []
+    run_step = r.run_step
+
+    def logged(*args, **kwargs):
+        events.append("synced" if r.ddp.require_backward_grad_sync else "compute")
+        return run_step(*args, **kwargs)
+
+    monkeypatch.setattr(r, "run_step", logged)
+    # a precision never reached and a budget spent at once: one round of ROUND_STEPS each
+    timer = probe_timing.step_timer(r, Target(0.0, 3, 0.0))
+    begin = timer.clock.begin
+    monkeypatch.setattr(timer.clock, "begin", lambda: events.append("timed") or begin())
+    series = sweep._rounds(r, timer, [16, 32], 1, 1)
+    assert events.count("timed") == 2 * sweep.ROUND_STEPS
+    # one synced step before each timed one, more only where an epoch's edge was next
+    assert events.count("compute") == events.count("timed") <= events.count("synced")
+    for i, e in enumerate(events):
+        if e == "timed":
+            assert events[i - 1] == "synced" and events[i + 1] == "compute", events
+    assert all(s.n_steps + sum(map(len, s.other.values())) == 4 for s in series.values())
