@@ -10,7 +10,7 @@ search_set picks (here N = 1, 2, 4 at B = 32 and 256); held out = the other six.
 leave one point out. Error = |predicted / measured - 1|; the measured points' own noise
 (step-time CV, median) is printed beside it. Needs root.
 
-    .venv/bin/python bench/netlab_fidelity.py [--rates 200mbit 50mbit]     # ~15 min on 2 cores
+    .venv/bin/python bench/netlab_fidelity.py [--rates 200mbit 50mbit] [--budget 3]  # ~6 min
 
 Prints a Markdown table (BENCHMARKS.md) and writes results/fidelity/netlab.json.
 """
@@ -109,7 +109,14 @@ def errors(df: pd.DataFrame, cfg) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", nargs="+", default=["200mbit", "50mbit"])
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=RAW["probe"]["time_budget_s"],
+        help="probe.time_budget_s: seconds of timing per probe (the precision's trade-off)",
+    )
     a = ap.parse_args()
+    RAW["probe"]["time_budget_s"] = a.budget
     results = {}
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tula-netlab-") as tmp:
@@ -167,7 +174,7 @@ def main() -> None:
                 f"{rate}: probes' precision (95 % half-width of the mean step) median "
                 f"{r['halfwidth_pct']:.1f} %, target reached at {r['reached']} of "
                 f"{len([x for x in r['rows'] if x.get('source') == 'probe'])} points; "
-                f"{r['seconds']:.0f} s of probing"
+                f"{r['seconds']:.0f} s of probing (probe.time_budget_s {a.budget:g})"
             )
     print(
         "\nforms (two-level): "
