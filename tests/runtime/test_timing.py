@@ -120,6 +120,23 @@ def test_on_a_host_clock_steps_are_timed_alone_and_the_arms_alternate():
     assert t.arms["step"].n_steps == t.arms["compute"].n_steps == len(log) // 2
 
 
+def test_a_lead_in_step_runs_untimed_before_each_round_on_a_host_clock():
+    """The probe's lead-in (an untimed synced step): each round is lead-in, step, compute, so
+    both timed arms follow a synced step as training's steps do; its seconds are in no arm."""
+    log: list = []
+    arms = {
+        "step": Sleeper("step", 0.002, 0.0, log, 0),
+        "compute": Sleeper("c", 0.001, 0.0, log, 1),
+    }
+    t = StepTimer(HostClock(), Target(0.5, 4, 10.0)).run(
+        arms, lead_in=Sleeper("lead", 0.02, 0.0, log, 2)
+    )
+    assert [name for name, _ in log[:9]] == ["lead", "step", "c"] * 3
+    assert [name for name, _ in log].count("lead") == t.arms["step"].n_steps
+    # ten times the step's sleep, had it been timed
+    assert t.arms["step"].mean() < 0.01 and t.arms["compute"].mean() < 0.01
+
+
 def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     """Steps of 4 ms with 20 % jitter: 2.5 % precision needs about (2 x 0.2 / 0.025)^2 = 256
     steps; the timer stops once both arms are within it, and the means are that close."""

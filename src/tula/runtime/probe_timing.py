@@ -98,7 +98,7 @@ def time_steps(
         )
 
     arms = {"step": replica.next_steps, "compute": compute}
-    timing = timer.run(arms, on_check=shown)
+    timing = timer.run(arms, on_check=shown, lead_in=replica.next_steps)
     starts_alike(replica, timing, arms)
     return timing, extra_kinds(replica, timing)
 
