@@ -35,7 +35,8 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # The probe ran the production step: AGS (the default method) refreshed at the first step of
     # every epoch. Steps of the epoch's iterator: the first pair (a synced and a compute-only step,
     # what a new shape costs once), the first short last batch, 1 warm-up pair, the timed steps of
-    # both kinds (epoch starts and short batches met among them included), epoch starts started
+    # both kinds (epoch starts and short batches met among them included), each round's untimed
+    # synced lead-in step, epoch starts started
     # until 3 are timed, and the two memory steps (a plain step and a forced AGS refresh, each
     # measured alone); the optimizer also stepped once more for the Eq. 3 breakdown, which takes
     # no position. Torch's CPU profiler now and then cannot build a step's memory timeline: that
@@ -50,11 +51,19 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     starts = rec["epoch_start_step_times_s"]
     assert len(starts) >= 3
     started = len(starts) - rec["step_other_steps"].get("start", 0)
-    assert rec["steps_run"] == 2 + 1 + 2 + timed + started + 2 + sum(extra.values())
+    # each round of the timer is led by an untimed synced step: one per sample of the synced arm
+    lead = rec["step_timed_steps"] + sum(rec["step_other_steps"].values())
+    assert sum(rec["lead_in_steps"].values()) == lead
+    assert rec["steps_run"] == 2 + 1 + 2 + lead + timed + started + 2 + sum(extra.values())
     assert c["steps"] == rec["steps_run"] + 1
-    # refreshes: every epoch's first step (the timed ones of both kinds among them), the forced
+    # refreshes: every epoch's first step (the timed ones of both kinds and the lead-ins among
+    # them), the forced
     # one, and the first memory step where it started an epoch
-    met = rec["step_other_steps"].get("start", 0) + rec["compute_other_steps"].get("start", 0)
+    met = (
+        rec["step_other_steps"].get("start", 0)
+        + rec["compute_other_steps"].get("start", 0)
+        + rec["lead_in_steps"].get("start", 0)
+    )
     least = 1 + met + started + 1
     assert least <= c["refreshes"] <= least + 1 + extra["refresh"]
     assert rec["peak_mem_bytes"] == max(rec["plain_peak_bytes"], rec["refresh_peak_bytes"])
@@ -321,7 +330,8 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(
     )
     started = len(rec["epoch_start_step_times_s"]) - rec["step_other_steps"].get("start", 0)
     assert retried["plain"] >= 1 and rec["peak_mem_bytes"] > 0
-    assert rec["steps_run"] == 5 + timed + started + 2 + sum(retried.values())
+    lead = sum(rec["lead_in_steps"].values())  # each timed round's untimed synced step
+    assert rec["steps_run"] == 5 + lead + timed + started + 2 + sum(retried.values())
 
 
 def test_a_rank_that_dies_without_a_result_is_probed_once_more(

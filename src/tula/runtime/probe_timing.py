@@ -5,6 +5,7 @@ epoch starts (and AGS refreshes) that training pays apart."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tula import config as config_mod
 from tula.model.grid import paid_mix
@@ -64,11 +65,12 @@ def first_steps(replica: Replica) -> tuple[float, float]:
 
 def time_steps(
     replica: Replica, cfg: config_mod.Config, name: str
-) -> tuple[Timing, dict[str, list[float]]]:
+) -> tuple[Timing, dict[str, Any]]:
     """Warm-up pairs, then the timer (:class:`tula.runtime.timing.StepTimer`): synced and
     compute-only steps alternating until both means reach ``probe.precision`` or the budget is
     spent; then further epoch starts (and mid-epoch AGS refreshes) until EXTRA_STEPS of each
-    are timed. Returns the timing and the other kinds' step times (the slowest rank's)."""
+    are timed. Returns the timing and the other kinds' step times (the slowest rank's), with
+    the lead-in steps counted by kind (``lead_in``)."""
     progress = Progress(f"probe {name}", cfg.probe.timed_steps, enabled=replica.rank == 0)
     compute = compute_only(replica)
     warm = 0.0
@@ -98,9 +100,16 @@ def time_steps(
         )
 
     arms = {"step": replica.next_steps, "compute": compute}
-    timing = timer.run(arms, on_check=shown, lead_in=replica.next_steps)
+    led: dict[str, int] = {}  # the rounds' untimed synced lead-in steps, by kind
+
+    def lead(steps: int) -> tuple[int, str]:
+        n, kind = replica.next_steps(steps)
+        led[kind] = led.get(kind, 0) + n
+        return n, kind
+
+    timing = timer.run(arms, on_check=shown, lead_in=lead)
     starts_alike(replica, timing, arms)
-    return timing, extra_kinds(replica, timing)
+    return timing, {**extra_kinds(replica, timing), "lead_in": led}
 
 
 def starts_alike(replica: Replica, timing: Timing, arms: dict[str, Run]) -> None:

@@ -278,6 +278,7 @@ def _measurement(
         "steps_per_epoch": replica.steps_per_epoch,
         "epoch_start_step_times_s": extras["start"],
         "refresh_step_times_s": extras["refresh"],
+        "lead_in_steps": extras.get("lead_in", {}),  # untimed, by kind (StepTimer.run)
         "step_time_median_s": s["median"],
         "compute_time_median_s": c["median"],
         "step_time_iqr_s": s["iqr"],
