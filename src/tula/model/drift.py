@@ -129,10 +129,13 @@ class Detector:
         return drift
 
 
-def held(direction: str, later_s: list[float], accept_lo_s: float, accept_hi_s: float) -> bool:
-    """Whether a drift held: the median of the ``CONFIRM`` observations after it is still beyond
-    the predicted band on the drift's side (``later_s``: at least that many). A move costs a
-    relaunch, so `tula launch` moves only on a level that held; a transient that fills one
-    window (the machine busy for a dozen steps) and goes does not move the job."""
+def held(
+    direction: str, later_s: list[float], accept_lo_s: float, accept_hi_s: float
+) -> tuple[bool, float]:
+    """Whether a drift held, and the median it was judged on: the median of the ``CONFIRM``
+    observations after it is still beyond the predicted band on the drift's side (``later_s``:
+    at least that many). A move costs a relaunch, so `tula launch` moves only on a level that
+    held; a transient that fills one window (the machine busy for a dozen steps) and goes does
+    not move the job."""
     med = statistics.median(later_s[:CONFIRM])
-    return med > accept_hi_s if direction == "slower" else med < accept_lo_s
+    return (med > accept_hi_s if direction == "slower" else med < accept_lo_s), med

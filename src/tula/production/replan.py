@@ -39,10 +39,13 @@ class Replan:
         def check() -> bool:
             if self.move is not None:
                 return False
-            for d in history.drifts(self.out, att.attempt):
-                if d["step"] in self.decisions:
-                    continue
-                after = self.after(d, att.attempt)
+            drifts = [
+                d for d in history.drifts(self.out, att.attempt) if d["step"] not in self.decisions
+            ]
+            steps = Path(self.out) / "steps.csv"  # read once a poll, only when a drift waits
+            rows = pd.read_csv(steps) if drifts and steps.exists() else pd.DataFrame()
+            for d in drifts:
+                after = self.after(d, att.attempt, rows)
                 if after is None:  # not yet observed long enough to say whether it held
                     continue
                 if not after[0]:
@@ -85,11 +88,10 @@ class Replan:
             return {**d, "action": "not decided: the attempt ended before it could be confirmed"}
         return d
 
-    def after(self, d: dict, attempt: int) -> tuple[bool, str] | None:
+    @staticmethod
+    def after(d: dict, attempt: int, rows: pd.DataFrame) -> tuple[bool, str] | None:
         """Whether drift ``d`` held over the next ``drift.CONFIRM`` observations of its attempt
-        (steps.csv), and in words; None until there are that many."""
-        steps = Path(self.out) / "steps.csv"
-        rows = pd.read_csv(steps) if steps.exists() else pd.DataFrame()
+        (``rows``: steps.csv), and in words; None until there are that many."""
         if rows.empty:
             return None
         rows = rows[(rows["attempt"] == attempt) & (rows["step"] > d["step"])].head(
@@ -98,9 +100,8 @@ class Replan:
         if len(rows) < drift_mod.CONFIRM:
             return None
         lo, hi = float(rows["sync_lo_s"].iloc[0]), float(rows["sync_hi_s"].iloc[0])
-        ok = drift_mod.held(d["direction"], rows["sync_time_s"].tolist(), lo, hi)
-        med = 1e3 * float(rows["sync_time_s"].median())
-        span = f"the next {len(rows)} observations' median {med:.1f} ms (steps "
+        ok, med = drift_mod.held(d["direction"], rows["sync_time_s"].tolist(), lo, hi)
+        span = f"the next {len(rows)} observations' median {1e3 * med:.1f} ms (steps "
         span += f"{int(rows['step'].iloc[0])}-{int(rows['step'].iloc[-1])})"
         if ok:
             return True, f"held: {span}"

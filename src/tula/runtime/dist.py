@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import os
 import platform
 import socket
@@ -164,6 +165,7 @@ HOST_MALLOC = {"mmap_threshold": 32 << 20, "trim_threshold": 64 << 20}
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 
 
+@functools.cache  # once per process: a later call says what the first one set
 def steady_host_memory() -> dict[str, int] | None:
     """Set glibc's malloc in this process as a long-running one ends up by itself, from its
     first step, so that a step's host memory costs the same whatever the process ran before.
@@ -251,5 +253,5 @@ def env_info(device, backend: str, wenv, hosts: list[str], cfg: Config, data_wor
         "precision": cfg.train.precision,
         "method": cfg.train.method,
         "data_workers": data_workers,  # data.num_workers, "auto" decided
-        "host_malloc": steady_host_memory(),  # as init set it (None: not glibc)
+        "host_malloc": steady_host_memory(),  # what init set (cached; None: not glibc)
     }

@@ -14,7 +14,7 @@ from tula import config as config_mod
 from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
-from tula.runtime.probe_timing import compute_only, step_timer
+from tula.runtime.probe_timing import compute_only, step_timer, synced_lead_in
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Series, StepTimer, Target
 
@@ -121,17 +121,18 @@ def _rounds(
     slowest rank's (one all-reduce per round): a batch is done within the precision after its
     minimum of steps, or, once the budget is spent, after its minimum of steps of any kind.
 
-    Each timed compute-only step follows an untimed synced step at the same batch, as in the
-    probe's own alternation (:class:`tula.runtime.timing.StepTimer`) and in training, where
-    every step's compute follows a step that synced. Back to back they read faster than
-    either pays: on 2 cores, two workers' compute-only steps at 32 samples each took 5.3-5.8
-    ms in a row and 7.1-8.2 ms after a synced step, so a sweep timed in a row read N = 2's
-    compute 10-20 % below its probes' and the fit put that in no term (BENCHMARKS.md)."""
+    Each timed compute-only block follows untimed synced steps at the same batch
+    (:func:`tula.runtime.probe_timing.synced_lead_in`), as in the probe's timer and in
+    training, where every step's compute follows a step that synced. Back to back they read
+    faster than either pays: on 2 cores, two workers' compute-only steps at 32 samples each
+    took 5.3-5.8 ms in a row and 7.1-8.2 ms after a synced step, so a sweep timed in a row read
+    N = 2's compute 10-20 % below its probes' and the fit put that in no term."""
     target = timer.target
     assert target is not None
     series = {lb: Series() for lb in batches}
 
     compute = compute_only(replica)
+    lead_in = synced_lead_in(replica, until_plain=3)
 
     def done(s: Series, spent: bool) -> bool:
         if s.n_steps >= target.min_steps and s.half_width() <= target.precision:
@@ -144,7 +145,7 @@ def _rounds(
         for lb in live:
             replica.set_global_batch(lb * workers, park=True)
             for _ in range(ROUND_STEPS):  # queued on a device clock, read once the round ends
-                synced_before(replica, block)
+                lead_in(block)
                 mark = timer.clock.begin()
                 n, kind = compute(block)
                 pending.append((lb, timer.clock.end(mark), n, kind))
@@ -154,18 +155,6 @@ def _rounds(
             series[lb].add(t, n, kind)
         live = [lb for lb in live if not done(series[lb], agreed[-1] >= target.budget_s)]
     return series
-
-
-def synced_before(replica: Replica, block: int, most: int = 3) -> None:
-    """Untimed synced steps before a timed compute-only block, as training meets its compute
-    (see :func:`_rounds`): one, then up to ``most`` more while the next is not a plain block (an
-    epoch's short last batch, its first, an AGS refresh), so that the timed steps fall on full
-    batches about as often as without them."""
-    replica.next_steps(block)
-    for _ in range(most):
-        if replica.plain_steps_ahead() >= block:
-            return
-        replica.next_steps(1)
 
 
 def _sweep_rows(per_rank: list[list[dict]]) -> list[dict]:

@@ -175,10 +175,9 @@ class Timing:
             out[f"{prefix}{name}_timed_steps"] = s.n_steps
             out[f"{prefix}{name}_other_steps"] = {k: len(v) for k, v in sorted(s.other.items())}
             # the shares of the other kinds the half-width weighed in (None: plain steps alone)
-            out[f"{prefix}{name}_halfwidth_mix"] = (
-                s.mix if math.isfinite(s.mixed_half_width()) else None
-            )
-            hw = s.half_width()
+            mixed = s.mixed_half_width()
+            out[f"{prefix}{name}_halfwidth_mix"] = s.mix if math.isfinite(mixed) else None
+            hw = mixed if math.isfinite(mixed) else s.half_width()
             out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
         out.update(
             {
