@@ -140,9 +140,6 @@ def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():
     )
     assert "the 95 % half-width of its mean step) at 1 of 2 probes" in html
     assert "Step (sync)" not in html and model_section(None) == ""
-    assert "own cost" not in html  # none measured: nothing said
-    html = model_section({**perf, "ddp_overhead_s": 2.4e-4, "ddp_overhead_se_s": 5e-5})
-    assert "A synced step's own cost</b>: 0.24 ms ± 0.10 ms (95 %)" in html
 
 
 def test_noise_section_says_where_the_chosen_batch_sits_against_the_critical_batch():

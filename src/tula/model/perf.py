@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from tula.model import curvefit
 from tula.model.curvefit import Fitted, Form, Inputs
@@ -48,9 +47,6 @@ class PerfModel:
     workers_per_node: int = 1  # cluster.workers_per_node: k = ceil(N / it) nodes, g = N / k on each
     # input_time_s vs (local batch, workers per node); None: not measured
     input: Fitted | None = None
-    # a synced step's own cost at every N, N = 1 included (fit_ddp_overhead), and its standard error
-    ddp_overhead_s: float = 0.0
-    ddp_overhead_se_s: float = 0.0
 
     def _cx(self, workers, local_batch) -> Inputs:
         b = np.asarray(local_batch, dtype=float)
@@ -78,10 +74,10 @@ class PerfModel:
         """The step from compute and sync alone, without the input floor."""
         c = self.compute_time_s(workers, local_batch)
         if self.step is None:
-            return c + self.ddp_overhead_s
+            return c
         X = self._sx(workers, local_batch)
         # sync never makes a step faster
-        return np.where(X["n"] <= 1, c, np.maximum(self.step.predict(X), c)) + self.ddp_overhead_s
+        return np.where(X["n"] <= 1, c, np.maximum(self.step.predict(X), c))
 
     def input_time_s(self, workers, local_batch) -> np.ndarray:
         """The input pipeline's time per batch alone; 0 where it was not measured."""
@@ -123,13 +119,12 @@ class PerfModel:
             half = np.sqrt(
                 half**2 + np.where(X["n"] <= 1, 0.0, self.step.half_width(X, alpha)) ** 2
             )
-        half = np.sqrt(half**2 + (stats.norm.ppf(1 - alpha / 2) * self.ddp_overhead_se_s) ** 2)
         floor = self.input_time_s(workers, local_batch)
         return np.maximum(np.maximum(t - half, 0.0), floor), np.maximum(t + half, floor)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "equation": "step_time_s = max(compute(b, N) (+) sync(N) + ddp, input(b, g)), "
+            "equation": "step_time_s = max(compute(b, N) (+) sync(N), input(b, g)), "
             "forms chosen by held-out error  (Eq. 2 with the input pipeline's floor)",
             "collective": self.collective,
             "sync_term": COLLECTIVE_TERMS[self.collective][0],
@@ -137,8 +132,6 @@ class PerfModel:
             "compute": self.compute.to_dict(),
             "step": self.step.to_dict() if self.step is not None else None,
             "input": self.input.to_dict() if self.input is not None else None,
-            "ddp_overhead_s": self.ddp_overhead_s,
-            "ddp_overhead_se_s": self.ddp_overhead_se_s,
             "residuals": list(self.residuals),
         }
 
@@ -154,8 +147,6 @@ class PerfModel:
                 tuple(d.get("residuals", ())),
                 int(d.get("workers_per_node", 1)),
                 _fitted(d["input"], INPUT_FORMS[d["input"]["form"]]) if d.get("input") else None,
-                float(d.get("ddp_overhead_s", 0.0)),
-                float(d.get("ddp_overhead_se_s", 0.0)),
             )
         except KeyError as exc:
             raise ValueError(f"perf.json: missing {exc}; re-run `tula fit`") from None
@@ -233,51 +224,16 @@ def fit(
     ]
     _check_layout(probes, workers_per_node)
     floor = keep.input if keep else fit_input(probes, workers_per_node)
-    ddp = fit_ddp_overhead(probes)
-    model = PerfModel(collective, compute, None, (), workers_per_node, floor, *ddp)
+    model = PerfModel(collective, compute, None, workers_per_node=workers_per_node, input=floor)
     multi = probes[probes["workers"] > 1]
     if len(multi):
         step = _fit_step(model, probes, multi, collective, keep)
-        model = PerfModel(collective, compute, step, (), workers_per_node, floor, *ddp)
+        model = PerfModel(collective, compute, step, workers_per_node=workers_per_node, input=floor)
     if keep is not None:
         return model
     return PerfModel(
-        collective,
-        compute,
-        model.step,
-        tuple(residuals(model, probes)),
-        workers_per_node,
-        floor,
-        *ddp,
+        collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node, floor
     )
-
-
-def fit_ddp_overhead(probes: pd.DataFrame) -> tuple[float, float]:
-    """What a synced step costs beyond its compute where there is nothing to sync: DDP at
-    N = 1 still fills its buckets and all-reduces them over one rank, and every training step
-    pays it. The probes at N = 1 time both arms in turn, so each gives step - compute paired;
-    their mean weighted by each difference's variance (from the two arms' half-widths, else
-    the step's CV), its standard error widened where they scatter more than that says.
-    Returns (seconds, standard error); (0, 0) unless at least two N = 1 probes place it above
-    zero at 95 %: measured on 2 cores it is 0.15-0.3 ms, 4 % of the default's B = 32 step."""
-    one = probes[probes["workers"] == 1]
-    step, comp = _column(one, "step_time_s"), _column(one, "compute_time_s")
-    if step is None or comp is None:
-        return 0.0, 0.0
-    se = _mean_noise(one)
-    hw_c = _column(one, "compute_time_halfwidth_rel")
-    se_c = hw_c / 1.96 if hw_c is not None else se
-    if se is None or se_c is None:
-        return 0.0, 0.0
-    var = (se * step) ** 2 + (np.where(np.isfinite(se_c), se_c, se) * comp) ** 2
-    ok = np.isfinite(step) & np.isfinite(comp) & np.isfinite(var) & (var > 0)
-    if ok.sum() < 2:
-        return 0.0, 0.0
-    d, w = (step - comp)[ok], 1.0 / var[ok]
-    mean = float(np.sum(w * d) / np.sum(w))
-    chi2 = float(np.sum(w * (d - mean) ** 2)) / (len(d) - 1)
-    err = float(np.sqrt(max(chi2, 1.0) / np.sum(w)))
-    return (mean, err) if mean > 1.96 * err else (0.0, 0.0)
 
 
 def _fit_step(
@@ -302,7 +258,7 @@ def _fit_step(
         keep.step if keep else None,
         forms,
         X,
-        multi["step_time_s"].to_numpy(float) - model.ddp_overhead_s,  # what the forms model
+        multi["step_time_s"].to_numpy(float),
         "step model",
         noise,
         curvefit.weights_from(_column(multi, "step_time_halfwidth_rel")),

@@ -189,13 +189,6 @@ def model_section(perf: dict | None) -> str:
             f"{html.escape(f['equation'])}; {html.escape(ps)} (95 % intervals). Why: "
             f"{html.escape(f.get('why', ''))}.</p>"
         )
-    if perf.get("ddp_overhead_s"):
-        parts.append(
-            f"<p><b>A synced step's own cost</b>: {1e3 * perf['ddp_overhead_s']:.2f} ms "
-            f"± {1.96e3 * perf['ddp_overhead_se_s']:.2f} ms (95 %) in every step, N = 1 "
-            "included: DDP's buckets and all-reduce, measured as step − compute on the "
-            "N = 1 probes.</p>"
-        )
     multi = perf.get("multi_worker_probes")
     if multi is not None:
         ok = [f"N={p['workers']} B={p['global_batch']}" for p in multi if p["status"] == "ok"]
