@@ -63,17 +63,19 @@ def synced_lead_in(
     refresh), so that the sweep's timed blocks fall on full batches about as often as without
     a lead-in; the probe's timer keeps 0, as its arms time the kinds training pays."""
 
-    def run(steps: int) -> tuple[int, str]:
+    def synced(steps: int) -> tuple[int, str]:
         n, kind = replica.next_steps(steps)
         if counts is not None:
             counts[kind] = counts.get(kind, 0) + n
+        return n, kind
+
+    def run(steps: int) -> tuple[int, str]:
+        led = synced(steps)
         for _ in range(until_plain):
             if replica.plain_steps_ahead() >= steps:
                 break
-            more, k = replica.next_steps(1)
-            if counts is not None:
-                counts[k] = counts.get(k, 0) + more
-        return n, kind
+            synced(1)
+        return led
 
     return run
 
