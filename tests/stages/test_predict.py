@@ -1,8 +1,11 @@
 """The predict stage: Eq. 4 arithmetic, and feasibility from measured out-of-memory points."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from tula import config
 from tula.model import memory
@@ -178,8 +181,29 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
     # the first evaluation pass (cold) once, a later pass for each further epoch
     assert pred.loc[1, "wall_time_s"] == pytest.approx(4.0 + T + 1.2 + 2 * 0.8 + 3 * 0.2)
     assert pred.loc[4, "wall_time_s"] == pytest.approx(6.0 + T + 0.4 + 2 * 0.2 + 3 * 0.2)
-    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(
-        6.0 + 0.8 + 0.6
+    # the interval: T's joined with how the overheads scattered between N=2's two probes (one
+    # degree of freedom, each relative to their median: start-up +-1/6, first pass +-1/8, later
+    # passes +-1/4, checkpoint writes +-1/2), for one more launch
+    s = [math.sqrt(2 * r**2) for r in (1 / 6, 1 / 8, 1 / 4, 1 / 2)]
+    half = (
+        stats.t.ppf(0.975, 1)
+        * math.sqrt(1 + 1 / 2)
+        * math.hypot(s[0] * 6.0, s[1] * 0.4 + s[2] * 2 * 0.2, s[3] * 3 * 0.2)
+    )
+    row = pred.loc[4]
+    assert row["wall_time_hi_s"] - row["wall_time_s"] == pytest.approx(
+        math.hypot(row["train_time_hi_s"] - row["train_time_s"], half)
+    )
+    assert row["wall_time_s"] - row["wall_time_lo_s"] == pytest.approx(
+        math.hypot(row["train_time_s"] - row["train_time_lo_s"], half)
+    )
+    # probes that agree leave T's interval alone
+    agreed = measured.assign(
+        startup_time_s=5.0, eval_first_time_s=0.9, eval_time_s=0.5, checkpoint_time_s=0.3
+    )
+    same = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, agreed)
+    assert (same["wall_time_hi_s"] - same["wall_time_s"]).to_numpy() == pytest.approx(
+        (same["train_time_hi_s"] - same["train_time_s"]).to_numpy()
     )
     # probes from before these were measured: no wall time, said as NaN rather than guessed
     old = measured.drop(columns=["eval_first_time_s"])
@@ -202,16 +226,14 @@ def test_the_training_set_size_comes_from_the_probes_else_from_tula_checks_workl
         predict_mod.train_samples_of(bare, None, tmp_path / "missing.json")
 
 
-def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_extra():
+def test_first_steps_are_the_points_own_steps_plus_the_probes_one_off_extras_at_its_batch():
     """A point pays its first step at each batch shape (the full batch's, and the short last
-    batch's where its epoch ends in one) as its own predicted step plus the one-off extra per
-    shape that the probe nearest in B at its N paid beyond its steps (never below zero);
+    batch's where its epoch ends in one) as its own predicted step, plus once what the probes
+    at its N paid beyond their first step and, for the short batch, beyond that batch's own
+    step; each read at the point's B between the probes' (linear in log B). Never below zero;
     records without the short batch's split fall back to the median at that N."""
     from tula.model.predictions import first_steps
 
-    big = dict(
-        global_batch=512, step_time_s=0.476, first_steps_time_s=1.119, first_short_step_s=0.43
-    )
     probes = pd.DataFrame(
         dict(
             workers=[2, 2, 4],
@@ -221,6 +243,7 @@ def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_ex
             step_time_s=[0.10, 0.40, 0.50],
             first_steps_time_s=[0.30, 1.30, 0.80],  # full + short
             first_short_step_s=[0.0, 0.50, 0.60],  # 480 % 32 == 0: no short batch at B=32
+            partial_extra_s=[0.0, -0.10, None],  # the short batch's step less a full one
         )
     )
     points = pd.DataFrame(
@@ -231,15 +254,30 @@ def test_first_steps_are_the_points_own_steps_plus_the_nearest_probes_one_off_ex
         )
     )
     got, shapes = first_steps(points, probes, n0=[2, 2, 2, 4])
-    # extras per shape: B=32 0.30 - 0.10 = 0.20 (one shape); B=128 (1.30 - 2 x 0.40) / 2 = 0.25;
-    # N=4: 0.80 < 2 x 0.50, so 0. B=64 lies as near 32 as 128: the median extra, 0.225
+    # first step's extra: B=32 0.30 - 0.10 = 0.20; B=128 1.30 - 0.50 - 0.40 = 0.40; N=4 below
+    # zero, so 0. The short batch's: B=128 0.50 - (0.40 - 0.10) = 0.20; N=4 0.60 - 0.50 = 0.10.
+    # B=64 lies halfway between 32 and 128 in log B: 0.30; only B=128 measured a short batch
     assert shapes == [1, 2, 2, 2]
-    assert got == pytest.approx([0.11 + 0.20, 2 * (0.2 + 0.225), 2 * (0.38 + 0.25), 2 * 0.9])
-    # B >= D: the epoch is one batch, one shape, one step apart; the probe there timed that
-    # shape twice (first and "short"), so its extra is 1.119 - 2 x 0.476 for the one shape
-    whole = pd.concat([probes, pd.DataFrame([dict(probes.iloc[0]) | big])], ignore_index=True)
+    assert got == pytest.approx(
+        [0.11 + 0.20, 2 * 0.2 + 0.30 + 0.20, 2 * 0.38 + 0.40 + 0.20, 2 * 0.9 + 0.0 + 0.10]
+    )
+    # No probe had a short batch of its own (B=32 has none, B >= D is one batch): on a CPU in
+    # eager mode a new shape builds nothing, so the point pays its first step's extra once, not
+    # once per shape; where each shape builds its own kernels it pays it at each
+    big = dict(
+        global_batch=512, step_time_s=0.476, first_steps_time_s=1.119, first_short_step_s=0.43
+    )
+    no_short = pd.DataFrame([dict(probes.iloc[0]), dict(probes.iloc[0]) | big])
+    at_128 = pd.DataFrame(dict(workers=[2], global_batch=[128], step_time_s=[0.38]))
+    # the first step's extra at 128: between 0.20 (B=32) and 1.119 - 2 x 0.476 (B=512, whose
+    # two steps are one shape's), halfway in log B
+    mid = (0.20 + (1.119 - 2 * 0.476)) / 2
+    assert first_steps(at_128, no_short, n0=[2])[0] == pytest.approx([2 * 0.38 + mid])
+    built = first_steps(at_128, no_short, n0=[2], builds_per_shape=True)[0]
+    assert built == pytest.approx([2 * 0.38 + 2 * mid])
+    # B >= D: the epoch is one batch, one shape, one step apart
     one, k = first_steps(
-        pd.DataFrame(dict(workers=[2], global_batch=[512], step_time_s=[0.5])), whole, n0=[2]
+        pd.DataFrame(dict(workers=[2], global_batch=[512], step_time_s=[0.5])), no_short, n0=[2]
     )
     assert k == [1] and one == pytest.approx([0.5 + (1.119 - 2 * 0.476)])
     old = probes.drop(columns=["first_short_step_s"])

@@ -27,7 +27,8 @@ Optional ``source`` says what a row is (absent: every row is a probe):
 
 Other optional columns written by ``tula aggregate``: nodes (the nodes that job ran on: N /
 cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s,
-compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, rss_peak_bytes,
+compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, partial_extra_s (the
+epoch's short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes,
 grad_bytes_per_step, param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples,
 wall_s, device, backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``),
 error, probe_file; and on multi-worker probe rows the gradient noise scale (tula.model.noise):
@@ -65,6 +66,7 @@ REQUIRED = [
 OPTIONAL = [
     "source",
     "first_short_step_s",
+    "partial_extra_s",
     "nodes",
     "step_time_iqr_s",
     "compute_time_iqr_s",

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from tula.config import Config
 from tula.model import measurements as measurements_mod
@@ -130,7 +132,8 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
     + T + what the first step at each shape pays beyond T's rate (:func:`first_steps`) +
     first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe measured them
-    (records from before they did)."""
+    (records from before they did). Its interval joins T's and the overheads' own spread
+    (:func:`overhead_spread`) as independent parts."""
     L = cfg.launch
     df["checkpoints"] = [
         checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
@@ -151,9 +154,12 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    df["first_steps_time_s"], df["first_steps"] = first_steps(
-        df, measurements_mod.probes(measured), n0
-    )
+    probes = measurements_mod.probes(measured)
+    # a new batch shape builds its own kernels where the step is compiled or runs on a GPU
+    # (cuDNN's autotuning); on a CPU in eager mode it reuses what the first step built
+    devices = probes["device"].dropna().astype(str) if "device" in probes.columns else []
+    builds = cfg.train.compile != "off" or any(not d.startswith("cpu") for d in devices)
+    df["first_steps_time_s"], df["first_steps"] = first_steps(df, probes, n0, builds)
     for c in ("eval_first_time_s", "eval_time_s"):
         df[c] = near[c].to_numpy() * n0 / n
     df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
@@ -166,10 +172,38 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         + df["checkpoints"] * df["checkpoint_time_s"]
     )
     df["wall_time_s"] = df["train_time_s"] + besides
-    df["wall_time_lo_s"], df["wall_time_hi_s"] = (
-        df["train_time_lo_s"] + besides,
-        df["train_time_hi_s"] + besides,
+    # T's interval and the overheads' spread from one launch to the next, as independent parts
+    spread = overhead_spread(df, ok, n0)
+    df["wall_time_lo_s"] = df["wall_time_s"] - np.hypot(
+        df["train_time_s"] - df["train_time_lo_s"], spread
     )
+    df["wall_time_hi_s"] = df["wall_time_s"] + np.hypot(
+        df["train_time_hi_s"] - df["train_time_s"], spread
+    )
+
+
+def overhead_spread(df: pd.DataFrame, ok: pd.DataFrame, n0) -> np.ndarray:
+    """The 95 % half-width (seconds) of what one job's start-up, evaluation and checkpoints
+    may pay around their prediction, from how the probes' own scattered: each probe's value
+    relative to its N's median, pooled over the probed N (a probe is a launch like the job's).
+    A one-draw prediction interval, t(dof) x s x sqrt(1 + 1/k), with k the probes at the row's
+    nearest N; the evaluation's passes and the checkpoints' writes counted as moving together.
+    0 where no N has two probes (nothing to tell the spread from)."""
+    med = ok.groupby("workers")[list(OVERHEADS)].transform("median")
+    rel = (ok[list(OVERHEADS)] / med.where(med > 0) - 1.0).fillna(0.0)
+    dof = len(ok) - ok["workers"].nunique()
+    if dof < 1:
+        return np.zeros(len(df))
+    s = np.sqrt((rel**2).sum() / dof)
+    k = ok.groupby("workers").size().reindex(n0).to_numpy(float)
+    grow = stats.t.ppf(0.975, dof) * np.sqrt(1.0 + 1.0 / k)
+    parts = (
+        s["startup_time_s"] * df["startup_time_s"],
+        s["eval_first_time_s"] * df["eval_first_time_s"]
+        + s["eval_time_s"] * (df["epochs"] - 1) * df["eval_time_s"],
+        s["checkpoint_time_s"] * df["checkpoints"] * df["checkpoint_time_s"],
+    )
+    return grow * np.sqrt(sum(np.asarray(p, float) ** 2 for p in parts))
 
 
 def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
@@ -181,50 +215,78 @@ def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
     return 1 + int(short_last_batch(train_samples, global_batch, workers))
 
 
-def first_steps(df: pd.DataFrame, probes: pd.DataFrame, n0) -> tuple[list[float], list[int]]:
-    """What each point's job pays for its first step at each batch shape (compilation,
-    autotuning, the loader's first batches, the allocator's growth), and how many such steps:
-    each is the point's own predicted step (``df["step_time_s"]``) plus the one-off extra that
-    the ok probe at the nearest probed N (``n0``) nearest in B paid per shape (its
-    ``first_steps_time_s`` less as many of its own steps, never below zero). The extra is what
-    moves from one B to another; the step itself grows with B. Records without the split of
-    the short batch's first step give the probes' median ``first_steps_time_s`` at that N."""
+def first_steps(
+    df: pd.DataFrame, probes: pd.DataFrame, n0, builds_per_shape: bool = False
+) -> tuple[list[float], list[int]]:
+    """What each point's job pays for its first step at each batch shape, and how many such
+    steps: its own predicted step (``df["step_time_s"]``) at each, plus what the probes at its
+    nearest probed N (``n0``) paid once beyond their steps (:func:`one_off_extras`), read at
+    its B between the probes' (linear in log B, the end probes' beyond them): the process's
+    first step's extra (the loader's first batches, the allocator's growth, DDP's first
+    buckets, compilation, cuDNN's autotuning) and, where the point's epoch ends in a short
+    batch, that new shape's. Records without the short batch's split give the probes' median
+    ``first_steps_time_s`` at that N."""
     ok = probes[probes["status"] == "ok"] if "status" in probes.columns else probes
     train = ok["train_samples"].dropna() if "train_samples" in ok.columns else pd.Series()
-
-    def shapes(rows: pd.DataFrame) -> list[int] | None:  # None: D not recorded
-        if not len(train):
-            return None
-        d = int(train.iloc[0])
-        return [
-            shapes_apart(d, int(b), int(n)) for n, b in zip(rows["workers"], rows["global_batch"])
-        ]
-
-    counts = shapes(df) or [1] * len(df)
+    d = int(train.iloc[0]) if len(train) else None
+    counts = (
+        [shapes_apart(d, int(b), int(n)) for n, b in zip(df["workers"], df["global_batch"])]
+        if d is not None
+        else [1] * len(df)
+    )
     if "first_steps_time_s" not in ok.columns or ok.empty:  # not measured: none predicted
         return [0.0] * len(df), [0] * len(df)
     if "first_short_step_s" not in ok.columns or ok["first_short_step_s"].isna().all():
         med = ok.groupby("workers")["first_steps_time_s"].median()
         return med.reindex(n0).fillna(0.0).tolist(), counts
-    # the probe's first steps hold its first full and short steps (at B >= D the one shape twice)
-    timed = 1 + (ok["first_short_step_s"].fillna(0.0) > 0)
-    own = shapes(ok)
-    extra = (ok["first_steps_time_s"] - timed * ok["step_time_s"]).clip(lower=0.0) / (
-        timed if own is None else own
-    )
-    ok = ok.assign(extra=extra)
-
-    def nearest(rows: pd.DataFrame, b: int) -> float:
-        if rows.empty:
-            return 0.0
-        far = (rows["global_batch"].map(math.log2) - math.log2(b)).abs()
-        return float(rows.loc[far == far.min(), "extra"].median())
-
-    out = [
-        k * (float(t) + nearest(ok[ok["workers"] == at], b))
-        for k, b, at, t in zip(counts, df["global_batch"], n0, df["step_time_s"])
-    ]
+    first, short = one_off_extras(ok, d)
+    out = []
+    batch = ok["global_batch"]
+    for k, b, at, t in zip(counts, df["global_batch"], n0, df["step_time_s"]):
+        here = ok["workers"] == at
+        full_x = _at_batch(first[here], batch[here], b)
+        # a new shape's own cost: measured at this N, else at any, else (nothing measured it)
+        # the first step's where each shape builds its own kernels, none where it does not
+        short_x = next(
+            (
+                x
+                for x in (_at_batch(short[here], batch[here], b), _at_batch(short, batch, b))
+                if x is not None
+            ),
+            (full_x or 0.0) if builds_per_shape else 0.0,
+        )
+        out.append(k * float(t) + (full_x or 0.0) + (k - 1) * short_x)
     return out, counts
+
+
+def one_off_extras(ok: pd.DataFrame, train_samples: int | None) -> tuple[pd.Series, pd.Series]:
+    """Per probe, what its first steps paid beyond the same steps later: the first step's
+    extra (``first_steps_time_s`` less the short batch's first step and its own step; where the
+    epoch is one batch, B >= D, its two steps are that one shape's, less two steps), and the
+    short last batch's first step's extra over that batch's own step (``partial_extra_s`` off
+    the step; NaN where the probe's epoch has no short batch of its own). Never below zero."""
+    step = ok["step_time_s"]
+    short_s = ok["first_short_step_s"].fillna(0.0)
+    whole = (
+        ok["global_batch"] >= train_samples
+        if train_samples is not None
+        else pd.Series(False, index=ok.index)
+    )
+    first = (ok["first_steps_time_s"] - short_s - step).where(
+        ~whole, ok["first_steps_time_s"] - 2 * step
+    )
+    partial = ok["partial_extra_s"].fillna(0.0) if "partial_extra_s" in ok.columns else 0.0
+    short = (short_s - (step + partial)).where((short_s > 0) & ~whole)
+    return first.clip(lower=0.0), short.clip(lower=0.0)
+
+
+def _at_batch(extra: pd.Series, batch: pd.Series, b: int) -> float | None:
+    """``extra`` (one value per probe at global batch ``batch``) read at ``b``: the median at
+    each probed B, linear in log B between them and the nearest's beyond; None if none."""
+    per_b = extra.groupby(batch).median().dropna()
+    if per_b.empty:
+        return None
+    return float(np.interp(math.log2(b), np.log2(per_b.index.to_numpy(float)), per_b.to_numpy()))
 
 
 def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
