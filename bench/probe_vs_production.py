@@ -125,9 +125,17 @@ def one_run(workdir: Path, cfg: dict) -> dict:
         "startup_s": final["startup_time_s"],
         "acc": final["final_test_acc"],
         "wall_ratio": final.get("wall_time_ratio"),
+        "wall_inside": _inside(
+            final.get("wall_time_s"), final.get("predicted_wall_time_interval_s")
+        ),
         "wall_s": final.get("wall_time_s"),
         "parts": {p["part"]: p["ratio"] for p in final.get("wall_check") or []},
     }
+
+
+def _inside(value, band) -> bool | None:
+    """Is ``value`` inside ``band`` ([lo, hi]); None where either is missing."""
+    return None if value is None or not band else band[0] <= value <= band[1]
 
 
 def main() -> None:
@@ -161,7 +169,8 @@ def main() -> None:
                     f"acc {100 * row['acc']:.1f}%; chosen in {100 * row['share']:.0f} % of the "
                     f"resamples{'' if row['settled'] else ' (not settled)'}; wall time "
                     f"{row['wall_s']:.1f} s, paid / "
-                    f"predicted {row['wall_ratio']:.3f} ("
+                    f"predicted {row['wall_ratio']:.3f} "
+                    f"({'inside' if row['wall_inside'] else 'OUTSIDE'} its 95 % interval; "
                     + ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items() if v is not None)
                     + ")",
                     flush=True,
@@ -203,19 +212,20 @@ def main() -> None:
             )
 
         print(
-            "\n| workload | wall time paid / predicted (median) | runs | steps | start-up | "
-            "evaluation | checkpoints |"
+            "\n| workload | wall time paid / predicted (median) | runs | inside 95 % interval | "
+            "steps | start-up | first steps | evaluation | checkpoints |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, rs in rows.items():
             walls = [r["wall_ratio"] for r in rs]
             med = {
                 k: statistics.median(r["parts"][k] for r in rs)
-                for k in ("steps", "start-up", "evaluation", "checkpoints")
+                for k in ("steps", "start-up", "first steps", "evaluation", "checkpoints")
             }
             print(
                 f"| {name} | **{statistics.median(walls):.3f}** | "
                 f"{', '.join(f'{x:.3f}' for x in walls)} | "
+                f"{sum(bool(r['wall_inside']) for r in rs)}/{len(rs)} | "
                 + " | ".join(f"{v:.3f}" for v in med.values())
                 + " |"
             )
