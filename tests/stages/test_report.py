@@ -103,12 +103,6 @@ def test_summary_card_shows_predicted_vs_measured():
     assert "<td>steps</td><td>5s</td><td>4s</td><td>×0.94</td>" in html and "not modelled" in html
     # 11 % over: more than the 5 % the prediction aims at
     assert "<tr class=bad><td>wall time</td>" in html
-    # with its 95 % interval (the overheads' spread included), judged by that interval
-    final["predicted_wall_time_interval_s"] = [7.0, 11.0]
-    html = prediction_card(final)
-    assert "<tr><td>wall time</td><td>9s (7s–11s)</td><td>10s</td><td>×1.11</td>" in html
-    final["predicted_wall_time_interval_s"] = [8.0, 9.5]
-    assert "<tr class=bad><td>wall time</td><td>9s (8s–10s)</td>" in prediction_card(final)
 
 
 def test_model_section_says_which_form_won_why_and_how_close_each_probe_is():

@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from tula.config import Config
 from tula.model import measurements as measurements_mod
@@ -132,8 +131,7 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     scaled by N0/N, as the test set is sharded over the workers). ``wall_time_s`` = start-up
     + T + what the first step at each shape pays beyond T's rate (:func:`first_steps`) +
     first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe measured them
-    (records from before they did). Its interval joins T's and the overheads' own spread
-    (:func:`overhead_spread`) as independent parts."""
+    (records from before they did)."""
     L = cfg.launch
     df["checkpoints"] = [
         checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
@@ -172,38 +170,10 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         + df["checkpoints"] * df["checkpoint_time_s"]
     )
     df["wall_time_s"] = df["train_time_s"] + besides
-    # T's interval and the overheads' spread from one launch to the next, as independent parts
-    spread = overhead_spread(df, ok, n0)
-    df["wall_time_lo_s"] = df["wall_time_s"] - np.hypot(
-        df["train_time_s"] - df["train_time_lo_s"], spread
+    df["wall_time_lo_s"], df["wall_time_hi_s"] = (
+        df["train_time_lo_s"] + besides,
+        df["train_time_hi_s"] + besides,
     )
-    df["wall_time_hi_s"] = df["wall_time_s"] + np.hypot(
-        df["train_time_hi_s"] - df["train_time_s"], spread
-    )
-
-
-def overhead_spread(df: pd.DataFrame, ok: pd.DataFrame, n0) -> np.ndarray:
-    """The 95 % half-width (seconds) of what one job's start-up, evaluation and checkpoints
-    may pay around their prediction, from how the probes' own scattered: each probe's value
-    relative to its N's median, pooled over the probed N (a probe is a launch like the job's).
-    A one-draw prediction interval, t(dof) x s x sqrt(1 + 1/k), with k the probes at the row's
-    nearest N; the evaluation's passes and the checkpoints' writes counted as moving together.
-    0 where no N has two probes (nothing to tell the spread from)."""
-    med = ok.groupby("workers")[list(OVERHEADS)].transform("median")
-    rel = (ok[list(OVERHEADS)] / med.where(med > 0) - 1.0).fillna(0.0)
-    dof = len(ok) - ok["workers"].nunique()
-    if dof < 1:
-        return np.zeros(len(df))
-    s = np.sqrt((rel**2).sum() / dof)
-    k = ok.groupby("workers").size().reindex(n0).to_numpy(float)
-    grow = stats.t.ppf(0.975, dof) * np.sqrt(1.0 + 1.0 / k)
-    parts = (
-        s["startup_time_s"] * df["startup_time_s"],
-        s["eval_first_time_s"] * df["eval_first_time_s"]
-        + s["eval_time_s"] * (df["epochs"] - 1) * df["eval_time_s"],
-        s["checkpoint_time_s"] * df["checkpoints"] * df["checkpoint_time_s"],
-    )
-    return grow * np.sqrt(sum(np.asarray(p, float) ** 2 for p in parts))
 
 
 def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:

@@ -154,14 +154,10 @@ def wall_table(final: dict) -> str:
             f"{fmt_duration(final['startup_time_s'])}.</p>"
         )
     rows = []
-    band = final.get("predicted_wall_time_interval_s")
     for p in parts:
         pred = "—" if p["predicted_s"] is None else fmt_duration(p["predicted_s"])
         ratio = "not modelled" if p["ratio"] is None else f"×{p['ratio']:.2f}"
         off = p["ratio"] is not None and p["part"] == "wall time" and abs(p["ratio"] - 1) > 0.05
-        if p["part"] == "wall time" and band:  # outside its 95 % interval, not 5 % off
-            pred += f" ({fmt_duration(band[0])}–{fmt_duration(band[1])})"
-            off = not band[0] <= p["measured_s"] <= band[1]
         rows.append(
             f"<tr{' class=bad' if off else ''}><td>{html.escape(p['part'])}</td><td>{pred}</td>"
             f"<td>{fmt_duration(p['measured_s'])}</td><td>{ratio}</td></tr>"
@@ -171,8 +167,7 @@ def wall_table(final: dict) -> str:
         + "".join(rows)
         + "</table><p class=sub>Start-up, a first and a later evaluation pass and one checkpoint "
         "write were measured by the probes; the rest (end-of-epoch bookkeeping, monitoring) is not "
-        "modelled. The wall time's 95 % interval holds the steps' and how much the probes' own "
-        "start-ups, evaluations and checkpoints differed from one launch to the next.</p>"
+        "modelled.</p>"
     )
 
 
