@@ -256,9 +256,12 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
         rec = probe.run(cfg, 1, b, files[-1])
         assert rec["status"] == "ok", rec.get("error")
         assert rec["env"]["data_workers"] == 0
-        # the sleeps, and a little Python
-        assert b * 0.004 <= rec["input_time_s"] <= b * 0.004 * 1.5
-        assert rec["input_bound"] and rec["input_time_s"] >= 0.8 * rec["step_time_s"]
+        # at least the sleeps; and one batch's worth, not two: the step that reads the same
+        # batches under the same load is the yardstick (a wall-clock ceiling failed in CI on a
+        # loaded host, where each 4 ms sleep took 6 ms)
+        assert rec["input_time_s"] >= b * 0.004
+        assert rec["input_bound"]
+        assert 0.8 * rec["step_time_s"] <= rec["input_time_s"] <= 1.5 * rec["step_time_s"]
     aggregate.run(files, tmp_path / "measurements.csv")
     df = measurements.load(tmp_path / "measurements.csv")
     model = perf.fit(df, "ring")
