@@ -102,7 +102,6 @@ def one_run(workdir: Path, cfg: dict) -> dict:
     if rec.get("status") != "ok":  # said, and the run's other figures kept
         print(f"direct probe at N={n} B={b} failed: {rec.get('error')}", flush=True)
     direct = rec.get("step_time_s") or float("nan")
-    lo, hi = final["predicted_step_time_interval_s"]
     # how firmly the probes' noise held the choice (tula select's resamples)
     held = json.loads((workdir / "results/selection.json").read_text()).get("robustness") or {}
     runner = held.get("runner_up") or {}
@@ -115,7 +114,7 @@ def one_run(workdir: Path, cfg: dict) -> dict:
         "ratio": final["step_time_ratio"],
         "direct_ratio": final["mean_step_time_s"] / direct,
         "direct_ms": 1e3 * direct,
-        "inside": lo <= final["mean_step_time_s"] <= hi,
+        "inside": _inside(final["mean_step_time_s"], final["predicted_step_time_interval_s"]),
         "pred_ms": 1e3 * final["predicted_step_time_s"],
         "meas_ms": 1e3 * final["mean_step_time_s"],
         "T_ratio": final["train_time_ratio"],

@@ -137,7 +137,8 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
         for e, s in zip(df["epochs"], df["steps_per_epoch"])
     ]
-    ok = measurements_mod.probes(measured) if measured is not None and len(measured) else None
+    probes = measurements_mod.probes(measured) if measured is not None and len(measured) else None
+    ok = probes
     if ok is not None:
         ok = ok[ok["status"] == "ok"]
         ok = ok[[c for c in ("workers", *OVERHEADS) if c in ok.columns]].dropna()
@@ -152,7 +153,6 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
     df["startup_time_s"] = near["startup_time_s"].to_numpy()
-    probes = measurements_mod.probes(measured)
     # a new batch shape builds its own kernels where the step is compiled or runs on a GPU
     # (cuDNN's autotuning); on a CPU in eager mode it reuses what the first step built
     devices = probes["device"].dropna().astype(str) if "device" in probes.columns else []
@@ -215,17 +215,16 @@ def first_steps(
     for k, b, at, t in zip(counts, df["global_batch"], n0, df["step_time_s"]):
         here = ok["workers"] == at
         full_x = _at_batch(first[here], batch[here], b)
-        # a new shape's own cost: measured at this N, else at any, else (nothing measured it)
-        # the first step's where each shape builds its own kernels, none where it does not
-        short_x = next(
-            (
-                x
-                for x in (_at_batch(short[here], batch[here], b), _at_batch(short, batch, b))
-                if x is not None
-            ),
-            (full_x or 0.0) if builds_per_shape else 0.0,
-        )
-        out.append(k * float(t) + (full_x or 0.0) + (k - 1) * short_x)
+        out.append(k * float(t) + (full_x or 0.0))
+        if k > 1:
+            # a new shape's own cost: measured at this N, else at any, else (nothing measured
+            # it) the first step's where each shape builds its own kernels, none where it does not
+            short_x = _at_batch(short[here], batch[here], b)
+            if short_x is None:
+                short_x = _at_batch(short, batch, b)
+            if short_x is None:
+                short_x = (full_x or 0.0) if builds_per_shape else 0.0
+            out[-1] += (k - 1) * short_x
     return out, counts
 
 
