@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,7 +87,7 @@ def one_run(workdir: Path, cfg: dict) -> dict:
     # production runs" from "the fit predicts a point it did not probe".
     n, b = final["workers"], final["global_batch"]
     out = workdir / "results" / "direct_probe.json"
-    tula(
+    said = tula(
         "probe",
         "--config",
         ".snakemake/tula/config.json",
@@ -100,7 +101,13 @@ def one_run(workdir: Path, cfg: dict) -> dict:
     )
     rec = json.loads(out.read_text())
     if rec.get("status") != "ok":  # said, and the run's other figures kept
-        print(f"direct probe at N={n} B={b} failed: {rec.get('error')}", flush=True)
+        (workdir / "results" / "direct_probe.log").write_text(said.stdout + said.stderr)
+        kept = _keep(workdir)
+        print(
+            f"direct probe at N={n} B={b} failed: {rec.get('error')}; its log and the run's "
+            f"results are kept in {kept}",
+            flush=True,
+        )
     direct = rec.get("step_time_s") or float("nan")
     # how firmly the probes' noise held the choice (tula select's resamples)
     held = json.loads((workdir / "results/selection.json").read_text()).get("robustness") or {}
@@ -130,6 +137,20 @@ def one_run(workdir: Path, cfg: dict) -> dict:
         "wall_s": final.get("wall_time_s"),
         "parts": {p["part"]: p["ratio"] for p in final.get("wall_check") or []},
     }
+
+
+def _keep(workdir: Path) -> Path:
+    """A copy of this run's results, logs and config, outside the scratch folder the bench
+    removes when it ends: what a failure leaves to be read."""
+    kept = Path(tempfile.mkdtemp(prefix=f"tula-pvp-{workdir.name}-failed-"))
+    for part in ("results", ".snakemake/log", ".snakemake/tula", "workflow/config.yaml"):
+        src = workdir / part
+        if src.is_dir():
+            shutil.copytree(src, kept / part)
+        elif src.exists():
+            (kept / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, kept / part)
+    return kept
 
 
 def _inside(value, band) -> bool | None:

@@ -79,6 +79,31 @@ def test_a_crash_is_for_the_probes_first_attempts_only():
     )
 
 
+def test_a_hang_waits_at_its_phase_and_is_no_injector_fault(monkeypatch):
+    fs = faults.parse("hang:point=N2_B64,rank=1,where=timed steps;hang:point=N4_B32")
+    assert [(f.kind, f.rank, f.where) for f in fs] == [
+        ("hang", 1, "timed steps"),
+        ("hang", None, "started"),
+    ]
+    assert not faults.Injector(fs, rank=1, point="N2_B64")  # waits, raises nothing
+    waited = []
+
+    def sleep(s):  # the hang's wait, stopped at its first sleep
+        waited.append(s)
+        raise InterruptedError
+
+    monkeypatch.setattr(faults.time, "sleep", sleep)
+    faults.hang_if_due(fs, 0, "N2_B64", "timed steps")  # another rank
+    faults.hang_if_due(fs, 1, "N2_B64", "memory step")  # another phase
+    faults.hang_if_due(fs, 1, "N8_B32", "started")  # another probe
+    assert waited == []
+    with pytest.raises(InterruptedError):
+        faults.hang_if_due(fs, 1, "N2_B64", "timed steps")
+    with pytest.raises(InterruptedError):
+        faults.hang_if_due(fs, 3, "N4_B32", "started")
+    assert len(waited) == 2
+
+
 @pytest.mark.parametrize(
     "bad, msg",
     [
@@ -93,6 +118,8 @@ def test_a_crash_is_for_the_probes_first_attempts_only():
         ("oom:step=1,when=2", "bad field 'when=2'"),
         ("oom:step=1,where=loss", "where='loss'.*forward, backward, refresh, eval, checkpoint"),
         ("crash:point=N2_B64,where=eval", "where='eval'.*profiler, sweep"),
+        ("hang:rank=1", "needs point="),
+        ("hang:point=N2_B64,where=forward", "where='forward'.*started, process group"),
     ],
 )
 def test_a_malformed_spec_names_what_is_wrong(bad, msg):

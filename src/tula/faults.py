@@ -35,6 +35,10 @@ never for a probe. ``rank`` limits it to one rank; each fault fires at most once
     where the profiler's memory timeline is built (default), before the measurement stands, or
     as the compute sweep starts, after rank 0 wrote the measurement (seen in a benchmark run).
     A probe that loses a rank so is launched once more.
+``hang:point=P[,rank=R][,where=PHASE]``
+    the worker stops as it reaches PHASE (one of :data:`tula.workers.PROBE_PHASES`; default
+    ``started``) and waits there for ever, as a rank stuck in a collective or a dead file system
+    would: the probe ends at ``probe.timeout_s``, and its record says where each rank was.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
     before step K every rank (or only rank R) sends itself the signal, as SLURM does on
     preemption/timeout (USR2, submitit's requeue signal) or on scancel/requeue (TERM). A run
@@ -56,7 +60,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
+
+from tula.workers import PROBE_PHASES
 
 # torch is imported inside the functions that touch tensors (they run in the workers, where it is
 # loaded already): `tula launch` checks a fault spec without paying its start-up.
@@ -67,6 +74,7 @@ KINDS = {
     "error": {"rank", "point"},
     "profiler": {"rank", "point"},
     "crash": {"rank", "point", "attempts", "where"},
+    "hang": {"rank", "point", "where"},
     "signal": {"step", "sig", "rank"},
     "truncate": {"step"},
     "slowsync": {"step", "ms", "workers"},
@@ -76,6 +84,7 @@ NEEDS = {
     "error": ("point",),
     "profiler": ("point",),
     "crash": ("point",),
+    "hang": ("point",),
     "signal": ("step", "sig"),
     "truncate": ("step",),
     "slowsync": ("step", "ms"),
@@ -134,7 +143,7 @@ def _parse_one(item: str) -> Fault:
         raise ValueError(f"{ENV}: {item!r} needs {', '.join(f'{k}=' for k in missing)}")
     if kind == "signal" and kv["sig"] not in SIGNALS:
         raise ValueError(f"{ENV}: {item!r} needs sig= one of {', '.join(SIGNALS)}")
-    places = CRASH_WHERE if kind == "crash" else WHERE
+    places = {"crash": CRASH_WHERE, "hang": PROBE_PHASES}.get(kind, WHERE)
     where = kv.get("where", places[0])
     if where not in places:
         raise ValueError(f"{ENV}: where={where!r} in {item!r} is not one of {', '.join(places)}")
@@ -162,7 +171,7 @@ class Injector:
         self.faults = [
             f
             for f in faults
-            if f.kind in PROBE_KINDS
+            if f.kind in PROBE_KINDS - {"hang"}  # a hang waits at a phase: hang_if_due
             and f.point == point
             and f.rank in (None, rank)
             and (f.kind != "crash" or attempt <= (f.attempts or 1))
@@ -201,6 +210,16 @@ def _exception(
             f"version mismatch (injected by {ENV}: the profiler's memory timeline, {at})"
         )
     return RuntimeError(f"injected by {ENV}: error in {at}")
+
+
+def hang_if_due(faults: list[Fault], rank: int, point: str, phase: str) -> None:
+    """A ``hang`` fault for this rank of probe ``point`` at ``phase``: wait here for ever."""
+    if any(
+        f.kind == "hang" and f.point == point and f.rank in (None, rank) and f.where == phase
+        for f in faults
+    ):
+        while True:
+            time.sleep(3600)
 
 
 def maybe_signal(faults: list[Fault], step: int, rank: int, resumed_at: int) -> None:

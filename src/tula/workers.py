@@ -10,7 +10,11 @@ places it is started from:
 - :func:`worker_environment` is the environment of every worker, probe and production
   alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
 - each rank writes its result to ``<dir>/rank<r>.json`` (:func:`result_path`), which the
-  launcher collects after the workers exit, also when they failed.
+  launcher collects after the workers exit, also when they failed;
+- a probe's rank says which of its phases (:data:`PROBE_PHASES`) it has reached (:func:`mark`),
+  and every worker prints its threads' Python stacks to its log a little before the launcher's
+  deadline (:func:`dump_stacks_before_deadline`): a probe stopped by ``probe.timeout_s`` says
+  where each rank was (:func:`phases_reached`), and its log shows the line it was on.
 
 No torch here: the launchers (``tula probe``, ``tula memprobe``) only start and collect.
 """
@@ -18,6 +22,7 @@ No torch here: the launchers (``tula probe``, ``tula memprobe``) only start and 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import subprocess
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tula import slurm
+from tula.io import read_json, write_json
 
 THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
@@ -36,6 +42,25 @@ THREAD_VARIABLES = (
     "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
+)
+
+
+# where a launch must end (seconds since the epoch), for its workers: set by the launcher
+DEADLINE_ENV = "TULA_WORKERS_DEADLINE"
+# a probe worker's phases, in order (:mod:`tula.runtime.probe_worker`)
+PROBE_PHASES = (
+    "started",  # the worker's Python has imported torch and Tula
+    "process group",  # the rendezvous of the N workers
+    "model and data",  # the model, the optimizer, the dataset and its DataLoader
+    "first steps",  # the first training steps, as the production job pays them
+    "memory step",
+    "timed steps",
+    "peaks and input",  # each step's memory peaks, then the input pipeline alone
+    "gathering",  # rank 0 collects every rank's measurement
+    "overheads",  # start-up, evaluation passes, a checkpoint
+    "noise",  # the gradient noise scale
+    "sweep",  # the compute curve at the other local batches
+    "leaving",  # the result is written; the process group shuts down
 )
 
 
@@ -124,6 +149,7 @@ def start(
 def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
     """Run a launcher in its own process group; kill the whole group past ``timeout_s``."""
     t0 = time.perf_counter()
+    env = {**env, DEADLINE_ENV: f"{time.time() + timeout_s:.3f}"}
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
     try:
         rc = proc.wait(timeout=timeout_s)
@@ -149,6 +175,49 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def dump_stacks_before_deadline(margin_s: float = 5.0) -> None:
+    """In a worker: print every thread's Python stack to stderr (the rule's log) ``margin_s``
+    before the launcher's deadline (at most a fifth of the time left), so a worker that hangs
+    shows the line it hangs on before it is killed. Nothing where no launcher set a deadline."""
+    deadline = os.environ.get(DEADLINE_ENV)
+    if not deadline:
+        return
+    left = float(deadline) - time.time()
+    if left > 0:
+        faulthandler.dump_traceback_later(left - min(margin_s, left / 5), exit=False)
+
+
+def phase_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.phase.json"
+
+
+def mark(directory: str | Path, rank: int, phase: str) -> None:
+    """Rank ``rank`` has reached ``phase`` (one of :data:`PROBE_PHASES`), now."""
+    write_json(phase_path(directory, rank), {"phase": phase, "since": time.time()})
+
+
+def phases_reached(directory: str | Path, nproc: int) -> list[dict]:
+    """Which phase each of the ``nproc`` ranks had reached and for how long it had been in it;
+    ``"not started"`` for a rank that never said (not launched, or still importing)."""
+    now, out = time.time(), []
+    for rank in range(nproc):
+        try:
+            said = read_json(phase_path(directory, rank))
+            out.append({"rank": rank, "phase": said["phase"], "for_s": now - said["since"]})
+        except (OSError, ValueError, KeyError, TypeError):
+            out.append({"rank": rank, "phase": "not started", "for_s": None})
+    return out
+
+
+def describe_phases(reached: list[dict]) -> str:
+    """``rank 0 in 'timed steps' for 512 s, rank 1 in 'process group' for 590 s``."""
+    return ", ".join(
+        f"rank {r['rank']} in {r['phase']!r}"
+        + (f" for {r['for_s']:.0f} s" if r.get("for_s") is not None else "")
+        for r in reached
+    )
 
 
 def parse_worker_args(

@@ -158,26 +158,51 @@ def test_oom_on_one_rank_is_agreed_on_by_the_step_and_recorded(
     assert "step_time_s" not in rec and rec["wall_s"] < 60  # nobody waited for a collective timeout
 
 
-def test_a_probe_past_probe_timeout_s_is_killed_and_recorded_as_timeout(
-    tiny_raw, tmp_path, venv_path
+def test_a_probe_past_probe_timeout_s_is_killed_and_says_where_each_rank_was(
+    tiny_raw, tmp_path, venv_path, monkeypatch, capfd
 ):
     """Workers that do not finish in probe.timeout_s are killed with their whole process group;
-    the probe records status timeout (the DAG goes on without the point) instead of hanging."""
+    the probe records status timeout (the DAG goes on without the point) instead of hanging,
+    names the phase each rank had reached, and the log holds the hung rank's Python stack."""
     import subprocess
     import time
 
     import yaml
 
-    tiny_raw["probe"].update(timeout_s=4, timed_steps=100000)  # far more steps than 4 s allow
+    # rank 1 stops as it starts; rank 0 then waits for it in the rendezvous
+    monkeypatch.setenv("TULA_INJECT_FAULT", "hang:point=N2_B64,rank=1,where=started")
+    tiny_raw["probe"].update(timeout_s=25)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw))
     t0 = time.monotonic()
     rec = probe.run(cfg, 2, 64, tmp_path / "N2_B64.json")
-    assert time.monotonic() - t0 < 60  # killed at the limit, not run to the end
-    assert rec["status"] == "timeout" and rec["error"] == "probe exceeded probe.timeout_s=4s"
-    assert json.loads((tmp_path / "N2_B64.json").read_text())["status"] == "timeout"
+    assert time.monotonic() - t0 < 80  # killed at the limit, not run to the end
+    assert rec["status"] == "timeout"
+    assert [(r["rank"], r["phase"]) for r in rec["ranks_reached"]] == [
+        (0, "process group"),
+        (1, "started"),
+    ]
+    assert rec["error"].startswith(
+        "probe exceeded probe.timeout_s=25s: rank 0 in 'process group' for "
+    ), rec["error"]
+    assert "rank 1 in 'started' for " in rec["error"]
+    assert json.loads((tmp_path / "N2_B64.json").read_text())["ranks_reached"][1]["for_s"] > 0
     left = subprocess.run(["pgrep", "-f", str(cfg)], capture_output=True, text=True).stdout.split()
     assert left == [], f"workers of the killed probe still run: {left}"
+    # each worker printed its stacks before it was killed: the hung one names where it waits
+    err = capfd.readouterr().err
+    assert "Timeout (0:00:" in err and "hang_if_due" in err, err[-3000:]
+
+
+def test_phases_reached_names_a_rank_that_never_said_as_not_started(tmp_path):
+    from tula import workers
+
+    workers.mark(tmp_path, 0, "sweep")
+    (tmp_path / "rank2.phase.json").write_text("{not json")  # cut as it was written: unknown
+    reached = workers.phases_reached(tmp_path, 3)
+    assert [r["phase"] for r in reached] == ["sweep", "not started", "not started"]
+    assert 0 <= reached[0]["for_s"] < 60 and reached[1]["for_s"] is None
+    assert workers.describe_phases(reached).startswith("rank 0 in 'sweep' for ")
 
 
 def test_worker_error_is_recorded(tiny_raw, tmp_path, venv_path):

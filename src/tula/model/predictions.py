@@ -138,9 +138,9 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
         for e, s in zip(df["epochs"], df["steps_per_epoch"])
     ]
     probes = measurements_mod.probes(measured) if measured is not None and len(measured) else None
-    ok = probes
-    if ok is not None:
-        ok = ok[ok["status"] == "ok"]
+    ok = None
+    if probes is not None:
+        ok = probes[probes["status"] == "ok"]
         ok = ok[[c for c in ("workers", *OVERHEADS) if c in ok.columns]].dropna()
     if ok is None or ok.empty or len(ok.columns) < 1 + len(OVERHEADS):
         for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):

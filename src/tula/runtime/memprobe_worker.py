@@ -27,6 +27,7 @@ from tula.runtime.replica import Replica
 def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> None:
     """One worker: peak memory at each local batch, smallest first, stopping at the first
     OOM; then at the largest grid batch the fitted model says fits (:func:`next_probe_batch`)."""
+    workers.dump_stacks_before_deadline()
     out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
     try:
         wenv, device, backend = dist.init(

@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -54,11 +54,14 @@ def run_worker(
     gradient noise scale and the compute sweep. Writes result_dir/rank{r}.json; a failure
     is recorded there (once the measurement stands, a later failure is only noted beside it)."""
     rank = dist.worker_env().rank
+    workers.dump_stacks_before_deadline()
+    reach = functools.partial(_reach, result_dir, rank, point.name, tula_faults.from_env())
+    reach("started")
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
     result = workers.result_path(result_dir, rank)
     after = [""]  # what runs after the measurement, named if it fails; "" while measuring
     try:
-        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after, reach)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
         out = {
             "rank": rank,
@@ -71,6 +74,7 @@ def run_worker(
     except Exception as exc:  # recorded, never silently dropped
         out = _failure(out, exc, rank, after[0])
     write_json(result, out)
+    reach("leaving")
     dist.shutdown(
         ok=out["status"] == "ok"
         and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep"))
@@ -79,26 +83,50 @@ def run_worker(
         sys.exit(1)
 
 
-def _measure_point(
-    cfg: config_mod.Config, point: Point, attempt: int, out: dict[str, Any], result: Path
-) -> tuple[Replica, float]:
-    """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
-    every rank, combined on rank 0 and written to ``result`` at once. Returns the replica and
-    this process's start-up (to its first step, as the production job counts it)."""
-    rank = out["rank"]
+def _reach(result_dir: Path, rank: int, point: str, faults: list, phase: str) -> None:
+    """This rank has reached ``phase`` (:data:`tula.workers.PROBE_PHASES`): said beside its
+    result, for the record of a probe stopped by ``probe.timeout_s``; a ``hang`` fault due
+    there waits."""
+    workers.mark(result_dir, rank, phase)
+    tula_faults.hang_if_due(faults, rank, point, phase)
+
+
+def _start(
+    cfg: config_mod.Config, point: Point, rank: int, reach: Callable[[str], None]
+) -> tuple[dist.WorkerEnv, torch.device, str, Replica, float]:
+    """The process group, then this rank's replica (model, optimizer, data); with this
+    process's start-up, to its first step, as the production job counts it."""
+    reach("process group")
     wenv, device, backend = dist.init(
         cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
     )
     if wenv.world_size != point.workers:
         raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
+    reach("model and data")
     replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
-    # as the production job counts it: to its first step
-    startup_s = time.time() - process_started()
+    return wenv, device, backend, replica, time.time() - process_started()
+
+
+def _measure_point(
+    cfg: config_mod.Config,
+    point: Point,
+    attempt: int,
+    out: dict[str, Any],
+    result: Path,
+    reach: Callable[[str], None],
+) -> tuple[Replica, float]:
+    """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
+    every rank, combined on rank 0 and written to ``result`` at once. Returns the replica and
+    this process's start-up (to its first step, as the production job counts it)."""
+    rank = out["rank"]
+    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, reach)
+    reach("first steps")
     # the process's first training steps, before anything else has run a forward pass: what the
     # production job pays at its start and at its first short batch
     first_steps = probe_timing.first_steps(replica)
     if replica.epoch_over():  # the short last batch closed the epoch: the next one starts
         replica.restart_epoch()
+    reach("memory step")
     mem = measure_step(
         replica.ddp,
         replica.opt,
@@ -111,9 +139,12 @@ def _measure_point(
     if injector:  # after the memory step: an OOM meets the step's agreement
         replica.inject_faults(injector)
         replica.inject("start")
+    reach("timed steps")
     timing, extras = probe_timing.time_steps(replica, cfg, point.name)
     retried: dict[str, int] = {}
+    reach("peaks and input")
     mine = _this_rank(replica, cfg, first_steps, retried)
+    reach("gathering")
     gathered: list[Any] = [None] * wenv.world_size
     torch_dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -144,20 +175,23 @@ def _probe(
     attempt: int,
     out: dict[str, Any],
     after: list[str],
+    reach: Callable[[str], None],
 ) -> None:
     """The probe's phases on this rank: its own measurement (written as soon as it stands),
     then what the job pays besides steps, the gradient noise scale and the compute sweep
     (``after[0]`` names the phase running, for the record if it fails)."""
     rank = out["rank"]
     result = workers.result_path(result_dir, rank)
-    replica, startup_s = _measure_point(cfg, point, attempt, out, result)
+    replica, startup_s = _measure_point(cfg, point, attempt, out, result, reach)
     after[0] = "overheads"
+    reach("overheads")
     paid = _overheads(replica, result_dir, startup_s)
     if rank == 0:
         out.update(paid)
         write_json(result, out)
     after[0] = "noise"
     if cfg.probe.noise_steps > 0:
+        reach("noise")
         # before the sweep changes the batch
         noise_record = gradnoise.measure(replica, cfg.probe.noise_steps)
         if rank == 0:
@@ -165,6 +199,7 @@ def _probe(
             write_json(result, out)
     after[0] = "sweep"
     if cfg.probe.sweep_steps > 0:
+        reach("sweep")
         sweep.run_sweep(replica, cfg, point, max_local_batch, out, replica.world)
 
 

@@ -49,8 +49,11 @@ def _combine(
     rank_results: list[dict],
     launch: workers.LaunchResult | None,
     cfg: config_mod.Config,
+    reached: list[dict] | None = None,
 ) -> dict:
-    """Merge the per-rank files (and how the launch ended) into one probe record."""
+    """Merge the per-rank files (and how the launch ended) into one probe record; ``reached``:
+    the phase each rank had reached (:func:`tula.workers.phases_reached`), kept for a probe
+    that did not end well."""
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "workers": point.workers,
@@ -68,6 +71,8 @@ def _combine(
         record.update(
             status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s"
         )
+        if reached:  # where each rank was when it was stopped (their stacks are in the log)
+            record["error"] += f": {workers.describe_phases(reached)}"
     elif failed:
         oom = [r for r in failed if r["status"] == "oom"]
         # the rank that failed first is the cause; the others lost their peer in a collective
@@ -85,6 +90,8 @@ def _combine(
         record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
     if launch is not None:
         record["wall_s"] = launch.wall_s
+    if reached and record["status"] != "ok":
+        record["ranks_reached"] = reached
     return record
 
 
@@ -155,8 +162,9 @@ def _probe_once(
                 ranks.append(read_json(p))
             except ValueError:
                 pass
+    reached = workers.phases_reached(work, point.workers)
     shutil.rmtree(work, ignore_errors=True)
-    record = _combine(point, ranks, launch, cfg)
+    record = _combine(point, ranks, launch, cfg, reached)
     record["started_at"] = started
     lost = sorted(set(range(point.workers)) - {r.get("rank") for r in ranks})
     if lost and not launch.timed_out:
