@@ -13,6 +13,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Where the suite's time goes, printed at the end of every run (tests/suite_time.py).
+pytest_plugins = ["suite_time"]
+
 # A GPU partition as scontrol and sinfo describe it (tests of tula.slurm and tula.preflight).
 GPU_PARTITION = (
     "PartitionName=gpu AllowGroups=ALL Default=NO MaxNodes=4 MaxTime=2-00:00:00 State=UP "
@@ -140,15 +143,106 @@ TESTS = Path(__file__).resolve().parent
 # Fixtures that only end-to-end tests use: real worker processes (tula/torchrun/snakemake on
 # PATH), the whole DAG, a SLURM cluster. A test using one is `slow`; `make test-fast` (pytest
 # -m "not slow") leaves them out for quick local runs. CI runs everything.
-SLOW_FIXTURES = {"venv_path", "finished_run", "dag_on_slurm", "slurm_cluster", "reference"}
+SLOW_FIXTURES = {"venv_path", "slurm_cluster", "lab_cluster"}
+# The shared runs (each made once per session, or once per module where only it reads it): a
+# test that reads one says so in its marker, as a test that runs its own does explicitly.
+DAG_FIXTURES = {"finished_run", "dag_on_slurm", "lab_run"}
+TRAINING_FIXTURES = {"reference", "unmonitored", "folder_reference"}
+RUN_MARKERS = ("dag", "training", "probe", "slurm", "netlab")
 
 
 def pytest_collection_modifyitems(config, items):
+    # The lab cluster replaces the one-node cluster while it is up: its tests run last, so
+    # that it is brought up once (lab_cluster).
+    items.sort(key=lambda item: "lab_cluster" in getattr(item, "fixturenames", ()))
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
-            "slurm"
-        ):
+        used = set(getattr(item, "fixturenames", ()))
+        if used & DAG_FIXTURES:
+            item.add_marker(pytest.mark.dag)
+        if used & TRAINING_FIXTURES:
+            item.add_marker(pytest.mark.training)
+        if used & SLOW_FIXTURES or any(item.get_closest_marker(m) for m in RUN_MARKERS):
             item.add_marker(pytest.mark.slow)
+
+
+def snakemake(workdir, *args, env=None, timeout=900):
+    """`snakemake --cores 2 ARGS` in ``workdir`` (bounded: SIGINT after ``timeout`` s)."""
+    import subprocess
+
+    cmd = ["timeout", "-s", "INT", str(timeout), "snakemake", "--cores", "2", *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
+
+
+def venv_env(**extra: str) -> dict[str, str]:
+    """This environment with this interpreter's bin/ first on PATH (tula, torchrun, snakemake)."""
+    return dict(
+        os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra
+    )
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """The whole DAG once per session, as `make run` runs it (snakemake --cores 2) on the tiny
+    config, with one probe failing for real (an injected OOM at N2_B128, rank 1): the DAG must
+    still finish. Tests read its files, or copy it to change it; the few that change it in place
+    (tests/test_dag.py) re-run only light stages, or the training, and say so."""
+    from tula.faults import ENV as FAULT_ENV
+
+    wd = tmp_path_factory.mktemp("dag")
+    copy_workflow(wd)
+    (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    (wd / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    env = venv_env(**{FAULT_ENV: "oom:point=N2_B128,rank=1"})
+    r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (wd / "snakemake.out").write_text(r.stdout + r.stderr)
+    return wd, env
+
+
+CLUSTER = ["bash", str(ROOT / "scripts" / "slurm-cluster.sh")]
+LAB_NODES = ("tula-n0", "tula-n1")  # the lab's namespaces, and its SLURM nodes
+LAB_RATE = "200mbit"  # each lab link, unless a test re-shapes it (and shapes it back)
+
+
+def cluster(*args: str) -> str:
+    """scripts/slurm-cluster.sh ARGS, which must succeed."""
+    import subprocess
+
+    r = subprocess.run([*CLUSTER, *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def lab_namespaces() -> list[str]:
+    import subprocess
+
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [n for n in names if n.startswith("tula-n")]
+
+
+@pytest.fixture(scope="session")
+def lab_cluster():
+    """The network lab as a two-node SLURM cluster (`scripts/slurm-cluster.sh up --nodes 2`:
+    namespaces tula-n0 and tula-n1 joined by links shaped at LAB_RATE, one slurmd in each),
+    brought up once for every test that needs it: the SLURM lab's (tests/test_slurm_lab.py)
+    and the network lab's (tests/test_netlab.py, which places workers in the same namespaces).
+    Those tests run after all others (pytest_collection_modifyitems), so that the one-node
+    cluster the other SLURM tests use is switched once; however they end, the lab goes and
+    that cluster comes back (or nothing is left, where none ran before). Needs root; in CI a
+    lab that cannot be made fails the tests instead of skipping them."""
+    required = os.environ.get("CI") == "true" or os.environ.get("TULA_REQUIRE_SLURM") == "1"
+    missing = [t for t in ("sbatch", "slurmd", "ip", "tc", "nsenter") if not shutil.which(t)]
+    if os.geteuid() != 0 or missing:
+        why = f"the two-node lab cluster needs root and {missing or 'its tools'}"
+        pytest.fail(why + ", which CI has") if required else pytest.skip(why)
+    had_one_node = slurm_controller_answers()
+    try:
+        cluster("up", "--nodes", "2", "--rate", LAB_RATE, "--slots", "2")
+        yield LAB_NODES
+    finally:
+        cluster("up") if had_one_node else cluster("down")
+        assert not lab_namespaces(), "the lab's namespaces outlived the tests"
+        assert "tula-slurm-lab" not in Path("/etc/hosts").read_text()
 
 
 @pytest.fixture

@@ -333,6 +333,7 @@ def _check_resumed_and_completed(tmp_path, job: str, outcome: str, signal_name: 
     assert "resumed from the checkpoint of step" in (tmp_path / "launch.log").read_text()
 
 
+@pytest.mark.training
 def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(
     slurm_cluster, tiny_raw, tmp_path, venv_path
 ):
@@ -343,6 +344,7 @@ def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(
     _check_resumed_and_completed(tmp_path, job, "stopped", "SIGTERM")
 
 
+@pytest.mark.training
 def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(
     slurm_cluster, tiny_raw, tmp_path, venv_path
 ):
@@ -393,6 +395,7 @@ def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(
         launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train2")
 
 
+@pytest.mark.training
 def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(
     slurm_cluster, tiny_raw, tmp_path, venv_path
 ):
@@ -445,6 +448,7 @@ def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(
     assert len(mine) == 1, mine  # one job, never two
 
 
+@pytest.mark.dag
 def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, tmp_path):
     """`snakemake --profile … compare`: every (workload, B, method, seed) is a SLURM job of its
     own."""

@@ -4,6 +4,7 @@ Real runs: `tula launch` with submitit's local executor (2 processes, gloo), rea
 a real torch.OutOfMemoryError raised inside the model's forward (fault injection), real
 checkpoint files. The SLURM `scontrol requeue` test is in test_slurm.py."""
 
+import copy
 import json
 import math
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import bitwise_equal, load_params
+from conftest import TINY, bitwise_equal, load_params, venv_env
 from tula import config, faults
 from tula.io import write_json
 from tula.production import confirm, launcher, relaunch
@@ -19,12 +20,16 @@ from tula.production import confirm, launcher, relaunch
 D = 1437  # digits training samples
 
 
+def _run_dir(d, raw):
+    raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
+    (d / "config.yaml").write_text(yaml.safe_dump(raw))
+    write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
+    return d
+
+
 @pytest.fixture
 def run_dir(tmp_path, tiny_raw):
-    tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
-    return tmp_path
+    return _run_dir(tmp_path, tiny_raw)
 
 
 def _launch(d, out="train", **kw):
@@ -35,11 +40,15 @@ def _attempts(d, out="train"):
     return json.loads((d / out / "attempts.json").read_text())
 
 
-@pytest.fixture
-def reference(run_dir, venv_path):
-    """An uninterrupted run of the same configuration."""
-    final = _launch(run_dir, "ref")
-    return run_dir / "ref", final
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of run_dir's configuration, made once for the tests that compare
+    with it (they only read it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", venv_env()["PATH"])
+        d = _run_dir(tmp_path_factory.mktemp("reference"), copy.deepcopy(TINY))
+        final = _launch(d, "ref")
+    return d / "ref", final
 
 
 STEPS1 = math.ceil(D / 64)  # steps of epoch 1 at B=64 (23); epoch 2 starts with step 23
@@ -73,6 +82,7 @@ def _relaunched_after(run_dir, where, step, checkpoint_step, rank=1):
     return a1
 
 
+@pytest.mark.training
 def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(
     run_dir, reference, monkeypatch
 ):
@@ -99,6 +109,7 @@ def test_sigterm_then_resume_is_bitwise_equal_to_an_uninterrupted_run(
     assert m[cols].equals(r[cols])  # the partial epoch's sums were checkpointed per rank too
 
 
+@pytest.mark.training
 def test_usr2_checkpoints_and_submitit_requeues_within_one_launch(run_dir, reference, monkeypatch):
     ref_dir, _ = reference
     monkeypatch.setenv(faults.ENV, "signal:step=30,sig=USR2")
@@ -114,6 +125,7 @@ def test_usr2_checkpoints_and_submitit_requeues_within_one_launch(run_dir, refer
     )
 
 
+@pytest.mark.training
 def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(
     run_dir, venv_path, monkeypatch
 ):
@@ -145,6 +157,7 @@ def test_oom_on_one_rank_relaunches_smaller_from_the_last_checkpoint(
     )
 
 
+@pytest.mark.training
 def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(
     run_dir, venv_path, monkeypatch, capsys
 ):
@@ -155,6 +168,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(
     assert "checkpoint of step 10 skipped" in capsys.readouterr().out
 
 
+@pytest.mark.training
 def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "oom:step=3,rank=1")  # at every batch
     with pytest.raises(
@@ -167,6 +181,7 @@ def test_no_smaller_batch_left_is_a_clear_error(run_dir, venv_path, monkeypatch)
     assert not (run_dir / "train" / "final.json").exists()
 
 
+@pytest.mark.training
 def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(
     run_dir, venv_path, monkeypatch
 ):
@@ -178,6 +193,7 @@ def test_oom_in_backward_is_recorded_by_the_failing_rank_and_relaunched(
     assert a1["reason"].startswith("out of memory in the backward pass of step 7 (rank1): injected")
 
 
+@pytest.mark.training
 def test_oom_in_the_ags_refresh_is_agreed_and_relaunched(run_dir, venv_path, monkeypatch):
     # Step 23 is epoch 2's first step, where AGS refreshes its factors (method ags, the default).
     monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=1,batch=64,where=refresh")
@@ -189,6 +205,7 @@ def test_oom_in_the_ags_refresh_is_agreed_and_relaunched(run_dir, venv_path, mon
     assert a1["segments"][0]["end_step"] == STEPS1
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("rank", [0, 1])
 def test_oom_while_checkpointing_leaves_no_partial_checkpoint_and_relaunches(
     run_dir, venv_path, monkeypatch, rank
@@ -201,6 +218,7 @@ def test_oom_while_checkpointing_leaves_no_partial_checkpoint_and_relaunches(
     )
 
 
+@pytest.mark.training
 def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(
     run_dir, reference, monkeypatch, capsys
 ):
@@ -232,6 +250,7 @@ def test_oom_in_evaluation_halves_the_eval_batch_without_a_relaunch(
     )
 
 
+@pytest.mark.training
 def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(
     tmp_path, tiny_raw, venv_path, monkeypatch
 ):
@@ -249,6 +268,7 @@ def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(
     assert (a2["global_batch"], a2["start_step"], a2["outcome"]) == (32, 20, "completed")
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("method", ["lrs", "lars", "static", "polo"])
 def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(
     run_dir, monkeypatch, venv_path, method
@@ -285,6 +305,7 @@ def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(
     assert m["grad_noise_scale"].isna().all()  # no AGS refresh, no per-epoch noise scale
 
 
+@pytest.mark.training
 def test_ags_refresh_every_steps_refreshes_the_factors_on_that_period(run_dir, venv_path):
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
     raw["train"]["ags_refresh_every_steps"] = 5
@@ -416,6 +437,7 @@ def test_the_steps_timed_apart_are_taken_out_of_t_where_the_prediction_counts_th
     assert final["wall_time_ratio"] == pytest.approx(1.0)
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint(
     run_dir, venv_path, monkeypatch

@@ -37,6 +37,7 @@ def unmonitored(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("off"), copy.deepcopy(TINY), "off", replan="off")
 
 
+@pytest.mark.training
 def test_monitored_training_is_bitwise_the_unmonitored_one(
     tmp_path, tiny_raw, unmonitored, venv_path
 ):
@@ -67,6 +68,7 @@ def test_monitored_training_is_bitwise_the_unmonitored_one(
     assert off_final["monitored_steps"] == 0 and pd.read_csv(off_dir / "steps.csv").empty
 
 
+@pytest.mark.training
 def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_path):
     """A prediction of no sync at all (a band of 0 +- 0.1 % of a 1 ms step): the gloo all-reduce
     that the job really pays is a sustained drift, found after 3 of 5 observations, recorded in

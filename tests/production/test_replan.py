@@ -219,6 +219,7 @@ def run_dir(tmp_path, tiny_raw):
     return tmp_path
 
 
+@pytest.mark.training
 def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "slowsync:step=30,ms=150,workers=2")
     final = launcher.train(
@@ -247,6 +248,7 @@ def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv
     assert final["workers"] == 1 and final["steps"] == a2["end_step"]
 
 
+@pytest.mark.training
 def test_move_without_a_drift_never_moves(run_dir, venv_path):
     """The same run, nothing slowed: one attempt at the selected (N, B), whatever it observed."""
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())

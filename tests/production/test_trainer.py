@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import bitwise_equal, load_params
+from conftest import bitwise_equal, load_params, make_image_folder, venv_env
 from tula import faults
 from tula.io import write_json
 from tula.model.grid import steps_per_epoch
@@ -31,7 +31,22 @@ def _launch(d, out="train"):
 
 @pytest.fixture
 def folder_run(tmp_path, image_folder, venv_path):
-    raw = {
+    return _run_dir(tmp_path, _folder_raw(image_folder))
+
+
+@pytest.fixture(scope="module")
+def folder_reference(tmp_path_factory):
+    """An uninterrupted run of folder_run's configuration (its own image folder, written the
+    same way), made once: the first test checks it, the requeue test resumes against it."""
+    d = tmp_path_factory.mktemp("folder")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", venv_env()["PATH"])
+        run = _run_dir(d, _folder_raw(make_image_folder(d / "images")))
+        return run, _launch(run, "ref")
+
+
+def _folder_raw(image_folder):
+    return {
         "workload": {
             "model": "small_cnn",
             "dataset": f"imagefolder:{image_folder}",
@@ -46,22 +61,22 @@ def folder_run(tmp_path, image_folder, venv_path):
         },
         "train": {"lr": 0.05},
     }
-    return _run_dir(tmp_path, raw)
 
 
-def test_image_folder_trains_with_two_gloo_and_two_loader_workers(folder_run):
-    final = _launch(folder_run)
+def test_image_folder_trains_with_two_gloo_and_two_loader_workers(folder_reference):
+    run, final = folder_reference
     assert (final["workers"], final["data_workers"], final["train_samples"]) == (2, 2, 120)
     assert final["steps"] == 3 * math.ceil(120 / 32)
-    m = pd.read_csv(folder_run / "train" / "metrics.csv")
+    m = pd.read_csv(run / "ref" / "metrics.csv")
     assert m["train_loss"].iloc[-1] < m["train_loss"].iloc[0]
     assert final["best_test_acc"] > 0.3  # 10 classes of coloured stripes: chance is 0.1
 
 
+@pytest.mark.training
 def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
-    folder_run, monkeypatch
+    folder_run, folder_reference, monkeypatch
 ):
-    ref = _launch(folder_run, "ref")
+    ref_run, ref = folder_reference
     monkeypatch.setenv(faults.ENV, "signal:step=6,sig=TERM")  # mid-epoch 2 (4 steps per epoch)
     with pytest.raises(RuntimeError, match="was stopped"):
         _launch(folder_run)
@@ -71,10 +86,11 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
     assert [a["outcome"] for a in att] == ["stopped", "completed"] and att[1]["start_step"] == 7
     assert final["steps"] == ref["steps"]
     assert bitwise_equal(
-        load_params(folder_run / "train" / "model.pt"), load_params(folder_run / "ref" / "model.pt")
+        load_params(folder_run / "train" / "model.pt"), load_params(ref_run / "ref" / "model.pt")
     )
 
 
+@pytest.mark.training
 def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
     tiny_raw["train"].update(precision="bf16")
     d = _run_dir(tmp_path, tiny_raw, batch=64)
@@ -92,6 +108,7 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
 # -- the step itself, in this process (a one-process gloo group) ---------------------------
 
 
+@pytest.mark.training
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     sel = tmp_path / "selection.json"
     write_json(sel, {"selected": {"workers": 2, "global_batch": 64}})
@@ -132,6 +149,7 @@ def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     assert m.loc[~m.index.isin(ok.index), "grad_noise_scale"].isna().all()
 
 
+@pytest.mark.training
 def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_path):
     import yaml
 

@@ -55,6 +55,7 @@ def test_the_rendezvous_port_lies_below_the_ephemeral_range():
     assert len(set(ports)) > 3000  # spread, not one port for every job
 
 
+@pytest.mark.training
 def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(
     tiny_raw, tmp_path, venv_path, monkeypatch
 ):

@@ -175,6 +175,7 @@ def test_a_seed_that_never_reaches_the_target_counts_as_infinitely_slow(tmp_path
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.training
 def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_path, venv_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -238,6 +239,7 @@ SUITE = {
 }
 
 
+@pytest.mark.dag
 def test_the_suite_is_a_snakemake_fan_out_in_parallel(tmp_path, venv_path):
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text("{}\n")

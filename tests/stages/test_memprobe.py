@@ -4,6 +4,7 @@ worker's peaks at a few local batches, b_max, and the measurement at the b_max i
 import pytest
 
 
+@pytest.mark.probe
 def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tmp_path, venv_path):
     """One real worker at a few local batches; with a 9 MB device (8.1 MB after the 10 % margin)
     small_cnn fits b=64 (7.1 MiB measured, AGS's per-parameter factors included) but not b=128
@@ -65,6 +66,7 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
     assert next_batch(cfg, ran) is None
 
 
+@pytest.mark.probe
 def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_checked(
     tiny_raw, tmp_path, venv_path
 ):
