@@ -1,12 +1,13 @@
 """The network lab (scripts/netlab.sh) for real: two "nodes" as Linux network namespaces
 joined by a bridge, each link shaped with tc tbf; real 4-worker gloo probes placed in them
 (cluster.netlab), the two-level sync model fitted on what they measured, and the link
-re-shaped while the lab runs. Needs root; CI runs as root, and there a lab that cannot be
-made fails the tests instead of skipping them. The lab is removed however the tests end."""
+re-shaped while the lab runs. The namespaces are those of conftest's ``lab_cluster`` (the
+SLURM lab's nodes, brought up once for both modules; their slurmd sits idle here): these
+tests shape its links to RATE and back. Needs root; CI runs as root, and there a lab that
+cannot be made fails the tests instead of skipping them."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -17,11 +18,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, when_step_reached
+from conftest import LAB_RATE, ROOT, when_step_reached
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
-LAB = "tulat"  # not the default lab's name: a user's own lab is left alone
+LAB = "tula"  # the lab's prefix: namespaces tula-n0, tula-n1 (scripts/slurm-cluster.sh)
 NETLAB = [str(ROOT / "scripts" / "netlab.sh")]
 RATE, SLOWER = "50mbit", "12mbit"
 D_DIGITS = 1437  # digits training samples
@@ -41,23 +42,13 @@ def lab(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def netlab():
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        if os.environ.get("CI") == "true" or os.environ.get("TULA_REQUIRE_SLURM") == "1":
-            pytest.fail("the network lab needs root, ip and tc, which CI has")
-        pytest.skip("the network lab needs root (ip netns, tc)")
-    lab("up", "2", RATE)
+def netlab(lab_cluster):
+    """The lab's two nodes, their links at RATE while these tests run."""
+    lab("rate", RATE)
     try:
         yield LAB
     finally:
-        lab("down")
-    assert not [
-        ns
-        for ns in subprocess.run(
-            ["ip", "netns", "list"], capture_output=True, text=True
-        ).stdout.split()
-        if ns.startswith(f"{LAB}-")
-    ]
+        lab("rate", LAB_RATE)
 
 
 def _config(tmp_path, per_node: int, name: str):
@@ -249,6 +240,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     return run, final, slowed
 
 
+@pytest.mark.training
 def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
     d, _, recs, _, _ = campaign
     run, final, slowed = _production(d, "move", recs, slow_at=0.3)
@@ -270,6 +262,7 @@ def test_a_link_slowed_mid_training_moves_the_job_to_one_node(campaign):
     )
 
 
+@pytest.mark.training
 def test_the_same_run_with_the_link_unchanged_never_moves(campaign):
     d, _, recs, _, _ = campaign
     run, final, _ = _production(d, "stay", recs, slow_at=None)

@@ -3,12 +3,11 @@ turns the lab's two namespaces into SLURM nodes (one slurmd each, under its own 
 with slurmctld and slurmdbd in the root namespace on the bridge's address. Probes that span
 both nodes start their workers through srun on each, and the rendezvous crosses the shaped
 link. Needs root; CI runs as root, and there a cluster that cannot be made fails the tests
-instead of skipping them. However the tests end, the lab goes and the one-node cluster the
-other SLURM tests use comes back (or nothing is left, where none ran before)."""
+instead of skipping them. The lab cluster is conftest's ``lab_cluster``, brought up once for
+these tests and tests/test_netlab.py, after every other test."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,44 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, lab_launch_command, lab_workdir, slurm_controller_answers
+from conftest import LAB_NODES as NODES
+from conftest import TINY, cluster, lab_launch_command, lab_workdir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netlab, pytest.mark.slow]
-CLUSTER = ["bash", str(ROOT / "scripts" / "slurm-cluster.sh")]
-NODES = ("tula-n0", "tula-n1")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
-
-
-def cluster(*args: str) -> str:
-    r = subprocess.run([*CLUSTER, *args], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r.stdout
 
 
 def run(*cmd: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def lab_namespaces() -> list[str]:
-    names = run("ip", "netns", "list").split()
-    return [n for n in names if n.startswith("tula-n")]
-
-
-@pytest.fixture(scope="module")
-def lab_cluster():
-    required = os.environ.get("CI") == "true" or os.environ.get("TULA_REQUIRE_SLURM") == "1"
-    missing = [t for t in ("sbatch", "slurmd", "ip", "tc", "nsenter") if not shutil.which(t)]
-    if os.geteuid() != 0 or missing:
-        why = f"the two-node lab cluster needs root and {missing or 'its tools'}"
-        pytest.fail(why + ", which CI has") if required else pytest.skip(why)
-    had_one_node = slurm_controller_answers()
-    try:
-        cluster("up", "--nodes", "2", "--rate", "200mbit", "--slots", "2")
-        yield NODES
-    finally:
-        cluster("up") if had_one_node else cluster("down")
-        assert not lab_namespaces(), "the lab's namespaces outlived the tests"
-        assert "tula-slurm-lab" not in Path("/etc/hosts").read_text()
 
 
 def wait_for_job(job_id: str, timeout_s: float = 240) -> str:
@@ -146,9 +116,18 @@ def lab_run(lab_cluster, tmp_path_factory):
             victim = next((j for j in jobs if "rule_probe" in j and j.endswith("|2")), None)
             time.sleep(0.3)
         if victim is not None:
-            time.sleep(2)  # its workers started
+            job, deadline = victim.split("|")[0], time.time() + 60
+            # its workers started: srun's step (<job>.0, not the batch step) runs on both nodes
+            steps = ["squeue", "-h", "-s", "-j", job, "-o", "%i"]
+
+            def srun_step() -> bool:
+                out = subprocess.run(steps, capture_output=True, text=True).stdout.split()
+                return any(s.rsplit(".", 1)[-1].isdigit() for s in out)
+
+            while not srun_step() and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.2)
             cluster("kill-node", "tula-n1", "tula drill")
-            time.sleep(5)
+            time.sleep(5)  # the drill: the node stays dead 5 s, then comes back
             cluster("revive-node", "tula-n1")
         proc.wait(timeout=1200)
     finally:
@@ -267,6 +246,7 @@ def drill(lab_run, tmp_path, node_wait_min: float, revive_after_s: float | None)
     return final, attempts, rows, log_path.read_text()
 
 
+@pytest.mark.training
 def test_a_node_lost_mid_production_resumes_at_the_same_shape_when_it_comes_back(lab_run, tmp_path):
     """tula-n1 dies under the N = 4 job and comes back within launch.node_wait_min: SLURM
     requeues the job (or the launcher resubmits it), it resumes from its last checkpoint at
@@ -287,6 +267,7 @@ def test_a_node_lost_mid_production_resumes_at_the_same_shape_when_it_comes_back
     assert "NODE_FAIL" in states or lost, (states, attempts)
 
 
+@pytest.mark.training
 def test_a_node_lost_for_good_replans_onto_the_node_left(lab_run, tmp_path):
     """tula-n1 dies under the N = 4 job and stays down past launch.node_wait_min: the launcher
     cancels the waiting job, re-plans onto what one node can run (the objective's choice among
