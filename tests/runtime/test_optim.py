@@ -172,6 +172,10 @@ def _ddp_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     dist.all_gather(all_scales, scales)
     if rank == 0:
         torch.save({"params": gathered, "scales": all_scales, "counters": opt.counters}, out_path)
+    # both ranks leave together, as tula.runtime.dist.finish does: a rank that tore its gloo
+    # group down while the other still saved was once aborted (SIGABRT, "terminate called
+    # without an active exception", CI 2026-11-27)
+    dist.barrier()
     dist.destroy_process_group()
 
 
