@@ -13,8 +13,10 @@ A CI run's own total (a clean clone's `CI=true bash .ci/run`, install included) 
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from suite_time import by_module  # noqa: E402  (the plugin's grouping, one copy)
 
 
 def read(path: Path) -> dict[str, float]:
@@ -23,29 +25,16 @@ def read(path: Path) -> dict[str, float]:
         return {k: v["s"] for k, v in json.loads(path.read_text())["tests"].items()}
     seconds: dict[str, float] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/") + ".py"
-        seconds[f"{module}::{case.get('name')}"] = float(case.get("time", 0))
+        parts = case.get("classname", "").split(".")
+        if parts and parts[-1][:1].isupper():  # a test class: keep the file's part only
+            parts = parts[:-1]
+        seconds[f"{'/'.join(parts)}.py::{case.get('name')}"] = float(case.get("time", 0))
     return seconds
-
-
-def module_of(name: str) -> str:
-    # JUnit writes a test class into the classname: keep the file's part only
-    head = name.split("::", 1)[0]
-    return head if head.endswith(".py") else head.rsplit("/", 1)[0] + ".py"
-
-
-def by_module(seconds: dict[str, float]) -> dict[str, tuple[int, float]]:
-    n: dict[str, int] = defaultdict(int)
-    s: dict[str, float] = defaultdict(float)
-    for k, v in seconds.items():
-        n[module_of(k)] += 1
-        s[module_of(k)] += v
-    return {m: (n[m], s[m]) for m in s}
 
 
 def main(paths: list[str]) -> None:
     runs = [read(Path(p)) for p in paths]
-    mods = [by_module(r) for r in runs]
+    mods = [{m: (n, s) for m, n, s in by_module(r)} for r in runs]
     names = sorted(set().union(*mods), key=lambda m: -mods[0].get(m, (0, 0.0))[1])
     head = " | ".join(f"run {i + 1}: tests, s" for i in range(len(runs)))
     print(f"| module | {head} | last / first |")

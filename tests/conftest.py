@@ -95,7 +95,7 @@ def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]
     profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "jobs": 4})
     (where / "profiles" / "lab").mkdir(parents=True)
     (where / "profiles" / "lab" / "config.yaml").write_text(yaml.safe_dump(profile))
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = venv_env()
     cmd = ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
     return [*cmd, "--configfile", "lab.yaml"], env
 

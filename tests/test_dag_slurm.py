@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, copy_workflow
+from conftest import ROOT, TINY, copy_workflow, venv_env
 from tula.faults import ENV as FAULT_ENV
 
 pytestmark = pytest.mark.slurm
@@ -81,7 +81,7 @@ def test_profile_dry_run_on_a_fresh_checkout(tmp_path):
     )
     shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
     os.symlink("profiles/slurm", tmp_path / "slurm")
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = venv_env()
     r = subprocess.run(
         ["snakemake", "-n", "--profile", "slurm"],
         cwd=tmp_path,
@@ -121,7 +121,7 @@ def test_the_profiles_partition_and_account_reach_the_training_job(tmp_path):
     profile["default-resources"].update(slurm_partition="gpu_part", slurm_account="proj_acct")
     (tmp_path / "prof").mkdir()
     (tmp_path / "prof" / "config.yaml").write_text(yaml.safe_dump(profile))
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = venv_env()
     r = subprocess.run(
         ["snakemake", "-n", "--profile", "prof"],
         cwd=tmp_path,
@@ -162,7 +162,7 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
     tiny = {**TINY, "cluster": {"workers_per_node": 2}}  # the test cluster has one node
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     _test_profile(wd)
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = venv_env()
     env[FAULT_ENV] = "oom:point=N2_B128,rank=1"  # sbatch --export=ALL carries it into the job
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
     r = subprocess.run(
@@ -467,7 +467,7 @@ def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, t
         "cluster": {"workers_per_node": 2},
     }  # the test cluster has one node
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = venv_env()
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
     r = subprocess.run(
         [

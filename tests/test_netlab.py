@@ -9,7 +9,6 @@ cannot be made fails the tests instead of skipping them."""
 import json
 import os
 import subprocess
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import LAB_RATE, ROOT, when_step_reached
+from conftest import LAB_RATE, ROOT, venv_env, when_step_reached
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
@@ -82,11 +81,9 @@ def campaign(netlab, tmp_path_factory):
     """A partial search on 2 nodes x 2 workers (the corners and both sides of the node
     boundary: N = 1, 2, 4 at B = 32 and 128), the held-out point N = 4, B = 64, and the
     same 4-worker probe on one node."""
-    # this interpreter's torchrun first on PATH (conftest's venv_path)
+    # this interpreter's torchrun first on PATH (conftest's venv_env)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(
-            "PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-        )
+        mp.setenv("PATH", venv_env()["PATH"])
         yield _campaign(tmp_path_factory.mktemp("netlab"))
 
 

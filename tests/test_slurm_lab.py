@@ -7,7 +7,6 @@ instead of skipping them. The lab cluster is conftest's ``lab_cluster``, brought
 these tests and tests/test_netlab.py, after every other test."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import LAB_NODES as NODES
-from conftest import TINY, cluster, lab_launch_command, lab_workdir
+from conftest import TINY, cluster, lab_launch_command, lab_workdir, venv_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netlab, pytest.mark.slow]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
@@ -207,7 +206,7 @@ def drill(lab_run, tmp_path, node_wait_min: float, revive_after_s: float | None)
     where, r, _ = lab_run
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cmd = lab_launch_command(where, tmp_path, checkpoint_every_steps=4, node_wait_min=node_wait_min)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = venv_env()
     log_path = tmp_path / "launch.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
