@@ -5,7 +5,7 @@
 
 
 onstart:
-    tula_workflow.snapshot(tula_workflow.decided_raw(config, decided()), CONFIG)
+    tula_workflow.snapshot(decided(), CONFIG)
     if workflow.non_local_exec:
         tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         print(
@@ -21,6 +21,7 @@ onstart:
                 or profile["train_partition"],
                 train_runtime_min=TULA.launch.timeout_min
                 or profile["train_runtime_min"],
+                profile_mem_mb=profile["mem_mb"],
             )
             print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
         except tula_preflight.ClusterUnreadable as err:

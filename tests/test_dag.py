@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, copy_workflow, snakemake
+from conftest import ROOT, TINY, copy_workflow, snakemake, venv_env
 from tula import config
 from tula.faults import ENV as FAULT_ENV
 from tula.model import perf as perfmodel
@@ -32,6 +32,11 @@ def test_the_run_ends_with_the_answer_on_the_terminal(finished_run):
     assert f"paid {wall} (x{final['wall_time_ratio']:.2f})" in said
     assert f"accuracy: {100 * final['final_test_acc']:.2f} % at the end" in said
     assert "  trust: " in said and f"report: {(wd / 'results' / 'report.html').resolve()}" in said
+    # the memory budget the run planned on, and where it came from (no GPU named: the default)
+    assert (
+        "  memory budget: 14.4 GB per worker (the default 16 GB, no hardware.gpu named, less "
+        "hardware.memory_margin 10 %)" in said
+    )
 
 
 def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_path):
@@ -168,6 +173,7 @@ def test_every_output_exists_and_parses(finished_run):
     assert len(steps) == final["monitored_steps"] and (final["workers"] > 1 or len(steps) == 0)
     html = (res / "report.html").read_text()
     assert "Ran on <b>CPU</b> with gloo: hardware.device auto: this machine has no GPU" in html
+    assert "Memory budget: 14.4 GB per worker (the default 16 GB, no hardware.gpu named" in html
     assert json.loads((res / "workload.json").read_text())["device"]["device"] == "cpu"
     assert (
         "Use N = " in html
@@ -348,6 +354,58 @@ def test_the_jobs_read_the_decided_device_from_the_snapshot(finished_run):
     assert (snap.device, snap.backend) == ("cpu", "gloo") and "no GPU" in snap.device_why
     probe = json.loads(next((wd / "results" / "probes").glob("N1_*.json")).read_text())
     assert (probe["env"]["device"], probe["env"]["backend"]) == ("cpu", "gloo")
+
+
+@pytest.mark.dag
+def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_resident_rule(
+    tmp_path,
+):
+    """`hardware.gpu: h100` and no device_memory_gb: Snakemake's own validate (which fills the
+    schema's defaults) no longer puts 16 GB in front of the H100's 80, so the snapshot the jobs
+    read, the memory probe's budget and the resident rule all plan on 72 GB per worker, and
+    `tula check --resolved` writes the same snapshot, key for key."""
+    import torch
+
+    from tula.runtime.loader import RESIDENT_SHARE, keep_on_device
+
+    copy_workflow(tmp_path)
+    full = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
+    for section, values in {**TINY, "hardware": {"gpu": "h100"}}.items():
+        full[section] = {**full[section], **values}
+    (tmp_path / "workflow" / "config.yaml").write_text(yaml.safe_dump(full))
+    r = snakemake(tmp_path, "--until", "memprobe", env=venv_env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    snap_path = tmp_path / ".snakemake" / "tula" / "config.json"
+    snap = config.load(snap_path)
+    assert snap.hardware.device_memory_gb == 80 and snap.hardware.memory_budget_bytes == 72e9
+    assert snap.hardware.device_memory_why == "hardware.gpu: h100, 80 GB"
+    mp = json.loads((tmp_path / "results" / "memory_probe.json").read_text())
+    assert mp["budget_bytes"] == 72e9
+    said = (tmp_path / "results" / "logs" / "check.log").read_text()
+    assert (
+        "memory budget: 72.0 GB per worker (hardware.gpu: h100, 80 GB, less "
+        "hardware.memory_margin 10 %)" in said
+    )
+    # the resident rule on a 5 GB in-memory set: within 25 % of 72 GB, not of the old 14.4
+    data = type("Data", (), {})()
+    data.train = type("Set", (), {"__getitems__": None})()
+    data.train.x = torch.empty(5 * 10**9, dtype=torch.uint8, device="meta")
+    data.train.y = torch.empty(0, dtype=torch.int64, device="meta")
+    assert 5e9 <= RESIDENT_SHARE * 72e9 and 5e9 > RESIDENT_SHARE * 14.4e9
+    assert keep_on_device(snap, data, torch.device("cuda"))
+    default = config.from_dict({**TINY, "data": {"on_device": "auto"}})
+    assert not keep_on_device(default, data, torch.device("cuda"))
+    # the contract: what `tula check` resolves is what the jobs read, every key
+    r = subprocess.run(
+        ["tula", "check", "--config-only", "--config", "workflow/config.yaml"]
+        + ["--resolved", "check.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=venv_env(),
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "check.json").read_text() == snap_path.read_text()
 
 
 @pytest.mark.parametrize(

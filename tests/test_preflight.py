@@ -4,16 +4,13 @@ the real one-node test cluster (scripts/slurm-preflight.sh) below."""
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow
+from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow, venv_env
 from tula import config, devices, preflight, slurm
 from tula.io import write_json
 from tula.production import launcher
@@ -104,6 +101,7 @@ def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):
         "account": None,
         "train_partition": None,
         "train_runtime_min": 1440,
+        "mem_mb": {"memprobe": 16000, "probe": 16000},
     }
     with pytest.raises(preflight.PreflightError, match="no .*config.yaml"):
         preflight.read_profile(str(tmp_path))
@@ -125,14 +123,45 @@ def test_profile_is_read_and_a_bad_one_names_file_and_key(tmp_path):
         "account": "lab",
         "train_partition": "gpu",
         "train_runtime_min": 600,
+        "mem_mb": {"memprobe": None, "probe": None},
     }
 
 
+def test_memory_the_jobs_ask_for_is_checked_against_the_nodes_and_names_its_key():
+    """The shipped profile's mem_mb (16000) on nodes of 10.8 GB: refused before anything is
+    queued, naming the profile key, where sbatch would have said "Memory specification can not
+    be satisfied" at the memory probe; a figure the nodes have passes; training's own
+    launch.mem_gb is checked alike; nodes whose memory is not known are not checked."""
+    nodes = "n0|2|(null)|idle|none\nn1|2|(null)|idle|none\n"
+    line = "PartitionName=lab Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED TotalNodes=2"
+    part = slurm.parse_partition(line, nodes, "n0|10800\nn1|10800\n")
+    assert part.node_mem_mb == [10800, 10800]
+    cfg = _cfg(cluster__workers_per_node=1)
+    shipped = preflight.read_profile(str(ROOT / "profiles" / "slurm"))["mem_mb"]
+    needs = preflight.job_needs(cfg, 60, profile_mem_mb=shipped)
+    found = preflight.problems(cfg, part, needs[0])
+    assert found == [
+        "the memory probe (1 worker) asks SLURM for 16000 MB per node (sbatch --mem: mem_mb in the "
+        "profile (default-resources, or set-resources.memprobe)), but the nodes of partition 'lab' "
+        'have at most 10800 MB: sbatch would refuse it ("Memory specification can not be '
+        'satisfied"); lower mem_mb in the profile'
+    ]
+    assert "set-resources.probe" in preflight.problems(cfg, part, needs[1])[0]
+    fits = preflight.job_needs(cfg, 60, profile_mem_mb={"memprobe": 1000, "probe": 10800})
+    assert [preflight.problems(cfg, part, n) for n in fits] == [[], [], []]
+    big = _cfg(cluster__workers_per_node=1, launch__mem_gb=64)
+    train = preflight.job_needs(big, 60)[-1]
+    assert (
+        train.mem_mb == 64 * 1024
+        and "lower launch.mem_gb in the config" in (preflight.problems(big, part, train)[0])
+    )
+    unknown = slurm.parse_partition(line, nodes)
+    assert unknown.node_mem_mb == [] and preflight.problems(cfg, unknown, needs[0]) == []
+    # a node sinfo left out of the memory listing: not known, not checked
+    assert slurm.parse_partition(line, nodes, "n0|10800\n").node_mem_mb == []
+
+
 # -- against the real test cluster ------------------------------------------------------
-
-
-def _env():
-    return dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
 
 
 def _check(tmp_path, raw, *extra):
@@ -142,7 +171,7 @@ def _check(tmp_path, raw, *extra):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=_env(),
+        env=venv_env(),
     )
 
 
@@ -270,7 +299,7 @@ def test_the_dag_refuses_before_submitting_anything(slurm_cluster, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=_env(),
+        env=venv_env(),
         timeout=300,
     )
     out = r.stdout + r.stderr

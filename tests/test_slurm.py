@@ -173,6 +173,12 @@ def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_descr
         and part.node_gpus == [0]
         and part.node_cpus[0] == os.cpu_count()
     )
+    # the node's memory as slurm.conf gives it (RealMemory), what sbatch --mem is checked against
+    conf = subprocess.run(
+        ["scontrol", "show", "node", "-o"], capture_output=True, text=True, check=True
+    ).stdout
+    real = int(conf.split("RealMemory=", 1)[1].split()[0])
+    assert part.node_mem_mb == [real] and real > 0
     with pytest.raises(
         slurm.PreflightError, match="partition 'no_such' does not exist on this cluster"
     ):

@@ -9,11 +9,11 @@ from tula import config, workflow
 
 def test_snapshot_is_rewritten_only_on_change(tmp_path):
     path = tmp_path / "snap.json"
-    workflow.snapshot({"objective": "time"}, path)
+    workflow.snapshot(config.from_dict({"objective": "time"}), path)
     first = path.stat().st_mtime_ns
-    workflow.snapshot({"objective": "time"}, path)
+    workflow.snapshot(config.from_dict({"objective": "time"}), path)
     assert path.stat().st_mtime_ns == first
-    workflow.snapshot({"objective": "cost"}, path)
+    workflow.snapshot(config.from_dict({"objective": "cost"}), path)
     assert config.load(path).objective == "cost"
 
 

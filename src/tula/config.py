@@ -94,6 +94,7 @@ class Hardware:
     device_memory_gb: float | None
     memory_margin: float
     device_why: str = ""  # written by the workflow with its decision of `auto` (tula.devices)
+    device_memory_why: str = ""  # where device_memory_gb came from (config_rules.device_memory)
     gpu: str | dict[str, Any] | None = None  # a name of tula.gpus.TABLE, or a GPU's figures
 
     @property
@@ -102,6 +103,15 @@ class Hardware:
         if self.device_memory_gb is None:
             return None
         return self.device_memory_gb * 1e9 * (1.0 - self.memory_margin)
+
+    def describe_memory(self) -> str:
+        """The memory budget per worker and where it came from, in one phrase."""
+        if self.memory_budget_bytes is None:
+            return f"no memory bound per worker ({self.device_memory_why})"
+        return (
+            f"{self.memory_budget_bytes / 1e9:.1f} GB per worker ({self.device_memory_why}, "
+            f"less hardware.memory_margin {100 * self.memory_margin:g} %)"
+        )
 
 
 @dataclass(frozen=True)
@@ -256,7 +266,7 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
             f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in renamed)
         )
     data = copy.deepcopy(raw)
-    gpu_problem = config_rules.gpu_memory(data)
+    gpu_problem = config_rules.device_memory(data)
     if gpu_problem:
         raise ConfigError(f"{source}: invalid configuration\n  - {gpu_problem}")
     if isinstance(data.get("launch"), dict) and data["launch"].get("replan") is False:

@@ -138,15 +138,22 @@ def _other_problems(d: dict[str, Any]) -> list[str]:
     return problems
 
 
-def gpu_memory(raw: dict[str, Any]) -> str:
-    """Before the schema fills defaults: a ``hardware.gpu`` name Tula does not know is an
-    error naming the key and the names it knows; a known name or explicit figures give
-    ``hardware.device_memory_gb`` unless the config sets it."""
-    hw = raw.get("hardware")
-    if not isinstance(hw, dict) or hw.get("gpu") is None:
-        return ""
-    gpu = hw["gpu"]
-    memory = None
+DEFAULT_DEVICE_MEMORY_GB = 16.0  # the budget per worker where neither the GPU nor a figure is given
+
+
+def device_memory(raw: dict[str, Any]) -> str:
+    """Before the schema fills defaults: ``hardware.device_memory_gb`` and where it came from
+    (``hardware.device_memory_why``), decided once here for every reader (``tula check``,
+    the Snakefile, the snapshot the jobs read): the config's own figure where it sets one,
+    else the memory of the GPU ``hardware.gpu`` names, else DEFAULT_DEVICE_MEMORY_GB. The
+    schema gives the key no default, so a validator that fills defaults first (Snakemake's
+    ``validate``) cannot put 16 GB in front of the named GPU. A ``hardware.gpu`` name Tula
+    does not know is an error naming the key and the names it knows."""
+    hw = raw.setdefault("hardware", {})
+    if not isinstance(hw, dict):
+        return ""  # the schema says what is wrong with it
+    gpu = hw.get("gpu")
+    memory, named = None, None
     if isinstance(gpu, str):
         known = gpus.lookup(gpu)
         if known is None:
@@ -155,9 +162,23 @@ def gpu_memory(raw: dict[str, Any]) -> str:
                 f"{', '.join(gpus.names())}; for another, give its figures (memory_gb, "
                 "bandwidth_gbs, fp32_tflops, and bf16_tflops where it has them)"
             )
-        memory = known.memory_gb
+        memory, named = known.memory_gb, known.name
     elif isinstance(gpu, dict):
-        memory = gpu.get("memory_gb")
-    if "device_memory_gb" not in hw and isinstance(memory, (int, float)):
+        memory, named = gpu.get("memory_gb"), gpu.get("name") or "the GPU given"
+    if hw.get("device_memory_why") and "device_memory_gb" in hw:
+        return ""  # already decided (the snapshot of a resolved config)
+    if "device_memory_gb" in hw:
+        hw["device_memory_why"] = (
+            "hardware.device_memory_gb: null in the config, no bound"
+            if hw["device_memory_gb"] is None
+            else "hardware.device_memory_gb in the config"
+        )
+    elif isinstance(memory, (int, float)):
         hw["device_memory_gb"] = memory
+        hw["device_memory_why"] = f"hardware.gpu: {named}, {memory:g} GB"
+    else:
+        hw["device_memory_gb"] = DEFAULT_DEVICE_MEMORY_GB
+        hw["device_memory_why"] = (
+            f"the default {DEFAULT_DEVICE_MEMORY_GB:g} GB, no hardware.gpu named"
+        )
     return ""

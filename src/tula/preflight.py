@@ -44,6 +44,8 @@ class JobNeed:
     cpus_per_node: int
     gpus_per_node: int
     runtime_min: int | None  # None: not known before the job is submitted
+    mem_mb: int | None = None  # sbatch --mem, per node; None: the cluster's default
+    mem_key: str = ""  # where mem_mb is set (a profile key or a config key)
 
 
 def probe_runtime_min(cfg: Config) -> int:
@@ -52,16 +54,22 @@ def probe_runtime_min(cfg: Config) -> int:
 
 
 def job_needs(
-    cfg: Config, train_runtime_min: int | None, train_nodes: int | None = None
+    cfg: Config,
+    train_runtime_min: int | None,
+    train_nodes: int | None = None,
+    profile_mem_mb: dict[str, int | None] | None = None,
 ) -> list[JobNeed]:
     """The largest job of each kind the workflow can submit: the memory probe (one worker),
     the probe at the largest grid N (every N is probed in a full search, the corners in a
     partial one, so the largest always is) and training at that N (or at ``train_nodes``:
-    `tula launch` knows the N it trains at). Every shape is :func:`job_shape`'s."""
+    `tula launch` knows the N it trains at). Every shape is :func:`job_shape`'s.
+    ``profile_mem_mb``: the ``mem_mb`` the profile gives the ``memprobe`` and ``probe`` rules
+    (:func:`cluster_settings`); training asks for ``launch.mem_gb``."""
     n = max(cfg.grid.workers)
     tn = train_nodes or n
+    mem = profile_mem_mb or {}
 
-    def need(what: str, workers: int, runtime: int | None) -> JobNeed:
+    def need(what: str, workers: int, runtime: int | None, mem_mb, mem_key: str) -> JobNeed:
         shape = job_shape(cfg, workers)
         return JobNeed(
             what,
@@ -70,12 +78,26 @@ def job_needs(
             shape.tasks_per_node * shape.cpus_per_task,
             shape.gpus_per_node,
             runtime,
+            int(mem_mb) if mem_mb else None,
+            mem_key,
         )
 
+    def profile_key(rule: str) -> str:
+        return f"mem_mb in the profile (default-resources, or set-resources.{rule})"
+
+    train_mb = cfg.launch.mem_gb * 1024 if cfg.launch.mem_gb else None  # submitit: --mem=<n>GB
     return [
-        need("the memory probe (1 worker)", 1, probe_runtime_min(cfg)),
-        need(f"the probe at N={n}", n, probe_runtime_min(cfg)),
-        need(f"training at N={tn}", tn, train_runtime_min),
+        need(
+            "the memory probe (1 worker)",
+            1,
+            probe_runtime_min(cfg),
+            mem.get("memprobe"),
+            profile_key("memprobe"),
+        ),
+        need(
+            f"the probe at N={n}", n, probe_runtime_min(cfg), mem.get("probe"), profile_key("probe")
+        ),
+        need(f"training at N={tn}", tn, train_runtime_min, train_mb, "launch.mem_gb in the config"),
     ]
 
 
@@ -122,6 +144,7 @@ def problems(cfg: Config, part: Partition, need: JobNeed, node_states: bool = Tr
             )
     if not out and node_states:
         out += _nodes_down(part, need, fit)
+    out += _memory(part, need)
     if (
         need.runtime_min is not None
         and part.max_time_min is not None
@@ -137,6 +160,18 @@ def problems(cfg: Config, part: Partition, need: JobNeed, node_states: bool = Tr
             f"most {part.max_time_min} min (MaxTime): lower {keys}"
         )
     return out
+
+
+def _memory(part: Partition, need: JobNeed) -> list[str]:
+    """The job asks for more memory per node (sbatch --mem) than the partition's nodes have."""
+    if not (need.mem_mb and part.node_mem_mb and max(part.node_mem_mb) < need.mem_mb):
+        return []
+    return [
+        f"{need.what} asks SLURM for {need.mem_mb} MB per node (sbatch --mem: "
+        f"{need.mem_key}), but the nodes of partition '{part.name}' have at most "
+        f'{max(part.node_mem_mb)} MB: sbatch would refuse it ("Memory specification can not '
+        f'be satisfied"); lower {need.mem_key.split(" (")[0]}'
+    ]
 
 
 def _nodes_down(part: Partition, need: JobNeed, fit: list[int]) -> list[str]:
@@ -160,6 +195,7 @@ def preflight(
     training_only: bool = False,
     train_nodes: int | None = None,
     node_states: bool = True,
+    profile_mem_mb: dict[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """Check every job kind (or only training) against its partition (``None``: the
     cluster's default); with ``node_states``, only the nodes that can start a job now count
@@ -168,7 +204,7 @@ def preflight(
     :class:`ClusterUnreadable` when there is no controller to ask."""
     parts: dict[str | None, Partition] = {}
     checked, found = [], []
-    needs = job_needs(cfg, train_runtime_min, train_nodes)
+    needs = job_needs(cfg, train_runtime_min, train_nodes, profile_mem_mb)
     for need in needs[-1:] if training_only else needs:
         name = train_partition if need.what.startswith("training") else probe_partition
         if name not in parts:
@@ -192,7 +228,9 @@ def describe(report: dict[str, Any]) -> str:
         lines.append(
             f"partition '{p['name']}' ({p['state']}): {p['total_nodes']} node(s), up to "
             f"{max(p['node_cpus'], default=0)} CPUs and {max(p['node_gpus'], default=0)} GPU(s) "
-            f"per node, time limit {limit}"
+            f"per node"
+            + (f" ({max(p['node_mem_mb'])} MB of memory)" if p.get("node_mem_mb") else "")
+            + f", time limit {limit}"
         )
         lost = Partition(**p).unusable()
         if lost:
@@ -203,9 +241,10 @@ def describe(report: dict[str, Any]) -> str:
             if j["runtime_min"] is None
             else f"{j['runtime_min']} min"
         )
+        mem = f", {j['mem_mb']} MB" if j.get("mem_mb") else ""
         lines.append(
             f"  ok: {j['what']}: {j['nodes']} node(s) x {j['tasks_per_node']} worker(s), "
-            f"{j['cpus_per_node']} CPUs and {j['gpus_per_node']} GPU(s) per node, {rt} on "
+            f"{j['cpus_per_node']} CPUs, {j['gpus_per_node']} GPU(s){mem} per node, {rt} on "
             f"'{j['partition']}'"
         )
     return "\n".join(lines)
@@ -261,4 +300,5 @@ def cluster_settings(resource: Callable[[str, str], Any]) -> dict[str, Any]:
         "account": resource("slurm_account", "probe"),
         "train_partition": resource("slurm_partition", "launch"),
         "train_runtime_min": resource("runtime", "launch"),
+        "mem_mb": {rule: resource("mem_mb", rule) for rule in ("memprobe", "probe")},
     }

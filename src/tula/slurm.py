@@ -56,6 +56,7 @@ class Partition:
     node_names: list[str] = field(default_factory=list)
     node_states: list[str] = field(default_factory=list)  # sinfo's %t: idle, mix, drain, down*
     node_reasons: list[str] = field(default_factory=list)  # sinfo's %E: why an admin set it
+    node_mem_mb: list[int] = field(default_factory=list)  # sinfo's %m (RealMemory); [] unknown
 
     def can_start(self, i: int) -> bool:
         """Whether node ``i`` can start a job now (or once it is free): not down, drained,
@@ -107,10 +108,16 @@ def gpus_of(gres: str) -> int:
     return total
 
 
-def parse_partition(scontrol_line: str, sinfo_text: str) -> Partition:
+def parse_partition(scontrol_line: str, sinfo_text: str, memory_text: str = "") -> Partition:
     """A partition from ``scontrol show partition -o NAME`` (one line of Key=Value) and
     ``sinfo -h -N -p NAME -o '%N|%c|%G|%t|%E'`` (one line per node; state and reason may be
-    left out: the node is then taken as up)."""
+    left out: the node is then taken as up); ``memory_text``: ``sinfo -h -N -p NAME -o
+    '%N|%m'``, each node's memory in MB (left out: not known, not checked)."""
+    memory = {}
+    for line in memory_text.splitlines():
+        name, _, mb = line.strip().partition("|")
+        if name and mb.strip().isdigit():
+            memory[name] = int(mb)
     fields = dict(kv.split("=", 1) for kv in scontrol_line.split() if "=" in kv)
     nodes: dict[str, tuple[int, int, str, str]] = {}
     for line in sinfo_text.splitlines():
@@ -134,6 +141,7 @@ def parse_partition(scontrol_line: str, sinfo_text: str) -> Partition:
         node_names=list(nodes),
         node_states=[n[2] for n in nodes.values()],
         node_reasons=[n[3] for n in nodes.values()],
+        node_mem_mb=[memory[n] for n in nodes] if memory and set(nodes) <= set(memory) else [],
     )
 
 
@@ -165,9 +173,8 @@ def read_partition(name: str | None) -> Partition:
                 "(default-resources) or launch.slurm_partition in the config"
             )
     part_name = line.split()[0].split("=", 1)[1]
-    return parse_partition(
-        line, _run(["sinfo", "-h", "-N", "-p", part_name, "-o", "%N|%c|%G|%t|%E"])
-    )
+    sinfo = ["sinfo", "-h", "-N", "-p", part_name, "-o"]
+    return parse_partition(line, _run([*sinfo, "%N|%c|%G|%t|%E"]), _run([*sinfo, "%N|%m"]))
 
 
 # -- the shape of a job ---------------------------------------------------------------------

@@ -9,7 +9,6 @@ re-runs a rule when the config values its output depends on change, and only the
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -51,30 +50,22 @@ def _absolute_pip_path(req: str, base: Path) -> str:
     return f"{flag} {target}" if flag else target
 
 
-def snapshot(raw: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write the validated, defaults-filled config to ``path`` (only when it changed).
+def snapshot(cfg: Config, path: str | os.PathLike) -> Path:
+    """Write the resolved config ``cfg`` to ``path`` (only when it changed): every key the
+    jobs read, as ``tula check`` resolves it -- the device and backend decided
+    (:mod:`tula.devices`), the memory budget and where it came from, the model's family
+    defaults -- so no job re-derives anything from the raw YAML.
 
     Snakemake merges configfiles and ``--config`` overrides in memory; the jobs it starts
-    (locally or on SLURM nodes) read this file, so they see exactly that merged config.
-    Written atomically and only on change, so re-parsing the Snakefile is harmless.
+    (locally or on SLURM nodes) read this file. Written atomically and only on change, so
+    re-parsing the Snakefile is harmless.
     """
-    text = json.dumps(validate(raw), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(validate(cfg.to_dict()), indent=2, sort_keys=True) + "\n"
     p = Path(path)
     if not p.exists() or p.read_text() != text:
         with atomic_write(p) as fh:
             fh.write(text)
     return p
-
-
-def decided_raw(raw: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """The raw config ``raw`` with ``cfg``'s decided device written in (hardware.device,
-    backend and why: :mod:`tula.devices`), for the snapshot the jobs read."""
-    out = copy.deepcopy(raw)
-    hw = cfg.hardware
-    out.setdefault("hardware", {}).update(
-        device=hw.device, backend=hw.backend, device_why=hw.device_why
-    )
-    return out
 
 
 # Which config keys each stage's output depends on. Snakemake re-runs a rule when these

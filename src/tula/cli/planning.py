@@ -12,7 +12,14 @@ from tula.cli.args import cfg_arg
 def cmd_check(a) -> None:
     from tula.stages import check
 
-    check.run(a.config, a.out, config_only=a.config_only, profile=a.profile, cluster=a.cluster)
+    check.run(
+        a.config,
+        a.out,
+        config_only=a.config_only,
+        profile=a.profile,
+        cluster=a.cluster,
+        resolved=a.resolved,
+    )
 
 
 def add_check(sub) -> None:
@@ -42,6 +49,12 @@ def add_check(sub) -> None:
     s.add_argument(
         "--out",
         help="write the workload's description (samples, classes, shape, parameters) as JSON",
+    )
+    s.add_argument(
+        "--resolved",
+        metavar="PATH",
+        help="write the config as the jobs will read it (device, backend, memory budget and "
+        "every default decided): the file the workflow writes to .snakemake/tula/config.json",
     )
     s.set_defaults(func=cmd_check)
 

@@ -25,6 +25,7 @@ from tula.io import write_json
 from tula.model import plan
 from tula.model.grid import boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
+from tula.workflow import snapshot
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -43,17 +44,38 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             prof.get("probe_partition"),
             cfg.launch.slurm_partition or prof.get("train_partition"),
             cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
+            profile_mem_mb=prof.get("mem_mb"),
         )
         print(preflight.describe(report))
 
 
+def _as_the_jobs_read_it(
+    cfg: config_mod.Config, prof: dict, cluster: bool, resolved: str | None
+) -> tuple[config_mod.Config, devices.Decision]:
+    """The config resolved as the workflow's jobs read it (the device decided; the memory
+    budget was decided when it loaded), said, and written to ``resolved`` when asked."""
+    decision = devices.for_config(cfg, "slurm" if cluster else "local", prof.get("probe_partition"))
+    print(f"device: {decision.why}")
+    cfg = devices.apply(cfg, decision)
+    print(f"memory budget: {cfg.hardware.describe_memory()}")
+    if resolved:
+        snapshot(cfg, resolved)
+    return cfg, decision
+
+
 def run(
-    config, out=None, config_only: bool = False, profile: str | None = None, cluster: bool = False
+    config,
+    out=None,
+    config_only: bool = False,
+    profile: str | None = None,
+    cluster: bool = False,
+    resolved: str | None = None,
 ) -> dict | None:
     """``tula check``: validate the config, list the search set; with ``profile``, read the
     Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
     (tula.slurm); unless ``config_only``, load the dataset and run the model on real
-    samples, and write the workload's description."""
+    samples, and write the workload's description. ``resolved``: write the config as the
+    jobs read it (:func:`tula.workflow.snapshot`, what the workflow's onstart writes)."""
     cfg = config_mod.load(config)
     check_dataset_paths(cfg)
     pts = search_set(cfg)
@@ -72,9 +94,7 @@ def run(
         )
     print(describe_campaign(campaign(cfg)))
     prof = preflight.read_profile(profile) if profile else {}
-    decision = devices.for_config(cfg, "slurm" if cluster else "local", prof.get("probe_partition"))
-    print(f"device: {decision.why}")
-    cfg = devices.apply(cfg, decision)  # as the workflow's jobs will run
+    cfg, decision = _as_the_jobs_read_it(cfg, prof, cluster, resolved)
     _cluster_side(cfg, prof, profile, cluster)
     if config_only:
         return None
@@ -92,7 +112,13 @@ def run(
     # a named GPU: the jobs' device, whatever this (login) node has
     w["estimate"] = estimate(cfg, w, "cuda" if cfg.hardware.gpu else decision.device)
     if out:
-        device = {"device": decision.device, "backend": decision.backend, "why": decision.why}
+        device = {
+            "device": decision.device,
+            "backend": decision.backend,
+            "why": decision.why,
+            "memory_budget_bytes": cfg.hardware.memory_budget_bytes,
+            "memory_budget": cfg.hardware.describe_memory(),
+        }
         write_json(out, {**w, "device": device, "warnings": [upsampling] if upsampling else []})
     return w
 

@@ -131,6 +131,7 @@ def success_lines(results: str | Path, cfg: Config) -> list[str]:
             f"  accuracy: {100 * final['final_test_acc']:.2f} % at the end, best "
             f"{100 * final['best_test_acc']:.2f} %, {final['epochs']} epochs"
         )
+    lines.append(f"  memory budget: {cfg.hardware.describe_memory()}")
     lines += [f"  trust: {t}" for t in _trust(results, sel, final)]
     report = results / "report.html"
     if report.exists():

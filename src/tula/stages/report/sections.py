@@ -321,7 +321,13 @@ def device_line(workload: dict | None) -> str:
     d = (workload or {}).get("device")
     if not d:
         return ""
+    budget = (
+        f" Memory budget: {html.escape(d['memory_budget'])}; the memory probe and the search "
+        "set were bounded by it."
+        if d.get("memory_budget")
+        else ""
+    )
     return (
         f"<p class=sub>Ran on <b>{html.escape(d['device'].upper())}</b> with "
-        f"{html.escape(d['backend'])}: {html.escape(d['why'])}.</p>"
+        f"{html.escape(d['backend'])}: {html.escape(d['why'])}.{budget}</p>"
     )
