@@ -176,6 +176,36 @@ def _check(tmp_path, raw, *extra):
 
 
 @pytest.mark.slurm
+def test_check_cluster_refuses_a_profile_asking_more_memory_than_the_nodes_have(
+    slurm_cluster, tiny_raw, tmp_path
+):
+    """The real controller's node memory (RealMemory) against the profile's mem_mb, through
+    `tula check --cluster --profile`: the shipped 16000 MB fits this machine's node; 100 times
+    the node's memory is refused before anything is queued, naming the profile key."""
+    tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
+    shipped = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    real = slurm.read_partition(None).node_mem_mb[0]
+    for mem_mb, ok in (
+        (shipped["default-resources"]["mem_mb"], 16000 <= real),
+        (100 * real, False),
+    ):
+        prof = {**shipped, "default-resources": {**shipped["default-resources"], "mem_mb": mem_mb}}
+        (tmp_path / "prof").mkdir(exist_ok=True)
+        (tmp_path / "prof" / "config.yaml").write_text(yaml.safe_dump(prof))
+        r = _check(tmp_path, tiny_raw, "--profile", "prof")
+        if ok:
+            assert r.returncode == 0, r.stderr
+            assert f"({real} MB of memory)" in r.stdout and f", {mem_mb} MB per node" in r.stdout
+        else:
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert (
+                f"the memory probe (1 worker) asks SLURM for {mem_mb} MB per node (sbatch --mem: "
+                "mem_mb in the profile (default-resources, or set-resources.memprobe)), but the "
+                f"nodes of partition 'debug' have at most {real} MB" in r.stderr
+            )
+
+
+@pytest.mark.slurm
 def test_check_cluster_refuses_more_nodes_than_the_partition_has(slurm_cluster, tiny_raw, tmp_path):
     # N=2 on 2 nodes; the test cluster has one
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1
