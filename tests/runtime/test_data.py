@@ -78,3 +78,55 @@ def test_image_folder_layout_errors(tmp_path):
     (tmp_path / "a" / "val").mkdir(parents=True)
     with pytest.raises(ConfigError, match="val has no class folders"):
         load(f"imagefolder:{tmp_path / 'a'}")
+
+
+def test_a_uint8_set_stays_uint8_and_its_batches_are_standardised_where_they_are(tmp_path):
+    """A uint8 npz set is held as uint8 (its stored bytes, for the host and the resident rule);
+    each batch the device feed hands the step -- from the DataLoader, or gathered from the
+    resident copy -- and each test batch the replica moves equal, within 1e-6, what the former
+    host path gave (the whole set to float32, standardised once); the model's check samples
+    alike."""
+    import torch
+
+    from tula import config
+    from tula.runtime import loader
+    from tula.runtime.data import TensorSet, WorkloadData
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(300, 3, 8, 8), dtype=np.uint8)
+    xt = rng.integers(0, 256, size=(60, 3, 8, 8), dtype=np.uint8)
+    path = tmp_path / "u8.npz"
+    np.savez(path, x_train=x, y_train=np.arange(300) % 4, x_test=xt, y_test=np.arange(60) % 4)
+    data = load(f"npz:{path}")
+    assert data.train.x.dtype == torch.uint8 and data.test.x.dtype == torch.uint8
+    assert loader.resident_bytes(data) == x.nbytes + 300 * 8  # uint8 samples, int64 labels
+    # the former path: float32 on the host, standardised with float32 statistics
+    x32 = x.astype(np.float32)
+    mean, std = float(x32.mean()), float(x32.std())
+    before = WorkloadData(
+        data.name,
+        TensorSet(torch.from_numpy((x32 - mean) / std), data.train.y),
+        TensorSet(torch.from_numpy((xt.astype(np.float32) - mean) / std), data.test.y),
+        data.num_classes,
+        data.input_shape,
+    )
+    cpu = torch.device("cpu")
+    for on_device in (False, True):
+        cfg = config.from_dict(
+            {"workload": {"dataset": f"npz:{path}"}, "data": {"on_device": on_device}}
+        )
+        got = {}
+        for name, d in (("now", data), ("before", before)):
+            ld, sampler = loader.train_loader(cfg, d, 64, 0, 1, cpu)
+            feed = loader.DeviceFeed(cfg, d, ld, sampler, cpu, channels_last=False)
+            assert feed.resident is on_device
+            sampler.set_position(2, 0)
+            got[name] = list(feed)
+        assert len(got["now"]) == len(got["before"]) == 5
+        for (a, ya), (b, yb) in zip(got["now"], got["before"]):
+            assert a.dtype == b.dtype == torch.float32 and torch.equal(ya, yb)
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), (a - b).abs().max()
+    test_batch = torch.from_numpy(xt[:16])
+    assert torch.allclose(
+        data.as_input(test_batch), before.test.x[:16], rtol=0, atol=1e-6
+    ) and torch.equal(before.as_input(before.test.x[:16]), before.test.x[:16])

@@ -253,6 +253,38 @@ def test_probe_of_a_user_model_and_dataset_imported_on_every_worker(
 
 
 @pytest.mark.probe
+def test_a_uint8_npz_set_is_probed_with_its_batches_standardised_on_the_device(tmp_path, venv_path):
+    """A uint8 image set kept on the device (data.on_device: true gathers there on CPU too):
+    the probe's steps, its memory step and evaluation all take standardised float input (a
+    uint8 batch into the network would fail its first convolution), and the probe records the
+    resident set."""
+    import numpy as np
+    import yaml
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(256, 1, 8, 8), dtype=np.uint8)
+    np.savez(
+        tmp_path / "u8.npz",
+        x_train=x,
+        y_train=np.arange(256) % 10,
+        x_test=x[:64],
+        y_test=np.arange(64) % 10,
+    )
+    cfg = tmp_path / "u8.yaml"
+    raw = {
+        "workload": {"dataset": f"npz:{tmp_path / 'u8.npz'}"},
+        "data": {"on_device": True},
+        "grid": {"workers": [1], "batch_min": 32, "batch_max": 64},
+        "probe": {"warmup_steps": 1, "timed_steps": 2, "time_budget_s": 0.3, "sweep_steps": 0},
+    }
+    cfg.write_text(yaml.safe_dump(raw))
+    rec = probe.run(cfg, 1, 32, tmp_path / "N1_B32.json")
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["on_device"] is True and rec["step_time_s"] > 0 and rec["eval_time_s"] > 0
+    assert rec["memory"]["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # the step's float input
+
+
+@pytest.mark.probe
 def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
     tmp_path, venv_path, user_pythonpath
 ):

@@ -252,6 +252,7 @@ class DeviceFeed:
             channels_last,
         )
         self.data_cfg = cfg.data
+        self.as_input = data.as_input  # an integer set standardised here, on the device
         self.resident = keep_on_device(cfg, data, device)
         self.stream = (
             torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
@@ -280,7 +281,7 @@ class DeviceFeed:
             idx = perm[off + s.rank : off + k : s.world]
             # indexing keeps the resident set's channels_last layout (index_select would return
             # NCHW, and the step would copy the batch once more to convert it)
-            yield self.x[idx], self.y[idx]
+            yield self.as_input(self.x[idx]), self.y[idx]
 
     def _prepare(self, batch):
         if batch is None:
@@ -294,7 +295,7 @@ class DeviceFeed:
     def _on_device(self, x):
         if isinstance(x, Encoded):
             return decode_batch(x, self.data_cfg, self.device)
-        return x.to(self.device, non_blocking=self.stream is not None)
+        return self.as_input(x.to(self.device, non_blocking=self.stream is not None))
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return (

@@ -300,7 +300,7 @@ def check_workload(cfg) -> dict:
     d = data_mod.load_config(cfg)
     torch.manual_seed(cfg.workload.seed)
     model = build_model(cfg.workload.model, d.input_shape, d.num_classes)
-    sample = d.train[0][0]
+    sample = d.as_input(d.train[0][0])
     check_forward(cfg.workload.model, model, sample, d.num_classes)
     params = sum(p.numel() for p in model.parameters())
     stored = data_mod.stored_image_size(d.train)

@@ -121,7 +121,7 @@ class Replica:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.to(self.device, non_blocking=True)
+        x = self.data.as_input(x.to(self.device, non_blocking=True))
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.device, non_blocking=True)
