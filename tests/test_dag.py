@@ -174,6 +174,12 @@ def test_every_output_exists_and_parses(finished_run):
     html = (res / "report.html").read_text()
     assert "Ran on <b>CPU</b> with gloo: hardware.device auto: this machine has no GPU" in html
     assert "Memory budget: 14.4 GB per worker (the default 16 GB, no hardware.gpu named" in html
+    # what each probe job spent timing, and the campaign's share in the report
+    meas = pd.read_csv(res / "measurements.csv")
+    ok = meas[(meas["source"] == "probe") & (meas["status"] == "ok")]
+    assert (ok["timed_s"] > 0).all() and (ok["probe_efficiency"] <= 1).all(), ok
+    assert ((ok["timed_s"] / ok["wall_s"] - ok["probe_efficiency"]).abs() < 1e-9).all()
+    assert "The probe campaign: " in html and "of what the probes cost bought a measurement" in html
     assert json.loads((res / "workload.json").read_text())["device"]["device"] == "cpu"
     assert (
         "Use N = " in html

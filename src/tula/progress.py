@@ -15,6 +15,11 @@ def fmt_duration(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
+def fmt_span(seconds: float) -> str:
+    """A duration as a person reads it: tenths of a second below a minute."""
+    return f"{seconds:.1f} s" if seconds < 60 else fmt_duration(seconds)
+
+
 class Progress:
     """Prints ``[label] what i/n  rate unit/s  ETA ..`` at most every ``every_s`` seconds."""
 

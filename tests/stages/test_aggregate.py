@@ -106,3 +106,34 @@ def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
         len(measurements.probes(df)) == 3
         and df[df["source"] == "memory"].iloc[0]["act_bytes"] == 300
     )
+
+
+def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tmp_path):
+    """timed_s = the timed steps' seconds (synced, compute-only, the sweep's ok batches: a mean x
+    its steps); probe_efficiency = timed_s / wall_s; a failed probe bought none; the report's
+    precision section sums the campaign."""
+    from tula.stages.report.trust import precision_section
+
+    sweep = [
+        {"local_batch": 16, "status": "ok", "compute_time_s": 0.01, "compute_timed_steps": 6},
+        {"local_batch": 128, "status": "oom", "error": "out of memory"},
+    ]
+    timing = dict(step_timed_steps=40, compute_timed_steps=30, wall_s=10.0, sweep=sweep)
+    write_json(tmp_path / "N2_B64.json", probe_record(2, 64, **timing))
+    write_json(tmp_path / "N2_B32.json", probe_record(2, 32, "error", error="boom", wall_s=6.0))
+    out = tmp_path / "m.csv"
+    aggregate.run([tmp_path / "N2_B64.json", tmp_path / "N2_B32.json"], out)
+    df = pd.read_csv(out)
+    ok = df[(df["source"] == "probe") & (df["status"] == "ok")].iloc[0]
+    assert abs(ok["timed_s"] - (0.02 * 40 + 0.015 * 30 + 0.01 * 6)) < 1e-12
+    assert abs(ok["probe_efficiency"] - ok["timed_s"] / 10.0) < 1e-12
+    failed = df[df["status"] == "error"].iloc[0]
+    assert pd.isna(failed["timed_s"]) and pd.isna(failed["probe_efficiency"])
+    assert df[df["source"] == "sweep"]["timed_s"].isna().all()
+    df["precision_reached"], df["precision_target"] = True, 0.02
+    df["compute_time_halfwidth_rel"] = 0.01
+    html = precision_section(df)
+    assert (
+        "The probe campaign: 2 probe job(s) ran 16.0 s (their workers' wall, summed) for 1.3 s of "
+        "timed steps: <b>8 %</b> of what the probes cost bought a measurement" in html
+    )

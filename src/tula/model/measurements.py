@@ -44,7 +44,11 @@ that mean is over; precision_target (probe.precision), precision_reached (both w
 timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width. On
 memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
 estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
-relative error against the measured peak ((estimate - measured) / measured)."""
+relative error against the measured peak ((estimate - measured) / measured). On probe rows,
+what the probe job spent timing: timed_s, the seconds of its timed steps (synced, compute-only
+and its sweep's, each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of
+the job's wall (its workers' start to end) that bought a measurement; the rest is start-up,
+first steps, evaluation and checkpoints (the report sums it over the campaign)."""
 
 from __future__ import annotations
 
@@ -111,6 +115,8 @@ OPTIONAL = [
     "timing_stopped_by",
     "estimate_mem_bytes",
     "estimate_mem_error",
+    "timed_s",
+    "probe_efficiency",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

@@ -29,6 +29,9 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     row["data_workers"] = env.get("data_workers")
     row["hosts"] = " ".join(env.get("hostnames") or []) or None  # every rank's, in rank order
     row["source"], row["probe_file"] = "probe", probe_file
+    row["timed_s"] = timed_seconds(record)
+    if row["timed_s"] is not None and record.get("wall_s"):
+        row["probe_efficiency"] = row["timed_s"] / record["wall_s"]
     rows = [row]
     for sw in record.get("sweep") or []:
         rows.append(
@@ -56,6 +59,22 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     for fb in record.get("fallbacks") or []:
         rows += rows_from_probe(fb, probe_file)
     return rows
+
+
+def timed_seconds(record: dict) -> float | None:
+    """Seconds of timed steps a probe job bought: its synced and compute-only steps at (N, B)
+    and its sweep's compute-only steps (each a mean x the steps it is over). None where the
+    probe measured nothing."""
+    if record.get("status") != "ok":
+        return None
+    total = 0.0
+    for kind in ("step", "compute"):
+        t, k = record.get(f"{kind}_time_s"), record.get(f"{kind}_timed_steps")
+        total += (t or 0.0) * (k or 0)
+    for sw in record.get("sweep") or []:
+        if sw.get("status") == "ok":
+            total += (sw.get("compute_time_s") or 0.0) * (sw.get("compute_timed_steps") or 0)
+    return total
 
 
 def rows_from_memory_probe(record: dict, path: str) -> list[dict]:

@@ -14,17 +14,12 @@ import pandas as pd
 from tula.config import Config
 from tula.io import read_json
 from tula.model import pricing
-from tula.progress import fmt_duration
+from tula.progress import fmt_span
 
 
 def _first_sentence(text: str) -> str:
     cut = re.split(r"(?<=[.;)])\s+(?=[A-Z(])", text.strip(), maxsplit=1)[0]
     return cut if len(cut) < 240 else cut[:237] + "..."
-
-
-def _span(seconds: float) -> str:
-    """A duration as a person reads it: tenths of a second below a minute."""
-    return f"{seconds:.1f} s" if seconds < 60 else fmt_duration(seconds)
 
 
 def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
@@ -36,14 +31,14 @@ def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
         timed = next((p for p in final.get("wall_check") or [] if p["part"] == "steps"), None)
         predicted = timed["predicted_s"] if timed else final["predicted_train_time_s"]
         out.append(
-            f"training steps predicted {_span(predicted)}, paid "
-            f"{_span(final['train_time_s'])}"
+            f"training steps predicted {fmt_span(predicted)}, paid "
+            f"{fmt_span(final['train_time_s'])}"
             + (f" (x{r:.2f})" if (r := final.get("train_time_ratio")) is not None else "")
         )
     if final.get("predicted_wall_time_s"):
         out.append(
-            f"wall time predicted {_span(final['predicted_wall_time_s'])}, paid "
-            f"{_span(final['wall_time_s'])} (x{final['wall_time_ratio']:.2f})"
+            f"wall time predicted {fmt_span(final['predicted_wall_time_s'])}, paid "
+            f"{fmt_span(final['wall_time_s'])} (x{final['wall_time_ratio']:.2f})"
         )
     paid = float(
         pricing.cost(final["train_time_s"], final["workers"], s.get("mem_bytes", 0.0), cfg)

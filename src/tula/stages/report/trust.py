@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from tula.model.grid import paid_mix
-from tula.progress import fmt_duration
+from tula.progress import fmt_duration, fmt_span
 from tula.stages.report.sections import _cell
 
 
@@ -45,7 +45,7 @@ def precision_section(measurements: pd.DataFrame) -> str:
         "training pays, every kind of step (an epoch's first, its short last batch) at its "
         "share of an epoch; the steps counted here are the plain ones. The fits weight each "
         "point by its precision.</p>"
-    )
+    ) + campaign_line(measurements)
     if not missed:
         return head + "<p>Every point reached it.</p>" + "\n".join(out) + "</table>"
     return (
@@ -58,6 +58,25 @@ def precision_section(measurements: pd.DataFrame) -> str:
         + "</ul>"
         + "\n".join(out)
         + "</table>"
+    )
+
+
+def campaign_line(measurements: pd.DataFrame) -> str:
+    """What the probe jobs cost against the timing they bought (measurements' timed_s and
+    wall_s): the overhead Tula adds on top of the job it plans."""
+    if "timed_s" not in measurements.columns:
+        return ""
+    probes = measurements[measurements["source"] == "probe"]
+    wall = pd.to_numeric(probes["wall_s"], errors="coerce").sum()
+    timed = pd.to_numeric(probes["timed_s"], errors="coerce").sum()
+    if not wall > 0:
+        return ""
+    return (
+        f"<p>The probe campaign: {len(probes)} probe job(s) ran {fmt_span(wall)} (their "
+        f"workers' wall, summed) for {fmt_span(timed)} of timed steps: "
+        f"<b>{100 * timed / wall:.0f} %</b> of what the probes cost bought a measurement; the "
+        "rest was start-up, first steps (each new batch shape), evaluation and checkpoints "
+        "(measurements.csv: timed_s, probe_efficiency per probe).</p>"
     )
 
 
