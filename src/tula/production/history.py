@@ -350,10 +350,19 @@ def _error_line(text: str) -> str:
     return found[-1].strip() if found else ""
 
 
+def _has_result(job: submitit.Job) -> bool:
+    tasks = [job.task(i) for i in range(job.num_tasks)] if job.num_tasks > 1 else [job]
+    return any(t.paths.result_pickle.exists() for t in tasks)
+
+
 def outcome(job: submitit.Job, out: Path, attempt: int) -> tuple[str, str]:
     """(outcome, reason) of a finished job: completed, oom, stopped or failed."""
     markers = sorted((out / "oom").glob(f"attempt{attempt}-rank*.json"))
     segs = segments(out, attempt)
+    if segs and segs[-1]["outcome"] == "stopped" and not _has_result(job):
+        # the ranks checkpointed, wrote this record and left by SystemExit, for which submitit
+        # writes no result: do not wait its 15 s for one that cannot come
+        return "stopped", segs[-1]["reason"]
     try:
         results = job.results()
     except Exception as exc:  # noqa: BLE001 - a failed job raises whatever the worker raised
