@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from tula import config
+from tula.runtime.clocks import HostClock
 from tula.runtime.replica import Replica
-from tula.runtime.timing import HostClock, StepTimer, Target
+from tula.runtime.timing import StepTimer, Target
 
 
 def main() -> None:

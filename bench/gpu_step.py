@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tula import config as config_mod  # noqa: E402
 from tula.runtime import dist  # noqa: E402
+from tula.runtime.clocks import clock_for  # noqa: E402
 from tula.runtime.nets import build_model  # noqa: E402
 from tula.runtime.replica import Replica  # noqa: E402
-from tula.runtime.timing import StepTimer, Target, clock_for  # noqa: E402
+from tula.runtime.timing import StepTimer, Target  # noqa: E402
 
 METHODS = ("ags", "lbt", "lrs", "static", "lars", "polo")
 

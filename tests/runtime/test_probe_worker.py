@@ -8,8 +8,9 @@ from test_replica import _replica, one_process_group  # noqa: F401 - the fixture
 
 from tula import config
 from tula.runtime import probe_timing, probe_worker
+from tula.runtime.precision import Series
 from tula.runtime.replica import Replica
-from tula.runtime.timing import Series, Target, Timing
+from tula.runtime.timing import Target, Timing
 
 
 def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one_process_group):  # noqa: F811

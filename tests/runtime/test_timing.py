@@ -7,15 +7,9 @@ import time
 import pytest
 
 from tula.model.grid import paid_mix
-from tula.runtime.timing import (
-    HostClock,
-    Series,
-    StepTimer,
-    Target,
-    block_for,
-    half_width_rel,
-    mix_half_width_rel,
-)
+from tula.runtime.clocks import HostClock, block_for
+from tula.runtime.precision import Series, half_width_rel, mix_half_width_rel, spikes, spread
+from tula.runtime.timing import StepTimer, Target
 
 
 class Sleeper:
@@ -232,3 +226,91 @@ def test_a_queued_clock_times_sized_blocks_and_reads_them_only_when_judging():
     runs = "".join("b" if e == "begin" else "r" for e in clock_log[2:])  # after the sizing step
     assert set(runs.split("b")) <= {"", "r" * 8}  # reads only in runs of 8, between rounds
     assert t.arms["step"].n_steps >= 20
+
+
+class FakeGPU:
+    """A CUDA stream on a fake clock: the host spends ``host_s`` queuing each step, the device
+    ``device_s`` running it, and a block's time between its events is the longer of the two
+    (a device waits for the work its host has not queued yet); ``spike_every``-th blocks take
+    ``spike_s`` more (a step that waited on Python). Nothing sleeps: every time is known."""
+
+    queued = True
+
+    def __init__(self, host_s, device_s, spike_every=0, spike_s=0.0, jitter=0.01):
+        self.host_s, self.device_s, self.jitter = host_s, device_s, jitter
+        self.spike_every, self.spike_s = spike_every, spike_s
+        self.t, self.blocks, self.last = 0.0, 0, 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def arm(self, steps: int) -> tuple[int, str]:
+        self.blocks += 1
+        self.t += self.host_s * steps
+        wobble = 1 + self.jitter * ((self.blocks * 7919) % 11 - 5) / 5  # +-jitter, repeatable
+        self.last = max(self.host_s, self.device_s) * steps * wobble
+        if self.spike_every and self.blocks % self.spike_every == 0:
+            self.last += self.spike_s
+        return steps, "plain"
+
+    def begin(self) -> float:
+        return self.t
+
+    def end(self, mark: float) -> float:
+        return self.last
+
+    def read(self, handle: float) -> float:
+        return handle
+
+    def sync_cost_s(self) -> float:
+        return 50e-6
+
+
+def _fake_timing(gpu: FakeGPU, target: Target):
+    timer = StepTimer(gpu, target, now=gpu.now, block_steps=1)
+    return timer.run({"step": gpu.arm, "compute": gpu.arm})
+
+
+def test_a_step_the_host_cannot_queue_fast_enough_is_said_to_be_host_bound():
+    """On a queued clock the record says the host's share of each step: 2 ms of Python to
+    queue 0.1 ms of kernels makes the device wait (share ~1); 0.5 ms to queue 5 ms of
+    kernels keeps it busy (share 0.1). A host clock has no queue to say it of."""
+    bound = _fake_timing(FakeGPU(host_s=2e-3, device_s=1e-4), Target(0.02, 20, 10.0)).record()
+    busy = _fake_timing(FakeGPU(host_s=5e-4, device_s=5e-3), Target(0.02, 20, 10.0)).record()
+    assert bound["step_host_share"] == pytest.approx(1.0, abs=0.02)
+    assert busy["step_host_share"] == pytest.approx(0.1, rel=0.05)
+    assert bound["compute_host_share"] == pytest.approx(1.0, abs=0.02)
+    on_cpu = StepTimer(HostClock(), Target(0.5, 4, 10.0)).run(
+        {"step": Sleeper("step", 0.001, 0.0, [], 1)}
+    )
+    assert on_cpu.record()["step_host_share"] is None
+
+
+def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says_so():
+    """50 ms steps within 1 %, every 25th one 80 ms slower (a step that waited on Python): the
+    standard deviation never lets the mean reach 2 % in the budget's steps; the robust spread
+    does, within the 20 steps asked. The mean keeps the spikes; the record names the spread,
+    the spikes, and the half-width both ways."""
+    target = Target(0.02, 20, 30.0)
+    t = _fake_timing(FakeGPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
+    r = t.record()
+    assert t.reached and t.stopped_by == "precision"
+    assert t.arms["step"].n_steps <= 24  # judged by the sd, it would take about 900
+    assert r["step_spread"] == "mad" and r["step_spikes"] >= 1
+    assert r["step_time_halfwidth_judged_rel"] <= 0.02 < r["step_time_halfwidth_rel"]
+    xs = t.arms["step"].times
+    assert t.arms["step"].mean() == pytest.approx(sum(xs) / len(xs))  # the spikes are in it
+    assert max(xs) > 0.12
+    # without spikes the spread is the standard deviation, and both half-widths agree
+    calm = _fake_timing(FakeGPU(1e-3, 0.05), target).record()
+    assert calm["step_spread"] == "sd" and calm["step_spikes"] == 0
+    assert calm["step_time_halfwidth_judged_rel"] == calm["step_time_halfwidth_rel"]
+
+
+def test_spikes_are_few_far_samples_above_the_median():
+    xs = [1.0, 1.01, 0.99, 1.02, 0.98] * 4
+    assert spikes(xs) == 0 and spread(xs, robust=True)[1] == "sd"
+    assert spikes([*xs, 3.0]) == 1 and spread([*xs, 3.0], robust=True)[1] == "mad"
+    assert spread([*xs, 3.0])[1] == "sd"  # not asked for: the standard deviation
+    # as many slow steps as fast ones are not spikes: a bimodal step is judged by its sd
+    assert spread([1.0] * 10 + [3.0] * 10, robust=True)[1] == "sd"

@@ -276,6 +276,43 @@ def test_the_precision_table_names_the_points_that_missed_and_what_would_reach_t
     # three kinds, so the 10 plain steps came with 20 others, and all of them scale alike
     html = precision_section(m.assign(train_samples=1437))
     assert "N=2 B=512: &plusmn;8.0 %, about 480 steps (~43s of timing)" in html
+    # a probe whose few spiking steps were judged by their robust spread shows that half-width
+    spiky = m.assign(
+        step_spread=["mad", "sd"],
+        step_spikes=[2, 0],
+        step_time_halfwidth_rel=[0.09, 0.08],
+        step_time_halfwidth_judged_rel=[0.012, 0.08],
+        compute_time_halfwidth_judged_rel=[0.015, 0.04],
+    )
+    html = precision_section(spiky)
+    assert "<td>1.2 % (robust spread: 2 step(s) spiked)</td>" in html and "9.0 %" not in html
+    assert "1 of 2 points missed it" in html
+
+
+def test_the_host_section_says_below_which_batch_the_gpu_waits_for_python():
+    from tula.stages.report.sections import host_section
+
+    m = pd.DataFrame(
+        {
+            "source": ["probe"] * 4 + ["sweep"],
+            "status": ["ok"] * 5,
+            "workers": [1, 1, 1, 1, 1],
+            "global_batch": [32, 64, 256, 1024, 128],
+            "step_host_share": [0.98, 0.93, 0.41, 0.12, None],
+            "host_bound": [True, True, False, False, None],
+        }
+    )
+    card = host_section(m)
+    assert "The host sets the pace below B = 256: the GPU waits for Python." in card
+    assert "N=1 B=32 (98 %), N=1 B=64 (93 %)" in card and "B=1024" not in card
+    assert "train.compile: true" in card and "a larger batch per worker" in card
+    everywhere = host_section(m.assign(step_host_share=[0.98, 0.97, 0.95, 0.92, None]))
+    assert "at every batch probed up to B = 1024" in everywhere
+    busy = host_section(m.assign(step_host_share=[0.3, 0.2, 0.1, 0.05, None]))
+    assert "at most 30 % of its time" in busy and "card bad" not in busy
+    # a CPU has no queue: its probes cannot tell, and the report says nothing
+    assert host_section(m.assign(step_host_share=None)) == ""
+    assert host_section(m.drop(columns=["step_host_share", "host_bound"])) == ""
 
 
 def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():

@@ -21,7 +21,6 @@ from tula.model import curvefit
 from tula.model.curvefit import Fitted, Form
 from tula.model.grid import nodes_of
 
-INPUT_BOUND = 0.8  # a step is input-bound where its input alone takes at least this share of it
 INF = np.inf
 
 

@@ -41,7 +41,12 @@ each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
 step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
 relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the steps
 that mean is over; precision_target (probe.precision), precision_reached (both within it) and
-timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width. On
+timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width. The
+precision rule judges a step that spikes by its robust spread (:mod:`tula.runtime.precision`):
+step_spread (sd | mad) and step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel
+are the half-widths it judged (the fits weigh by the standard deviation's). On a device with a
+queue (CUDA): step_host_share, the host's time to queue a step over its time between the step's
+events, and host_bound (at least HOST_BOUND, 90 %: the device waited for Python). On
 memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
 estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
 relative error against the measured peak ((estimate - measured) / measured). On probe rows,
@@ -57,6 +62,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# a step is input-bound where its input alone takes at least this share of it (the probe's
+# input_bound; the floor, tula.model.floor, is where the fitted input time reaches it)
+INPUT_BOUND = 0.8
+# a step is host-bound where the host's time to queue it is at least this share of its time on
+# the device between its CUDA events (the probe's step_host_share; the device waited for Python)
+HOST_BOUND = 0.9
+
 REQUIRED = [
     "workers",
     "global_batch",
@@ -69,6 +81,12 @@ REQUIRED = [
 ]
 OPTIONAL = [
     "source",
+    "step_host_share",
+    "host_bound",
+    "step_spread",
+    "step_spikes",
+    "step_time_halfwidth_judged_rel",
+    "compute_time_halfwidth_judged_rel",
     "first_short_step_s",
     "partial_extra_s",
     "nodes",

@@ -24,7 +24,7 @@ import pandas as pd
 
 from tula.model import curvefit
 from tula.model.curvefit import Fitted, Form, Inputs
-from tula.model.floor import INPUT_BOUND, INPUT_FORMS, fit_input
+from tula.model.floor import INPUT_FORMS, fit_input
 from tula.model.forms import (
     COLLECTIVE_TERMS,
     COMPUTE_FORMS,
@@ -36,6 +36,7 @@ from tula.model.forms import (
     two_level_forms,
 )
 from tula.model.grid import nodes_of
+from tula.model.measurements import INPUT_BOUND
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula import workers
 from tula.io import write_json
-from tula.model.floor import INPUT_BOUND
 from tula.model.grid import Point
+from tula.model.measurements import HOST_BOUND, INPUT_BOUND
 from tula.model.memory import max_local_batch
 from tula.runtime import dist, gradnoise, probe_timing, sweep
 from tula.runtime.agreement import StepOOM
@@ -330,11 +330,19 @@ def _measurement(
         "compile": replica.t.compile,
         "on_device": replica.stream.feed.resident,
         **_input(gathered, s["mean"] + extra),
+        "host_bound": _host_bound(timing),
         "steps_run": replica.pos.step,
         "optimizer_counters": dict(replica.opt.counters)
         if isinstance(replica.opt, TulaOptimizer)
         else None,
     }
+
+
+def _host_bound(timing: Timing) -> bool | None:
+    """On a queued device: did the host's time to queue the synced step set its pace (None
+    where the clock has no queue to tell it by)."""
+    share = timing.arms["step"].host_share()
+    return None if share is None else bool(share >= HOST_BOUND)
 
 
 def _peaks(gathered: list[dict]) -> dict[str, int | None]:

@@ -36,13 +36,14 @@ from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree_host
+from tula.runtime.clocks import clock_for
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import build_method, follow_new_batch, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
 from tula.runtime.optim import load_optimizer_state, refresh_scales
 from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
-from tula.runtime.timing import StepTimer, clock_for
+from tula.runtime.timing import StepTimer
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # what a step changes besides the model, optimizer, schedule, scaler and RNG (Replica.undone)

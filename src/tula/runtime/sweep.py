@@ -14,9 +14,10 @@ from tula import config as config_mod
 from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
+from tula.runtime.precision import Series
 from tula.runtime.probe_timing import compute_only, step_timer, synced_lead_in
 from tula.runtime.replica import Replica
-from tula.runtime.timing import Series, StepTimer, Target
+from tula.runtime.timing import StepTimer, Target
 
 # a swept batch must fit this many times into an epoch (start, short last batch aside)
 SWEEP_MIN_STEPS = 4

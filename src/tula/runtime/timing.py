@@ -20,10 +20,18 @@ autorange, pyperf, Triton's ``do_bench``):
 The timer goes on, round after round, until every arm has at least ``min_steps`` steps and
 its half-width is at most ``precision``, or until ``budget_s`` seconds of timing are spent;
 the result says which ended it. The production job pays its slow steps too, so the figure is
-the mean (not the median) and its precision is the mean's. Where training pays other kinds of
+the mean (not the median) and its precision is the mean's (where a few steps spike, judged
+by the steps' robust spread: :mod:`tula.runtime.precision`). Where training pays other kinds of
 step often (an epoch of 3 steps: its first, one plain, its short last batch), the precision is
 that of the mean it pays, weighing every kind's samples by its share (:class:`Series`'s
 ``mix``): the plain steps alone would be a third of the samples, and the others' noise unsaid.
+
+**Who sets the pace (a queued clock).** Beside each block's time between its events the timer
+takes the host's own time to queue it (``now`` around the run): the arm's ``host_share`` (its
+record's ``*_host_share``) is the one over the other. Near 1, the device waited for the host
+(Python, the launch of many small kernels): a faster device would not help. The host's time also
+holds any wait the step makes on the device (a ``.item()``, a copy from pageable memory), which
+reads the same; Tula's step makes none (its batches are pinned, copied without blocking).
 
 **Every rank alike.** A step's time is the slowest rank's (the step waits for it); at each check
 the ranks combine their new samples with an element-wise maximum (``combine``: one small
@@ -33,23 +41,16 @@ all-reduce on the host group), so every rank sees the same series and stops at t
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from scipy import stats
+from tula.runtime.clocks import EventClock, HostClock, block_for
+from tula.runtime.precision import Series, spread
 
-# a block's one synchronisation may cost at most this share of the block (queued devices)
-SYNC_SHARE = 0.01
-MAX_BLOCK = 1000  # steps in one block at most
 # a run of steps: (steps run, their kind): "plain" (a full batch), or "start" (an epoch's first),
 # "refresh" (a mid-epoch AGS refresh), "partial" (the epoch's short last batch), each run alone
 Run = Callable[[int], tuple[int, str]]
-# Only full batches make the mean. An epoch's short last batch is cheaper: among alternating arms
-# it falls on the same arm every epoch (an even number of steps), which it would make look faster
-# (8 % at N = 1, B = 128 on digits); it is kept apart, with the epoch's first step.
-PLAIN = ("plain",)
 
 
 @dataclass(frozen=True)
@@ -62,96 +63,6 @@ class Target:
     min_steps: int
     budget_s: float
     max_steps: int | None = None
-
-
-def half_width_rel(xs: list[float], alpha: float = 0.05) -> float:
-    """The 1 - alpha confidence half-width of the mean of ``xs``, relative to the mean
-    (inf with fewer than two samples)."""
-    if len(xs) < 2:
-        return math.inf
-    mean = statistics.fmean(xs)
-    if mean <= 0:
-        return math.inf
-    q = float(stats.t.ppf(1 - alpha / 2, len(xs) - 1))
-    return q * statistics.stdev(xs) / math.sqrt(len(xs)) / mean
-
-
-def mix_half_width_rel(groups: list[tuple[float, list[float]]], alpha: float = 0.05) -> float:
-    """The 1 - alpha confidence half-width of ``sum(w * mean(xs))`` over ``(w, xs)`` groups,
-    relative to it: each group's variance of its mean, weighted, in quadrature; the degrees of
-    freedom by Welch-Satterthwaite. One group of weight 1 is :func:`half_width_rel`. inf where
-    a group of positive weight has fewer than two samples."""
-    parts = [(w, xs) for w, xs in groups if w > 0]
-    if not parts or any(len(xs) < 2 for _, xs in parts):
-        return math.inf
-    mean = sum(w * statistics.fmean(xs) for w, xs in parts)
-    if mean <= 0:
-        return math.inf
-    var = [(w * w * statistics.variance(xs) / len(xs), len(xs) - 1) for w, xs in parts]
-    total = sum(v for v, _ in var)
-    if total == 0:
-        return 0.0
-    dof = total**2 / sum(v * v / d for v, d in var if v > 0)
-    return float(stats.t.ppf(1 - alpha / 2, dof)) * math.sqrt(total) / mean
-
-
-@dataclass
-class Series:
-    """One arm's samples: each sample's seconds per step and the steps it holds. Samples of a
-    kind other than plain (an epoch start, a refresh, a short last batch) are kept apart in
-    ``other``.
-
-    ``mix``: the share of the steps training pays that are of each other kind (an epoch of 3
-    steps: ``{"start": 1/3, "partial": 1/3}``; plain the rest). With it, the precision is the
-    one of the mean training pays, ``sum(share * mean of the kind)``, from every sample of every
-    kind; without it (or before every kind has two samples), that of the plain steps' mean."""
-
-    times: list[float] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    other: dict[str, list[float]] = field(default_factory=dict)
-    mix: dict[str, float] | None = None
-
-    @property
-    def n_steps(self) -> int:
-        return sum(self.steps)
-
-    def mean(self) -> float:
-        """Seconds per step over every plain step timed (blocks weighted by their steps)."""
-        n = self.n_steps
-        return sum(t * k for t, k in zip(self.times, self.steps)) / n if n else math.nan
-
-    def half_width(self) -> float:
-        mixed = self.mixed_half_width()
-        return mixed if math.isfinite(mixed) else half_width_rel(self.times)
-
-    def mixed_half_width(self) -> float:
-        """The half-width of the mean training pays (``mix``); inf where it cannot be judged
-        (no mix, no plain step, or a kind with fewer than two samples)."""
-        if not (self.mix and self.times):
-            return math.inf
-        groups = [(1.0 - sum(self.mix.values()), self.times)]
-        groups += [(w, self.other.get(kind, [])) for kind, w in sorted(self.mix.items())]
-        return mix_half_width_rel(groups)
-
-    def fall_back_to_starts(self) -> None:
-        """Where no plain step was timed (every step an epoch's first: B >= D), the epoch
-        starts stand in for them."""
-        if not self.times:
-            starts = self.other.get("start", [])
-            self.times, self.steps, self.mix = list(starts), [1] * len(starts), None
-
-    def starts_only(self) -> None:
-        """Set the plain samples aside (``other["plain"]``), so that the epoch starts stand in
-        for them: where another arm met no plain step, every arm is judged at the same kind."""
-        self.other.setdefault("plain", []).extend(self.times)
-        self.times, self.steps, self.mix = [], [], None
-
-    def add(self, seconds_per_step: float, steps: int, kind: str) -> None:
-        if kind in PLAIN:
-            self.times.append(seconds_per_step)
-            self.steps.append(steps)
-        else:
-            self.other.setdefault(kind, []).append(seconds_per_step)
 
 
 @dataclass
@@ -179,6 +90,14 @@ class Timing:
             out[f"{prefix}{name}_halfwidth_mix"] = s.mix if math.isfinite(mixed) else None
             hw = mixed if math.isfinite(mixed) else s.half_width()
             out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
+            # what the precision rule judged: the robust spread where single steps spike
+            judged = s.half_width(robust=True)
+            out[f"{prefix}{name}_time_halfwidth_judged_rel"] = (
+                judged if math.isfinite(judged) else None
+            )
+            out[f"{prefix}{name}_spread"] = _spread_of(s)
+            out[f"{prefix}{name}_spikes"] = s.spikes()
+            out[f"{prefix}{name}_host_share"] = s.host_share()
         out.update(
             {
                 f"{prefix}precision_target": self.target.precision,
@@ -193,81 +112,11 @@ class Timing:
         return out
 
 
-class HostClock:
-    """No queue: the host's clock around each run, the device drained before and after."""
-
-    queued = False
-
-    def __init__(self, drain: Callable[[], None] = lambda: None):
-        self.drain = drain
-
-    def begin(self) -> float:
-        self.drain()
-        return time.perf_counter()
-
-    def end(self, mark: float) -> float:
-        self.drain()
-        return time.perf_counter() - mark
-
-    def read(self, handle: Any) -> float:
-        return float(handle)
-
-    def sync_cost_s(self) -> float:
-        return 0.0
-
-
-class EventClock:
-    """A CUDA stream's clock: a pair of events around each block, read later."""
-
-    queued = True
-
-    def __init__(self, device: Any):
-        import torch  # noqa: PLC0415 - only where a CUDA device exists
-
-        self.torch, self.device = torch, device
-
-    def begin(self) -> Any:
-        e = self.torch.cuda.Event(enable_timing=True)
-        e.record(self.torch.cuda.current_stream(self.device))
-        return e
-
-    def end(self, mark: Any) -> Any:
-        e = self.torch.cuda.Event(enable_timing=True)
-        e.record(self.torch.cuda.current_stream(self.device))
-        return mark, e
-
-    def read(self, handle: Any) -> float:
-        start, stop = handle
-        stop.synchronize()  # returns at once for every block but the newest
-        return start.elapsed_time(stop) / 1000.0
-
-    def sync_cost_s(self, tries: int = 20) -> float:
-        """What a block's one synchronisation costs it (median of ``tries``): the device's idle
-        gap between the host's wait and the next work it queues, measured as a round trip of
-        one tiny kernel queued and waited for."""
-        one = self.torch.zeros(1, device=self.device)
-        self.torch.cuda.synchronize(self.device)
-        costs = []
-        for _ in range(tries):
-            t0 = time.perf_counter()
-            one.add_(1)
-            self.torch.cuda.synchronize(self.device)
-            costs.append(time.perf_counter() - t0)
-        return statistics.median(costs)
-
-
-def clock_for(device: Any, drain: Callable[[], None] = lambda: None) -> HostClock | EventClock:
-    """The clock that fits the device: events on CUDA, the host's clock elsewhere."""
-    if getattr(device, "type", str(device)) == "cuda":
-        return EventClock(device)
-    return HostClock(drain)
-
-
-def block_for(step_s: float, sync_cost_s: float, share: float = SYNC_SHARE) -> int:
-    """Steps in a block whose one synchronisation costs at most ``share`` of it."""
-    if step_s <= 0 or sync_cost_s <= 0:
-        return 1
-    return max(1, min(MAX_BLOCK, math.ceil(sync_cost_s / (share * step_s))))
+def _spread_of(s: Series) -> str:
+    """``mad`` where the precision rule judged any kind of the arm's steps by its robust
+    spread (a few of them spiked), else ``sd``."""
+    kinds = {spread(xs, robust=True)[1] for xs in (s.times, *s.other.values()) if len(xs) >= 2}
+    return "mad" if "mad" in kinds else "sd"
 
 
 def _same(values: list[float]) -> list[float]:
@@ -288,8 +137,10 @@ class StepTimer:
         block_steps: int | None = None,
         check_every: int = 4,
         mix: dict[str, float] | None = None,
+        now: Callable[[], float] = time.perf_counter,
     ):
         self.clock, self.target, self.combine = clock, target, combine
+        self.now = now  # the host's clock: the timer's budget, and a queued block's enqueue time
         self.mix = mix  # each arm's :attr:`Series.mix`: the kinds training pays, and how often
         self.block = 1 if not clock.queued else block_steps
         self.check_every = check_every
@@ -336,21 +187,23 @@ class StepTimer:
             first, _, _ = self.time_once(next(iter(arms.values())))
             self.size_block(first)
         block = int(self.block or 1)
-        t0 = time.perf_counter()
+        t0 = self.now()
         series = {name: Series(mix=self.mix) for name in arms}
-        pending: list[tuple[str, Any, int, str]] = []
+        pending: list[tuple[str, Any, int, str, float]] = []
         rounds, stopped, reached = 0, "", False
         while not stopped:
             if lead_in is not None:
                 lead_in(block)
             for name, run in arms.items():
                 mark = self.clock.begin()
+                queued_at = self.now()
                 n, kind = run(block)
-                pending.append((name, self.clock.end(mark), n, kind))
+                host = self.now() - queued_at  # on a queued clock, the host's time to queue it
+                pending.append((name, self.clock.end(mark), n, kind, host))
             rounds += 1
             if rounds % self.check_every:
                 continue
-            self._settle(pending, series, time.perf_counter() - t0)
+            self._settle(pending, series, self.now() - t0)
             pending = []
             reached, stopped = self._verdict(series)
             if on_check is not None:
@@ -358,14 +211,20 @@ class StepTimer:
         return self._timing(series, reached, stopped, t0, block)
 
     def _settle(
-        self, pending: list[tuple[str, Any, int, str]], series: dict[str, Series], elapsed: float
+        self,
+        pending: list[tuple[str, Any, int, str, float]],
+        series: dict[str, Series],
+        elapsed: float,
     ) -> None:
-        """Read the pending samples, take the slowest rank's of each, and add them."""
-        own = [self.clock.read(h) / max(n, 1) for _, h, n, _ in pending]
-        agreed = self.combine([*own, elapsed])
+        """Read the pending samples, take the slowest rank's of each, and add them (on a
+        queued clock with the host's time to queue each, the slowest rank's too)."""
+        own = [self.clock.read(h) / max(n, 1) for _, h, n, _, _ in pending]
+        host = [q / max(n, 1) for _, _, n, _, q in pending] if self.clock.queued else []
+        agreed = self.combine([*own, *host, elapsed])
         self._elapsed = agreed[-1]
-        for (name, _, n, kind), t in zip(pending, agreed[:-1]):
-            series[name].add(t, n, kind)
+        hosts = agreed[len(own) : -1] or [None] * len(own)
+        for (name, _, n, kind, _), t, q in zip(pending, agreed[: len(own)], hosts):
+            series[name].add(t, n, kind, q)
 
     def _verdict(self, series: dict[str, Series]) -> tuple[bool, str]:
         """Reached: every arm has its minimum of plain steps and a half-width within the target.
@@ -374,7 +233,8 @@ class StepTimer:
         tg = self.target
         assert tg is not None
         if all(
-            s.n_steps >= tg.min_steps and s.half_width() <= tg.precision for s in series.values()
+            s.n_steps >= tg.min_steps and s.half_width(robust=True) <= tg.precision
+            for s in series.values()
         ):
             return True, "precision"
         least = min(s.n_steps + sum(map(len, s.other.values())) for s in series.values())
@@ -393,7 +253,7 @@ class StepTimer:
             self.target,
             reached,
             stopped,
-            time.perf_counter() - t0,
+            self.now() - t0,
             block,
             "blocks" if self.clock.queued else "steps",
         )

@@ -107,6 +107,16 @@ def _input_note(record: dict) -> str:
     return f"; input alone {t * 1e3:.2f} ms per batch{bound}"
 
 
+def _host_note(record: dict) -> str:
+    share = record.get("step_host_share")
+    if not record.get("host_bound") or share is None:
+        return ""
+    return (
+        f" — HOST-BOUND: queuing a step took {100 * share:.0f} % of its time on the device "
+        "(the GPU waits for Python; see the report)"
+    )
+
+
 def _say(point: Point, record: dict) -> None:
     """The probe's outcome, one line for the log."""
     if record["status"] == "ok":
@@ -115,7 +125,7 @@ def _say(point: Point, record: dict) -> None:
             f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
             f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
             f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local "
-            "batches" + _input_note(record),
+            "batches" + _input_note(record) + _host_note(record),
             flush=True,
         )
         if record.get("after_error"):

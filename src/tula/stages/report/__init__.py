@@ -22,6 +22,7 @@ from tula.stages.report.sections import (
     comm_env_section,
     device_line,
     drift_card,
+    host_section,
     input_section,
     model_section,
     noise_section,
@@ -87,7 +88,7 @@ def render(
         if final.get("monitored_steps")
         else "",
         drift=drift_card(final),
-        input=input_section(predictions, measurements, chosen),
+        input=input_section(predictions, measurements, chosen) + host_section(measurements),
         model=model_section(perf),
         precision=precision_section(measurements),
         estimate=estimate_section(memory_probe),

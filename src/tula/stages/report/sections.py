@@ -11,8 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from tula.model import noise
-from tula.model.floor import INPUT_BOUND
-from tula.model.measurements import comm_env_text
+from tula.model.measurements import HOST_BOUND, INPUT_BOUND, comm_env_text
 from tula.progress import fmt_duration
 
 
@@ -312,6 +311,45 @@ def input_section(
         + "), more CPU cores per "
         "worker (SLURM's --cpus-per-task, or fewer workers per node: each node's loaders share its "
         "cores), or lighter decoding (smaller stored images, data.image_size).</div>"
+    )
+
+
+def host_section(measurements: pd.DataFrame) -> str:
+    """Where the host, not the device, sets the pace: on a device with a queue (CUDA) the
+    probes that spent at least HOST_BOUND of the step queuing it (the GPU waited for Python),
+    and what would help. Nothing where no probe could tell (a CPU has no queue)."""
+    if "step_host_share" not in measurements.columns:
+        return ""
+    ok = measurements[(measurements["source"] == "probe") & (measurements["status"] == "ok")]
+    share = pd.to_numeric(ok["step_host_share"], errors="coerce")
+    ok, share = ok[share.notna()], share[share.notna()]
+    if ok.empty:
+        return ""
+    bound = share >= HOST_BOUND
+    if not bound.any():
+        return (
+            f"<p><b>Host</b>: queuing a step took at most {100 * share.max():.0f} % of its time "
+            "on the device at any probe: the device, not Python, sets the pace.</p>"
+        )
+    batches = ok["global_batch"].astype(int)
+    top = int(batches[bound].max())
+    free_above = batches[~bound & (batches > top)]
+    where = (
+        f"below B = {int(free_above.min())}"
+        if len(free_above)
+        else f"at every batch probed up to B = {top}"
+    )
+    points = ", ".join(
+        f"N={int(r.workers)} B={int(r.global_batch)} ({100 * sh:.0f} %)"
+        for r, sh in zip(ok[bound].itertuples(), share[bound])
+    )
+    return (
+        f"<div class='card bad'><b>The host sets the pace {where}: the GPU waits for Python.</b> "
+        f"Queuing a step took at least {100 * HOST_BOUND:.0f} % of its time on the device at "
+        f"{html.escape(points)}. A faster GPU, or more of them, would not make those steps "
+        "faster. What would: <code>train.compile: true</code> (fewer, fused kernels to queue "
+        "per step), a larger batch per worker (more work for each step's queuing), or a faster "
+        "host CPU.</div>"
     )
 
 
