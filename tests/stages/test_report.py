@@ -424,3 +424,23 @@ def test_the_estimate_section_says_how_far_the_model_alone_held(tmp_path):
     assert "-26% off the memory probe" in _estimate_contradicted(tmp_path / "memory_probe.json")
     write_json(tmp_path / "memory_probe.json", _memory_probe(74 * mib))
     assert _estimate_contradicted(tmp_path / "memory_probe.json") == ""
+
+
+def test_the_decode_line_says_which_decoder_the_probes_measured_faster():
+    from tula.stages.report.sections import decode_line
+
+    m = pd.DataFrame(
+        {
+            "source": ["probe", "probe", "sweep"],
+            "decode": ["cpu", "cpu", None],
+            "decode_faster_by": [2.44, 2.1, None],
+        }
+    )
+    line = decode_line(m)
+    assert "read on the CPU (loader workers), 2.10-2.44x faster than the other" in line
+    assert "data.decode to cpu or gpu" in line and "close" not in line
+    split = decode_line(m.assign(decode=["cpu", "gpu", None], decode_faster_by=[1.05, 1.02, None]))
+    assert "1 probe(s) on the CPU (loader workers), 1 probe(s) on the GPU (nvJPEG)" in split
+    assert "the two were close" in split
+    # nothing measured (not auto, no JPEG folder, or no CUDA): nothing said
+    assert decode_line(m.assign(decode=None)) == "" and decode_line(m.drop(columns="decode")) == ""

@@ -46,7 +46,9 @@ precision rule judges a step that spikes by its robust spread (:mod:`tula.runtim
 step_spread (sd | mad) and step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel
 are the half-widths it judged (the fits weigh by the standard deviation's). On a device with a
 queue (CUDA): step_host_share, the host's time to queue a step over its time between the step's
-events, and host_bound (at least HOST_BOUND, 90 %: the device waited for Python). On
+events, and host_bound (at least HOST_BOUND, 90 %: the device waited for Python). Where
+data.decode auto had two decoders to choose from (JPEGs on CUDA, :mod:`tula.runtime.decoding`):
+decode, the one the probe measured faster and read with (cpu | gpu), and decode_faster_by. On
 memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
 estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
 relative error against the measured peak ((estimate - measured) / measured). On probe rows,
@@ -85,6 +87,8 @@ OPTIONAL = [
     "host_bound",
     "step_spread",
     "step_spikes",
+    "decode",
+    "decode_faster_by",
     "step_time_halfwidth_judged_rel",
     "compute_time_halfwidth_judged_rel",
     "first_short_step_s",

@@ -312,6 +312,7 @@ class Trainer:
                 f"steps/epoch x {epochs} epochs, method {cfg.train.method}, {cfg.train.precision}, "
                 f"backend {self.backend} on {self.device}, "
                 f"{replica.stream.loader.num_workers} loader worker(s)"
+                + (f"; {replica.stream.decode['why']}" if replica.stream.decode else "")
                 + (f", attempt {self.attempt}" if self.ckpt else ""),
                 flush=True,
             )

@@ -12,6 +12,7 @@ and a resumed run sees exactly the images an uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Iterator
@@ -160,12 +161,21 @@ def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, An
 
 
 def train_loader(
-    cfg: Config, data: WorkloadData, global_batch: int, rank: int, world: int, device: torch.device
+    cfg: Config,
+    data: WorkloadData,
+    global_batch: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+    decode: str | None = None,
 ) -> tuple[DataLoader, EpochBatchSampler]:
-    """The training DataLoader of one rank and its sampler (position it before iterating)."""
+    """The training DataLoader of one rank and its sampler (position it before iterating).
+    ``decode``: cpu or gpu where it was decided (:mod:`tula.runtime.decoding`), else
+    ``data.decode``."""
     sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
     opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
-    encoded = decode_on_device(cfg.data, device.type, data.train)
+    d = cfg.data if decode is None else dataclasses.replace(cfg.data, decode=decode)
+    encoded = decode_on_device(d, device.type, data.train)
     loader = DataLoader(
         Seeded(data.train, cfg.workload.seed, encoded), batch_sampler=sampler, **opts
     )

@@ -329,12 +329,25 @@ def _measurement(
         "first_short_step_s": max(g.get("first_short_step", 0.0) for g in gathered),
         "compile": replica.t.compile,
         "on_device": replica.stream.feed.resident,
+        **_decode(replica.stream.decode),
         **_input(gathered, s["mean"] + extra),
         "host_bound": _host_bound(timing),
         "steps_run": replica.pos.step,
         "optimizer_counters": dict(replica.opt.counters)
         if isinstance(replica.opt, TulaOptimizer)
         else None,
+    }
+
+
+def _decode(choice: dict | None) -> dict[str, Any]:
+    """data.decode auto, where it was measured (tula.runtime.decoding): which decoder the probe
+    read with, by how much it was faster, and both timings."""
+    if choice is None:
+        return {"decode": None, "decode_faster_by": None, "decode_choice": None}
+    return {
+        "decode": choice["chosen"],
+        "decode_faster_by": choice["faster_by"],
+        "decode_choice": choice,
     }
 
 

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import torch
 
-from tula.runtime import loader
+from tula.runtime import decoding, loader
 from tula.runtime.stepstate import Position
 
 
@@ -21,10 +21,12 @@ class Stream:
         self, cfg, data, global_batch: int, rank: int, world: int, device: torch.device, cl: bool
     ):
         self.cfg, self.data, self.rank, self.world, self.device = cfg, data, rank, world, device
-        self.global_batch = global_batch
-        self.loader, self.sampler = loader.train_loader(
-            cfg, data, global_batch, rank, world, device
-        )
+        self.global_batch, self.cl = global_batch, cl
+        # data.decode auto where both decoders can serve: the faster, measured here (None: as set)
+        self.decode: dict | None = None
+        if decoding.contested(cfg.data, device.type, data.train):
+            self.decode = decoding.measure(self._read_with)
+        self.loader, self.sampler = self._loader(global_batch)
         self.feed = loader.DeviceFeed(cfg, data, self.loader, self.sampler, device, cl)
         self._batches: Iterator | None = None  # the steps' iterator over this epoch
         self._parked: dict[int, tuple] = {}  # global batch: (loader, sampler, position, iterator)
@@ -56,12 +58,24 @@ class Stream:
             self.loader, self.sampler, left, self._batches = self._parked.pop(global_batch)
             pos = Position(pos.step, left.epoch, left.offset)
         else:
-            self.loader, self.sampler = loader.train_loader(
-                self.cfg, self.data, global_batch, self.rank, self.world, self.device
-            )
+            self.loader, self.sampler = self._loader(global_batch)
             pos, self._batches = Position(pos.step, pos.epoch, 0), None
         self.feed = self.feed.retarget(self.loader, self.sampler)
         return pos
 
     def forget_parked(self) -> None:
         self._parked.clear()
+
+    def _loader(self, global_batch: int, decode: str | None = None):
+        """A training loader and its sampler at ``global_batch``, decoding where it was decided."""
+        chosen = decode or (self.decode or {}).get("chosen")
+        return loader.train_loader(
+            self.cfg, self.data, global_batch, self.rank, self.world, self.device, decode=chosen
+        )
+
+    def _read_with(self, decode: str) -> float:
+        """Seconds per batch of this rank's feed decoding with ``decode``, read alone."""
+        ld, sampler = self._loader(self.global_batch, decode)
+        sampler.set_position(1, 0)
+        feed = loader.DeviceFeed(self.cfg, self.data, ld, sampler, self.device, self.cl)
+        return decoding.seconds_per_batch(feed, self.device)

@@ -104,7 +104,13 @@ def _input_note(record: dict) -> str:
         if record.get("input_bound")
         else ""
     )
-    return f"; input alone {t * 1e3:.2f} ms per batch{bound}"
+    decoded = (
+        f", decoded on the {record['decode'].upper()} (measured {record['decode_faster_by']:.2f}x"
+        " faster)"
+        if record.get("decode")
+        else ""
+    )
+    return f"; input alone {t * 1e3:.2f} ms per batch{decoded}{bound}"
 
 
 def _host_note(record: dict) -> str:

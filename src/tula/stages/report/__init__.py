@@ -20,6 +20,7 @@ from tula.stages.report.sections import (
     _table,
     attempts_table,
     comm_env_section,
+    decode_line,
     device_line,
     drift_card,
     host_section,
@@ -88,7 +89,9 @@ def render(
         if final.get("monitored_steps")
         else "",
         drift=drift_card(final),
-        input=input_section(predictions, measurements, chosen) + host_section(measurements),
+        input=input_section(predictions, measurements, chosen)
+        + decode_line(measurements)
+        + host_section(measurements),
         model=model_section(perf),
         precision=precision_section(measurements),
         estimate=estimate_section(memory_probe),

@@ -314,6 +314,31 @@ def input_section(
     )
 
 
+def decode_line(measurements: pd.DataFrame) -> str:
+    """data.decode auto, where the probes measured both decoders: which they kept, and by how
+    much it was faster (each probe's own measurement)."""
+    if "decode" not in measurements.columns:
+        return ""
+    rows = measurements[measurements["decode"].isin(["cpu", "gpu"])]
+    if rows.empty:
+        return ""
+    where = {"cpu": "on the CPU (loader workers)", "gpu": "on the GPU (nvJPEG)"}
+    kept = rows["decode"].value_counts()
+    faster = pd.to_numeric(rows["decode_faster_by"], errors="coerce")
+    first = kept.index[0]
+    split = (
+        f" ({', '.join(f'{n} probe(s) {where[k]}' for k, n in kept.items())}: the two were close)"
+        if len(kept) > 1
+        else ""
+    )
+    return (
+        f"<p><b>Decoding</b> (data.decode: auto): the probes timed both decoders and read "
+        f"{where[first]}, {faster.min():.2f}-{faster.max():.2f}x faster than the other{split}; "
+        "the production job measures the same way at its start. Set data.decode to cpu or gpu "
+        "to fix it.</p>"
+    )
+
+
 def host_section(measurements: pd.DataFrame) -> str:
     """Where the host, not the device, sets the pace: on a device with a queue (CUDA) the
     probes that spent at least HOST_BOUND of the step queuing it (the GPU waited for Python),
