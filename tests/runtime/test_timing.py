@@ -266,6 +266,12 @@ class FakeGPU:
         return 50e-6
 
 
+class FakeCPU(FakeGPU):
+    """The same steps on a clock without a queue."""
+
+    queued = False
+
+
 def _fake_timing(gpu: FakeGPU, target: Target):
     timer = StepTimer(gpu, target, now=gpu.now, block_steps=1)
     return timer.run({"step": gpu.arm, "compute": gpu.arm})
@@ -301,6 +307,9 @@ def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says
     xs = t.arms["step"].times
     assert t.arms["step"].mean() == pytest.approx(sum(xs) / len(xs))  # the spikes are in it
     assert max(xs) > 0.12
+    # a host clock (CPU) judges the same steps by their standard deviation, as before
+    on_host = _fake_timing(FakeCPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
+    assert on_host.arms["step"].n_steps > 400 and on_host.record()["step_spread"] == "sd"
     # without spikes the spread is the standard deviation, and both half-widths agree
     calm = _fake_timing(FakeGPU(1e-3, 0.05), target).record()
     assert calm["step_spread"] == "sd" and calm["step_spikes"] == 0

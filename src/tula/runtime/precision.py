@@ -1,13 +1,16 @@
 """How precise a series of step times is: the 95 % confidence half-width of its mean, of the
 mean training pays over several kinds of step, and the spread it is judged by.
 
-**The spread.** The half-width is ``t(0.975, k-1) * sd / sqrt(k) / mean``. Where a few samples
-spike (over SPIKE_K robust standard deviations above the median, at most SPIKE_SHARE of them: a
-host-bound GPU step that waited for Python, a page fault, another process on the core), the
-precision rule judges the robust spread instead, 1.4826 x the median absolute deviation: the
-spikes stay in the mean (the production job pays them), but do not keep the timer running for
-a precision that their rarity, not the step, denies. The record says which spread was judged
-and how many samples spiked (:meth:`tula.runtime.timing.Timing.record`).
+**The spread.** The half-width is ``t(0.975, k-1) * sd / sqrt(k) / mean``. On a device with a
+queue (the step timer's blocks on CUDA), where a few samples spike (over SPIKE_K robust
+standard deviations above the median, at most SPIKE_SHARE of them: a step that waited for
+Python among steps that did not), the precision rule judges the robust spread instead, 1.4826
+x the median absolute deviation: the spikes stay in the mean (the production job pays them),
+but do not keep the timer running for a precision that their rarity, not the step, denies.
+The record says which spread was judged and how many samples spiked
+(:meth:`tula.runtime.timing.Timing.record`). A host clock's steps (CPU) are judged by their
+standard deviation: the predictions on this machine rest on it, and in the same hour the
+robust rule's runs could not be told from it (BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def time_steps(
 
     def shown(t: Timing) -> None:
         n = t.arms["step"].n_steps
-        hw = max((s.half_width(robust=True) for s in t.arms.values()), default=math.inf)
+        hw = max((s.half_width(robust=t.robust) for s in t.arms.values()), default=math.inf)
         # the steps the precision asks (the half-width falls as 1/sqrt(n)), or the budget's
         want = n * (hw / cfg.probe.precision) ** 2 if math.isfinite(hw) else n
         progress.retotal(

@@ -20,11 +20,12 @@ autorange, pyperf, Triton's ``do_bench``):
 The timer goes on, round after round, until every arm has at least ``min_steps`` steps and
 its half-width is at most ``precision``, or until ``budget_s`` seconds of timing are spent;
 the result says which ended it. The production job pays its slow steps too, so the figure is
-the mean (not the median) and its precision is the mean's (where a few steps spike, judged
-by the steps' robust spread: :mod:`tula.runtime.precision`). Where training pays other kinds of
-step often (an epoch of 3 steps: its first, one plain, its short last batch), the precision is
-that of the mean it pays, weighing every kind's samples by its share (:class:`Series`'s
-``mix``): the plain steps alone would be a third of the samples, and the others' noise unsaid.
+the mean (not the median) and its precision is the mean's (on a queued clock, where a few
+steps spike, judged by the robust spread: :mod:`tula.runtime.precision`). Where training
+pays other kinds of step often (an epoch of 3 steps: its first, one plain, its short last
+batch), the precision is that of the mean it pays, weighing every kind's samples by its share
+(:class:`Series`'s ``mix``): the plain steps alone would be a third of the samples, and the
+others' noise unsaid.
 
 **Who sets the pace (a queued clock).** Beside each block's time between its events the timer
 takes the host's own time to queue it (``now`` around the run): the arm's ``host_share`` (its
@@ -78,6 +79,13 @@ class Timing:
     block_steps: int
     mode: str  # steps (one at a time, host clock) | blocks (device events)
 
+    @property
+    def robust(self) -> bool:
+        """Judged by the robust spread where steps spike: on a queued clock (a GPU), where a
+        step that waited on the host spikes among steps that did not. A host clock's steps are
+        judged by their standard deviation, as before (its predictions rest on it)."""
+        return self.mode == "blocks"
+
     def record(self, prefix: str = "") -> dict[str, Any]:
         """The figures a result file keeps: per arm the steps timed and the half-width reached;
         the target, whether it was reached and what ended the timing."""
@@ -90,12 +98,13 @@ class Timing:
             out[f"{prefix}{name}_halfwidth_mix"] = s.mix if math.isfinite(mixed) else None
             hw = mixed if math.isfinite(mixed) else s.half_width()
             out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
-            # what the precision rule judged: the robust spread where single steps spike
-            judged = s.half_width(robust=True)
+            # what the precision rule judged: on a queued clock, the robust spread where a few
+            # steps spike
+            judged = s.half_width(robust=self.robust)
             out[f"{prefix}{name}_time_halfwidth_judged_rel"] = (
                 judged if math.isfinite(judged) else None
             )
-            out[f"{prefix}{name}_spread"] = _spread_of(s)
+            out[f"{prefix}{name}_spread"] = _spread_of(s) if self.robust else "sd"
             out[f"{prefix}{name}_spikes"] = s.spikes()
             out[f"{prefix}{name}_host_share"] = s.host_share()
         out.update(
@@ -233,7 +242,7 @@ class StepTimer:
         tg = self.target
         assert tg is not None
         if all(
-            s.n_steps >= tg.min_steps and s.half_width(robust=True) <= tg.precision
+            s.n_steps >= tg.min_steps and s.half_width(robust=self.clock.queued) <= tg.precision
             for s in series.values()
         ):
             return True, "precision"
