@@ -42,10 +42,10 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tula import config as config_mod  # noqa: E402
-from tula.runtime import data as data_mod  # noqa: E402
-from tula.runtime import loader as loader_mod  # noqa: E402
-from tula.runtime.images import IMAGENET_MEAN, IMAGENET_STD, decode, sample_seed  # noqa: E402
+from tula import config as config_mod
+from tula.runtime import data as data_mod
+from tula.runtime import loader as loader_mod
+from tula.runtime.images import IMAGENET_MEAN, IMAGENET_STD, decode, sample_seed
 
 
 def _one_image(args) -> None:

@@ -43,12 +43,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tula import config as config_mod  # noqa: E402
-from tula.runtime import dist  # noqa: E402
-from tula.runtime.clocks import clock_for  # noqa: E402
-from tula.runtime.nets import build_model  # noqa: E402
-from tula.runtime.replica import Replica  # noqa: E402
-from tula.runtime.timing import StepTimer, Target  # noqa: E402
+from tula import config as config_mod
+from tula.runtime import dist
+from tula.runtime.clocks import clock_for
+from tula.runtime.nets import build_model
+from tula.runtime.replica import Replica
+from tula.runtime.timing import StepTimer, Target
 
 METHODS = ("ags", "lbt", "lrs", "static", "lars", "polo")
 

@@ -90,7 +90,7 @@ def main() -> None:
         rs = [r for r in rows if r["B"] == b]
 
         def listed(key: str, fmt: str) -> str:
-            return ", ".join(format(r[key], fmt) for r in rs)  # noqa: B023 (used at once)
+            return ", ".join(format(r[key], fmt) for r in rs)  # rs: read at once, in the loop
 
         med = statistics.median(r["ratio"] for r in rs)
         print(

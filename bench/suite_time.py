@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from suite_time import by_module  # noqa: E402  (the plugin's grouping, one copy)
+from suite_time import by_module
 
 
 def read(path: Path) -> dict[str, float]:

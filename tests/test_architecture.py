@@ -302,3 +302,14 @@ def test_no_module_assigns_another_objects_fields():
 )
 def test_an_outside_assignment_is_found(code):
     assert field_assignments(ast.parse(code))
+
+
+def test_every_module_of_the_package_is_on_the_map():
+    """docs/architecture.md names every module of the package (a newcomer's map is whole)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [
+        str(f.relative_to(ROOT / "src"))
+        for f in sorted((ROOT / "src" / "tula").rglob("*.py"))
+        if f.name != "__init__.py" and not re.search(rf"`{re.escape(f.stem)}`|\b{f.stem}\.py", text)
+    ]
+    assert not missing, f"docs/architecture.md does not name: {', '.join(missing)}"

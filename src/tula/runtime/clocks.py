@@ -51,7 +51,7 @@ class EventClock:
     queued = True
 
     def __init__(self, device: Any):
-        import torch  # noqa: PLC0415 - only where a CUDA device exists
+        import torch  # here only: where a CUDA device exists
 
         self.torch, self.device = torch, device
 

@@ -63,7 +63,7 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
             if not todo:
                 nxt = next_probe_batch(cfg, out["points"])
                 todo = [nxt] if nxt is not None else []
-    except Exception as exc:  # recorded, never silently dropped
+    except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
         out.update(
             status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
         )

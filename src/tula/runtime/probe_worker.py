@@ -71,7 +71,7 @@ def run_worker(
         write_json(result, out)
         dist.shutdown(ok=True)
         sys.exit(1)
-    except Exception as exc:  # recorded, never silently dropped
+    except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
         out = _failure(out, exc, rank, after[0])
     write_json(result, out)
     reach("leaving")
