@@ -46,7 +46,9 @@ def run_dag(workdir: Path, python: Path, src: Path | None = None) -> float:
 
 def campaign(wd: Path, probe_s: list[float]) -> dict[str, float]:
     """The probe records' timed seconds and wall, and the probe jobs' seconds."""
-    recs = [json.loads(p.read_text()) for p in (wd / "results/probes").glob("*.json")]
+    probes = wd / "results/probes"  # one record per point; one folder per N since one job each
+    files = [*probes.glob("*.json"), *probes.glob("N*/B*.json")]
+    recs = [json.loads(p.read_text()) for p in files]
     timed = sum(timed_seconds(r) or 0.0 for r in recs)
     return {
         "timed_s": timed,

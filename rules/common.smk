@@ -19,7 +19,7 @@ from tula import workflow as tula_workflow
 from tula.stages import check as tula_check
 from tula.stages import compare as tula_compare
 from tula.stages import summary as tula_summary
-from tula.model.grid import search_set
+from tula.model.grid import batches_at, search_set
 from tula.model.memory import max_local_batch
 
 try:
@@ -46,15 +46,21 @@ wildcard_constraints:
 
 
 def probe_files(wildcards):
-    """The probe records of the search set (full grid or its corners), decided once the
-    memory probe (a checkpoint) has given b_max: no point beyond it is probed."""
+    """The probe jobs' folders of the search set (full grid or its corners), one per worker
+    count, decided once the memory probe (a checkpoint) has given b_max: no point beyond it
+    is probed."""
     bmax = max_local_batch(checkpoints.memprobe.get().output[0])
     return expand(
-        rules.probe.output[0],
-        zip,
-        n=[p.workers for p in search_set(TULA, bmax)],
-        b=[p.global_batch for p in search_set(TULA, bmax)],
+        rules.probe.output[0], n=sorted({p.workers for p in search_set(TULA, bmax)})
     )
+
+
+def probe_job_batches(wildcards):
+    """Param function: the batches probe job N{n} measures (its rerun trigger: a grid change
+    that changes them runs the job again)."""
+    memory = rules.memprobe.output[0]
+    bmax = max_local_batch(memory) if os.path.exists(memory) else None
+    return ",".join(map(str, batches_at(TULA, int(wildcards.n), bmax)))
 
 
 def parent_dir(name):
@@ -98,17 +104,22 @@ def compare_threads(wildcards):
 COMPARE_RUNS = tula_compare.run_ids(TULA)
 
 
-# A probe job may run for probe.timeout_s; give SLURM five minutes more for start-up.
+# A (memory) probe may run for probe.timeout_s; give SLURM five minutes more for start-up.
 PROBE_RUNTIME_MIN = tula_preflight.probe_runtime_min(TULA)
 
 
 def probe_resource(name):
-    """Resource function: what the SLURM job of probe N{n}_B{b} asks for
-    (tula.slurm.job_resources), on the decided device."""
+    """Resource function: what the SLURM job of probe N{n} asks for
+    (tula.slurm.job_resources), on the decided device: probe.timeout_s for each of its
+    batches, and five minutes."""
 
     def _resource(wildcards):
+        points = len(probe_job_batches(wildcards).split(","))
         res = tula_slurm.job_resources(
-            decided(), int(wildcards.n), PROBE_RUNTIME_MIN, exclusive=TULA.probe.exclusive
+            decided(),
+            int(wildcards.n),
+            tula_preflight.probe_runtime_min(TULA, points),
+            exclusive=TULA.probe.exclusive,
         )
         return res[name]
 

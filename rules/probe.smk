@@ -4,11 +4,13 @@ rule probe:
         # b_max for the sweep; a re-run memory probe (a grid change) does not re-buy the probes
         memory=ancient(rules.memprobe.output),
     output:
-        "results/probes/N{n}_B{b}.json",
+        # one job per worker count: every batch the search set probes at N, in one process;
+        # its records, results/probes/N{n}/B{b}.json, beside this list of them
+        "results/probes/N{n}/job.json",
     log:
-        "results/logs/probe/N{n}_B{b}.log",
+        "results/logs/probe/N{n}.log",
     benchmark:
-        "results/benchmarks/probe/N{n}_B{b}.tsv"
+        "results/benchmarks/probe/N{n}.tsv"
     conda:
         CONDA_ENV
     threads: whole_machine
@@ -23,6 +25,7 @@ rule probe:
     params:
         config=CONFIG,
         settings=settings("probe"),
+        batches=probe_job_batches,
     shell:
-        "tula probe --config {params.config} --workers {wildcards.n} --global-batch {wildcards.b}"
-        " --memory-probe {input.memory} --out {output} > {log} 2>&1"
+        "tula probe --config {params.config} --workers {wildcards.n}"
+        " --memory-probe {input.memory} --job {output} > {log} 2>&1"

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -47,11 +48,12 @@ def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_p
     src, env = finished_run
     wd = tmp_path / "wd"
     shutil.copytree(src, wd, symlinks=True)
-    for probe in (wd / "results" / "probes").glob("N2_*.json"):
+    for probe in (wd / "results" / "probes" / "N2").glob("B*.json"):
         rec = json.loads(probe.read_text())
         kept = ("schema", "workers", "nodes", "global_batch", "local_batch", "model", "dataset")
         failed = {k: rec[k] for k in kept} | {"status": "error", "error": "RuntimeError: boom"}
         probe.write_text(json.dumps(failed))
+    (wd / "results" / "probes" / "N2" / "job.json").touch()  # the job's list: its records changed
     r = snakemake(
         wd, "--configfile", "tiny.yaml", env={k: v for k, v in env.items() if k != FAULT_ENV}
     )
@@ -71,13 +73,32 @@ def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_p
 def test_every_output_exists_and_parses(finished_run):
     wd, _ = finished_run
     res = wd / "results"
-    probes = sorted(p.name for p in (res / "probes").glob("*.json"))
+    probes = sorted(str(p.relative_to(res / "probes")) for p in (res / "probes").glob("*/*.json"))
     assert probes == [
-        "N1_B128.json",
-        "N1_B32.json",
-        "N2_B128.json",
-        "N2_B32.json",
-    ]  # partial: 4 corners
+        "N1/B128.json",
+        "N1/B32.json",
+        "N1/job.json",
+        "N2/B128.json",
+        "N2/B32.json",
+        "N2/job.json",
+    ]  # partial: 4 corners, one probe job per N (its list of them beside its records)
+    assert json.loads((res / "probes" / "N2" / "job.json").read_text()) == {
+        "schema": "tula.probe-job/1",
+        "workers": 2,
+        "batches": [32, 128],
+        "records": ["B32.json", "B128.json"],
+        "probed": [32, 128],
+        "kept": [],
+    }
+    # each job's first point ran in a fresh process (its first steps are a production job's), the
+    # next in the same one; the job's points share its wall between them
+    for n in (1, 2):
+        recs = [
+            json.loads((res / "probes" / f"N{n}" / f"B{b}.json").read_text()) for b in (32, 128)
+        ]
+        assert [r["fresh_process"] for r in recs] == [True, False], n
+        assert len({r["startup_time_s"] for r in recs}) == 1, n  # paid once, given to both
+        assert sum(r["wall_s"] for r in recs) == pytest.approx(recs[0]["job_wall_s"]), n
     mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
     assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
     # tula check's estimate from the model alone, checked by the memory probe, in the CSV and report
@@ -94,7 +115,7 @@ def test_every_output_exists_and_parses(finished_run):
     assert dict(
         zip(pr["workers"].astype(str) + "_" + pr["global_batch"].astype(str), pr["status"])
     ) == {"1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}
-    assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2_B128.json")
+    assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2/B128.json")
     sweep = m[m["source"] == "sweep"]
     # every ok probe job timed the grid's other local batches up to b_max (the OOM corner none, its
     # fallback its own)
@@ -191,7 +212,7 @@ def test_every_output_exists_and_parses(finished_run):
     assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (
         len(steps) == 0
     )
-    assert "OOM" in (res / "logs" / "probe" / "N2_B128.log").read_text()
+    assert "OOM" in (res / "logs" / "probe" / "N2.log").read_text()
     perf = json.loads((res / "model" / "perf.json").read_text())
     # the ok probes
     assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4
@@ -259,13 +280,14 @@ def planned_jobs(out: str) -> dict[str, int]:
         ({"workload": {"epochs": 3}}, 0, {"predict", "launch"}),
         ({"objective": "time"}, 0, {"select", "launch"}),
         ({"pricing": {"per_worker_hour": 9.0}}, 0, {"predict", "select"}),
-        ({"probe": {"timed_steps": 4}}, 4, {"aggregate", "fit", "predict"}),
+        ({"probe": {"timed_steps": 4}}, 2, {"aggregate", "fit", "predict"}),
     ],
 )
 def test_probes_are_bought_once(finished_run, change, probes, reruns, tmp_path):
     """What Snakemake plans after each kind of change: the learning rate, its schedule, the
     epochs, the objective and the pricing re-run their own stages and reuse every probe job
-    and the memory probe; what changes the timed step re-runs every probe. (Other tests of
+    and the memory probe; what changes the timed step re-runs every probe job (one per N).
+    (Other tests of
     this module leave the light stages in other states; the probes are what is counted.)"""
     wd, env = finished_run
     (wd / "change.yaml").write_text(yaml.safe_dump(change))
@@ -277,18 +299,23 @@ def test_probes_are_bought_once(finished_run, change, probes, reruns, tmp_path):
         jobs,
     )
     assert (
-        "tula: probe campaign: the memory probe (1 node) and 4 probe job(s)" in r.stdout + r.stderr
+        "tula: probe campaign: the memory probe (1 node) and 2 probe job(s), one per N, 4 point(s)"
+        in r.stdout + r.stderr
     )
 
 
 def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
     """Adding a batch to the grid (batch_max 128 -> 256) in a copy of a finished run: the
-    memory probe measures again (one worker), the two new corners are probed, and the four
-    probes already bought are neither run nor touched."""
+    memory probe measures again (one worker), the two new corners are probed by their N's
+    jobs, and the four probes already bought are neither run again nor touched: each job keeps
+    its records measured with the same settings."""
     src, env = finished_run
     wd = tmp_path / "wd"
     shutil.copytree(src, wd, symlinks=True)
-    old = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
+    probes_dir = wd / "results" / "probes"
+    old = {
+        str(f.relative_to(probes_dir)): f.stat().st_mtime_ns for f in probes_dir.glob("N*/B*.json")
+    }
     (wd / "wider.yaml").write_text(yaml.safe_dump({"grid": {"batch_max": 256}}))
     r = snakemake(
         wd,
@@ -301,15 +328,20 @@ def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-4000:]
     ran = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", r.stdout + r.stderr, re.M)
-    probes = {f.name: f.stat().st_mtime_ns for f in (wd / "results" / "probes").glob("*.json")}
+    probes = {
+        str(f.relative_to(probes_dir)): f.stat().st_mtime_ns for f in probes_dir.glob("N*/B*.json")
+    }
     assert {k: probes[k] for k in old} == old  # the probes bought before: not run again
     mp_bmax = json.loads((wd / "results" / "memory_probe.json").read_text())["max_local_batch"]
-    assert sorted(set(probes) - set(old)) == sorted(
-        f"N{n}_B256.json" for n in (1, 2) if 256 // n <= mp_bmax
-    )
-    assert ran.count("probe") == len(set(probes) - set(old)) >= 1 and ran.count("memprobe") == 1, (
-        ran
-    )
+    new = sorted(set(probes) - set(old))
+    assert new == sorted(f"N{n}/B256.json" for n in (1, 2) if 256 // n <= mp_bmax)
+    # one job for each N with a new batch, which kept its old records
+    assert ran.count("probe") == len(new) >= 1 and ran.count("memprobe") == 1, ran
+    for f in new:
+        job = json.loads((probes_dir / f).parent.joinpath("job.json").read_text())
+        assert job["probed"] == [256] and job["kept"] == [32], job
+        log = (wd / "results" / "logs" / "probe" / f"{Path(f).parent}.log").read_text()
+        assert "kept: " in log and "was measured with the same settings" in log, log[-2000:]
 
 
 def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv_path):

@@ -70,10 +70,11 @@ def _config(tmp_path, per_node: int, name: str):
     return path
 
 
-def _probe(cfg, n, b, out):
-    rec = probe.run(cfg, n, b, out)
-    assert rec["status"] == "ok", rec.get("error")
-    return rec
+def _probe(cfg, n, batches, d):
+    """The probes at N = ``n``, one job (one process) for all its batches, as the workflow's."""
+    recs = probe.run_batches(cfg, n, batches, {b: d / f"N{n}_B{b}.json" for b in batches})
+    assert all(r["status"] == "ok" for r in recs.values()), recs
+    return recs
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +90,12 @@ def campaign(netlab, tmp_path_factory):
 
 def _campaign(d):
     two, one = _config(d, 2, "two"), _config(d, 4, "one")
-    recs = {
-        f"N{n}_B{b}": _probe(two, n, b, d / f"N{n}_B{b}.json") for n in (1, 2, 4) for b in (32, 128)
-    }
-    held = _probe(two, 4, 64, d / "held.json")
-    one_node = _probe(one, 4, 128, d / "one_node.json")
+    recs = {}
+    for n in (1, 2, 4):  # N = 4's job also probes the held-out B = 64
+        for b, rec in _probe(two, n, [32, 64, 128] if n == 4 else [32, 128], d).items():
+            recs[f"N{n}_B{b}"] = rec
+    held = recs.pop("N4_B64")
+    one_node = _probe(one, 4, [128], d / "one")[128]
     return d, two, recs, held, one_node
 
 

@@ -146,11 +146,11 @@ def test_the_whole_workflow_runs_across_the_two_nodes(lab_run):
     where, r, _ = lab_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     res = where / "results"
-    for probe in res.glob("probes/N4_*.json"):
+    for probe in res.glob("probes/N4/B*.json"):
         rec = json.loads(probe.read_text())
         assert rec["status"] == "ok", rec.get("error")
         assert sorted(rec["env"]["hostnames"]) == ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]
-    assert list(res.glob("probes/N4_*.json")), "no N = 4 probe ran"
+    assert list(res.glob("probes/N4/B*.json")), "no N = 4 probe ran"
     perf = json.loads((res / "model" / "perf.json").read_text())
     assert perf["workers_per_node"] == 2
     assert {(p["workers"], p["status"]) for p in perf["multi_worker_probes"]} >= {(4, "ok")}
@@ -170,14 +170,17 @@ def test_a_probe_whose_node_died_is_run_again_and_the_campaign_completes(lab_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     runs = run("sacct", "-n", "-D", "-X", "-P", "-j", victim, "-o", "State,Comment").splitlines()
     states, comment = [r.split("|")[0] for r in runs], runs[0].split("|")[1]
-    point = comment.rsplit("_", 2)[-2:]  # rule_probe_wildcards_<n>_<b>
+    n = comment.rsplit("_", 1)[-1]  # rule_probe_wildcards_<n>: the probe job at N
     # SLURM's own requeue shows in the job's history (-D); Snakemake's retry is a later job
     later = run("sacct", "-n", "-X", "-P", "-a", "-o", "JobID,Comment").splitlines()
     again = [j for j in later if j.endswith(f"|{comment}") and int(j.split("|")[0]) > int(victim)]
     assert any(s.startswith(("NODE_FAIL", "FAILED")) for s in states) or again, (states, again)
-    rec = json.loads((where / "results" / "probes" / f"N{point[0]}_B{point[1]}.json").read_text())
-    assert rec["status"] == "ok", rec.get("error")
-    assert sorted(rec["env"]["hostnames"]) == ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]
+    job = json.loads((where / "results" / "probes" / f"N{n}" / "job.json").read_text())
+    assert job["records"], job
+    for name in job["records"]:
+        rec = json.loads((where / "results" / "probes" / f"N{n}" / name).read_text())
+        assert rec["status"] == "ok", rec.get("error")
+        assert sorted(rec["env"]["hostnames"]) == ["tula-n0", "tula-n0", "tula-n1", "tula-n1"]
 
 
 def test_a_drained_node_stops_the_campaign_before_anything_is_queued(lab_cluster, tmp_path):

@@ -48,9 +48,10 @@ class JobNeed:
     mem_key: str = ""  # where mem_mb is set (a profile key or a config key)
 
 
-def probe_runtime_min(cfg: Config) -> int:
-    """Minutes a (memory) probe job asks for: probe.timeout_s and five minutes for start-up."""
-    return int(cfg.probe.timeout_s // 60) + 5
+def probe_runtime_min(cfg: Config, points: int = 1) -> int:
+    """Minutes a (memory) probe job asks for: probe.timeout_s for each of its ``points`` (a
+    probe job measures every batch of its N) and five minutes for start-up."""
+    return int(points * cfg.probe.timeout_s // 60) + 5
 
 
 def job_needs(
@@ -58,13 +59,16 @@ def job_needs(
     train_runtime_min: int | None,
     train_nodes: int | None = None,
     profile_mem_mb: dict[str, int | None] | None = None,
+    probe_points: int = 1,
 ) -> list[JobNeed]:
     """The largest job of each kind the workflow can submit: the memory probe (one worker),
     the probe at the largest grid N (every N is probed in a full search, the corners in a
     partial one, so the largest always is) and training at that N (or at ``train_nodes``:
     `tula launch` knows the N it trains at). Every shape is :func:`job_shape`'s.
     ``profile_mem_mb``: the ``mem_mb`` the profile gives the ``memprobe`` and ``probe`` rules
-    (:func:`cluster_settings`); training asks for ``launch.mem_gb``."""
+    (:func:`cluster_settings`); training asks for ``launch.mem_gb``. ``probe_points``: the
+    batches the probe job at the largest N measures (:func:`tula.model.grid.batches_at`), each
+    with ``probe.timeout_s`` of its own."""
     n = max(cfg.grid.workers)
     tn = train_nodes or n
     mem = profile_mem_mb or {}
@@ -95,7 +99,11 @@ def job_needs(
             profile_key("memprobe"),
         ),
         need(
-            f"the probe at N={n}", n, probe_runtime_min(cfg), mem.get("probe"), profile_key("probe")
+            f"the probe at N={n}",
+            n,
+            probe_runtime_min(cfg, probe_points),
+            mem.get("probe"),
+            profile_key("probe"),
         ),
         need(f"training at N={tn}", tn, train_runtime_min, train_mb, "launch.mem_gb in the config"),
     ]
@@ -151,7 +159,7 @@ def problems(cfg: Config, part: Partition, need: JobNeed, node_states: bool = Tr
         and need.runtime_min > part.max_time_min
     ):
         keys = (
-            "probe.timeout_s (a probe job asks for it + 5 min)"
+            "probe.timeout_s (a probe job asks for it for each of its batches + 5 min)"
             if "probe" in need.what
             else "launch.timeout_min, or the launch rule's runtime in the profile (set-resources)"
         )
@@ -196,15 +204,17 @@ def preflight(
     train_nodes: int | None = None,
     node_states: bool = True,
     profile_mem_mb: dict[str, int | None] | None = None,
+    probe_points: int = 1,
 ) -> dict[str, Any]:
     """Check every job kind (or only training) against its partition (``None``: the
     cluster's default); with ``node_states``, only the nodes that can start a job now count
     (`tula launch` waits for lost nodes instead: :mod:`tula.production.nodes`). Returns what
-    was checked; raises :class:`PreflightError` listing every problem, or
+    was checked (``probe_points``: as :func:`job_needs`); raises :class:`PreflightError`
+    listing every problem, or
     :class:`ClusterUnreadable` when there is no controller to ask."""
     parts: dict[str | None, Partition] = {}
     checked, found = [], []
-    needs = job_needs(cfg, train_runtime_min, train_nodes, profile_mem_mb)
+    needs = job_needs(cfg, train_runtime_min, train_nodes, profile_mem_mb, probe_points)
     for need in needs[-1:] if training_only else needs:
         name = train_partition if need.what.startswith("training") else probe_partition
         if name not in parts:

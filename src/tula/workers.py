@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tula import slurm
 from tula.io import read_json, write_json
@@ -47,6 +47,8 @@ THREAD_VARIABLES = (
 
 # where a launch must end (seconds since the epoch), for its workers: set by the launcher
 DEADLINE_ENV = "TULA_WORKERS_DEADLINE"
+# how often a launch with a moving deadline asks it again (seconds)
+POLL_S = 0.5
 # a probe worker's phases, in order (:mod:`tula.runtime.probe_worker`)
 PROBE_PHASES = (
     "started",  # the worker's Python has imported torch and Tula
@@ -90,6 +92,7 @@ def run_torchrun(
     threads_per_worker: int,
     timeout_s: float,
     cwd: str | None = None,
+    deadline: Callable[[], float] | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` in ``nproc`` local processes under torchrun.
 
@@ -108,11 +111,16 @@ def run_torchrun(
         "-m",
         *module_args,
     ]
-    return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd)
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd, deadline)
 
 
 def run_srun(
-    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float
+    nproc: int,
+    module_args: Sequence[str],
+    *,
+    threads_per_worker: int,
+    timeout_s: float,
+    deadline: Callable[[], float] | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` as ``nproc`` tasks of a job step: ``srun -n N``.
 
@@ -129,32 +137,60 @@ def run_srun(
         "-m",
         *module_args,
     ]
-    return _run(cmd, worker_environment(threads_per_worker), timeout_s)
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
 
 
 def start(
-    nproc: int, module_args: Sequence[str], *, threads_per_worker: int, timeout_s: float
+    nproc: int,
+    module_args: Sequence[str],
+    *,
+    threads_per_worker: int,
+    timeout_s: float,
+    deadline: Callable[[], float] | None = None,
 ) -> LaunchResult:
     """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
-    tasks, else torchrun."""
+    tasks, else torchrun. ``deadline``: when the launch must end (epoch seconds), asked again
+    every POLL_S while it runs (a probe job's current point's own limit), within ``timeout_s``."""
     if slurm.in_allocation(nproc):
         return run_srun(
-            nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s
+            nproc,
+            module_args,
+            threads_per_worker=threads_per_worker,
+            timeout_s=timeout_s,
+            deadline=deadline,
         )
     return run_torchrun(
-        nproc, module_args, threads_per_worker=threads_per_worker, timeout_s=timeout_s
+        nproc,
+        module_args,
+        threads_per_worker=threads_per_worker,
+        timeout_s=timeout_s,
+        deadline=deadline,
     )
 
 
-def _run(cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None) -> LaunchResult:
-    """Run a launcher in its own process group; kill the whole group past ``timeout_s``."""
+def _run(
+    cmd: list[str],
+    env: dict,
+    timeout_s: float,
+    cwd: str | None = None,
+    deadline: Callable[[], float] | None = None,
+) -> LaunchResult:
+    """Run a launcher in its own process group; kill the whole group past ``timeout_s`` or,
+    where given, past ``deadline()``."""
     t0 = time.perf_counter()
-    env = {**env, DEADLINE_ENV: f"{time.time() + timeout_s:.3f}"}
+    last = time.time() + timeout_s
+    first = min(deadline(), last) if deadline else last
+    env = {**env, DEADLINE_ENV: f"{first:.3f}"}
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
     try:
-        rc = proc.wait(timeout=timeout_s)
-        return LaunchResult(rc, False, time.perf_counter() - t0)
-    except subprocess.TimeoutExpired:
+        while True:
+            try:
+                rc = proc.wait(timeout=POLL_S if deadline else timeout_s)
+                return LaunchResult(rc, False, time.perf_counter() - t0)
+            except subprocess.TimeoutExpired:
+                now = time.time()
+                if now >= last or (deadline is not None and now >= deadline()):
+                    break
         _kill_group(proc)
         return LaunchResult(
             proc.returncode if proc.returncode is not None else -9, True, time.perf_counter() - t0
@@ -177,35 +213,64 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def dump_stacks_before_deadline(margin_s: float = 5.0) -> None:
+def dump_stacks_before_deadline(margin_s: float = 5.0, left_s: float | None = None) -> None:
     """In a worker: print every thread's Python stack to stderr (the rule's log) ``margin_s``
     before the launcher's deadline (at most a fifth of the time left), so a worker that hangs
-    shows the line it hangs on before it is killed. Nothing where no launcher set a deadline."""
-    deadline = os.environ.get(DEADLINE_ENV)
-    if not deadline:
-        return
-    left = float(deadline) - time.time()
-    if left > 0:
-        faulthandler.dump_traceback_later(left - min(margin_s, left / 5), exit=False)
+    shows the line it hangs on before it is killed. ``left_s``: the deadline is that far off
+    (a probe job's next point, which gets its own); else the launcher's, and nothing where no
+    launcher set one."""
+    if left_s is None:
+        deadline = os.environ.get(DEADLINE_ENV)
+        if not deadline:
+            return
+        left_s = float(deadline) - time.time()
+    if left_s > 0:
+        faulthandler.dump_traceback_later(left_s - min(margin_s, left_s / 5), exit=False)
 
 
 def phase_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.phase.json"
 
 
-def mark(directory: str | Path, rank: int, phase: str) -> None:
-    """Rank ``rank`` has reached ``phase`` (one of :data:`PROBE_PHASES`), now."""
-    write_json(phase_path(directory, rank), {"phase": phase, "since": time.time()})
+def mark(directory: str | Path, rank: int, phase: str, began: float | None = None) -> None:
+    """Rank ``rank`` has reached ``phase`` (one of :data:`PROBE_PHASES`), now; ``began``: when
+    this rank began the point the phase is of (a probe job's later points)."""
+    write_json(phase_path(directory, rank), {"phase": phase, "since": time.time(), "began": began})
+
+
+def point_dir(directory: str | Path, point_name: str) -> Path:
+    """Where the ranks of a probe job write what they have of one of its points."""
+    return Path(directory) / point_name
+
+
+def began(directory: str | Path, nproc: int) -> float | None:
+    """When the first of the ``nproc`` ranks began the point whose phases are in ``directory``
+    (None: none has said so, or said no time: the job's first point, begun at its start)."""
+    times = []
+    for rank in range(nproc):
+        try:
+            times.append(float(read_json(phase_path(directory, rank))["began"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return min(times) if times else None
+
+
+def marked(directory: str | Path, nproc: int) -> bool:
+    """Has any of the ``nproc`` ranks said a phase in ``directory``."""
+    return any(phase_path(directory, rank).exists() for rank in range(nproc))
 
 
 def phases_reached(directory: str | Path, nproc: int) -> list[dict]:
-    """Which phase each of the ``nproc`` ranks had reached and for how long it had been in it;
+    """Which phase each of the ``nproc`` ranks had reached and for how long it had been in it
+    (and, at a probe job's later point, ``point_for_s``: since it began that point);
     ``"not started"`` for a rank that never said (not launched, or still importing)."""
     now, out = time.time(), []
     for rank in range(nproc):
         try:
             said = read_json(phase_path(directory, rank))
             out.append({"rank": rank, "phase": said["phase"], "for_s": now - said["since"]})
+            if said.get("began") is not None:  # a probe job's later point: since it began
+                out[-1]["point_for_s"] = now - said["began"]
         except (OSError, ValueError, KeyError, TypeError):
             out.append({"rank": rank, "phase": "not started", "for_s": None})
     return out

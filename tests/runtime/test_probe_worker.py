@@ -7,7 +7,7 @@ import torch
 from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
 from tula import config
-from tula.runtime import probe_timing, probe_worker
+from tula.runtime import probe_record, probe_timing, probe_worker
 from tula.runtime.precision import Series
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Target, Timing
@@ -27,7 +27,7 @@ def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one
         {"step": step, "compute": compute}, Target(0.02, 2, 1.0), False, "budget", 1.0, 1, "steps"
     )
     extras = {"start": [0.32], "refresh": [], "partial": [0.05]}
-    m = probe_worker._measurement(replica, gathered, timing, extras)
+    m = probe_record.measurement(replica, gathered, timing, extras)
     plain = (0.11 + 0.12) / 2
     start_extra, partial_extra = 0.32 - plain, 0.05 - plain
     assert m["step_times_s"] == [0.11, 0.12] and m["compute_times_s"] == [0.08, 0.10]
@@ -82,7 +82,7 @@ def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_gr
     assert "partial" in met and met <= {"partial", "start"}
     for arm in (step, compute):
         assert not arm.times and len(arm.other["start"]) >= probe_timing.EXTRA_STEPS
-    m = probe_worker._measurement(
+    m = probe_record.measurement(
         replica, [{"peak": 1, "peaks": {"plain": 1}, "rss": 1, "host": "a"}], timing, extras
     )
     assert m["step_timed_steps"] == len(step.other["start"])

@@ -111,7 +111,7 @@ def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
 def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tmp_path):
     """timed_s = the timed steps' seconds (synced, compute-only, the sweep's ok batches: a mean x
     its steps); probe_efficiency = timed_s / wall_s; a failed probe bought none; the report's
-    precision section sums the campaign."""
+    precision section sums the campaign. The probe job's job.json names its records."""
     from tula.stages.report.trust import precision_section
 
     sweep = [
@@ -119,10 +119,14 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
         {"local_batch": 128, "status": "oom", "error": "out of memory"},
     ]
     timing = dict(step_timed_steps=40, compute_timed_steps=30, wall_s=10.0, sweep=sweep)
-    write_json(tmp_path / "N2_B64.json", probe_record(2, 64, **timing))
-    write_json(tmp_path / "N2_B32.json", probe_record(2, 32, "error", error="boom", wall_s=6.0))
+    job = tmp_path / "N2"
+    write_json(job / "B64.json", probe_record(2, 64, **timing))
+    write_json(job / "B32.json", probe_record(2, 32, "error", error="boom", wall_s=6.0))
+    write_json(job / "B16.json", probe_record(2, 16))  # an earlier grid's: not this job's
+    listed = {"schema": "tula.probe-job/1", "workers": 2, "records": ["B32.json", "B64.json"]}
+    write_json(job / "job.json", listed)
     out = tmp_path / "m.csv"
-    aggregate.run([tmp_path / "N2_B64.json", tmp_path / "N2_B32.json"], out)
+    aggregate.run([job / "job.json"], out)
     df = pd.read_csv(out)
     ok = df[(df["source"] == "probe") & (df["status"] == "ok")].iloc[0]
     assert abs(ok["timed_s"] - (0.02 * 40 + 0.015 * 30 + 0.01 * 6)) < 1e-12
@@ -134,6 +138,10 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     df["compute_time_halfwidth_rel"] = 0.01
     html = precision_section(df)
     assert (
-        "The probe campaign: 2 probe job(s) ran 16.0 s (their workers' wall, summed) for 1.3 s of "
-        "timed steps: <b>8 %</b> of what the probes cost bought a measurement" in html
+        "The probe campaign: 2 probe(s) in 1 job(s), one per N, ran 16.0 s (their workers' wall, "
+        "summed) for 1.3 s of timed steps: <b>8 %</b> of what the probes cost bought a "
+        "measurement" in html
+    )
+    assert sorted(df.loc[df["source"] == "probe", "global_batch"]) == [32, 64] and (
+        df["probe_file"].str.endswith(("N2/B32.json", "N2/B64.json")).all()
     )

@@ -130,32 +130,26 @@ def test_the_probe_campaign_is_priced_before_it_runs():
         }
     )
     c = campaign(cfg)
-    assert [(j["job"], j["nodes"]) for j in c["jobs"]] == [
-        ("memory probe", 1),
-        ("N1_B32", 1),
-        ("N1_B256", 1),
-        ("N4_B32", 1),
-        ("N4_B256", 1),
-        ("N8_B32", 2),
-        ("N8_B256", 2),
+    # one probe job per N, measuring its batches in turn; each asks for probe.timeout_s per batch
+    assert [(j["job"], j["nodes"], j.get("batches")) for j in c["jobs"]] == [
+        ("memory probe", 1, None),
+        ("N1", 1, [32, 256]),
+        ("N4", 1, [32, 256]),
+        ("N8", 2, [32, 256]),
     ]
-    assert (c["probe_jobs"], c["node_jobs"], c["hours_per_job_max"], c["node_hours_max"]) == (
-        6,
-        9,
-        1.0,
-        9.0,
-    )
+    assert (c["probe_jobs"], c["points"], c["node_jobs"]) == (3, 6, 5)
+    assert c["hours_per_job_max"] == pytest.approx((2 * 3300 // 60 + 5) / 60)  # 115 min
+    assert c["node_hours_max"] == pytest.approx(1.0 + 4 * 115 / 60)  # memory probe 60 min
     assert describe_campaign(c) == (
-        "probe campaign: the memory probe (1 node) and 6 probe job(s): 4 on 1 node(s) (N1_B32, "
-        "N1_B256, N4_B32, N4_B256); 2 on 2 node(s) (N8_B32, N8_B256); 9 node-jobs of at most 60 "
-        "min (whole nodes: probe.exclusive), at most 9.0 node-hours (every job at its time limit)"
+        "probe campaign: the memory probe (1 node) and 3 probe job(s), one per N, 6 point(s) in "
+        "all: 2 on 1 node(s) (N1: B 32, 256; N4: B 32, 256); 1 on 2 node(s) (N8: B 32, 256); 5 "
+        "node-jobs of at most 115 min (whole nodes: probe.exclusive), at most 8.7 node-hours "
+        "(every job at its time limit)"
     )
     # b_max known: only the points that fit (N = 1 has none at b <= 16)
-    assert [j["job"] for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == [
-        "N4_B32",
-        "N4_B64",
-        "N8_B32",
-        "N8_B128",
+    assert [(j["job"], j["batches"]) for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == [
+        ("N4", [32, 64]),
+        ("N8", [32, 128]),
     ]
 
 
@@ -178,7 +172,8 @@ def test_check_says_when_partial_search_adds_the_node_boundary(tmp_path, capsys)
         "the grid crosses a node boundary (cluster.workers_per_node=8): partial search also probes "
         "N=8 (the largest on one node) and N=16 (the smallest on several)"
     ) in out
-    assert "N1_B32, N1_B256, N8_B32, N8_B256, N16_B32, N16_B256" in out and "6 probe job(s)" in out
+    assert "N1_B32, N1_B256, N8_B32, N8_B256, N16_B32, N16_B256" in out
+    assert "3 probe job(s), one per N, 6 point(s)" in out
 
 
 def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_path, capsys):
@@ -219,7 +214,9 @@ def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_pa
     assert not set(campaign.split(", ")) & {r.replace("=", "").replace(" ", "_") for r in ruled}
     for n in (1, 2):
         assert re.search(rf"  N={n}: B=32 [\d.]+, B=64 [\d.]+, B=128 [\d.]+, B=256 [\d.]+", said)
-    assert re.search(r"probe campaign's price: [\d.e-]+ to [\d.e-]+ USD \(\d probe jobs", said)
+    assert re.search(
+        r"probe campaign's price: [\d.e-]+ to [\d.e-]+ USD \(\d probes in \d jobs", said
+    )
 
 
 def test_check_goes_on_without_an_estimate_for_a_model_that_reads_its_values(

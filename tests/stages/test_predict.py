@@ -261,3 +261,35 @@ def test_first_steps_are_the_points_own_steps_plus_the_probes_one_off_extras_at_
     # nothing measured: nothing predicted, and no step taken out of T
     none = probes.drop(columns=["first_steps_time_s", "first_short_step_s"])
     assert first_steps(points, none, n0=[2, 2, 2, 4]) == ([0.0] * 4, [0] * 4)
+
+
+def test_a_probe_that_found_its_process_warm_gives_no_first_step_extra():
+    """One probe job measures its N's batches in one process: only its first point's first
+    steps were the process's own (``fresh_process``), as a production job pays them. A later
+    point's first step found the process warm, so its extra says nothing of a job's start: the
+    first step's extra comes from the fresh ones alone, while a new shape's (the short batch's)
+    comes from every probe. A record from before the column (NaN) counts as fresh."""
+    from tula.model.predictions import one_off_extras
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2, 2, 2],
+            global_batch=[32, 128, 256],
+            status="ok",
+            step_time_s=[0.10, 0.40, 0.80],
+            first_steps_time_s=[0.30, 1.00, 1.50],
+            first_short_step_s=[0.0, 0.50, 0.90],
+            partial_extra_s=[0.0, -0.10, -0.20],
+            fresh_process=[True, False, None],
+        )
+    )
+    first, short = one_off_extras(probes, 480)
+    # fresh: 0.30 - 0.10 = 0.20; warm: NaN (not 1.00 - 0.50 - 0.40); no column value: 1.50 - 0.90
+    # - 0.80 < 0, so 0
+    assert first.tolist()[0] == pytest.approx(0.20) and pd.isna(first.tolist()[1])
+    assert first.tolist()[2] == 0.0
+    # the short batch's extra from the warm probe too: 0.50 - (0.40 - 0.10)
+    assert short.tolist()[1] == pytest.approx(0.20)
+    # as measurements.csv gives the column back
+    as_read = probes.assign(fresh_process=["True", "False", float("nan")])
+    assert pd.isna(one_off_extras(as_read, 480)[0].tolist()[1])

@@ -501,7 +501,7 @@ def test_the_rank_that_failed_first_is_the_error_reported():
         },
     ]
     assert (
-        probe._combine(Point(2, 64), ranks, None, cfg)["error"]
+        probe.combine(Point(2, 64), ranks, None, cfg)["error"]
         == "rank 1: AssertionError: version mismatch"
     )
 
@@ -523,3 +523,77 @@ def test_a_compiled_probe_counts_compilation_as_a_first_step_cost(
     assert rec["status"] == "ok", rec.get("error")
     assert rec["compile"] == "on" and rec["block_steps"] == 1
     assert rec["first_steps_time_s"] > 5 * rec["step_time_median_s"] > 0
+
+
+@pytest.mark.probe
+def test_a_probe_job_gives_each_point_its_own_limit_and_launches_the_rest_again(
+    tiny_raw, tmp_path, venv_path, monkeypatch
+):
+    """One probe job, three batches at N = 1 in one process: the second hangs in its timed
+    steps and is stopped probe.timeout_s after it began (not after the launch: the first point
+    had spent part of the job's time already), recorded as a timeout that says where the rank
+    was; the first stays measured, and the third, never begun, is launched again in a fresh
+    process and measured. The points' walls sum to the launches'."""
+    import time
+
+    import yaml
+
+    monkeypatch.setenv(FAULT_ENV, "hang:point=N1_B64,rank=0,where=timed steps")
+    tiny_raw["probe"].update(timeout_s=20, sweep_steps=0, noise_steps=0)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw))
+    outs = {b: tmp_path / f"B{b}.json" for b in (32, 64, 128)}
+    t0 = time.monotonic()
+    recs = probe.run_batches(cfg, 1, [32, 64, 128], outs)
+    took = time.monotonic() - t0
+    assert [recs[b]["status"] for b in (32, 64, 128)] == ["ok", "timeout", "ok"], recs
+    assert [(r["rank"], r["phase"]) for r in recs[64]["ranks_reached"]] == [(0, "timed steps")]
+    assert recs[64]["error"].startswith("probe exceeded probe.timeout_s=20s: rank 0 in 'timed")
+    # the hung point had its own 20 s from when it began (a deadline counted from the launch would
+    # have stopped it sooner: the first point had spent some); the job far less than three limits
+    began = recs[64]["ranks_reached"][0]["point_for_s"]
+    assert 20 <= began < 20 + 5 and took < 60, (recs[64], took)
+    # the first and the third each ran first in their process: their first steps a fresh job's
+    assert recs[32]["fresh_process"] and recs[128]["fresh_process"]
+    assert recs[32]["job_wall_s"] != recs[128]["job_wall_s"]  # two launches
+    first_launch = recs[32]["wall_s"] + recs[64]["wall_s"]
+    assert first_launch == pytest.approx(recs[32]["job_wall_s"])
+    assert recs[128]["wall_s"] == pytest.approx(recs[128]["job_wall_s"])
+    assert {b: json.loads(outs[b].read_text())["status"] for b in outs} == {
+        32: "ok",
+        64: "timeout",
+        128: "ok",
+    }
+
+
+def test_a_probe_job_keeps_the_records_bought_with_the_same_settings(tiny_config_file, tmp_path):
+    """The probe job at N = 1 (the tiny grid's partial search: B = 32 and 128) finds both
+    records measured with today's settings beside its job.json: it keeps them, launches
+    nothing, and lists them. A record measured otherwise, or failed, would be bought again."""
+    from tula import config
+    from tula.io import write_json
+    from tula.workflow import stage_settings
+
+    settings = stage_settings(config.load(tiny_config_file), "probe")
+    job = tmp_path / "N1" / "job.json"
+    for b in (32, 128):
+        write_json(
+            job.parent / f"B{b}.json",
+            {"workers": 1, "global_batch": b, "status": "ok", "settings": settings},
+        )
+    recs = probe.run_at(tiny_config_file, 1, job, None)
+    assert sorted(recs) == [32, 128]
+    assert json.loads(job.read_text()) == {
+        "schema": "tula.probe-job/1",
+        "workers": 1,
+        "batches": [32, 128],
+        "records": ["B32.json", "B128.json"],
+        "probed": [],
+        "kept": [32, 128],
+    }
+    other = json.loads(settings) | {"probe.timed_steps": 99}
+    write_json(job.parent / "B32.json", {"status": "ok", "settings": json.dumps(other)})
+    write_json(job.parent / "B128.json", {"status": "error", "settings": settings})
+    assert probe._bought(job.parent / "B32.json", settings) is None
+    assert probe._bought(job.parent / "B128.json", settings) is None
+    assert probe._bought(job.parent / "B64.json", settings) is None  # none there

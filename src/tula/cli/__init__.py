@@ -2,8 +2,8 @@
 
     check      config + model + dataset    -> results/workload.json
     memprobe   one worker, a few batches   -> results/memory_probe.json (b_max)
-    probe      (N, B)                      -> results/probes/N{n}_B{b}.json
-    aggregate  results/probes/*.json       -> results/measurements.csv
+    probe      N (its batches, one job)    -> results/probes/N{n}/{job,B{b}}.json
+    aggregate  results/probes/N*/job.json  -> results/measurements.csv
     fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
@@ -31,8 +31,8 @@ from tula.config import ConfigError
 from tula.slurm import ClusterUnreadable, PreflightError
 
 EXAMPLES = """examples:
-  tula probe --config workflow/config.yaml --workers 2 --global-batch 64 \\
-      --out results/probes/N2_B64.json
+  tula probe --config workflow/config.yaml --workers 2 \\
+      --memory-probe results/memory_probe.json --job results/probes/N2/job.json
   tula fit --config workflow/config.yaml --measurements results/measurements.csv \\
       --memory-out results/model/memory.json --perf-out results/model/perf.json
   tula select --config workflow/config.yaml --predictions results/predictions.csv \\

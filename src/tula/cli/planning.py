@@ -4,6 +4,7 @@ predict, select. Each imports its stage's module when it runs."""
 from __future__ import annotations
 
 from tula.cli.args import cfg_arg
+from tula.config import ConfigError
 
 # Each command imports its stage's module when it runs, so `tula --help` and each stage load
 # only what that stage needs (pandas, scipy, matplotlib; torch only in workers).
@@ -87,29 +88,43 @@ def add_memprobe(sub) -> None:
 def cmd_probe(a) -> None:
     from tula.stages import probe
 
-    probe.run(a.config, a.workers, a.global_batch, a.out, memory_probe=a.memory_probe)
+    if (a.global_batch is None) == (a.job is None):
+        raise ConfigError(
+            "tula probe: give --global-batch B with --out FILE (one point), or --job FILE "
+            "(every batch the search set probes at N, in one job)"
+        )
+    if a.global_batch is None:
+        probe.run_at(a.config, a.workers, a.job, memory_probe=a.memory_probe)
+    elif a.out is None:
+        raise ConfigError("tula probe --global-batch: --out FILE (the record to write) is missing")
+    else:
+        probe.run(a.config, a.workers, a.global_batch, a.out, memory_probe=a.memory_probe)
 
 
 def add_probe(sub) -> None:
     s = sub.add_parser(
         "probe",
-        help="run one short DDP probe at (N, B) and record step time and memory",
-        description="Launch N workers (torchrun locally), time "
-        "synced and no-sync steps at local batch B/N, count memory (Eq. 3), and write the probe "
-        "record. A failed probe (oom/error/timeout) is recorded with its status and exits 0.",
+        help="run the short DDP probes at N (every batch of the search set, or one B) in one "
+        "job and record step time and memory",
+        description="Launch N workers (torchrun locally, srun in a SLURM job) that probe each "
+        "batch in turn in one process: time synced and no-sync steps at local batch B/N, count "
+        "memory (Eq. 3), and write each probe record. A failed probe (oom/error/timeout) is "
+        "recorded with its status and exits 0.",
     )
     cfg_arg(s)
     s.add_argument("--workers", type=int, required=True, help="N: number of data-parallel workers")
+    s.add_argument("--global-batch", type=int, help="B: one global batch to probe (divisible by N)")
+    s.add_argument("--out", help="with --global-batch: the probe record to write")
     s.add_argument(
-        "--global-batch", type=int, required=True, help="B: global batch size (divisible by N)"
-    )
-    s.add_argument(
-        "--out", required=True, help="probe record to write (results/probes/N{n}_B{b}.json)"
+        "--job",
+        help="every batch the search set probes at N: the job's list to write "
+        "(results/probes/N{n}/job.json), each record beside it (B{b}.json); a record there "
+        "already, ok and measured with the same settings, is kept",
     )
     s.add_argument(
         "--memory-probe",
-        help="results/memory_probe.json: bounds the compute sweep at b_max, and says "
-        "which smaller batches a partial search falls back to after an OOM",
+        help="results/memory_probe.json: b_max (which batches are probed, and the compute "
+        "sweep's bound), and which smaller batches a partial search falls back to after an OOM",
     )
     s.set_defaults(func=cmd_probe)
 
@@ -127,7 +142,11 @@ def add_aggregate(sub) -> None:
         description="Collect probe JSON records into one CSV, "
         "one row per probe, failed ones included.",
     )
-    s.add_argument("probes", nargs="+", help="probe JSON files (results/probes/*.json)")
+    s.add_argument(
+        "probes",
+        nargs="+",
+        help="probe records, or probe jobs' lists (results/probes/N{n}/job.json: its records)",
+    )
     s.add_argument(
         "--memory-probe", help="results/memory_probe.json: its points become `source = memory` rows"
     )

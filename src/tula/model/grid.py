@@ -80,6 +80,12 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     return sorted(corners)
 
 
+def batches_at(cfg: Config, workers: int, max_local_batch: int | None = None) -> list[int]:
+    """The global batches the search set probes at N = ``workers``, smallest first: what the
+    probe job at that N measures, in one process (``results/probes/N{n}/``)."""
+    return sorted(p.global_batch for p in search_set(cfg, max_local_batch) if p.workers == workers)
+
+
 def sweep_local_batches(
     cfg: Config,
     workers: int,

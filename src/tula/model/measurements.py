@@ -54,8 +54,13 @@ estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_er
 relative error against the measured peak ((estimate - measured) / measured). On probe rows,
 what the probe job spent timing: timed_s, the seconds of its timed steps (synced, compute-only
 and its sweep's, each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of
-the job's wall (its workers' start to end) that bought a measurement; the rest is start-up,
-first steps, evaluation and checkpoints (the report sums it over the campaign)."""
+the probe's wall that bought a measurement; the rest is start-up, first steps, evaluation and
+checkpoints (the report sums it over the campaign). One job probes every batch of an N in one
+process: wall_s is the point's own time in it plus an equal share of what the job paid once
+(its start-up, its process group), so a job's points sum to job_wall_s, the job's wall (its
+workers' start to end); fresh_process says whether the point's first steps were the process's
+own (the job's first point: what a production job pays at its start), and only those give the
+first step's extra its prediction (:func:`tula.model.predictions.one_off_extras`)."""
 
 from __future__ import annotations
 
@@ -70,6 +75,9 @@ INPUT_BOUND = 0.8
 # a step is host-bound where the host's time to queue it is at least this share of its time on
 # the device between its CUDA events (the probe's step_host_share; the device waited for Python)
 HOST_BOUND = 0.9
+
+# results/probes/N{n}/job.json: what the probe job at N measured (its records beside it)
+PROBE_JOB_SCHEMA = "tula.probe-job/1"
 
 REQUIRED = [
     "workers",
@@ -139,6 +147,8 @@ OPTIONAL = [
     "estimate_mem_error",
     "timed_s",
     "probe_efficiency",
+    "job_wall_s",
+    "fresh_process",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")

@@ -123,19 +123,23 @@ def _rel(estimate: float, measured: float | None) -> float | None:
 
 
 def campaign_price(cfg: Config, est: dict[str, Any], jobs: list[dict]) -> dict[str, float] | None:
-    """The probe campaign's price as a range (``jobs``: the campaign's probe jobs, each with
-    its ``workers`` and ``local_batch``): at least every job's warm-up and timed steps at the
-    roofline (start-up, loading and the sweep cost nothing: a floor no campaign goes under),
-    at most every job at its time limit (probe.timeout_s and five minutes to start). None
-    without hardware.gpu (no roofline)."""
+    """The probe campaign's price as a range (``jobs``: the campaign's probes, each with its
+    ``workers`` and ``local_batch``; one job per N measures its probes in turn): at least
+    every probe's warm-up and timed steps at the roofline (start-up, loading and the sweep
+    cost nothing: a floor no campaign goes under), at most every probe at its time limit
+    (probe.timeout_s) and each job's five minutes to start. None without hardware.gpu (no
+    roofline)."""
     if not cfg.hardware.gpu:
         return None
     gpu = from_config(cfg.hardware.gpu)
     steps = cfg.probe.warmup_steps + cfg.probe.timed_steps
     low = high = 0.0
+    started: set[int] = set()
     for j in jobs:
         mem = predict_bytes(est, j["local_batch"])
         least_s = steps * roofline_s(est, j["local_batch"], gpu, cfg.train.precision)
         low += float(cost(least_s, j["workers"], mem, cfg))
-        high += float(cost(cfg.probe.timeout_s + 300, j["workers"], mem, cfg))
+        start_s = 0 if j["workers"] in started else 300
+        started.add(j["workers"])
+        high += float(cost(cfg.probe.timeout_s + start_s, j["workers"], mem, cfg))
     return {"low": low, "high": high, "currency": cfg.pricing.currency}

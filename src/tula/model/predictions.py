@@ -244,6 +244,8 @@ def one_off_extras(ok: pd.DataFrame, train_samples: int | None) -> tuple[pd.Seri
     first = (ok["first_steps_time_s"] - short_s - step).where(
         ~whole, ok["first_steps_time_s"] - 2 * step
     )
+    if "fresh_process" in ok.columns:  # a later point of a probe job: the process was warm
+        first = first.where(ok["fresh_process"].map(lambda v: str(v) != "False").astype(bool))
     partial = ok["partial_extra_s"].fillna(0.0) if "partial_extra_s" in ok.columns else 0.0
     short = (short_s - (step + partial)).where((short_s > 0) & ~whole)
     return first.clip(lower=0.0), short.clip(lower=0.0)

@@ -8,9 +8,9 @@ the measurement (:mod:`tula.stages.probe` says what is timed and how).
 from __future__ import annotations
 
 import functools
+import gc
 import resource
 import shutil
-import statistics
 import sys
 import time
 import traceback
@@ -25,86 +25,137 @@ from tula import faults as tula_faults
 from tula import workers
 from tula.io import write_json
 from tula.model.grid import Point
-from tula.model.measurements import HOST_BOUND, INPUT_BOUND
 from tula.model.memory import max_local_batch
-from tula.runtime import dist, gradnoise, probe_timing, sweep
+from tula.runtime import dist, gradnoise, probe_record, probe_timing, sweep
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import (
     input_time_s,
     measure_step,
     process_started,
     step_peak_bytes,
-    timing_stats,
 )
-from tula.runtime.methods import midepoch_refreshes_per_step
-from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
-from tula.runtime.timing import Timing
 
 
 def run_worker(
     cfg: config_mod.Config,
-    point: Point,
+    points: list[Point],
     result_dir: Path,
     max_local_batch: int | None = None,
     attempt: int = 1,
 ) -> None:
-    """Body of one worker process (rank r of N): the probe's own measurement, then the
-    gradient noise scale and the compute sweep. Writes result_dir/rank{r}.json; a failure
-    is recorded there (once the measurement stands, a later failure is only noted beside it)."""
+    """Body of one worker process (rank r of N): every point of ``points`` (one N, its
+    batches in order) probed in turn in this one process, which starts, imports and joins
+    the process group once. Each point gets a fresh replica (the production job's model,
+    optimizer and loader at that B), its own measurement, gradient noise and compute sweep,
+    and writes ``result_dir/<point>/rank{r}.json``; start-up, evaluation and the checkpoint,
+    which do not depend on B, are measured at the first point and given to the others. A
+    failure is recorded at its point and ends the process: ``tula probe`` launches the
+    points not yet probed again (once the measurement stands, a later failure is only
+    noted beside it)."""
     rank = dist.worker_env().rank
     workers.dump_stacks_before_deadline()
-    reach = functools.partial(_reach, result_dir, rank, point.name, tula_faults.from_env())
-    reach("started")
+    faults = tula_faults.from_env()
+    _reacher(result_dir, rank, points[0], faults, None)("started")
+    shared: dict[str, Any] = {}  # the group, and what the first point measured for all
+    ended = "ok"
+    for i, point in enumerate(points):
+        began = None if i == 0 else time.time()
+        if began is not None:  # the first point's limit is the launcher's deadline itself
+            workers.dump_stacks_before_deadline(left_s=cfg.probe.timeout_s)
+        reach = _reacher(result_dir, rank, point, faults, began)
+        ended = _probe_point(cfg, point, result_dir, max_local_batch, attempt, reach, shared)
+        gc.collect()  # the point's replica (its loader workers, its device memory) goes
+        if ended != "ok":
+            break
+    dist.shutdown(ok=ended != "failed")
+    if ended != "ok":
+        sys.exit(1)
+
+
+def _reacher(
+    result_dir: Path, rank: int, point: Point, faults: list, began: float | None
+) -> Callable[[str], None]:
+    """This rank's :func:`_reach` at ``point``."""
+    here = workers.point_dir(result_dir, point.name)
+    return functools.partial(_reach, here, rank, point.name, faults, began)
+
+
+def _probe_point(
+    cfg: config_mod.Config,
+    point: Point,
+    result_dir: Path,
+    max_local_batch: int | None,
+    attempt: int,
+    reach: Callable[[str], None],
+    shared: dict[str, Any],
+) -> str:
+    """One point on this rank, its result written: "ok"; "stopped" where every rank agreed
+    to stop (an out-of-memory step) or what followed the measurement failed; "failed"."""
+    rank = dist.worker_env().rank
+    t0 = time.perf_counter()
     out: dict[str, Any] = {"rank": rank, "status": "ok"}
-    result = workers.result_path(result_dir, rank)
+    result = workers.result_path(workers.point_dir(result_dir, point.name), rank)
     after = [""]  # what runs after the measurement, named if it fails; "" while measuring
     try:
-        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after, reach)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after, reach, shared)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
+        first = (exc.message or "").splitlines()[0]
         out = {
             "rank": rank,
             "status": "oom",
-            "error": f"out of memory on rank(s) {exc.ranks}: {(exc.message or '').splitlines()[0]}",
+            "error": f"out of memory on rank(s) {exc.ranks}: {first}",
         }
         write_json(result, out)
-        dist.shutdown(ok=True)
-        sys.exit(1)
+        return "stopped"
     except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
         out = _failure(out, exc, rank, after[0])
+    if out["status"] == "ok" and rank == 0:
+        out["point_wall_s"] = time.perf_counter() - t0
     write_json(result, out)
     reach("leaving")
-    dist.shutdown(
-        ok=out["status"] == "ok"
-        and not any(f"{k}_error" in out for k in ("overheads", "noise", "sweep"))
-    )
     if out["status"] != "ok":
-        sys.exit(1)
+        return "failed"
+    after_failed = any(f"{k}_error" in out for k in ("overheads", "noise", "sweep"))
+    return "stopped" if after_failed else "ok"
 
 
-def _reach(result_dir: Path, rank: int, point: str, faults: list, phase: str) -> None:
-    """This rank has reached ``phase`` (:data:`tula.workers.PROBE_PHASES`): said beside its
-    result, for the record of a probe stopped by ``probe.timeout_s``; a ``hang`` fault due
-    there waits."""
-    workers.mark(result_dir, rank, phase)
+def _reach(
+    point_dir: Path, rank: int, point: str, faults: list, began: float | None, phase: str
+) -> None:
+    """This rank has reached ``phase`` (:data:`tula.workers.PROBE_PHASES`) at ``point``: said
+    beside its result, for the record of a probe stopped by ``probe.timeout_s``; a ``hang``
+    fault due there waits."""
+    workers.mark(point_dir, rank, phase, began)
     tula_faults.hang_if_due(faults, rank, point, phase)
 
 
 def _start(
-    cfg: config_mod.Config, point: Point, rank: int, reach: Callable[[str], None]
+    cfg: config_mod.Config,
+    point: Point,
+    rank: int,
+    reach: Callable[[str], None],
+    shared: dict[str, Any],
 ) -> tuple[dist.WorkerEnv, torch.device, str, Replica, float]:
-    """The process group, then this rank's replica (model, optimizer, data); with this
-    process's start-up, to its first step, as the production job counts it."""
-    reach("process group")
-    wenv, device, backend = dist.init(
-        cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
-    )
-    if wenv.world_size != point.workers:
-        raise RuntimeError(f"launched {wenv.world_size} workers for a probe of N={point.workers}")
+    """The process group (joined at the first point), then this point's replica (model,
+    optimizer, data); with this process's start-up, to the first point's first step, as the
+    production job counts it."""
+    if "group" not in shared:
+        reach("process group")
+        wenv, device, backend = dist.init(
+            cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
+        )
+        if wenv.world_size != point.workers:
+            raise RuntimeError(
+                f"launched {wenv.world_size} workers for a probe of N={point.workers}"
+            )
+        shared["group"] = (wenv, device, backend)
+    wenv, device, backend = shared["group"]
     reach("model and data")
     replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
-    return wenv, device, backend, replica, time.time() - process_started()
+    shared.setdefault("startup_s", time.time() - process_started())
+    return wenv, device, backend, replica, shared["startup_s"]
 
 
 def _measure_point(
@@ -114,27 +165,21 @@ def _measure_point(
     out: dict[str, Any],
     result: Path,
     reach: Callable[[str], None],
+    shared: dict[str, Any],
 ) -> tuple[Replica, float]:
     """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
     every rank, combined on rank 0 and written to ``result`` at once. Returns the replica and
     this process's start-up (to its first step, as the production job counts it)."""
     rank = out["rank"]
-    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, reach)
+    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, reach, shared)
     reach("first steps")
-    # the process's first training steps, before anything else has run a forward pass: what the
-    # production job pays at its start and at its first short batch
+    # the replica's first training steps, before anything else has run a forward pass on it:
+    # what the production job pays at its start and at its first short batch
     first_steps = probe_timing.first_steps(replica)
     if replica.epoch_over():  # the short last batch closed the epoch: the next one starts
         replica.restart_epoch()
     reach("memory step")
-    mem = measure_step(
-        replica.ddp,
-        replica.opt,
-        functools.partial(replica.forward_loss, eager=True),
-        *replica.to_device(*next(replica.epoch_batches())),
-    )
-    # the memory step took a batch but no position: the epoch's iterator starts over
-    replica.stream.forget()
+    mem = _memory_step(replica)
     injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
     if injector:  # after the memory step: an OOM meets the step's agreement
         replica.inject_faults(injector)
@@ -149,7 +194,7 @@ def _measure_point(
     torch_dist.all_gather_object(gathered, mine)
     if rank == 0:
         out.update(
-            _measurement(replica, gathered, timing, extras),
+            probe_record.measurement(replica, gathered, timing, extras),
             grad_bytes_per_step=mem.grad_bytes,
             memory=mem.to_dict(),
             profiler_retries=retried,  # extra steps: CPU profiler failures
@@ -162,9 +207,24 @@ def _measure_point(
                 replica.stream.loader.num_workers,
             ),
             sweep=[],
+            # its first steps were the process's (what a production job pays at its start)
+            fresh_process=shared.setdefault("first", point.name) == point.name,
         )
         write_json(result, out)  # the probe's own measurement stands even if what follows fails
     return replica, startup_s
+
+
+def _memory_step(replica: Replica):
+    """One step's memory, counted (Eq. 3's terms); it took a batch but no position, so the
+    epoch's iterator starts over."""
+    mem = measure_step(
+        replica.ddp,
+        replica.opt,
+        functools.partial(replica.forward_loss, eager=True),
+        *replica.to_device(*next(replica.epoch_batches())),
+    )
+    replica.stream.forget()
+    return mem
 
 
 def _probe(
@@ -176,18 +236,20 @@ def _probe(
     out: dict[str, Any],
     after: list[str],
     reach: Callable[[str], None],
+    shared: dict[str, Any],
 ) -> None:
     """The probe's phases on this rank: its own measurement (written as soon as it stands),
-    then what the job pays besides steps, the gradient noise scale and the compute sweep
-    (``after[0]`` names the phase running, for the record if it fails)."""
+    then what the job pays besides steps (at the job's first point), the gradient noise scale
+    and the compute sweep (``after[0]`` names the phase running, for the record if it fails)."""
     rank = out["rank"]
-    result = workers.result_path(result_dir, rank)
-    replica, startup_s = _measure_point(cfg, point, attempt, out, result, reach)
+    result = workers.result_path(workers.point_dir(result_dir, point.name), rank)
+    replica, startup_s = _measure_point(cfg, point, attempt, out, result, reach, shared)
     after[0] = "overheads"
     reach("overheads")
-    paid = _overheads(replica, result_dir, startup_s)
+    if "overheads" not in shared:
+        shared["overheads"] = _overheads(replica, result_dir, startup_s)
     if rank == 0:
-        out.update(paid)
+        out.update(shared["overheads"])
         write_json(result, out)
     after[0] = "noise"
     if cfg.probe.noise_steps > 0:
@@ -280,109 +342,12 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     }
 
 
-def _measurement(
-    replica: Replica, gathered: list[dict], timing: Timing, extras: dict[str, list[float]]
-) -> dict[str, Any]:
-    """Rank 0: the probe's step, compute and sync times (per step, the slowest rank's), with an
-    epoch start's and a mid-epoch refresh's extra cost, and the short last batch's saving,
-    added at training's rate; the timing's precision; its peak memory, the largest rank's."""
-    step, comp = timing.arms["step"], timing.arms["compute"]
-    for arm in (step, comp):  # every step an epoch's first (B >= D): those, then
-        arm.fall_back_to_starts()
-    s, c = timing_stats(step.times), timing_stats(comp.times)
-    s["mean"], c["mean"] = step.mean(), comp.mean()
-    start_extra = (
-        max(statistics.fmean(extras["start"]) - s["mean"], 0.0) if extras["start"] else 0.0
-    )
-    refresh_extra = (
-        max(statistics.fmean(extras["refresh"]) - s["mean"], 0.0) if extras["refresh"] else 0.0
-    )
-    # the epoch's short last batch, cheaper than a full one (negative), once an epoch
-    partial_extra = statistics.fmean(extras["partial"]) - s["mean"] if extras["partial"] else 0.0
-    extra = (
-        start_extra + partial_extra
-    ) / replica.steps_per_epoch + refresh_extra * midepoch_refreshes_per_step(replica.t)
-    return {
-        "step_time_s": s["mean"] + extra,
-        "compute_time_s": c["mean"] + extra,
-        "sync_time_s": max(s["mean"] - c["mean"], 0.0),
-        "epoch_start_extra_s": start_extra,
-        "refresh_extra_s": refresh_extra,
-        "partial_extra_s": partial_extra,
-        "partial_step_times_s": extras["partial"],
-        "steps_per_epoch": replica.steps_per_epoch,
-        "epoch_start_step_times_s": extras["start"],
-        "refresh_step_times_s": extras["refresh"],
-        "lead_in_steps": extras.get("lead_in", {}),  # untimed, by kind (StepTimer.run)
-        "step_time_median_s": s["median"],
-        "compute_time_median_s": c["median"],
-        "step_time_iqr_s": s["iqr"],
-        "compute_time_iqr_s": c["iqr"],
-        "step_time_cv": s["cv"],
-        "compute_time_cv": c["cv"],
-        "step_times_s": step.times,
-        "compute_times_s": comp.times,
-        **timing.record(),
-        **_peaks(gathered),
-        "train_samples": replica.data.train_size,
-        "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
-        "first_short_step_s": max(g.get("first_short_step", 0.0) for g in gathered),
-        "compile": replica.t.compile,
-        "on_device": replica.stream.feed.resident,
-        **_decode(replica.stream.decode),
-        **_input(gathered, s["mean"] + extra),
-        "host_bound": _host_bound(timing),
-        "steps_run": replica.pos.step,
-        "optimizer_counters": dict(replica.opt.counters)
-        if isinstance(replica.opt, TulaOptimizer)
-        else None,
-    }
-
-
-def _decode(choice: dict | None) -> dict[str, Any]:
-    """data.decode auto, where it was measured (tula.runtime.decoding): which decoder the probe
-    read with, by how much it was faster, and both timings."""
-    if choice is None:
-        return {"decode": None, "decode_faster_by": None, "decode_choice": None}
-    return {
-        "decode": choice["chosen"],
-        "decode_faster_by": choice["faster_by"],
-        "decode_choice": choice,
-    }
-
-
-def _host_bound(timing: Timing) -> bool | None:
-    """On a queued device: did the host's time to queue the synced step set its pace (None
-    where the clock has no queue to tell it by)."""
-    share = timing.arms["step"].host_share()
-    return None if share is None else bool(share >= HOST_BOUND)
-
-
-def _peaks(gathered: list[dict]) -> dict[str, int | None]:
-    """The probe's memory peaks, each the largest rank's."""
-    refresh = [g["peaks"]["refresh"] for g in gathered if "refresh" in g["peaks"]]
-    return {
-        "peak_mem_bytes": int(max(g["peak"] for g in gathered)),
-        "plain_peak_bytes": int(max(g["peaks"]["plain"] for g in gathered)),
-        "refresh_peak_bytes": int(max(refresh)) if refresh else None,
-        "rss_peak_bytes": int(max(g["rss"] for g in gathered)),
-    }
-
-
-def _input(gathered: list[dict], step_s: float) -> dict[str, Any]:
-    """The input pipeline's time per batch (the slowest rank's) and whether it sets the pace."""
-    times = [g["input"] for g in gathered if g.get("input")]
-    if not times:
-        return {"input_time_s": None, "input_bound": None}
-    return {"input_time_s": max(times), "input_bound": bool(max(times) >= INPUT_BOUND * step_s)}
-
-
 def _worker_main(argv: list[str] | None = None) -> None:
-    a = workers.parse_worker_args("tula.runtime.probe_worker", argv)
+    a = workers.parse_worker_args("tula.runtime.probe_worker", argv, batch_list=True)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
     run_worker(
         config_mod.load(a.config),
-        Point(a.workers, a.global_batch),
+        [Point(a.workers, b) for b in a.global_batch],
         Path(a.result_dir),
         bmax,
         a.attempt,

@@ -10,7 +10,13 @@ from typing import Iterable
 import pandas as pd
 
 from tula.io import read_json, write_csv
-from tula.model.measurements import OPTIONAL, REQUIRED, SOURCES, comm_env_text
+from tula.model.measurements import (
+    OPTIONAL,
+    PROBE_JOB_SCHEMA,
+    REQUIRED,
+    SOURCES,
+    comm_env_text,
+)
 
 
 def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
@@ -107,13 +113,26 @@ def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
     ]
 
 
+def records_in(paths: Iterable[str | Path]) -> list[str]:
+    """The probe records named: a record itself, or a probe job's ``job.json``
+    (``results/probes/N{n}/job.json``) every record it lists, beside it."""
+    out: list[str] = []
+    for p in map(Path, paths):
+        rec = read_json(p)
+        if rec.get("schema") == PROBE_JOB_SCHEMA:
+            out += [str(p.parent / name) for name in rec["records"]]
+        else:
+            out.append(str(p))
+    return out
+
+
 def run(
     probe_files: Iterable[str | Path], out: str | Path, memory_probe: str | Path | None = None
 ) -> pd.DataFrame:
-    """Collect probe JSON files (and the memory probe's points) into one table; failed
-    probes are included, with their status."""
+    """Collect probe records (each, or a probe job's ``job.json``; and the memory probe's
+    points) into one table; failed probes are included, with their status."""
     rows = []
-    for f in sorted(map(str, probe_files)):
+    for f in sorted(records_in(probe_files)):
         rec = read_json(f)
         missing = [k for k in ("workers", "global_batch", "status") if k not in rec]
         if missing:

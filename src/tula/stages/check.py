@@ -23,7 +23,7 @@ from tula import devices, preflight, slurm
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
 from tula.model import plan
-from tula.model.grid import boundary_workers, grid, search_set
+from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
 from tula.workflow import snapshot
 
@@ -45,6 +45,7 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             cfg.launch.slurm_partition or prof.get("train_partition"),
             cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
             profile_mem_mb=prof.get("mem_mb"),
+            probe_points=len(batches_at(cfg, max(cfg.grid.workers))),
         )
         print(preflight.describe(report))
 
@@ -193,28 +194,38 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
         price = plan.campaign_price(cfg, est, jobs)
         print(
             f"probe campaign's price: {price['low']:.3g} to {price['high']:.3g} "
-            f"{price['currency']} ({len(jobs)} probe jobs: at least their timed steps at the "
-            "roofline, at most each at its time limit)"
+            f"{price['currency']} ({len(jobs)} probes in {len({p.workers for p in pts})} jobs: at "
+            "least their timed steps at the roofline, at most each at its time limit)"
         )
 
 
 def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict[str, Any]:
-    """What the probe campaign buys before it runs: the memory probe and every probe job of
-    the search set (before the memory probe, b_max unknown: the most it can be), each job's
-    nodes (:func:`tula.slurm.job_shape`) and the node-hours if every job ran to its time
-    limit (probe.timeout_s + 5 min): an upper bound."""
-    hours = preflight.probe_runtime_min(cfg) / 60
-    jobs = [("memory probe", 1, slurm.job_shape(cfg, 1).nodes)]
-    jobs += [
-        (p.name, p.workers, slurm.job_shape(cfg, p.workers).nodes)
-        for p in search_set(cfg, max_local_batch)
-    ]
+    """What the probe campaign buys before it runs: the memory probe and one probe job per
+    worker count of the search set (before the memory probe, b_max unknown: the most it can
+    be), each job's batches, measured in turn in one process, and nodes
+    (:func:`tula.slurm.job_shape`), and the node-hours if every job ran to its time limit
+    (probe.timeout_s for each of its batches, and 5 min): an upper bound."""
+    points = search_set(cfg, max_local_batch)
+    jobs = [{"job": "memory probe", "workers": 1, "nodes": slurm.job_shape(cfg, 1).nodes}]
+    jobs[0]["hours_max"] = preflight.probe_runtime_min(cfg) / 60
+    for n in sorted({p.workers for p in points}):
+        batches = [p.global_batch for p in points if p.workers == n]
+        jobs.append(
+            {
+                "job": f"N{n}",
+                "workers": n,
+                "nodes": slurm.job_shape(cfg, n).nodes,
+                "batches": batches,
+                "hours_max": preflight.probe_runtime_min(cfg, len(batches)) / 60,
+            }
+        )
     return {
-        "jobs": [{"job": j, "workers": w, "nodes": n} for j, w, n in jobs],
+        "jobs": jobs,
         "probe_jobs": len(jobs) - 1,
-        "node_jobs": sum(n for _, _, n in jobs),
-        "node_hours_max": sum(n for _, _, n in jobs) * hours,
-        "hours_per_job_max": hours,
+        "points": len(points),
+        "node_jobs": sum(j["nodes"] for j in jobs),
+        "node_hours_max": sum(j["nodes"] * j["hours_max"] for j in jobs),
+        "hours_per_job_max": max(j["hours_max"] for j in jobs),
         "exclusive": cfg.probe.exclusive,
     }
 
@@ -222,14 +233,17 @@ def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict
 def describe_campaign(c: dict[str, Any]) -> str:
     by_nodes: dict[int, list[str]] = {}
     for j in c["jobs"][1:]:
-        by_nodes.setdefault(j["nodes"], []).append(j["job"])
+        by_nodes.setdefault(j["nodes"], []).append(
+            f"{j['job']}: B {', '.join(map(str, j['batches']))}"
+        )
     per = "; ".join(
-        f"{len(names)} on {n} node(s) ({', '.join(names)})" for n, names in sorted(by_nodes.items())
+        f"{len(names)} on {n} node(s) ({'; '.join(names)})" for n, names in sorted(by_nodes.items())
     )
     return (
-        f"probe campaign: the memory probe (1 node) and {c['probe_jobs']} probe job(s): {per}; "
-        f"{c['node_jobs']} node-jobs of at most {60 * c['hours_per_job_max']:.0f} "
-        f"min{' (whole nodes: probe.exclusive)' if c['exclusive'] else ''}, at most "
+        f"probe campaign: the memory probe (1 node) and {c['probe_jobs']} probe job(s), one per "
+        f"N, {c['points']} point(s) in all: {per}; {c['node_jobs']} node-jobs of at most "
+        f"{60 * c['hours_per_job_max']:.0f} min"
+        f"{' (whole nodes: probe.exclusive)' if c['exclusive'] else ''}, at most "
         f"{c['node_hours_max']:.1f} node-hours (every job at its time limit)"
     )
 

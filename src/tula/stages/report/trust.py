@@ -72,10 +72,12 @@ def campaign_line(measurements: pd.DataFrame) -> str:
     if not wall > 0:
         return ""
     return (
-        f"<p>The probe campaign: {len(probes)} probe job(s) ran {fmt_span(wall)} (their "
-        f"workers' wall, summed) for {fmt_span(timed)} of timed steps: "
+        f"<p>The probe campaign: {len(probes)} probe(s) in {probes['workers'].nunique()} "
+        f"job(s), one per N, ran {fmt_span(wall)} (their workers' wall, summed) for "
+        f"{fmt_span(timed)} of timed steps: "
         f"<b>{100 * timed / wall:.0f} %</b> of what the probes cost bought a measurement; the "
-        "rest was start-up, first steps (each new batch shape), evaluation and checkpoints "
+        "rest was start-up (once per job), first steps (each new batch shape), evaluation and "
+        "checkpoints "
         "(measurements.csv: timed_s, probe_efficiency per probe).</p>"
     )
 
