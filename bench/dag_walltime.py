@@ -104,7 +104,7 @@ def main() -> None:
                 spent[name].append(c)
                 print(
                     f"run {i + 1}/{a.repeats} {name}: {walls[name][-1]:.1f} s ({len(probe_s)} "
-                    "probes "
+                    "probe jobs "
                     f"{sum(probe_s):.1f} s, median {statistics.median(probe_s):.1f} s each, "
                     f"{c['timed_s']:.1f} s timed: efficiency {100 * c['efficiency']:.0f} % of the "
                     f"jobs' seconds, {100 * c['timed_s'] / c['wall_s']:.0f} % of their workers' "

@@ -72,6 +72,8 @@ stop_mariadb() {  # ours carry the tula-mariadb.pid marker on their command line
 down() {
     stop_pidfile slurmd "$STATE/run/slurmd.pid"
     for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile slurmd "$f"; done
+    # a job still running keeps its step daemons (and their srun tasks) past its slurmd
+    if pkill -KILL -x slurmstepd 2>/dev/null; then log "killed the steps of jobs still running"; fi
     stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
     stop_pidfile slurmdbd "$STATE/run/slurmdbd.pid"
     stop_mariadb

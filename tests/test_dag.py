@@ -53,7 +53,11 @@ def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_p
         kept = ("schema", "workers", "nodes", "global_batch", "local_batch", "model", "dataset")
         failed = {k: rec[k] for k in kept} | {"status": "error", "error": "RuntimeError: boom"}
         probe.write_text(json.dumps(failed))
-    (wd / "results" / "probes" / "N2" / "job.json").touch()  # the job's list: its records changed
+    # the job's list says how each point ended (Snakemake sees a file change by its content)
+    job = wd / "results" / "probes" / "N2" / "job.json"
+    job.write_text(
+        json.dumps(json.loads(job.read_text()) | {"status": {"32": "error", "128": "error"}})
+    )
     r = snakemake(
         wd, "--configfile", "tiny.yaml", env={k: v for k, v in env.items() if k != FAULT_ENV}
     )
@@ -87,18 +91,22 @@ def test_every_output_exists_and_parses(finished_run):
         "workers": 2,
         "batches": [32, 128],
         "records": ["B32.json", "B128.json"],
+        "status": {"32": "ok", "128": "oom"},
         "probed": [32, 128],
         "kept": [],
     }
     # each job's first point ran in a fresh process (its first steps are a production job's), the
     # next in the same one; the job's points share its wall between them
-    for n in (1, 2):
-        recs = [
-            json.loads((res / "probes" / f"N{n}" / f"B{b}.json").read_text()) for b in (32, 128)
-        ]
-        assert [r["fresh_process"] for r in recs] == [True, False], n
-        assert len({r["startup_time_s"] for r in recs}) == 1, n  # paid once, given to both
-        assert sum(r["wall_s"] for r in recs) == pytest.approx(recs[0]["job_wall_s"]), n
+    n1 = [json.loads((res / "probes" / "N1" / f"B{b}.json").read_text()) for b in (32, 128)]
+    assert [r["fresh_process"] for r in n1] == [True, False]
+    assert len({r["startup_time_s"] for r in n1}) == 1  # paid once, given to both
+    assert sum(r["wall_s"] for r in n1) == pytest.approx(n1[0]["job_wall_s"])
+    # at N = 2 the second point ran out of memory, which ended that launch: its fallback to the
+    # next smaller batch ran in a launch of its own, first in its process
+    n2 = [json.loads((res / "probes" / "N2" / f"B{b}.json").read_text()) for b in (32, 128)]
+    assert [r["status"] for r in n2] == ["ok", "oom"] and n2[0]["fresh_process"]
+    assert n2[1]["fallbacks"][0]["fresh_process"] and n2[1]["fallbacks"][0]["global_batch"] == 64
+    assert n2[0]["wall_s"] + n2[1]["wall_s"] == pytest.approx(n2[0]["job_wall_s"])
     mp = json.loads((res / "memory_probe.json").read_text())  # the checkpoint every probe waited on
     assert mp["max_local_batch"] is not None and all(p["status"] == "ok" for p in mp["points"])
     # tula check's estimate from the model alone, checked by the memory probe, in the CSV and report
@@ -390,7 +398,7 @@ def test_the_jobs_read_the_decided_device_from_the_snapshot(finished_run):
     wd, _ = finished_run
     snap = config.load(wd / ".snakemake" / "tula" / "config.json").hardware
     assert (snap.device, snap.backend) == ("cpu", "gloo") and "no GPU" in snap.device_why
-    probe = json.loads(next((wd / "results" / "probes").glob("N1_*.json")).read_text())
+    probe = json.loads(next((wd / "results" / "probes" / "N1").glob("B*.json")).read_text())
     assert (probe["env"]["device"], probe["env"]["backend"]) == ("cpu", "gloo")
 
 

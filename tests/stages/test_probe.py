@@ -588,6 +588,7 @@ def test_a_probe_job_keeps_the_records_bought_with_the_same_settings(tiny_config
         "workers": 1,
         "batches": [32, 128],
         "records": ["B32.json", "B128.json"],
+        "status": {"32": "ok", "128": "ok"},
         "probed": [],
         "kept": [32, 128],
     }

@@ -80,10 +80,10 @@ def run_at(
     """The probe job at N = ``workers``: every point the search set probes there, measured in
     turn in one process, each record written beside ``job_file``
     (``results/probes/N{n}/B{b}.json``), then ``job_file`` (``job.json``: the batches, their
-    records, which were probed and which kept). A record already there, ok and measured with
-    the same settings (:func:`tula.workflow.stage_settings`: the workload, the step, the
-    probe's own keys), is kept, not bought again: a grid that grows probes only its new
-    batches. Returns the records by B."""
+    records and how each ended, which were probed and which kept). A record already there,
+    ok and measured with the same settings (:func:`tula.workflow.stage_settings`: the
+    workload, the step, the probe's own keys), is kept, not bought again: a grid that grows
+    probes only its new batches. Returns the records by B."""
     cfg = config_mod.load(cfg_path)
     batches = batches_at(cfg, workers, max_local_batch(memory_probe) if memory_probe else None)
     if not batches:
@@ -102,6 +102,7 @@ def run_at(
         )
     todo = [b for b in batches if b not in kept]
     probed = run_batches(cfg_path, workers, todo, outs, memory_probe, settings) if todo else {}
+    records = {**kept, **probed}
     write_json(
         job_file,
         {
@@ -109,11 +110,12 @@ def run_at(
             "workers": workers,
             "batches": batches,
             "records": [outs[b].name for b in batches],
+            "status": {str(b): records[b]["status"] for b in batches},
             "probed": todo,
             "kept": sorted(kept),
         },
     )
-    return {**kept, **probed}
+    return records
 
 
 def _bought(path: Path, settings: str) -> dict | None:
