@@ -87,6 +87,12 @@ def test_other_formats_are_decoded_by_pillow(tmp_path):
 def batches_from(root, ds, epoch, offset, workers, count):
     cfg = folder_config(root, num_workers=workers)
     dl, sampler = loader.train_loader(cfg, ds, 8, 0, 1, torch.device("cpu"))
+    if workers:
+        # pytest's own process holds threads by now (gloo's loops from the in-process groups of
+        # earlier tests): a worker forked from it met CPython 3.11.7's after-fork bugs (a
+        # segfault in threading._after_fork, a hang on its head lock) in two clean clones in a
+        # row. The workers start from a forkserver here; what they read is what is tested.
+        dl.multiprocessing_context = "forkserver"
     sampler.set_position(epoch, offset)
     return [x for (x, _), _ in zip(dl, range(count))]
 
