@@ -68,36 +68,21 @@ def copy_workflow(dest: Path) -> None:
 
 
 def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]]:
-    """The workflow, a lab config (grid.workers 1, 2, 4; two workers a node; the partition
-    `lab` of `scripts/slurm-cluster.sh up --nodes 2`; ``changes``: sections updated) and a lab
-    profile in ``where``: the snakemake command a user runs there, and its environment
-    (tests/test_slurm_lab.py, bench/slurm_lab.py)."""
+    """The workflow and the shipped lab profile and config (profiles/lab: grid.workers 1, 2,
+    4; two workers a node; the partition `lab` of `scripts/slurm-cluster.sh up --nodes 2`;
+    ``changes``: sections of the config updated) in ``where``: the snakemake command a user
+    runs there (docs/slurm.md), and its environment (tests/test_slurm_lab.py,
+    bench/slurm_lab.py)."""
     copy_workflow(where)
     (where / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    lab = {
-        **TINY,
-        "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128},
-        "cluster": {"workers_per_node": 2},
-        "hardware": {"device": "cpu"},
-        "constraints": {"min_workers": 4},
-    }
+    shutil.copytree(ROOT / "profiles" / "lab", where / "profiles" / "lab")
+    lab = yaml.safe_load((ROOT / "profiles" / "lab" / "tula.yaml").read_text())
     for section, values in changes.items():
         lab[section] = {**lab.get(section, {}), **values} if isinstance(values, dict) else values
-    (where / "lab.yaml").write_text(yaml.safe_dump(lab))
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["default-resources"] = {
-        **profile["default-resources"],
-        "slurm_account": "root",
-        "slurm_partition": "lab",
-        "mem_mb": 1000,
-    }
-    profile["set-resources"]["launch"]["runtime"] = 10
-    profile.update({"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "jobs": 4})
-    (where / "profiles" / "lab").mkdir(parents=True)
-    (where / "profiles" / "lab" / "config.yaml").write_text(yaml.safe_dump(profile))
+    (where / "profiles" / "lab" / "tula.yaml").write_text(yaml.safe_dump(lab))
     env = venv_env()
     cmd = ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
-    return [*cmd, "--configfile", "lab.yaml"], env
+    return [*cmd, "--configfile", "profiles/lab/tula.yaml"], env
 
 
 def lab_launch_command(run_dir: Path, out: Path, **launch) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY, copy_workflow, venv_env
+from tula import config
 from tula.faults import ENV as FAULT_ENV
 
 pytestmark = pytest.mark.slurm
@@ -136,6 +137,47 @@ def test_the_profiles_partition_and_account_reach_the_training_job(tmp_path):
     train = train[: train.index("\n\n")]
     assert "--slurm-partition gpu_part --slurm-account proj_acct" in train, train
     assert "--timeout-min 1440" in train  # set-resources: launch: runtime
+
+
+# what the lab profile changes of profiles/slurm: (section or None, key)
+LAB_KEYS = {
+    (None, "jobs"),
+    (None, "latency-wait"),
+    (None, "slurm-init-seconds-before-status-checks"),
+    ("default-resources", "slurm_account"),
+    ("default-resources", "slurm_partition"),
+    ("default-resources", "mem_mb"),
+    ("set-resources", "launch"),
+}
+
+
+def _flat(profile: dict) -> dict:
+    out = {}
+    for key, value in profile.items():
+        if key in ("default-resources", "set-resources"):
+            out.update({(key, k): v for k, v in (value or {}).items()})
+        else:
+            out[(None, key)] = value
+    return out
+
+
+def test_the_shipped_lab_profile_is_the_slurm_profile_with_the_labs_keys():
+    """profiles/lab (docs/slurm.md's two-node command, run by tests/test_slurm_lab.py) cannot
+    drift from the profile users copy: every key not the lab's own is profiles/slurm's."""
+    slurm, lab = (
+        _flat(yaml.safe_load((ROOT / "profiles" / name / "config.yaml").read_text()))
+        for name in ("slurm", "lab")
+    )
+    changed = {k for k in slurm.keys() | lab.keys() if slurm.get(k) != lab.get(k)}
+    assert changed == LAB_KEYS, changed ^ LAB_KEYS
+    assert lab[("default-resources", "slurm_partition")] == "lab"
+    assert (
+        "snakemake --profile profiles/lab --configfile profiles/lab/tula.yaml"
+        in (ROOT / "docs" / "slurm.md").read_text()
+    )
+    cfg = config.load(ROOT / "profiles" / "lab" / "tula.yaml")
+    assert (tuple(cfg.grid.workers), cfg.cluster.workers_per_node) == ((1, 2, 4), 2)
+    assert cfg.hardware.device == "cpu"
 
 
 def _test_profile(wd: Path) -> None:
