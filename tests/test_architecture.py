@@ -246,7 +246,7 @@ FOREIGN_FIELDS = {
     ("runtime/optim.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
     ("runtime/optim.py", "opt.last_sq_norms"): "TulaOptimizer, in the module that defines it",
     ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
-    ("runtime/replica.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
+    ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
     ("runtime/replica.py", "self.pos.step"): "the replica's own Position record",
     ("runtime/replica.py", "self.pos.offset"): "the replica's own Position record",
     ("runtime/replica.py", "self.pos.epoch"): "the replica's own Position record",
@@ -302,6 +302,78 @@ def test_no_module_assigns_another_objects_fields():
 )
 def test_an_outside_assignment_is_found(code):
     assert field_assignments(ast.parse(code))
+
+
+# Methods that change the object they are called on: reached through another object's field
+# (``replica.opt.zero_grad()``, ``self.history.attempts.append(a)``) they change that
+# object's state from outside it.
+MUTATORS = {
+    "load_state_dict", "zero_grad", "backward", "step", "no_sync", "forget", "forget_parked",
+    "restore", "resume", "append", "extend", "insert", "pop", "clear", "update", "setdefault",
+    "add", "remove", "discard", "register_comm_hook", "register_forward_hook", "unscale_",
+}  # fmt: skip
+# (module, the call) -> why it is not another Tula object's state changed from outside
+FOREIGN_CALLS = {
+    ("config.py", "jsonschema.validators.extend"): "jsonschema's factory: makes a new class",
+    ("production/job.py", "os.environ.update"): "the process's own environment",
+    ("production/job.py", "os.environ.setdefault"): "the process's own environment",
+    ("runtime/dist.py", "os.environ.update"): "the process's own environment",
+    ("runtime/dist.py", "os.environ.setdefault"): "the process's own environment",
+    ("runtime/replica_state.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
+    "the replica's own model",
+}
+
+
+def method_mutations(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, call) of every :data:`MUTATORS` method called on a field of another object:
+    ``x.y.m()`` for any ``x`` but ``self``/``cls``, and ``self.x.y.m()``."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in MUTATORS or not isinstance(node.func.value, ast.Attribute):
+            continue
+        chain, e = 0, node.func.value
+        while isinstance(e, ast.Attribute):
+            chain, e = chain + 1, e.value
+        own = isinstance(e, ast.Name) and e.id in ("self", "cls")
+        if chain >= (2 if own else 1):
+            found.append((node.lineno, ast.unparse(node.func)))
+    return found
+
+
+def test_no_module_changes_another_objects_fields_through_their_methods():
+    """The replica's model, optimizer, scheduler, scaler, evaluator and feed change only through
+    the replica's own methods (:meth:`Replica.load`, :meth:`Replica.gradient_norms`,
+    :meth:`Replica.no_sync` ...), and a job's attempts only through its History."""
+    outside = [
+        f"{rel}:{line}: {call}"
+        for f in sorted(SRC.rglob("*.py"))
+        for line, call in method_mutations(ast.parse(f.read_text()))
+        if ((rel := str(f.relative_to(SRC))), call) not in FOREIGN_CALLS
+    ]
+    assert not outside, "another object's state changed from outside:\n" + "\n".join(outside)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "replica.opt.zero_grad(set_to_none=True)",
+        "replica.ddp.module.load_state_dict(state)",
+        "self.history.attempts.append(att)",
+        "r.stream.forget()",
+        "with replica.ddp.no_sync():\n    pass",
+    ],
+)
+def test_an_outside_mutation_through_a_method_is_found(code):
+    assert method_mutations(ast.parse(code))
+
+
+@pytest.mark.parametrize(
+    "code", ["self.opt.zero_grad()", "replica.step(x, y)", "replica.gradient_norms(x, y)"]
+)
+def test_a_call_on_an_objects_own_field_or_method_is_not_flagged(code):
+    assert not method_mutations(ast.parse(code))
 
 
 def test_every_module_of_the_package_is_on_the_map():

@@ -167,6 +167,10 @@ class History:
     def attempts_of(prior: dict[str, Any]) -> list[Attempt]:
         return [Attempt(**a) for a in prior.get("attempts", [])]
 
+    def add(self, attempt: Attempt) -> None:
+        """A new attempt, submitted (written with the next :meth:`write`)."""
+        self.attempts.append(attempt)
+
     def write(self, outcome: str | None = None) -> None:
         if outcome is not None:
             self.outcome = outcome

@@ -244,7 +244,7 @@ class Launch:
             workers=self.workers,
             submitted=submitted,
         )
-        self.history.attempts.append(att)
+        self.history.add(att)
         print(
             f"[launch] attempt {n}: job {job.job_id}, N={self.workers}, global batch {batch} "
             f"({batch // self.workers} per worker), from step {att.start_step}",

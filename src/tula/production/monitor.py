@@ -131,7 +131,7 @@ class Monitor:
         t1 = time.perf_counter()
 
         def compute_only(_: int) -> tuple[int, str]:
-            with r.ddp.no_sync():
+            with r.no_sync():
                 r.step(*batch)
             return 1, "plain"
 

@@ -30,9 +30,8 @@ from tula.progress import Progress, fmt_duration
 from tula.runtime import dist, gradnoise
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import process_started
-from tula.runtime.optim import load_optimizer_state
 from tula.runtime.replica import Replica
-from tula.runtime.snapshot import load_newest, load_state, write_checkpoint
+from tula.runtime.snapshot import load_newest, write_checkpoint
 from tula.runtime.stepstate import StepHooks
 
 METRIC_COLUMNS = [
@@ -120,15 +119,10 @@ class Trainer:
             checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
             total = sum(r["epoch_stats"] for r in ranks)
             stats = total if self.rank == 0 else torch.zeros_like(total)
-        load_state(replica, state, state["step"], stats)
-        own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
         # post-local SGD between two averages: this rank's own model and momentum
-        if own is not None:
-            replica.ddp.module.load_state_dict(own["model"])
-            load_optimizer_state(replica.opt, own["optimizer"])
+        own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
+        replica.load(state, state["step"], stats, own)
         self.ledger.restore(state)
-        if state["global_batch"] != self.global_batch:
-            replica.follow_batch_change(state["global_batch"])
         if self.rank == 0:
             print(
                 f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch "

@@ -7,9 +7,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-import torch.distributed as torch_dist
-
 from tula.model import noise
 from tula.runtime.replica import Replica
 
@@ -17,7 +14,7 @@ from tula.runtime.replica import Replica
 def measure(replica, steps: int) -> dict[str, Any]:
     """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
     (rank 0's, given to every rank first): ``steps`` untimed steps of
-    :func:`gradient_norms` over full batches, none twice (every rank takes part),
+    :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
     estimated by tula.model.noise. One worker has no second batch size."""
     if replica.world == 1:
         return {
@@ -37,16 +34,14 @@ def measure(replica, steps: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
     # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
-    with torch.no_grad():
-        for t in replica.ddp.module.state_dict().values():
-            torch_dist.broadcast(t, src=0)
+    replica.take_weights_of_rank0()
     small, big = [], []
     batches = None
     for i in range(steps):
         # an epoch's full batches, then those of the next epoch's new order: no batch twice
         if i % full == 0:  # on the device, decoded there where data.decode is gpu
             batches = replica.stream.batches(replica.pos.epoch + i // full)
-        s, g = gradient_norms(replica, *next(batches))
+        s, g = replica.gradient_norms(*next(batches))
         small.append(s)
         big.append(g)
     seconds = time.perf_counter() - t0
@@ -65,26 +60,6 @@ def measure(replica, steps: int) -> dict[str, Any]:
         "grad_trace_se": est.trace_se,
         "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps},
     }
-
-
-def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
-    share of one global batch, at the current weights: forward and backward under
-    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
-    the worker's squared norm riding along. No optimizer step; the gradients are
-    cleared. The gradient noise scale is estimated from these (tula.model.noise)."""
-    x, y = replica.to_device(x, y)
-    replica.opt.zero_grad(set_to_none=True)
-    with replica.ddp.no_sync():
-        _, loss = replica.forward_loss(x, y)
-        loss.float().backward()
-    grads = [p.grad.reshape(-1).float() for p in replica.ddp.parameters() if p.grad is not None]
-    flat = torch.cat(grads)
-    buf = torch.cat([flat, flat.pow(2).sum().view(1)])
-    torch_dist.all_reduce(buf)
-    buf /= replica.world
-    replica.opt.zero_grad(set_to_none=True)
-    return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
 
 
 def epoch_noise(replica: Replica) -> dict[str, float | None]:

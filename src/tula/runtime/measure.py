@@ -232,7 +232,7 @@ def input_time_s(replica: Replica, batches: int) -> float | None:
         if len(timed) > batches:
             break
         epoch += 1
-    replica.stream.forget()
+    replica.forget_feed()
     return statistics.fmean(timed[1:]) if len(timed) > 1 else None
 
 

@@ -43,7 +43,7 @@ def compute_only(replica: Replica) -> Run:
     compute-only arm of the probe and its sweep."""
 
     def run(steps: int) -> tuple[int, str]:
-        with replica.ddp.no_sync():
+        with replica.no_sync():
             return replica.next_steps(steps)
 
     return run
@@ -87,7 +87,7 @@ def first_steps(replica: Replica) -> tuple[float, float]:
     allocator's growth, DDP's first buckets, the loader's first batches), as the production
     job's first steps pay it."""
     first, _ = replica.next_timed_step()
-    with replica.ddp.no_sync():
+    with replica.no_sync():
         replica.next_timed_step()
     # the epoch's short last batch is a shape of its own: its first step now, so that what follows
     # (warm-up from a new epoch's start, the timed steps, the memory steps) is not changed by it

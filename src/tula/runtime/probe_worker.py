@@ -223,7 +223,7 @@ def _memory_step(replica: Replica):
         functools.partial(replica.forward_loss, eager=True),
         *replica.to_device(*next(replica.epoch_batches())),
     )
-    replica.stream.forget()
+    replica.forget_feed()
     return mem
 
 

@@ -21,7 +21,6 @@ times around :meth:`Replica.next_steps`; compute-only steps are it under ``DDP.n
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import time
 from typing import Callable, Iterator
@@ -30,7 +29,6 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tula import checkpoint
 from tula import config as config_mod
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
@@ -38,20 +36,20 @@ from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import clock_for
 from tula.runtime.evaluation import Evaluator
-from tula.runtime.methods import build_method, follow_new_batch, lr_factor, refresh_due
+from tula.runtime.methods import build_method, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.optim import load_optimizer_state, refresh_scales
+from tula.runtime.optim import refresh_scales
+from tula.runtime.replica_state import ReplicaState
 from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
 from tula.runtime.timing import StepTimer
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# what a step changes besides the model, optimizer, schedule, scaler and RNG (Replica.undone)
-STEP_FIELDS = ("pos", "stats", "last_chunk", "refreshed", "force_refresh", "noise_pairs")
 
 
-class Replica:
-    """One worker's model, optimizer, data and position, and the training step."""
+class Replica(ReplicaState):
+    """One worker's model, optimizer, data and position, and the training step (what a
+    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`)."""
 
     def __init__(
         self,
@@ -246,14 +244,26 @@ class Replica:
         if done:
             self.noise_pairs.append(self.opt.last_sq_norms)
 
-    def set_global_batch(self, global_batch: int, park: bool = False) -> None:
+    def set_global_batch(self, global_batch: int, park: bool = False, back: bool = False) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step), from
         the start of an epoch, or where that batch was left if it was parked. ``park``: keep
-        this batch's loader and place for a later return (the sweep's rounds)."""
+        this batch's loader and place for a later return (the sweep's rounds); ``back``: the
+        return itself, the other batches' parked loaders let go."""
         self.pos = self.stream.switch(global_batch, self.pos, park)
+        if back:
+            self.stream.forget_parked()
         self.global_batch = global_batch
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
         self.stats.zero_()
+
+    def forget_feed(self) -> None:
+        """The feed was read elsewhere (a memory step, the input timed alone): the next step
+        starts a fresh pass where training stands."""
+        self.stream.forget()
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Steps without the gradient all-reduce (compute-only: DDP's ``no_sync``)."""
+        return self.ddp.no_sync()
 
     def epoch_batches(self) -> Iterator:
         """This rank's batches, on the device, from the current position to the end of the
@@ -354,44 +364,21 @@ class Replica:
         """The next step refreshes AGS's factors (a timed or measured refresh step)."""
         self.force_refresh = due
 
-    def take_noise_pairs(self) -> list[tuple[float, float]]:
-        """This epoch's AGS noise pairs, handed over and forgotten (the epoch's noise scale)."""
-        pairs, self.noise_pairs = self.noise_pairs, []
-        return pairs
-
-    def resume(self, pos: Position, noise_pairs: list, stats: torch.Tensor) -> None:
-        """Where a checkpoint left training: the position, the epoch's noise pairs and sums."""
-        self.pos, self.noise_pairs = pos, [tuple(p) for p in noise_pairs]
-        self.stats = stats.to(self.device)
-
-    def follow_batch_change(self, old_batch: int) -> None:
-        """Resumed from a checkpoint written at ``old_batch`` (a relaunch at a smaller B):
-        the optimizer follows the new B (:func:`follow_new_batch`), and the noise pairs
-        measured at the old one are dropped."""
-        self.noise_pairs = []
-        self.force_refresh = follow_new_batch(
-            self.opt, self.sched, old_batch, self.global_batch, self.rank
-        )
-
-    @contextlib.contextmanager
-    def undone(self) -> Iterator[None]:
-        """Run steps, then put back exactly everything a step changes (model, optimizer,
-        schedule, scaler, position, sums, RNG and the step's flags): the monitor's
-        compute-only step. Copies go to host memory: no extra device memory."""
-        model = {
-            k: v.detach().to("cpu", copy=True) for k, v in self.ddp.module.state_dict().items()
-        }
-        saved = [copy.deepcopy(self.opt.state_dict()), self.sched.state_dict()]
-        saved += [self.scaler.state_dict(), checkpoint.rng_state()]
-        fields = {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
-        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
-        # step before synced its gradients: a no_sync step turns that off for the next one
-        forward_sync = self.ddp.require_forward_param_sync
-        yield
-        self.ddp.module.load_state_dict(model)
-        load_optimizer_state(self.opt, saved[0])
-        self.sched.load_state_dict(saved[1])
-        self.scaler.load_state_dict(saved[2])
-        checkpoint.set_rng_state(saved[3])
-        self.__dict__.update(fields)
-        self.ddp.require_forward_param_sync = forward_sync
+    def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+        share of one global batch, at the current weights: forward and backward under
+        ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
+        the worker's squared norm riding along. No optimizer step; the gradients are cleared
+        (:mod:`tula.runtime.gradnoise` estimates the gradient noise scale from these)."""
+        x, y = self.to_device(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        with self.ddp.no_sync():
+            _, loss = self.forward_loss(x, y)
+            loss.float().backward()
+        grads = [p.grad.reshape(-1).float() for p in self.ddp.parameters() if p.grad is not None]
+        flat = torch.cat(grads)
+        buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+        torch_dist.all_reduce(buf)
+        buf /= self.world
+        self.opt.zero_grad(set_to_none=True)
+        return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())

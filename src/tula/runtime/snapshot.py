@@ -13,38 +13,8 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.methods import replicas_differ, set_post_local_iter
-from tula.runtime.optim import load_optimizer_state
+from tula.runtime.methods import replicas_differ
 from tula.runtime.replica import Replica
-from tula.runtime.stepstate import Position
-
-
-def state_of(replica: Replica) -> dict[str, Any]:
-    """What a checkpoint holds of ``replica`` besides its ranks' RNG states and sums."""
-    return {
-        "model": replica.ddp.module.state_dict(),
-        "optimizer": replica.opt.state_dict(),
-        "scheduler": replica.sched.state_dict(),
-        "scaler": replica.scaler.state_dict(),
-        "epoch": replica.pos.epoch,
-        "offset": replica.pos.offset,
-        **replica.evaluator.state(),
-        "noise_pairs": list(replica.noise_pairs),
-    }
-
-
-def load_state(replica: Replica, state: dict[str, Any], step: int, stats: torch.Tensor) -> None:
-    """``replica`` as the checkpoint ``state`` holds it, at optimizer step ``step``, with this
-    rank's partial-epoch sums ``stats``."""
-    replica.ddp.module.load_state_dict(state["model"])
-    load_optimizer_state(replica.opt, state["optimizer"])
-    replica.sched.load_state_dict(state["scheduler"])
-    if state.get("scaler"):
-        replica.scaler.load_state_dict(state["scaler"])
-    replica.evaluator.restore(state)
-    pos = Position(step, state["epoch"], state["offset"])
-    replica.resume(pos, state.get("noise_pairs", []), stats)
-    set_post_local_iter(replica.ddp, step)
 
 
 def write_checkpoint(
@@ -74,7 +44,7 @@ def write_checkpoint(
     torch_dist.all_gather_object(per_rank, mine)
     if rank == 0 and all(p is not None for p in per_rank):
         try:
-            state = {**state_of(replica), **extra, "ranks": per_rank}
+            state = {**replica.state(), **extra, "ranks": per_rank}
             checkpoint.save(directory, state, replica.pos.step, keep=keep, after_write=after_write)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__

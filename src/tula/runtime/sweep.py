@@ -77,8 +77,7 @@ def _sweep(
     series = _rounds(
         replica, timer, live, point.workers, timer.size_block(min(warm)) if warm else 1
     )
-    replica.set_global_batch(own)
-    replica.stream.forget_parked()
+    replica.set_global_batch(own, back=True)
     for lb in live:
         s = series[lb]
         hw = s.half_width()
@@ -105,7 +104,7 @@ def _first_round(
     for lb in batches:
         replica.set_global_batch(lb * workers, park=True)
         try:
-            with replica.ddp.no_sync():
+            with replica.no_sync():
                 warm.append(replica.next_timed_step()[0])
                 rows[lb]["peak"] = step_peak_bytes(replica, refresh=False)["plain"]
         except StepOOM as exc:

@@ -1,0 +1,128 @@
+"""The replica's state as a checkpoint holds it: what that is (:meth:`ReplicaState.state`),
+the replica put back from it (:meth:`ReplicaState.load`), and put back after steps that must
+leave no trace (:meth:`ReplicaState.undone`, the monitor's compute-only step).
+
+:class:`tula.runtime.replica.Replica` inherits this half, so its model, optimizer, schedule,
+scaler, evaluator, position and sums are still written by the replica's own methods only. A
+checkpoint's other parts are their owners': each rank's RNG state and partial-epoch sums
+(:mod:`tula.runtime.snapshot`, which writes and picks the file) and the job's ledger
+(:class:`tula.production.ledger.Ledger`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+import torch.distributed as torch_dist
+
+from tula import checkpoint
+from tula.runtime.methods import follow_new_batch, set_post_local_iter
+from tula.runtime.optim import load_optimizer_state
+from tula.runtime.stepstate import Position
+
+if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tula.runtime.evaluation import Evaluator
+
+# what a step changes besides the model, optimizer, schedule, scaler and RNG (undone)
+STEP_FIELDS = ("pos", "stats", "last_chunk", "refreshed", "force_refresh", "noise_pairs")
+
+
+class ReplicaState:
+    """The checkpointed half of :class:`tula.runtime.replica.Replica`."""
+
+    ddp: DDP
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    evaluator: Evaluator
+    pos: Position
+    stats: torch.Tensor
+    noise_pairs: list[tuple[float, float]]
+    force_refresh: bool
+    device: torch.device
+    global_batch: int
+    rank: int
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds of this replica (besides each rank's RNG state and sums)."""
+        return {
+            "model": self.ddp.module.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.pos.epoch,
+            "offset": self.pos.offset,
+            **self.evaluator.state(),
+            "noise_pairs": list(self.noise_pairs),
+        }
+
+    def load(
+        self,
+        state: dict[str, Any],
+        step: int,
+        stats: torch.Tensor,
+        own: dict[str, Any] | None = None,
+    ) -> None:
+        """This replica as the checkpoint ``state`` holds it, at optimizer step ``step``, with
+        this rank's partial-epoch sums ``stats``; ``own``: this rank's own model and optimizer
+        (post-local SGD between two averages). A checkpoint written at another global batch (a
+        relaunch at a smaller B) is followed by the optimizer, and its noise pairs dropped."""
+        self.ddp.module.load_state_dict(state["model"])
+        load_optimizer_state(self.opt, state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.evaluator.restore(state)
+        self.pos = Position(step, state["epoch"], state["offset"])
+        self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
+        self.stats = stats.to(self.device)
+        set_post_local_iter(self.ddp, step)
+        if own is not None:
+            self.ddp.module.load_state_dict(own["model"])
+            load_optimizer_state(self.opt, own["optimizer"])
+        written_at = state.get("global_batch", self.global_batch)
+        if written_at != self.global_batch:
+            self.noise_pairs = []
+            self.force_refresh = follow_new_batch(
+                self.opt, self.sched, written_at, self.global_batch, self.rank
+            )
+
+    def take_weights_of_rank0(self) -> None:
+        """Rank 0's weights on every rank (compute-only steps stepped each replica on its own
+        gradient: the gradient noise scale is measured at one point)."""
+        with torch.no_grad():
+            for t in self.ddp.module.state_dict().values():
+                torch_dist.broadcast(t, src=0)
+
+    def take_noise_pairs(self) -> list[tuple[float, float]]:
+        """This epoch's AGS noise pairs, handed over and forgotten (the epoch's noise scale)."""
+        pairs, self.noise_pairs = self.noise_pairs, []
+        return pairs
+
+    @contextlib.contextmanager
+    def undone(self) -> Iterator[None]:
+        """Run steps, then put back exactly everything a step changes (model, optimizer,
+        schedule, scaler, position, sums, RNG and the step's flags): the monitor's
+        compute-only step. Copies go to host memory: no extra device memory."""
+        model = {
+            k: v.detach().to("cpu", copy=True) for k, v in self.ddp.module.state_dict().items()
+        }
+        saved = [copy.deepcopy(self.opt.state_dict()), self.sched.state_dict()]
+        saved += [self.scaler.state_dict(), checkpoint.rng_state()]
+        fields = {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
+        # step before synced its gradients: a no_sync step turns that off for the next one
+        forward_sync = self.ddp.require_forward_param_sync
+        yield
+        self.ddp.module.load_state_dict(model)
+        load_optimizer_state(self.opt, saved[0])
+        self.sched.load_state_dict(saved[1])
+        self.scaler.load_state_dict(saved[2])
+        checkpoint.set_rng_state(saved[3])
+        self.__dict__.update(fields)
+        self.ddp.require_forward_param_sync = forward_sync
