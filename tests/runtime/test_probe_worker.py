@@ -50,20 +50,56 @@ def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one
 
 
 def test_a_failure_before_the_measurement_is_the_record_and_after_it_a_note_beside_it():
-    measured = {"rank": 0, "status": "ok", "step_time_s": 0.1}
-    oom = probe_worker._failure({}, torch.OutOfMemoryError("CUDA out of memory\nmore"), 1, after="")
+    def record(rank, exc, after, **parts):
+        failure = probe_worker._failure(exc, rank, after=after)
+        return probe_record.assemble(probe_record.PointParts(rank, failure=failure, **parts))
+
+    oom = record(1, torch.OutOfMemoryError("CUDA out of memory\nmore"), "")
     assert oom == {
         "rank": 1,
         "status": "oom",
         "error": "out of memory on rank 1: CUDA out of memory",
     }
-    err = probe_worker._failure({}, RuntimeError("boom"), 0, after="")
+    err = record(0, RuntimeError("boom"), "", measured={"step_time_s": 0.1})
     assert (err["status"], err["error"]) == (
         "error",
         "rank 0: RuntimeError: boom",
     ) and "traceback" in err
-    kept = probe_worker._failure(measured, RuntimeError("lost peer"), 0, after="sweep")
-    assert kept == {**measured, "sweep_error": "rank 0: RuntimeError: lost peer"}
+    assert "step_time_s" not in err  # a measurement not stood is no part of a failed record
+    kept = record(0, RuntimeError("lost peer"), "sweep", measured={"step_time_s": 0.1})
+    assert kept == {
+        "rank": 0,
+        "status": "ok",
+        "step_time_s": 0.1,
+        "sweep_error": "rank 0: RuntimeError: lost peer",
+    }
+    assert probe_record.failed_after_measurement(kept)
+
+
+def test_the_record_is_assembled_from_its_parts_in_one_place():
+    """Each measuring function returns its part; the record is those parts in order, the
+    sweep's rows replacing the measurement's empty list, the point's own seconds last."""
+    parts = probe_record.PointParts(
+        0,
+        measured={"step_time_s": 0.1, "sweep": []},
+        overheads={"startup_time_s": 4.0},
+        noise={"grad_noise_scale": 12.0},
+        sweep=[{"local_batch": 16, "status": "ok"}],
+        point_wall_s=3.5,
+    )
+    assert probe_record.assemble(parts) == {
+        "rank": 0,
+        "status": "ok",
+        "step_time_s": 0.1,
+        "sweep": [{"local_batch": 16, "status": "ok"}],
+        "startup_time_s": 4.0,
+        "grad_noise_scale": 12.0,
+        "point_wall_s": 3.5,
+    }
+    assert probe_record.assemble(probe_record.PointParts(1)) == {"rank": 1, "status": "ok"}
+    assert not parts.failed and not probe_record.failed_after_measurement(
+        probe_record.assemble(parts)
+    )
 
 
 def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_group):  # noqa: F811

@@ -2,11 +2,13 @@
 compute and sync times from every rank's timed steps (each step the slowest rank's), an
 epoch start's, a mid-epoch refresh's and the short last batch's extra at training's rate, the
 timing's precision, the memory peaks, the input pipeline alone, the host's share of a queued
-step and the decoder ``data.decode: auto`` measured faster."""
+step and the decoder ``data.decode: auto`` measured faster; and the one place a point's record
+is put together from the parts its measuring functions return (:func:`assemble`)."""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from tula.model.measurements import HOST_BOUND, INPUT_BOUND
@@ -112,3 +114,53 @@ def _input(gathered: list[dict], step_s: float) -> dict[str, Any]:
     if not times:
         return {"input_time_s": None, "input_bound": None}
     return {"input_time_s": max(times), "input_bound": bool(max(times) >= INPUT_BOUND * step_s)}
+
+
+# -- the record, put together from its parts --------------------------------------------
+
+# the phases after the probe's own measurement: a failure there is noted beside it
+AFTER_MEASUREMENT = ("overheads", "noise", "sweep")
+
+
+@dataclass
+class PointParts:
+    """What one rank measured at a probe's point, part by part, each the value a measuring
+    function returned (rank 0's are the record's; the other ranks' are empty): its own
+    measurement (:func:`measurement`), what the job pays besides steps, the gradient noise
+    scale, the compute sweep's rows, the failure if any (``status`` oom/error; or
+    ``<phase>_error`` after the measurement, which then stands) and the point's own seconds."""
+
+    rank: int
+    measured: dict[str, Any] | None = None
+    overheads: dict[str, Any] | None = None
+    noise: dict[str, Any] | None = None
+    sweep: list[dict] | None = None
+    failure: dict[str, Any] | None = None
+    point_wall_s: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The point failed before its measurement stood (its record is the failure)."""
+        return bool(self.failure) and "status" in self.failure
+
+
+def assemble(parts: PointParts) -> dict[str, Any]:
+    """The rank's result at a point (``rank<r>.json``; rank 0's is the probe record), put
+    together in one place from its parts: a failed point is its failure alone; otherwise the
+    measurement, then each later part, a failure after the measurement beside it."""
+    if parts.failed:
+        return {"rank": parts.rank, **parts.failure}
+    out: dict[str, Any] = {"rank": parts.rank, "status": "ok"}
+    for part in (parts.measured, parts.overheads, parts.noise):
+        out.update(part or {})
+    if parts.sweep is not None:
+        out["sweep"] = parts.sweep
+    out.update(parts.failure or {})
+    if parts.point_wall_s is not None:
+        out["point_wall_s"] = parts.point_wall_s
+    return out
+
+
+def failed_after_measurement(record: dict[str, Any]) -> bool:
+    """Did a phase after the measurement fail (its error noted beside the measurement)."""
+    return any(f"{phase}_error" in record for phase in AFTER_MEASUREMENT)

@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -57,15 +57,16 @@ def run_worker(
     rank = dist.worker_env().rank
     workers.dump_stacks_before_deadline()
     faults = tula_faults.from_env()
-    _reacher(result_dir, rank, points[0], faults, None)("started")
     shared: dict[str, Any] = {}  # the group, and what the first point measured for all
     ended = "ok"
     for i, point in enumerate(points):
         began = None if i == 0 else time.time()
         if began is not None:  # the first point's limit is the launcher's deadline itself
             workers.dump_stacks_before_deadline(left_s=cfg.probe.timeout_s)
-        reach = _reacher(result_dir, rank, point, faults, began)
-        ended = _probe_point(cfg, point, result_dir, max_local_batch, attempt, reach, shared)
+        phases = Phases(result_dir, rank, point.name, faults, began)
+        if i == 0:
+            phases.enter("started")
+        ended = _probe_point(cfg, point, result_dir, max_local_batch, attempt, phases, shared)
         gc.collect()  # the point's replica (its loader workers, its device memory) goes
         if ended != "ok":
             break
@@ -74,12 +75,26 @@ def run_worker(
         sys.exit(1)
 
 
-def _reacher(
-    result_dir: Path, rank: int, point: Point, faults: list, began: float | None
-) -> Callable[[str], None]:
-    """This rank's :func:`_reach` at ``point``."""
-    here = workers.point_dir(result_dir, point.name)
-    return functools.partial(_reach, here, rank, point.name, faults, began)
+class Phases:
+    """Where this rank is at one point of the job, the one tracker of it: each phase
+    (:data:`tula.workers.PROBE_PHASES`) said beside the rank's result as it is entered, for the
+    record of a probe stopped by ``probe.timeout_s`` (a ``hang`` fault due there waits), and
+    the phase a failure happened in."""
+
+    def __init__(self, result_dir: Path, rank: int, point: str, faults: list, began: float | None):
+        self.dir = workers.point_dir(result_dir, point)
+        self.rank, self.point, self.faults, self.began = rank, point, faults, began
+        self.now = ""
+
+    def enter(self, phase: str) -> None:
+        self.now = phase
+        workers.mark(self.dir, self.rank, phase, self.began)
+        tula_faults.hang_if_due(self.faults, self.rank, self.point, phase)
+
+    @property
+    def after_measurement(self) -> str:
+        """The phase running if it follows the measurement ("" while measuring)."""
+        return self.now if self.now in probe_record.AFTER_MEASUREMENT else ""
 
 
 def _probe_point(
@@ -88,61 +103,46 @@ def _probe_point(
     result_dir: Path,
     max_local_batch: int | None,
     attempt: int,
-    reach: Callable[[str], None],
+    phases: Phases,
     shared: dict[str, Any],
 ) -> str:
     """One point on this rank, its result written: "ok"; "stopped" where every rank agreed
     to stop (an out-of-memory step) or what followed the measurement failed; "failed"."""
     rank = dist.worker_env().rank
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"rank": rank, "status": "ok"}
-    result = workers.result_path(workers.point_dir(result_dir, point.name), rank)
-    after = [""]  # what runs after the measurement, named if it fails; "" while measuring
+    parts = probe_record.PointParts(rank)
+    result = workers.result_path(phases.dir, rank)
     try:
-        _probe(cfg, point, result_dir, max_local_batch, attempt, out, after, reach, shared)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, parts, phases, shared)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
         first = (exc.message or "").splitlines()[0]
-        out = {
-            "rank": rank,
-            "status": "oom",
-            "error": f"out of memory on rank(s) {exc.ranks}: {first}",
-        }
-        write_json(result, out)
+        oom = {"status": "oom", "error": f"out of memory on rank(s) {exc.ranks}: {first}"}
+        write_json(result, probe_record.assemble(probe_record.PointParts(rank, failure=oom)))
         return "stopped"
     except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
-        out = _failure(out, exc, rank, after[0])
-    if out["status"] == "ok" and rank == 0:
-        out["point_wall_s"] = time.perf_counter() - t0
-    write_json(result, out)
-    reach("leaving")
-    if out["status"] != "ok":
+        parts.failure = _failure(exc, rank, phases.after_measurement)
+    if not parts.failed and rank == 0:
+        parts.point_wall_s = time.perf_counter() - t0
+    record = probe_record.assemble(parts)
+    write_json(result, record)
+    phases.enter("leaving")
+    if parts.failed:
         return "failed"
-    after_failed = any(f"{k}_error" in out for k in ("overheads", "noise", "sweep"))
-    return "stopped" if after_failed else "ok"
-
-
-def _reach(
-    point_dir: Path, rank: int, point: str, faults: list, began: float | None, phase: str
-) -> None:
-    """This rank has reached ``phase`` (:data:`tula.workers.PROBE_PHASES`) at ``point``: said
-    beside its result, for the record of a probe stopped by ``probe.timeout_s``; a ``hang``
-    fault due there waits."""
-    workers.mark(point_dir, rank, phase, began)
-    tula_faults.hang_if_due(faults, rank, point, phase)
+    return "stopped" if probe_record.failed_after_measurement(record) else "ok"
 
 
 def _start(
     cfg: config_mod.Config,
     point: Point,
     rank: int,
-    reach: Callable[[str], None],
+    phases: Phases,
     shared: dict[str, Any],
 ) -> tuple[dist.WorkerEnv, torch.device, str, Replica, float]:
     """The process group (joined at the first point), then this point's replica (model,
     optimizer, data); with this process's start-up, to the first point's first step, as the
     production job counts it."""
     if "group" not in shared:
-        reach("process group")
+        phases.enter("process group")
         wenv, device, backend = dist.init(
             cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
         )
@@ -152,7 +152,7 @@ def _start(
             )
         shared["group"] = (wenv, device, backend)
     wenv, device, backend = shared["group"]
-    reach("model and data")
+    phases.enter("model and data")
     replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
     shared.setdefault("startup_s", time.time() - process_started())
     return wenv, device, backend, replica, shared["startup_s"]
@@ -162,56 +162,53 @@ def _measure_point(
     cfg: config_mod.Config,
     point: Point,
     attempt: int,
-    out: dict[str, Any],
-    result: Path,
-    reach: Callable[[str], None],
+    rank: int,
+    phases: Phases,
     shared: dict[str, Any],
-) -> tuple[Replica, float]:
+) -> tuple[Replica, float, dict[str, Any] | None]:
     """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
-    every rank, combined on rank 0 and written to ``result`` at once. Returns the replica and
-    this process's start-up (to its first step, as the production job counts it)."""
-    rank = out["rank"]
-    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, reach, shared)
-    reach("first steps")
+    every rank, combined on rank 0. Returns the replica, this process's start-up (to its first
+    step, as the production job counts it) and rank 0's measurement (None on the others)."""
+    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, phases, shared)
+    phases.enter("first steps")
     # the replica's first training steps, before anything else has run a forward pass on it:
     # what the production job pays at its start and at its first short batch
     first_steps = probe_timing.first_steps(replica)
     if replica.epoch_over():  # the short last batch closed the epoch: the next one starts
         replica.restart_epoch()
-    reach("memory step")
+    phases.enter("memory step")
     mem = _memory_step(replica)
     injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
     if injector:  # after the memory step: an OOM meets the step's agreement
         replica.inject_faults(injector)
         replica.inject("start")
-    reach("timed steps")
+    phases.enter("timed steps")
     timing, extras = probe_timing.time_steps(replica, cfg, point.name)
     retried: dict[str, int] = {}
-    reach("peaks and input")
+    phases.enter("peaks and input")
     mine = _this_rank(replica, cfg, first_steps, retried)
-    reach("gathering")
+    phases.enter("gathering")
     gathered: list[Any] = [None] * wenv.world_size
     torch_dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        out.update(
-            probe_record.measurement(replica, gathered, timing, extras),
-            grad_bytes_per_step=mem.grad_bytes,
-            memory=mem.to_dict(),
-            profiler_retries=retried,  # extra steps: CPU profiler failures
-            env=dist.env_info(
-                device,
-                backend,
-                wenv,
-                [g["host"] for g in gathered],
-                cfg,
-                replica.stream.loader.num_workers,
+    if rank != 0:
+        return replica, startup_s, None
+    loader_workers = replica.stream.loader.num_workers
+    return (
+        replica,
+        startup_s,
+        {
+            **probe_record.measurement(replica, gathered, timing, extras),
+            "grad_bytes_per_step": mem.grad_bytes,
+            "memory": mem.to_dict(),
+            "profiler_retries": retried,  # extra steps: CPU profiler failures
+            "env": dist.env_info(
+                device, backend, wenv, [g["host"] for g in gathered], cfg, loader_workers
             ),
-            sweep=[],
+            "sweep": [],
             # its first steps were the process's (what a production job pays at its start)
-            fresh_process=shared.setdefault("first", point.name) == point.name,
-        )
-        write_json(result, out)  # the probe's own measurement stands even if what follows fails
-    return replica, startup_s
+            "fresh_process": shared.setdefault("first", point.name) == point.name,
+        },
+    )
 
 
 def _memory_step(replica: Replica):
@@ -233,36 +230,40 @@ def _probe(
     result_dir: Path,
     max_local_batch: int | None,
     attempt: int,
-    out: dict[str, Any],
-    after: list[str],
-    reach: Callable[[str], None],
+    parts: probe_record.PointParts,
+    phases: Phases,
     shared: dict[str, Any],
 ) -> None:
-    """The probe's phases on this rank: its own measurement (written as soon as it stands),
-    then what the job pays besides steps (at the job's first point), the gradient noise scale
-    and the compute sweep (``after[0]`` names the phase running, for the record if it fails)."""
-    rank = out["rank"]
-    result = workers.result_path(workers.point_dir(result_dir, point.name), rank)
-    replica, startup_s = _measure_point(cfg, point, attempt, out, result, reach, shared)
-    after[0] = "overheads"
-    reach("overheads")
+    """The probe's phases on this rank, each part of the record the value its function returns,
+    saved as soon as it stands (the measurement first: it stands even if what follows fails):
+    the measurement, what the job pays besides steps (at the job's first point), the gradient
+    noise scale and the compute sweep."""
+    rank = parts.rank
+    result = workers.result_path(phases.dir, rank)
+    replica, startup_s, parts.measured = _measure_point(cfg, point, attempt, rank, phases, shared)
+    _save(result, parts)
+    phases.enter("overheads")
     if "overheads" not in shared:
         shared["overheads"] = _overheads(replica, result_dir, startup_s)
     if rank == 0:
-        out.update(shared["overheads"])
-        write_json(result, out)
-    after[0] = "noise"
+        parts.overheads = shared["overheads"]
+        _save(result, parts)
     if cfg.probe.noise_steps > 0:
-        reach("noise")
+        phases.enter("noise")
         # before the sweep changes the batch
-        noise_record = gradnoise.measure(replica, cfg.probe.noise_steps)
-        if rank == 0:
-            out.update(noise_record)
-            write_json(result, out)
-    after[0] = "sweep"
+        noise = gradnoise.measure(replica, cfg.probe.noise_steps)
+        parts.noise = noise if rank == 0 else None
+        _save(result, parts)
     if cfg.probe.sweep_steps > 0:
-        reach("sweep")
-        sweep.run_sweep(replica, cfg, point, max_local_batch, out, replica.world)
+        phases.enter("sweep")
+        start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
+        parts.sweep = sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra)
+
+
+def _save(result: Path, parts: probe_record.PointParts) -> None:
+    """Rank 0's record as it stands (what the launcher reads if a later phase never ends)."""
+    if parts.rank == 0:
+        write_json(result, probe_record.assemble(parts))
 
 
 def _this_rank(
@@ -292,16 +293,16 @@ def _this_rank(
     }
 
 
-def _failure(out: dict[str, Any], exc: Exception, rank: int, after: str) -> dict[str, Any]:
-    """The record of a failed worker; after the measurement (``after``: noise or sweep) the
-    measurement is kept and the failure noted beside it."""
+def _failure(exc: Exception, rank: int, after: str) -> dict[str, Any]:
+    """A failed worker's part of its record (:class:`probe_record.PointParts`): after the
+    measurement (``after``: the phase, overheads, noise or sweep) a note kept beside it;
+    before, the record's status and error."""
     first = (str(exc).splitlines() or [""])[0]
     if after:
-        return {**out, f"{after}_error": f"rank {rank}: {type(exc).__name__}: {first}"}
+        return {f"{after}_error": f"rank {rank}: {type(exc).__name__}: {first}"}
     if isinstance(exc, torch.OutOfMemoryError):
-        return {"rank": rank, "status": "oom", "error": f"out of memory on rank {rank}: {first}"}
+        return {"status": "oom", "error": f"out of memory on rank {rank}: {first}"}
     return {
-        "rank": rank,
         "status": "error",
         "error": f"rank {rank}: {type(exc).__name__}: {exc}",
         "traceback": traceback.format_exc(),

@@ -29,19 +29,17 @@ def run_sweep(
     cfg: config_mod.Config,
     point: Point,
     max_local_batch: int | None,
-    out: dict,
-    world: int,
-) -> None:
-    """The compute sweep on every rank (rank 0's epoch-start extra given to all), its rows
-    gathered into rank 0's record."""
+    start_extra_s: float,
+) -> list[dict] | None:
+    """The compute sweep on every rank (rank 0's epoch-start extra ``start_extra_s`` given to
+    all), its rows gathered: rank 0's record's ``sweep`` (None on the other ranks)."""
     replica.inject("sweep")  # a fault drill's crash after the measurement stood
-    start_extra: list[Any] = [out.get("epoch_start_extra_s", 0.0)]
+    start_extra: list[Any] = [start_extra_s]
     torch_dist.broadcast_object_list(start_extra, src=0)
     rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]))
-    swept: list[Any] = [None] * world
+    swept: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(swept, rows)
-    if replica.rank == 0:
-        out["sweep"] = _sweep_rows(swept)
+    return _sweep_rows(swept) if replica.rank == 0 else None
 
 
 def _sweep(
