@@ -62,7 +62,7 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "  # an im
     "module, planted, broken",
     [
         ("model/grid.py", "from tula.stages import select", "The equations import no torch"),
-        ("model/choice.py", "from tula.production import history", "The equations import no torch"),
+        ("model/choice.py", "from tula.production import jobdir", "The equations import no torch"),
         (
             "stages/report/__init__.py",
             "from tula.stages import aggregate",
@@ -85,7 +85,7 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "  # an im
             "No import cycles",
         ),
         ("io.py", "from tula.model import grid", "Shared modules"),
-        ("figures.py", "from tula.production import history", "Shared modules"),
+        ("figures.py", "from tula.production import jobdir", "Shared modules"),
     ],
 )
 def test_a_planted_import_breaks_its_contract(tmp_path, module, planted, broken):
@@ -102,7 +102,9 @@ LAUNCHER_SIDE = [
     "tula.production.relaunch",
     "tula.production.replan",
     "tula.production.confirm",
-    "tula.production.history",
+    "tula.production.jobdir",
+    "tula.production.attempts",
+    "tula.production.submission",
     "tula.production.job",
 ]
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import GPU_NODES, GPU_PARTITION
 from tula import config, slurm
-from tula.production import history
+from tula.production import submission
 
 
 def test_nodelist_parsing_without_scontrol(monkeypatch):
@@ -116,7 +116,7 @@ def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
     )
     for n in cfg.grid.workers:
         probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
-        params = history.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
+        params = submission.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
         prod = (
             params["nodes"],
             params["ntasks_per_node"],

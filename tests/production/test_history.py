@@ -1,6 +1,6 @@
-"""A production job's files and attempts (tula.production.history): submitit's executor and what it
-writes for SLURM, a job left running by a dead launcher, which checkpoints a run may resume, and how
-a finished job's outcome is read."""
+"""A production job's folder, attempts and submission (tula.production.jobdir, .attempts,
+.submission): submitit's executor and what it writes for SLURM, a job left running by a dead
+launcher, which checkpoints a run may resume, and how a finished job's outcome is read."""
 
 import functools
 import pickle
@@ -13,7 +13,7 @@ import yaml
 from conftest import checkpoint_state
 from job_bodies import finish_with
 from tula import checkpoint, config
-from tula.production import history
+from tula.production import attempts, jobdir, submission
 from tula.production.job import ProductionJob
 
 
@@ -39,7 +39,7 @@ def test_config_partition_and_account_take_precedence_over_the_profile(
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_raw))
     cfg = config.load(tmp_path / "c.yaml")
-    ex = history.make_executor(
+    ex = submission.make_executor(
         cfg, "slurm", tmp_path / "submitit", 2, 30, partition="profile_part", account="profile_acct"
     )
     params = ex._executor.parameters  # what submitit writes as #SBATCH lines
@@ -53,33 +53,33 @@ def test_a_local_job_left_running_by_a_dead_launcher_is_not_started_twice(tmp_pa
 
     prior = {"executor": "local", "attempts": [{"outcome": "running", "job_id": str(os.getpid())}]}
     with pytest.raises(RuntimeError, match=rf"still running; .*kill {os.getpid()}"):
-        history.still_running(prior, tmp_path, 2)
+        submission.still_running(prior, tmp_path, 2)
     gone = subprocess.Popen(["true"])
     gone.wait()
     prior["attempts"][0]["job_id"] = str(gone.pid)
-    assert history.still_running(prior, tmp_path, 2) is None
+    assert submission.still_running(prior, tmp_path, 2) is None
     prior["attempts"][0]["outcome"] = "completed"
-    assert history.still_running(prior, tmp_path, 2) is None
+    assert submission.still_running(prior, tmp_path, 2) is None
 
 
 def test_only_an_unfinished_newest_checkpoint_of_this_run_is_resumed(tmp_path):
     checkpoint.save(tmp_path, {**checkpoint_state(1), "complete": False}, 5)
-    assert history.resumable(tmp_path, "f") and not history.resumable(tmp_path, "other settings")
+    assert jobdir.resumable(tmp_path, "f") and not jobdir.resumable(tmp_path, "other settings")
     checkpoint.save(tmp_path, {**checkpoint_state(2), "complete": True}, 10)  # the run finished
-    assert not history.resumable(tmp_path, "f")  # its older step-5 checkpoint must not be resumed
+    assert not jobdir.resumable(tmp_path, "f")  # its older step-5 checkpoint must not be resumed
 
 
 def test_the_history_round_trips_through_both_copies_of_attempts_json(tmp_path):
-    h = history.History(tmp_path, "fp", 2, 64, "local")
+    h = attempts.History(tmp_path, "fp", 2, 64, "local")
     h.attempts.append(
-        history.Attempt(
+        attempts.Attempt(
             1, 64, 32, "123", 0, end_step=23, checkpoint_step=20, outcome="oom", reason="x"
         )
     )
     h.write("running")
     copies = [tmp_path / "attempts.json", tmp_path / "checkpoints" / "attempts.json"]
     assert copies[0].read_text() == copies[1].read_text()
-    prior = history.History.read(tmp_path)
+    prior = attempts.History.read(tmp_path)
     assert {
         k: prior[k] for k in ("fingerprint", "workers", "selected_batch", "executor", "outcome")
     } == {
@@ -89,12 +89,12 @@ def test_the_history_round_trips_through_both_copies_of_attempts_json(tmp_path):
         "executor": "local",
         "outcome": "running",
     }
-    assert history.History.attempts_of(prior) == h.attempts
+    assert attempts.History.attempts_of(prior) == h.attempts
     copies[
         0
         # Snakemake deletes the rule's output when the rule fails: the copy by the checkpoints stays
     ].unlink()
-    assert history.History.read(tmp_path)["attempts"][0]["outcome"] == "oom"
+    assert attempts.History.read(tmp_path)["attempts"][0]["outcome"] == "oom"
 
 
 @pytest.mark.slow
@@ -102,7 +102,7 @@ def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_s
     tmp_path, tiny_raw, user_pythonpath
 ):
     cfg = config.from_dict({**tiny_raw, "launch": {"executor": "local"}})
-    ex = history.make_executor(cfg, "local", tmp_path / "submitit", 1, 5)
+    ex = submission.make_executor(cfg, "local", tmp_path / "submitit", 1, 5)
     cases = [
         ({"outcome": "completed", "step": 46}, ("completed", "trained every epoch")),
         (
@@ -121,22 +121,22 @@ def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_s
         (RuntimeError("boom"), ("failed", "RuntimeError: boom")),
     ]
     for attempt, (result, expected) in enumerate(cases, 1):
-        job = history.submit(ex, functools.partial(finish_with, result), "local")
-        history.wait(job, 0.2)
-        assert history.outcome(job, tmp_path, attempt) == expected
+        job = submission.submit(ex, functools.partial(finish_with, result), "local")
+        submission.wait(job, 0.2)
+        assert submission.outcome(job, tmp_path, attempt) == expected
     # a rank that ran out of memory in backward left its record before the job failed
-    history.oom_record_path(tmp_path, 4, 1).parent.mkdir(parents=True, exist_ok=True)
-    history.oom_record_path(tmp_path, 4, 1).write_text(
+    jobdir.oom_record_path(tmp_path, 4, 1).parent.mkdir(parents=True, exist_ok=True)
+    jobdir.oom_record_path(tmp_path, 4, 1).write_text(
         '{"place": "in the backward pass of step 9", "message": "OOM"}'
     )
-    job = history.submit(ex, functools.partial(finish_with, RuntimeError("peer lost")), "local")
-    history.wait(job, 0.2)
-    assert history.outcome(job, tmp_path, 4) == (
+    job = submission.submit(ex, functools.partial(finish_with, RuntimeError("peer lost")), "local")
+    submission.wait(job, 0.2)
+    assert submission.outcome(job, tmp_path, 4) == (
         "oom",
         "out of memory in the backward pass of step 9 (rank1): OOM",
     )
     # a job stopped by TERM: its last segment says so
-    history.add_segment(
+    jobdir.add_segment(
         tmp_path,
         {
             "attempt": 5,
@@ -146,18 +146,16 @@ def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_s
             "reason": "SIGTERM (preemption, time limit or cancel): checkpointed; exiting",
         },
     )
-    job = history.submit(ex, functools.partial(finish_with, SystemExit(143)), "local")
-    history.wait(job, 0.2)
+    job = submission.submit(ex, functools.partial(finish_with, SystemExit(143)), "local")
+    submission.wait(job, 0.2)
     asked = []  # submitit writes no result after SystemExit, and waits 15 s for one if asked
     job.results = lambda: asked.append("results") or job.__class__.results(job)
-    assert history.outcome(job, tmp_path, 5) == (
+    assert submission.outcome(job, tmp_path, 5) == (
         "stopped",
         "SIGTERM (preemption, time limit or cancel): checkpointed; exiting",
     )
     assert asked == []
-    assert (
-        history.segments(tmp_path, 5)[0]["end_step"] == 13 and history.segments(tmp_path, 4) == []
-    )
+    assert jobdir.segments(tmp_path, 5)[0]["end_step"] == 13 and jobdir.segments(tmp_path, 4) == []
 
 
 def test_the_production_job_unpickles_without_the_launcher(tmp_path):
@@ -190,21 +188,21 @@ def test_a_start_that_left_no_record_is_a_lost_stretch_when_the_job_resumes(tmp_
     add nothing."""
     from tula.io import write_json
 
-    assert history.unrecorded_stretch(tmp_path, 1, 24) is None  # nothing started yet
-    write_json(history.started_path(tmp_path), {"attempt": 1, "step": 0, "first_step_time": 1.0})
-    lost = history.unrecorded_stretch(tmp_path, 1, 24)
+    assert jobdir.unrecorded_stretch(tmp_path, 1, 24) is None  # nothing started yet
+    write_json(jobdir.started_path(tmp_path), {"attempt": 1, "step": 0, "first_step_time": 1.0})
+    lost = jobdir.unrecorded_stretch(tmp_path, 1, 24)
     assert lost is not None
     assert (lost["start_step"], lost["end_step"], lost["outcome"]) == (0, 24, "lost")
     assert "from the checkpoint of step 24" in lost["reason"]
-    assert history.unrecorded_stretch(tmp_path, 2, 24) is None  # attempt 2's first start
-    assert history.unrecorded_stretch(tmp_path / "x", 1, 0) is None
-    write_json(history.started_path(tmp_path / "x"), {"attempt": 1, "step": 40})
-    assert history.unrecorded_stretch(tmp_path / "x", 1, 0) is None  # not this run's start
+    assert jobdir.unrecorded_stretch(tmp_path, 2, 24) is None  # attempt 2's first start
+    assert jobdir.unrecorded_stretch(tmp_path / "x", 1, 0) is None
+    write_json(jobdir.started_path(tmp_path / "x"), {"attempt": 1, "step": 40})
+    assert jobdir.unrecorded_stretch(tmp_path / "x", 1, 0) is None  # not this run's start
     # the launcher, once attempt 1's job has ended (its next attempt resumes): the same stretch
-    assert history.attempt_segments(tmp_path, 1, 24) == [lost]
-    assert history.attempt_segments(tmp_path, 1, 24) == [lost]  # written once
+    assert jobdir.attempt_segments(tmp_path, 1, 24) == [lost]
+    assert jobdir.attempt_segments(tmp_path, 1, 24) == [lost]  # written once
     (tmp_path / "segments.json").unlink()
-    history.add_segment(
+    jobdir.add_segment(
         tmp_path, {"attempt": 1, "start_step": 0, "end_step": 28, "outcome": "requeued"}
     )
-    assert history.unrecorded_stretch(tmp_path, 1, 28) is None  # that start said how it ended
+    assert jobdir.unrecorded_stretch(tmp_path, 1, 28) is None  # that start said how it ended

@@ -163,7 +163,7 @@ def test_a_drift_moves_the_job_only_once_the_next_observations_confirm_it(tmp_pa
     slow spell that goes (the machine busy for a dozen steps, seen in CI) stays, a slowdown
     that holds moves."""
     from tula.model import drift as drift_mod
-    from tula.production.history import Attempt
+    from tula.production.attempts import Attempt
     from tula.production.replan import Replan
 
     _pred().to_csv(tmp_path / "p.csv", index=False)

@@ -97,6 +97,8 @@ def test_the_record_is_assembled_from_its_parts_in_one_place():
         "point_wall_s": 3.5,
     }
     assert probe_record.assemble(probe_record.PointParts(1)) == {"rank": 1, "status": "ok"}
+    with pytest.raises(TypeError, match="sweeps"):
+        parts.add(sweeps=[])  # a part the record does not have is refused, not dropped
     assert not parts.failed and not probe_record.failed_after_measurement(
         probe_record.assemble(parts)
     )

@@ -3,7 +3,7 @@ submitted with submitit and watched to the end.
 
 Paper §IV-B: "frequent job checkpointing and relaunching progressively smaller batches
 until a feasible configuration is found". One *attempt* is one submitit job at one global
-batch B at one N (:class:`tula.production.history.Attempt`):
+batch B at one N (:class:`tula.production.attempts.Attempt`):
 
 - the job is a :class:`tula.production.job.ProductionJob` (``submitit.helpers.Checkpointable``):
   SLURM's USR2 before the time limit or on preemption makes every rank checkpoint at the next
@@ -22,7 +22,7 @@ batch B at one N (:class:`tula.production.history.Attempt`):
   rest is re-planned onto the nodes left and continues there from the checkpoint.
 
 Every attempt is written to ``results/train/attempts.json``
-(:class:`tula.production.history.History`);
+(:class:`tula.production.attempts.History`);
 submitit's job folder and logs are in ``results/train/submitit/``. The rank-0 log is echoed
 to the terminal while the job runs. At the end, final.json gets the prediction for the point
 the job trained beside what the job measured (:func:`tula.production.confirm.record_prediction`).
@@ -44,9 +44,9 @@ from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
 from tula.model import drift
-from tula.production import history, nodes, relaunch
+from tula.production import jobdir, nodes, relaunch, submission
+from tula.production.attempts import Attempt, History
 from tula.production.confirm import prediction_row, record_prediction
-from tula.production.history import Attempt, History
 from tula.production.job import ProductionJob
 from tula.production.nodes import NodeWatch
 from tula.production.replan import Replan
@@ -80,7 +80,7 @@ class Launch:
         job_name: str,
     ):
         self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
-        self.kind = history.resolve_executor(self.cfg, executor_hint)
+        self.kind = submission.resolve_executor(self.cfg, executor_hint)
         # where the job runs (tula.devices; the workflow's config has it decided already): by hand
         # on SLURM with device auto, the partition's GRES decides, so a GPU partition gets --gres
         try:
@@ -145,8 +145,8 @@ class Launch:
         # after a move, the run goes on at the last attempt's N
         if same_run and prior.get("attempts"):
             self.workers = prior["attempts"][-1].get("workers") or self.workers
-        job = history.still_running(prior, self.out, self.workers) if same_run else None
-        if not (job or (not fresh and history.resumable(self.ck, self.fingerprint))):
+        job = submission.still_running(prior, self.out, self.workers) if same_run else None
+        if not (job or (not fresh and jobdir.resumable(self.ck, self.fingerprint))):
             for stale in (self.ck, self.out / "oom"):
                 shutil.rmtree(stale, ignore_errors=True)
             for record in ("segments.json", "started.json"):  # another run's
@@ -209,7 +209,7 @@ class Launch:
             L.keep_checkpoints,
             attempt=n,
         )
-        executor = history.make_executor(
+        executor = submission.make_executor(
             self.cfg,
             self.kind,
             self.out / "submitit",
@@ -219,7 +219,7 @@ class Launch:
             self.account,
             self.job_name,
         )
-        history.move_request_path(self.out).unlink(missing_ok=True)
+        jobdir.move_request_path(self.out).unlink(missing_ok=True)
         submitted = time.time()
         row = prediction_row(self.predictions, self.workers, batch)
         band = (
@@ -228,7 +228,7 @@ class Launch:
             else None
         )
 
-        job = history.submit(
+        job = submission.submit(
             executor,
             ProductionJob(
                 str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band, self.device
@@ -268,16 +268,16 @@ class Launch:
         drift = self.replan.watch(att, self.workers)
         check = self.lost.around(att, self.history.executor, drift, job)
         try:
-            history.wait(job, self.cfg.launch.poll_s, check=check)
+            submission.wait(job, self.cfg.launch.poll_s, check=check)
         except BaseException:
             job.cancel(check=False)
             att.end("cancelled", "tula launch was interrupted; the job was cancelled")
             self.history.write("cancelled")
             raise
-        att.end(*self.lost.outcome(history.outcome(job, self.out, att.attempt), job))
-        drift = [self.replan.decided(d) for d in history.drifts(self.out, att.attempt)]
+        att.end(*self.lost.outcome(submission.outcome(job, self.out, att.attempt), job))
+        drift = [self.replan.decided(d) for d in jobdir.drifts(self.out, att.attempt)]
         ck = self.checkpoint_step()
-        att.account(history.attempt_segments(self.out, att.attempt, ck), ck, drift)
+        att.account(jobdir.attempt_segments(self.out, att.attempt, ck), ck, drift)
         if self.replan.move is not None and att.outcome == "stopped":
             att.end("moved", self.replan.move.reason)
         for d in att.drift:

@@ -5,7 +5,7 @@ requeues it (``JobRequeue``, the default for batch jobs): it waits PENDING for a
 its shape needs. If the node comes back, SLURM starts the job again and it resumes from its
 last checkpoint at the same shape; nothing here is needed. If the partition no longer has
 enough nodes that can start a job, the job would wait forever. :class:`NodeWatch` (called at
-each poll of :func:`tula.production.history.wait`) notices that, waits ``launch.node_wait_min``,
+each poll of :func:`tula.production.submission.wait`) notices that, waits ``launch.node_wait_min``,
 then cancels the waiting job and decides where the rest trains: the objective's choice among
 the predictions at the worker counts the nodes left can run (:func:`tula.model.refit.onto`).
 The launcher continues there from the checkpoint (every sample once per epoch: the position
@@ -126,7 +126,7 @@ class NodeWatch:
         return True
 
     def around(self, att, executor: str, drift_check, job) -> Callable[[], bool] | None:
-        """The check :func:`tula.production.history.wait` calls at each poll of the attempt
+        """The check :func:`tula.production.submission.wait` calls at each poll of the attempt
         ``att``: the drift watch's (``drift_check``, or None) and, on SLURM, this one."""
         self.start(att.global_batch // att.local_batch, att.global_batch, executor)
         if not self.slurm:
@@ -139,7 +139,7 @@ class NodeWatch:
         return check
 
     def outcome(self, ended: tuple[str, str], job) -> tuple[str, str]:
-        """How the attempt ended, given what :func:`tula.production.history.outcome` read: a
+        """How the attempt ended, given what :func:`tula.production.submission.outcome` read: a
         re-plan cancelled it; a node failure ended it (a node of the job is down now, or SLURM
         says NODE_FAIL) without SLURM requeueing it; or its workers lost their peers
         (:data:`LOST_PEER`) before the controller marked any node down (it notices a dead

@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from tula.io import write_json
-from tula.production import history
+from tula.production import jobdir
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.runtime import dist
@@ -69,7 +69,7 @@ def _skipped(replica: Replica) -> int | None:
 def oom_record(ledger: Ledger, replica: Replica, where: str, message: str) -> None:
     step = replica.pos.step
     write_json(
-        history.oom_record_path(ledger.out, ledger.attempt, ledger.rank),
+        jobdir.oom_record_path(ledger.out, ledger.attempt, ledger.rank),
         {
             "step": step,
             "global_batch": replica.global_batch,
@@ -99,12 +99,12 @@ def oom_outcome(
             flush=True,
         )
         if checkpointed:
-            history.add_segment(
+            jobdir.add_segment(
                 ledger.out,
                 ledger.segment(
                     end_step=step,
                     outcome="oom",
-                    ended=history.utc_now(),
+                    ended=jobdir.utc_now(),
                     reason=f"out of memory {what} on rank(s) {exc.ranks}: {message}",
                 ),
             )

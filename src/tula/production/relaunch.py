@@ -10,8 +10,8 @@ import pandas as pd
 import submitit
 
 from tula.model.memory import smaller_batches
-from tula.production import history
-from tula.production.history import Attempt
+from tula.production import submission
+from tula.production.attempts import Attempt
 
 
 class RunEnds(Exception):
@@ -62,7 +62,7 @@ def why_it_ends(att: Attempt, job: submitit.Job, workers: int, out: Path, shrink
         "failed",
         RuntimeError(
             f"training at N={workers} B={att.global_batch} failed (attempt {att.attempt}, job "
-            f"{job.job_id}): {att.reason}\nlogs: {out / 'submitit'}\n{history.log_tail(job)}"
+            f"{job.job_id}): {att.reason}\nlogs: {out / 'submitit'}\n{submission.log_tail(job)}"
         ),
     )
 

@@ -14,8 +14,8 @@ from tula.config import Config
 from tula.io import read_json, write_bytes
 from tula.model import drift as drift_mod
 from tula.model import refit
-from tula.production import history
-from tula.production.history import Attempt
+from tula.production import jobdir
+from tula.production.attempts import Attempt
 
 
 class Replan:
@@ -27,7 +27,7 @@ class Replan:
         self.decisions: dict[int, dict[str, str]] = {}  # drift step -> what was decided
 
     def watch(self, att: Attempt, workers: int) -> Callable[[], bool] | None:
-        """A check for :func:`history.wait` while ``att`` trains at N = ``workers``: on each
+        """A check for :func:`submission.wait` while ``att`` trains at N = ``workers``: on each
         new drift the job reports, decide (:func:`refit.decide`); on a move, ask the job to
         checkpoint and stop (a request file rank 0 looks for), and say so. The check returns
         True once a move is asked for. None where nothing is re-planned (launch.replan is not
@@ -40,7 +40,7 @@ class Replan:
             if self.move is not None:
                 return False
             drifts = [
-                d for d in history.drifts(self.out, att.attempt) if d["step"] not in self.decisions
+                d for d in jobdir.drifts(self.out, att.attempt) if d["step"] not in self.decisions
             ]
             steps = Path(self.out) / "steps.csv"  # read once a poll, only when a drift waits
             rows = pd.read_csv(steps) if drifts and steps.exists() else pd.DataFrame()
@@ -71,7 +71,7 @@ class Replan:
                 if dec.move:
                     self.move = dec
                     write_bytes(
-                        history.move_request_path(self.out),
+                        jobdir.move_request_path(self.out),
                         f"to N={dec.workers} B={dec.global_batch}".encode(),
                     )
                     return True
@@ -113,7 +113,7 @@ class Replan:
     def relaunch_s(self, att: Attempt) -> float:
         """What a relaunch costs: this attempt's submission to its first step (started.json;
         after a requeue inside the attempt, its process start to first step: no queue wait seen)."""
-        started = history.started_path(self.out)
+        started = jobdir.started_path(self.out)
         if att.submitted and started.exists():
             s = read_json(started)
             if s.get("attempt") == att.attempt:

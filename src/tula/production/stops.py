@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tula.production import history
+from tula.production import jobdir
 from tula.production.ledger import Ledger
 from tula.runtime import dist
 from tula.runtime.stepstate import Position
@@ -79,12 +79,12 @@ def stop(code: int, stops: StopSignals, ledger: Ledger, pos: Position) -> None:
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
         said = stops.reason or f"SIG{sig} received"
         print(f"[{ledger.label}] {said}: stopped after step {pos.step}, {what}", flush=True)
-        history.add_segment(
+        jobdir.add_segment(
             ledger.out,
             ledger.segment(
                 end_step=pos.step,
                 outcome="requeued" if requeue else "stopped",
-                ended=history.utc_now(),
+                ended=jobdir.utc_now(),
                 reason=f"{why}: {what}",
             ),
         )

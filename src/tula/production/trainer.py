@@ -23,7 +23,7 @@ from tula import faults as tula_faults
 from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
-from tula.production import history, records, stops
+from tula.production import jobdir, records, stops
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.progress import Progress, fmt_duration
@@ -90,7 +90,7 @@ class Trainer:
         move request too) and the fault drills' injections."""
         hooks: dict[str, Any] = {}
         if self.stops:
-            request, signals = history.move_request_path(self.out), self.stops
+            request, signals = jobdir.move_request_path(self.out), self.stops
             hooks["stop_code"] = (
                 (lambda: signals.move_requested(request))
                 if self.rank == 0
@@ -187,7 +187,7 @@ class Trainer:
         if self.rank == 0 and self.ckpt:
             started = {"attempt": self.attempt, "first_step_time": at}
             started.update(process_started=self.ledger.process_started, step=self.replica.pos.step)
-            write_json(history.started_path(self.out), started)
+            write_json(jobdir.started_path(self.out), started)
 
     def _first_of_shape(self) -> str:
         """ "full" or "short" where the next step is the first of this attempt at that batch
@@ -268,12 +268,12 @@ class Trainer:
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
-                history.add_segment(
+                jobdir.add_segment(
                     self.out,
                     self.ledger.segment(
                         end_step=replica.pos.step,
                         outcome="completed",
-                        ended=history.utc_now(),
+                        ended=jobdir.utc_now(),
                         reason="trained every epoch",
                     ),
                 )
@@ -319,16 +319,16 @@ class Trainer:
             start=replica.pos.epoch - 1,
         )
         if self.rank == 0 and self.ckpt:  # requeued after a start that left no record
-            lost = history.unrecorded_stretch(self.out, self.attempt, replica.pos.step)
+            lost = jobdir.unrecorded_stretch(self.out, self.attempt, replica.pos.step)
             if lost:
-                history.add_segment(self.out, lost)
+                jobdir.add_segment(self.out, lost)
         self.ledger.begin_segment(
             {
                 "attempt": self.attempt,
                 "global_batch": self.global_batch,
                 "start_step": replica.pos.step,
                 "host": dist.hostname(),
-                "started": history.utc_now(),
+                "started": jobdir.utc_now(),
                 "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
             }
         )

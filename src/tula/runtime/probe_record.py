@@ -8,7 +8,7 @@ is put together from the parts its measuring functions return (:func:`assemble`)
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tula.model.measurements import HOST_BOUND, INPUT_BOUND
@@ -137,6 +137,15 @@ class PointParts:
     sweep: list[dict] | None = None
     failure: dict[str, Any] | None = None
     point_wall_s: float | None = None
+
+    def add(self, **parts: Any) -> None:
+        """Parts as their functions returned them (``measured=...``, ``sweep=...``)."""
+        unknown = set(parts) - {f.name for f in fields(self)} - {"rank"}
+        if unknown or "rank" in parts:
+            raise TypeError(
+                f"not a part of a point's record: {sorted(unknown | {'rank'} & set(parts))}"
+            )
+        self.__dict__.update(parts)
 
     @property
     def failed(self) -> bool:

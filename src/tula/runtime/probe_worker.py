@@ -120,9 +120,9 @@ def _probe_point(
         write_json(result, probe_record.assemble(probe_record.PointParts(rank, failure=oom)))
         return "stopped"
     except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
-        parts.failure = _failure(exc, rank, phases.after_measurement)
+        parts.add(failure=_failure(exc, rank, phases.after_measurement))
     if not parts.failed and rank == 0:
-        parts.point_wall_s = time.perf_counter() - t0
+        parts.add(point_wall_s=time.perf_counter() - t0)
     record = probe_record.assemble(parts)
     write_json(result, record)
     phases.enter("leaving")
@@ -240,24 +240,25 @@ def _probe(
     noise scale and the compute sweep."""
     rank = parts.rank
     result = workers.result_path(phases.dir, rank)
-    replica, startup_s, parts.measured = _measure_point(cfg, point, attempt, rank, phases, shared)
+    replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
+    parts.add(measured=measured)
     _save(result, parts)
     phases.enter("overheads")
     if "overheads" not in shared:
         shared["overheads"] = _overheads(replica, result_dir, startup_s)
     if rank == 0:
-        parts.overheads = shared["overheads"]
+        parts.add(overheads=shared["overheads"])
         _save(result, parts)
     if cfg.probe.noise_steps > 0:
         phases.enter("noise")
         # before the sweep changes the batch
         noise = gradnoise.measure(replica, cfg.probe.noise_steps)
-        parts.noise = noise if rank == 0 else None
+        parts.add(noise=noise if rank == 0 else None)
         _save(result, parts)
     if cfg.probe.sweep_steps > 0:
         phases.enter("sweep")
         start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
-        parts.sweep = sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra)
+        parts.add(sweep=sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra))
 
 
 def _save(result: Path, parts: probe_record.PointParts) -> None:
