@@ -89,10 +89,12 @@ def batches_from(root, ds, epoch, offset, workers, count):
     dl, sampler = loader.train_loader(cfg, ds, 8, 0, 1, torch.device("cpu"))
     if workers:
         # pytest's own process holds threads by now (gloo's loops from the in-process groups of
-        # earlier tests): a worker forked from it met CPython 3.11.7's after-fork bugs (a
-        # segfault in threading._after_fork, a hang on its head lock) in two clean clones in a
-        # row. The workers start from a forkserver here; what they read is what is tested.
-        dl.multiprocessing_context = "forkserver"
+        # earlier tests), as a training worker does: on an interpreter whose fork can deadlock
+        # the child (3.11.7 here: a segfault in threading._after_fork, then a hang on its head
+        # lock, in two clean clones in a row) the loader's workers start from a forkserver
+        ctx = dl.multiprocessing_context
+        method = ctx.get_start_method() if ctx is not None else "fork"
+        assert method == ("forkserver" if loader.fork_deadlocks() else "fork")
     sampler.set_position(epoch, offset)
     return [x for (x, _), _ in zip(dl, range(count))]
 

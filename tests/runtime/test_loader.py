@@ -3,6 +3,7 @@ ranks, and where training stands is in samples, so a relaunch at another batch c
 sample of the epoch exactly once."""
 
 import numpy as np
+import pytest
 
 from tula.model.grid import steps_per_epoch
 from tula.runtime import loader
@@ -96,3 +97,21 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
             for x, _ in loader.DeviceFeed(cfg[True], data, ld, sampler, torch.device("cpu"), False)
         ]
     assert sum(len(x) for x in seen) == data.train_size  # 1437: the short last batch split 15 + 14
+
+
+@pytest.mark.parametrize(
+    "version, deadlocks",
+    [
+        ((3, 11, 7), True),
+        ((3, 11, 8), False),
+        ((3, 12, 0), True),
+        ((3, 12, 1), False),
+        ((3, 13, 2), False),
+        ((3, 10, 14), True),
+    ],
+)
+def test_loader_workers_fork_only_where_the_child_cannot_deadlock(version, deadlocks):
+    """CPython's gh-112275 (a child forked while another thread held the interpreter's lock
+    waits for ever; fixed in 3.11.8 and 3.12.1): where it can happen, loader workers start
+    from a forkserver instead."""
+    assert loader.fork_deadlocks(version) is deadlocks

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import os
+import sys
 from typing import Any, Iterator
 
 import torch
@@ -149,6 +151,27 @@ def loader_workers(d: Data, data: WorkloadData, world: int) -> int:
     return min(cores_per_worker(world) - 1, MAX_AUTO_WORKERS)
 
 
+# CPython before 3.11.8 (and 3.12.0) can leave a child forked while another thread holds the
+# interpreter's lock waiting for it for ever (gh-112275, "HEAD_LOCK deadlock in child process
+# after fork"). A training worker runs gloo's and earlier loaders' threads when its loaders
+# fork their workers: in this project's test runs on 3.11.7 an evaluation loader's worker hung
+# so right after the fork, and its rank with it. On such an interpreter loader workers start
+# from a forkserver instead, which imports this module once; each worker forks from it warm.
+def fork_deadlocks(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
+    """Can this CPython's fork deadlock the child (gh-112275: fixed in 3.11.8 and 3.12.1)."""
+    return version < (3, 11, 8) or (3, 12, 0) <= version < (3, 12, 1)
+
+
+def worker_start() -> multiprocessing.context.BaseContext | None:
+    """How loader workers start: a forkserver where this interpreter's fork can deadlock
+    (:func:`fork_deadlocks`), else the DataLoader's default (None: fork on Linux)."""
+    if not fork_deadlocks():
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tula.runtime.loader"])
+    return ctx
+
+
 def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "num_workers": workers,
@@ -157,6 +180,7 @@ def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, An
     }
     if workers > 0:
         opts.update(persistent_workers=d.persistent_workers, prefetch_factor=d.prefetch_factor)
+        opts["multiprocessing_context"] = worker_start()
     return opts
 
 
