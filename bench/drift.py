@@ -43,7 +43,6 @@ from _harness import ROOT, tests_helper
 from tula.io import write_json
 from tula.model import perf as perfmodel
 from tula.model.grid import steps_per_epoch
-from tula.production import launcher
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
@@ -157,7 +156,7 @@ def train(
     )
     with slow as slowed:
         try:
-            final = launcher.train(
+            final = tests_helper("train_from_files")(
                 run / "config.yaml", run / "selection.json", run / "train", predictions=predictions
             )
         finally:

@@ -85,6 +85,15 @@ def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]
     return [*cmd, "--configfile", "profiles/lab/tula.yaml"], env
 
 
+def train_from_files(cfg_path, selection, out_dir, **kw) -> dict:
+    """The production launcher as `tula launch` calls it: the config and selection.json read
+    into records first (tula.stages.launch)."""
+    from tula import config
+    from tula.production import launcher
+
+    return launcher.train(config.load(cfg_path), launcher.selected_point(selection), out_dir, **kw)
+
+
 def lab_launch_command(run_dir: Path, out: Path, **launch) -> list[str]:
     """`tula launch` in ``out`` at the choice of a lab workflow run in ``run_dir`` (its config
     snapshot, selection and predictions): 8 epochs, on the partition `lab`, ``launch``'s keys

@@ -246,7 +246,7 @@ FOREIGN_FIELDS = {
     ("runtime/nets.py", "setattr(cfg, ...)"): "torch._dynamo's config module",
     ("runtime/optim.py", "p.grad"): "a torch Parameter's gradient",
     ("runtime/optim.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
-    ("runtime/optim.py", "opt.last_sq_norms"): "TulaOptimizer, in the module that defines it",
+    ("runtime/refresh.py", "p.grad"): "a torch Parameter's gradient",
     ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
     ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
     ("runtime/replica.py", "self.pos.step"): "the replica's own Position record",

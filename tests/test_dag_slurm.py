@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, copy_workflow, venv_env
+from conftest import ROOT, TINY, copy_workflow, train_from_files, venv_env
 from tula import config
 from tula.faults import ENV as FAULT_ENV
 
@@ -408,7 +408,6 @@ def test_preemption_signal_checkpoints_and_submitit_requeues_on_slurm(
 def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(
     slurm_cluster, tiny_raw, tmp_path, venv_path
 ):
-    from tula.production import launcher
 
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {
@@ -426,7 +425,7 @@ def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(
         match=r"partition 'no_such_partition' does not exist on this cluster \(it has: "
         r"debug\): fix launch.slurm_partition",
     ):
-        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
+        train_from_files(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     # what only sbatch knows (here a node feature no node has) is sbatch's own error, named
     tiny_raw["launch"] = {
         "executor": "slurm",
@@ -438,7 +437,7 @@ def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(
         RuntimeError,
         match=r"sbatch refused the training job: .*[Ff]eature.*launch.slurm_additional",
     ):
-        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train2")
+        train_from_files(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train2")
 
 
 @pytest.mark.training

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import LAB_RATE, ROOT, venv_env, when_step_reached
+from conftest import LAB_RATE, ROOT, train_from_files, venv_env, when_step_reached
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
@@ -203,7 +203,6 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
     to SLOWER once that share of the steps is done."""
     from tula.io import write_json
     from tula.model import perf as perfmodel
-    from tula.production import launcher
 
     run, epochs = (
         d / name,
@@ -227,7 +226,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None):
         else nullcontext({}) as slowed
     ):
         try:
-            final = launcher.train(
+            final = train_from_files(
                 run / "config.yaml", run / "selection.json", run / "train", predictions=pred
             )
         finally:

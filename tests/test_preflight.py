@@ -10,10 +10,9 @@ import time
 import pytest
 import yaml
 
-from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow, venv_env
+from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow, train_from_files, venv_env
 from tula import config, devices, preflight, slurm
 from tula.io import write_json
-from tula.production import launcher
 
 
 def _cfg(**over):
@@ -358,7 +357,7 @@ def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(
     with pytest.raises(
         RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"
     ):
-        launcher.train(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
+        train_from_files(tmp_path / "config.yaml", tmp_path / "selection.json", tmp_path / "train")
     assert not (tmp_path / "train" / "submitit").exists()  # nothing was submitted
 
 

@@ -166,7 +166,7 @@ def test_the_production_job_unpickles_without_the_launcher(tmp_path):
         directory=tmp_path, fingerprint="f", every_steps=None, every_epochs=1, keep=2
     )
     blob = tmp_path / "job.pkl"
-    blob.write_bytes(pickle.dumps(ProductionJob("config.json", 2, 64, str(tmp_path), ck)))
+    blob.write_bytes(pickle.dumps(ProductionJob(config.from_dict({}), 2, 64, str(tmp_path), ck)))
     code = (
         f"import pickle, sys; job = pickle.loads(open({str(blob)!r}, 'rb').read()); "
         "print(type(job).__module__, sorted(m for m in sys.modules if "

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import TINY, bitwise_equal, load_params, venv_env
+from conftest import TINY, bitwise_equal, load_params, train_from_files, venv_env
 from tula import config, faults
 from tula.io import write_json
-from tula.production import confirm, launcher, relaunch
+from tula.production import confirm, relaunch
 
 D = 1437  # digits training samples
 
@@ -33,7 +33,7 @@ def run_dir(tmp_path, tiny_raw):
 
 
 def _launch(d, out="train", **kw):
-    return launcher.train(d / "config.yaml", d / "selection.json", d / out, **kw)
+    return train_from_files(d / "config.yaml", d / "selection.json", d / out, **kw)
 
 
 def _attempts(d, out="train"):

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import TINY, bitwise_equal, load_params
+from conftest import TINY, bitwise_equal, load_params, train_from_files
 from tula.io import write_json
-from tula.production import launcher
 from tula.production.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
 
 D, B = 1437, 64  # digits training samples; the global batch
@@ -26,7 +25,7 @@ def _run(tmp_path, tiny_raw, name, predictions=None, **launch_cfg):
     tiny_raw["launch"] = {"poll_s": 0.5, "executor": "local", **launch_cfg}
     (d / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
-    final = launcher.train(
+    final = train_from_files(
         d / "config.yaml", d / "selection.json", d / "train", predictions=predictions
     )
     return d / "train", final

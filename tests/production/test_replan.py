@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import train_from_files
 from tula import config, faults
 from tula.io import write_json
 from tula.model import refit
-from tula.production import launcher
 
 D, B = 1437, 64
 
@@ -222,7 +222,7 @@ def run_dir(tmp_path, tiny_raw):
 @pytest.mark.training
 def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "slowsync:step=30,ms=150,workers=2")
-    final = launcher.train(
+    final = train_from_files(
         run_dir / "config.yaml",
         run_dir / "selection.json",
         run_dir / "train",
@@ -254,7 +254,7 @@ def test_move_without_a_drift_never_moves(run_dir, venv_path):
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
     raw["workload"]["epochs"] = 4
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
-    final = launcher.train(
+    final = train_from_files(
         run_dir / "config.yaml",
         run_dir / "selection.json",
         run_dir / "train",

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import bitwise_equal, load_params, make_image_folder, venv_env
+from conftest import bitwise_equal, load_params, make_image_folder, train_from_files, venv_env
 from tula import faults
 from tula.io import write_json
 from tula.model.grid import steps_per_epoch
-from tula.production import launcher, trainer
+from tula.production import trainer
 
 
 def _run_dir(tmp_path, raw, workers=2, batch=32):
@@ -26,7 +26,7 @@ def _run_dir(tmp_path, raw, workers=2, batch=32):
 
 
 def _launch(d, out="train"):
-    return launcher.train(d / "config.yaml", d / "selection.json", d / out)
+    return train_from_files(d / "config.yaml", d / "selection.json", d / out)
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
 def test_two_process_training(tiny_config_file, tmp_path, venv_path):
     sel = tmp_path / "selection.json"
     write_json(sel, {"selected": {"workers": 2, "global_batch": 64}})
-    final = launcher.train(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
+    final = train_from_files(tiny_config_file, sel, tmp_path / "train", executor_hint="local")
     m = pd.read_csv(tmp_path / "train" / "metrics.csv")
     assert list(m["epoch"]) == [1, 2] and list(m.columns) == trainer.METRIC_COLUMNS
     assert final["steps"] == 2 * steps_per_epoch(1437, 64)
@@ -163,5 +163,5 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     with pytest.raises(
         RuntimeError, match="training at N=1 B=32 failed.*workload.dataset.*missing.npz not found"
     ):
-        launcher.train(cfg, sel, tmp_path / "train", executor_hint="local")
+        train_from_files(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost

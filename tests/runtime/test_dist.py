@@ -6,6 +6,7 @@ import os
 import pandas as pd
 import pytest
 
+from conftest import train_from_files
 from tula import config, slurm
 from tula.runtime import dist
 
@@ -66,7 +67,6 @@ def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(
 
     from tula.io import write_json
     from tula.model.measurements import comm_env_text
-    from tula.production import launcher
     from tula.stages import probe
     from tula.stages.report.sections import comm_env_section
 
@@ -89,7 +89,7 @@ def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(
     # the layout of cluster.workers_per_node=1 (the paper's), whatever machine ran it
     assert rec["nodes"] == 2
     write_json(tmp_path / "sel.json", {"selected": {"workers": 2, "global_batch": 64}})
-    final = launcher.train(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
+    final = train_from_files(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
     assert final["comm_env"] == expect
     meas = pd.DataFrame({"source": ["probe"], "comm_env": [comm_env_text(rec["env"])]})
     assert (

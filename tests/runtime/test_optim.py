@@ -8,9 +8,9 @@ from tula.runtime.optim import (
     TulaOptimizer,
     ags_scales,
     grad_variability,
-    refresh_scales,
     squared_global_norm,
 )
+from tula.runtime.refresh import refresh_scales
 
 
 def test_squared_global_norm_and_eq5_by_hand():

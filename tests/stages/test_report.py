@@ -226,7 +226,7 @@ def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
 
 
 def test_input_section_marks_where_the_input_sets_the_pace_and_what_would_lift_it():
-    from tula.stages.report.sections import input_section
+    from tula.stages.report.pace import input_section
 
     pred = pd.DataFrame(
         {
@@ -290,7 +290,7 @@ def test_the_precision_table_names_the_points_that_missed_and_what_would_reach_t
 
 
 def test_the_host_section_says_below_which_batch_the_gpu_waits_for_python():
-    from tula.stages.report.sections import host_section
+    from tula.stages.report.pace import host_section
 
     m = pd.DataFrame(
         {
@@ -427,7 +427,7 @@ def test_the_estimate_section_says_how_far_the_model_alone_held(tmp_path):
 
 
 def test_the_decode_line_says_which_decoder_the_probes_measured_faster():
-    from tula.stages.report.sections import decode_line
+    from tula.stages.report.pace import decode_line
 
     m = pd.DataFrame(
         {

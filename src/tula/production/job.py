@@ -10,7 +10,7 @@ from typing import Any
 import submitit
 
 from tula import checkpoint, devices, slurm
-from tula.config import load as load_config
+from tula.config import Config
 from tula.workers import worker_environment
 
 
@@ -26,7 +26,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
 
     def __init__(
         self,
-        config: str,
+        config: Config,
         workers: int,
         global_batch: int,
         out_dir: str,
@@ -47,7 +47,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         self.band = band
 
     def __call__(self) -> dict[str, Any]:
-        cfg = load_config(self.config)
+        cfg = self.config
         if self.device is not None:
             cfg = devices.apply(cfg, self.device)
         # as the probe's workers, before torch

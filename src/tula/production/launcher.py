@@ -69,8 +69,8 @@ class Launch:
 
     def __init__(
         self,
-        cfg_path: str | Path,
-        selection: str | Path,
+        cfg: config_mod.Config,
+        point: tuple[int, int],
         out_dir: str | Path,
         predictions,
         executor_hint,
@@ -79,7 +79,7 @@ class Launch:
         account,
         job_name: str,
     ):
-        self.cfg_path, self.cfg = Path(cfg_path).resolve(), config_mod.load(cfg_path)
+        self.cfg = cfg
         self.kind = submission.resolve_executor(self.cfg, executor_hint)
         # where the job runs (tula.devices; the workflow's config has it decided already): by hand
         # on SLURM with device auto, the partition's GRES decides, so a GPU partition gets --gres
@@ -91,7 +91,7 @@ class Launch:
             raise RuntimeError(str(exc)) from None
         self.cfg = devices.apply(self.cfg, self.device)
         # workers: the current attempt's N (a move changes it)
-        self.workers, self.selected_batch = selected_point(selection)
+        self.workers, self.selected_batch = point
         self.selected_workers = self.workers
         self.out = Path(out_dir).resolve()
         self.ck = self.out / "checkpoints"
@@ -230,9 +230,7 @@ class Launch:
 
         job = submission.submit(
             executor,
-            ProductionJob(
-                str(self.cfg_path), self.workers, batch, str(self.out), ckpt, band, self.device
-            ),
+            ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band, self.device),
             self.kind,
         )
         att = Attempt(
@@ -348,8 +346,8 @@ class Launch:
 
 
 def train(
-    cfg_path: str | Path,
-    selection: str | Path,
+    cfg: config_mod.Config,
+    point: tuple[int, int],
     out_dir: str | Path,
     predictions: str | Path | None = None,
     executor_hint: str | None = None,
@@ -360,12 +358,14 @@ def train(
     shrink: bool = True,
     job_name: str = "tula-train",
 ) -> dict[str, Any]:
-    """Train at the selected (N, B) until done; relaunch smaller after an OOM (``shrink``;
-    without it an OOM raises :class:`OutOfMemory`: `tula compare` trains a cell at its own B
-    or not at all). Returns final.json."""
+    """Train ``cfg`` at the selected ``point`` (N, B) until done; relaunch smaller after an OOM
+    (``shrink``; without it an OOM raises :class:`OutOfMemory`: `tula compare` trains a cell at
+    its own B or not at all). Returns final.json. The records, not their files: `tula launch`
+    reads the config and selection.json (:func:`selected_point`), `tula compare` builds each
+    run's config."""
     launch = Launch(
-        cfg_path,
-        selection,
+        cfg,
+        point,
         out_dir,
         predictions,
         executor_hint,

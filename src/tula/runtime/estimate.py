@@ -46,7 +46,7 @@ from tula.runtime.methods import build_method
 from tula.runtime.nets import build_model
 from tula.runtime.replica import AUTOCAST_DTYPES
 
-# gradient-sized buffers alive at the peak of AGS's refresh (tula.runtime.optim.refresh_scales):
+# gradient-sized buffers alive at the peak of AGS's refresh (tula.runtime.refresh.refresh_scales):
 # the large batch's gradient kept aside, the sub-batch's gradient, its copy, the flat buffer
 REFRESH_GRAD_COPIES = 4
 # MemTracker's kinds, by the name Eq. 3 gives them

@@ -38,7 +38,7 @@ from tula.runtime.clocks import clock_for
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import build_method, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.optim import refresh_scales
+from tula.runtime.refresh import refresh_scales
 from tula.runtime.replica_state import ReplicaState
 from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
@@ -222,7 +222,7 @@ class Replica(ReplicaState):
 
     def _refresh(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """AGS's refresh inside the step: the scale factors measured again at the reference
-        sub-batch (:func:`tula.runtime.optim.refresh_scales`), and the pair of squared norms
+        sub-batch (:func:`tula.runtime.refresh.refresh_scales`), and the pair of squared norms
         kept for the epoch's gradient noise scale."""
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.phase = "refresh"

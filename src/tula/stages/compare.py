@@ -109,11 +109,7 @@ def run_one(
     run = find(cfg, run_id)
     out = Path(out)
     d = out.parent
-    write_json(d / "config.json", _run_config(raw, run, cfg.compare))
-    write_json(
-        d / "selection.json",
-        {"selected": {"workers": cfg.compare.workers, "global_batch": run.global_batch}},
-    )
+    run_cfg = config_mod.from_dict(_run_config(raw, run, cfg.compare), f"{cfg_path} ({run.id})")
     result: dict[str, Any] = {"run": run.id, **asdict(run), "workers": cfg.compare.workers}
     result["started"] = time.time()
     print(
@@ -123,8 +119,8 @@ def run_one(
     )
     try:
         final = launcher.train(
-            d / "config.json",
-            d / "selection.json",
+            run_cfg,
+            (cfg.compare.workers, run.global_batch),
             d,
             executor_hint=executor_hint,
             timeout_min=timeout_min,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tula.production.launcher import train
+from tula import config as config_mod
+from tula.production.launcher import selected_point, train
 
 
 def run(
@@ -21,10 +22,11 @@ def run(
     account: str | None = None,
     fresh: bool = False,
 ) -> dict[str, Any]:
-    """``tula launch``: final.json of the production job at the selected point."""
+    """``tula launch``: final.json of the production job at the selected point (the config and
+    selection.json read here; the launcher takes them as records)."""
     final = train(
-        cfg_path,
-        selection,
+        config_mod.load(cfg_path),
+        selected_point(selection),
         out_dir,
         predictions,
         executor_hint,

@@ -14,17 +14,15 @@ import pandas as pd
 from tula.io import atomic_write, read_json
 from tula.progress import fmt_duration
 from tula.stages.report.cluster import nodes_section
+from tula.stages.report.pace import decode_line, host_section, input_section
 from tula.stages.report.sections import (
     TRAINING_PLOTS,
     _img,
     _table,
     attempts_table,
     comm_env_section,
-    decode_line,
     device_line,
     drift_card,
-    host_section,
-    input_section,
     model_section,
     noise_section,
     prediction_card,
