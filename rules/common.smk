@@ -15,7 +15,7 @@ from tula import dataset_paths as tula_dataset_paths
 from tula import devices as tula_devices
 from tula import preflight as tula_preflight
 from tula import slurm as tula_slurm
-from tula import workflow as tula_workflow
+from tula import pipeline as tula_pipeline
 from tula.stages import check as tula_check
 from tula.stages import compare as tula_compare
 from tula.stages import summary as tula_summary
@@ -37,7 +37,7 @@ except tula_config.ConfigError as err:
 # Snakemake deploys with conda (it reads the file before any hook runs); never otherwise.
 CONDA_ENV = os.path.join(workflow.basedir, "envs", "tula.yaml")
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    CONDA_ENV = str(tula_workflow.conda_env(CONDA_ENV, ".snakemake/tula/conda-env.yaml"))
+    CONDA_ENV = str(tula_pipeline.conda_env(CONDA_ENV, ".snakemake/tula/conda-env.yaml"))
 
 
 wildcard_constraints:
@@ -76,7 +76,7 @@ def settings(stage):
     """Param function: the config values a stage depends on (its rerun trigger)."""
 
     def _settings(wildcards):
-        return tula_workflow.stage_settings(decided(), stage)
+        return tula_pipeline.stage_settings(decided(), stage)
 
     return _settings
 

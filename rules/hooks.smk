@@ -5,7 +5,7 @@
 
 
 onstart:
-    tula_workflow.snapshot(decided(), CONFIG)
+    tula_pipeline.snapshot(decided(), CONFIG)
     if workflow.non_local_exec:
         tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         print(

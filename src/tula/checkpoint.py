@@ -51,7 +51,7 @@ class Checkpointing:
 
 def fingerprint(train_settings: str, workers: int, global_batch: int) -> str:
     """What a checkpoint must match to be resumed: the training settings (the JSON of
-    ``workflow.stage_settings(cfg, "launch")``), N, and the B the run was launched at
+    ``pipeline.stage_settings(cfg, "launch")``), N, and the B the run was launched at
     (relaunches at a smaller B keep the launch's fingerprint)."""
     text = json.dumps([train_settings, workers, global_batch])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

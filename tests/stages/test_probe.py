@@ -572,7 +572,7 @@ def test_a_probe_job_keeps_the_records_bought_with_the_same_settings(tiny_config
     nothing, and lists them. A record measured otherwise, or failed, would be bought again."""
     from tula import config
     from tula.io import write_json
-    from tula.workflow import stage_settings
+    from tula.pipeline import stage_settings
 
     settings = stage_settings(config.load(tiny_config_file), "probe")
     job = tmp_path / "N1" / "job.json"

@@ -39,7 +39,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, devices, preflight, slurm, workflow
+from tula import checkpoint, devices, pipeline, preflight, slurm
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import read_json, write_json
@@ -102,7 +102,7 @@ class Launch:
             job_name,
         )
         self.fingerprint = checkpoint.fingerprint(
-            workflow.stage_settings(self.cfg, "launch"), self.selected_workers, self.selected_batch
+            pipeline.stage_settings(self.cfg, "launch"), self.selected_workers, self.selected_batch
         )
         self.replan = Replan(self.cfg, predictions, self.out)  # launch.replan: move
         self.limit = self.cfg.launch.timeout_min or timeout_min or 1440

@@ -25,7 +25,7 @@ from tula.io import write_json
 from tula.model import plan
 from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
-from tula.workflow import snapshot
+from tula.pipeline import snapshot
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -76,7 +76,7 @@ def run(
     Snakemake profile; with ``cluster``, check the grid's jobs against the SLURM partitions
     (tula.slurm); unless ``config_only``, load the dataset and run the model on real
     samples, and write the workload's description. ``resolved``: write the config as the
-    jobs read it (:func:`tula.workflow.snapshot`, what the workflow's onstart writes)."""
+    jobs read it (:func:`tula.pipeline.snapshot`, what the workflow's onstart writes)."""
     cfg = config_mod.load(config)
     check_dataset_paths(cfg)
     pts = search_set(cfg)

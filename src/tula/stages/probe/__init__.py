@@ -39,9 +39,9 @@ from tula.io import read_json, write_json
 from tula.model.grid import Point, batch_sizes, batches_at, search_set
 from tula.model.measurements import PROBE_JOB_SCHEMA
 from tula.model.memory import max_local_batch, smaller_batches
+from tula.pipeline import stage_settings
 from tula.stages.probe import job
 from tula.stages.probe.job import SCHEMA, combine
-from tula.workflow import stage_settings
 
 __all__ = ["SCHEMA", "combine", "fallback_batches", "run", "run_at", "run_batches"]
 
@@ -81,7 +81,7 @@ def run_at(
     turn in one process, each record written beside ``job_file``
     (``results/probes/N{n}/B{b}.json``), then ``job_file`` (``job.json``: the batches, their
     records and how each ended, which were probed and which kept). A record already there,
-    ok and measured with the same settings (:func:`tula.workflow.stage_settings`: the
+    ok and measured with the same settings (:func:`tula.pipeline.stage_settings`: the
     workload, the step, the probe's own keys), is kept, not bought again: a grid that grows
     probes only its new batches. Returns the records by B."""
     cfg = config_mod.load(cfg_path)

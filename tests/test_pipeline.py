@@ -1,29 +1,29 @@
-"""What the Snakemake workflow asks of Tula (tula.workflow): the config snapshot the jobs read,
+"""What the Snakemake workflow asks of Tula (tula.pipeline): the config snapshot the jobs read,
 each rule's rerun trigger, and the conda environment file."""
 
 import yaml
 
 from conftest import ROOT
-from tula import config, workflow
+from tula import config, pipeline
 
 
 def test_snapshot_is_rewritten_only_on_change(tmp_path):
     path = tmp_path / "snap.json"
-    workflow.snapshot(config.from_dict({"objective": "time"}), path)
+    pipeline.snapshot(config.from_dict({"objective": "time"}), path)
     first = path.stat().st_mtime_ns
-    workflow.snapshot(config.from_dict({"objective": "time"}), path)
+    pipeline.snapshot(config.from_dict({"objective": "time"}), path)
     assert path.stat().st_mtime_ns == first
-    workflow.snapshot(config.from_dict({"objective": "cost"}), path)
+    pipeline.snapshot(config.from_dict({"objective": "cost"}), path)
     assert config.load(path).objective == "cost"
 
 
 def test_stage_settings_isolate_reruns():
     a = config.from_dict({"pricing": {"per_worker_hour": 1.0}})
     b = config.from_dict({"pricing": {"per_worker_hour": 9.0}})
-    assert workflow.stage_settings(a, "probe") == workflow.stage_settings(b, "probe")
-    assert workflow.stage_settings(a, "select") != workflow.stage_settings(b, "select")
+    assert pipeline.stage_settings(a, "probe") == pipeline.stage_settings(b, "probe")
+    assert pipeline.stage_settings(a, "select") != pipeline.stage_settings(b, "select")
     c = config.from_dict({"probe": {"timed_steps": 50}})
-    assert workflow.stage_settings(a, "probe") != workflow.stage_settings(c, "probe")
+    assert pipeline.stage_settings(a, "probe") != pipeline.stage_settings(c, "probe")
 
 
 def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_path):
@@ -34,7 +34,7 @@ def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_
     import subprocess
     import sys
 
-    out = workflow.conda_env(
+    out = pipeline.conda_env(
         ROOT / "envs" / "tula.yaml", tmp_path / ".snakemake" / "tula" / "conda-env.yaml"
     )
     env = yaml.safe_load(out.read_text())
@@ -66,7 +66,7 @@ def test_conda_env_file_installs_this_checkout_wherever_snakemake_copies_it(tmp_
     tpl.write_text(
         yaml.safe_dump({"dependencies": ["pip", {"pip": ["numpy>=1", "-e ..", "./vendored"]}]})
     )
-    got = yaml.safe_load(workflow.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][
+    got = yaml.safe_load(pipeline.conda_env(tpl, tmp_path / "o.yaml").read_text())["dependencies"][
         1
     ]["pip"]
     assert got == ["numpy>=1", f"-e {tmp_path}", str(tmp_path / "envs" / "vendored")]
