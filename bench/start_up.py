@@ -7,11 +7,16 @@ Every probe and training job starts several of these (the launcher, N workers), 
 here is a second per process in every job.
 
     .venv/bin/python bench/start_up.py [--repeats 5] [--against /tmp/before-venv/bin/python]
+    .venv/bin/python bench/start_up.py --against-src /tmp/before/src   # a worktree, this venv
+
+``--against-src DIR`` runs the other checkout with this Python, its ``src`` first on
+PYTHONPATH, importing this layout's module names (the two alternated, run by run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -28,16 +33,25 @@ PROCESSES = {
     "tula fit": ("tula.stages.fit", "tula.stages.fit"),
     "tula select": ("tula.stages.select", "tula.stages.select"),
     "tula --help": ("tula.cli", "tula.cli"),
+    "tula check": ("tula.stages.check", "tula.stages.check"),
+    "tula memprobe (launcher)": ("tula.stages.memprobe", "tula.stages.memprobe"),
+    "tula aggregate": ("tula.stages.aggregate", "tula.stages.aggregate"),
+    "tula predict": ("tula.stages.predict", "tula.stages.predict"),
+    "tula plot": ("tula.stages.plot", "tula.stages.plot"),
+    "tula report": ("tula.stages.report", "tula.stages.report"),
+    "tula compare": ("tula.stages.compare", "tula.stages.compare"),
 }
 
 
+def once(python: str, modules: str, src: str | None = None) -> float:
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    t0 = time.perf_counter()
+    subprocess.run([python, "-c", f"import {modules}"], check=True, env=env)
+    return time.perf_counter() - t0
+
+
 def seconds(python: str, modules: str, repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run([python, "-c", f"import {modules}"], check=True)
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return statistics.median(once(python, modules) for _ in range(repeats))
 
 
 def main() -> None:
@@ -47,7 +61,18 @@ def main() -> None:
         "--against",
         help="the Python of an environment with another checkout installed (to compare against)",
     )
+    ap.add_argument("--against-src", help="another checkout's src/, run with this Python")
     a = ap.parse_args()
+    if a.against_src:
+        print("| process | this checkout | before | ratio |\n|---|---:|---:|---:|")
+        for name, (now, _) in PROCESSES.items():
+            pairs = [
+                (once(sys.executable, now), once(sys.executable, now, a.against_src))
+                for _ in range(a.repeats)
+            ]
+            t, b = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+            print(f"| {name} | {t:.2f} s | {b:.2f} s | {t / b:.2f} |", flush=True)
+        return
     print(
         "| process | this checkout | "
         + ("before | ratio |" if a.against else "")

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from tula.stages import plot
+from tula.stages.plot.training import attempt_marks, sync_over_run, training_curve
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -118,12 +119,12 @@ def test_attempt_marks_place_every_relaunch_and_resume_on_the_epoch_axis():
             },
         ]
     }
-    assert plot.attempt_marks(metrics, attempts) == [
+    assert attempt_marks(metrics, attempts) == [
         (20 / 23, "resumed", False),
         (2.0, "B=32 (OOM at B=64)", True),
         (2.5, "resumed", False),
     ]
-    assert plot.attempt_marks(metrics, None) == []
+    assert attempt_marks(metrics, None) == []
 
 
 def test_the_training_curve_has_a_noise_scale_panel_when_the_epochs_measured_one(tmp_path):
@@ -139,7 +140,7 @@ def test_the_training_curve_has_a_noise_scale_panel_when_the_epochs_measured_one
         }
     )
     final = {"workers": 2, "global_batch": 64, "final_test_acc": 0.75}
-    fig = plot.training_curve(metrics, final, tmp_path / "tr.png")
+    fig = training_curve(metrics, final, tmp_path / "tr.png")
     assert (
         len(fig.axes) == 3
         and fig._suptitle.get_text() == "Training at N=2, B=64: final test accuracy 75.00%"
@@ -147,7 +148,7 @@ def test_the_training_curve_has_a_noise_scale_panel_when_the_epochs_measured_one
     assert _lines(fig.axes[2])["B_noise (per epoch, AGS refresh)"] == ([1, 2], [100.0, 150.0])
     assert (
         len(
-            plot.training_curve(
+            training_curve(
                 metrics.drop(columns="grad_noise_scale"), final, tmp_path / "t2.png"
             ).axes
         )
@@ -170,13 +171,13 @@ def test_the_monitored_steps_figure_draws_sync_against_its_band_and_marks_each_d
         }
     )
     drifts = [{"step": 30, "direction": "slower", "action": "recorded"}]
-    fig = plot.sync_over_run(steps, drifts, tmp_path / "s.png")
+    fig = sync_over_run(steps, drifts, tmp_path / "s.png")
     lines = _lines(fig.axes[0])
     assert lines["sync = step - compute"] == ([10, 20, 30], [10.0, 20.0, 50.0])  # ms
     assert lines["predicted sync"][1] == [10.0] * 3
     assert [t.get_text() for t in fig.axes[0].texts] == ["drift (slower): recorded"]
     assert (tmp_path / "s.png").stat().st_size > 0
-    empty = plot.sync_over_run(steps.iloc[:0], [], tmp_path / "e.png")
+    empty = sync_over_run(steps.iloc[:0], [], tmp_path / "e.png")
     assert (
         "no monitored steps" in empty.axes[0].texts[0].get_text() and (tmp_path / "e.png").exists()
     )
