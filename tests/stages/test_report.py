@@ -59,7 +59,7 @@ def test_attempts_table_shows_batch_and_why_each_attempt_ended():
 
 
 def test_training_curve_marks_relaunches_and_requeues():
-    from tula.stages.plot import attempt_marks
+    from tula.stages.plot.training import attempt_marks
 
     metrics = pd.DataFrame({"epoch": [1, 2, 3, 4], "step": [12, 24, 36, 60]})
     marks = attempt_marks(metrics, ATTEMPTS)
@@ -181,7 +181,7 @@ def test_the_drift_card_says_what_the_monitored_steps_found():
 
 
 def test_a_move_is_said_with_its_reason_and_each_attempt_shows_its_n():
-    from tula.stages.plot import attempt_marks
+    from tula.stages.plot.training import attempt_marks
     from tula.stages.report.sections import attempts_table
 
     why = (
