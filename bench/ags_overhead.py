@@ -21,7 +21,8 @@ import torch
 from tula import config
 from tula.runtime import data
 from tula.runtime.nets import build_model
-from tula.runtime.optim import TulaOptimizer, refresh_scales
+from tula.runtime.optim import TulaOptimizer
+from tula.runtime.refresh import refresh_scales
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from tula import checkpoint, config
 from tula.runtime import data
 from tula.runtime.methods import build_method
 from tula.runtime.nets import build_model
-from tula.runtime.optim import refresh_scales
+from tula.runtime.refresh import refresh_scales
 
 MODELS = ("small_cnn", "resnet_tiny", "vgg_tiny", "alexnet_tiny", "mobilenet_tiny")
 

@@ -19,7 +19,8 @@ ROOMS = ("cli", "stages", "production", "runtime", "model")
 # what the production job is, by what it does (the launcher, its history, the job's body,
 # the trainer, stops, monitoring), wherever a checkout keeps it
 PRODUCTION = re.compile(
-    r"(^|\.)(launch|launcher|jobs|history|job|trainer|stops|monitor|relaunch|replan|records"
+    r"(^|\.)(launch|launcher|jobs|history|jobdir|attempts|submission|job|trainer|stops|monitor"
+    r"|relaunch|replan|records"
     r"|confirm)$"
 )
 
