@@ -125,19 +125,18 @@ def test_every_output_exists_and_parses(finished_run):
     ) == {"1_32": "ok", "1_128": "ok", "2_32": "ok", "2_64": "ok", "2_128": "oom"}
     assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2/B128.json")
     sweep = m[m["source"] == "sweep"]
-    # every ok probe job timed the grid's other local batches up to b_max (the OOM corner none, its
-    # fallback its own)
+    # every launch of a probe job timed the grid's other local batches up to b_max once, at its
+    # first point: N = 1 at B = 32 (B = 128 after it, in the same process, names it), N = 2 at
+    # B = 32, and the OOM corner's fallback (B = 64), which ran in a launch of its own
     cfg = config.from_dict(TINY)
+    swept = [(1, 32), (2, 32), (2, 64)]
     expected = sum(
-        len(
-            sweep_local_batches(
-                cfg, int(r.workers), int(r.local_batch), mp["max_local_batch"], 1437 // 4
-            )
-        )
-        for r in pr[pr["status"] == "ok"].itertuples()
+        len(sweep_local_batches(cfg, n, b // n, mp["max_local_batch"], 1437 // 4)) for n, b in swept
     )
-    # 4 jobs x the 3 other local batches
-    assert len(sweep) == expected == 12 and (sweep["status"] == "ok").all()
+    assert set(zip(sweep["workers"], sweep["global_batch"])) == set(swept)
+    assert n1[1]["sweep"] == [] and n1[1]["sweep_in"] == n1[0]["sweep_in"] == "N1_B32"
+    # 3 launches x the 3 other local batches
+    assert len(sweep) == expected == 9 and (sweep["status"] == "ok").all()
     assert sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
     assert (m["source"] == "memory").sum() == len(mp["points"])
     memj, perf = (json.loads((res / "model" / f).read_text()) for f in ("memory.json", "perf.json"))

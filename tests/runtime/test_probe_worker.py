@@ -102,6 +102,18 @@ def test_the_record_is_assembled_from_its_parts_in_one_place():
     assert not parts.failed and not probe_record.failed_after_measurement(
         probe_record.assemble(parts)
     )
+    # a later point of the same job: no sweep of its own, the record names the point that has it
+    later = probe_record.PointParts(0, measured={"step_time_s": 0.2, "sweep": []})
+    later.add(sweep_in="N1_B32")
+    assert probe_record.assemble(later) == {
+        "rank": 0,
+        "status": "ok",
+        "step_time_s": 0.2,
+        "sweep": [],
+        "sweep_in": "N1_B32",
+    }
+    with pytest.raises(TypeError, match="rank"):
+        later.add(rank=1)  # whose parts these are is not a part
 
 
 def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_group):  # noqa: F811

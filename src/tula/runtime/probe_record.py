@@ -127,7 +127,8 @@ class PointParts:
     """What one rank measured at a probe's point, part by part, each the value a measuring
     function returned (rank 0's are the record's; the other ranks' are empty): its own
     measurement (:func:`measurement`), what the job pays besides steps, the gradient noise
-    scale, the compute sweep's rows, the failure if any (``status`` oom/error; or
+    scale, the compute sweep's rows (the job's first point sweeps for every point of its job:
+    ``sweep_in`` names that point's record), the failure if any (``status`` oom/error; or
     ``<phase>_error`` after the measurement, which then stands) and the point's own seconds."""
 
     rank: int
@@ -135,6 +136,7 @@ class PointParts:
     overheads: dict[str, Any] | None = None
     noise: dict[str, Any] | None = None
     sweep: list[dict] | None = None
+    sweep_in: str | None = None
     failure: dict[str, Any] | None = None
     point_wall_s: float | None = None
 
@@ -145,7 +147,8 @@ class PointParts:
             raise TypeError(
                 f"not a part of a point's record: {sorted(unknown | {'rank'} & set(parts))}"
             )
-        self.__dict__.update(parts)
+        for name, value in parts.items():
+            setattr(self, name, value)
 
     @property
     def failed(self) -> bool:
@@ -164,6 +167,8 @@ def assemble(parts: PointParts) -> dict[str, Any]:
         out.update(part or {})
     if parts.sweep is not None:
         out["sweep"] = parts.sweep
+    if parts.sweep_in is not None:
+        out["sweep_in"] = parts.sweep_in
     out.update(parts.failure or {})
     if parts.point_wall_s is not None:
         out["point_wall_s"] = parts.point_wall_s

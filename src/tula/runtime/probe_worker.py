@@ -48,9 +48,10 @@ def run_worker(
     """Body of one worker process (rank r of N): every point of ``points`` (one N, its
     batches in order) probed in turn in this one process, which starts, imports and joins
     the process group once. Each point gets a fresh replica (the production job's model,
-    optimizer and loader at that B), its own measurement, gradient noise and compute sweep,
-    and writes ``result_dir/<point>/rank{r}.json``; start-up, evaluation and the checkpoint,
-    which do not depend on B, are measured at the first point and given to the others. A
+    optimizer and loader at that B), its own measurement and gradient noise, and writes
+    ``result_dir/<point>/rank{r}.json``; start-up, evaluation and the checkpoint, which do
+    not depend on B, are measured at the first point and given to the others, and so is the
+    compute sweep (the grid's other local batches, the same at every B of one N). A
     failure is recorded at its point and ends the process: ``tula probe`` launches the
     points not yet probed again (once the measurement stands, a later failure is only
     noted beside it)."""
@@ -237,7 +238,8 @@ def _probe(
     """The probe's phases on this rank, each part of the record the value its function returns,
     saved as soon as it stands (the measurement first: it stands even if what follows fails):
     the measurement, what the job pays besides steps (at the job's first point), the gradient
-    noise scale and the compute sweep."""
+    noise scale and the compute sweep (at the job's first point too: every point of one N
+    sweeps the same local batches, the grid's, less its own, so one sweep serves the job)."""
     rank = parts.rank
     result = workers.result_path(phases.dir, rank)
     replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
@@ -256,9 +258,12 @@ def _probe(
         parts.add(noise=noise if rank == 0 else None)
         _save(result, parts)
     if cfg.probe.sweep_steps > 0:
-        phases.enter("sweep")
-        start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
-        parts.add(sweep=sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra))
+        if "swept" not in shared:  # once per process: the other local batches are the same
+            phases.enter("sweep")
+            start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
+            parts.add(sweep=sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra))
+            shared["swept"] = point.name
+        parts.add(sweep_in=shared["swept"])
 
 
 def _save(result: Path, parts: probe_record.PointParts) -> None:
