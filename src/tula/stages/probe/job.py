@@ -103,15 +103,24 @@ def _host_note(record: dict) -> str:
     )
 
 
+def _sweep_note(point: Point, record: dict) -> str:
+    """Where the compute curve of the point's job is: its own sweep, or the job's first point's."""
+    swept_at = record.get("sweep_in")
+    if swept_at and swept_at != point.name:
+        return f"compute curve swept once for the job, at {swept_at}"
+    ok = len([w for w in record.get("sweep") or [] if w["status"] == "ok"])
+    return f"compute swept at {ok} other local batches"
+
+
 def _say(point: Point, record: dict) -> None:
     """The probe's outcome, one line for the log."""
     if record["status"] == "ok":
         print(
             f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
             f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; compute swept at "
-            f"{len([w for w in record.get('sweep', []) if w['status'] == 'ok'])} other local "
-            "batches" + _input_note(record) + _host_note(record),
+            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; {_sweep_note(point, record)}"
+            + _input_note(record)
+            + _host_note(record),
             flush=True,
         )
         if record.get("after_error"):
