@@ -36,7 +36,7 @@ never for a probe. ``rank`` limits it to one rank; each fault fires at most once
     as the compute sweep starts, after rank 0 wrote the measurement (seen in a benchmark run).
     A probe that loses a rank so is launched once more.
 ``hang:point=P[,rank=R][,where=PHASE]``
-    the worker stops as it reaches PHASE (one of :data:`tula.workers.PROBE_PHASES`; default
+    the worker stops as it reaches PHASE (one of :data:`PROBE_PHASES`; default
     ``started``) and waits there for ever, as a rank stuck in a collective or a dead file system
     would: the probe ends at ``probe.timeout_s``, and its record says where each rank was.
 ``signal:step=K,sig=USR2|TERM[,rank=R]``
@@ -63,12 +63,26 @@ import signal
 import time
 from dataclasses import dataclass
 
-from tula.workers import PROBE_PHASES
-
 # torch is imported inside the functions that touch tensors (they run in the workers, where it is
 # loaded already): `tula launch` checks a fault spec without paying its start-up.
 
 ENV = "TULA_INJECT_FAULT"
+# a probe worker's phases, in order (:class:`tula.runtime.probe_worker.Phases` enters them;
+# :func:`tula.workers.mark` says them beside the rank's result): where a hang can wait
+PROBE_PHASES = (
+    "started",  # the worker's Python has imported torch and Tula
+    "process group",  # the rendezvous of the N workers
+    "model and data",  # the model, the optimizer, the dataset and its DataLoader
+    "first steps",  # the first training steps, as the production job pays them
+    "memory step",
+    "timed steps",
+    "peaks and input",  # each step's memory peaks, then the input pipeline alone
+    "gathering",  # rank 0 collects every rank's measurement
+    "overheads",  # start-up, evaluation passes, a checkpoint
+    "noise",  # the gradient noise scale
+    "sweep",  # the compute curve at the other local batches
+    "leaving",  # the result is written; the process group shuts down
+)
 KINDS = {
     "oom": {"step", "rank", "batch", "where", "point"},
     "error": {"rank", "point"},

@@ -11,10 +11,11 @@ places it is started from:
   alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
 - each rank writes its result to ``<dir>/rank<r>.json`` (:func:`result_path`), which the
   launcher collects after the workers exit, also when they failed;
-- a probe's rank says which of its phases (:data:`PROBE_PHASES`) it has reached (:func:`mark`),
-  and every worker prints its threads' Python stacks to its log a little before the launcher's
-  deadline (:func:`dump_stacks_before_deadline`): a probe stopped by ``probe.timeout_s`` says
-  where each rank was (:func:`phases_reached`), and its log shows the line it was on.
+- a probe's rank says which of its phases (:data:`tula.faults.PROBE_PHASES`) it has reached
+  (:func:`mark`), and every worker prints its threads' Python stacks to its log a little
+  before the launcher's deadline (:func:`dump_stacks_before_deadline`): a probe stopped by
+  ``probe.timeout_s`` says where each rank was (:func:`phases_reached`), and its log shows
+  the line it was on.
 
 No torch here: the launchers (``tula probe``, ``tula memprobe``) only start and collect.
 """
@@ -49,21 +50,6 @@ THREAD_VARIABLES = (
 DEADLINE_ENV = "TULA_WORKERS_DEADLINE"
 # how often a launch with a moving deadline asks it again (seconds)
 POLL_S = 0.5
-# a probe worker's phases, in order (:mod:`tula.runtime.probe_worker`)
-PROBE_PHASES = (
-    "started",  # the worker's Python has imported torch and Tula
-    "process group",  # the rendezvous of the N workers
-    "model and data",  # the model, the optimizer, the dataset and its DataLoader
-    "first steps",  # the first training steps, as the production job pays them
-    "memory step",
-    "timed steps",
-    "peaks and input",  # each step's memory peaks, then the input pipeline alone
-    "gathering",  # rank 0 collects every rank's measurement
-    "overheads",  # start-up, evaluation passes, a checkpoint
-    "noise",  # the gradient noise scale
-    "sweep",  # the compute curve at the other local batches
-    "leaving",  # the result is written; the process group shuts down
-)
 
 
 @dataclass
@@ -233,8 +219,8 @@ def phase_path(directory: str | Path, rank: int) -> Path:
 
 
 def mark(directory: str | Path, rank: int, phase: str, began: float | None = None) -> None:
-    """Rank ``rank`` has reached ``phase`` (one of :data:`PROBE_PHASES`), now; ``began``: when
-    this rank began the point the phase is of (a probe job's later points)."""
+    """Rank ``rank`` has reached ``phase`` (one of :data:`tula.faults.PROBE_PHASES`), now;
+    ``began``: when this rank began the point the phase is of (a probe job's later points)."""
     write_json(phase_path(directory, rank), {"phase": phase, "since": time.time(), "began": began})
 
 

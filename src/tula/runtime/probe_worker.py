@@ -78,7 +78,7 @@ def run_worker(
 
 class Phases:
     """Where this rank is at one point of the job, the one tracker of it: each phase
-    (:data:`tula.workers.PROBE_PHASES`) said beside the rank's result as it is entered, for the
+    (:data:`tula.faults.PROBE_PHASES`) said beside the rank's result as it is entered, for the
     record of a probe stopped by ``probe.timeout_s`` (a ``hang`` fault due there waits), and
     the phase a failure happened in."""
 
@@ -88,6 +88,8 @@ class Phases:
         self.now = ""
 
     def enter(self, phase: str) -> None:
+        if phase not in tula_faults.PROBE_PHASES:  # the list a hang's ``where`` is checked against
+            raise ValueError(f"{phase!r} is not one of tula.faults.PROBE_PHASES")
         self.now = phase
         workers.mark(self.dir, self.rank, phase, self.began)
         tula_faults.hang_if_due(self.faults, self.rank, self.point, phase)
