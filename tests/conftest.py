@@ -90,8 +90,9 @@ def train_from_files(cfg_path, selection, out_dir, **kw) -> dict:
     into records first (tula.stages.launch)."""
     from tula import config
     from tula.production import launcher
+    from tula.stages.launch import selected_point
 
-    return launcher.train(config.load(cfg_path), launcher.selected_point(selection), out_dir, **kw)
+    return launcher.train(config.load(cfg_path), selected_point(selection), out_dir, **kw)
 
 
 def lab_launch_command(run_dir: Path, out: Path, **launch) -> list[str]:

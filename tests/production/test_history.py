@@ -97,6 +97,44 @@ def test_the_history_round_trips_through_both_copies_of_attempts_json(tmp_path):
     assert attempts.History.read(tmp_path)["attempts"][0]["outcome"] == "oom"
 
 
+def test_a_resumed_history_closes_an_attempt_whose_job_is_gone_and_knows_its_oom_batches(
+    tmp_path,
+):
+    """What a new `tula launch` of the same run makes of the record it finds: the last attempt,
+    still `running` with no job left, ended as interrupted (not when its job is still alive);
+    the batches that ran out of memory, never tried again; what the terminal is told."""
+    h = attempts.History(tmp_path, "fp", 2, 128, "local")
+    h.add(attempts.Attempt(1, 128, 64, "1", 0, outcome="oom", reason="out of memory"))
+    h.add(attempts.Attempt(2, 64, 32, "2", 10))
+    h.close_interrupted(job_alive=True)
+    assert h.attempts[-1].outcome == "running"
+    h.close_interrupted(job_alive=False)
+    assert h.attempts[-1].outcome == "interrupted" and "newest checkpoint" in h.attempts[-1].reason
+    assert h.oom_batches() == {128}
+    done = attempts.Attempt(3, 64, 32, "3", 10, outcome="completed", reason="fine")
+    done.account(
+        [{"start_step": 10, "end_step": 20}, {"start_step": 20, "end_step": 30}],
+        30,
+        [{"step": 15, "reason": "sync 2x", "action": "recorded"}],
+    )
+    assert done.report_lines() == [
+        "attempt 3: network drift at step 15: sync 2x — recorded",
+        "attempt 3 ended: completed after 1 preemption/requeue(s), each resumed from its "
+        "checkpoint",
+    ]
+    assert h.attempts[0].report_lines() == ["attempt 1 ended: oom — out of memory"]
+
+
+def test_starting_over_clears_what_another_run_left_and_keeps_the_rest(tmp_path):
+    for stale in ("checkpoints/step_10/model.pt", "oom/attempt1-rank0.json"):
+        (tmp_path / stale).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / stale).write_text("x")
+    for f in ("segments.json", "started.json", "attempts.json", "metrics.csv"):
+        (tmp_path / f).write_text("{}")
+    jobdir.start_over(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts.json", "metrics.csv"]
+
+
 @pytest.mark.slow
 def test_a_finished_jobs_outcome_is_read_from_its_result_its_oom_record_or_its_segments(
     tmp_path, tiny_raw, user_pythonpath

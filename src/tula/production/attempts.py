@@ -37,6 +37,27 @@ class Attempt:
         """How the attempt ended, and why."""
         self.outcome, self.reason = outcome, reason
 
+    def report_lines(self) -> list[str]:
+        """What the terminal is told once the attempt has ended: each network drift its job
+        found and what was done, then how it ended (its requeues, each resumed from a
+        checkpoint, and why where it did not complete)."""
+        lines = [
+            f"attempt {self.attempt}: network drift at step {d['step']}: {d['reason']} "
+            f"— {d['action']}"
+            for d in self.drift
+        ]
+        resumed = max(len(self.segments) - 1, 0)  # each segment after the first resumed
+        lines.append(
+            f"attempt {self.attempt} ended: {self.outcome}"
+            + (
+                f" after {resumed} preemption/requeue(s), each resumed from its checkpoint"
+                if resumed
+                else ""
+            )
+            + (f" — {self.reason}" if self.reason and self.outcome != "completed" else "")
+        )
+        return lines
+
     def account(self, segments: list[dict[str, Any]], checkpoint_step: int | None, drift) -> None:
         """What its job left: the segments it trained in (and so the steps where the workers
         really started, a damaged newest checkpoint skipped, and ended), its newest checkpoint,
@@ -70,6 +91,20 @@ class History:
     @staticmethod
     def attempts_of(prior: dict[str, Any]) -> list[Attempt]:
         return [Attempt(**a) for a in prior.get("attempts", [])]
+
+    def close_interrupted(self, job_alive: bool) -> None:
+        """The last attempt still reads ``running`` but its job is gone (its launcher died):
+        it ended, and a new attempt resumes from the newest checkpoint."""
+        if self.attempts and self.attempts[-1].outcome == "running" and not job_alive:
+            self.attempts[-1].end(
+                "interrupted",
+                "tula launch stopped while the job ran; resumed by a new attempt from the newest "
+                "checkpoint",
+            )
+
+    def oom_batches(self) -> set[int]:
+        """The global batches an attempt ran out of memory at (none is tried again)."""
+        return {a.global_batch for a in self.attempts if a.outcome == "oom"}
 
     def add(self, attempt: Attempt) -> None:
         """A new attempt, submitted (written with the next :meth:`write`)."""

@@ -22,6 +22,7 @@ time limit) are its segments. No torch here: ``tula launch`` runs on the login n
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,13 @@ def resumable(ck: Path, fingerprint: str) -> bool:
         # a damaged newest manifest: the worker falls back to the previous one
         return len(found) > 1
     return meta.get("fingerprint") == fingerprint and not meta.get("complete")
+
+
+def start_over(out_dir: Path) -> None:
+    """Clear what another run left in the folder (its checkpoints, its ranks' OOM records, its
+    segments and starts), so that this run starts from step 0."""
+    out = Path(out_dir)
+    for stale in (out / "checkpoints", out / "oom"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for record in ("segments.json", "started.json"):
+        (out / record).unlink(missing_ok=True)

@@ -31,7 +31,6 @@ the job trained beside what the job measured (:func:`tula.production.confirm.rec
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,7 +41,7 @@ import submitit
 from tula import checkpoint, devices, pipeline, preflight, slurm
 from tula import config as config_mod
 from tula import faults as tula_faults
-from tula.io import read_json, write_json
+from tula.io import write_json
 from tula.model import drift
 from tula.production import jobdir, nodes, relaunch, submission
 from tula.production.attempts import Attempt, History
@@ -50,17 +49,6 @@ from tula.production.confirm import prediction_row, record_prediction
 from tula.production.job import ProductionJob
 from tula.production.nodes import NodeWatch
 from tula.production.replan import Replan
-
-
-def selected_point(path) -> tuple[int, int]:
-    """(workers, global_batch) of a selection.json; the error names the file."""
-    sel = read_json(path)
-    try:
-        return int(sel["selected"]["workers"]), int(sel["selected"]["global_batch"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(
-            f"{path}: no selected.workers / selected.global_batch; re-run `tula select`"
-        ) from None
 
 
 class Launch:
@@ -147,32 +135,21 @@ class Launch:
             self.workers = prior["attempts"][-1].get("workers") or self.workers
         job = submission.still_running(prior, self.out, self.workers) if same_run else None
         if not (job or (not fresh and jobdir.resumable(self.ck, self.fingerprint))):
-            for stale in (self.ck, self.out / "oom"):
-                shutil.rmtree(stale, ignore_errors=True)
-            for record in ("segments.json", "started.json"):  # another run's
-                (self.out / record).unlink(missing_ok=True)
+            jobdir.start_over(self.out)
             prior = {}
         elif not same_run:
             # the checkpoints are this run's but its record is gone: the history starts here
             prior = {}
-        executor = prior.get("executor", self.kind) if job else self.kind
         self.history = History(
             self.out,
             self.fingerprint,
             self.workers,
             self.selected_batch,
-            executor,
+            prior.get("executor", self.kind) if job else self.kind,
             attempts=History.attempts_of(prior),
         )
-        attempts = self.history.attempts
-        # its launcher died; the job is gone
-        if attempts and attempts[-1].outcome == "running" and not job:
-            attempts[-1].end(
-                "interrupted",
-                "tula launch stopped while the job ran; resumed by a new attempt from the newest "
-                "checkpoint",
-            )
-        self.tried = {a.global_batch for a in attempts if a.outcome == "oom"}
+        self.history.close_interrupted(job_alive=job is not None)
+        self.tried = self.history.oom_batches()
         if job:
             self.started = 0.0  # a re-attached job may have written final.json already
         return job
@@ -278,25 +255,9 @@ class Launch:
         att.account(jobdir.attempt_segments(self.out, att.attempt, ck), ck, drift)
         if self.replan.move is not None and att.outcome == "stopped":
             att.end("moved", self.replan.move.reason)
-        for d in att.drift:
-            print(
-                f"[launch] attempt {att.attempt}: network drift at step {d['step']}: {d['reason']} "
-                f"— {d['action']}",
-                flush=True,
-            )
         self.history.write()
-        # each segment after the first resumed from a checkpoint
-        resumed = max(len(att.segments) - 1, 0)
-        print(
-            f"[launch] attempt {att.attempt} ended: {att.outcome}"
-            + (
-                f" after {resumed} preemption/requeue(s), each resumed from its checkpoint"
-                if resumed
-                else ""
-            )
-            + (f" — {att.reason}" if att.reason and att.outcome != "completed" else ""),
-            flush=True,
-        )
+        for line in att.report_lines():
+            print(f"[launch] {line}", flush=True)
 
     def move_to(self, move) -> int:
         """launch.replan: move: the rest at the re-planned N; returns the global batch."""

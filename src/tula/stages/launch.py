@@ -8,7 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from tula import config as config_mod
-from tula.production.launcher import selected_point, train
+from tula.io import read_json
+from tula.production.launcher import train
+
+
+def selected_point(path) -> tuple[int, int]:
+    """(workers, global_batch) of a selection.json; the error names the file."""
+    sel = read_json(path)
+    try:
+        return int(sel["selected"]["workers"]), int(sel["selected"]["global_batch"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{path}: no selected.workers / selected.global_batch; re-run `tula select`"
+        ) from None
 
 
 def run(
