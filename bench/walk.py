@@ -9,10 +9,22 @@ model > shared modules) or a *climb* (a higher room).
     .venv/bin/python bench/walk.py RESULTS_DIR     # with selection.json and predictions.csv
 
 Run it with another checkout's Python (e.g. /tmp/before-venv/bin/python) for its walk.
+
+It also follows the config itself (the walk issue 52 counts): every call into one of the
+package's functions that takes the config, or one of its sections (a dataclass of
+``tula.config``), as an argument, in the order they happen. Consecutive calls in one module
+are one *stay*; a stay in a module the walk has left before is a *return* (so returns =
+stays - modules); the names are the parameters the config and its sections arrive under.
+With ``--src DIR``, that checkout's ``src`` is imported first (its dependencies must be this
+environment's):
+
+    .venv/bin/python bench/walk.py RESULTS_DIR --src /tmp/before/src
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
 import tempfile
 from collections import Counter
@@ -26,10 +38,29 @@ def floor(module: str) -> int:
     return FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in FLOORS else len(FLOORS)
 
 
+def carries_config(value) -> bool:
+    """The config or one of its sections (the frozen dataclasses of ``tula.config``)."""
+    return dataclasses.is_dataclass(value) and type(value).__module__ == "tula.config"
+
+
+def stays(path: list[str]) -> list[str]:
+    """The modules of a walk, consecutive calls in one module counted once."""
+    return [m for i, m in enumerate(path) if i == 0 or path[i - 1] != m]
+
+
 def main() -> None:
-    results = Path(sys.argv[1])
-    config = Path(__file__).resolve().parents[1] / "workflow" / "config.yaml"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path, help="a folder with selection.json and predictions.csv")
+    ap.add_argument("--src", type=Path, help="import this checkout's src/ first")
+    a = ap.parse_args()
+    if a.src:
+        sys.path.insert(0, str(a.src.resolve()))
+    results = a.results
+    root = a.src.resolve().parent if a.src else Path(__file__).resolve().parents[1]
+    config = root / "workflow" / "config.yaml"  # the checkout's own shipped config
     calls: Counter = Counter()
+    walk: list[str] = []  # the module of each call that takes the config or a section of it
+    names: set[str] = set()
 
     def hook(frame, event, arg):
         if event != "call":
@@ -38,6 +69,13 @@ def main() -> None:
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
         if callee.startswith("tula.") and caller.startswith("tula."):
             calls[(caller, callee)] += 1
+        if callee.startswith("tula.") and callee != "tula.config":
+            code = frame.f_code
+            params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            held = [p for p in params if carries_config(frame.f_locals.get(p))]
+            if held:
+                walk.append(callee)
+                names.update(held)
 
     from tula.cli import main as tula_main
 
@@ -51,19 +89,28 @@ def main() -> None:
             sys.setprofile(None)
     kinds: Counter = Counter()
     rooms: Counter = Counter()  # calls between two modules, by the rooms they join
-    for (a, b), n in calls.items():
-        fa, fb = floor(a), floor(b)
-        kind = "stay" if a == b else "across" if fa == fb else "down" if fb > fa else "climb"
+    for (x, y), n in calls.items():
+        fa, fb = floor(x), floor(y)
+        kind = "stay" if x == y else "across" if fa == fb else "down" if fb > fa else "climb"
         kinds[kind] += n
-        if a != b:
+        if x != y:
             rooms[f"{(FLOORS + ('shared',))[fa]} -> {(FLOORS + ('shared',))[fb]}"] += n
     modules = sorted({m for pair in calls for m in pair})
     print(f"modules called: {len(modules)}: {', '.join(modules)}")
     print("calls: " + ", ".join(f"{k} {kinds[k]}" for k in ("stay", "across", "down", "climb")))
     print("between modules, by room: " + ", ".join(f"{k} {n}" for k, n in sorted(rooms.items())))
-    for (a, b), n in sorted(calls.items()):
-        if a != b and floor(b) < floor(a):
-            print(f"  climb: {a} -> {b} ({n})")
+    for (x, y), n in sorted(calls.items()):
+        if x != y and floor(y) < floor(x):
+            print(f"  climb: {x} -> {y} ({n})")
+    path = stays(walk)
+    visits = Counter(path)
+    print(
+        f"the config's walk: {len(walk)} calls take it, {len(path)} stays in {len(visits)} "
+        f"modules, {len(path) - len(visits)} returns; under {len(names)} names"
+    )
+    print("  most visited: " + ", ".join(f"{m} {n}" for m, n in visits.most_common(6)))
+    print("  path: " + " > ".join(m.removeprefix("tula.") for m in path))
+    print("  names: " + ", ".join(sorted(names)))
 
 
 if __name__ == "__main__":
