@@ -10,11 +10,12 @@ model > shared modules) or a *climb* (a higher room).
 
 Run it with another checkout's Python (e.g. /tmp/before-venv/bin/python) for its walk.
 
-It also follows the config itself (the walk issue 52 counts): every call into one of the
-package's functions that takes the config, or one of its sections (a dataclass of
-``tula.config``), as an argument, in the order they happen. Consecutive calls in one module
-are one *stay*; a stay in a module the walk has left before is a *return* (so returns =
-stays - modules); the names are the parameters the config and its sections arrive under.
+It also follows the config itself, as a newcomer reading the launch path does: every call
+into one of the package's functions that takes the config, or one of its sections (a
+dataclass of ``tula.config``), as an argument, in the order they happen. Consecutive calls
+in one module are one *stay*; a stay in a module the walk has left before is a *return* (so
+returns = stays - modules); the names are the parameters the config and its sections arrive
+under.
 With ``--src DIR``, that checkout's ``src`` is imported first (its dependencies must be this
 environment's):
 

@@ -259,7 +259,8 @@ FOREIGN_FIELDS = {
 
 def field_assignments(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, target) of every assignment to an attribute of anything but ``self``/``cls``
-    itself (``self.x.y = ...`` sets the field of another object), and of every ``setattr``."""
+    itself (``self.x.y = ...`` sets the field of another object), and of every ``setattr`` on
+    anything but ``self``/``cls``."""
     found = []
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
@@ -268,7 +269,8 @@ def field_assignments(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr":
-            found.append((node.lineno, f"setattr({ast.unparse(node.args[0])}, ...)"))
+            if getattr(node.args[0], "id", "") not in ("self", "cls"):  # its own, by name
+                found.append((node.lineno, f"setattr({ast.unparse(node.args[0])}, ...)"))
         flat = [
             e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
         ]
@@ -304,6 +306,11 @@ def test_no_module_assigns_another_objects_fields():
 )
 def test_an_outside_assignment_is_found(code):
     assert field_assignments(ast.parse(code))
+
+
+@pytest.mark.parametrize("code", ["self.phase = 'eval'", "setattr(self, name, value)"])
+def test_an_objects_own_fields_are_its_own_to_set(code):
+    assert not field_assignments(ast.parse(code))
 
 
 # Methods that change the object they are called on: reached through another object's field
