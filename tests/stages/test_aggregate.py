@@ -139,8 +139,8 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     html = precision_section(df)
     assert (
         "The probe campaign: 2 probe(s) in 1 job(s), one per N, ran 16.0 s (their workers' wall, "
-        "summed) for 1.3 s of timed steps: <b>8 %</b> of what the probes cost bought a "
-        "measurement" in html
+        "summed; 8.0 s a probe) for 1.3 s of timed steps: <b>8 %</b> of what the probes cost "
+        "bought a measurement" in html
     )
     assert sorted(df.loc[df["source"] == "probe", "global_batch"]) == [32, 64] and (
         df["probe_file"].str.endswith(("N2/B32.json", "N2/B64.json")).all()

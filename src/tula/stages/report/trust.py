@@ -73,11 +73,12 @@ def campaign_line(measurements: pd.DataFrame) -> str:
         return ""
     return (
         f"<p>The probe campaign: {len(probes)} probe(s) in {probes['workers'].nunique()} "
-        f"job(s), one per N, ran {fmt_span(wall)} (their workers' wall, summed) for "
-        f"{fmt_span(timed)} of timed steps: "
+        f"job(s), one per N, ran {fmt_span(wall)} (their workers' wall, summed; "
+        f"{fmt_span(wall / len(probes))} a probe) for {fmt_span(timed)} of timed steps: "
         f"<b>{100 * timed / wall:.0f} %</b> of what the probes cost bought a measurement; the "
-        "rest was start-up (once per job), first steps (each new batch shape), evaluation and "
-        "checkpoints "
+        "rest was start-up, evaluation, a checkpoint and the compute curve's first steps (once "
+        "per job) and each batch's first steps. A probe that reaches probe.precision sooner "
+        "buys fewer timed seconds and so lowers this share: the seconds a probe are its cost "
         "(measurements.csv: timed_s, probe_efficiency per probe).</p>"
     )
 
