@@ -76,9 +76,10 @@ def campaign_line(measurements: pd.DataFrame) -> str:
         f"job(s), one per N, ran {fmt_span(wall)} (their workers' wall, summed; "
         f"{fmt_span(wall / len(probes))} a probe) for {fmt_span(timed)} of timed steps: "
         f"<b>{100 * timed / wall:.0f} %</b> of what the probes cost bought a measurement; the "
-        "rest was start-up, evaluation, a checkpoint and the compute curve's first steps (once "
-        "per job) and each batch's first steps. A probe that reaches probe.precision sooner "
-        "buys fewer timed seconds and so lowers this share: the seconds a probe are its cost "
+        "rest was start-up, evaluation, a checkpoint and the compute sweep's untimed steps "
+        "(once per job), and each batch's first steps, memory steps and input read. A probe "
+        "that reaches probe.precision sooner buys fewer timed seconds and so lowers this "
+        "share; the seconds a probe is what the campaign costs "
         "(measurements.csv: timed_s, probe_efficiency per probe).</p>"
     )
 
