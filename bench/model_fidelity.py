@@ -15,7 +15,8 @@ Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md
     alpha-beta ring all-reduce of a 100 MB gradient over 10 GbE, 3 % noise on every measured
     time, 0.5 % on memory (allocator blocks), a 32 GB memory bound (peak = 2 GB + 60 MB x b,
     so b_max = 446 with the 10 % margin). Probe jobs are simulated with Tula's own rules:
-    memory probe (default batches, then its check at b_max), search set, sweep. Partial (with and
+    memory probe (default batches, then its check at b_max), search set, one sweep per job
+    (one job per N, swept at its first point). Partial (with and
     without sweep rows) and full (leave one job out); median / max held-out step-time error.
     Targets: partial <= 5 %, full <= 2 % median.
 (c) knee stability, on (b) with a smaller model's memory (10 MB a sample: the batch range,
@@ -355,6 +356,19 @@ def syn_job(cfg, cl: Cluster, p: Point, bmax, rng, sweep: bool = True) -> list[d
     return rows
 
 
+def syn_campaign(cfg, cl: Cluster, points, bmax, rng, sweep: bool = True) -> dict:
+    """Each point's rows, as the workflow probes them: one job per N, whose first (smallest)
+    point sweeps the compute curve for the whole job."""
+    first = {
+        n: min(p.global_batch for p in points if p.workers == n)
+        for n in {p.workers for p in points}
+    }
+    return {
+        p: syn_job(cfg, cl, p, bmax, rng, sweep and p.global_batch == first[p.workers])
+        for p in sorted(points)
+    }
+
+
 def syn_fit(rows) -> perfmodel.PerfModel:
     return perfmodel.fit(pd.DataFrame(rows), "ring")
 
@@ -380,8 +394,8 @@ def part_b(seeds: int, full_seeds: int) -> dict:
         held = [p for p in feas if p not in corners]
         truth = cl.step([p.workers for p in held], [p.local_batch for p in held])
         for key, sweep in (("partial_with_sweep", True), ("partial_without_sweep", False)):
-            rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng, sweep)]
-            perf = syn_fit(rows)
+            jobs = syn_campaign(cfg, cl, corners, bmax, rng, sweep)
+            perf = syn_fit(mrows + [r for rows in jobs.values() for r in rows])
             forms[key].append(f"{perf.compute.form.name}/{perf.step.form.name}")
             errs[key] += list(
                 pct(step_of(perf, [(p.workers, p.global_batch) for p in held]), truth)
@@ -389,9 +403,7 @@ def part_b(seeds: int, full_seeds: int) -> dict:
     for seed in range(full_seeds):
         rng = np.random.default_rng(1000 + seed)
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
-        jobs = {
-            p: syn_job(cfg, cl, p, bmax, rng) for p in search_set(syn_config(search="full"), bmax)
-        }
+        jobs = syn_campaign(cfg, cl, search_set(syn_config(search="full"), bmax), bmax, rng)
         for p in jobs:
             perf = syn_fit(mrows + [r for q, rows in jobs.items() if q != p for r in rows])
             forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name}")
@@ -463,9 +475,8 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
             mrows, bmax = syn_memory_probe(cfg, cl, rng)
-            rows = mrows + [
-                r for p in search_set(cfg, bmax) for r in syn_job(cfg, cl, p, bmax, rng)
-            ]
+            jobs = syn_campaign(cfg, cl, search_set(cfg, bmax), bmax, rng)
+            rows = mrows + [r for job in jobs.values() for r in job]
             perf = syn_fit(rows)
             mem = memory.fit(pd.DataFrame(rows), cfg.hardware.memory_budget_bytes)
             pred = predict(cfg, perf, mem, D_SYN)
@@ -570,7 +581,8 @@ def plot_b(outdir: Path) -> None:
     rng = np.random.default_rng(0)
     mrows, bmax = syn_memory_probe(cfg, cl, rng)
     corners = search_set(cfg, bmax)
-    rows = mrows + [r for p in corners for r in syn_job(cfg, cl, p, bmax, rng)]
+    jobs = syn_campaign(cfg, cl, corners, bmax, rng)
+    rows = mrows + [r for job in jobs.values() for r in job]
     perf = syn_fit(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
