@@ -6,6 +6,10 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
+# make test's pytest-xdist workers (tests/conftest.py: what they must not share, and the tests
+# that run alone); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 STAMP := $(VENV)/.tula-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -26,13 +30,13 @@ test: $(STAMP)
 	@if [ "$${CI:-}" = true ]; then \
 	  trap 'bash scripts/slurm-cluster.sh down' EXIT; \
 	  bash scripts/slurm-cluster.sh up; \
-	  TULA_REQUIRE_SLURM=1 $(PY) -m pytest; \
+	  TULA_REQUIRE_SLURM=1 $(PYTEST); \
 	else \
-	  $(PY) -m pytest; \
+	  $(PYTEST); \
 	fi
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)
 	ruff format --check src tests bench

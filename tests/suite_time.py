@@ -31,14 +31,12 @@ def pytest_addoption(parser):
     )
 
 
-@pytest.hookimpl(trylast=True)  # after conftest.py has marked the tests that use shared runs
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        _markers[item.nodeid] = tuple(m for m in END_TO_END if item.get_closest_marker(m))
-
-
 def pytest_runtest_logreport(report):
-    _seconds[report.nodeid] += report.duration
+    # under pytest-xdist the reports come from the workers, an item's xdist group at the end of
+    # its id ("...::test@slurm"), and its markers among its keywords
+    nodeid = report.nodeid.split("@", 1)[0]
+    _seconds[nodeid] += report.duration
+    _markers.setdefault(nodeid, tuple(m for m in END_TO_END if m in report.keywords))
 
 
 def module_of(nodeid: str) -> str:
@@ -57,7 +55,7 @@ def by_module(seconds: dict[str, float]) -> list[tuple[str, int, float]]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not _seconds:
+    if not _seconds or hasattr(config, "workerinput"):  # the xdist controller sums its workers'
         return
     tr = terminalreporter
     wall = time.monotonic() - _started
@@ -65,7 +63,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_sep("=", f"time by module ({len(_seconds)} tests, {tests_s:.0f} s in tests)")
     for module, n, s in by_module(_seconds):
         tr.write_line(f"{s:8.1f} s {100 * s / tests_s:5.1f} %  {n:4d} tests  {module}")
-    tr.write_line(f"{wall:8.1f} s wall from collection to this summary")
+    workers = getattr(config.option, "numprocesses", None) or 1
+    tr.write_line(f"{wall:8.1f} s wall from collection to this summary, on {workers} worker(s)")
     for marker in END_TO_END:
         mine = [s for k, s in _seconds.items() if marker in _markers.get(k, ())]
         if mine:
@@ -77,4 +76,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if out:
         rows = {k: {"s": s, "markers": list(_markers.get(k, ()))} for k, s in _seconds.items()}
         with open(out, "w") as f:
-            json.dump({"wall_s": wall, "tests": rows}, f, indent=1)
+            json.dump({"wall_s": wall, "workers": workers, "tests": rows}, f, indent=1)

@@ -26,7 +26,8 @@ NETLAB = [str(ROOT / "scripts" / "netlab.sh")]
 RATE, SLOWER = "50mbit", "12mbit"
 D_DIGITS = 1437  # digits training samples
 
-pytestmark = [pytest.mark.netlab, pytest.mark.slow]
+# each test compares measured sync times: nothing of the suite runs beside it (`alone`)
+pytestmark = [pytest.mark.netlab, pytest.mark.slow, pytest.mark.alone]
 
 
 def lab(*args: str) -> str:

@@ -220,6 +220,7 @@ def run_dir(tmp_path, tiny_raw):
 
 
 @pytest.mark.training
+@pytest.mark.alone  # the monitor judges measured steps: no neighbour's load in them
 def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "slowsync:step=30,ms=150,workers=2")
     final = train_from_files(
@@ -249,6 +250,7 @@ def test_a_job_whose_sync_slows_moves_and_trains_every_sample_once(run_dir, venv
 
 
 @pytest.mark.training
+@pytest.mark.alone  # a neighbour's load would be a drift of its own
 def test_move_without_a_drift_never_moves(run_dir, venv_path):
     """The same run, nothing slowed: one attempt at the selected (N, B), whatever it observed."""
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())

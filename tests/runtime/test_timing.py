@@ -11,6 +11,9 @@ from tula.runtime.clocks import HostClock, block_for
 from tula.runtime.precision import Series, half_width_rel, mix_half_width_rel, spikes, spread
 from tula.runtime.timing import StepTimer, Target
 
+# the steps sleep, and the tests bound their means: a busy neighbour would delay the wake-ups
+pytestmark = pytest.mark.alone
+
 
 class Sleeper:
     """An arm whose steps sleep ``mean_s`` with a seeded relative jitter ``cv``; it logs calls."""

@@ -1,0 +1,121 @@
+"""How `make test` shares this machine between its two pytest-xdist workers (conftest.py): what
+must not happen twice or at once is kept in one xdist group, and a test marked `alone` has the
+machine to itself."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, beside_others
+
+REPORT = """
+import json, os, pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    rows = {}
+    for it in items:
+        m = it.get_closest_marker("xdist_group")
+        rows[it.nodeid] = {"group": m.args[0] if m else None, "fixtures": list(it.fixturenames),
+                           "alone": it.get_closest_marker("alone") is not None}
+    with open(os.environ["GROUPS_OUT"], "w") as f:
+        json.dump(rows, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    """The whole suite's items as conftest groups them (a collection in a fresh process)."""
+    d = tmp_path_factory.mktemp("groups")
+    (d / "groups_report.py").write_text(REPORT)
+    env = dict(os.environ, PYTHONPATH=str(d), GROUPS_OUT=str(d / "groups.json"))
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "groups_report", "tests"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads((d / "groups.json").read_text())
+
+
+def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_worker(collected):
+    def groups(fixture):
+        return {r["group"] for r in collected.values() if fixture in r["fixtures"]}
+
+    # the lab replaces the one-node cluster while it is up: every SLURM test in one group
+    assert groups("slurm_cluster") | groups("lab_cluster") == {"slurm"}
+    # the default DAG run once: its readers together (and never free)
+    assert len(groups("finished_run")) == 1 and None not in groups("finished_run")
+    # a module-scoped reference run made once: its module's tests that compare with it together
+    ref = groups("reference")
+    assert len(ref) == 1 and None not in ref and ref != {"slurm"}
+    # the rest is free: most of the suite, for either worker
+    free = [k for k, r in collected.items() if r["group"] is None]
+    assert len(free) > 0.8 * len(collected)
+    assert "tests/model/test_choice.py::test_knee_of_l_shaped_curve_is_the_corner" in free
+    # the lab's tests after the other SLURM tests, so that the lab comes up once
+    order = [k for k, r in collected.items() if r["group"] == "slurm"]
+    lab = [i for i, k in enumerate(order) if "lab_cluster" in collected[k]["fixtures"]]
+    assert lab and lab == list(range(len(order) - len(lab), len(order)))
+    # what is marked alone (the network lab's comparisons of measured sync, among others)
+    assert all(r["alone"] for k, r in collected.items() if k.startswith("tests/test_netlab.py"))
+
+
+def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypatch, tmp_path):
+    """Three threads as three workers' tests: A (shared) runs; B (alone) asks and waits for it;
+    C (shared), asked for while B waits, starts only once B has ended, not beside A or B."""
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    run = f"locktest{os.getpid()}"
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
+    spans: dict[str, tuple[float, float]] = {}
+    release_a = threading.Event()
+
+    def test(name, alone):
+        with beside_others(alone=alone):
+            t0 = time.monotonic()
+            if name == "a":
+                release_a.wait(10)
+            spans[name] = (t0, time.monotonic())
+
+    def held(end: str) -> bool:
+        """Someone holds base.END (a try of an exclusive lock fails at once)."""
+        with open(f"{base}.{end}", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    def until(what, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not what():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    threads = {n: threading.Thread(target=test, args=(n, n == "b")) for n in "abc"}
+    threads["a"].start()
+    until(lambda: held("room"))  # A runs
+    threads["b"].start()
+    until(lambda: held("gate"))  # B waits for the room, holding the gate
+    threads["c"].start()
+    time.sleep(0.2)  # C's chance to start beside them, were the lock wrong
+    release_a.set()
+    for t in threads.values():
+        t.join(timeout=10)
+    assert spans["b"][0] >= spans["a"][1]  # B began after A ended
+    assert spans["c"][0] >= spans["b"][1]  # C waited for B: no test beside an alone one
+    for end in ("gate", "room"):
+        Path(f"{base}.{end}").unlink()
+
+
+def test_without_xdist_nothing_waits(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
+    with beside_others(alone=True), beside_others(alone=True):  # would deadlock under a lock
+        pass
