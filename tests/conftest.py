@@ -13,8 +13,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Where the suite's time goes, printed at the end of every run (tests/suite_time.py).
-pytest_plugins = ["suite_time"]
+# Where the suite's time goes, printed at the end of every run (tests/suite_time.py), and how
+# make test's two xdist workers share the machine (tests/sharing.py).
+pytest_plugins = ["suite_time", "sharing"]
 
 # A GPU partition as scontrol and sinfo describe it (tests of tula.slurm and tula.preflight).
 GPU_PARTITION = (
@@ -146,61 +147,13 @@ TRAINING_FIXTURES = {"reference", "unmonitored", "folder_reference"}
 RUN_MARKERS = ("dag", "training", "probe", "slurm", "netlab")
 
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup), which share
-# this machine's two cores: one worker's SLURM jobs and process starts wait while the other
-# computes. What the two must not do twice, or at once, is kept on one worker by its xdist
-# group (xdist_groups): every test of the SLURM clusters (the lab replaces the one-node cluster
-# while it is up), every reader of a shared run (finished_run), every test of a module whose
-# module-scoped run it shares.
-SLURM_FIXTURES = {"slurm_cluster", "lab_cluster"}
-
-
-def _shared(item) -> set[str]:
-    """What ``item`` shares with other tests: "slurm", its session-scoped runs, its module's."""
-    keys = set()
-    if set(item.fixturenames) & SLURM_FIXTURES or item.get_closest_marker("slurm"):
-        keys.add("slurm")
-    for name, defs in item._fixtureinfo.name2fixturedefs.items():
-        d = defs[-1]
-        code = getattr(d.func, "__code__", None)
-        if name in SLURM_FIXTURES or not (code and code.co_filename.startswith(str(TESTS))):
-            continue  # pytest's own (tmp_path_factory, ...) share nothing that costs a run
-        if d.scope == "session":
-            keys.add(name)
-        elif d.scope == "module":
-            keys.add(f"module {item.module.__name__}")
-    return keys
-
-
-def xdist_groups(items) -> dict:
-    """Each item's xdist group (None: free to run on any worker): tests that share anything,
-    directly or through a third, are in one group, "slurm" where it holds the SLURM tests, else
-    named by its first key in sort order."""
-    root: dict[str, str] = {}
-
-    def find(k: str) -> str:
-        while root.setdefault(k, k) != k:
-            k = root[k]
-        return k
-
-    shared = {item: sorted(_shared(item)) for item in items}
-    for keys in shared.values():
-        for k in keys[1:]:
-            a, b = sorted((find(k), find(keys[0])), key=lambda r: (r != "slurm", r))
-            root[b] = a
-    return {item: find(keys[0]) if keys else None for item, keys in shared.items()}
-
-
 def pytest_collection_modifyitems(config, items):
-    groups = xdist_groups(items)
     # The lab's tests after the other SLURM tests: the lab cluster replaces the one-node cluster
     # while it is up, and is brought up once (lab_cluster). (xdist hands out its groups largest
     # first, the SLURM group first of all: its jobs wait on the controller while the other
     # worker computes.)
     items.sort(key=lambda item: "lab_cluster" in getattr(item, "fixturenames", ()))
     for item in items:
-        if groups[item]:
-            item.add_marker(pytest.mark.xdist_group(groups[item]))
         used = set(getattr(item, "fixturenames", ()))
         if used & DAG_FIXTURES:
             item.add_marker(pytest.mark.dag)
@@ -208,45 +161,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.training)
         if used & SLOW_FIXTURES or any(item.get_closest_marker(m) for m in RUN_MARKERS):
             item.add_marker(pytest.mark.slow)
-
-
-@contextlib.contextmanager
-def beside_others(alone: bool):
-    """Under pytest-xdist, a test marked `alone` (it asserts on measured times) waits for the
-    other worker's test to end, and holds the next one off until it ends: a writer's lock of
-    two files (fcntl.flock), the gate taken first so that no new test slips in while an
-    `alone` one waits for the room. Without xdist, nothing runs beside a test anyway."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
-        yield
-        return
-    import fcntl
-    import tempfile
-
-    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(room, fcntl.LOCK_UN)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    with beside_others(alone=item.get_closest_marker("alone") is not None):
-        return (yield)
-
-
-def pytest_sessionfinish(session):
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run and not hasattr(session.config, "workerinput"):  # the controller, after its workers
-        import tempfile
-
-        for end in ("gate", "room"):
-            (Path(tempfile.gettempdir()) / f"tula-suite-{run}.{end}").unlink(missing_ok=True)
 
 
 def snakemake(workdir, *args, env=None, timeout=900):

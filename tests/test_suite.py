@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, beside_others
+from conftest import ROOT
+from sharing import beside_others
 
 REPORT = """
 import json, os, pytest
@@ -19,25 +20,31 @@ import json, os, pytest
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     rows = {}
-    for it in items:
-        m = it.get_closest_marker("xdist_group")
-        rows[it.nodeid] = {"group": m.args[0] if m else None, "fixtures": list(it.fixturenames),
-                           "alone": it.get_closest_marker("alone") is not None}
-    with open(os.environ["GROUPS_OUT"], "w") as f:
+    for it in items:  # as an xdist worker sees them: the group at the end of the id
+        nodeid, _, group = it.nodeid.partition("@")
+        rows[nodeid] = {"group": group or None, "fixtures": list(it.fixturenames),
+                        "alone": it.get_closest_marker("alone") is not None}
+    with open(os.environ["GROUPS_OUT"] + os.environ.get("PYTEST_XDIST_WORKER", ""), "w") as f:
         json.dump(rows, f)
+    config.hook.pytest_deselected(items=items[:])  # seen, not run
+    items[:] = []
 """
 
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
-    """The whole suite's items as conftest groups them (a collection in a fresh process)."""
+    """The whole suite's items as `make test`'s xdist workers see them: each collects it
+    (a collection with two workers) and sends xdist the group at the end of each test's id."""
     d = tmp_path_factory.mktemp("groups")
     (d / "groups_report.py").write_text(REPORT)
     env = dict(os.environ, PYTHONPATH=str(d), GROUPS_OUT=str(d / "groups.json"))
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "groups_report", "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "groups_report", "-p", "no:cacheprovider"]
+    cmd += ["-n", "2", "--dist", "loadgroup", "tests"]  # (xdist has no --collect-only)
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads((d / "groups.json").read_text())
+    assert r.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, r.stdout[-3000:] + r.stderr[-3000:]
+    seen = [json.loads((d / f"groups.jsongw{i}").read_text()) for i in (0, 1)]
+    assert seen[0] == seen[1]  # xdist requires it: both workers collect the same
+    return seen[0]
 
 
 def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_worker(collected):

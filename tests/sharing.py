@@ -1,0 +1,128 @@
+"""How `make test`'s two pytest-xdist workers share this machine (a pytest plugin, loaded by
+conftest.py).
+
+`make test` runs the suite on two workers (-n 2 --dist loadgroup), which share this machine's
+two cores: one worker's SLURM jobs, process starts and rendezvous wait while the other
+computes. What the two must not do twice, or at once, is kept on one worker by its xdist
+group (xdist_groups): every test of the SLURM clusters (the lab replaces the one-node cluster
+while it is up), every reader of a shared session run (finished_run), every test of a module
+whose module-scoped run it shares. A test marked `alone` (it asserts on measured times) runs
+with no other test beside it (beside_others)."""
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+SLURM_FIXTURES = {"slurm_cluster", "lab_cluster"}
+
+
+def _shared(item) -> set[str]:
+    """What ``item`` shares with other tests: "slurm", its session-scoped runs, its module's."""
+    keys = set()
+    if set(item.fixturenames) & SLURM_FIXTURES or item.get_closest_marker("slurm"):
+        keys.add("slurm")
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
+        d = defs[-1]
+        code = getattr(d.func, "__code__", None)
+        if name in SLURM_FIXTURES or not (code and code.co_filename.startswith(str(TESTS))):
+            continue  # pytest's own (tmp_path_factory, ...) share nothing that costs a run
+        if d.scope == "session":
+            keys.add(name)
+        elif d.scope == "module":
+            keys.add(f"module {item.module.__name__}")
+    return keys
+
+
+def xdist_groups(items) -> dict:
+    """Each item's xdist group (None: free to run on any worker): tests that share anything,
+    directly or through a third, are in one group, "slurm" where it holds the SLURM tests, else
+    named by its first key in sort order."""
+    root: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while root.setdefault(k, k) != k:
+            k = root[k]
+        return k
+
+    shared = {item: sorted(_shared(item)) for item in items}
+    for keys in shared.values():
+        for k in keys[1:]:
+            a, b = sorted((find(k), find(keys[0])), key=lambda r: (r != "slurm", r))
+            root[b] = a
+    return {item: find(keys[0]) if keys else None for item, keys in shared.items()}
+
+
+# first: xdist's worker writes the xdist_group markers into the test ids in its own hook
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item, group in xdist_groups(items).items():
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+LOST = (
+    "pytest-xdist did not take this test's xdist_group, so it could run beside a test it must "
+    "not (pytest-xdist#1386: pytest 9.2 ignores the id xdist 3.8 writes). Install pytest<9.2 "
+    "(pyproject's dev extra, which make test installs, keeps it there) or run the suite in one "
+    "process: TEST_WORKERS=0 make test."
+)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_groups_taken(config, items):
+    """A test whose id lacks its group would run on either worker: a SLURM test beside the
+    lab, a shared run made twice. Each such test fails at its setup, saying why, before it
+    runs anything."""
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):
+        for item in items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[LOST_KEY] = True
+
+
+LOST_KEY = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item):
+    if item.stash.get(LOST_KEY, False):
+        pytest.fail(LOST, pytrace=False)
+
+
+@contextlib.contextmanager
+def beside_others(alone: bool):
+    """Under pytest-xdist, a test marked `alone` (it asserts on measured times) waits for the
+    other worker's test to end, and holds the next one off until it ends: a writer's lock of
+    two files (fcntl.flock), the gate taken first so that no new test slips in while an
+    `alone` one waits for the room. Without xdist, nothing runs beside a test anyway."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    import fcntl
+
+    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with beside_others(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+def pytest_sessionfinish(session):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run and not hasattr(session.config, "workerinput"):  # the controller, after its workers
+        for end in ("gate", "room"):
+            (Path(tempfile.gettempdir()) / f"tula-suite-{run}.{end}").unlink(missing_ok=True)
