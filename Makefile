@@ -6,7 +6,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
-# make test's pytest-xdist workers (tests/conftest.py: what they must not share, and the tests
+# make test's pytest-xdist workers (tests/sharing.py: what they must not share, and the tests
 # that run alone); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup

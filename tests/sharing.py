@@ -92,6 +92,12 @@ def pytest_runtest_setup(item):
         pytest.fail(LOST, pytrace=False)
 
 
+def lock_files(run: str) -> tuple[Path, Path]:
+    """The gate and the room of one xdist run (its PYTEST_XDIST_TESTRUNUID)."""
+    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
+    return Path(f"{base}.gate"), Path(f"{base}.room")
+
+
 @contextlib.contextmanager
 def beside_others(alone: bool):
     """Under pytest-xdist, a test marked `alone` (it asserts on measured times) waits for the
@@ -104,8 +110,8 @@ def beside_others(alone: bool):
         return
     import fcntl
 
-    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
+    gate_file, room_file = lock_files(run)
+    with open(gate_file, "a") as gate, open(room_file, "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(gate, fcntl.LOCK_UN)
@@ -124,5 +130,5 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run and not hasattr(session.config, "workerinput"):  # the controller, after its workers
-        for end in ("gate", "room"):
-            (Path(tempfile.gettempdir()) / f"tula-suite-{run}.{end}").unlink(missing_ok=True)
+        for f in lock_files(run):
+            f.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""How `make test` shares this machine between its two pytest-xdist workers (conftest.py): what
+"""How `make test` shares this machine between its two pytest-xdist workers (sharing.py): what
 must not happen twice or at once is kept in one xdist group, and a test marked `alone` has the
 machine to itself."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from sharing import beside_others
+from sharing import beside_others, lock_files
 
 REPORT = """
 import json, os, pytest
@@ -70,16 +70,14 @@ def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_work
     assert all(r["alone"] for k, r in collected.items() if k.startswith("tests/test_netlab.py"))
 
 
-def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypatch, tmp_path):
+def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypatch):
     """Three threads as three workers' tests: A (shared) runs; B (alone) asks and waits for it;
     C (shared), asked for while B waits, starts only once B has ended, not beside A or B."""
     import fcntl
-    import tempfile
-    from pathlib import Path
 
     run = f"locktest{os.getpid()}"
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
-    base = Path(tempfile.gettempdir()) / f"tula-suite-{run}"
+    gate, room = lock_files(run)
     spans: dict[str, tuple[float, float]] = {}
     release_a = threading.Event()
 
@@ -90,9 +88,9 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
                 release_a.wait(10)
             spans[name] = (t0, time.monotonic())
 
-    def held(end: str) -> bool:
-        """Someone holds base.END (a try of an exclusive lock fails at once)."""
-        with open(f"{base}.{end}", "a") as f:
+    def held(path) -> bool:
+        """Someone holds the lock of ``path`` (a try of an exclusive lock fails at once)."""
+        with open(path, "a") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -108,9 +106,9 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
 
     threads = {n: threading.Thread(target=test, args=(n, n == "b")) for n in "abc"}
     threads["a"].start()
-    until(lambda: held("room"))  # A runs
+    until(lambda: held(room))  # A runs
     threads["b"].start()
-    until(lambda: held("gate"))  # B waits for the room, holding the gate
+    until(lambda: held(gate))  # B waits for the room, holding the gate
     threads["c"].start()
     time.sleep(0.2)  # C's chance to start beside them, were the lock wrong
     release_a.set()
@@ -118,8 +116,8 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
         t.join(timeout=10)
     assert spans["b"][0] >= spans["a"][1]  # B began after A ended
     assert spans["c"][0] >= spans["b"][1]  # C waited for B: no test beside an alone one
-    for end in ("gate", "room"):
-        Path(f"{base}.{end}").unlink()
+    gate.unlink()
+    room.unlink()
 
 
 def test_without_xdist_nothing_waits(monkeypatch):
