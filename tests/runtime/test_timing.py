@@ -134,6 +134,51 @@ def test_a_lead_in_step_runs_untimed_before_each_round_on_a_host_clock():
     assert t.arms["step"].mean() < 0.01 and t.arms["compute"].mean() < 0.01
 
 
+class ShortEpoch:
+    """A replica's steps through an epoch of three (its first, one plain, its short last batch),
+    run at once; it logs each step's kind."""
+
+    KINDS = ("start", "plain", "partial")
+
+    def __init__(self, log: list):
+        self.i, self.log = 0, log
+
+    def next_steps(self, steps: int) -> tuple[int, str]:
+        kind = self.KINDS[self.i % 3]
+        self.i += 1
+        self.log.append(kind)
+        return 1, kind
+
+    def cycle_place(self) -> tuple[int, int]:
+        return self.i % 3, 0
+
+
+def test_rounds_as_long_as_the_epoch_are_rotated_so_that_each_arm_meets_every_kind():
+    """A lead-in and two arms on an epoch of 3 steps: without rotation each arm meets one kind
+    for ever (the compute arm never a plain step); the probe's lead-in adds one untimed synced
+    step where a round would start where the last one did, so both arms meet all three."""
+    from tula.runtime.probe_timing import synced_lead_in
+
+    met = {}
+    for rotate in (False, True):
+        steps: list = []
+        rep, led = ShortEpoch(steps), {}
+        arms = {"step": rep.next_steps, "compute": rep.next_steps}
+        lead = synced_lead_in(rep, led, rotate=rotate)
+        t = StepTimer(HostClock(), Target(0.5, 12, 0.0)).run(arms, lead_in=lead)
+        met[rotate] = {
+            a: {"plain": s.n_steps, **{k: len(v) for k, v in s.other.items()}}
+            for a, s in t.arms.items()
+        }
+        rounds = sum(met[rotate]["step"].values())  # the synced arm's samples, one a round
+        assert sum(led.values()) == len(steps) - 2 * rounds  # every untimed step is counted
+        if rotate:  # one extra lead-in step every other round, no more
+            assert rounds <= sum(led.values()) <= rounds + rounds // 2 + 1
+    assert met[False]["compute"].get("plain", 0) == 0 and len(met[False]["step"]) == 1
+    for arm in met[True].values():
+        assert all(arm.get(k, 0) >= 3 for k in ShortEpoch.KINDS), met[True]
+
+
 def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     """Steps of 4 ms with 20 % jitter: 2.5 % precision needs about (2 x 0.2 / 0.025)^2 = 256
     steps; the timer stops once both arms are within it, and the means are that close."""

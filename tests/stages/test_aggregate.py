@@ -109,9 +109,10 @@ def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):
 
 
 def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tmp_path):
-    """timed_s = the timed steps' seconds (synced, compute-only, the sweep's ok batches: a mean x
-    its steps); probe_efficiency = timed_s / wall_s; a failed probe bought none; the report's
-    precision section sums the campaign. The probe job's job.json names its records."""
+    """timed_s = the timed steps' seconds (synced, compute-only with the other kinds each arm
+    timed, the sweep's ok batches: a mean x its steps); probe_efficiency = timed_s / wall_s; a
+    failed probe bought none; the report's precision section sums the campaign. The probe
+    job's job.json names its records."""
     from tula.stages.report.trust import precision_section
 
     sweep = [
@@ -119,6 +120,7 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
         {"local_batch": 128, "status": "oom", "error": "out of memory"},
     ]
     timing = dict(step_timed_steps=40, compute_timed_steps=30, wall_s=10.0, sweep=sweep)
+    timing.update(step_other_steps={"start": 3, "partial": 2}, compute_other_steps={"start": 1})
     job = tmp_path / "N2"
     write_json(job / "B64.json", probe_record(2, 64, **timing))
     write_json(job / "B32.json", probe_record(2, 32, "error", error="boom", wall_s=6.0))
@@ -129,7 +131,7 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     aggregate.run([job / "job.json"], out)
     df = pd.read_csv(out)
     ok = df[(df["source"] == "probe") & (df["status"] == "ok")].iloc[0]
-    assert abs(ok["timed_s"] - (0.02 * 40 + 0.015 * 30 + 0.01 * 6)) < 1e-12
+    assert abs(ok["timed_s"] - (0.02 * (40 + 5) + 0.015 * (30 + 1) + 0.01 * 6)) < 1e-12
     assert abs(ok["probe_efficiency"] - ok["timed_s"] / 10.0) < 1e-12
     failed = df[df["status"] == "error"].iloc[0]
     assert pd.isna(failed["timed_s"]) and pd.isna(failed["probe_efficiency"])
@@ -139,7 +141,7 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     html = precision_section(df)
     assert (
         "The probe campaign: 2 probe(s) in 1 job(s), one per N, ran 16.0 s (their workers' wall, "
-        "summed; 8.0 s a probe) for 1.3 s of timed steps: <b>8 %</b> of what the probes cost "
+        "summed; 8.0 s a probe) for 1.4 s of timed steps: <b>9 %</b> of what the probes cost "
         "bought a measurement" in html
     )
     assert sorted(df.loc[df["source"] == "probe", "global_batch"]) == [32, 64] and (

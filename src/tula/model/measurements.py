@@ -52,8 +52,9 @@ decode, the one the probe measured faster and read with (cpu | gpu), and decode_
 memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
 estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
 relative error against the measured peak ((estimate - measured) / measured). On probe rows,
-what the probe job spent timing: timed_s, the seconds of its timed steps (synced, compute-only
-and its sweep's, each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of
+what the probe job spent timing: timed_s, the seconds of its timed steps (synced, compute-only,
+with the epoch starts and short last batches each arm timed, and its sweep's, each a mean x its
+steps), and probe_efficiency = timed_s / wall_s, the share of
 the probe's wall that bought a measurement; the rest is start-up, first steps, evaluation and
 checkpoints (the report sums it over the campaign). One job probes every batch of an N in one
 process: wall_s is the point's own time in it plus an equal share of what the job paid once

@@ -50,7 +50,10 @@ def compute_only(replica: Replica) -> Run:
 
 
 def synced_lead_in(
-    replica: Replica, counts: dict[str, int] | None = None, until_plain: int = 0
+    replica: Replica,
+    counts: dict[str, int] | None = None,
+    until_plain: int = 0,
+    rotate: bool = False,
 ) -> Run:
     """The untimed synced steps that lead a timed step, so that it follows what every training
     step follows: a step that synced. Back to back, compute-only steps read 10-20 % under what
@@ -61,7 +64,15 @@ def synced_lead_in(
     ``counts``: the steps run, added by kind. ``until_plain``: up to that many more single
     steps while the next block is not plain (an epoch's short last batch, its first, an AGS
     refresh), so that the sweep's timed blocks fall on full batches about as often as without
-    a lead-in; the probe's timer keeps 0, as its arms time the kinds training pays."""
+    a lead-in; the probe's timer keeps 0, as its arms time the kinds training pays.
+
+    ``rotate`` (the probe's timer): where a round would start at the same place of the epoch
+    (and of the AGS refreshes) as the round before, one more synced step leads it. A round as
+    long as the epoch (a lead-in and two arms, an epoch of 3 steps: its first, one plain, its
+    short last batch) would otherwise give each arm one kind of step for ever, and the arm that
+    never met a plain step would be timed at epoch starts alone (:func:`starts_alike`), its
+    other steps set aside."""
+    before: tuple[int, int] | None = None  # where the last round started
 
     def synced(steps: int) -> tuple[int, str]:
         n, kind = replica.next_steps(steps)
@@ -70,6 +81,12 @@ def synced_lead_in(
         return n, kind
 
     def run(steps: int) -> tuple[int, str]:
+        nonlocal before
+        if rotate:
+            here = replica.cycle_place()
+            if here == before:
+                synced(1)
+            before = here
         led = synced(steps)
         for _ in range(until_plain):
             if replica.plain_steps_ahead() >= steps:
@@ -132,7 +149,7 @@ def time_steps(
 
     arms = {"step": replica.next_steps, "compute": compute}
     led: dict[str, int] = {}  # the rounds' untimed synced lead-in steps, by kind
-    timing = timer.run(arms, on_check=shown, lead_in=synced_lead_in(replica, led))
+    timing = timer.run(arms, on_check=shown, lead_in=synced_lead_in(replica, led, rotate=True))
     starts_alike(replica, timing, arms)
     return timing, {**extra_kinds(replica, timing), "lead_in": led}
 

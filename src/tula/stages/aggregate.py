@@ -68,15 +68,17 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
 
 
 def timed_seconds(record: dict) -> float | None:
-    """Seconds of timed steps a probe job bought: its synced and compute-only steps at (N, B)
-    and its sweep's compute-only steps (each a mean x the steps it is over). None where the
-    probe measured nothing."""
+    """Seconds of timed steps a probe job bought: its synced and compute-only steps at (N, B),
+    the plain ones and the other kinds each arm timed and weighed into its mean (epoch starts,
+    short last batches, AGS refreshes: ``*_other_steps``), and its sweep's compute-only steps
+    (each a mean x the steps it is over). None where the probe measured nothing."""
     if record.get("status") != "ok":
         return None
     total = 0.0
     for kind in ("step", "compute"):
         t, k = record.get(f"{kind}_time_s"), record.get(f"{kind}_timed_steps")
-        total += (t or 0.0) * (k or 0)
+        k = (k or 0) + sum((record.get(f"{kind}_other_steps") or {}).values())
+        total += (t or 0.0) * k
     for sw in record.get("sweep") or []:
         if sw.get("status") == "ok":
             total += (sw.get("compute_time_s") or 0.0) * (sw.get("compute_timed_steps") or 0)
