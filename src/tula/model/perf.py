@@ -16,7 +16,7 @@ residual beside its measured noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -178,9 +178,16 @@ def _choose(
     noise: np.ndarray | None,
     weights: np.ndarray | None,
 ) -> Fitted:
-    """The best of ``forms`` by held-out error, or ``kept``'s form fitted again (a resample)."""
+    """The best of ``forms`` by held-out error, or ``kept``'s form fitted again (a resample),
+    started from ``kept``'s parameters alone (a resample's optimum is near them: the form's
+    several starts cost the choice's resamples most of their time), from the form's own starts
+    only where that fails."""
     if kept is not None:
-        return curvefit.fit(kept.form, X, y, noise, weights)
+        near = replace(kept.form, starts=lambda X, y: [np.asarray(kept.theta, float)])
+        try:
+            return replace(curvefit.fit(near, X, y, noise, weights), form=kept.form)
+        except ValueError:  # no convergence from there: the form's own starts
+            return curvefit.fit(kept.form, X, y, noise, weights)
     return curvefit.choose(forms, X, y, what, noise, weights)
 
 

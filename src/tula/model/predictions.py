@@ -212,16 +212,18 @@ def first_steps(
     first, short = one_off_extras(ok, d)
     out = []
     batch = ok["global_batch"]
+    at_n = {at: ok["workers"] == at for at in set(n0)}
+    firsts = {at: _per_batch(first[h], batch[h]) for at, h in at_n.items()}
+    shorts = {at: _per_batch(short[h], batch[h]) for at, h in at_n.items()}
     for k, b, at, t in zip(counts, df["global_batch"], n0, df["step_time_s"]):
-        here = ok["workers"] == at
-        full_x = _at_batch(first[here], batch[here], b)
+        full_x = _at_batch(firsts[at], b)
         out.append(k * float(t) + (full_x or 0.0))
         if k > 1:
             # a new shape's own cost: measured at this N, else at any, else (nothing measured
             # it) the first step's where each shape builds its own kernels, none where it does not
-            short_x = _at_batch(short[here], batch[here], b)
+            short_x = _at_batch(shorts[at], b)
             if short_x is None:
-                short_x = _at_batch(short, batch, b)
+                short_x = _at_batch(_per_batch(short, batch), b)
             if short_x is None:
                 short_x = (full_x or 0.0) if builds_per_shape else 0.0
             out[-1] += (k - 1) * short_x
@@ -251,10 +253,14 @@ def one_off_extras(ok: pd.DataFrame, train_samples: int | None) -> tuple[pd.Seri
     return first.clip(lower=0.0), short.clip(lower=0.0)
 
 
-def _at_batch(extra: pd.Series, batch: pd.Series, b: int) -> float | None:
-    """``extra`` (one value per probe at global batch ``batch``) read at ``b``: the median at
-    each probed B, linear in log B between them and the nearest's beyond; None if none."""
-    per_b = extra.groupby(batch).median().dropna()
+def _per_batch(extra: pd.Series, batch: pd.Series) -> pd.Series:
+    """``extra`` (one value per probe at global batch ``batch``): its median at each probed B."""
+    return extra.groupby(batch).median().dropna()
+
+
+def _at_batch(per_b: pd.Series, b: int) -> float | None:
+    """A :func:`_per_batch` curve read at ``b``: linear in log B between the probed B's, the
+    nearest's beyond them; None where it has none."""
     if per_b.empty:
         return None
     return float(np.interp(math.log2(b), np.log2(per_b.index.to_numpy(float)), per_b.to_numpy()))
