@@ -120,7 +120,9 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
         {"local_batch": 128, "status": "oom", "error": "out of memory"},
     ]
     timing = dict(step_timed_steps=40, compute_timed_steps=30, wall_s=10.0, sweep=sweep)
-    timing.update(step_other_steps={"start": 3, "partial": 2}, compute_other_steps={"start": 1})
+    # the kinds each arm's mean weighed in count; steps set aside (compute's plain) do not
+    timing.update(step_other_steps={"start": 3, "partial": 2}, compute_other_steps={"plain": 9})
+    timing.update(step_halfwidth_mix={"start": 0.1, "partial": 0.1}, compute_halfwidth_mix=None)
     job = tmp_path / "N2"
     write_json(job / "B64.json", probe_record(2, 64, **timing))
     write_json(job / "B32.json", probe_record(2, 32, "error", error="boom", wall_s=6.0))
@@ -131,7 +133,7 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     aggregate.run([job / "job.json"], out)
     df = pd.read_csv(out)
     ok = df[(df["source"] == "probe") & (df["status"] == "ok")].iloc[0]
-    assert abs(ok["timed_s"] - (0.02 * (40 + 5) + 0.015 * (30 + 1) + 0.01 * 6)) < 1e-12
+    assert abs(ok["timed_s"] - (0.02 * (40 + 5) + 0.015 * 30 + 0.01 * 6)) < 1e-12
     assert abs(ok["probe_efficiency"] - ok["timed_s"] / 10.0) < 1e-12
     failed = df[df["status"] == "error"].iloc[0]
     assert pd.isna(failed["timed_s"]) and pd.isna(failed["probe_efficiency"])

@@ -69,15 +69,17 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
 
 def timed_seconds(record: dict) -> float | None:
     """Seconds of timed steps a probe job bought: its synced and compute-only steps at (N, B),
-    the plain ones and the other kinds each arm timed and weighed into its mean (epoch starts,
-    short last batches, AGS refreshes: ``*_other_steps``), and its sweep's compute-only steps
-    (each a mean x the steps it is over). None where the probe measured nothing."""
+    the plain ones and those of the other kinds each arm weighed into its mean (epoch starts,
+    short last batches, AGS refreshes: the kinds of ``*_halfwidth_mix``), and its sweep's
+    compute-only steps (each a mean x the steps it is over). Steps timed and set aside (an
+    arm judged at epoch starts alone) bought nothing. None where the probe measured nothing."""
     if record.get("status") != "ok":
         return None
     total = 0.0
     for kind in ("step", "compute"):
-        t, k = record.get(f"{kind}_time_s"), record.get(f"{kind}_timed_steps")
-        k = (k or 0) + sum((record.get(f"{kind}_other_steps") or {}).values())
+        t, k = record.get(f"{kind}_time_s"), record.get(f"{kind}_timed_steps") or 0
+        other = record.get(f"{kind}_other_steps") or {}
+        k += sum(other.get(m, 0) for m in record.get(f"{kind}_halfwidth_mix") or {})
         total += (t or 0.0) * k
     for sw in record.get("sweep") or []:
         if sw.get("status") == "ok":
