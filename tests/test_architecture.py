@@ -238,8 +238,8 @@ def test_the_formatter_decides_the_layout():
 # Objects that are not Tula's own, whose fields their library's interface is to set, and the
 # one class whose module sets its field beside it: (module, the assignment's target) -> why.
 FOREIGN_FIELDS = {
-    ("runtime/data.py", "args.num_samples"): "mnist1d's settings object",
-    ("runtime/data.py", "args.seed"): "mnist1d's settings object",
+    ("runtime/builtin_sets.py", "args.num_samples"): "mnist1d's settings object",
+    ("runtime/builtin_sets.py", "args.seed"): "mnist1d's settings object",
     ("runtime/dist.py", "torch.backends.cudnn.benchmark"): "torch's global switch",
     ("runtime/methods.py", "ddp.tula_polo_state"): "torch's DDP keeps no comm hook state itself",
     ("runtime/methods.py", "state.iter"): "torch's PostLocalSGDState counts in its own field",

@@ -26,6 +26,42 @@ def test_mnist1d_generated_locally():
     assert ds.input_shape == (1, 40) and ds.train_size == 400 and ds.num_classes == 10
 
 
+def test_a_built_in_set_is_made_once_then_read_from_the_cache_as_the_library_made_it(
+    tmp_path, monkeypatch
+):
+    """digits made by scikit-learn once, kept in TULA_CACHE_DIR (group-readable as the umask
+    allows), then read back identical by a fresh process that never imports scikit-learn; a
+    damaged file is made again; a cache that cannot be written still gives the arrays."""
+    import os
+    import subprocess
+    import sys
+
+    from tula.io import current_umask
+    from tula.runtime import builtin_sets
+
+    monkeypatch.setenv("TULA_CACHE_DIR", str(tmp_path / "cache"))
+    made = builtin_sets._make_digits(3)
+    first = builtin_sets.digits(3)
+    (kept,) = (tmp_path / "cache").glob("digits-seed3-sklearn*.npz")
+    assert kept.stat().st_mode & 0o777 == 0o666 & ~current_umask()
+    read = builtin_sets.digits(3)
+    for a, b, c in zip(made, first, read):
+        assert a.dtype == c.dtype and np.array_equal(a, b) and np.array_equal(a, c)
+    fresh = (
+        "import sys; from tula.runtime import builtin_sets as s; a = s.digits(3); "
+        "print(len(a[0]), 'sklearn' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", fresh], capture_output=True, text=True, env=dict(os.environ)
+    )
+    assert out.stdout.split() == ["1437", "False"], out.stderr
+    kept.write_bytes(kept.read_bytes()[:100])  # a torn file: made again, whole
+    assert all(np.array_equal(a, b) for a, b in zip(made, builtin_sets.digits(3)))
+    assert all(np.array_equal(a, b) for a, b in zip(made, builtin_sets.digits(3)))
+    monkeypatch.setenv("TULA_CACHE_DIR", str(kept / "not-a-dir"))  # under a file: unwritable
+    assert all(np.array_equal(a, b) for a, b in zip(made, builtin_sets.digits(3)))
+
+
 def test_npz_dataset_and_its_errors(tmp_path):
     rng = np.random.default_rng(0)
     good = tmp_path / "d.npz"

@@ -5,6 +5,7 @@ Sources (config key ``workload.dataset``):
 
 - ``digits``: scikit-learn's 8x8 handwritten digits (ships inside scikit-learn), 1 x 8 x 8.
 - ``mnist1d``: the MNIST-1D benchmark generated locally by the `mnist1d` package, 1 x 40.
+  These two are made once and then read from a cache (:mod:`tula.runtime.builtin_sets`).
 - ``npz:<path>``: arrays ``x_train, y_train, x_test, y_test``; x is (n, L), (n, H, W),
   (n, C, L) or (n, C, H, W) (channels first); y holds class ids 0..K-1.
   These three are held in memory and standardised with the training set's mean and std.
@@ -33,6 +34,7 @@ from torch.utils.data import default_collate
 
 from tula.config import Config, ConfigError, Data, Workload
 from tula.dataset_paths import NPZ_KEYS, check_npz_file
+from tula.runtime import builtin_sets
 
 KEY = "config key 'workload.dataset'"
 
@@ -74,35 +76,6 @@ class Batched(tuple):
 
 def collate(data: Any) -> Any:
     return tuple(data) if isinstance(data, Batched) else default_collate(data)
-
-
-def _split(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float = 0.2):
-    from sklearn.model_selection import train_test_split
-
-    return train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
-
-
-def _digits(seed: int):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = d.images.astype(np.float32)[:, None, :, :]  # (n, 1, 8, 8)
-    return _split(x, d.target.astype(np.int64), seed)
-
-
-def _mnist1d(samples: int, seed: int):
-    from mnist1d.data import get_dataset_args, make_dataset
-
-    args = get_dataset_args()
-    args.num_samples = samples
-    args.seed = seed
-    d = make_dataset(args)
-    return (
-        d["x"].astype(np.float32)[:, None, :],
-        d["x_test"].astype(np.float32)[:, None, :],
-        np.asarray(d["y"], dtype=np.int64),
-        np.asarray(d["y_test"], dtype=np.int64),
-    )
 
 
 def _npz(path: str):
@@ -307,9 +280,9 @@ def load(w: Workload, d: Data) -> WorkloadData:
     """The datasets of ``workload.dataset``; a mistake raises a ConfigError naming it."""
     spec = w.dataset
     if spec == "digits":
-        train, test = _in_memory(*_digits(w.seed))
+        train, test = _in_memory(*builtin_sets.digits(w.seed))
     elif spec == "mnist1d":
-        train, test = _in_memory(*_mnist1d(w.mnist1d_samples, w.seed))
+        train, test = _in_memory(*builtin_sets.mnist1d(w.mnist1d_samples, w.seed))
     elif spec.startswith("npz:"):
         train, test = _in_memory(*_npz(spec[4:]))
     elif spec.startswith("imagefolder:"):
