@@ -345,11 +345,9 @@ class Replica(ReplicaState):
         return min(n, k - into) if into else 0
 
     def cycle_place(self) -> tuple[int, int]:
-        """Where the next step falls in training's cycles: its samples into the epoch (0 for an
-        epoch's first) and its place between mid-epoch AGS refreshes."""
-        offset = 0 if self.pos.offset == 0 or self.epoch_over() else self.pos.offset
-        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else None
-        return offset, (self.pos.step % k if k else 0)
+        """The next step's samples into its epoch (0: its first), its place between refreshes."""
+        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else 0
+        return 0 if self.epoch_over() else self.pos.offset, self.pos.step % k if k else 0
 
     def end_epoch(self) -> tuple[float, float, int]:
         """Close the epoch: (train loss, train accuracy, samples) over every rank; the next
