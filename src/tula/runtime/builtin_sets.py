@@ -30,6 +30,9 @@ from tula.io import atomic_write
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, x_test, y_train, y_test
 NAMES = ("x_train", "x_test", "y_train", "y_test")
+# in every cache file's name: raise it when how a set is made here changes (dtype, shape,
+# split), so that no file made the old way is read
+FORMAT = 1
 
 
 def cache_dir() -> Path:
@@ -43,7 +46,7 @@ def cache_dir() -> Path:
 def cached(name: str, make: Callable[[], Arrays]) -> Arrays:
     """The arrays of the cache file ``name`` (.npz), made by ``make`` and kept where missing or
     unreadable."""
-    path = cache_dir() / f"{name}.npz"
+    path = cache_dir() / f"{name}-v{FORMAT}.npz"
     try:
         with np.load(path) as z:
             return tuple(z[k] for k in NAMES)  # type: ignore[return-value]
