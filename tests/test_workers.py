@@ -61,11 +61,33 @@ def test_torchrun_starts_n_workers_with_the_worker_environment(
     )
     assert (res.returncode, res.timed_out) == (0, False) and res.wall_s > 0
     got = [json.loads(workers.result_path(tmp_path, r).read_text()) for r in (0, 1)]
-    assert [(g["rank"], g["world"], g["omp"], g["unbuffered"]) for g in got] == [
-        (0, 2, "1", "1"),
-        (1, 2, "1", "1"),
+    assert [(g["rank"], g["world"], g["omp"], g["unbuffered"], g["agent"]) for g in got] == [
+        (0, 2, "1", "1", True),
+        (1, 2, "1", "1", True),
     ]
     assert got[0]["pid"] != got[1]["pid"] != os.getpid()
+
+
+@pytest.mark.slow
+def test_one_worker_starts_by_itself_with_the_worker_environment(
+    tmp_path, user_pythonpath, monkeypatch
+):
+    """N = 1 off SLURM: no torchrun agent (no rendezvous to run; its start came before the
+    worker's), and the same environment."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    res = workers.start(
+        1, ["worker_report", "--result-dir", str(tmp_path)], threads_per_worker=1, timeout_s=120
+    )
+    assert (res.returncode, res.timed_out) == (0, False)
+    got = json.loads(workers.result_path(tmp_path, 0).read_text())
+    assert (got["rank"], got["world"], got["omp"], got["unbuffered"], got["agent"]) == (
+        0,
+        1,
+        "1",
+        "1",
+        False,
+    )
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ places it is started from:
 
 - :func:`start` runs it as ``srun --ntasks=N`` inside a SLURM allocation with enough tasks
   (the probe rule's job), else under ``torchrun --standalone --nproc-per-node N`` (this
-  machine); each worker finds its rank in the variables either sets
+  machine), or by itself where N is 1 (no agent: a group of one needs no rendezvous); each
+  worker finds its rank in the variables srun or torchrun sets, or none
   (:func:`tula.runtime.dist.worker_env`);
 - :func:`worker_environment` is the environment of every worker, probe and production
   alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
@@ -126,6 +127,22 @@ def run_srun(
     return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
 
 
+def run_one(
+    module_args: Sequence[str],
+    *,
+    threads_per_worker: int,
+    timeout_s: float,
+    deadline: Callable[[], float] | None = None,
+) -> LaunchResult:
+    """Run ``python -m <module_args>`` as the one worker of a world of one, with no agent: the
+    worker finds no launcher's variables and joins a group of itself on a free port
+    (:func:`tula.runtime.dist.worker_env`, "single"). torchrun's agent has no rendezvous to
+    run for one worker, and its start (its own torch import, 2-3 s of CPU on 2 cores) came
+    before the worker's: a one-worker probe or memory probe waited for it."""
+    cmd = [sys.executable, "-m", *module_args]
+    return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
+
+
 def start(
     nproc: int,
     module_args: Sequence[str],
@@ -135,11 +152,19 @@ def start(
     deadline: Callable[[], float] | None = None,
 ) -> LaunchResult:
     """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
-    tasks, else torchrun. ``deadline``: when the launch must end (epoch seconds), asked again
-    every POLL_S while it runs (a probe job's current point's own limit), within ``timeout_s``."""
+    tasks, else one worker by itself (:func:`run_one`), else torchrun. ``deadline``: when the
+    launch must end (epoch seconds), asked again every POLL_S while it runs (a probe job's
+    current point's own limit), within ``timeout_s``."""
     if slurm.in_allocation(nproc):
         return run_srun(
             nproc,
+            module_args,
+            threads_per_worker=threads_per_worker,
+            timeout_s=timeout_s,
+            deadline=deadline,
+        )
+    if nproc == 1:
+        return run_one(
             module_args,
             threads_per_worker=threads_per_worker,
             timeout_s=timeout_s,
