@@ -69,15 +69,21 @@ def test_torchrun_starts_n_workers_with_the_worker_environment(
 
 
 @pytest.mark.slow
-def test_one_worker_starts_by_itself_with_the_worker_environment(
-    tmp_path, user_pythonpath, monkeypatch
+@pytest.mark.parametrize("alone", [True, False])
+def test_one_worker_starts_by_itself_only_where_asked(
+    tmp_path, user_pythonpath, monkeypatch, alone
 ):
-    """N = 1 off SLURM: no torchrun agent (no rendezvous to run; its start came before the
-    worker's), and the same environment."""
+    """N = 1 off SLURM: the memory probe's worker (``one_alone``) starts with no torchrun agent
+    (no rendezvous to run; its start came before the worker's), in the same environment; the
+    timing probe's keeps torchrun, as at every other N."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     res = workers.start(
-        1, ["worker_report", "--result-dir", str(tmp_path)], threads_per_worker=1, timeout_s=120
+        1,
+        ["worker_report", "--result-dir", str(tmp_path)],
+        threads_per_worker=1,
+        timeout_s=120,
+        one_alone=alone,
     )
     assert (res.returncode, res.timed_out) == (0, False)
     got = json.loads(workers.result_path(tmp_path, 0).read_text())
@@ -86,7 +92,7 @@ def test_one_worker_starts_by_itself_with_the_worker_environment(
         1,
         "1",
         "1",
-        False,
+        not alone,
     )
 
 

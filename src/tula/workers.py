@@ -5,8 +5,8 @@ places it is started from:
 
 - :func:`start` runs it as ``srun --ntasks=N`` inside a SLURM allocation with enough tasks
   (the probe rule's job), else under ``torchrun --standalone --nproc-per-node N`` (this
-  machine), or by itself where N is 1 (no agent: a group of one needs no rendezvous); each
-  worker finds its rank in the variables srun or torchrun sets, or none
+  machine), or the memory probe's one worker by itself (no agent: a group of one needs no
+  rendezvous); each worker finds its rank in the variables srun or torchrun sets, or none
   (:func:`tula.runtime.dist.worker_env`);
 - :func:`worker_environment` is the environment of every worker, probe and production
   alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
@@ -138,7 +138,12 @@ def run_one(
     worker finds no launcher's variables and joins a group of itself on a free port
     (:func:`tula.runtime.dist.worker_env`, "single"). torchrun's agent has no rendezvous to
     run for one worker, and its start (its own torch import, 2-3 s of CPU on 2 cores) came
-    before the worker's: a one-worker probe or memory probe waited for it."""
+    before the worker's: the memory probe waited for it.
+
+    The timing probe keeps torchrun at N = 1 too: its steps are compared across N by the fits,
+    so every N is started alike. A worker that hosts the group's store itself (here, as under
+    submitit and srun) rather than an agent hosting it may step differently at small batches
+    (``bench/store_host.py``; not settled on 2 cores, BENCHMARKS.md)."""
     cmd = [sys.executable, "-m", *module_args]
     return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
 
@@ -150,11 +155,13 @@ def start(
     threads_per_worker: int,
     timeout_s: float,
     deadline: Callable[[], float] | None = None,
+    one_alone: bool = False,
 ) -> LaunchResult:
     """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
-    tasks, else one worker by itself (:func:`run_one`), else torchrun. ``deadline``: when the
-    launch must end (epoch seconds), asked again every POLL_S while it runs (a probe job's
-    current point's own limit), within ``timeout_s``."""
+    tasks, else torchrun, or with ``one_alone`` a single worker by itself (:func:`run_one`:
+    the memory probe, which times nothing). ``deadline``: when the launch must end (epoch
+    seconds), asked again every POLL_S while it runs (a probe job's current point's own
+    limit), within ``timeout_s``."""
     if slurm.in_allocation(nproc):
         return run_srun(
             nproc,
@@ -163,7 +170,7 @@ def start(
             timeout_s=timeout_s,
             deadline=deadline,
         )
-    if nproc == 1:
+    if nproc == 1 and one_alone:
         return run_one(
             module_args,
             threads_per_worker=threads_per_worker,

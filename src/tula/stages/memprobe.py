@@ -38,6 +38,7 @@ def _measure(
         + ["--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
         threads_per_worker=cfg.hardware.threads_per_worker,
         timeout_s=cfg.probe.timeout_s,
+        one_alone=True,  # it times nothing: no torchrun agent to wait for
     )
     res_path = workers.result_path(work, 0)
     res = (
