@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import psutil
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category
 
 from tula.runtime.agreement import agree
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 # each rank fails a try now and then (about one step in ten): 4 ranks fail one in three tries
 PROFILER_TRIES = 6
+# what the memory timeline calls the tensors that persist across steps
+PERSISTENT = (Category.PARAMETER, Category.OPTIMIZER_STATE)
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,13 @@ def cpu_step_peak_bytes(
 
     CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
     inside ``run_step`` (the training step itself, batch fetch included: memory timeline),
-    whose running peak is taken. Tensors that already exist before the step and persist
-    (parameters, optimizer state) are invisible to it and are added, counted exactly. DDP's
-    gradient buckets, allocated when DDP is built, are not seen on CPU (a constant,
-    independent of the batch); on CUDA the probe uses ``torch.cuda.max_memory_allocated``
-    instead, which sees everything.
+    whose running peak is taken. The timeline also holds the tensors that existed before
+    the step and that the step reads (parameters, optimizer state, a set kept on the device,
+    the last step's gradients); parameters and optimizer state it did not meet (a frozen
+    layer) are added, counted exactly, so that each is counted once. DDP's gradient buckets,
+    allocated when DDP is built, are not seen on CPU (a constant, independent of the batch);
+    on CUDA the probe uses ``torch.cuda.max_memory_allocated`` instead, which sees
+    everything.
     """
 
     with profile(
@@ -138,11 +143,13 @@ def cpu_step_peak_bytes(
         prof.export_memory_timeline(path, device="cpu")
         with open(path) as fh:
             _, sizes = json.load(fh)
-    transient = max((sum(s) for s in sizes), default=0)
+    at_peak = max(sizes, key=sum, default=[])
+    # the timeline's columns: "unknown", then torch's categories in _CATEGORY_TO_INDEX order
+    seen = sum(at_peak[_CATEGORY_TO_INDEX[c] + 1] for c in PERSISTENT) if at_peak else 0
     persistent = sum(_nbytes(p) for p in model.parameters()) + sum(
         _nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
     )
-    return int(transient + persistent)
+    return int(sum(at_peak) + max(0, persistent - seen))
 
 
 def step_peak_bytes(
