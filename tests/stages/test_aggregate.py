@@ -29,6 +29,7 @@ def probe_record(n, b, status="ok", **kw):
 def test_aggregate_keeps_failed_probes(tmp_path):
     files = []
     noisy = probe_record(2, 64, grad_noise_scale=150.0, grad_sq=0.3, grad_trace=45.0)
+    noisy["timed_steps"] = 20  # probe.timed_steps, as the probe ran: the precision's least steps
     for rec in (noisy, probe_record(1, 32), probe_record(2, 128, "oom", error="out of memory")):
         f = tmp_path / f"N{rec['workers']}_B{rec['global_batch']}.json"
         write_json(f, rec)
@@ -45,6 +46,7 @@ def test_aggregate_keeps_failed_probes(tmp_path):
         45.0,
     )
     assert back.loc[[0, 2], "grad_noise_scale"].isna().all()
+    assert back.loc[1, "precision_min_steps"] == 20 and pd.isna(back.loc[0, "precision_min_steps"])
 
 
 def test_sweep_memory_and_fallback_rows_each_say_what_they_are(tmp_path):

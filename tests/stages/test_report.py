@@ -289,6 +289,38 @@ def test_the_precision_table_names_the_points_that_missed_and_what_would_reach_t
     assert "1 of 2 points missed it" in html
 
 
+def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp_path):
+    """A probe whose half-widths are within the target but whose budget ran out before the
+    plain steps probe.timed_steps asks (an epoch of a few steps at a large B) missed its
+    precision for want of steps: the report and the end-of-run summary say so, and what would
+    reach it is those steps, not fewer than it timed."""
+    from tula.stages.report.trust import precision_section
+    from tula.stages.summary import _trust
+
+    row = dict(source="probe", status="ok", workers=1, global_batch=256, local_batch=256,
+               step_time_s=0.05, compute_time_s=0.04, step_time_halfwidth_rel=0.014,
+               compute_time_halfwidth_rel=0.012, step_timed_steps=7, compute_timed_steps=6,
+               precision_target=0.02, precision_min_steps=20, precision_reached=False)  # fmt: skip
+    m = pd.DataFrame([row])
+    html = precision_section(m)
+    # (1.4 / 2)^2 x 7 would be 3 steps: the 20 plain steps are what it lacks, 20 x 90 ms = 1.8 s
+    assert (
+        "N=1 B=256: &plusmn;1.4 % on 7 plain steps, under the 20 probe.timed_steps asks, "
+        "about 20 steps (~2s of timing)"
+    ) in html
+    # half-widths beyond the target on enough steps: the rule of the half-width alone
+    wide = precision_section(
+        pd.DataFrame([{**row, "step_time_halfwidth_rel": 0.08, "step_timed_steps": 30}])
+    )
+    assert "N=1 B=256: &plusmn;8.0 %, about 480 steps" in wide and "probe.timed_steps" not in wide
+    m.to_csv(tmp_path / "measurements.csv", index=False)
+    (line,) = _trust(tmp_path, {}, None)
+    assert "1 of 1 probes missed their precision: N1_B256 (±1.4 % on 7 steps of the 20" in line
+    m.assign(precision_min_steps=float("nan")).to_csv(tmp_path / "measurements.csv", index=False)
+    (line,) = _trust(tmp_path, {}, None)  # a table from before the column: the half-width alone
+    assert "N1_B256 (±1.4 %)" in line
+
+
 def test_the_host_section_says_below_which_batch_the_gpu_waits_for_python():
     from tula.stages.report.pace import host_section
 

@@ -40,28 +40,29 @@ input_bound (it took at least INPUT_BOUND, 80 %, of the step) and data_workers (
 each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
 step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
 relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the steps
-that mean is over; precision_target (probe.precision), precision_reached (both within it) and
-timing_stopped_by (precision | budget). ``tula fit`` weights each point by its half-width. The
-precision rule judges a step that spikes by its robust spread (:mod:`tula.runtime.precision`):
-step_spread (sd | mad) and step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel
-are the half-widths it judged (the fits weigh by the standard deviation's). On a device with a
-queue (CUDA): step_host_share, the host's time to queue a step over its time between the step's
-events, and host_bound (at least HOST_BOUND, 90 %: the device waited for Python). Where
-data.decode auto had two decoders to choose from (JPEGs on CUDA, :mod:`tula.runtime.decoding`):
-decode, the one the probe measured faster and read with (cpu | gpu), and decode_faster_by. On
-memory rows, where tula check estimated the step from the model alone (:mod:`tula.model.plan`):
-estimate_mem_bytes, the estimate's peak at that local batch, and estimate_mem_error, its
-relative error against the measured peak ((estimate - measured) / measured). On probe rows,
-what the probe job spent timing: timed_s, the seconds of its timed steps (synced, compute-only,
-with the epoch starts and short last batches each arm timed, and its sweep's, each a mean x its
-steps), and probe_efficiency = timed_s / wall_s, the share of
-the probe's wall that bought a measurement; the rest is start-up, first steps, evaluation and
+that mean is over; precision_target (probe.precision), precision_min_steps (probe.timed_steps:
+the plain steps each arm needs at least), precision_reached (both within the target on at least
+that many steps) and timing_stopped_by (precision | budget). ``tula fit`` weights each point by
+its half-width. The precision rule judges a step that spikes by its robust spread
+(:mod:`tula.runtime.precision`): step_spread (sd | mad) and step_spikes (the steps that spiked)
+say so, and *_halfwidth_judged_rel are the half-widths it judged (the fits weigh by the standard
+deviation's). On a device with a queue (CUDA): step_host_share, the host's time to queue a step
+over its time between the step's events, and host_bound (at least HOST_BOUND, 90 %: the device
+waited for Python). Where data.decode auto had two decoders to choose from (JPEGs on CUDA,
+:mod:`tula.runtime.decoding`): decode, the one the probe measured faster and read with (cpu |
+gpu), and decode_faster_by. On memory rows, where tula check estimated the step from the model
+alone (:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local batch, and
+estimate_mem_error, its relative error against the measured peak ((estimate - measured) /
+measured). On probe rows, what the probe job spent timing: timed_s, the seconds of its timed
+steps (synced, compute-only, with the epoch starts and short last batches each arm timed, and
+its sweep's, each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of the
+probe's wall that bought a measurement; the rest is start-up, first steps, evaluation and
 checkpoints (the report sums it over the campaign). One job probes every batch of an N in one
-process: wall_s is the point's own time in it plus an equal share of what the job paid once
-(its start-up, its process group), so a job's points sum to job_wall_s, the job's wall (its
-workers' start to end); fresh_process says whether the point's first steps were the process's
-own (the job's first point: what a production job pays at its start), and only those give the
-first step's extra its prediction (:func:`tula.model.predictions.one_off_extras`)."""
+process: wall_s is the point's own time in it plus an equal share of what the job paid once (its
+start-up, its process group), so a job's points sum to job_wall_s, the job's wall (its workers'
+start to end); fresh_process says whether the point's first steps were the process's own (the
+job's first point: what a production job pays at its start), and only those give the first
+step's extra its prediction (:func:`tula.model.predictions.one_off_extras`)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,7 @@ OPTIONAL = [
     "step_timed_steps",
     "compute_timed_steps",
     "precision_target",
+    "precision_min_steps",
     "precision_reached",
     "timing_stopped_by",
     "estimate_mem_bytes",
@@ -159,6 +161,15 @@ FILLED = {
     "sweep": ["workers", "global_batch", "local_batch", "compute_time_s"],
     "memory": ["workers", "global_batch", "local_batch", "peak_mem_bytes"],
 }
+
+
+def short_of_steps(row: pd.Series) -> int | None:
+    """probe.timed_steps (precision_min_steps) where a probe row has fewer plain steps than
+    that: it cannot have reached its precision, whatever its half-widths (the budget ran out
+    first). None otherwise, or where the row does not say."""
+    least = pd.to_numeric(row.get("precision_min_steps"), errors="coerce")
+    steps = pd.to_numeric(row.get("step_timed_steps"), errors="coerce")
+    return int(least) if least == least and steps == steps and steps < least else None
 
 
 def load(path: str | Path) -> pd.DataFrame:

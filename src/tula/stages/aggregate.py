@@ -35,6 +35,7 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     row["data_workers"] = env.get("data_workers")
     row["hosts"] = " ".join(env.get("hostnames") or []) or None  # every rank's, in rank order
     row["source"], row["probe_file"] = "probe", probe_file
+    row["precision_min_steps"] = record.get("timed_steps")  # probe.timed_steps, as it ran
     row["timed_s"] = timed_seconds(record)
     if row["timed_s"] is not None and record.get("wall_s"):
         row["probe_efficiency"] = row["timed_s"] / record["wall_s"]

@@ -14,6 +14,7 @@ import pandas as pd
 from tula.config import Config
 from tula.io import read_json
 from tula.model import pricing
+from tula.model.measurements import short_of_steps
 from tula.progress import fmt_span
 
 
@@ -66,10 +67,15 @@ def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
             missed = p[p["precision_reached"].astype(str).str.lower() == "false"]
             if len(missed):
                 names = ", ".join(
-                    f"N{int(w)}_B{int(b)} (±{100 * h:.1f} %)"
-                    for w, b, h in zip(
-                        missed["workers"], missed["global_batch"], missed["step_time_halfwidth_rel"]
+                    f"N{int(r.workers)}_B{int(r.global_batch)} "
+                    f"(±{100 * r.step_time_halfwidth_rel:.1f} %"
+                    + (
+                        f" on {int(r.step_timed_steps)} steps of the {least} probe.timed_steps asks"
+                        if (least := short_of_steps(r)) is not None
+                        else ""
                     )
+                    + ")"
+                    for _, r in missed.iterrows()
                 )
                 out.append(
                     f"{len(missed)} of {len(p)} probes missed their precision: {names} (the report "

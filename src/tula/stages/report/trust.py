@@ -8,6 +8,7 @@ import html
 import pandas as pd
 
 from tula.model.grid import paid_mix
+from tula.model.measurements import short_of_steps
 from tula.progress import fmt_duration, fmt_span
 from tula.stages.report.sections import _cell
 
@@ -107,12 +108,19 @@ def _precision_row(r: pd.Series, target: float) -> tuple[list, str]:
         return cells, ""
     worst = max((h for h in hws if h is not None), default=float("nan"))
     per_step = (r["step_time_s"] + r["compute_time_s"]) if probe else r["compute_time_s"]
+    least = short_of_steps(r) if probe else None
     # a probe's precision weighs every kind of step at its share of an epoch: the plain steps
     # counted are that share of the steps it timed, and all of them scale alike
-    need = float(steps) / _plain_share(r) * (worst / target) ** 2
+    plain = max(float(steps) * (worst / target) ** 2, least or 0)
+    need = plain / _plain_share(r)
     return cells, (
-        f"{name}: &plusmn;{100 * worst:.1f} %, about {need:.0f} steps "
-        f"(~{fmt_duration(need * float(per_step))} of timing)"
+        f"{name}: &plusmn;{100 * worst:.1f} %"
+        + (
+            f" on {int(steps)} plain steps, under the {least} probe.timed_steps asks"
+            if least
+            else ""
+        )
+        + f", about {need:.0f} steps (~{fmt_duration(need * float(per_step))} of timing)"
     )
 
 
