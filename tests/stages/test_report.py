@@ -297,10 +297,22 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     from tula.stages.report.trust import precision_section
     from tula.stages.summary import _trust
 
-    row = dict(source="probe", status="ok", workers=1, global_batch=256, local_batch=256,
-               step_time_s=0.05, compute_time_s=0.04, step_time_halfwidth_rel=0.014,
-               compute_time_halfwidth_rel=0.012, step_timed_steps=7, compute_timed_steps=6,
-               precision_target=0.02, precision_min_steps=20, precision_reached=False)  # fmt: skip
+    row = dict(
+        source="probe",
+        status="ok",
+        workers=1,
+        global_batch=256,
+        local_batch=256,
+        step_time_s=0.05,
+        compute_time_s=0.04,
+        step_time_halfwidth_rel=0.014,
+        compute_time_halfwidth_rel=0.012,
+        step_timed_steps=7,
+        compute_timed_steps=6,
+        precision_target=0.02,
+        precision_min_steps=20,
+        precision_reached=False,
+    )
     m = pd.DataFrame([row])
     html = precision_section(m)
     # (1.4 / 2)^2 x 7 would be 3 steps: the 20 plain steps are what it lacks, 20 x 90 ms = 1.8 s
