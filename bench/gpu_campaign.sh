@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU figures BENCHMARKS.md lists as not measured, in one call on the device machine (its
+# 15 minutes include the machine's start), each part under its own time limit, most wanted first:
+#
+#   1. the H100 campaign: the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,
+#      channels_last, AGS, grid.workers [1], B = 32..1024, search full, hardware.gpu h100) as a
+#      whole DAG: the GPU named reaching every job (the memory probe's budget), the six probes'
+#      job wall against their timed seconds (target: at most 120 s of probe-job wall), the host
+#      share of each step, the choice and the production job's own measurement of it;
+#   2. bench/gpu_step.py compiled: plain and Tula's production step, eager and under
+#      torch.compile, at B = 256;
+#   3. bench/store_host.py: a one-worker group's store hosted by the worker or by another process.
+#
+# On the device machine, from the checkout's root, with .device carried (../shared/gpu/README.md:
+# .device/gpu is ../shared/gpu, .device/whl its wheels):
+#
+#     bash bench/gpu_campaign.sh            # everything under $OUT (default ./gpu-out)
+#
+# A rehearsal on this CPU machine (the same parts, tiny: small_cnn, 32 px, its own .venv):
+#
+#     GPU_CAMPAIGN_REHEARSAL=1 OUT=/tmp/gpu-rehearsal bash bench/gpu_campaign.sh
+#
+# $OUT/parts.txt says how each part ended (rc, seconds, limit); each part's log is beside it,
+# with the DAG's results/ (no checkpoints, no weights) under $OUT/campaign.
+set -uo pipefail
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+: > "$OUT/parts.txt"
+
+part() { # part NAME LIMIT_S COMMAND...: run under its limit, log to $OUT/NAME.log, say how it ended
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/parts.txt"
+  return $rc
+}
+
+if [ -n "${GPU_CAMPAIGN_REHEARSAL:-}" ]; then
+  export PATH=$ROOT/.venv/bin:$PATH
+  gpu_sets="hardware.device=cpu hardware.gpu=null hardware.threads_per_worker=1
+    workload.model=small_cnn train.precision=fp32 train.channels_last=false grid.batch_max=256"
+  data=(600 100 32) cores=2 step_args=(--device cpu --batches 32)
+else
+  # shellcheck disable=SC1091
+  source .device/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { echo "setup failed" >> "$OUT/parts.txt"; exit 1; }
+  gpu_sets="hardware.device=cuda hardware.gpu=h100 hardware.threads_per_worker=8
+    workload.model=tv_resnet50 train.precision=bf16 train.channels_last=true grid.batch_max=1024"
+  data=(6144 1024 224) cores=16
+  step_args=(--device cuda --model tv_resnet50 --size 224 --batches 256 --budget 5 --no-host-reads)
+fi
+GPU=$ROOT/.device/gpu
+[ -d "$GPU" ] || GPU=$ROOT/../shared/gpu
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/device.txt" 2>&1 ||
+  echo "no GPU (rehearsal)" > "$OUT/device.txt"
+
+campaign() {
+  local dir=/tmp/tula-campaign
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp -rL "$ROOT/Snakefile" "$ROOT/rules" "$ROOT/envs" "$ROOT/workflow" "$ROOT/profiles" "$dir/"
+  python3 "$GPU/mkdata.py" "${data[@]}" /tmp/campaign.npz || return 1
+  # shellcheck disable=SC2086
+  python3 "$GPU/mkcfg.py" "$ROOT/workflow/config.yaml" "$dir/workflow/config.yaml" $gpu_sets \
+    workload.dataset=npz:/tmp/campaign.npz workload.epochs=6 'grid.workers=[1]' grid.batch_min=32 \
+    search=full probe.time_budget_s=4 probe.timeout_s=150 train.lr=0.1 \
+    'train.lr_decay_epochs=[5]' > /dev/null || return 1
+  (cd "$dir" && tula check --config workflow/config.yaml && snakemake --cores "$cores")
+  local rc=$?
+  (cd "$dir" && tula summary --config .snakemake/tula/config.json --results results) \
+    > "$OUT/summary.txt" 2>&1
+  mkdir -p "$OUT/campaign"
+  (cd "$dir" && tar cf - --exclude='*.pt' --exclude='checkpoints' results workflow/config.yaml \
+    .snakemake/tula/config.json) | tar xf - -C "$OUT/campaign"
+  return $rc
+}
+
+part campaign 330 bash -c "$(declare -f campaign); $(declare -p ROOT OUT GPU gpu_sets data cores); campaign"
+part gpu_step_compiled 200 python3 bench/gpu_step.py "${step_args[@]}" \
+  --variants plain,plain_compiled,tula_production,tula_production_compiled \
+  --out "$OUT/gpu_step_compiled.json"
+part store_host 90 python3 bench/store_host.py 3
+cat "$OUT/parts.txt"
