@@ -41,13 +41,15 @@ part() { # part NAME LIMIT_S COMMAND...: run under its limit, log to $OUT/NAME.l
 if [ -n "${GPU_CAMPAIGN_REHEARSAL:-}" ]; then
   export PATH=$ROOT/.venv/bin:$PATH
   gpu_sets="hardware.device=cpu hardware.gpu=null hardware.threads_per_worker=1
-    workload.model=small_cnn train.precision=fp32 train.channels_last=false grid.batch_max=256"
+    workload.model=small_cnn train.precision=fp32 train.channels_last=false grid.batch_max=256
+    train.lr=0.05"
   data=(600 100 32) cores=2 step_args=(--device cpu --batches 32)
 else
   # shellcheck disable=SC1091
   source .device/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { echo "setup failed" >> "$OUT/parts.txt"; exit 1; }
   gpu_sets="hardware.device=cuda hardware.gpu=h100 hardware.threads_per_worker=8
-    workload.model=tv_resnet50 train.precision=bf16 train.channels_last=true grid.batch_max=1024"
+    workload.model=tv_resnet50 train.precision=bf16 train.channels_last=true grid.batch_max=1024
+    train.lr=0.1"
   data=(6144 1024 224) cores=16
   step_args=(--device cuda --model tv_resnet50 --size 224 --batches 256 --budget 5 --no-host-reads)
 fi
@@ -64,7 +66,7 @@ campaign() {
   # shellcheck disable=SC2086
   python3 "$GPU/mkcfg.py" "$ROOT/workflow/config.yaml" "$dir/workflow/config.yaml" $gpu_sets \
     workload.dataset=npz:/tmp/campaign.npz workload.epochs=6 'grid.workers=[1]' grid.batch_min=32 \
-    search=full probe.time_budget_s=4 probe.timeout_s=150 train.lr=0.1 \
+    search=full probe.time_budget_s=4 probe.timeout_s=150 \
     'train.lr_decay_epochs=[5]' > /dev/null || return 1
   (cd "$dir" && tula check --config workflow/config.yaml && snakemake --cores "$cores")
   local rc=$?
