@@ -331,6 +331,22 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     m.assign(precision_min_steps=float("nan")).to_csv(tmp_path / "measurements.csv", index=False)
     (line,) = _trust(tmp_path, {}, None)  # a table from before the column: the half-width alone
     assert "N1_B256 (±1.4 %)" in line
+    # the summary shows the figure the report shows: the wider arm, as the rule judged it
+    spiky = m.assign(
+        precision_min_steps=20,
+        step_timed_steps=30,
+        step_spread="mad",
+        step_spikes=2,
+        step_time_halfwidth_rel=0.09,
+        step_time_halfwidth_judged_rel=0.012,
+        compute_time_halfwidth_rel=0.031,
+        compute_time_halfwidth_judged_rel=0.031,
+    )
+    spiky.to_csv(tmp_path / "measurements.csv", index=False)
+    (line,) = _trust(tmp_path, {}, None)
+    assert "N1_B256 (±3.1 %)" in line and "<li>N=1 B=256: &plusmn;3.1 %," in precision_section(
+        spiky
+    )
 
 
 def test_the_host_section_says_below_which_batch_the_gpu_waits_for_python():

@@ -163,6 +163,20 @@ FILLED = {
 }
 
 
+def judged_halfwidths(row: pd.Series) -> tuple[list[float | None], bool]:
+    """A probe or sweep row's half-widths (step, compute; a sweep's step is None) as the
+    precision rule judged them: from the robust spread where a few steps spiked, and whether
+    it was that."""
+    probe = row["source"] == "probe"
+    robust = probe and row.get("step_spread") == "mad" and "step_time_halfwidth_judged_rel" in row
+    judged = "_judged" if robust else ""
+    hws = [
+        row.get(f"step_time_halfwidth{judged}_rel") if probe else None,
+        row.get(f"compute_time_halfwidth{judged}_rel"),
+    ]
+    return [float(h) if h is not None and h == h else None for h in hws], bool(robust)
+
+
 def short_of_steps(row: pd.Series) -> int | None:
     """probe.timed_steps (precision_min_steps) where a probe row has fewer plain steps than
     that: it cannot have reached its precision, whatever its half-widths (the budget ran out

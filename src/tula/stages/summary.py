@@ -14,7 +14,7 @@ import pandas as pd
 from tula.config import Config
 from tula.io import read_json
 from tula.model import pricing
-from tula.model.measurements import short_of_steps
+from tula.model.measurements import judged_halfwidths, short_of_steps
 from tula.progress import fmt_span
 
 
@@ -66,17 +66,7 @@ def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
             p = m[(m["source"] == "probe") & (m["status"] == "ok")]
             missed = p[p["precision_reached"].astype(str).str.lower() == "false"]
             if len(missed):
-                names = ", ".join(
-                    f"N{int(r.workers)}_B{int(r.global_batch)} "
-                    f"(±{100 * r.step_time_halfwidth_rel:.1f} %"
-                    + (
-                        f" on {int(r.step_timed_steps)} steps of the {least} probe.timed_steps asks"
-                        if (least := short_of_steps(r)) is not None
-                        else ""
-                    )
-                    + ")"
-                    for _, r in missed.iterrows()
-                )
+                names = ", ".join(_missed(r) for _, r in missed.iterrows())
                 out.append(
                     f"{len(missed)} of {len(p)} probes missed their precision: {names} (the report "
                     "says what would reach it)"
@@ -91,6 +81,16 @@ def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
             f"95 % interval ({1e3 * lo_hi[0]:.1f}-{1e3 * lo_hi[1]:.1f} ms)"
         )
     return out or ["every probe reached its precision and the choice held in the resamples"]
+
+
+def _missed(r: pd.Series) -> str:
+    """A probe that missed its precision: its wider arm's half-width as the precision rule judged
+    it (as the report shows it), and the steps it lacked where it was short of them."""
+    worst = max((h for h in judged_halfwidths(r)[0] if h is not None), default=None)
+    said = [] if worst is None else [f"±{100 * worst:.1f} %"]
+    if (least := short_of_steps(r)) is not None:
+        said.append(f"on {int(r.step_timed_steps)} steps of the {least} probe.timed_steps asks")
+    return f"N{int(r.workers)}_B{int(r.global_batch)}" + (f" ({' '.join(said)})" if said else "")
 
 
 def _estimate_contradicted(memory_probe: Path) -> str:

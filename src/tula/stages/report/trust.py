@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from tula.model.grid import paid_mix
-from tula.model.measurements import short_of_steps
+from tula.model.measurements import judged_halfwidths, short_of_steps
 from tula.progress import fmt_duration, fmt_span
 from tula.stages.report.sections import _cell
 
@@ -88,14 +88,7 @@ def campaign_line(measurements: pd.DataFrame) -> str:
 def _precision_row(r: pd.Series, target: float) -> tuple[list, str]:
     """One row's cells, and where it missed the target, what would reach it."""
     probe = r["source"] == "probe"
-    # as the precision rule judged them: from the robust spread where a few steps spiked
-    robust = probe and r.get("step_spread") == "mad"
-    judged = "_judged" if robust and "step_time_halfwidth_judged_rel" in r.index else ""
-    hws = [
-        r.get(f"step_time_halfwidth{judged}_rel") if probe else None,
-        r.get(f"compute_time_halfwidth{judged}_rel"),
-    ]
-    hws = [float(h) if h is not None and h == h else None for h in hws]
+    hws, judged = judged_halfwidths(r)
     steps = r["step_timed_steps"] if probe else r["compute_timed_steps"]
     name = f"N={int(r['workers'])} B={int(r['global_batch'])}" + (
         "" if probe else f" (sweep b={int(r['local_batch'])})"
