@@ -4,8 +4,9 @@ Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md
 
 (a) this machine: the shipped config's whole grid, probed REPEATS times with the real probe
     (`tula probe`: its sweep rows included; repeats interleaved, so drift hits every point
-    alike). Truth of a point = median of its repeats. Noise floor = how far one measurement
-    lies from the truth, median over points and repeats (noise_floor()).
+    alike), in two jobs per N: the corners (what a partial search runs, its sweep included),
+    then the other points. Truth of a point = median of its repeats. Noise floor = how far
+    one measurement lies from the truth, median over points and repeats (noise_floor()).
     Held-out error, per repeat: partial = fit on the 4 corner jobs (probe + sweep rows +
     the memory probe), error at the other points; full = leave one job out (its probe and
     sweep rows), predict its point. Target: median held-out error <= 1.2 x noise floor.
@@ -116,8 +117,15 @@ def part_a(repeats: int, out: Path) -> dict:
     rows, t0 = [], time.perf_counter()
     for r in range(repeats):
         files = {p: out / "probes" / f"r{r}" / f"{p.name}.json" for p in points}
-        for n in sorted({p.workers for p in points}):  # one job per N, as the workflow runs them
-            todo = [p.global_batch for p in points if p.workers == n and not files[p].exists()]
+        # per N, the corners' job as a partial search runs it (its sweep times the local
+        # batches between, which a job leaves to the points it probes), then the other points'
+        jobs = sorted({(p.workers, p in corners) for p in points}, key=lambda j: (j[0], not j[1]))
+        for n, group in jobs:
+            todo = [
+                p.global_batch
+                for p in points
+                if p.workers == n and (p in corners) == group and not files[p].exists()
+            ]
             if todo:
                 outs = {b: files[Point(n, b)] for b in todo}
                 probe.run_batches(cfg_path, n, todo, outs, memory_probe=mp_path)

@@ -126,17 +126,27 @@ def test_every_output_exists_and_parses(finished_run):
     assert pr.query("global_batch == 64")["probe_file"].item().endswith("N2/B128.json")
     sweep = m[m["source"] == "sweep"]
     # every launch of a probe job timed the grid's other local batches up to b_max once, at its
-    # first point: N = 1 at B = 32 (B = 128 after it, in the same process, names it), N = 2 at
-    # B = 32, and the OOM corner's fallback (B = 64), which ran in a launch of its own
+    # first point, less those the launch probes: N = 1 at B = 32 (B = 128 after it, in the same
+    # process, names it), N = 2 at B = 32 (with B = 128), and the OOM corner's fallback
+    # (B = 64), which ran in a launch of its own
     cfg = config.from_dict(TINY)
-    swept = [(1, 32), (2, 32), (2, 64)]
-    expected = sum(
-        len(sweep_local_batches(cfg, n, b // n, mp["max_local_batch"], 1437 // 4)) for n, b in swept
-    )
-    assert set(zip(sweep["workers"], sweep["global_batch"])) == set(swept)
+    launches = {
+        (1, 32): [32, 128],
+        (2, 32): [16, 64],
+        (2, 64): [32],
+    }  # -> the launch's local batches
+    expected = {
+        (n, lb)
+        for (n, b), probed in launches.items()
+        for lb in sweep_local_batches(cfg, n, b // n, mp["max_local_batch"], 1437 // 4, probed)
+    }
+    assert set(zip(sweep["workers"], sweep["global_batch"])) == set(launches)
     assert n1[1]["sweep"] == [] and n1[1]["sweep_in"] == n1[0]["sweep_in"] == "N1_B32"
-    # 3 launches x the 3 other local batches
-    assert len(sweep) == expected == 9 and (sweep["status"] == "ok").all()
+    # the grid's local batches 16 ... 128: N = 1 sweeps 16 and 64 (it probes 32 and 128), the
+    # N = 2 job 32 and 128 (it probes 16 and 64), its fallback launch 16, 64 and 128
+    assert sorted(expected) == [(1, 16), (1, 64), (2, 16), (2, 32), (2, 64), (2, 128)]
+    assert len(sweep) == 7 and (sweep["status"] == "ok").all()
+    assert {(1, 32), (1, 128)}.isdisjoint(set(zip(sweep["workers"], sweep["local_batch"])))
     assert sweep["step_time_s"].isna().all() and (sweep["compute_time_s"] > 0).all()
     assert (m["source"] == "memory").sum() == len(mp["points"])
     memj, perf = (json.loads((res / "model" / f).read_text()) for f in ("memory.json", "perf.json"))

@@ -55,7 +55,7 @@ def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits
     ]  # N=1 has no point that fits
 
 
-def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epoch():
+def test_sweep_takes_the_grids_other_local_batches_that_fit_and_the_job_does_not_probe():
     cfg = config.from_dict({"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 256}})
     # local batches of the grid: 8 ... 256; this job runs b=64 at N=2
     assert sweep_local_batches(cfg, 2, 64, None) == [8, 16, 32, 128, 256]
@@ -66,6 +66,8 @@ def test_sweep_takes_the_grids_other_local_batches_that_fit_in_memory_and_an_epo
         32,
         128,
     ]  # 2 x 256 > 300
+    # the local batches the job probes anyway are left to their points' own compute-only arms
+    assert sweep_local_batches(cfg, 2, 64, None, probed=[8, 64, 128]) == [16, 32, 256]
 
 
 def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_corner():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -92,15 +93,19 @@ def sweep_local_batches(
     own_local_batch: int,
     max_local_batch: int | None,
     train_samples: int | None = None,
+    probed: Iterable[int] = (),
 ) -> list[int]:
     """The other local batches a probe job at N=``workers`` times compute at (the
     compute curve from every probe job): every local batch of the grid (B'/N' for each B'
-    and N'), up to b_max, whose global batch at this N fits in one epoch of data."""
+    and N'), up to b_max, whose global batch at this N fits in one epoch of data, less those
+    the job probes anyway (``probed``: its points' local batches, whose compute-only arm
+    gives the compute time there, more precisely than a sweep would)."""
     out = set()
+    skip = {own_local_batch, *probed}
     for n in cfg.grid.workers:
         for b in batch_sizes(cfg):
             lb = b // n
-            if lb == own_local_batch or lb < 1:
+            if lb in skip or lb < 1:
                 continue
             if max_local_batch is not None and lb > max_local_batch:
                 continue

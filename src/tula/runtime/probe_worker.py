@@ -51,14 +51,17 @@ def run_worker(
     optimizer and loader at that B), its own measurement and gradient noise, and writes
     ``result_dir/<point>/rank{r}.json``; start-up, evaluation and the checkpoint, which do
     not depend on B, are measured at the first point and given to the others, and so is the
-    compute sweep (the grid's other local batches, the same at every B of one N). A
+    compute sweep (the grid's other local batches, less those the job probes: the same at
+    every B of one N). A
     failure is recorded at its point and ends the process: ``tula probe`` launches the
     points not yet probed again (once the measurement stands, a later failure is only
     noted beside it)."""
     rank = dist.worker_env().rank
     workers.dump_stacks_before_deadline()
     faults = tula_faults.from_env()
-    shared: dict[str, Any] = {}  # the group, and what the first point measured for all
+    # the group, what the first point measured for all, and the local batches the job probes
+    # (the sweep leaves them to their points' own compute-only arms)
+    shared: dict[str, Any] = {"probed": [p.local_batch for p in points]}
     ended = "ok"
     for i, point in enumerate(points):
         began = None if i == 0 else time.time()
@@ -241,7 +244,8 @@ def _probe(
     saved as soon as it stands (the measurement first: it stands even if what follows fails):
     the measurement, what the job pays besides steps (at the job's first point), the gradient
     noise scale and the compute sweep (at the job's first point too: every point of one N
-    sweeps the same local batches, the grid's, less its own, so one sweep serves the job)."""
+    sweeps the same local batches, the grid's, less the job's own, so one sweep serves the
+    job)."""
     rank = parts.rank
     result = workers.result_path(phases.dir, rank)
     replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
@@ -263,7 +267,11 @@ def _probe(
         if "swept" not in shared:  # once per process: the other local batches are the same
             phases.enter("sweep")
             start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
-            parts.add(sweep=sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra))
+            parts.add(
+                sweep=sweep.run_sweep(
+                    replica, cfg, point, max_local_batch, start_extra, shared["probed"]
+                )
+            )
             shared["swept"] = point.name
         parts.add(sweep_in=shared["swept"])
 

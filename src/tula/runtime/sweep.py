@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import torch.distributed as torch_dist
 
@@ -30,20 +30,28 @@ def run_sweep(
     point: Point,
     max_local_batch: int | None,
     start_extra_s: float,
+    probed: Iterable[int] = (),
 ) -> list[dict] | None:
     """The compute sweep on every rank (rank 0's epoch-start extra ``start_extra_s`` given to
-    all), its rows gathered: rank 0's record's ``sweep`` (None on the other ranks)."""
+    all), its rows gathered: rank 0's record's ``sweep`` (None on the other ranks).
+    ``probed``: the local batches the job probes anyway, not swept
+    (:func:`tula.model.grid.sweep_local_batches`)."""
     replica.inject("sweep")  # a fault drill's crash after the measurement stood
     start_extra: list[Any] = [start_extra_s]
     torch_dist.broadcast_object_list(start_extra, src=0)
-    rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]))
+    rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]), probed)
     swept: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(swept, rows)
     return _sweep_rows(swept) if replica.rank == 0 else None
 
 
 def _sweep(
-    replica, cfg: config_mod.Config, point: Point, max_local_batch: int | None, start_extra_s: float
+    replica,
+    cfg: config_mod.Config,
+    point: Point,
+    max_local_batch: int | None,
+    start_extra_s: float,
+    probed: Iterable[int],
 ) -> list[dict]:
     """Compute-only steps (the training step under ``DDP.no_sync()``) at the other local
     batches that fit, in this process after the probe's own measurement: the compute curve.
@@ -65,6 +73,7 @@ def _sweep(
         point.local_batch,
         max_local_batch,
         replica.data.train_size // SWEEP_MIN_STEPS,
+        probed,
     )
     own = replica.global_batch
     target = Target(cfg.probe.precision, cfg.probe.sweep_steps, cfg.probe.time_budget_s)
