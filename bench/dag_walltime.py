@@ -58,6 +58,12 @@ def campaign(wd: Path, probe_s: list[float]) -> dict[str, float]:
     }
 
 
+def chosen(wd: Path) -> str:
+    """The point the run chose and trained at (results/selection.json), e.g. ``N=2 B=512``."""
+    sel = json.loads((wd / "results/selection.json").read_text())["selected"]
+    return f"N={int(sel['workers'])} B={int(sel['global_batch'])}"
+
+
 def rule_times(wd: Path) -> tuple[list[float], float]:
     probe_s = [
         float(p.read_text().splitlines()[1].split()[0])
@@ -108,7 +114,7 @@ def main() -> None:
                     f"{sum(probe_s):.1f} s, median {statistics.median(probe_s):.1f} s each, "
                     f"{c['timed_s']:.1f} s timed: efficiency {100 * c['efficiency']:.0f} % of the "
                     f"jobs' seconds, {100 * c['timed_s'] / c['wall_s']:.0f} % of their workers' "
-                    f"wall; train {train_s:.1f} s)",
+                    f"wall; train {train_s:.1f} s at {chosen(dirs[name])})",
                     flush=True,
                 )
         for name, w in walls.items():
