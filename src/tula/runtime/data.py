@@ -23,7 +23,7 @@ from __future__ import annotations
 # dataset is the one configured: every worker process starts faster, and a torchvision that
 # does not import beside this torch is an error naming workload.dataset, not a crash at import.
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,21 @@ class WorkloadData:
     test: TorchDataset
     num_classes: int
     input_shape: tuple[int, ...]  # one sample, channels first: (C, L) or (C, H, W)
+    # the in-memory training set's copy on a device, by (device, channels_last): made once
+    _resident: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def resident_on(
+        self, device: torch.device, channels_last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-memory training set (samples, labels) on ``device``, copied there once for
+        every replica made with this data (a probe job's points share one copy)."""
+        key = (str(device), channels_last)
+        if key not in self._resident:
+            x, y = self.train.x.to(device), self.train.y.to(device)
+            if channels_last and x.ndim == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            self._resident = {key: (x, y)}  # one device copy at a time
+        return self._resident[key]
 
     @property
     def train_size(self) -> int:

@@ -292,10 +292,7 @@ class DeviceFeed:
             torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
         )
         if self.resident:
-            self.x = data.train.x.to(device)
-            self.y = data.train.y.to(device)
-            if channels_last and self.x.ndim == 4:
-                self.x = self.x.contiguous(memory_format=torch.channels_last)
+            self.x, self.y = data.resident_on(device, channels_last)
 
     def retarget(self, loader: DataLoader, sampler: EpochBatchSampler) -> "DeviceFeed":
         """The same feed (a resident set stays where it is) over another batch size's loader."""

@@ -159,7 +159,11 @@ def _start(
         shared["group"] = (wenv, device, backend)
     wenv, device, backend = shared["group"]
     phases.enter("model and data")
-    replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size)
+    # the sets are loaded (and a resident set copied to the device) once for the job's points
+    replica = Replica(
+        cfg, device, point.global_batch, rank, wenv.world_size, data=shared.get("data")
+    )
+    shared.setdefault("data", replica.data)
     shared.setdefault("startup_s", time.time() - process_started())
     return wenv, device, backend, replica, shared["startup_s"]
 

@@ -49,7 +49,8 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Replica(ReplicaState):
     """One worker's model, optimizer, data and position, and the training step (what a
-    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`)."""
+    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`). ``data``:
+    the workload's sets loaded already in this process (a probe job's later points)."""
 
     def __init__(
         self,
@@ -59,11 +60,12 @@ class Replica(ReplicaState):
         rank: int,
         world: int,
         hooks: StepHooks | None = None,
+        data: data_mod.WorkloadData | None = None,
     ):
         t = cfg.train
         self.cfg, self.t, self.device = cfg, t, device
         self.global_batch, self.rank, self.world = global_batch, rank, world
-        self.data = data_mod.load_config(cfg)
+        self.data = data if data is not None else data_mod.load_config(cfg)
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
         model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
         self.channels_last = t.channels_last and len(self.data.input_shape) == 3
