@@ -599,3 +599,27 @@ def test_a_probe_job_keeps_the_records_bought_with_the_same_settings(tiny_config
     assert probe._bought(job.parent / "B32.json", settings) is None
     assert probe._bought(job.parent / "B128.json", settings) is None
     assert probe._bought(job.parent / "B64.json", settings) is None  # none there
+
+
+def test_the_log_says_where_the_jobs_compute_curve_is_or_that_it_needed_none():
+    """A job that probes every local batch it would sweep sweeps none, and its log says so at
+    each point, not "swept at 0 other local batches" and "swept once, at N1_B32"."""
+    from tula.model.grid import Point
+    from tula.stages.probe.job import _sweep_note
+
+    row = {"local_batch": 16, "status": "ok"}
+    first, later = Point(1, 32), Point(1, 64)
+    swept = {"N1_B32": {"sweep_in": "N1_B32", "sweep": [row]}}
+    assert _sweep_note(first, swept["N1_B32"], swept) == "compute swept at 1 other local batches"
+    assert _sweep_note(later, {"sweep_in": "N1_B32", "sweep": []}, swept) == (
+        "compute curve swept once for the job, at N1_B32"
+    )
+    none = {"N1_B32": {"sweep_in": "N1_B32", "sweep": []}}
+    for point, rec in ((first, none["N1_B32"]), (later, {"sweep_in": "N1_B32", "sweep": []})):
+        assert _sweep_note(point, rec, none) == (
+            "no compute sweep: the job probes every local batch of the grid it would sweep"
+        )
+    # a later launch's point, whose sweep was in an earlier launch: where it is
+    assert _sweep_note(later, {"sweep_in": "N1_B32", "sweep": []}, {}) == (
+        "compute curve swept once for the job, at N1_B32"
+    )

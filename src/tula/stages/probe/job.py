@@ -103,24 +103,28 @@ def _host_note(record: dict) -> str:
     )
 
 
-def _sweep_note(point: Point, record: dict) -> str:
-    """Where the compute curve of the point's job is: its own sweep, or the job's first point's."""
+def _sweep_note(point: Point, record: dict, launch: dict[str, dict]) -> str:
+    """Where the compute curve of the point's job is: its own sweep, or the job's first point's
+    (``launch``: this launch's records by point name); none where the job probes every other
+    local batch of the grid itself."""
     swept_at = record.get("sweep_in")
+    at = record if swept_at == point.name else launch.get(swept_at or "")
+    if at is not None and swept_at and not at.get("sweep"):
+        return "no compute sweep: the job probes every local batch of the grid it would sweep"
     if swept_at and swept_at != point.name:
         return f"compute curve swept once for the job, at {swept_at}"
     ok = len([w for w in record.get("sweep") or [] if w["status"] == "ok"])
     return f"compute swept at {ok} other local batches"
 
 
-def _say(point: Point, record: dict) -> None:
-    """The probe's outcome, one line for the log."""
+def _say(point: Point, record: dict, launch: dict[str, dict]) -> None:
+    """The probe's outcome, one line for the log (``launch``: this launch's records by name)."""
     if record["status"] == "ok":
         print(
             f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
             f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; {_sweep_note(point, record)}"
-            + _input_note(record)
-            + _host_note(record),
+            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; "
+            f"{_sweep_note(point, record, launch)}" + _input_note(record) + _host_note(record),
             flush=True,
         )
         if record.get("after_error"):
@@ -182,8 +186,9 @@ def _launch(
         records[point] = record
     _share_wall(records, launch.wall_s)
     shutil.rmtree(work, ignore_errors=True)
+    by_name = {p.name: r for p, r in records.items()}
     for point, record in records.items():
-        _say(point, record)
+        _say(point, record, by_name)
     return records
 
 
