@@ -2,7 +2,7 @@
 # The GPU figures BENCHMARKS.md lists as not measured, in one call on the device machine (its
 # 15 minutes include the machine's start), each part under its own time limit, most wanted first:
 #
-#   1. the H100 campaign: the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,
+#   1. the H100 campaign (hardware.gpu is the GPU nvidia-smi names, h100 or h200): the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,
 #      channels_last, AGS, grid.workers [1], B = 32..1024, search full, hardware.gpu h100) as a
 #      whole DAG: the GPU named reaching every job (the memory probe's budget), the six probes'
 #      job wall against their timed seconds (target: at most 120 s of probe-job wall), the host
@@ -47,7 +47,11 @@ if [ -n "${GPU_CAMPAIGN_REHEARSAL:-}" ]; then
 else
   # shellcheck disable=SC1091
   source .device/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { echo "setup failed" >> "$OUT/parts.txt"; exit 1; }
-  gpu_sets="hardware.device=cuda hardware.gpu=h100 hardware.threads_per_worker=8
+  # the GPU the machine has, named in the config as a user would name theirs (an H100 unless it says H200)
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) gpu_name=h200 ;; *) gpu_name=h100 ;;
+  esac
+  gpu_sets="hardware.device=cuda hardware.gpu=$gpu_name hardware.threads_per_worker=8
     workload.model=tv_resnet50 train.precision=bf16 train.channels_last=true grid.batch_max=1024
     train.lr=0.1"
   data=(6144 1024 224) cores=16
@@ -78,9 +82,9 @@ campaign() {
   return $rc
 }
 
-part campaign 330 bash -c "$(declare -f campaign); $(declare -p ROOT OUT GPU gpu_sets data cores); campaign"
-part gpu_step_compiled 200 python3 bench/gpu_step.py "${step_args[@]}" \
+part campaign 320 bash -c "$(declare -f campaign); $(declare -p ROOT OUT GPU gpu_sets data cores); campaign"
+part gpu_step_compiled 150 python3 bench/gpu_step.py "${step_args[@]}" \
   --variants plain,plain_compiled,tula_production,tula_production_compiled \
   --out "$OUT/gpu_step_compiled.json"
-part store_host 90 python3 bench/store_host.py 3
+part store_host 60 python3 bench/store_host.py 3
 cat "$OUT/parts.txt"
