@@ -46,23 +46,24 @@ that many steps) and timing_stopped_by (precision | budget). ``tula fit`` weight
 its half-width. The precision rule judges a step that spikes by its robust spread
 (:mod:`tula.runtime.precision`): step_spread (sd | mad) and step_spikes (the steps that spiked)
 say so, and *_halfwidth_judged_rel are the half-widths it judged (the fits weigh by the standard
-deviation's). On a device with a queue (CUDA): step_host_share, the host's time to queue a step
-over its time between the step's events, and host_bound (at least HOST_BOUND, 90 %: the device
-waited for Python). Where data.decode auto had two decoders to choose from (JPEGs on CUDA,
-:mod:`tula.runtime.decoding`): decode, the one the probe measured faster and read with (cpu |
-gpu), and decode_faster_by. On memory rows, where tula check estimated the step from the model
-alone (:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local batch, and
-estimate_mem_error, its relative error against the measured peak ((estimate - measured) /
-measured). On probe rows, what the probe job spent timing: timed_s, the seconds of its timed
-steps (synced, compute-only, with the epoch starts and short last batches each arm timed, and
-its sweep's, each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of the
-probe's wall that bought a measurement; the rest is start-up, first steps, evaluation and
-checkpoints (the report sums it over the campaign). One job probes every batch of an N in one
-process: wall_s is the point's own time in it plus an equal share of what the job paid once (its
-start-up, its process group), so a job's points sum to job_wall_s, the job's wall (its workers'
-start to end); fresh_process says whether the point's first steps were the process's own (the
-job's first point: what a production job pays at its start), and only those give the first
-step's extra its prediction (:func:`tula.model.predictions.one_off_extras`)."""
+deviation's). On a device with a queue (CUDA): step_host_share, the host's time to queue a step over
+its time between the step's events, both taken on steps queued onto a drained device (a full launch
+queue holds a host to its device's pace: :mod:`tula.runtime.timing`), and host_bound (at least
+HOST_BOUND, 90 %: the device waited for Python). Where data.decode auto had two decoders to choose
+from (JPEGs on CUDA, :mod:`tula.runtime.decoding`): decode, the one the probe measured faster and
+read with (cpu | gpu), and decode_faster_by. On memory rows, where tula check estimated the step
+from the model alone (:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local
+batch, and estimate_mem_error, its relative error against the measured peak ((estimate - measured) /
+measured). On probe rows, what the probe job spent timing: timed_s, the seconds of its timed steps
+(synced, compute-only, with the epoch starts and short last batches each arm timed, and its sweep's,
+each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of the probe's wall
+that bought a measurement; the rest is start-up, first steps, evaluation and checkpoints (the report
+sums it over the campaign). One job probes every batch of an N in one process: wall_s is the point's
+own time in it plus an equal share of what the job paid once (its start-up, its process group), so a
+job's points sum to job_wall_s, the job's wall (its workers' start to end); fresh_process says
+whether the point's first steps were the process's own (the job's first point: what a production job
+pays at its start), and only those give the first step's extra its prediction
+(:func:`tula.model.predictions.one_off_extras`)."""
 
 from __future__ import annotations
 

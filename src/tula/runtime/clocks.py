@@ -6,8 +6,9 @@
   block, read only when the timer judges its precision; :func:`block_for` sizes the block so
   that its one synchronisation costs under ``SYNC_SHARE`` of it.
 
-A queued clock also lets the timer see the host's own time to queue a block (``queued``): where
-it is as long as the block's time between the events, the device waited for the host.
+A queued clock also lets the timer see the host's own time to queue a block (``queued``): where,
+on a drained device, it is as long as the block's time between the events, the device waited for
+the host (:mod:`tula.runtime.timing`).
 """
 
 from __future__ import annotations

@@ -101,7 +101,9 @@ class Series:
     steps: list[int] = field(default_factory=list)
     other: dict[str, list[float]] = field(default_factory=dict)
     mix: dict[str, float] | None = None
-    host: list[float] = field(default_factory=list)  # a queued clock's: the host's s per step
+    # a queued clock's, for the blocks queued onto a drained device: (the host's seconds to
+    # queue a step, the step's seconds between its events)
+    host: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def n_steps(self) -> int:
@@ -123,11 +125,12 @@ class Series:
         return spikes(self.times) + sum(spikes(v) for v in self.other.values())
 
     def host_share(self) -> float | None:
-        """The host's time to queue a step over the step's time on the device (a queued
-        clock's plain samples): near 1, the device waited for the host."""
-        if not self.host or not self.times:
+        """The host's time to queue a step over the same step's time on the device (a queued
+        clock's plain samples queued onto a drained device): near 1, the device waited for
+        the host."""
+        if not self.host:
             return None
-        return statistics.fmean(self.host) / statistics.fmean(self.times)
+        return sum(h for h, _ in self.host) / sum(t for _, t in self.host)
 
     def mixed_half_width(self, robust: bool = False) -> float:
         """The half-width of the mean training pays (``mix``); inf where it cannot be judged
@@ -158,6 +161,6 @@ class Series:
             self.times.append(seconds_per_step)
             self.steps.append(steps)
             if host_s is not None:
-                self.host.append(host_s)
+                self.host.append((host_s, seconds_per_step))
         else:
             self.other.setdefault(kind, []).append(seconds_per_step)

@@ -27,12 +27,18 @@ batch), the precision is that of the mean it pays, weighing every kind's samples
 (:class:`Series`'s ``mix``): the plain steps alone would be a third of the samples, and the
 others' noise unsaid.
 
-**Who sets the pace (a queued clock).** Beside each block's time between its events the timer
-takes the host's own time to queue it (``now`` around the run): the arm's ``host_share`` (its
-record's ``*_host_share``) is the one over the other. Near 1, the device waited for the host
-(Python, the launch of many small kernels): a faster device would not help. The host's time also
-holds any wait the step makes on the device (a ``.item()``, a copy from pageable memory), which
-reads the same; Tula's step makes none (its batches are pinned, copied without blocking).
+**Who sets the pace (a queued clock).** The host's own time to queue a block (``now`` around
+the run) over the block's time between its events is the arm's ``host_share`` (its record's
+``*_host_share``). Near 1, the device waited for the host (Python, the launch of many small
+kernels): a faster device would not help. It is taken only on a block queued onto a drained
+device (the first after each check, whose reads wait for the device): once the host is a
+queue's length ahead, CUDA holds each launch until a slot frees, so the host's time per block
+is the device's whether or not the device ever waited, and the share reads 1 at every batch
+(an H200's ResNet-50 probes read 0.95-1.03 from B = 32, host-bound, to B = 1,024, where the
+step grows with B: BENCHMARKS.md). A step with more kernels than the queue holds still reads
+high on a drained device. The host's time also holds any wait the step makes on the device
+(a ``.item()``, a copy from pageable memory), which reads the same; Tula's step makes none
+(its batches are pinned, copied without blocking).
 
 **Every rank alike.** A step's time is the slowest rank's (the step waits for it); at each check
 the ranks combine their new samples with an element-wise maximum (``combine``: one small
@@ -192,13 +198,15 @@ class StepTimer:
         assert self.target is not None, "StepTimer.run needs a Target"
         if self.clock.queued:
             lead_in = None
+        drained = False  # is the device idle as the next block is queued (its reads waited)
         if self.block is None:
             first, _, _ = self.time_once(next(iter(arms.values())))
             self.size_block(first)
+            drained = True
         block = int(self.block or 1)
         t0 = self.now()
         series = {name: Series(mix=self.mix) for name in arms}
-        pending: list[tuple[str, Any, int, str, float]] = []
+        pending: list[tuple[str, Any, int, str, float | None]] = []
         rounds, stopped, reached = 0, "", False
         while not stopped:
             if lead_in is not None:
@@ -207,13 +215,15 @@ class StepTimer:
                 mark = self.clock.begin()
                 queued_at = self.now()
                 n, kind = run(block)
-                host = self.now() - queued_at  # on a queued clock, the host's time to queue it
+                # on a queued clock, the host's time to queue it, where no full queue held it
+                host = self.now() - queued_at if drained else None
+                drained = False
                 pending.append((name, self.clock.end(mark), n, kind, host))
             rounds += 1
             if rounds % self.check_every:
                 continue
             self._settle(pending, series, self.now() - t0)
-            pending = []
+            pending, drained = [], True
             reached, stopped = self._verdict(series)
             if on_check is not None:
                 on_check(self._timing(series, reached, stopped or "running", t0, block))
@@ -221,17 +231,23 @@ class StepTimer:
 
     def _settle(
         self,
-        pending: list[tuple[str, Any, int, str, float]],
+        pending: list[tuple[str, Any, int, str, float | None]],
         series: dict[str, Series],
         elapsed: float,
     ) -> None:
-        """Read the pending samples, take the slowest rank's of each, and add them (on a
-        queued clock with the host's time to queue each, the slowest rank's too)."""
+        """Read the pending samples (the device is drained after), take the slowest rank's of
+        each, and add them (on a queued clock with the host's time to queue the block queued
+        onto a drained device, the slowest rank's too; -1 stands for none in the all-reduce,
+        at the same place on every rank)."""
         own = [self.clock.read(h) / max(n, 1) for _, h, n, _, _ in pending]
-        host = [q / max(n, 1) for _, _, n, _, q in pending] if self.clock.queued else []
+        host = (
+            [-1.0 if q is None else q / max(n, 1) for _, _, n, _, q in pending]
+            if self.clock.queued
+            else []
+        )
         agreed = self.combine([*own, *host, elapsed])
         self._elapsed = agreed[-1]
-        hosts = agreed[len(own) : -1] or [None] * len(own)
+        hosts = [None if q < 0 else q for q in agreed[len(own) : -1]] or [None] * len(own)
         for (name, _, n, kind, _), t, q in zip(pending, agreed[: len(own)], hosts):
             series[name].add(t, n, kind, q)
 
