@@ -241,16 +241,24 @@ def keep_on_device(cfg: Config, data: WorkloadData, device: torch.device) -> boo
     (hardware.device_memory_gb less its margin, else the device's own): the memory probe
     measures with it there, so the memory model's fixed part holds it. true: wherever the set
     is in memory (on CPU the same tensors, no DataLoader); false: never."""
-    nbytes = resident_bytes(data)
-    if nbytes is None or cfg.data.on_device is False:
+    budget = cfg.hardware.memory_budget_bytes
+    if budget is None and device.type == "cuda":
+        budget = torch.cuda.get_device_properties(device).total_memory
+    return resident_by_rule(cfg.data.on_device, device.type, resident_bytes(data), budget)
+
+
+def resident_by_rule(
+    on_device: bool | str, device_type: str, nbytes: int | None, budget: float | None
+) -> bool:
+    """:func:`keep_on_device`'s rule on what it reads: ``data.on_device``, the device's type,
+    the set's bytes (None: not in memory) and the memory budget (None: unknown, not kept);
+    ``tula check`` asks it too, to count the set in the estimate's fixed part."""
+    if nbytes is None or on_device is False:
         return False
-    if cfg.data.on_device is True:
+    if on_device is True:
         return True
-    if device.type != "cuda":
+    if device_type != "cuda" or budget is None:
         return False
-    budget = (
-        cfg.hardware.memory_budget_bytes or torch.cuda.get_device_properties(device).total_memory
-    )
     return nbytes <= RESIDENT_SHARE * budget
 
 

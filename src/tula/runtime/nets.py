@@ -26,6 +26,7 @@ from torch import nn
 from tula.runtime import data as data_mod
 from tula.runtime.data import import_callable
 from tula.runtime.images import decode_on_device
+from tula.runtime.loader import resident_bytes
 
 
 class _Ops:
@@ -313,6 +314,9 @@ def check_workload(cfg) -> dict:
         "stored_image_size": stored,
         "decode": ("gpu" if on_device else "cpu") if stored else None,
         "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        # an in-memory training set's stored bytes (None: read per sample): what a GPU keeps
+        # of it where data.on_device lets it (tula.runtime.loader.keep_on_device)
+        "train_bytes": resident_bytes(d),
     }
 
 
