@@ -151,7 +151,7 @@ def resident_set(cfg: config_mod.Config, w: dict, device: str) -> int:
     measures with it there, so the estimate's fixed part holds it too (0 where it stays on the
     host). Without the set, the H200's ResNet-50 estimate was 30 % under the memory probe at
     b = 32 (BENCHMARKS.md)."""
-    from tula.runtime.loader import resident_by_rule
+    from tula.runtime.loader import resident_by_rule  # torch: only when the workload is checked
 
     nbytes = w.get("train_bytes")
     budget = cfg.hardware.memory_budget_bytes
