@@ -160,3 +160,40 @@ def test_the_sweep_times_each_compute_only_step_after_a_synced_one(one_process_g
         if e == "timed":
             assert events[i - 1] == "synced" and events[i + 1] == "compute", events
     assert all(s.n_steps + sum(map(len, s.other.values())) == 4 for s in series.values())
+
+
+def test_a_uint8_sets_training_step_feeds_the_model_its_batch_standardised_once(
+    one_process_group, tmp_path
+):
+    """On a uint8 npz set the model's first layer sees, in a training step and in evaluation,
+    each batch standardised exactly once, on either feed (the DataLoader's, the resident
+    copy's). Standardised twice in training, BatchNorm's running statistics were not those
+    evaluation meets: small_cnn reached 96 % training accuracy and 26 % on the test set, and
+    10 % in eval mode on its own training samples."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(256, 1, 8, 8), dtype=np.uint8)
+    y = np.arange(256) % 10
+    path = tmp_path / "u8.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:64], y_test=y[:64])
+    for on_device in (False, True):
+        cfg = config.from_dict(
+            {"workload": {"dataset": f"npz:{path}"}, "data": {"on_device": on_device}}
+        )
+        r = Replica(cfg, torch.device("cpu"), 64, 0, 1)
+        seen = []
+        hook = r.ddp.module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+        r.pos.offset = 0
+        batch = next(r.epoch_batches())
+        r.step(*batch)
+        r.evaluate()
+        hook.remove()
+        # every row the step's forward passes fed (AGS's refresh too) is a training sample
+        # standardised once; every row evaluation fed (its one batch), a test sample
+        assert len(seen) >= 2
+        fed_by = [(x, r.data.train.x) for x in seen[:-1]] + [(seen[-1], r.data.test.x)]
+        for fed, stored in fed_by:
+            once = r.data.as_input(stored).flatten(1)
+            dist = torch.cdist(fed.flatten(1), once, compute_mode="donot_use_mm_for_euclid_dist")
+            assert len(fed) >= 32 and dist.min(dim=1).values.max() < 1e-4, on_device

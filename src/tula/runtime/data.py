@@ -219,9 +219,13 @@ class WorkloadData:
 
     def as_input(self, x: torch.Tensor) -> torch.Tensor:
         """A batch (or a sample) as the model takes it, where it is: an integer set's samples
-        standardised here (on the device in training; :class:`TensorSet`); others as they are."""
+        standardised here (on the device in training; :class:`TensorSet`); others as they are,
+        and so is a batch already standardised (floating point): the device feed standardises
+        its batches and the step moves them again, and standardised twice, BatchNorm's running
+        statistics were those of other inputs than evaluation's (a uint8 set's test accuracy
+        at chance, BENCHMARKS.md)."""
         norm = self.train.norm if isinstance(self.train, TensorSet) else None
-        if norm is None:
+        if norm is None or x.is_floating_point():
             return x
         mean, std = norm
         return (x.to(torch.float32) - mean) / std
