@@ -2,11 +2,12 @@
 # The GPU figures BENCHMARKS.md lists as not measured, in one call on the device machine (its
 # 15 minutes include the machine's start), each part under its own time limit, most wanted first:
 #
-#   1. the H100 campaign (hardware.gpu is the GPU nvidia-smi names, h100 or h200): the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,
-#      channels_last, AGS, grid.workers [1], B = 32..1024, search full, hardware.gpu h100) as a
-#      whole DAG: the GPU named reaching every job (the memory probe's budget), the six probes'
-#      job wall against their timed seconds (target: at most 120 s of probe-job wall), the host
-#      share of each step, the choice and the production job's own measurement of it;
+#   1. the H100 campaign: the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,
+#      channels_last, AGS, grid.workers [1], B = 32..1024, search full; hardware.gpu the GPU
+#      nvidia-smi names, h200 on an H200, else h100) as a whole DAG: the GPU named reaching
+#      every job (the memory probe's budget), the six probes' job wall against their timed
+#      seconds (target: at most 120 s of probe-job wall), the host share of each step, the
+#      choice and the production job's own measurement of it (bench/gpu-runs/: the H200's);
 #   2. bench/gpu_step.py compiled: plain and Tula's production step, eager and under
 #      torch.compile, at B = 256;
 #   3. bench/store_host.py: a one-worker group's store hosted by the worker or by another process.
@@ -14,27 +15,37 @@
 # On the device machine, from the checkout's root, with .device carried (../shared/gpu/README.md:
 # .device/gpu is ../shared/gpu, .device/whl its wheels):
 #
-#     bash bench/gpu_campaign.sh            # everything under $OUT (default ./gpu-out)
+#     bash bench/gpu_campaign.sh            # $OUT: the tool's own there; do not set it
 #
 # A rehearsal on this CPU machine (the same parts, tiny: small_cnn, 32 px, its own .venv):
 #
 #     GPU_CAMPAIGN_REHEARSAL=1 OUT=/tmp/gpu-rehearsal bash bench/gpu_campaign.sh
 #
-# $OUT/parts.txt says how each part ended (rc, seconds, limit); each part's log is beside it,
-# with the DAG's results/ (no checkpoints, no weights) under $OUT/campaign.
+# $OUT/parts.txt says how each part ended (rc, seconds, limit); $OUT/gpu_campaign.tgz holds
+# each part's log, with the DAG's results/ (no checkpoints, no weights) under campaign/. The
+# device machine returns at most 8 files from $OUT, none deeper than 2 folders, so the rest
+# travels as that one archive, packed again after each part (a call cut short keeps the parts
+# before). The files are written under $WORK (default /tmp/gpu-campaign) first.
 set -uo pipefail
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
-mkdir -p "$OUT"
-: > "$OUT/parts.txt"
+WORK=${WORK:-/tmp/gpu-campaign}
+rm -rf "$WORK" && mkdir -p "$OUT" "$WORK"
+: > "$WORK/parts.txt"
 
-part() { # part NAME LIMIT_S COMMAND...: run under its limit, log to $OUT/NAME.log, say how it ended
+pack() { # what comes back: parts.txt and one archive of everything else
+  cp "$WORK/parts.txt" "$OUT/parts.txt"
+  tar czf "$OUT/gpu_campaign.tgz.part" -C "$WORK" . && mv "$OUT/gpu_campaign.tgz.part" "$OUT/gpu_campaign.tgz"
+}
+
+part() { # part NAME LIMIT_S COMMAND...: run under its limit, log to $WORK/NAME.log, say how it ended, pack
   local name=$1 limit=$2 t0 rc
   shift 2
   t0=$(date +%s)
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" > "$WORK/$name.log" 2>&1
   rc=$?
-  echo "$name rc=$rc $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$OUT/parts.txt"
+  echo "$name rc=$rc $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$WORK/parts.txt"
+  pack
   return $rc
 }
 
@@ -46,7 +57,7 @@ if [ -n "${GPU_CAMPAIGN_REHEARSAL:-}" ]; then
   data=(600 100 32) cores=2 step_args=(--device cpu --batches 32)
 else
   # shellcheck disable=SC1091
-  source .device/gpu/setup.sh > "$OUT/setup.log" 2>&1 || { echo "setup failed" >> "$OUT/parts.txt"; exit 1; }
+  source .device/gpu/setup.sh > "$WORK/setup.log" 2>&1 || { echo "setup failed" >> "$WORK/parts.txt"; pack; exit 1; }
   # the GPU the machine has, named in the config as a user would name theirs (an H100 unless it says H200)
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H200*) gpu_name=h200 ;; *) gpu_name=h100 ;;
@@ -59,8 +70,8 @@ else
 fi
 GPU=$ROOT/.device/gpu
 [ -d "$GPU" ] || GPU=$ROOT/../shared/gpu
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/device.txt" 2>&1 ||
-  echo "no GPU (rehearsal)" > "$OUT/device.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/device.txt" 2>&1 ||
+  echo "no GPU (rehearsal)" > "$WORK/device.txt"
 
 campaign() {
   local dir=/tmp/tula-campaign
@@ -75,16 +86,16 @@ campaign() {
   (cd "$dir" && tula check --config workflow/config.yaml && snakemake --cores "$cores")
   local rc=$?
   (cd "$dir" && tula summary --config .snakemake/tula/config.json --results results) \
-    > "$OUT/summary.txt" 2>&1
-  mkdir -p "$OUT/campaign"
+    > "$WORK/summary.txt" 2>&1
+  mkdir -p "$WORK/campaign"
   (cd "$dir" && tar cf - --exclude='*.pt' --exclude='checkpoints' results workflow/config.yaml \
-    .snakemake/tula/config.json) | tar xf - -C "$OUT/campaign"
+    .snakemake/tula/config.json) | tar xf - -C "$WORK/campaign"
   return $rc
 }
 
-part campaign 320 bash -c "$(declare -f campaign); $(declare -p ROOT OUT GPU gpu_sets data cores); campaign"
+part campaign 320 bash -c "$(declare -f campaign); $(declare -p ROOT WORK GPU gpu_sets data cores); campaign"
 part gpu_step_compiled 150 python3 bench/gpu_step.py "${step_args[@]}" \
   --variants plain,plain_compiled,tula_production,tula_production_compiled \
-  --out "$OUT/gpu_step_compiled.json"
-part store_host 60 python3 bench/store_host.py 3
-cat "$OUT/parts.txt"
+  --out "$WORK/gpu_step_compiled.json"
+part store_host 90 python3 bench/store_host.py 2
+cat "$WORK/parts.txt"
