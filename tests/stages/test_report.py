@@ -504,3 +504,51 @@ def test_the_decode_line_says_which_decoder_the_probes_measured_faster():
     assert "the two were close" in split
     # nothing measured (not auto, no JPEG folder, or no CUDA): nothing said
     assert decode_line(m.assign(decode=None)) == "" and decode_line(m.drop(columns="decode")) == ""
+
+
+def test_a_production_job_at_chance_is_said_in_the_report_and_the_summary(tmp_path):
+    """The H200 campaign's own results (bench/gpu-runs/h200-2026-11-28): its production job
+    ended at 9.18 % on 10 classes, which the report and the summary gave as a number only.
+    Both now say it is chance and where to look; the same results at 90 % say nothing of it."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from tula import config
+    from tula.model.measurements import at_chance
+    from tula.stages import report
+    from tula.stages.summary import success_lines
+
+    run = Path(__file__).resolve().parents[2] / "bench" / "gpu-runs" / "h200-2026-11-28"
+    results = tmp_path / "results"
+    shutil.copytree(run / "results", results)
+    cfg = config.load(run / "snapshot.json")
+    said = "is at chance for 10 classes (10 %; best 11.33 %)"
+    for acc, warned in ((None, True), (0.9, False)):
+        if acc is not None:
+            final = json.loads((results / "train" / "final.json").read_text())
+            final.update(final_test_acc=acc, best_test_acc=acc)
+            (results / "train" / "final.json").write_text(json.dumps(final))
+        out = tmp_path / f"report_{warned}.html"
+        report.run(
+            results / "selection.json",
+            results / "predictions.csv",
+            results / "measurements.csv",
+            results / "train" / "final.json",
+            [],
+            out,
+            attempts=results / "train" / "attempts.json",
+            workload=results / "workload.json",
+            memory_probe=results / "memory_probe.json",
+        )
+        page = out.read_text()
+        lines = success_lines(results, cfg)
+        assert (said in page) is warned and ("the model did not learn" in page) is warned
+        assert (
+            any(line.startswith("  WARNING: The final test accuracy, 9.18 %") for line in lines)
+            is warned
+        )
+    # the rule: at most 1.5 x chance; a set of one class, or no class count, says nothing
+    assert at_chance({"final_test_acc": 0.15}, 10) and not at_chance({"final_test_acc": 0.16}, 10)
+    assert at_chance({"final_test_acc": 0.0}, 1) is None
+    assert at_chance({"final_test_acc": 0.0}, None) is None

@@ -187,6 +187,29 @@ def short_of_steps(row: pd.Series) -> int | None:
     return int(least) if least == least and steps == steps and steps < least else None
 
 
+# a production job whose final test accuracy is at most this multiple of chance (1 / classes)
+# learned nothing the test set asks: said in the report and the summary
+AT_CHANCE = 1.5
+
+
+def at_chance(final: dict, num_classes: int | None) -> str | None:
+    """What the report and the summary say where the production job's final test accuracy is
+    at chance for its classes (at most AT_CHANCE x 1 / classes), else None. A job that trained
+    at the planned speed but learned nothing is not a result: an H200 run at 9.2 % on 10
+    classes (BatchNorm statistics of twice-standardised batches) said only its number."""
+    acc = final.get("final_test_acc")
+    if not num_classes or num_classes < 2 or acc is None or acc > AT_CHANCE / num_classes:
+        return None
+    return (
+        f"The final test accuracy, {100 * acc:.2f} %, is at chance for {num_classes} classes "
+        f"({100 / num_classes:.0f} %; best {100 * final.get('best_test_acc', acc):.2f} %), "
+        f"with the training loss at {final.get('final_train_loss', float('nan')):.3g}: the "
+        "model did not learn what the test set asks. The training plot tells which: a test loss "
+        "far above the training loss points at the data (train and test prepared alike?) or "
+        "BatchNorm's statistics; a training loss that never fell, at train.lr or the epochs."
+    )
+
+
 def load(path: str | Path) -> pd.DataFrame:
     """Read and check a measurements table; errors name the file, the row and the column.
     A table without ``source`` is all probe rows."""

@@ -14,7 +14,7 @@ import pandas as pd
 from tula.config import Config
 from tula.io import read_json
 from tula.model import pricing
-from tula.model.measurements import judged_halfwidths, short_of_steps
+from tula.model.measurements import at_chance, judged_halfwidths, short_of_steps
 from tula.progress import fmt_span
 
 
@@ -132,6 +132,12 @@ def success_lines(results: str | Path, cfg: Config) -> list[str]:
             f"  accuracy: {100 * final['final_test_acc']:.2f} % at the end, best "
             f"{100 * final['best_test_acc']:.2f} %, {final['epochs']} epochs"
         )
+        workload = results / "workload.json"
+        chance = (
+            at_chance(final, read_json(workload).get("num_classes")) if workload.exists() else None
+        )
+        if chance:
+            lines.append(f"  WARNING: {chance}")
     lines.append(f"  memory budget: {cfg.hardware.describe_memory()}")
     lines += [f"  trust: {t}" for t in _trust(results, sel, final)]
     report = results / "report.html"

@@ -12,6 +12,7 @@ import jinja2
 import pandas as pd
 
 from tula.io import atomic_write, read_json
+from tula.model.measurements import at_chance
 from tula.progress import fmt_duration
 from tula.stages.report.cluster import nodes_section
 from tula.stages.report.pace import decode_line, host_section, input_section
@@ -76,6 +77,7 @@ def render(
         robustness=robustness_line(selection.get("robustness")),
         final=final,
         trained_time=fmt_duration(final["train_time_s"]),
+        chance=at_chance(final, (workload or {}).get("num_classes")),
         prediction=prediction_card(final),
         comm_env=comm_env_section(measurements, final),
         nodes=nodes_section(measurements, final),
