@@ -156,7 +156,7 @@ def resident_set(cfg: config_mod.Config, w: dict, device: str) -> int:
     nbytes = w.get("train_bytes")
     budget = cfg.hardware.memory_budget_bytes
     kept = device == "cuda" and resident_by_rule(cfg.data.on_device, device, nbytes, budget)
-    return int(nbytes) if kept else 0  # kept: the rule had the set's bytes
+    return int(nbytes) if kept and nbytes else 0
 
 
 def print_plan(cfg: config_mod.Config, est: dict) -> None:
