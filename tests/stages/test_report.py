@@ -294,6 +294,7 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     plain steps probe.timed_steps asks (an epoch of a few steps at a large B) missed its
     precision for want of steps: the report and the end-of-run summary say so, and what would
     reach it is those steps, not fewer than it timed."""
+    from tula.model.measurements import short_of_steps
     from tula.stages.report.trust import precision_section
     from tula.stages.summary import _trust
 
@@ -317,7 +318,7 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     html = precision_section(m)
     # (1.4 / 2)^2 x 7 would be 3 steps: the 20 plain steps are what it lacks, 20 x 90 ms = 1.8 s
     assert (
-        "N=1 B=256: &plusmn;1.4 % on 7 plain steps, under the 20 probe.timed_steps asks, "
+        "N=1 B=256: &plusmn;1.4 % on 7 steps, under the 20 probe.timed_steps asks, "
         "about 20 steps (~2s of timing)"
     ) in html
     # half-widths beyond the target on enough steps: the rule of the half-width alone
@@ -328,6 +329,11 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     m.to_csv(tmp_path / "measurements.csv", index=False)
     (line,) = _trust(tmp_path, {}, None)
     assert "1 of 1 probes missed their precision: N1_B256 (±1.4 % on 7 steps of the 20" in line
+    # the minimum counts the steps the half-width is over, epoch starts too where it weighs them
+    assert short_of_steps(pd.Series({**row, "step_judged_steps": 20})) is None
+    assert short_of_steps(pd.Series({**row, "step_judged_steps": 9})) == 20
+    lacking = precision_section(pd.DataFrame([{**row, "step_judged_steps": 9}]))
+    assert "on 9 steps, under the 20 probe.timed_steps asks" in lacking
     m.assign(precision_min_steps=float("nan")).to_csv(tmp_path / "measurements.csv", index=False)
     (line,) = _trust(tmp_path, {}, None)  # a table from before the column: the half-width alone
     assert "N1_B256 (±1.4 %)" in line

@@ -27,8 +27,8 @@ Optional ``source`` says what a row is (absent: every row is a probe):
 
 Other optional columns written by ``tula aggregate``: nodes (the nodes that job ran on: N /
 cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s,
-compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, partial_extra_s (the
-epoch's short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes,
+compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, partial_extra_s (the epoch's
+short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes,
 grad_bytes_per_step, param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples,
 wall_s, device, backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``),
 error, probe_file; and on multi-worker probe rows the gradient noise scale (tula.model.noise):
@@ -39,27 +39,29 @@ batch read alone (no model; the slowest rank's), the floor of :mod:`tula.model.f
 input_bound (it took at least INPUT_BOUND, 80 %, of the step) and data_workers (the loader processes
 each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
 step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
-relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the steps
-that mean is over; precision_target (probe.precision), precision_min_steps (probe.timed_steps:
-the plain steps each arm needs at least), precision_reached (both within the target on at least
-that many steps) and timing_stopped_by (precision | budget). ``tula fit`` weights each point by
-its half-width. The precision rule judges a step that spikes by its robust spread
-(:mod:`tula.runtime.precision`): step_spread (sd | mad) and step_spikes (the steps that spiked)
-say so, and *_halfwidth_judged_rel are the half-widths it judged (the fits weigh by the standard
-deviation's). On a device with a queue (CUDA): step_host_share, the host's time to queue a step over
-its time between the step's events, both taken on steps queued onto a drained device (a full launch
-queue holds a host to its device's pace: :mod:`tula.runtime.timing`), and host_bound (at least
-HOST_BOUND, 90 %: the device waited for Python). Where data.decode auto had two decoders to choose
-from (JPEGs on CUDA, :mod:`tula.runtime.decoding`): decode, the one the probe measured faster and
-read with (cpu | gpu), and decode_faster_by. On memory rows, where tula check estimated the step
-from the model alone (:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local
-batch, and estimate_mem_error, its relative error against the measured peak ((estimate - measured) /
-measured). On probe rows, what the probe job spent timing: timed_s, the seconds of its timed steps
-(synced, compute-only, with the epoch starts and short last batches each arm timed, and its sweep's,
-each a mean x its steps), and probe_efficiency = timed_s / wall_s, the share of the probe's wall
-that bought a measurement; the rest is start-up, first steps, evaluation and checkpoints (the report
-sums it over the campaign). One job probes every batch of an N in one process: wall_s is the point's
-own time in it plus an equal share of what the job paid once (its start-up, its process group), so a
+relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the plain steps
+that mean is over, and step_judged_steps and compute_judged_steps, the steps the half-width is over
+(with the epoch's starts and short last batches where it weighs them); precision_target
+(probe.precision), precision_min_steps (probe.timed_steps: the judged steps each arm needs at
+least), precision_reached (both within the target on at least that many steps) and timing_stopped_by
+(precision | budget). ``tula fit`` weights each point by its half-width. The precision rule judges a
+step that spikes by its robust spread (:mod:`tula.runtime.precision`): step_spread (sd | mad) and
+step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel are the half-widths it judged
+(the fits weigh by the standard deviation's). On a device with a queue (CUDA): step_host_share, the
+host's time to queue a step over its time between the step's events, both taken on steps queued onto
+a drained device (a full launch queue holds a host to its device's pace:
+:mod:`tula.runtime.timing`), and host_bound (at least HOST_BOUND, 90 %: the device waited for
+Python). Where data.decode auto had two decoders to choose from (JPEGs on CUDA,
+:mod:`tula.runtime.decoding`): decode, the one the probe measured faster and read with (cpu | gpu),
+and decode_faster_by. On memory rows, where tula check estimated the step from the model alone
+(:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local batch, and
+estimate_mem_error, its relative error against the measured peak ((estimate - measured) / measured).
+On probe rows, what the probe job spent timing: timed_s, the seconds of its timed steps (synced,
+compute-only, with the epoch starts and short last batches each arm timed, and its sweep's, each a
+mean x its steps), and probe_efficiency = timed_s / wall_s, the share of the probe's wall that
+bought a measurement; the rest is start-up, first steps, evaluation and checkpoints (the report sums
+it over the campaign). One job probes every batch of an N in one process: wall_s is the point's own
+time in it plus an equal share of what the job paid once (its start-up, its process group), so a
 job's points sum to job_wall_s, the job's wall (its workers' start to end); fresh_process says
 whether the point's first steps were the process's own (the job's first point: what a production job
 pays at its start), and only those give the first step's extra its prediction
@@ -143,6 +145,8 @@ OPTIONAL = [
     "compute_time_halfwidth_rel",
     "step_timed_steps",
     "compute_timed_steps",
+    "step_judged_steps",
+    "compute_judged_steps",
     "precision_target",
     "precision_min_steps",
     "precision_reached",
@@ -178,12 +182,19 @@ def judged_halfwidths(row: pd.Series) -> tuple[list[float | None], bool]:
     return [float(h) if h is not None and h == h else None for h in hws], bool(robust)
 
 
+def judged_steps(row: pd.Series) -> float:
+    """The steps a probe row's synced half-width is over (step_judged_steps: every kind its
+    mean weighs); its plain steps where the row predates the column."""
+    steps = pd.to_numeric(row.get("step_judged_steps"), errors="coerce")
+    return steps if steps == steps else pd.to_numeric(row.get("step_timed_steps"), errors="coerce")
+
+
 def short_of_steps(row: pd.Series) -> int | None:
-    """probe.timed_steps (precision_min_steps) where a probe row has fewer plain steps than
-    that: it cannot have reached its precision, whatever its half-widths (the budget ran out
-    first). None otherwise, or where the row does not say."""
+    """probe.timed_steps (precision_min_steps) where a probe row's half-width is over fewer
+    steps than that (:func:`judged_steps`): it cannot have reached its precision, whatever its
+    half-widths (the budget ran out first). None otherwise, or where the row does not say."""
     least = pd.to_numeric(row.get("precision_min_steps"), errors="coerce")
-    steps = pd.to_numeric(row.get("step_timed_steps"), errors="coerce")
+    steps = judged_steps(row)
     return int(least) if least == least and steps == steps and steps < least else None
 
 

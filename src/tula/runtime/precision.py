@@ -120,6 +120,14 @@ class Series:
         mixed = self.mixed_half_width(robust)
         return mixed if math.isfinite(mixed) else half_width_rel(self.times, robust=robust)
 
+    def judged_steps(self) -> int:
+        """The steps the judged half-width is over: with the mix judged, every kind's in it (an
+        epoch of 6 steps at B = 1,024: 5 plain in 6); else the plain steps alone."""
+        if not math.isfinite(self.mixed_half_width()):
+            return self.n_steps
+        assert self.mix is not None
+        return self.n_steps + sum(len(self.other.get(kind, [])) for kind in self.mix)
+
     def spikes(self) -> int:
         """Samples that spike, over every kind."""
         return spikes(self.times) + sum(spikes(v) for v in self.other.values())

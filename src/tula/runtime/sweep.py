@@ -142,7 +142,7 @@ def _rounds(
     lead_in = synced_lead_in(replica, until_plain=3)
 
     def done(s: Series, spent: bool) -> bool:
-        if s.n_steps >= target.min_steps and s.half_width() <= target.precision:
+        if s.judged_steps() >= target.min_steps and s.half_width() <= target.precision:
             return True
         return spent and s.n_steps + sum(map(len, s.other.values())) >= target.min_steps
 

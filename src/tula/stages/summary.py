@@ -14,7 +14,7 @@ import pandas as pd
 from tula.config import Config
 from tula.io import read_json
 from tula.model import pricing
-from tula.model.measurements import at_chance, judged_halfwidths, short_of_steps
+from tula.model.measurements import at_chance, judged_halfwidths, judged_steps, short_of_steps
 from tula.progress import fmt_span
 
 
@@ -89,7 +89,7 @@ def _missed(r: pd.Series) -> str:
     worst = max((h for h in judged_halfwidths(r)[0] if h is not None), default=None)
     said = [] if worst is None else [f"±{100 * worst:.1f} %"]
     if (least := short_of_steps(r)) is not None:
-        said.append(f"on {int(r.step_timed_steps)} steps of the {least} probe.timed_steps asks")
+        said.append(f"on {int(judged_steps(r))} steps of the {least} probe.timed_steps asks")
     return f"N{int(r.workers)}_B{int(r.global_batch)}" + (f" ({' '.join(said)})" if said else "")
 
 

@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from tula.model.grid import paid_mix
-from tula.model.measurements import judged_halfwidths, short_of_steps
+from tula.model.measurements import judged_halfwidths, judged_steps, short_of_steps
 from tula.progress import fmt_duration, fmt_span
 from tula.stages.report.sections import _cell
 
@@ -103,13 +103,13 @@ def _precision_row(r: pd.Series, target: float) -> tuple[list, str]:
     per_step = (r["step_time_s"] + r["compute_time_s"]) if probe else r["compute_time_s"]
     least = short_of_steps(r) if probe else None
     # a probe's precision weighs every kind of step at its share of an epoch: the plain steps
-    # counted are that share of the steps it timed, and all of them scale alike
-    plain = max(float(steps) * (worst / target) ** 2, least or 0)
-    need = plain / _plain_share(r)
+    # counted are that share of the steps it timed, and all of them scale alike; the minimum
+    # counts every kind the half-width weighs
+    need = max(float(steps) * (worst / target) ** 2 / _plain_share(r), least or 0)
     return cells, (
         f"{name}: &plusmn;{100 * worst:.1f} %"
         + (
-            f" on {int(steps)} plain steps, under the {least} probe.timed_steps asks"
+            f" on {int(judged_steps(r))} steps, under the {least} probe.timed_steps asks"
             if least
             else ""
         )
