@@ -251,7 +251,8 @@ FOREIGN_FIELDS = {
     ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
     ("runtime/replica.py", "self.pos.step"): "the replica's own Position record",
     ("runtime/replica.py", "self.pos.offset"): "the replica's own Position record",
-    ("runtime/replica.py", "self.pos.epoch"): "the replica's own Position record",
+    ("runtime/epoch_walk.py", "self.pos.offset"): "the replica's own Position record",
+    ("runtime/epoch_walk.py", "self.pos.epoch"): "the replica's own Position record",
     ("slurm.py", "plugin.get_submit_command"): "the SLURM plugin's submit builder, narrowed "
     "until its failed-node exclusion is fixed upstream",
 }

@@ -35,6 +35,7 @@ from tula.runtime import data as data_mod
 from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import clock_for
+from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import build_method, lr_factor, refresh_due
 from tula.runtime.nets import build_model, compiled
@@ -47,9 +48,10 @@ from tula.runtime.timing import StepTimer
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Replica(ReplicaState):
+class Replica(EpochWalk, ReplicaState):
     """One worker's model, optimizer, data and position, and the training step (what a
-    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`). ``data``:
+    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`; where it
+    stands in its epoch and the kind of its next step: :class:`EpochWalk`). ``data``:
     the workload's sets loaded already in this process (a probe job's later points)."""
 
     def __init__(
@@ -266,100 +268,6 @@ class Replica(ReplicaState):
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Steps without the gradient all-reduce (compute-only: DDP's ``no_sync``)."""
         return self.ddp.no_sync()
-
-    def epoch_batches(self) -> Iterator:
-        """This rank's batches, on the device, from the current position to the end of the
-        epoch (:class:`tula.runtime.stream.Stream`)."""
-        return self.stream.batches(self.pos.epoch, self.pos.offset)
-
-    def next_steps(self, steps: int) -> tuple[int, str]:
-        """Run the next steps wherever training stands, untimed: up to ``steps`` plain steps
-        queued back to back (full batches, not an epoch's first nor a mid-epoch AGS refresh),
-        or else one step of its own kind. An epoch that ran out is closed first (as training
-        does it, between steps). Returns (steps run, kind): "plain", or "start" (an epoch's
-        first step), "refresh" (a mid-epoch AGS refresh), "partial" (an epoch's short last
-        batch). The timer (:mod:`tula.runtime.timing`) times around it."""
-        if self.pos.offset > 0 and self.epoch_over():
-            self.restart_epoch()
-        batches = self.stream.current(self.pos)
-        ahead = self.plain_steps_ahead()
-        if steps > 1 and ahead > 1:
-            n = min(steps, ahead)
-            for _ in range(n):
-                self.run_step(batches)
-            return n, "plain"
-        start = self.pos.offset == 0
-        self.run_step(batches)
-        short = self.last_chunk < self.global_batch
-        kind = (
-            "start" if start else "refresh" if self.refreshed else "partial" if short else "plain"
-        )
-        return 1, kind
-
-    def epoch_over(self) -> bool:
-        """Has this epoch no batch left (the next step starts another)?"""
-        return (
-            loader.next_chunk(self.data.train_size, self.global_batch, self.pos.offset, self.world)
-            == 0
-        )
-
-    def next_timed_step(self) -> tuple[float, str]:
-        """Time the next training step alone by the device's clock, wherever training stands
-        (an epoch that ran out closed first, untimed): (seconds, kind)."""
-        if self.pos.offset > 0 and self.epoch_over():
-            self.restart_epoch()
-        seconds, (_, kind) = self.timer.time_call(lambda: self.next_steps(1))
-        return seconds, kind
-
-    def first_short_step_time(self) -> float:
-        """Seconds of the first step at the epoch's short last batch (a new shape's one-off cost),
-        0.0 where there is none; run from that batch's position, fetched before the clock starts
-        (a new loader's start, which training, streaming already, does not pay there)."""
-        tail = self.data.train_size % self.global_batch
-        if tail < self.world:
-            return 0.0
-        self.pos.offset = self.data.train_size - tail
-        self.stream.forget()
-        batch = next(self.stream.current(self.pos))
-        return self.timer.time_call(lambda: self.step(*batch))[0]
-
-    def restart_epoch(self) -> None:
-        """Close the epoch in progress; the next step starts a new one."""
-        self.end_epoch()
-        self.stream.forget()
-
-    def run_step(self, batches: Iterator) -> int | None:
-        """Fetch the next batch and run :meth:`step`, queued without waiting for the device;
-        its stop code, or None when the epoch has no batch left."""
-        batch = next(batches, None)
-        return None if batch is None else self.step(*batch)
-
-    def plain_steps_ahead(self) -> int:
-        """Steps from here that are plain: full batches of this epoch before its short last one,
-        not the epoch's first, nor a mid-epoch AGS refresh."""
-        if self.pos.offset == 0 or self.force_refresh:
-            return 0
-        n = (self.data.train_size - self.pos.offset) // self.global_batch
-        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else None
-        if not k:
-            return n
-        into = self.pos.step % k  # the step after k-1 plain ones refreshes (refresh_due)
-        return min(n, k - into) if into else 0
-
-    def cycle_place(self) -> tuple[int, int]:
-        """The next step's samples into its epoch (0: its first), its place between refreshes."""
-        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else 0
-        return 0 if self.epoch_over() else self.pos.offset, self.pos.step % k if k else 0
-
-    def end_epoch(self) -> tuple[float, float, int]:
-        """Close the epoch: (train loss, train accuracy, samples) over every rank; the next
-        starts."""
-        torch_dist.all_reduce(self.stats)
-        samples = int(self.stats[2].item())
-        loss, acc = (self.stats[:2] / max(samples, 1)).tolist()
-        self.stats.zero_()
-        self.pos.epoch, self.pos.offset = self.pos.epoch + 1, 0
-        return loss, acc, samples
 
     def evaluate(self) -> tuple[float, float]:
         """(test loss, test accuracy) over the whole test set, sharded over the ranks
