@@ -11,6 +11,7 @@ import torch.distributed as torch_dist
 
 from conftest import bitwise_equal
 from tula import config
+from tula.runtime.methods import Cadence
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 
@@ -149,7 +150,7 @@ def test_the_sweep_times_each_compute_only_step_after_a_synced_one(one_process_g
 
     monkeypatch.setattr(r, "run_step", logged)
     # a precision never reached and a budget spent at once: one round of ROUND_STEPS each
-    timer = probe_timing.step_timer(r, Target(0.0, 3, 0.0))
+    timer = probe_timing.step_timer(r, Target(0.0, 3, 0.0), None)
     begin = timer.clock.begin
     monkeypatch.setattr(timer.clock, "begin", lambda: events.append("timed") or begin())
     series = sweep._rounds(r, timer, [16, 32], 1, 1)
@@ -197,3 +198,36 @@ def test_a_uint8_sets_training_step_feeds_the_model_its_batch_standardised_once(
             once = r.data.as_input(stored).flatten(1)
             dist = torch.cdist(fed.flatten(1), once, compute_mode="donot_use_mm_for_euclid_dist")
             assert len(fed) >= 32 and dist.min(dim=1).values.max() < 1e-4, on_device
+
+
+@pytest.mark.parametrize(
+    "train, due, per_step, differ",
+    [
+        ({"method": "ags"}, [True, False, False, False, False], 0.0, False),
+        (
+            {"method": "ags", "ags_refresh_every_steps": 4},
+            [True, False, False, False, True],
+            0.25,
+            False,
+        ),
+        ({"method": "lbt", "ags_refresh_every_steps": 4}, [False] * 5, 0.0, False),
+        ({"method": "polo"}, [False] * 5, 0.0, True),
+    ],
+)
+def test_the_cadence_is_the_methods_own_resolved_once(train, due, per_step, differ):
+    """What of train.method the step, the epoch's walk, the monitor and the checkpoint ask
+    (Cadence): AGS refreshes at an epoch's first step or every k steps, other methods never;
+    post-local SGD's ranks differ. Steps 0-4 of an epoch whose first step is step 0."""
+    c = Cadence.of(config.from_dict({"train": train}).train)
+    assert [c.refresh_due(step == 0, step) for step in range(5)] == due
+    assert c.midepoch_refreshes_per_step() == per_step and c.replicas_differ is differ
+
+
+def test_the_replica_keeps_no_config_section(one_process_group):
+    """The replica resolves what it needs of the config as it is built (Cadence, the LR
+    schedule): no field of it holds the config or a section, so what a step depends on is
+    what it was given, not whatever a section may grow."""
+    r = _replica("fp32")
+    held = [k for k, v in vars(r).items() if type(v).__module__ == "tula.config"]
+    assert held == [] and r.cadence == Cadence("ags", None) and r.compile == "off"
+    assert r.lr_at(0, 10, 64) == pytest.approx(1.0)  # AGS: the base LR, no warm-up

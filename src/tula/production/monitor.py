@@ -35,7 +35,6 @@ from tula.io import read_json, write_csv, write_json
 from tula.model import drift as drift_mod
 from tula.production.ledger import Ledger
 from tula.runtime import agreement
-from tula.runtime.methods import refresh_due
 from tula.runtime.replica import Replica
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
@@ -77,10 +76,13 @@ class Monitor:
         every: int | str | None,
         ledger: Ledger,
         band: drift_mod.Band | None,
+        replan: str,
     ):
         self.replica, self.ledger, self.band = replica, ledger, band
+        self.replan = replan  # launch.replan: a drift found is recorded, or also reported to move
         self.out, self.attempt, resumed_from = Path(ledger.out), ledger.attempt, ledger.resumed_from
-        self.enabled = every is not None and replica.t.method != "polo" and replica.world > 1
+        self.enabled = every is not None and replica.cadence.method != "polo" and replica.world > 1
+        self.setting = every  # launch.monitor_every_steps, as it ran (None: off)
         self.every = None if every in (None, "auto") else int(every)
         # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier
         # attempts' too)
@@ -103,7 +105,7 @@ class Monitor:
         """For final.json (rank 0): how much was monitored, what it cost, the drifts found."""
         return {
             "monitored_steps": len(self.rows),
-            "monitor_every_steps": self.replica.cfg.launch.monitor_every_steps,
+            "monitor_every_steps": self.setting,
             "drift": self.drifts,
             "drift_band_s": asdict(self.band) if self.band else None,
         }
@@ -116,7 +118,7 @@ class Monitor:
             and r.pos.step >= self.next_step
             and r.pos.offset > 0
             and not r.force_refresh
-            and not refresh_due(r.t, False, r.pos.step)
+            and not r.cadence.refresh_due(False, r.pos.step)
         )
 
     def paired_step(self, batches: Iterator) -> tuple[float, int] | None:
@@ -190,7 +192,7 @@ class Monitor:
             return
         found = self.detector.observe(r.pos.step, sync)
         if found is not None:
-            move = r.cfg.launch.replan == "move"
+            move = self.replan == "move"
             self.drifts.append(
                 {
                     **found.to_dict(),
@@ -205,6 +207,6 @@ class Monitor:
             write_json(self.out / "drift.json", self.drifts)
             print(
                 f"[train N={r.world} B={r.global_batch}] drift: {found.describe()}; "
-                f"{self.drifts[-1]['action']} (launch.replan: {r.cfg.launch.replan})",
+                f"{self.drifts[-1]['action']} (launch.replan: {self.replan})",
                 flush=True,
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
+from tula.config import Config
 from tula.io import write_json
 from tula.production import jobdir
 from tula.production.ledger import Ledger
@@ -20,11 +21,16 @@ from tula.runtime.replica import Replica
 
 
 def final_record(
-    ledger: Ledger, replica: Replica, backend: str, monitor: Monitor | None, hosts: list[str]
+    cfg: Config,
+    ledger: Ledger,
+    replica: Replica,
+    backend: str,
+    monitor: Monitor | None,
+    hosts: list[str],
 ) -> dict[str, Any]:
     """final.json: the run's settings, its results, what its parts took and every rank's host
     (in rank order)."""
-    cfg, t, times, rows = replica.cfg, replica.t, ledger.times, ledger.rows
+    t, times, rows = cfg.train, ledger.times, ledger.rows
     steps = max(replica.pos.step, 1)
     return {
         "workers": replica.world,

@@ -264,7 +264,9 @@ class Trainer:
             self.checkpoint(complete=True)
         hosts = dist.hostnames()  # every rank: a collective
         if self.rank == 0:
-            final = records.final_record(self.ledger, replica, self.backend, self.monitor, hosts)
+            final = records.final_record(
+                self.cfg, self.ledger, replica, self.backend, self.monitor, hosts
+            )
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
             if self.ckpt:
@@ -298,7 +300,7 @@ class Trainer:
         # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
         if self.ckpt:
             every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
-            self.monitor = Monitor(replica, every, self.ledger, self.band)
+            self.monitor = Monitor(replica, every, self.ledger, self.band, cfg.launch.replan)
         if self.rank == 0:
             print(
                 f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: "

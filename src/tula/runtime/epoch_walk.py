@@ -20,8 +20,8 @@ import torch.distributed as torch_dist
 from tula.runtime import loader
 
 if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)
-    from tula.config import TrainSettings
     from tula.runtime.data import WorkloadData
+    from tula.runtime.methods import Cadence
     from tula.runtime.stepstate import Position
     from tula.runtime.stream import Stream
     from tula.runtime.timing import StepTimer
@@ -34,7 +34,7 @@ class EpochWalk:
     data: WorkloadData
     stream: Stream
     timer: StepTimer
-    t: TrainSettings
+    cadence: Cadence
     stats: torch.Tensor
     global_batch: int
     world: int
@@ -116,7 +116,7 @@ class EpochWalk:
         if self.pos.offset == 0 or self.force_refresh:
             return 0
         n = (self.data.train_size - self.pos.offset) // self.global_batch
-        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else None
+        k = self.cadence.refresh_every
         if not k:
             return n
         into = self.pos.step % k  # the step after k-1 plain ones refreshes (refresh_due)
@@ -124,7 +124,7 @@ class EpochWalk:
 
     def cycle_place(self) -> tuple[int, int]:
         """The next step's samples into its epoch (0: its first), its place between refreshes."""
-        k = self.t.ags_refresh_every_steps if self.t.method == "ags" else 0
+        k = self.cadence.refresh_every or 0
         return 0 if self.epoch_over() else self.pos.offset, self.pos.step % k if k else 0
 
     def end_epoch(self) -> tuple[float, float, int]:

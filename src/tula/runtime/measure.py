@@ -203,7 +203,7 @@ def step_peak_bytes(
         # an epoch's first step (loader refill, AGS refresh): not the plain step
         replica.next_timed_step()
     peaks = {"plain": measure(False)}
-    if refresh and replica.t.method == "ags":
+    if refresh and replica.cadence.method == "ags":
         peaks["refresh"] = measure(True)
     return peaks
 

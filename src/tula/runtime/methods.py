@@ -7,6 +7,7 @@ at another global batch."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -161,26 +162,39 @@ def build_method(
     ), no_hook
 
 
-def refresh_due(t: TrainSettings, epoch_start: bool, global_step: int) -> bool:
-    """AGS refreshes its factors on the first step of each epoch, or every k steps."""
-    if t.method != "ags":
-        return False
-    k = t.ags_refresh_every_steps
-    return global_step % k == 0 if k else epoch_start
+@dataclass(frozen=True)
+class Cadence:
+    """When a method's step is not a plain one, resolved from ``train`` once, as the replica is
+    built: AGS refreshes its factors on an epoch's first step, or every ``refresh_every`` steps
+    where ``train.ags_refresh_every_steps`` sets k; post-local SGD's ranks step apart between
+    averages. The step, the timer's walk through an epoch, the monitor and the checkpoint ask
+    it, not the config."""
 
+    method: str
+    refresh_every: int | None = None  # AGS's k (None: epoch starts only, or not AGS)
 
-def replicas_differ(t: TrainSettings) -> bool:
-    """Can the ranks' models and optimizer states differ? Post-local SGD's local phase: each
-    rank steps on its own gradient between two averages, so a checkpoint keeps every rank's
-    model and optimizer state, not only rank 0's."""
-    return t.method == "polo"
+    @classmethod
+    def of(cls, t: TrainSettings) -> Cadence:
+        return cls(t.method, t.ags_refresh_every_steps if t.method == "ags" else None)
 
+    def refresh_due(self, epoch_start: bool, global_step: int) -> bool:
+        """AGS refreshes its factors on the first step of each epoch, or every k steps."""
+        if self.method != "ags":
+            return False
+        k = self.refresh_every
+        return global_step % k == 0 if k else epoch_start
 
-def midepoch_refreshes_per_step(t: TrainSettings) -> float:
-    """How often training refreshes AGS's factors other than at an epoch's first step
-    (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
-    k = t.ags_refresh_every_steps
-    return 1.0 / k if t.method == "ags" and k else 0.0
+    @property
+    def replicas_differ(self) -> bool:
+        """Can the ranks' models and optimizer states differ? Post-local SGD's local phase:
+        each rank steps on its own gradient between two averages, so a checkpoint keeps every
+        rank's model and optimizer state, not only rank 0's."""
+        return self.method == "polo"
+
+    def midepoch_refreshes_per_step(self) -> float:
+        """How often training refreshes AGS's factors other than at an epoch's first step
+        (``ags_refresh_every_steps: k``: every k steps; by default only at epoch starts)."""
+        return 1.0 / self.refresh_every if self.refresh_every else 0.0
 
 
 def set_post_local_iter(ddp: DDP, step: int) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from tula.model.measurements import HOST_BOUND, INPUT_BOUND
 from tula.runtime.measure import timing_stats
-from tula.runtime.methods import midepoch_refreshes_per_step
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Timing
@@ -40,7 +39,7 @@ def measurement(
     partial_extra = statistics.fmean(extras["partial"]) - s["mean"] if extras["partial"] else 0.0
     extra = (
         start_extra + partial_extra
-    ) / replica.steps_per_epoch + refresh_extra * midepoch_refreshes_per_step(replica.t)
+    ) / replica.steps_per_epoch + refresh_extra * replica.cadence.midepoch_refreshes_per_step()
     return {
         "step_time_s": s["mean"] + extra,
         "compute_time_s": c["mean"] + extra,
@@ -66,7 +65,7 @@ def measurement(
         "train_samples": replica.data.train_size,
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
         "first_short_step_s": max(g.get("first_short_step", 0.0) for g in gathered),
-        "compile": replica.t.compile,
+        "compile": replica.compile,
         "on_device": replica.stream.feed.resident,
         **_decode(replica.stream.decode),
         **_input(gathered, s["mean"] + extra),

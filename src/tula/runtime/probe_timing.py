@@ -11,7 +11,6 @@ from tula import config as config_mod
 from tula.model.grid import paid_mix
 from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
-from tula.runtime.methods import midepoch_refreshes_per_step
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Run, StepTimer, Target, Timing
 
@@ -26,14 +25,17 @@ def probe_target(cfg: config_mod.Config) -> Target:
     return Target(p.precision, p.timed_steps, p.time_budget_s)
 
 
-def step_timer(replica: Replica, target: Target, mix: dict[str, float] | None = None) -> StepTimer:
-    """The timer that fits the replica's device, its samples the slowest rank's; ``mix``: the
-    kinds of step training pays besides plain ones (:func:`tula.model.grid.paid_mix`)."""
+def step_timer(
+    replica: Replica, target: Target, block_steps: int | None, mix: dict[str, float] | None = None
+) -> StepTimer:
+    """The timer that fits the replica's device, its samples the slowest rank's;
+    ``block_steps``: probe.block_steps (None: sized from the first steps); ``mix``: the kinds
+    of step training pays besides plain ones (:func:`tula.model.grid.paid_mix`)."""
     return StepTimer(
         replica.timer.clock,
         target,
         combine=max_over_ranks,
-        block_steps=replica.cfg.probe.block_steps,
+        block_steps=block_steps,
         mix=mix,
     )
 
@@ -129,9 +131,9 @@ def time_steps(
         replica.data.train_size,
         replica.global_batch,
         replica.world,
-        midepoch_refreshes_per_step(replica.t),
+        replica.cadence.midepoch_refreshes_per_step(),
     )
-    timer = step_timer(replica, probe_target(cfg), mix)
+    timer = step_timer(replica, probe_target(cfg), cfg.probe.block_steps, mix)
     if cfg.probe.warmup_steps:
         timer.size_block(warm)
 
@@ -182,7 +184,7 @@ def extra_kinds(replica: Replica, timing: Timing) -> dict[str, list[float]]:
         replica.restart_epoch()
         t, kind = replica.next_timed_step()
         more.setdefault(kind, []).append(t)
-    while midepoch_refreshes_per_step(replica.t) > 0 and (
+    while replica.cadence.midepoch_refreshes_per_step() > 0 and (
         len(met["refresh"]) + len(more["refresh"]) < EXTRA_STEPS
     ):
         replica.refresh_next()

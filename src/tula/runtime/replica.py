@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Callable, Iterator
 
@@ -37,7 +38,7 @@ from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import clock_for
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
-from tula.runtime.methods import build_method, lr_factor, refresh_due
+from tula.runtime.methods import Cadence, build_method, lr_factor
 from tula.runtime.nets import build_model, compiled
 from tula.runtime.refresh import refresh_scales
 from tula.runtime.replica_state import ReplicaState
@@ -65,7 +66,7 @@ class Replica(EpochWalk, ReplicaState):
         data: data_mod.WorkloadData | None = None,
     ):
         t = cfg.train
-        self.cfg, self.t, self.device = cfg, t, device
+        self.device = device
         self.global_batch, self.rank, self.world = global_batch, rank, world
         self.data = data if data is not None else data_mod.load_config(cfg)
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
@@ -75,13 +76,24 @@ class Replica(EpochWalk, ReplicaState):
             model = model.to(memory_format=torch.channels_last)
         model = model.to(device)
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        # what the step's forward calls
-        self.net = compiled(self.ddp) if t.compile == "on" else self.ddp
+        # what the step's forward calls (train.compile, as the probe's record says it)
+        self.net, self.compile = compiled(self.ddp) if t.compile == "on" else self.ddp, t.compile
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
         self.opt, prepare_ddp = build_method(
             t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch
         )
         prepare_ddp(self.ddp)
+        # what of train.method the step, the epoch's walk, the monitor and the checkpoint ask
+        self.cadence = Cadence.of(t)
+        # the LR multiplier of train.method's schedule at (step, steps per epoch, global batch)
+        self.lr_at = functools.partial(
+            lr_factor,
+            t.method,
+            base_batch=t.base_batch,
+            warmup_epochs=t.warmup_epochs,
+            decay_epochs=t.lr_decay_epochs,
+            decay_factor=t.lr_decay_factor,
+        )
         self.pos = Position()
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda _: self._lr_factor())
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
@@ -106,16 +118,10 @@ class Replica(EpochWalk, ReplicaState):
 
     # -- pieces of the step ------------------------------------------------------------
     def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
-        t = self.t
-        return lr_factor(
-            t.method,
+        return self.lr_at(
             self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
             self.steps_per_epoch,
             self.global_batch,
-            t.base_batch,
-            t.warmup_epochs,
-            t.lr_decay_epochs,
-            t.lr_decay_factor,
         )
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -204,8 +210,8 @@ class Replica(EpochWalk, ReplicaState):
             time.sleep(self.hooks.sync_delay(self.pos.step))
         # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
         self.scaler.unscale_(self.opt)
-        self.refreshed = self.force_refresh or refresh_due(
-            self.t, self.pos.offset == 0, self.pos.step
+        self.refreshed = self.force_refresh or self.cadence.refresh_due(
+            self.pos.offset == 0, self.pos.step
         )
         if self.refreshed:
             self._refresh(x, y)

@@ -13,7 +13,6 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.methods import replicas_differ
 from tula.runtime.replica import Replica
 
 
@@ -34,7 +33,7 @@ def write_checkpoint(
         replica.inject("checkpoint")
         mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
         # rank 0's model and optimizer are the file's own
-        if replicas_differ(replica.t) and rank != 0:
+        if replica.cadence.replicas_differ and rank != 0:
             mine["replica"] = _to_cpu(
                 {"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()}
             )

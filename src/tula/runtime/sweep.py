@@ -77,7 +77,7 @@ def _sweep(
     )
     own = replica.global_batch
     target = Target(cfg.probe.precision, cfg.probe.sweep_steps, cfg.probe.time_budget_s)
-    timer = step_timer(replica, target)
+    timer = step_timer(replica, target, cfg.probe.block_steps)
     rows = {lb: {"local_batch": lb} for lb in batches}
     live, warm = _first_round(replica, batches, rows, point.workers)
     batches = [lb for lb in batches if lb in live or "status" in rows[lb]]
