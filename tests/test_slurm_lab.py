@@ -26,6 +26,11 @@ def run(*cmd: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
+def lab_tx_bytes(node: str) -> int:
+    """Bytes the lab node has sent over its link (its namespace's lab0) since it came up."""
+    return int(run("ip", "netns", "exec", node, "cat", "/sys/class/net/lab0/statistics/tx_bytes"))
+
+
 def wait_for_job(job_id: str, timeout_s: float = 240) -> str:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -75,6 +80,7 @@ def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path
     shape = job_resources(config.load(cfg_file), 4, runtime_min=10)
     assert (shape["nodes"], shape["tasks"]) == (2, 4)
     rec_file, tula = tmp_path / "N4_B64.json", Path(sys.executable).parent / "tula"
+    sent_before = lab_tx_bytes(NODES[1])
     job = sbatch(
         f"--nodes={shape['nodes']}",
         f"--ntasks={shape['tasks']}",
@@ -95,7 +101,13 @@ def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path
     # one 4-task srun step, over both nodes
     steps = run("sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,NNodes,State")
     assert f"{job}.0|4|2|COMPLETED" in steps, steps
-    assert rec["sync_time_s"] > 0 and rec["step_time_s"] > rec["compute_time_s"]
+    # the gradients crossed the shaped link: the second node sent at least its share of every
+    # synced step's all-reduce. (Not the sign of step - compute: from the few steps a 0.5 s
+    # budget times, at a 20-40 % CV with four workers on two cores, it was once 66 ms against
+    # 70 ms, sync 0.)
+    synced = rec["step_timed_steps"] + sum(rec["step_other_steps"].values())
+    sent = lab_tx_bytes(NODES[1]) - sent_before
+    assert sent >= synced * rec["grad_bytes_per_step"] / 2, (sent, synced)
 
 
 @pytest.fixture(scope="module")
