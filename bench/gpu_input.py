@@ -136,7 +136,7 @@ def feed_images_per_s(
         {**raw, "data": {**raw["data"], "decode": "gpu", "num_workers": workers}}
     )
     dl, sampler = loader_mod.train_loader(cfg, ds, batch, 0, 1, device)
-    feed = loader_mod.DeviceFeed(cfg, ds, dl, sampler, device, channels_last=True)
+    feed = loader_mod.DeviceFeed.of(cfg, ds, dl, sampler, device, channels_last=True)
     rates = []
     for epoch in range(1, repeats + 1):
         sampler.set_position(epoch, 0)

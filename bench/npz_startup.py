@@ -40,7 +40,7 @@ from tula.runtime import data, loader
 cfg = config.from_dict({"workload": {"dataset": "npz:%s"}})
 d = data.load_config(cfg)
 ld, sampler = loader.train_loader(cfg, d, 256, 0, 1, torch.device("cpu"))
-feed = loader.DeviceFeed(cfg, d, ld, sampler, torch.device("cpu"), channels_last=False)
+feed = loader.DeviceFeed.of(cfg, d, ld, sampler, torch.device("cpu"), channels_last=False)
 sampler.set_position(1, 0)
 x, _ = next(iter(feed))
 print(json.dumps({"s": time.perf_counter() - t0, "rss": resource.getrusage(

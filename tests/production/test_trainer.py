@@ -165,3 +165,40 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     ):
         train_from_files(cfg, sel, tmp_path / "train", executor_hint="local")
     assert json.loads(previous.read_text()) == {"from": "an earlier good run"}  # nothing lost
+
+
+@pytest.fixture
+def single_worker():
+    """This process as a job's only worker: the environment `tula.runtime.dist.init` changes,
+    restored, and its process group (gloo, world 1) destroyed, after the test."""
+    import os
+
+    import torch.distributed as torch_dist
+
+    saved = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_the_trainer_keeps_no_config_section(tiny_raw, tmp_path, single_worker):
+    """The trainer reads what its phases ask of the config as it is built (the settings
+    final.json echoes, the epochs, the monitor's launch.*): no field of it holds the config
+    or a section, so a phase depends on what the trainer was given."""
+    from tula import config
+
+    tiny_raw["launch"] = {"replan": "off", "monitor_every_steps": 7}
+    cfg = config.from_dict(tiny_raw)
+    t = trainer.Trainer(cfg, 1, 32, tmp_path)
+    held = [k for k, v in vars(t).items() if type(v).__module__ == "tula.config"]
+    assert held == [] and t.epochs == cfg.workload.epochs
+    assert t.settings["method"] == cfg.train.method and t.settings["model"] == cfg.workload.model
+    assert t.monitor_every is None and t.replan == "off"  # replan off: no monitor pairs
+    cfg = config.from_dict({**tiny_raw, "launch": {"replan": "move", "monitor_every_steps": 7}})
+    assert trainer.Trainer(cfg, 1, 32, tmp_path).monitor_every == 7

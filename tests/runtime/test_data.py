@@ -154,7 +154,7 @@ def test_a_uint8_set_stays_uint8_and_its_batches_are_standardised_where_they_are
         got = {}
         for name, d in (("now", data), ("before", before)):
             ld, sampler = loader.train_loader(cfg, d, 64, 0, 1, cpu)
-            feed = loader.DeviceFeed(cfg, d, ld, sampler, cpu, channels_last=False)
+            feed = loader.DeviceFeed.of(cfg, d, ld, sampler, cpu, channels_last=False)
             assert feed.resident is on_device
             sampler.set_position(2, 0)
             got[name] = list(feed)

@@ -151,7 +151,7 @@ def test_the_device_decoding_path_gives_the_cpu_paths_images_from_the_same_boxes
     got = {}
     for name, cfg in (("cpu", cpu_cfg), ("gpu", gpu_cfg)):
         dl, sampler = loader.train_loader(cfg, ds, 4, 0, 1, dev)
-        feed = loader.DeviceFeed(cfg, ds, dl, sampler, dev, channels_last=False)
+        feed = loader.DeviceFeed.of(cfg, ds, dl, sampler, dev, channels_last=False)
         sampler.set_position(2, 2)  # resumed mid-epoch
         got[name] = [(x, y) for x, y in feed]
     assert len(got["cpu"]) == len(got["gpu"]) == 1  # 6 samples, from the 3rd: one batch of 4

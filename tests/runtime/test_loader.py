@@ -80,7 +80,9 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
         got = {}
         for on, c in cfg.items():
             ld, sampler = loader.train_loader(c, data, 64, rank, world, torch.device("cpu"))
-            feed = loader.DeviceFeed(c, data, ld, sampler, torch.device("cpu"), channels_last=False)
+            feed = loader.DeviceFeed.of(
+                c, data, ld, sampler, torch.device("cpu"), channels_last=False
+            )
             assert feed.resident is on
             sampler.set_position(epoch, offset)
             got[on] = list(feed)
@@ -94,7 +96,9 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
         sampler.set_position(1, 0)
         seen += [
             x
-            for x, _ in loader.DeviceFeed(cfg[True], data, ld, sampler, torch.device("cpu"), False)
+            for x, _ in loader.DeviceFeed.of(
+                cfg[True], data, ld, sampler, torch.device("cpu"), False
+            )
         ]
     assert sum(len(x) for x in seen) == data.train_size  # 1437: the short last batch split 15 + 14
 

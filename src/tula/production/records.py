@@ -20,33 +20,41 @@ from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 
 
-def final_record(
-    cfg: Config,
-    ledger: Ledger,
-    replica: Replica,
-    backend: str,
-    monitor: Monitor | None,
-    hosts: list[str],
-) -> dict[str, Any]:
-    """final.json: the run's settings, its results, what its parts took and every rank's host
-    (in rank order)."""
-    t, times, rows = cfg.train, ledger.times, ledger.rows
-    steps = max(replica.pos.step, 1)
+def run_settings(cfg: Config) -> dict[str, Any]:
+    """The settings final.json echoes (workload and train.*), read once as the job starts."""
+    t = cfg.train
     return {
-        "workers": replica.world,
-        "global_batch": replica.global_batch,
-        "local_batch": replica.global_batch // replica.world,
         "model": cfg.workload.model,
         "dataset": cfg.workload.dataset,
         "optimizer": t.optimizer,
         "method": t.method,
         "precision": t.precision,
         "compile": t.compile,
+        "epochs": cfg.workload.epochs,
+    }
+
+
+def final_record(
+    settings: dict[str, Any],
+    ledger: Ledger,
+    replica: Replica,
+    backend: str,
+    monitor: Monitor | None,
+    hosts: list[str],
+) -> dict[str, Any]:
+    """final.json: the run's settings (:func:`run_settings`), its results, what its parts took
+    and every rank's host (in rank order)."""
+    times, rows = ledger.times, ledger.rows
+    steps = max(replica.pos.step, 1)
+    return {
+        "workers": replica.world,
+        "global_batch": replica.global_batch,
+        "local_batch": replica.global_batch // replica.world,
+        **settings,
         "channels_last": replica.channels_last,
         "data_workers": replica.stream.loader.num_workers,
         "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
         "fp16_skipped_steps": _skipped(replica),
-        "epochs": cfg.workload.epochs,
         "steps": replica.pos.step,
         "eval_batch_size": replica.evaluator.batch,
         "eval_oom_retries": replica.evaluator.retries,

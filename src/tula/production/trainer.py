@@ -71,8 +71,14 @@ class Trainer:
             raise RuntimeError(
                 f"launched {self.wenv.world_size} workers for training at N={workers}"
             )
-        self.cfg, self.workers, self.global_batch = cfg, workers, global_batch
+        self.workers, self.global_batch = workers, global_batch
         self.out, self.ckpt = out_dir, ckpt
+        # what of the config the run's phases ask, read here once: the settings final.json
+        # echoes, the epochs to train, and the monitor's (launch.*)
+        self.settings = records.run_settings(cfg)
+        self.epochs = cfg.workload.epochs
+        self.monitor_every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
+        self.replan = cfg.launch.replan
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = stops.StopSignals() if ckpt else None
@@ -251,7 +257,7 @@ class Trainer:
                 "workers": self.workers,
                 "complete": complete,
                 **self.ledger.checkpointed(),
-                "method": self.cfg.train.method,
+                "method": self.settings["method"],
                 "attempt": self.attempt,
             },
             hook,
@@ -265,7 +271,7 @@ class Trainer:
         hosts = dist.hostnames()  # every rank: a collective
         if self.rank == 0:
             final = records.final_record(
-                self.cfg, self.ledger, replica, self.backend, self.monitor, hosts
+                self.settings, self.ledger, replica, self.backend, self.monitor, hosts
             )
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
             write_json(self.out / "final.json", final)
@@ -296,16 +302,15 @@ class Trainer:
         """Train every epoch. Returns ``{"outcome": "completed" | "oom", ...}``; on a stop
         signal it checkpoints and exits (SystemExit) without returning."""
         self.restore()
-        replica, cfg, epochs = self.replica, self.cfg, self.cfg.workload.epochs
+        replica, run, epochs = self.replica, self.settings, self.epochs
         # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
         if self.ckpt:
-            every = cfg.launch.monitor_every_steps if cfg.launch.replan != "off" else None
-            self.monitor = Monitor(replica, every, self.ledger, self.band, cfg.launch.replan)
+            self.monitor = Monitor(replica, self.monitor_every, self.ledger, self.band, self.replan)
         if self.rank == 0:
             print(
-                f"[{self.label}] {cfg.workload.model} on {cfg.workload.dataset}: "
+                f"[{self.label}] {run['model']} on {run['dataset']}: "
                 f"{replica.data.train_size} training samples, {replica.steps_per_epoch} "
-                f"steps/epoch x {epochs} epochs, method {cfg.train.method}, {cfg.train.precision}, "
+                f"steps/epoch x {epochs} epochs, method {run['method']}, {run['precision']}, "
                 f"backend {self.backend} on {self.device}, "
                 f"{replica.stream.loader.num_workers} loader worker(s)"
                 + (f"; {replica.stream.decode['why']}" if replica.stream.decode else "")

@@ -13,11 +13,12 @@ and a resumed run sees exactly the images an uninterrupted one would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import multiprocessing
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -280,12 +281,13 @@ class DeviceFeed:
 
     def __init__(
         self,
-        cfg: Config,
         data: WorkloadData,
         loader: DataLoader,
         sampler: EpochBatchSampler,
         device: torch.device,
         channels_last: bool,
+        resident: bool,
+        decode: Callable[[Encoded], torch.Tensor],
     ):
         self.loader, self.sampler, self.device, self.channels_last = (
             loader,
@@ -293,14 +295,31 @@ class DeviceFeed:
             device,
             channels_last,
         )
-        self.data_cfg = cfg.data
+        self.decode = decode  # an encoded batch (JPEG files) into the step's input, on the device
         self.as_input = data.as_input  # an integer set standardised here, on the device
-        self.resident = keep_on_device(cfg, data, device)
+        self.resident = resident
         self.stream = (
             torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
         )
         if self.resident:
             self.x, self.y = data.resident_on(device, channels_last)
+
+    @classmethod
+    def of(
+        cls,
+        cfg: Config,
+        data: WorkloadData,
+        loader: DataLoader,
+        sampler: EpochBatchSampler,
+        device: torch.device,
+        channels_last: bool,
+    ) -> "DeviceFeed":
+        """The feed the config asks for, decided here once: the set kept on the device or not
+        (:func:`keep_on_device`), encoded batches decoded there with ``data.*``'s views
+        (:func:`tula.runtime.images.decode_batch`)."""
+        decode = functools.partial(decode_batch, d=cfg.data, device=device)
+        resident = keep_on_device(cfg, data, device)
+        return cls(data, loader, sampler, device, channels_last, resident, decode)
 
     def retarget(self, loader: DataLoader, sampler: EpochBatchSampler) -> "DeviceFeed":
         """The same feed (a resident set stays where it is) over another batch size's loader."""
@@ -333,7 +352,7 @@ class DeviceFeed:
 
     def _on_device(self, x):
         if isinstance(x, Encoded):
-            return decode_batch(x, self.data_cfg, self.device)
+            return self.decode(x)
         return self.as_input(x.to(self.device, non_blocking=self.stream is not None))
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ class Stream:
         if decoding.contested(cfg.data, device.type, data.train):
             self.decode = decoding.measure(self._read_with)
         self.loader, self.sampler = self._loader(global_batch)
-        self.feed = loader.DeviceFeed(cfg, data, self.loader, self.sampler, device, cl)
+        self.feed = loader.DeviceFeed.of(cfg, data, self.loader, self.sampler, device, cl)
         self._batches: Iterator | None = None  # the steps' iterator over this epoch
         self._parked: dict[int, tuple] = {}  # global batch: (loader, sampler, position, iterator)
 
@@ -77,5 +77,5 @@ class Stream:
         """Seconds per batch of this rank's feed decoding with ``decode``, read alone."""
         ld, sampler = self._loader(self.global_batch, decode)
         sampler.set_position(1, 0)
-        feed = loader.DeviceFeed(self.cfg, self.data, ld, sampler, self.device, self.cl)
+        feed = loader.DeviceFeed.of(self.cfg, self.data, ld, sampler, self.device, self.cl)
         return decoding.seconds_per_batch(feed, self.device)
