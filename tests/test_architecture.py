@@ -395,3 +395,17 @@ def test_every_module_of_the_package_is_on_the_map():
         if f.name != "__init__.py" and not re.search(rf"`{re.escape(f.stem)}`|\b{f.stem}\.py", text)
     ]
     assert not missing, f"docs/architecture.md does not name: {', '.join(missing)}"
+
+
+def test_every_column_tula_writes_is_in_results_readme():
+    """results/README.md, the results' public contract, is there and names every column of
+    measurements.csv, train/metrics.csv, train/steps.csv and compare/accuracy.csv."""
+    from tula.model.measurements import OPTIONAL, REQUIRED
+    from tula.production.monitor import COLUMNS as STEPS
+    from tula.production.trainer import METRIC_COLUMNS
+    from tula.stages.compare import COLUMNS as ACCURACY
+
+    text = (ROOT / "results" / "README.md").read_text()
+    columns = [*REQUIRED, *OPTIONAL, *METRIC_COLUMNS, *STEPS, *ACCURACY]
+    missing = sorted({c for c in columns if not re.search(rf"\b{re.escape(c)}\b", text)})
+    assert not missing, f"results/README.md does not name: {', '.join(missing)}"
