@@ -210,6 +210,11 @@ def test_every_output_exists_and_parses(finished_run):
     assert {"step", "compute_time_s", "sync_time_s", "predicted_sync_s"} <= set(steps.columns)
     assert len(steps) == final["monitored_steps"] and (final["workers"] > 1 or len(steps) == 0)
     html = (res / "report.html").read_text()
+    if final["monitored_steps"] == 0:  # the report says why, from what the job's monitor said
+        why = (
+            final["monitor_off"] or f"put the first pair at step {final['monitor_first_due_step']}"
+        )
+        assert why in html
     assert "Ran on <b>CPU</b> with gloo: hardware.device auto: this machine has no GPU" in html
     assert "Memory budget: 14.4 GB per worker (the default 16 GB, no hardware.gpu named" in html
     # what each probe job spent timing, and the campaign's share in the report

@@ -63,8 +63,11 @@ def test_monitored_training_is_bitwise_the_unmonitored_one(
         and final["monitor_time_s"] > 0
         and final["drift"] == []
     )
-    # replan: off
+    assert final["monitor_off"] is None and final["monitor_first_due_step"] == 3
+    # replan: off, and final.json says that is why no pair was taken
     assert off_final["monitored_steps"] == 0 and pd.read_csv(off_dir / "steps.csv").empty
+    assert off_final["monitor_off"] == "launch.replan: off"
+    assert off_final["monitor_first_due_step"] is None
 
 
 @pytest.mark.training

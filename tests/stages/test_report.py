@@ -165,6 +165,13 @@ def test_the_drift_card_says_what_the_monitored_steps_found():
     from tula.stages.report.sections import drift_card
 
     assert "No monitored steps" in drift_card({"monitored_steps": 0})
+    # why none: the reason the monitor gave, or a run shorter than its first pair
+    off = drift_card({"monitored_steps": 0, "monitor_off": "one worker has no sync to time"})
+    assert "(one worker has no sync to time)" in off
+    short = {"monitored_steps": 0, "monitor_off": None, "monitor_every_steps": "auto"}
+    card = drift_card({**short, "monitor_first_due_step": 100, "steps": 45})
+    assert "launch.monitor_every_steps: auto put the first pair at step 100" in card
+    assert "the job trained 45 steps" in card and "one worker" not in card
     assert "none" in drift_card(
         {"monitored_steps": 7, "drift": []}
     ) and "7 monitored steps" in drift_card({"monitored_steps": 7, "drift": []})

@@ -81,13 +81,24 @@ class Monitor:
         self.replica, self.ledger, self.band = replica, ledger, band
         self.replan = replan  # launch.replan: a drift found is recorded, or also reported to move
         self.out, self.attempt, resumed_from = Path(ledger.out), ledger.attempt, ledger.resumed_from
-        self.enabled = every is not None and replica.cadence.method != "polo" and replica.world > 1
+        # why no pair is due in this run (None: pairs are due, the first at first_due)
+        self.off = (
+            "launch.replan: off"
+            if every is None
+            else "post-local SGD has no per-step all-reduce to time"
+            if replica.cadence.method == "polo"
+            else "one worker has no sync to time"
+            if replica.world == 1
+            else None
+        )
+        self.enabled = self.off is None
         self.setting = every  # launch.monitor_every_steps, as it ran (None: off)
         self.every = None if every in (None, "auto") else int(every)
         # auto's budget: the steps since (re)start and what their pairs cost (times carries earlier
         # attempts' too)
         self.since, self.spent_before = resumed_from, ledger.times["monitor_time_s"]
         self.next_step = resumed_from + (self.every or FIRST_AFTER)
+        self.first_due = self.next_step if self.enabled else None
         self.detector = drift_mod.Detector(band) if band is not None and replica.rank == 0 else None
         self.rows, self.drifts = [], []
         if replica.rank == 0:
@@ -106,6 +117,8 @@ class Monitor:
         return {
             "monitored_steps": len(self.rows),
             "monitor_every_steps": self.setting,
+            "monitor_off": self.off,
+            "monitor_first_due_step": self.first_due,
             "drift": self.drifts,
             "drift_band_s": asdict(self.band) if self.band else None,
         }

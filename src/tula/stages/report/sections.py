@@ -94,9 +94,22 @@ def drift_card(final: dict) -> str:
     """What the job's own sync measurements said against the prediction (launch.replan)."""
     n = final.get("monitored_steps", 0)
     if not n:
+        off, due = final.get("monitor_off"), final.get("monitor_first_due_step")
+        if off:
+            why = f"{off}"
+        elif due is not None:
+            why = (
+                f"launch.monitor_every_steps: {final.get('monitor_every_steps')} put the first "
+                f"pair at step {due}, and the job trained {final.get('steps')} steps"
+            )
+        else:  # a final.json from before the monitor said why
+            why = (
+                "one worker, post-local SGD, launch.replan: off, or a run shorter than its first "
+                "pair"
+            )
         return (
-            "<p class=sub>No monitored steps: the job did not time its sync while it trained (one "
-            "worker, post-local SGD, or launch.replan: off).</p>"
+            "<p class=sub>No monitored steps: the job did not time its sync while it trained "
+            f"({html.escape(why)}).</p>"
         )
     drifts = final.get("drift", [])
     if not drifts:
