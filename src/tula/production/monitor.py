@@ -84,6 +84,8 @@ class Monitor:
         # why no pair is due in this run (None: pairs are due, the first at first_due)
         self.off = (
             "launch.replan: off"
+            if replan == "off"
+            else "launch.monitor_every_steps: null"
             if every is None
             else "post-local SGD has no per-step all-reduce to time"
             if replica.cadence.method == "polo"

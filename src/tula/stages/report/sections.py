@@ -96,7 +96,7 @@ def drift_card(final: dict) -> str:
     if not n:
         off, due = final.get("monitor_off"), final.get("monitor_first_due_step")
         if off:
-            why = f"{off}"
+            why = off
         elif due is not None:
             why = (
                 f"launch.monitor_every_steps: {final.get('monitor_every_steps')} put the first "
