@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tula import config as config_mod
 from tula.runtime import data as data_mod
 from tula.runtime import loader as loader_mod
+from tula.runtime.feed import DeviceFeed
 from tula.runtime.images import IMAGENET_MEAN, IMAGENET_STD, decode, sample_seed
 
 
@@ -135,8 +136,9 @@ def feed_images_per_s(
     cfg = config_mod.from_dict(
         {**raw, "data": {**raw["data"], "decode": "gpu", "num_workers": workers}}
     )
-    dl, sampler = loader_mod.train_loader(cfg, ds, batch, 0, 1, device)
-    feed = loader_mod.DeviceFeed.of(cfg, ds, dl, sampler, device, channels_last=True)
+    loaders = loader_mod.Loaders(cfg, ds, 0, 1, device)
+    dl, sampler = loaders.train(batch)
+    feed = DeviceFeed.of(loaders, dl, sampler, channels_last=True)
     rates = []
     for epoch in range(1, repeats + 1):
         sampler.set_position(epoch, 0)

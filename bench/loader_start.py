@@ -39,7 +39,7 @@ root, method = sys.argv[1], sys.argv[2]
 cfg = config.from_dict({"workload": {"dataset": "imagefolder:" + root, "seed": 0},
                         "data": {"image_size": 64, "num_workers": 2}})
 ds = data.load_config(cfg)
-dl, sampler = loader.train_loader(cfg, ds, 32, 0, 1, torch.device("cpu"))
+dl, sampler = loader.Loaders(cfg, ds, 0, 1, torch.device("cpu")).train(32)
 dl.multiprocessing_context = method
 out = {}
 for epoch in (0, 1):

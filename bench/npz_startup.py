@@ -37,10 +37,12 @@ import torch
 t0 = time.perf_counter()
 from tula import config
 from tula.runtime import data, loader
+from tula.runtime.feed import DeviceFeed
 cfg = config.from_dict({"workload": {"dataset": "npz:%s"}})
 d = data.load_config(cfg)
-ld, sampler = loader.train_loader(cfg, d, 256, 0, 1, torch.device("cpu"))
-feed = loader.DeviceFeed.of(cfg, d, ld, sampler, torch.device("cpu"), channels_last=False)
+loaders = loader.Loaders(cfg, d, 0, 1, torch.device("cpu"))
+ld, sampler = loaders.train(256)
+feed = DeviceFeed.of(loaders, ld, sampler, channels_last=False)
 sampler.set_position(1, 0)
 x, _ = next(iter(feed))
 print(json.dumps({"s": time.perf_counter() - t0, "rss": resource.getrusage(

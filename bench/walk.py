@@ -22,6 +22,8 @@ With ``--src DIR``, that checkout's ``src`` is imported first (its dependencies 
 environment's):
 
     .venv/bin/python bench/walk.py RESULTS_DIR --src /tmp/before/src
+
+``--functions`` lists each function of the walk (module, function, the names it took).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Tracer:
 
     def __init__(self) -> None:
         self.calls: Counter = Counter()
-        self.walk: list[tuple[float, str, list[str]]] = []
+        self.walk: list[tuple] = []  # (when, module, names, function)
         self.seen: set[str] = set()
 
     def hook(self, frame, event, arg):
@@ -87,7 +89,7 @@ class Tracer:
             where = f"{callee}:{code.co_firstlineno}"
             if held and where not in self.seen:  # a reader reads a function once
                 self.seen.add(where)
-                self.walk.append((time.time(), callee, held))
+                self.walk.append((time.time(), callee, held, code.co_name))
 
     def dump(self, path: Path) -> None:
         """This process's walk, for the launcher's run to merge (a job's task, rank RANK)."""
@@ -107,7 +109,7 @@ atexit.register(lambda: (sys.setprofile(None), _t.dump(Path({out!r}) / f"{{os.ge
 """
 
 
-def job_walk(folder: Path) -> list[tuple[float, str, list[str]]]:
+def job_walk(folder: Path) -> list[tuple]:
     """Rank 0's walk in the production job's processes (its task's, the one that trains)."""
     dumps = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
     rank0 = [d for d in dumps if d["rank"] == "0" and d["walk"]]
@@ -118,6 +120,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path, help="a folder with selection.json and predictions.csv")
     ap.add_argument("--src", type=Path, help="import this checkout's src/ first")
+    ap.add_argument(
+        "--functions", action="store_true", help="list each function that takes the config"
+    )
     a = ap.parse_args()
     if a.src:
         sys.path.insert(0, str(a.src.resolve()))
@@ -162,9 +167,9 @@ def main() -> None:
         ("the launcher process", tracer.walk),
         ("the launcher and the job's rank 0, in time order", sorted(tracer.walk + job)),
     ):
-        path = stays([m for _, m, _ in walk])
+        path = stays([m for _, m, *_ in walk])
         visits = Counter(path)
-        names = {n for _, _, held in walk for n in held}
+        names = {n for _, _, held, *_ in walk for n in held}
         print(
             f"the config's walk, {title}: {len(walk)} calls take it, {len(path)} stays in "
             f"{len(visits)} modules, {len(path) - len(visits)} returns; under {len(names)} names"
@@ -172,6 +177,9 @@ def main() -> None:
         print("  most visited: " + ", ".join(f"{m} {n}" for m, n in visits.most_common(6)))
         print("  path: " + " > ".join(m.removeprefix("tula.") for m in path))
         print("  names: " + ", ".join(sorted(names)))
+        if a.functions:
+            for _, module, held, *name in walk:
+                print(f"    {module.removeprefix('tula.')}.{''.join(name)} ({', '.join(held)})")
 
 
 if __name__ == "__main__":

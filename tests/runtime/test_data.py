@@ -127,6 +127,7 @@ def test_a_uint8_set_stays_uint8_and_its_batches_are_standardised_where_they_are
     from tula import config
     from tula.runtime import loader
     from tula.runtime.data import TensorSet, WorkloadData
+    from tula.runtime.feed import DeviceFeed
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(300, 3, 8, 8), dtype=np.uint8)
@@ -153,8 +154,9 @@ def test_a_uint8_set_stays_uint8_and_its_batches_are_standardised_where_they_are
         )
         got = {}
         for name, d in (("now", data), ("before", before)):
-            ld, sampler = loader.train_loader(cfg, d, 64, 0, 1, cpu)
-            feed = loader.DeviceFeed.of(cfg, d, ld, sampler, cpu, channels_last=False)
+            loaders = loader.Loaders(cfg, d, 0, 1, cpu)
+            ld, sampler = loaders.train(64)
+            feed = DeviceFeed.of(loaders, ld, sampler, channels_last=False)
             assert feed.resident is on_device
             sampler.set_position(2, 0)
             got[name] = list(feed)

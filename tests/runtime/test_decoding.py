@@ -8,6 +8,7 @@ import torch
 from conftest import make_image_folder, make_jpeg_folder
 from tula import config
 from tula.runtime import data, decoding
+from tula.runtime.loader import Loaders
 from tula.runtime.stepstate import Position
 from tula.runtime.stream import Stream
 
@@ -56,7 +57,7 @@ def test_a_stream_measures_both_decoders_and_decodes_with_the_faster(tmp_path, m
     cfg = _cfg(root, num_workers=1)
     ds = data.load_config(cfg)
     monkeypatch.setattr(decoding, "contested", lambda *a: True)  # as on CUDA
-    stream = Stream(cfg, ds, 4, 0, 1, torch.device("cpu"), False)
+    stream = Stream(Loaders(cfg, ds, 0, 1, torch.device("cpu")), 4, False)
     got = stream.decode
     assert set(got["seconds_per_batch"]) == {"cpu", "gpu"}
     assert all(0 < s < 10 for s in got["seconds_per_batch"].values())
@@ -69,5 +70,5 @@ def test_a_stream_measures_both_decoders_and_decodes_with_the_faster(tmp_path, m
     assert stream.loader.dataset.encoded == (got["chosen"] == "gpu")
     # not contested: nothing measured, data.decode as configured
     monkeypatch.setattr(decoding, "contested", lambda *a: False)
-    plain = Stream(cfg, ds, 4, 0, 1, torch.device("cpu"), False)
+    plain = Stream(Loaders(cfg, ds, 0, 1, torch.device("cpu")), 4, False)
     assert plain.decode is None and not plain.loader.dataset.encoded

@@ -13,6 +13,7 @@ from conftest import make_jpeg_folder
 from tula import config
 from tula.config import ConfigError
 from tula.runtime import data, images, loader
+from tula.runtime.feed import DeviceFeed
 
 
 def folder_config(root, **data_section):
@@ -86,7 +87,7 @@ def test_other_formats_are_decoded_by_pillow(tmp_path):
 
 def batches_from(root, ds, epoch, offset, workers, count):
     cfg = folder_config(root, num_workers=workers)
-    dl, sampler = loader.train_loader(cfg, ds, 8, 0, 1, torch.device("cpu"))
+    dl, sampler = loader.Loaders(cfg, ds, 0, 1, torch.device("cpu")).train(8)
     if workers:
         # pytest's own process holds threads by now (gloo's loops from the in-process groups of
         # earlier tests), as a training worker does: on an interpreter whose fork can deadlock
@@ -150,8 +151,9 @@ def test_the_device_decoding_path_gives_the_cpu_paths_images_from_the_same_boxes
     dev = torch.device("cpu")
     got = {}
     for name, cfg in (("cpu", cpu_cfg), ("gpu", gpu_cfg)):
-        dl, sampler = loader.train_loader(cfg, ds, 4, 0, 1, dev)
-        feed = loader.DeviceFeed.of(cfg, ds, dl, sampler, dev, channels_last=False)
+        loaders = loader.Loaders(cfg, ds, 0, 1, dev)
+        dl, sampler = loaders.train(4)
+        feed = DeviceFeed.of(loaders, dl, sampler, channels_last=False)
         sampler.set_position(2, 2)  # resumed mid-epoch
         got[name] = [(x, y) for x, y in feed]
     assert len(got["cpu"]) == len(got["gpu"]) == 1  # 6 samples, from the 3rd: one batch of 4

@@ -7,6 +7,7 @@ import pytest
 
 from tula.model.grid import steps_per_epoch
 from tula.runtime import loader
+from tula.runtime.feed import DeviceFeed
 
 
 def consumed(n, batch, world, seed, epoch, start, stop_after=None):
@@ -79,10 +80,9 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
     for rank, world, epoch, offset in ((0, 1, 1, 0), (1, 2, 3, 0), (0, 2, 2, 320)):
         got = {}
         for on, c in cfg.items():
-            ld, sampler = loader.train_loader(c, data, 64, rank, world, torch.device("cpu"))
-            feed = loader.DeviceFeed.of(
-                c, data, ld, sampler, torch.device("cpu"), channels_last=False
-            )
+            loaders = loader.Loaders(c, data, rank, world, torch.device("cpu"))
+            ld, sampler = loaders.train(64)
+            feed = DeviceFeed.of(loaders, ld, sampler, channels_last=False)
             assert feed.resident is on
             sampler.set_position(epoch, offset)
             got[on] = list(feed)
@@ -92,14 +92,10 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
     # the whole epoch from the start: every sample once over the ranks
     seen = []
     for rank in (0, 1):
-        ld, sampler = loader.train_loader(cfg[True], data, 64, rank, 2, torch.device("cpu"))
+        loaders = loader.Loaders(cfg[True], data, rank, 2, torch.device("cpu"))
+        ld, sampler = loaders.train(64)
         sampler.set_position(1, 0)
-        seen += [
-            x
-            for x, _ in loader.DeviceFeed.of(
-                cfg[True], data, ld, sampler, torch.device("cpu"), False
-            )
-        ]
+        seen += [x for x, _ in DeviceFeed.of(loaders, ld, sampler, False)]
     assert sum(len(x) for x in seen) == data.train_size  # 1437: the short last batch split 15 + 14
 
 
@@ -119,3 +115,33 @@ def test_loader_workers_fork_only_where_the_child_cannot_deadlock(version, deadl
     waits for ever; fixed in 3.11.8 and 3.12.1): where it can happen, loader workers start
     from a forkserver instead."""
     assert loader.fork_deadlocks(version) is deadlocks
+
+
+def test_a_ranks_loaders_are_decided_once_and_what_reads_them_keeps_no_config():
+    """`Loaders` reads data.* (and the seed, the memory budget) as it is built; the stream and
+    the evaluator it serves hold no config or section, and their loaders follow its decisions:
+    the evaluation batch, the resident set, the seed's order."""
+    import torch
+
+    from tula import config
+    from tula.runtime import data as data_mod
+    from tula.runtime.evaluation import Evaluator
+    from tula.runtime.stream import Stream
+
+    cfg = config.from_dict(
+        {"workload": {"dataset": "digits", "seed": 5}, "data": {"eval_batch_size": 50}}
+    )
+    data = data_mod.load_config(cfg)
+    loaders = loader.Loaders(cfg, data, 1, 2, torch.device("cpu"))
+    stream, evaluator = Stream(loaders, 64, False), Evaluator(loaders)
+    for owner in (loaders, stream, evaluator):
+        held = [k for k, v in vars(owner).items() if type(v).__module__ == "tula.config"]
+        assert held == [], (type(owner).__name__, held)
+    assert (loaders.seed, loaders.eval_batch, loaders.resident) == (5, 50, False)
+    assert not loaders.contested and stream.decode is None  # digits: no files to decode
+    assert evaluator.batch == 50 and evaluator.rank == 1
+    assert len(next(iter(evaluator._loader_at(evaluator.batch)))[0]) == 50
+    # rank 1 of 2 at B = 64: every other sample of the seed's first 64 of epoch 1
+    x, y = next(stream.batches(1))
+    order = loader.epoch_permutation(data.train_size, 5, 1)[1:64:2]
+    assert torch.equal(y, data.train.y[order])

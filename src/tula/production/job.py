@@ -9,7 +9,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, devices, slurm
+from tula import checkpoint, slurm
 from tula.config import Config
 from tula.workers import worker_environment
 
@@ -32,7 +32,6 @@ class ProductionJob(submitit.helpers.Checkpointable):
         out_dir: str,
         ckpt: checkpoint.Checkpointing,
         band: dict[str, float] | None = None,
-        device: devices.Decision | None = None,
     ):
         self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = (
             config,
@@ -41,15 +40,11 @@ class ProductionJob(submitit.helpers.Checkpointable):
             out_dir,
             ckpt,
         )
-        # tula launch's decision (tula.devices), which its job request followed
-        self.device = device
         # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
         self.band = band
 
     def __call__(self) -> dict[str, Any]:
-        cfg = self.config
-        if self.device is not None:
-            cfg = devices.apply(cfg, self.device)
+        cfg = self.config  # with tula launch's device decision in it (tula.devices.apply)
         # as the probe's workers, before torch
         os.environ.update(worker_environment(cfg.hardware.threads_per_worker))
         on_cuda = cfg.hardware.device == "cuda"

@@ -186,6 +186,14 @@ class Launch:
             L.keep_checkpoints,
             attempt=n,
         )
+        row = prediction_row(self.predictions, self.workers, batch)
+        band = (
+            asdict(drift.Band.from_prediction(row))
+            if row is not None and self.workers > 1
+            else None
+        )
+        # the job first, then the executor that submits it (self.cfg has the device decision)
+        job_fn = ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band)
         executor = submission.make_executor(
             self.cfg,
             self.kind,
@@ -198,18 +206,7 @@ class Launch:
         )
         jobdir.move_request_path(self.out).unlink(missing_ok=True)
         submitted = time.time()
-        row = prediction_row(self.predictions, self.workers, batch)
-        band = (
-            asdict(drift.Band.from_prediction(row))
-            if row is not None and self.workers > 1
-            else None
-        )
-
-        job = submission.submit(
-            executor,
-            ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band, self.device),
-            self.kind,
-        )
+        job = submission.submit(executor, job_fn, self.kind)
         att = Attempt(
             n,
             batch,

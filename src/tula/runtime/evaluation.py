@@ -15,8 +15,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from tula.runtime import loader
 from tula.runtime.agreement import StepOOM, agree
+from tula.runtime.loader import Loaders
 
 
 class Evaluated(Protocol):
@@ -36,12 +36,10 @@ class Evaluated(Protocol):
 class Evaluator:
     """One rank's evaluation: its batch, loader and retries."""
 
-    def __init__(self, cfg, data, rank: int, world: int, device: torch.device, batch: int):
-        self._loader_at: Callable[[int], Any] = lambda b: loader.eval_loader(
-            cfg, data, rank, world, device, batch_size=b
-        )
-        self.rank, self.device = rank, device
-        self.batch = batch  # per worker; halved after an out-of-memory error
+    def __init__(self, loaders: Loaders):
+        self._loader_at: Callable[[int], Any] = loaders.eval
+        self.rank, self.device = loaders.rank, loaders.device
+        self.batch = loaders.eval_batch  # per worker; halved after an out-of-memory error
         self.retries: list[dict[str, Any]] = []
         self._loader = None
 

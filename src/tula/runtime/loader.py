@@ -1,5 +1,7 @@
 """The input pipeline: every epoch's order, where training stands in it, and the DataLoaders
-of training and evaluation, for the probe, the production job and the suite alike.
+of training and evaluation (:class:`Loaders`, one rank's, decided once from ``data.*``), for
+the probe, the production job and the suite alike. The batches on the device are
+:mod:`tula.runtime.feed`'s.
 
 Input order (:class:`EpochBatchSampler`): every epoch draws one permutation of the training
 set (same seed on every rank); it is cut into global batches of B samples and rank r takes
@@ -12,22 +14,22 @@ and a resumed run sees exactly the images an uninterrupted one would.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import multiprocessing
 import os
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data import Dataset as TorchDataset
 
 from tula.config import Config, Data
+from tula.runtime import decoding
 from tula.runtime.data import Batched, WorkloadData, collate
 from tula.runtime.dist import local_workers
-from tula.runtime.images import Encoded, decode_batch, decode_on_device, sample_seed
+from tula.runtime.images import decode_batch, decode_on_device, sample_seed
 
 
 def next_chunk(train_samples: int, global_batch: int, offset: int, world: int) -> int:
@@ -185,44 +187,7 @@ def _loader_options(d: Data, workers: int, device: torch.device) -> dict[str, An
     return opts
 
 
-def train_loader(
-    cfg: Config,
-    data: WorkloadData,
-    global_batch: int,
-    rank: int,
-    world: int,
-    device: torch.device,
-    decode: str | None = None,
-) -> tuple[DataLoader, EpochBatchSampler]:
-    """The training DataLoader of one rank and its sampler (position it before iterating).
-    ``decode``: cpu or gpu where it was decided (:mod:`tula.runtime.decoding`), else
-    ``data.decode``."""
-    sampler = EpochBatchSampler(data.train_size, global_batch, rank, world, cfg.workload.seed)
-    opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
-    d = cfg.data if decode is None else dataclasses.replace(cfg.data, decode=decode)
-    encoded = decode_on_device(d, device.type, data.train)
-    loader = DataLoader(
-        Seeded(data.train, cfg.workload.seed, encoded), batch_sampler=sampler, **opts
-    )
-    return loader, sampler
-
-
-def eval_loader(
-    cfg: Config,
-    data: WorkloadData,
-    rank: int,
-    world: int,
-    device: torch.device,
-    batch_size: int | None = None,
-) -> DataLoader:
-    """The test set sharded over the ranks, ``batch_size`` (default ``data.eval_batch_size``)
-    samples per worker and batch."""
-    sampler = ShardSampler(data.test_size, batch_size or cfg.data.eval_batch_size, rank, world)
-    opts = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
-    return DataLoader(Seeded(data.test, cfg.workload.seed), batch_sampler=sampler, **opts)
-
-
-# -- batches on the device ---------------------------------------------------------------
+# -- the training set kept on the device ------------------------------------------------
 
 # data.on_device auto: an in-memory set is kept on the GPU up to this share of its memory
 RESIDENT_SHARE = 0.25
@@ -263,117 +228,43 @@ def resident_by_rule(
     return nbytes <= RESIDENT_SHARE * budget
 
 
-class DeviceFeed:
-    """This rank's training batches on the device, in the sampler's order from its position.
-
-    Two sources, one order (the sampler's: every sample once per epoch, resume unchanged):
-
-    - resident (:func:`keep_on_device`): the training set was copied to the device once; an
-      epoch's permutation goes there once, and each batch is a gather on the device. Nothing
-      crosses the bus per step, nothing waits for the host.
-    - streamed: the DataLoader (its workers, pinned memory) hands the next batch while the
-      current step runs on the device; it is copied on a side CUDA stream, and the step's
-      stream waits for that copy only. The host gathers batch k+1 while the device computes
-      step k, because the step is queued without a host read (:meth:`Replica.step`).
-
-    On CPU both are the plain gather; the code path is the same.
-    """
+class Loaders:
+    """One rank's DataLoaders as ``data.*`` asks for them, decided here once: the loader
+    workers and their options, the seed, the evaluation batch, whether the training set stays
+    on the device (:func:`keep_on_device`), how an encoded batch is decoded there, and whether
+    ``data.decode: auto`` is left to measuring (:mod:`tula.runtime.decoding`). The replica
+    builds one; its stream and its evaluator ask it for loaders and read no config."""
 
     def __init__(
-        self,
-        data: WorkloadData,
-        loader: DataLoader,
-        sampler: EpochBatchSampler,
-        device: torch.device,
-        channels_last: bool,
-        resident: bool,
-        decode: Callable[[Encoded], torch.Tensor],
+        self, cfg: Config, data: WorkloadData, rank: int, world: int, device: torch.device
     ):
-        self.loader, self.sampler, self.device, self.channels_last = (
-            loader,
-            sampler,
-            device,
-            channels_last,
+        self.data, self.rank, self.world, self.device = data, rank, world, device
+        self.seed, self.eval_batch = cfg.workload.seed, cfg.data.eval_batch_size
+        self.options = _loader_options(cfg.data, loader_workers(cfg.data, data, world), device)
+        self.resident = keep_on_device(cfg, data, device)
+        # an encoded batch (JPEG files) into the step's input, on the device, with data.*'s views
+        self.decode = functools.partial(decode_batch, d=cfg.data, device=device)
+        self.encoded = decode_on_device(cfg.data, device.type, data.train)  # data.decode's say
+        # both decoders can serve and data.decode is auto: the stream measures which is faster
+        self.contested = decoding.contested(cfg.data, device.type, data.train)
+
+    def train(
+        self, global_batch: int, decode: str | None = None
+    ) -> tuple[DataLoader, EpochBatchSampler]:
+        """The training DataLoader at ``global_batch`` and its sampler (position it before
+        iterating). ``decode``: cpu or gpu where it was measured (a contested set: every file
+        a JPEG, so nvJPEG can read it), else as ``data.decode`` says."""
+        sampler = EpochBatchSampler(
+            self.data.train_size, global_batch, self.rank, self.world, self.seed
         )
-        self.decode = decode  # an encoded batch (JPEG files) into the step's input, on the device
-        self.as_input = data.as_input  # an integer set standardised here, on the device
-        self.resident = resident
-        self.stream = (
-            torch.cuda.Stream(device) if device.type == "cuda" and not self.resident else None
+        encoded = self.encoded if decode is None else decode == "gpu"
+        seeded = Seeded(self.data.train, self.seed, encoded)
+        return DataLoader(seeded, batch_sampler=sampler, **self.options), sampler
+
+    def eval(self, batch_size: int | None = None) -> DataLoader:
+        """The test set sharded over the ranks, ``batch_size`` (default
+        ``data.eval_batch_size``) samples per worker and batch."""
+        sampler = ShardSampler(
+            self.data.test_size, batch_size or self.eval_batch, self.rank, self.world
         )
-        if self.resident:
-            self.x, self.y = data.resident_on(device, channels_last)
-
-    @classmethod
-    def of(
-        cls,
-        cfg: Config,
-        data: WorkloadData,
-        loader: DataLoader,
-        sampler: EpochBatchSampler,
-        device: torch.device,
-        channels_last: bool,
-    ) -> "DeviceFeed":
-        """The feed the config asks for, decided here once: the set kept on the device or not
-        (:func:`keep_on_device`), encoded batches decoded there with ``data.*``'s views
-        (:func:`tula.runtime.images.decode_batch`)."""
-        decode = functools.partial(decode_batch, d=cfg.data, device=device)
-        resident = keep_on_device(cfg, data, device)
-        return cls(data, loader, sampler, device, channels_last, resident, decode)
-
-    def retarget(self, loader: DataLoader, sampler: EpochBatchSampler) -> "DeviceFeed":
-        """The same feed (a resident set stays where it is) over another batch size's loader."""
-        self.loader, self.sampler = loader, sampler
-        return self
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self._gathered() if self.resident else self._streamed()
-
-    def _gathered(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        s = self.sampler
-        perm = epoch_permutation(s.n, s.seed, s.epoch)
-        if self.device.type == "cuda":
-            perm = perm.pin_memory()
-        perm = perm.to(self.device, non_blocking=True)
-        for off, k in s.chunks():
-            idx = perm[off + s.rank : off + k : s.world]
-            # indexing keeps the resident set's channels_last layout (index_select would return
-            # NCHW, and the step would copy the batch once more to convert it)
-            yield self.as_input(self.x[idx]), self.y[idx]
-
-    def _prepare(self, batch):
-        if batch is None:
-            return None
-        x, y = batch
-        if self.stream is None:
-            return self._layout(self._on_device(x)), y.to(self.device)
-        with torch.cuda.stream(self.stream):  # the copy (or the decoding) beside the running step
-            return self._layout(self._on_device(x)), y.to(self.device, non_blocking=True)
-
-    def _on_device(self, x):
-        if isinstance(x, Encoded):
-            return self.decode(x)
-        return self.as_input(x.to(self.device, non_blocking=self.stream is not None))
-
-    def _layout(self, x: torch.Tensor) -> torch.Tensor:
-        return (
-            x.contiguous(memory_format=torch.channels_last)
-            if self.channels_last and x.ndim == 4
-            else x
-        )
-
-    def _streamed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        it = iter(self.loader)
-        ahead = self._prepare(next(it, None))
-        while ahead is not None:
-            x, y = ahead
-            if self.stream is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(self.stream)
-                x.record_stream(current)
-                y.record_stream(current)
-            yield (
-                x,
-                y,
-            )  # the step is queued on the device; then the next batch is gathered and copied
-            ahead = self._prepare(next(it, None))
+        return DataLoader(Seeded(self.data.test, self.seed), batch_sampler=sampler, **self.options)

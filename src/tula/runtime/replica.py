@@ -66,8 +66,7 @@ class Replica(EpochWalk, ReplicaState):
         data: data_mod.WorkloadData | None = None,
     ):
         t = cfg.train
-        self.device = device
-        self.global_batch, self.rank, self.world = global_batch, rank, world
+        self.device, self.global_batch, self.rank, self.world = device, global_batch, rank, world
         self.data = data if data is not None else data_mod.load_config(cfg)
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
         model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
@@ -109,10 +108,11 @@ class Replica(EpochWalk, ReplicaState):
         self.phase = "forward"
         self.hooks = dataclasses.replace(hooks or StepHooks(), injector=None)
         self.inject_faults((hooks or StepHooks()).injector)
-        self.evaluator = Evaluator(cfg, self.data, rank, world, device, cfg.data.eval_batch_size)
+        loaders = loader.Loaders(cfg, self.data, rank, world, device)  # data.*, decided once
+        self.evaluator = Evaluator(loaders)
         # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.noise_pairs: list[tuple[float, float]] = []
-        self.stream = Stream(cfg, self.data, global_batch, rank, world, device, self.channels_last)
+        self.stream = Stream(loaders, global_batch, self.channels_last)
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
 

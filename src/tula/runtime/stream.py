@@ -1,33 +1,31 @@
 """A replica's training data in order: the DataLoader and its sampler at the current global
-batch, the device feed over them (:class:`tula.runtime.loader.DeviceFeed`), the iterator the
-steps are taking batches from, and, for the sweep's rounds, the loaders of other batch sizes
-parked where they were left. The replica owns one; the position in the data is the replica's
+batch (from the rank's :class:`tula.runtime.loader.Loaders`), the device feed over them
+(:class:`tula.runtime.feed.DeviceFeed`), the iterator the steps are taking batches from, and,
+for the sweep's rounds, the loaders of other batch sizes parked where they were left. The
+replica owns one; the position in the data is the replica's
 (:class:`tula.runtime.stepstate.Position`), handed in where it is needed."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
-import torch
-
-from tula.runtime import decoding, loader
+from tula.runtime import decoding
+from tula.runtime.feed import DeviceFeed
+from tula.runtime.loader import Loaders
 from tula.runtime.stepstate import Position
 
 
 class Stream:
     """One rank's batches of the training set (module docstring)."""
 
-    def __init__(
-        self, cfg, data, global_batch: int, rank: int, world: int, device: torch.device, cl: bool
-    ):
-        self.cfg, self.data, self.rank, self.world, self.device = cfg, data, rank, world, device
-        self.global_batch, self.cl = global_batch, cl
+    def __init__(self, loaders: Loaders, global_batch: int, cl: bool):
+        self.loaders, self.global_batch, self.cl = loaders, global_batch, cl
         # data.decode auto where both decoders can serve: the faster, measured here (None: as set)
         self.decode: dict | None = None
-        if decoding.contested(cfg.data, device.type, data.train):
+        if loaders.contested:
             self.decode = decoding.measure(self._read_with)
         self.loader, self.sampler = self._loader(global_batch)
-        self.feed = loader.DeviceFeed.of(cfg, data, self.loader, self.sampler, device, cl)
+        self.feed = DeviceFeed.of(loaders, self.loader, self.sampler, cl)
         self._batches: Iterator | None = None  # the steps' iterator over this epoch
         self._parked: dict[int, tuple] = {}  # global batch: (loader, sampler, position, iterator)
 
@@ -68,14 +66,11 @@ class Stream:
 
     def _loader(self, global_batch: int, decode: str | None = None):
         """A training loader and its sampler at ``global_batch``, decoding where it was decided."""
-        chosen = decode or (self.decode or {}).get("chosen")
-        return loader.train_loader(
-            self.cfg, self.data, global_batch, self.rank, self.world, self.device, decode=chosen
-        )
+        return self.loaders.train(global_batch, decode or (self.decode or {}).get("chosen"))
 
     def _read_with(self, decode: str) -> float:
         """Seconds per batch of this rank's feed decoding with ``decode``, read alone."""
         ld, sampler = self._loader(self.global_batch, decode)
         sampler.set_position(1, 0)
-        feed = loader.DeviceFeed.of(self.cfg, self.data, ld, sampler, self.device, self.cl)
-        return decoding.seconds_per_batch(feed, self.device)
+        feed = DeviceFeed.of(self.loaders, ld, sampler, self.cl)
+        return decoding.seconds_per_batch(feed, self.loaders.device)
