@@ -8,10 +8,14 @@ min_version("9.0")
 configfile: "workflow/config.yaml"
 
 
+# Tula's own loader validates first (rules/common.smk): it names every wrong key in words,
+# and Snakemake's validate then checks the config it filled.
+include: "rules/common.smk"
+
+
 validate(config, schema="workflow/config.schema.yaml")
 
 
-include: "rules/common.smk"
 include: "rules/hooks.smk"
 include: "rules/check.smk"
 include: "rules/memprobe.smk"

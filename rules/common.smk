@@ -23,9 +23,13 @@ from tula.model.grid import batches_at, search_set
 from tula.model.memory import max_local_batch
 
 try:
-    TULA = tula_config.from_dict(
-        config, source="workflow/config.yaml (+ --config overrides)"
+    # Tula's loader validates before Snakemake's validate (Snakefile), so every wrong key is
+    # named in words; `config` takes the validated dict (defaults filled, an unquoted
+    # `replan: off` read as "off", not YAML's false), which Snakemake's validate then passes.
+    config.update(
+        tula_config.validate(config, source="workflow/config.yaml (+ --config overrides)")
     )
+    TULA = tula_config.from_dict(config)
     # a dataset path that does not exist stops here, before any job is queued
     tula_dataset_paths.check_dataset_paths(TULA)
 except tula_config.ConfigError as err:

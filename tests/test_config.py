@@ -144,6 +144,25 @@ def test_snakemake_validates_with_the_schema_tula_loads_and_fills_the_same_defau
         config.from_dict({"grid": {"workers": "x"}})
 
 
+@pytest.mark.parametrize(
+    "raw, says",
+    [
+        ({"workload": {"model": "resnet51"}}, "'resnet51' is not a shipped model (small_cnn,"),
+        ({"workload": {"dataset": "cifar10"}}, "'cifar10' is not digits, mnist1d, npz:<path>"),
+        ({"cluster": {"netlab": "Lab-1"}}, "'Lab-1' is not a lab's name, lower-case letters"),
+        (
+            {"hardware": {"comm_env": {"FOO": 1}}},
+            "config key 'hardware.comm_env': 'FOO' is not a variable named NCCL_*, GLOO_*",
+        ),
+    ],
+)
+def test_a_value_its_pattern_refuses_is_said_in_words_not_as_the_pattern(raw, says):
+    with pytest.raises(ConfigError) as err:
+        config.from_dict(raw)
+    assert says in str(err.value)
+    assert "does not match" not in str(err.value)
+
+
 def test_a_dataset_path_that_does_not_exist_is_a_config_error_before_any_loading(tmp_path):
     npz = tmp_path / "d.npz"
     with pytest.raises(

@@ -488,14 +488,33 @@ def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_
             "config key 'hardware.device' is cuda, but this machine has no GPU: set "
             "hardware.device: auto",
         ),
+        (  # a value the schema's pattern refuses is said in words, every such key at once
+            "workload:\n  model: resnet51\n  dataset: cifar10\n",
+            "config key 'workload.dataset': 'cifar10' is not digits, mnist1d, npz:<path>, "
+            "imagefolder:<root>, or your own as package.module:callable\n"
+            "  - config key 'workload.model': 'resnet51' is not a shipped model",
+        ),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, venv_path, text, message):
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text(text)
     r = snakemake(tmp_path, "-n")
+    out = r.stdout + r.stderr
     assert r.returncode != 0
-    assert message in r.stdout + r.stderr
+    assert message in out
+    # Tula's loader speaks first: not Snakemake's dump of the schema and its regular expressions
+    assert "Failed validating" not in out and "does not match" not in out, out
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_config_tulas_loader_takes_the_workflow_takes(tmp_path, venv_path):
+    """YAML reads an unquoted `replan: off` (a value config.yaml lists) as false. Tula's loader
+    takes it as "off"; the workflow validated the raw config first and refused it."""
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text("launch:\n  replan: off\n")
+    r = snakemake(tmp_path, "-n")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert not (tmp_path / "results").exists()
 
 

@@ -252,6 +252,15 @@ def _key(error: jsonschema.ValidationError) -> str:
     return path or "<top level>"
 
 
+def _message(error: jsonschema.ValidationError) -> str:
+    """The validator's message, or for a value that fails a pattern, what the value must be in
+    words (the schema's ``x-pattern-says``) in place of the regular expression."""
+    says = error.schema.get("x-pattern-says") if isinstance(error.schema, dict) else None
+    if error.validator == "pattern" and says:
+        return f"{error.instance!r} is not {says}"
+    return error.message
+
+
 def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
     """Validate ``raw`` against the schema; return a copy with every default filled."""
     if raw is None:
@@ -274,7 +283,7 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
     validator = _validator_with_defaults()(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"  - config key '{_key(e)}': {e.message}" for e in errors]
+        lines = [f"  - config key '{_key(e)}': {_message(e)}" for e in errors]
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
     problems = config_rules.problems(data)
     if problems:
