@@ -92,6 +92,36 @@ def test_npz_dataset_and_its_errors(tmp_path):
         load(f"npz:{labels}")
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_an_npz_set_stored_channels_last_is_read_channels_first(tmp_path, dtype):
+    """(n, H, W, C) images, as numpy and TensorFlow keep them (CIFAR's (n, 32, 32, 3)), were
+    taken as (n, C, H, W): 32 channels of 32 x 3 images. They are now laid out channels first."""
+    rng = np.random.default_rng(1)
+    x = (rng.integers(0, 256, size=(24, 10, 12, 3)) + 0).astype(dtype)
+    xt = (rng.integers(0, 256, size=(8, 10, 12, 3)) + 0).astype(dtype)
+    path = tmp_path / "hwc.npz"
+    np.savez(path, x_train=x, y_train=np.arange(24) % 2, x_test=xt, y_test=np.arange(8) % 2)
+    ds = load(f"npz:{path}")
+    assert ds.input_shape == (3, 10, 12)
+    assert tuple(ds.train.x.shape) == (24, 3, 10, 12) and ds.train.x.is_contiguous()
+    if dtype == np.uint8:  # kept as stored: sample i is x[i] with its channels first
+        assert torch.equal(ds.train.x[5], torch.from_numpy(x[5].transpose(2, 0, 1).copy()))
+        assert torch.equal(ds.test.x[2], torch.from_numpy(xt[2].transpose(2, 0, 1).copy()))
+    else:  # standardised as it loads: the same sample up to the set's mean and std
+        m, s = float(x.mean()), float(x.std())
+        want = (x[5].transpose(2, 0, 1) - m) / s
+        assert torch.allclose(ds.train.x[5], torch.from_numpy(want.copy()), atol=1e-5)
+    # a set stored channels first is read as it is, a 3-channel image of 10 x 12
+    np.savez(
+        path,
+        x_train=x.transpose(0, 3, 1, 2),
+        y_train=np.arange(24) % 2,
+        x_test=xt.transpose(0, 3, 1, 2),
+        y_test=np.arange(8) % 2,
+    )
+    assert load(f"npz:{path}").input_shape == (3, 10, 12)
+
+
 def test_image_folder_with_train_and_test_transforms(image_folder):
     cfg = config.from_dict(
         {

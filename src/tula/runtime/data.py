@@ -7,7 +7,8 @@ Sources (config key ``workload.dataset``):
 - ``mnist1d``: the MNIST-1D benchmark generated locally by the `mnist1d` package, 1 x 40.
   These two are made once and then read from a cache (:mod:`tula.runtime.builtin_sets`).
 - ``npz:<path>``: arrays ``x_train, y_train, x_test, y_test``; x is (n, L), (n, H, W),
-  (n, C, L) or (n, C, H, W) (channels first); y holds class ids 0..K-1.
+  (n, C, L) or (n, C, H, W) (channels first), or (n, H, W, C) with C <= 4 < H (numpy's and
+  TensorFlow's image layout, read as channels first); y holds class ids 0..K-1.
   These three are held in memory and standardised with the training set's mean and std.
 - ``imagefolder:<root>``: ``root/train/<class>/*`` and ``root/val/<class>/*``, decoded and
   augmented by :mod:`tula.runtime.images` with the ``data`` section's settings (train: random
@@ -107,6 +108,10 @@ def _npz(path: str):
     if x_tr.ndim == 2 or x_tr.ndim == 3 and x_tr.shape[1] > 4:
         # (n, L) -> (n, 1, L);  (n, H, W) with H > 4 is an image without a channel axis.
         x_tr, x_te = x_tr[:, None], x_te[:, None]
+    if x_tr.ndim == 4 and x_tr.shape[3] <= 4 < x_tr.shape[1]:
+        # (n, H, W, C), images as numpy and TensorFlow store them: the model takes (C, H, W),
+        # so they are laid out channels first once, as they load (a copy of the set).
+        x_tr, x_te = (np.ascontiguousarray(x.transpose(0, 3, 1, 2)) for x in (x_tr, x_te))
     return x_tr, x_te, y_tr.astype(np.int64), y_te.astype(np.int64)
 
 
