@@ -87,7 +87,8 @@ def test_summary_card_shows_predicted_vs_measured():
     html = prediction_card(final)
     assert "step predicted 26.70 ms (20.00–33.00), measured 25.00 ms (×0.936, inside" in html
     assert (
-        "training time predicted 5s (4s–6s) for every step, measured 4s in training steps" in html
+        "training time predicted 4.8 s (3.6 s–5.9 s) for every step, measured 4.5 s in training "
+        "steps" in html
     )
     final["mean_step_time_s"] = 0.040
     assert "outside the prediction" in prediction_card(final)
@@ -100,7 +101,9 @@ def test_summary_card_shows_predicted_vs_measured():
         {"part": "wall time", "predicted_s": 9.0, "measured_s": 10.0, "ratio": 10.0 / 9.0},
     ]
     html = prediction_card(final)
-    assert "<td>steps</td><td>5s</td><td>4s</td><td>×0.94</td>" in html and "not modelled" in html
+    # tenths of a second below a minute: a part of 0.2 s reads so, not "0s" beside a ratio
+    assert "<td>steps</td><td>4.8 s</td><td>4.5 s</td><td>×0.94</td>" in html
+    assert "<td>rest</td><td>—</td><td>0.1 s</td><td>not modelled</td>" in html
     # 11 % over: more than the 5 % the prediction aims at
     assert "<tr class=bad><td>wall time</td>" in html
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from tula.io import atomic_write, read_json
 from tula.model.measurements import at_chance
-from tula.progress import fmt_duration
+from tula.progress import fmt_span
 from tula.stages.report.cluster import nodes_section
 from tula.stages.report.pace import decode_line, host_section, input_section
 from tula.stages.report.sections import (
@@ -72,11 +72,11 @@ def render(
         device=device_line(workload),
         warnings=(workload or {}).get("warnings", []),
         s=s,
-        train_time=fmt_duration(s["train_time_s"]),
+        train_time=fmt_span(s["train_time_s"]),
         reason=selection["reason"],
         robustness=robustness_line(selection.get("robustness")),
         final=final,
-        trained_time=fmt_duration(final["train_time_s"]),
+        trained_time=fmt_span(final["train_time_s"]),
         chance=at_chance(final, (workload or {}).get("num_classes")),
         prediction=prediction_card(final),
         comm_env=comm_env_section(measurements, final),

@@ -13,7 +13,7 @@ import pandas as pd
 
 from tula.model import noise
 from tula.model.measurements import comm_env_text
-from tula.progress import fmt_duration
+from tula.progress import fmt_span
 
 
 def _img(path: Path) -> str:
@@ -149,9 +149,9 @@ def prediction_card(final: dict) -> str:
         f"<p><b>Predicted vs measured</b> at N={final['workers']}, B={final['global_batch']}: step "
         f"predicted {1e3 * final['predicted_step_time_s']:.2f} ms ({1e3 * lo:.2f}–{1e3 * hi:.2f}), "
         f"measured {1e3 * final['mean_step_time_s']:.2f} ms (×{ratio:.3f}, {verdict}); training "
-        f"time predicted {fmt_duration(final['predicted_train_time_s'])} "
-        f"({fmt_duration(tlo)}–{fmt_duration(thi)}) for every step, measured "
-        f"{fmt_duration(final['train_time_s'])} in training steps (the first step at each batch "
+        f"time predicted {fmt_span(final['predicted_train_time_s'])} "
+        f"({fmt_span(tlo)}–{fmt_span(thi)}) for every step, measured "
+        f"{fmt_span(final['train_time_s'])} in training steps (the first step at each batch "
         f"shape is timed apart: the table's steps and first steps).</p>" + wall_table(final)
     )
 
@@ -162,18 +162,18 @@ def wall_table(final: dict) -> str:
     if not parts:
         return (
             "<p class=sub>The wall time was not predicted (the probes did not measure start-up, "
-            f"evaluation and checkpoints): evaluation {fmt_duration(final['eval_time_s'])}, "
-            f"checkpoints {fmt_duration(final['checkpoint_time_s'])}, start-up "
-            f"{fmt_duration(final['startup_time_s'])}.</p>"
+            f"evaluation and checkpoints): evaluation {fmt_span(final['eval_time_s'])}, "
+            f"checkpoints {fmt_span(final['checkpoint_time_s'])}, start-up "
+            f"{fmt_span(final['startup_time_s'])}.</p>"
         )
     rows = []
     for p in parts:
-        pred = "—" if p["predicted_s"] is None else fmt_duration(p["predicted_s"])
+        pred = "—" if p["predicted_s"] is None else fmt_span(p["predicted_s"])
         ratio = "not modelled" if p["ratio"] is None else f"×{p['ratio']:.2f}"
         off = p["ratio"] is not None and p["part"] == "wall time" and abs(p["ratio"] - 1) > 0.05
         rows.append(
             f"<tr{' class=bad' if off else ''}><td>{html.escape(p['part'])}</td><td>{pred}</td>"
-            f"<td>{fmt_duration(p['measured_s'])}</td><td>{ratio}</td></tr>"
+            f"<td>{fmt_span(p['measured_s'])}</td><td>{ratio}</td></tr>"
         )
     return (
         "<table><tr><th>wall time</th><th>predicted</th><th>paid</th><th>paid / predicted</th></tr>"
