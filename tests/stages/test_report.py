@@ -441,8 +441,16 @@ def test_nodes_and_links_name_the_hosts_and_each_levels_bus_bandwidth():
     )
     assert "<b>within a node</b> (N = 2, 1 probe(s))" in html
     assert "<b>between nodes</b> (N = 4, 1 probe(s))" in html
+    assert "not a link's between nodes" not in html
     one = nodes_section(m.iloc[:1].drop(columns=["hosts"]), {})
     assert "no link was measured" in one
+    # a local run: N = 4 planned on 2 nodes, its workers all on one machine
+    m["hosts"] = ["vm", "vm vm", "vm vm vm vm", None]
+    local = nodes_section(m, {"hostnames": ["vm"] * 4})
+    assert (
+        "MB/s ring bus bandwidth; the plan's nodes were one machine here (vm), so this is that "
+        "machine's rate, not a link's between nodes</li>" in local
+    )
 
 
 def test_a_lost_node_is_said_in_the_attempts_table():

@@ -32,7 +32,19 @@ def link_line(level: str, rows: pd.DataFrame) -> str:
         f"<li><b>{level}</b> (N = {', '.join(str(w) for w in sorted(set(rows['workers'])))}, "
         f"{len(rows)} probe(s)): sync median {1e3 * rows['sync_time_s'].median():.1f} ms for "
         f"{rows['grad_bytes_per_step'].median() / 2**20:.2f} MiB of gradients a step: "
-        f"{busbw.median() / 1e6:.1f} MB/s ring bus bandwidth</li>"
+        f"{busbw.median() / 1e6:.1f} MB/s ring bus bandwidth{_one_host(level, rows)}</li>"
+    )
+
+
+def _one_host(level: str, rows: pd.DataFrame) -> str:
+    """Where the plan's nodes (cluster.workers_per_node) were one machine, as in a local run:
+    the links measured are that machine's, not the cluster's."""
+    hosts = set(_hosts(rows["hosts"])) if "hosts" in rows.columns else set()
+    if level != "between nodes" or len(hosts) != 1:
+        return ""
+    return (
+        f"; the plan's nodes were one machine here ({html.escape(hosts.pop())}), so this is "
+        "that machine's rate, not a link's between nodes"
     )
 
 
