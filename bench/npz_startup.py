@@ -12,6 +12,12 @@ Median of --repeats runs each, the two checkouts alternated.
 
     git worktree add /tmp/before <commit>
     .venv/bin/python bench/npz_startup.py --before /tmp/before [--repeats 3] [--dir /tmp/npz]
+
+With --layouts, this checkout alone on the same images stored two ways, alternated: channels
+first, (n, 3, 16, 16), and channels last, (n, 16, 16, 3), which the loader lays out channels
+first as it loads (a copy of the set; 3 channels, since numpy moves an axis of 1 without one):
+
+    .venv/bin/python bench/npz_startup.py --layouts [--repeats 3]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES, SHAPE = 640_000, (1, 28, 28)  # 640,000 x 784 bytes = 502 MB of training images
+RGB = (3, 16, 16)  # --layouts: 640,000 x 768 bytes = 492 MB, in three channels
 
 LOAD = """
 import json, resource, sys, time
@@ -46,15 +53,18 @@ feed = DeviceFeed.of(loaders, ld, sampler, channels_last=False)
 sampler.set_position(1, 0)
 x, _ = next(iter(feed))
 print(json.dumps({"s": time.perf_counter() - t0, "rss": resource.getrusage(
-    resource.RUSAGE_SELF).ru_maxrss * 1024, "dtype": str(d.train.x.dtype), "x": str(x.dtype)}))
+    resource.RUSAGE_SELF).ru_maxrss * 1024, "dtype": str(d.train.x.dtype), "x": str(x.dtype),
+    "sample": list(d.input_shape)}))
 """
 
 
-def make_set(path: Path) -> None:
+def make_set(path: Path, shape=SHAPE, channels_last: bool = False) -> None:
     if path.exists():
         return
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, size=(SAMPLES, *SHAPE), dtype=np.uint8)
+    x = rng.integers(0, 256, size=(SAMPLES, *shape), dtype=np.uint8)
+    if channels_last:
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     xt = x[:2000].copy()
     np.savez(
         path, x_train=x, y_train=np.arange(SAMPLES) % 10, x_test=xt, y_test=np.arange(2000) % 10
@@ -106,27 +116,37 @@ def run_probe(src: Path, npz: Path, work: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, required=True, help="another checkout (its src/)")
+    ap.add_argument("--before", type=Path, help="another checkout (its src/)")
+    ap.add_argument(
+        "--layouts", action="store_true", help="this checkout, channels first against last"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "tula-npz-bench")
     a = ap.parse_args()
+    if (a.before is None) == (not a.layouts):
+        ap.error("give --before CHECKOUT or --layouts")
     a.dir.mkdir(parents=True, exist_ok=True)
-    npz = a.dir / "u8.npz"
-    make_set(npz)
+    npz = a.dir / ("u8_chw.npz" if a.layouts else "u8.npz")
+    make_set(npz, RGB if a.layouts else SHAPE)
     print(f"{npz}: {npz.stat().st_size / 1e6:.0f} MB", flush=True)
-    sides = {"before": a.before / "src", "after": ROOT / "src"}
+    if a.layouts:
+        hwc = a.dir / "u8_hwc.npz"
+        make_set(hwc, RGB, channels_last=True)
+        sides = {"(n, 3, 16, 16)": (ROOT / "src", npz), "(n, 16, 16, 3)": (ROOT / "src", hwc)}
+    else:
+        sides = {"before": (a.before / "src", npz), "after": (ROOT / "src", npz)}
     runs: dict[str, dict[str, list]] = {k: {"load": [], "probe": []} for k in sides}
     for i in range(a.repeats):
-        for name, src in sides.items():
-            runs[name]["load"].append(run_load(src, npz))
-            runs[name]["probe"].append(run_probe(src, npz, a.dir))
+        for name, (src, path) in sides.items():
+            runs[name]["load"].append(run_load(src, path))
+            runs[name]["probe"].append(run_probe(src, path, a.dir))
             print(
                 f"run {i + 1} {name}: {runs[name]['load'][-1]} {runs[name]['probe'][-1]}",
                 flush=True,
             )
     print(
-        "\n| checkout | set held as | load + first batch (s) | its peak RSS (GB) "
-        "| probe start-up (s) | probe peak RSS (GB) | probe wall (s) |"
+        f"\n| {'stored as' if a.layouts else 'checkout'} | set held as | load + first batch (s) "
+        "| its peak RSS (GB) | probe start-up (s) | probe peak RSS (GB) | probe wall (s) |"
     )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in sides:
