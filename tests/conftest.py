@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Where the suite's time goes, printed at the end of every run (tests/suite_time.py), and how
 # make test's two xdist workers share the machine (tests/sharing.py).
-pytest_plugins = ["suite_time", "sharing"]
+pytest_plugins = ["skipped", "suite_time", "sharing"]
 
 # A GPU partition as scontrol and sinfo describe it (tests of tula.slurm and tula.preflight).
 GPU_PARTITION = (
@@ -34,6 +34,24 @@ TINY = {
     "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120, "time_budget_s": 0.5},
     "train": {"lr_decay_epochs": []},
 }
+
+
+def digits_uint8(path: Path) -> Path:
+    """digits as the tiny config's 80/20 split holds it, stored as uint8 images (its pixels are
+    the integers 0-16) in an npz: a set Tula standardises per batch on the device, as a uint8
+    image set is (the path a twice-standardised batch broke, and an accuracy bound catches)."""
+    from tula.runtime.builtin_sets import digits
+
+    x_train, x_test, y_train, y_test = digits(TINY["workload"]["seed"])
+    assert (x_train == x_train.round()).all() and x_train.max() <= 16
+    np.savez(
+        path,
+        x_train=x_train.astype(np.uint8),
+        y_train=y_train,
+        x_test=x_test.astype(np.uint8),
+        y_test=y_test,
+    )
+    return path
 
 
 @pytest.fixture

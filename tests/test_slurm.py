@@ -2,6 +2,7 @@
 it, the controller's answers parsed from recorded scontrol/sinfo text, and the same queries
 against the real one-node test cluster (scripts/slurm-cluster.sh)."""
 
+import shutil
 import subprocess
 from types import SimpleNamespace
 
@@ -102,9 +103,13 @@ def test_job_shape_one_task_per_gpu(tiny_raw):
     "per_node, workers",
     [(1, [1, 2, 4, 16]), (4, [1, 2, 4, 8, 16]), (6, [1, 2, 4]), (8, [1, 2, 4, 8, 16, 32])],
 )
-def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
+def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path, monkeypatch):
     """Every grid N of 1-, 4-, 6- and 8-GPU nodes: the probe rule's resources (sbatch through the
-    Snakemake SLURM plugin) and the production job's submitit parameters are one layout."""
+    Snakemake SLURM plugin) and the production job's submitit parameters are one layout. Both
+    are pure functions of the config: with no sbatch, srun or scontrol on PATH (as on a laptop
+    without SLURM) they give the same answer."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no SLURM command to be found
+    assert not any(shutil.which(c) for c in ("sbatch", "srun", "scontrol", "sinfo"))
     # 6-GPU nodes: B is a power of two, so no N of whole 6-worker nodes divides it; N <= 6 shares
     # one node
     cfg = config.from_dict(
@@ -116,10 +121,10 @@ def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
     )
     for n in cfg.grid.workers:
         probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
-        params = submission.make_executor(cfg, "slurm", tmp_path, n, 30)._executor.parameters
+        params = submission.executor_parameters(cfg, "slurm", n, 30)
         prod = (
             params["nodes"],
-            params["ntasks_per_node"],
+            params["tasks_per_node"],
             params.get("gpus_per_node", 0),
             params["cpus_per_task"],
         )
@@ -132,6 +137,16 @@ def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path):
         assert (
             probe["tasks"] == n and prod[0] == max(1, n // per_node) and prod[1] == min(n, per_node)
         )
+
+
+def test_submitting_to_slurm_without_sbatch_is_refused_naming_the_key(tmp_path, monkeypatch):
+    """Where a job is really submitted, a machine without SLURM is told what to change; the
+    shape itself (above) needs no SLURM."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cfg = config.from_dict({})
+    with pytest.raises(RuntimeError, match=r"'launch.executor' is slurm but sbatch is not on PATH"):
+        submission.make_executor(cfg, "slurm", tmp_path, 2, 30)
+    assert submission.executor_parameters(cfg, "slurm", 2, 30)["nodes"] == 2  # 1 worker a node
 
 
 def test_grid_that_does_not_fill_nodes_is_refused_naming_the_key():

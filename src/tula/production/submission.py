@@ -31,31 +31,23 @@ def resolve_executor(cfg: Config, hint: str | None) -> str:
     return hint if hint in EXECUTORS else "local"
 
 
-def make_executor(
+def executor_parameters(
     cfg: Config,
     kind: str,
-    folder: Path,
     n_workers: int,
     timeout_min: int,
     partition: str | None = None,
     account: str | None = None,
     name: str = "tula-train",
-) -> submitit.Executor:
-    """A submitit executor for one attempt's job: :func:`tula.slurm.job_shape` on SLURM,
-    N local processes otherwise."""
-    if kind == "slurm" and not shutil.which("sbatch"):
-        raise RuntimeError(
-            "config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
-            "login node, or set launch.executor: local"
-        )
+) -> dict[str, Any]:
+    """submitit's parameters for one attempt's job: :func:`tula.slurm.job_shape` on SLURM
+    (the shape a probe of N asks for too), N local processes otherwise. A pure function of the
+    config: nothing here asks for ``sbatch``."""
     gpus = n_workers if cfg.hardware.device == "cuda" else 0
     shape = (
         slurm.job_shape(cfg, n_workers)
         if kind == "slurm"
         else slurm.JobShape(1, n_workers, cfg.hardware.threads_per_worker, gpus)
-    )
-    ex = submitit.AutoExecutor(
-        folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues
     )
     params: dict[str, Any] = {
         "name": name,
@@ -78,7 +70,31 @@ def make_executor(
             params["slurm_account"] = L.slurm_account or account
         if L.mem_gb:
             params["mem_gb"] = L.mem_gb
-    ex.update_parameters(**params)
+    return params
+
+
+def make_executor(
+    cfg: Config,
+    kind: str,
+    folder: Path,
+    n_workers: int,
+    timeout_min: int,
+    partition: str | None = None,
+    account: str | None = None,
+    name: str = "tula-train",
+) -> submitit.Executor:
+    """A submitit executor for one attempt's job, with :func:`executor_parameters`."""
+    if kind == "slurm" and not shutil.which("sbatch"):
+        raise RuntimeError(
+            "config key 'launch.executor' is slurm but sbatch is not on PATH: run on the cluster's "
+            "login node, or set launch.executor: local"
+        )
+    ex = submitit.AutoExecutor(
+        folder=folder, cluster=kind, slurm_max_num_timeout=cfg.launch.max_requeues
+    )
+    ex.update_parameters(
+        **executor_parameters(cfg, kind, n_workers, timeout_min, partition, account, name)
+    )
     return ex
 
 
