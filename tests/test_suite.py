@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -120,7 +121,22 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
     room.unlink()
 
 
-def test_without_xdist_nothing_waits(monkeypatch):
+def test_without_xdist_nothing_waits(monkeypatch, tmp_path):
+    """Outside pytest-xdist (TEST_WORKERS=0, a single test run by hand) no test is beside
+    another, so `beside_others` takes no lock: two `alone` sections nested in one thread (which
+    a lock would deadlock) end at once, and no lock file is made. Run in a thread joined with
+    a limit, so a lock taken by mistake fails here instead of hanging the suite."""
     monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
-    with beside_others(alone=True), beside_others(alone=True):  # would deadlock under a lock
-        pass
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where lock_files would be made
+    ended = threading.Event()
+
+    def nested() -> None:
+        with beside_others(alone=True), beside_others(alone=True):
+            pass
+        ended.set()
+
+    t0 = time.monotonic()
+    threading.Thread(target=nested, daemon=True).start()
+    assert ended.wait(timeout=10), "beside_others waited without xdist"
+    assert time.monotonic() - t0 < 10
+    assert list(tmp_path.iterdir()) == []  # no gate, no room: nothing was locked

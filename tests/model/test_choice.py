@@ -39,9 +39,18 @@ def test_knee_of_l_shaped_curve_is_the_corner():
 
 
 def test_knee_of_paper_shaped_curve_is_where_it_flattens():
-    # T = a/B * (1 + B/2048) saturates around B0 = 2048; the knee lies in the bend
+    """T = 1000/B * (1 + B/2048) saturates around B0 = 2048. A deterministic curve has one
+    answer, derived here without kneed: Kneedle (Satopaa et al., 2011) normalises B and T to
+    [0, 1] and, for a convex decreasing curve, takes the point farthest below the chord from
+    (0, 1) to (1, 0), the largest (1 - B_n) - T_n. T's constant 1000/2048 drops out of T_n,
+    and the difference is 0.851, 0.882, 0.851 at B = 256, 512, 1024: the knee is B = 512."""
     b = np.array(sorted(CURVE))
-    assert 512 <= knee_of(b, np.array([CURVE[x] for x in b])) <= 2048
+    t = np.array([CURVE[x] for x in b])
+    bn, tn = (b - b.min()) / (b.max() - b.min()), (t - t.min()) / (t.max() - t.min())
+    difference = (1 - bn) - tn
+    assert difference[[3, 4, 5]] == pytest.approx([0.851, 0.8824, 0.851], abs=1e-4)
+    assert b[np.argmax(difference)] == 512
+    assert knee_of(b, t) == 512
 
 
 @pytest.mark.parametrize("times", [[5.0, 5.0, 5.0, 5.0], [3.0, 2.0]], ids=["flat", "two-points"])
