@@ -77,12 +77,12 @@ def tula(
     return _or_exit(r, f"tula {' '.join(args)}") if check else r
 
 
-def tests_helper(name: str) -> Any:
-    """A helper of tests/conftest.py (``make_image_folder``: the Pillow image-folder generator),
-    loaded from its file."""
+def tests_helper(name: str, module: str = "conftest") -> Any:
+    """A helper of tests/<module>.py (conftest's ``make_image_folder``: the Pillow image-folder
+    generator; bounds': the suite's numeric bounds), loaded from its file."""
     spec = importlib.util.spec_from_file_location(
-        "tula_tests_conftest", ROOT / "tests" / "conftest.py"
+        f"tula_tests_{module}", ROOT / "tests" / f"{module}.py"
     )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return getattr(loaded, name)

@@ -7,7 +7,8 @@ computes. What the two must not do twice, or at once, is kept on one worker by i
 group (xdist_groups): every test of the SLURM clusters (the lab replaces the one-node cluster
 while it is up), every reader of a shared session run (finished_run), every test of a module
 whose module-scoped run it shares. A test marked `alone` (it asserts on measured times) runs
-with no other test beside it (beside_others)."""
+with no other test beside it (beside_others), and so does the test that makes a shared run
+whose times other tests bound (TIMED_RUNS)."""
 
 import contextlib
 import os
@@ -121,10 +122,27 @@ def beside_others(alone: bool):
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
+# Shared runs whose measured times tests bound (tests/bounds.py): the test that makes one runs
+# alone, so that the run is timed as a user's would be, with no other test's processes beside
+# it (its readers after it only read its files, and share the machine as usual).
+TIMED_RUNS = {"finished_run", "lab_run"}
+_made: set[str] = set()  # the timed runs this xdist worker (or process) has made
+
+
+def runs_alone(item) -> bool:
+    """Marked `alone`, or the first test on this worker to ask for a timed run: it makes it."""
+    return item.get_closest_marker("alone") is not None or bool(
+        TIMED_RUNS.intersection(item.fixturenames) - _made
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with beside_others(alone=item.get_closest_marker("alone") is not None):
-        return (yield)
+    with beside_others(alone=runs_alone(item)):
+        try:
+            return (yield)
+        finally:
+            _made.update(TIMED_RUNS.intersection(item.fixturenames))
 
 
 def pytest_sessionfinish(session):

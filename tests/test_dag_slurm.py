@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, copy_workflow, train_from_files, venv_env
+from bounds import ACCURACY_FLOOR
+from conftest import ROOT, TINY, copy_workflow, digits_uint8, train_from_files, venv_env
 from tula import config
 from tula.faults import ENV as FAULT_ENV
 
@@ -202,7 +203,13 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
     wd = tmp_path_factory.mktemp("slurm-dag")
     copy_workflow(wd)
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    tiny = {**TINY, "cluster": {"workers_per_node": 2}}  # the test cluster has one node
+    # the test cluster has one node; digits stored as uint8 images, standardised per batch
+    u8 = digits_uint8(wd / "digits_u8.npz")
+    tiny = {
+        **TINY,
+        "workload": {**TINY["workload"], "dataset": f"npz:{u8}"},
+        "cluster": {"workers_per_node": 2},
+    }
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     _test_profile(wd)
     env = venv_env()
@@ -271,6 +278,9 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     ) and final["steps"] > 0
     # N {1,2} x B {32,64,128}
     assert final["backend"] == "gloo" and len(pd.read_csv(res / "predictions.csv")) == 6
+    # the trained model learnt: digits (10 classes, chance 0.10) stored as uint8, 2 epochs,
+    # reach what the float set does at every grid point (tests/bounds.py's ACCURACY_FLOOR)
+    assert final["dataset"].startswith("npz:") and final["final_test_acc"] >= ACCURACY_FLOOR
     assert f"Use N = {sel['workers']}" in (res / "report.html").read_text()
     assert (res / "plots" / "time_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     att = json.loads((wd / "results" / "train" / "attempts.json").read_text())

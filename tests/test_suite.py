@@ -9,9 +9,11 @@ import sys
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+import sharing
 from conftest import ROOT
 from sharing import beside_others, lock_files
 
@@ -140,3 +142,20 @@ def test_without_xdist_nothing_waits(monkeypatch, tmp_path):
     assert ended.wait(timeout=10), "beside_others waited without xdist"
     assert time.monotonic() - t0 < 10
     assert list(tmp_path.iterdir()) == []  # no gate, no room: nothing was locked
+
+
+def test_the_test_that_makes_a_timed_run_runs_alone_and_its_readers_do_not(monkeypatch):
+    """The shared runs whose times tests bound (the default DAG, the lab's workflow) are made
+    by the first test on a worker that asks for one, alone; the tests after it only read."""
+    monkeypatch.setattr(sharing, "_made", set())
+
+    def item(*fixtures, alone=False):
+        return SimpleNamespace(
+            fixturenames=list(fixtures), get_closest_marker=lambda m: alone or None
+        )
+
+    first, second = item("finished_run", "tmp_path"), item("finished_run")
+    assert sharing.runs_alone(first)
+    sharing._made.update({"finished_run"})  # as pytest_runtest_protocol does after it
+    assert not sharing.runs_alone(second) and sharing.runs_alone(item("finished_run", "lab_run"))
+    assert not sharing.runs_alone(item("tmp_path")) and sharing.runs_alone(item(alone=True))
