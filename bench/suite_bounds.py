@@ -56,9 +56,7 @@ def dag_once(where: Path, load: bool) -> dict:
     res = where / "results"
     final = json.loads((res / "train" / "final.json").read_text())
     m = measurements_mod.load(res / "measurements.csv")
-    pred, meas, kept = held_out_prediction(m, 2, 64, "ring")
-    left = m.query("source == 'probe' and workers == 2 and global_batch == 64")
-    left_hw = float(left["step_time_halfwidth_rel"].item())
+    pred, meas, left_hw, fit_hw = held_out_prediction(m, 2, 64, "ring")
     return {
         "dag_s": wall,
         "point": (final["workers"], final["global_batch"]),
@@ -71,8 +69,8 @@ def dag_once(where: Path, load: bool) -> dict:
             final["wall_time_s"], *final["predicted_wall_time_interval_s"]
         ),
         "held_out_log_error": math.log(pred / meas),
-        "held_out_bound": held_out_bound(left_hw, max(kept)),
-        "probe_halfwidths": [left_hw, *kept],
+        "held_out_bound": held_out_bound(left_hw, fit_hw),
+        "held_out_halfwidths": [left_hw, fit_hw],
         "accuracy": final["final_test_acc"],
     }
 
@@ -118,8 +116,8 @@ def main() -> None:
             f"run {i}: N={r['point'][0]} B={r['point'][1]}  step x{r['step_ratio']:.3f} "
             f"(interval x{r['step_multiple']:.3f})  wall x{r['wall_ratio']:.3f} "
             f"(interval x{r['wall_multiple']:.3f})  held-out log error "
-            f"{r['held_out_log_error']:+.3f} (bound {r['held_out_bound']:.3f}; probes +-"
-            f"{', '.join(f'{100 * h:.0f}' for h in r['probe_halfwidths'])} %)  "
+            f"{r['held_out_log_error']:+.3f} (bound {r['held_out_bound']:.3f}; left out / fit +-"
+            f"{' / '.join(f'{100 * h:.0f}' for h in r['held_out_halfwidths'])} %)  "
             f"accuracy {r['accuracy']:.4f}  DAG {r['dag_s']:.0f} s",
             flush=True,
         )

@@ -50,22 +50,34 @@ def held_out_bound(left_halfwidth: float, fit_halfwidth: float) -> float:
 
 def held_out_prediction(
     measurements: pd.DataFrame, workers: int, global_batch: int, collective: str
-) -> tuple[float, float, list[float]]:
+) -> tuple[float, float, float, float]:
     """The step at (N, B) predicted by a fit made without it (every row that (N, B)'s probe
     job measured left out: the probe and the compute-only sweep it timed): (predicted s,
-    measured s, the half-widths of the probes the fit kept)."""
+    measured s, the left-out probe's half-width, the fit's: the largest half-width among the
+    kept rows at the same N, probes' steps and sweeps' compute, which that prediction rests on
+    most)."""
     from tula.model import perf
 
     at = (measurements["workers"] == workers) & (measurements["global_batch"] == global_batch)
-    probes = measurements[(measurements["source"] == "probe") & (measurements["status"] == "ok")]
-    left = probes[(probes["workers"] == workers) & (probes["global_batch"] == global_batch)]
+    ok = measurements[measurements["status"] == "ok"]
+    left = ok[
+        (ok["source"] == "probe")
+        & (ok["workers"] == workers)
+        & (ok["global_batch"] == global_batch)
+    ]
+    kept = ok[~at[ok.index] & (ok["workers"] == workers) & ok["source"].isin(["probe", "sweep"])]
+    fit_halfwidth = max(
+        kept["step_time_halfwidth_rel"].where(
+            kept["source"] == "probe", kept["compute_time_halfwidth_rel"]
+        )
+    )
     model = perf.fit(measurements[~at], collective)
     n, b = np.array([workers]), np.array([global_batch // workers])
-    kept = probes[~((probes["workers"] == workers) & (probes["global_batch"] == global_batch))]
     return (
         float(model.step_time_s(n, b)[0]),
         float(left["step_time_s"].item()),
-        [float(h) for h in kept["step_time_halfwidth_rel"]],
+        float(left["step_time_halfwidth_rel"].item()),
+        float(fit_halfwidth),
     )
 
 

@@ -288,19 +288,21 @@ def test_the_default_run_trains_well_above_chance(finished_run):
 
 
 def test_a_point_left_out_of_the_fit_is_predicted_within_its_noise(finished_run):
-    """The N = 2, B = 64 probe (the OOM corner's fallback) left out, with the compute-only
-    sweep its launch timed: the other probes' fit predicts its step within held_out_bound,
-    three standard deviations of its own half-width, the least precise kept probe's and the
-    machine's drift in quadrature (tests/bounds.py): 0.41-0.51 for these probes. Measured
-    (bench/suite_bounds.py, 6 runs, 3 with a busy process beside): at most 0.45 of the bound.
-    A prediction scaled x2 is off by log 2 = 0.69, give or take the same error."""
+    """The N = 2, B = 64 probe (the OOM corner's fallback, between the corners a partial
+    search probes) left out, with the compute-only sweep its launch timed: the other rows' fit
+    predicts its step within held_out_bound, three standard deviations of, in quadrature, its
+    own half-width, the least precise kept row's at N = 2 and the machine's drift
+    (tests/bounds.py): 0.42-0.58 for these probes. Measured (bench/suite_bounds.py, 7 runs, 3
+    with a busy process beside): |log error| at most 0.22, 0.39 of its bound. A prediction
+    scaled x2 adds log 2 = 0.69 to the error: past the bound in 6 of those 7 runs (not where
+    the error was -0.22 against a bound of 0.58); the production job's interval, above,
+    catches it in every one."""
     wd, _ = finished_run
     m = measurements_mod.load(wd / "results" / "measurements.csv")
-    predicted, measured, kept = held_out_prediction(m, 2, 64, "ring")
-    left = m.query("source == 'probe' and workers == 2 and global_batch == 64")
-    bound = held_out_bound(float(left["step_time_halfwidth_rel"].item()), max(kept))
+    predicted, measured, left_hw, fit_hw = held_out_prediction(m, 2, 64, "ring")
+    bound = held_out_bound(left_hw, fit_hw)
     error = math.log(predicted / measured)
-    assert abs(error) <= bound, (predicted, measured, bound)
+    assert abs(error) <= bound, (predicted, measured, left_hw, fit_hw, bound)
 
 
 def test_nothing_to_do_after_a_finished_run(finished_run):
