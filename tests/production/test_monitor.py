@@ -78,11 +78,11 @@ def test_record_writes_the_drift_down_and_never_moves(tmp_path, tiny_raw, venv_p
     window of 5) and recorded in drift.json, attempts.json and final.json; the job trains on
     at the same (N, B).
 
-    (The drift used to be one of no sync at all, a band up to 0.2 ms: whether the real
-    all-reduce showed above it rested on the step's noise, since an observation is a synced
-    step less a compute-only one, each varying by milliseconds here. A clean clone saw 3
-    observations above the band but no window of 5 with its median above, and rightly no
-    drift: the detector decides on medians so that scattered slow steps do not fire it.)"""
+    Not a drift to the slower side from a prediction of no sync (a band up to 0.2 ms):
+    whether the real all-reduce shows above such a band rests on the step's noise, since an
+    observation is a synced step less a compute-only one, each varying by milliseconds here;
+    a few observations above it, scattered, make no window of 5 whose median is above it,
+    and the detector, deciding on medians, rightly records no drift then."""
     pred = tmp_path / "predictions.csv"
     pd.DataFrame(
         [
