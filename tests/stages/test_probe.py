@@ -89,10 +89,11 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # after the first steps, as in training, so AGS's factors exist)
     assert mem["opt_bytes"] == 2 * mem["param_bytes"]
     assert mem["batch_bytes"] == 32 * 64 * 4 + 32 * 8  # float32 8x8 images + int64 labels
-    # The peak is measured, but without noise: the same allocations in the same order give the
-    # same bytes in every run, at N = 1 and N = 2 alike (DDP's buckets are not in the CPU
-    # timeline). So its relations to Eq. 3 are exact, to the allocator's alignment (tens of
-    # bytes; ALIGN allows a few allocations' worth):
+    # The peak is measured, and nearly without noise: the same allocations in the same order give
+    # the same bytes at N = 1 and N = 2 alike (DDP's buckets are not in the CPU timeline), to a
+    # few small tensors that come and go (24 and 488 B apart in the runs measured, of 4 MB). So
+    # its relations to Eq. 3 hold to ``slack``, 8 of the CPU allocator's 512 B blocks, 2 % of one
+    # gradient's bytes:
     # - every term of Eq. 3 is live at the step's peak;
     # - the compute-only steps' peaks (the sweep's b = 16, 64, 128) lie on one line in b, as
     #   Eq. 3 says memory grows (its slope is above Eq. 3's per-sample bytes: backward's
@@ -101,15 +102,17 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     # - the plain step holds one gradient more than a compute-only step at its batch (the
     #   optimizer step's gradient-sized buffer), and AGS's refresh at most one more again (the
     #   small-batch gradient beside the large one, Algorithm 1).
-    align = 256
+    slack = 8 * 512
     assert mem["model_total_bytes"] <= rec["plain_peak_bytes"]
     sweep_peak = {s["local_batch"]: s["peak_mem_bytes"] for s in rec["sweep"]}
     slope, intercept = np.polyfit(list(sweep_peak), list(sweep_peak.values()), 1)
-    assert all(abs(p - (intercept + slope * b)) <= align for b, p in sweep_peak.items())
+    assert all(abs(p - (intercept + slope * b)) <= slack for b, p in sweep_peak.items())
     assert slope > (mem["act_bytes"] + mem["batch_bytes"]) / 32
     plain_over_compute = rec["plain_peak_bytes"] - (intercept + slope * 32)
-    assert plain_over_compute == pytest.approx(mem["grad_bytes"], abs=align)
-    assert 0 <= rec["refresh_peak_bytes"] - rec["plain_peak_bytes"] <= mem["grad_bytes"] + align
+    assert plain_over_compute == pytest.approx(mem["grad_bytes"], abs=slack)
+    assert (
+        -slack <= rec["refresh_peak_bytes"] - rec["plain_peak_bytes"] <= mem["grad_bytes"] + slack
+    )
     assert not (out.parent / ".N2_B64.ranks").exists()
     # what the production job pays besides its steps, measured once as it pays it: start-up to the
     # first step, a first and a later evaluation pass, one checkpoint write (removed after; no step
