@@ -1,8 +1,12 @@
-"""A user's own model and dataset, given to Tula by import path (tests put tests/ on PYTHONPATH):
+"""A user's own model and dataset, loss and metric, given to Tula by import path (tests put
+tests/ on PYTHONPATH):
 
     workload:
       model: user_workload:make_model        # (input_shape, num_classes) -> nn.Module
       dataset: user_workload:make_datasets   # () -> (train_dataset, test_dataset)
+    train:
+      loss: user_workload:margin_loss        # (outputs, targets) -> scalar loss
+      metric: user_workload:error_rate       # (outputs, targets) -> float; metric_goal: min
 
 The dataset is map-style and built lazily per item, like a real on-disk dataset would be.
 """
@@ -69,6 +73,20 @@ class TinyNet(nn.Module):
 
 def make_model(in_shape, num_classes):
     return TinyNet(in_shape, num_classes)
+
+
+# -- a user's own loss and metric (train.loss, train.metric) ---------------------------------
+
+
+def margin_loss(outputs, targets):
+    """A loss of the user's: the multi-class hinge loss (a scalar with a gradient)."""
+    return torch.nn.functional.multi_margin_loss(outputs, targets)
+
+
+def error_rate(outputs, targets):
+    """A metric of the user's where smaller is better (train.metric_goal: min): the share of
+    the batch misclassified, as a 0-d tensor (no host read in the step)."""
+    return (outputs.argmax(1) != targets).double().mean()
 
 
 # -- broken specs, for the error messages --------------------------------------------------

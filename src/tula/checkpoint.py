@@ -33,7 +33,7 @@ from tula.io import read_json, write_bytes, write_json
 # torch is imported inside the functions that touch tensors (they run in the workers, where it is
 # loaded already): `tula launch` reads manifests without paying its start-up.
 
-FORMAT = 1
+FORMAT = 2  # 2: named parts, each its owner's state_dict (1: one flat dict)
 _NAME = re.compile(r"^step-(\d{9})\.json$")
 
 
@@ -84,11 +84,11 @@ def save(
     data = to_bytes({**state, "format": FORMAT, "step": step})
     pt = d / f"{_stem(step)}.pt"
     write_bytes(pt, data)
-    meta = {
-        k: state[k]
-        for k in ("epoch", "offset", "global_batch", "workers", "fingerprint", "complete")
-        if k in state
-    }
+    where = state.get("position", {})
+    meta = {k: where[k] for k in ("epoch", "offset") if k in where}
+    meta.update(
+        (k, state[k]) for k in ("global_batch", "workers", "fingerprint", "complete") if k in state
+    )
     write_json(
         d / f"{_stem(step)}.json",
         {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,11 @@ import yaml
 from tula import config_rules
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+
+
+def metric_name(spec: str) -> str:
+    """``train.metric``'s name: ``accuracy``, or the callable's of ``package.module:callable``."""
+    return spec.rpartition(":")[2]
 
 
 class ConfigError(ValueError):
@@ -140,7 +145,7 @@ class TrainSettings:
     lr_decay_epochs: tuple[int, ...]
     lr_decay_factor: float
     base_batch: int
-    warmup_epochs: float
+    warmup_epochs: float | None
     ags_delta: float
     ags_small_batch: int
     ags_refresh_every_steps: int | None
@@ -153,6 +158,34 @@ class TrainSettings:
     precision: str
     channels_last: bool
     compile: str = "off"
+    optimizer_args: dict[str, Any] = field(default_factory=dict)
+    schedule: str = "step"
+    schedule_args: dict[str, Any] = field(default_factory=dict)
+    label_smoothing: float = 0.0
+    loss: str = "cross_entropy"
+    metric: str = "accuracy"
+    metric_goal: str = "max"
+
+    def recipe(self) -> dict[str, Any]:
+        """The way of training as the results record it (final.json, workload.json)."""
+        return {
+            "optimizer": self.optimizer,
+            "optimizer_args": dict(self.optimizer_args),
+            "schedule": self.schedule,
+            "warmup_epochs": self.warmup,
+            "loss": self.loss,
+            "label_smoothing": self.label_smoothing,
+            "metric": self.metric,
+            "metric_goal": self.metric_goal,
+        }
+
+    @property
+    def warmup(self) -> float:
+        """The warm-up in epochs: train.warmup_epochs, or unset the paper's 5 for the baselines
+        that warm up (lrs, lars, polo) and none for the others."""
+        if self.warmup_epochs is not None:
+            return self.warmup_epochs
+        return 5.0 if self.method in ("lrs", "lars", "polo") else 0.0
 
 
 # Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay

@@ -51,7 +51,51 @@ def _doublings(lo: int, hi: int) -> bool:
 
 def problems(d: dict[str, Any]) -> list[str]:
     """What the schema cannot express, in the validated config ``d``; each names its key."""
-    return _grid_problems(d) + _other_problems(d)
+    return _grid_problems(d) + _other_problems(d) + _train_problems(d["train"])
+
+
+SCHEDULES = ("step", "cosine", "onecycle", "constant")
+# train's own keys, which optimizer_args must not set a second time
+_OWN_ARGS = {"lr": "train.lr", "weight_decay": "train.weight_decay", "momentum": "train.momentum"}
+
+
+def _train_problems(t: dict[str, Any]) -> list[str]:
+    """The way of training: names that are neither built in nor an import path, arguments given
+    twice, and pairs that cannot go together. Whether torch's class takes an argument is the
+    workload check's (``tula check``: it builds the optimizer, before any job)."""
+    problems = [
+        f"config key 'train.{key}': {t[key]!r} is neither {' nor '.join(map(repr, names))} nor "
+        "an import path `package.module:callable`"
+        for key, names in (
+            ("schedule", SCHEDULES),
+            ("loss", ("cross_entropy",)),
+            ("metric", ("accuracy",)),
+        )
+        if t[key] not in names and ":" not in t[key]
+    ]
+    problems += [
+        f"config key 'train.optimizer_args.{k}': set {own} instead (it is train's own key)"
+        for k, own in _OWN_ARGS.items()
+        if k in t["optimizer_args"]
+    ]
+    if t["lr_decay_epochs"] and t["schedule"] != "step":
+        problems.append(
+            f"config key 'train.lr_decay_epochs': the decay epochs are the `step` schedule's, "
+            f"and train.schedule is {t['schedule']!r}; remove them (lr_decay_epochs: [])"
+        )
+    if t["method"] == "lars" and t["optimizer"].lower() != "sgd":
+        problems.append(
+            f"config key 'train.method': lars is the layer-wise trust ratio around momentum SGD; "
+            f"train.optimizer is {t['optimizer']!r} (use optimizer: sgd, or another method)"
+        )
+    if t["metric"] == "accuracy" and t["metric_goal"] != "max":
+        problems.append("config key 'train.metric_goal': accuracy's goal is max")
+    if t["loss"] != "cross_entropy" and t["label_smoothing"]:
+        problems.append(
+            "config key 'train.label_smoothing': it is cross-entropy's; train.loss is "
+            f"{t['loss']!r} (smooth the labels in your loss, or set label_smoothing: 0)"
+        )
+    return problems
 
 
 def _grid_problems(d: dict[str, Any]) -> list[str]:

@@ -77,9 +77,10 @@ _WORKLOAD = (
     "workload.seed",
     "data",
 )
-# What makes the timed step what it is; the learning rate and its schedule do not: probes
-# are bought once, and lr, lr_decay_*, warmup_epochs, base_batch, epochs, objective and
-# pricing reuse every probe.
+# What makes the timed step what it is (the optimizer and its arguments, the loss and the
+# metric the step computes among them); the learning rate and its schedule do not: probes
+# are bought once, and lr, schedule*, lr_decay_*, warmup_epochs, base_batch, epochs,
+# objective and pricing reuse every probe.
 _STEP = (
     "hardware.device",
     "hardware.backend",
@@ -88,6 +89,10 @@ _STEP = (
     "cluster",
     "train.method",
     "train.optimizer",
+    "train.optimizer_args",
+    "train.loss",
+    "train.label_smoothing",
+    "train.metric",
     "train.momentum",
     "train.weight_decay",
     "train.precision",

@@ -4,6 +4,7 @@ gradients. Real runs: `tula launch` with submitit's local executor, 2 gloo proce
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -99,11 +100,17 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
 
 
 @pytest.mark.training
-def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
-    tiny_raw["train"].update(precision="bf16")
+def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
+    """bf16, AdamW under AGS (which scales its update) and OneCycleLR: stopped at step 9 and
+    resumed from its checkpoint (model, optimizer, AGS, schedule, scaler, RNG, position and
+    ledger, each its owner's state_dict), the run ends bit for bit as the one never stopped.
+    Its TensorBoard curves, read back with tensorboard's own reader, have every step once,
+    the resumed attempt's replacing what the stopped one logged after its checkpoint."""
+    tiny_raw["train"].update(precision="bf16", optimizer="adamw", schedule="onecycle", lr=0.01)
     d = _run_dir(tmp_path, tiny_raw, batch=64)
     ref = _launch(d, "ref")
     assert ref["precision"] == "bf16" and ref["final_test_acc"] > 0.5
+    assert ref["optimizer"] == "adamw" and ref["schedule"] == "onecycle" and ref["ags"]["scaled"]
     monkeypatch.setenv(faults.ENV, "signal:step=9,sig=TERM")
     with pytest.raises(RuntimeError, match="was stopped"):
         _launch(d)
@@ -111,6 +118,59 @@ def test_bf16_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypa
     final = _launch(d)
     assert final["steps"] == ref["steps"]
     assert bitwise_equal(load_params(d / "train" / "model.pt"), load_params(d / "ref" / "model.pt"))
+    assert len(list((d / "train" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    curves = tensorboard_scalars(d / "train" / "tensorboard")
+    ref_curves = tensorboard_scalars(d / "ref" / "tensorboard")
+    steps = list(range(1, final["steps"] + 1))
+    for tag in ("train/loss", "train/lr", "time/step_s", "time/samples_per_s", "ags/scaled_share"):
+        assert [s for s, _ in curves[tag]] == steps, tag
+    # the same steps, the same losses and LR: the resumed run's curves are the unstopped one's
+    for tag in ("train/loss", "train/lr"):
+        assert curves[tag] == ref_curves[tag], tag
+    assert [s for s, _ in curves["epoch/test_accuracy"]] == [r["step"] for r in final_rows(d)]
+    assert {"ags/mean_factor", "epoch/train_accuracy", "epoch/test_loss"} <= set(curves)
+
+
+@pytest.mark.training
+def test_a_users_loss_and_metric_run_end_to_end(tmp_path, tiny_raw, venv_path, user_pythonpath):
+    """The user's model, data, loss and metric (tests/user_workload.py): the config check runs
+    the loss and the metric on real samples, two workers train with them, and final.json,
+    metrics.csv, the curves and the terminal's answer carry the metric under its own name,
+    its best the smallest (metric_goal: min); no chance warning, which is accuracy's."""
+    from tula.stages import check, summary
+
+    tiny_raw["workload"].update(
+        model="user_workload:make_model", dataset="user_workload:make_datasets"
+    )
+    tiny_raw["train"].update(
+        loss="user_workload:margin_loss", metric="user_workload:error_rate", metric_goal="min"
+    )
+    d = _run_dir(tmp_path, tiny_raw, batch=30)
+    w = check.run(d / "config.yaml")
+    assert w["training"]["loss"] == "user_workload:margin_loss"
+    final = _launch(d)
+    assert (final["metric"], final["metric_goal"]) == ("user_workload:error_rate", "min")
+    errors = pd.read_csv(d / "train" / "metrics.csv")["test_acc"].tolist()
+    assert final["best_test_acc"] == min(errors) and final["final_test_acc"] == errors[-1]
+    assert errors[-1] <= 0.34  # three well-apart blobs: a third wrong is chance-level
+    curves = tensorboard_scalars(d / "train" / "tensorboard")
+    assert [v for _, v in curves["epoch/test_error_rate"]] == pytest.approx(errors)
+    line = summary._metric_line(final)
+    assert line.startswith("error_rate: ") and "%" not in line
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve in ``log_dir``, read with tensorboard's own EventAccumulator (which
+    drops what a resumed writer's purge_step replaces): tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def final_rows(d: Path) -> list[dict]:
+    return pd.read_csv(d / "train" / "metrics.csv").to_dict(orient="records")
 
 
 # -- the step itself, in this process (a one-process gloo group) ---------------------------

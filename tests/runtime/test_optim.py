@@ -190,21 +190,6 @@ def test_ddp_replicas_stay_bit_identical_with_ags(tmp_path):
     assert torch.equal(r["params"][0], r["params"][1])  # hence bit-identical replicas
 
 
-def test_lr_factor_for_each_method():
-    from tula.runtime.methods import lr_factor
-
-    spe, B = 10, 1024  # k = 1024 / 128 = 8
-    f = lambda m, step, decays=(): lr_factor(m, step, spe, B, 128, 5, decays, 0.1)  # noqa: E731
-    assert f("lrs", 0) == pytest.approx(1.0)  # Goyal: start at the base LR ...
-    assert f("lrs", 25) == pytest.approx(1 + 7 * 0.5)  # ... linear in epochs (2.5 of 5) ...
-    assert f("lrs", 50) == f("lrs", 500) == pytest.approx(8.0)  # ... to k = B / base_batch
-    assert f("lars", 50) == pytest.approx(8.0)
-    # warm-up only
-    assert f("polo", 25) == pytest.approx(0.5) and f("polo", 60) == pytest.approx(1.0)
-    assert f("lbt", 0) == f("ags", 0) == f("static", 0) == 1.0
-    assert f("ags", 30, decays=(3,)) == pytest.approx(0.1) and f("ags", 29, decays=(3,)) == 1.0
-
-
 def test_lars_trust_ratio_by_hand():
     from tula.runtime.methods import LARS
 
@@ -251,9 +236,10 @@ def _two_layer():
 
 
 def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
-    """Each factor is self.state[p]["ags_scale"] (torch.optim's per-parameter state, saved in the
-    wrapped optimizer's state_dict by parameter); a parameter that had no gradient when the
-    factors were measured is left unscaled later, and counted, while the others are scaled."""
+    """Each factor is AGS's own, keyed by its parameter (opt.factors), and saved by parameter
+    index in AGS's state_dict, never in the wrapped optimizer's state; a parameter that had no
+    gradient when the factors were measured is left unscaled later, and counted, while the
+    others are scaled."""
     net = _two_layer()
     first, second = list(net[0].parameters()), list(net[1].parameters())
     opt = TulaOptimizer(
@@ -264,8 +250,8 @@ def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
     for p in first:
         p.grad = None  # the first layer has no gradient at this refresh
     refresh_scales(net, opt, loss_fn, x[:2], y[:2])
-    assert [("ags_scale" in opt.state[p]) for p in net.parameters()] == [False, False, True, True]
-    assert all(opt.state[p]["ags_scale"].shape == p.shape for p in second)
+    assert [(p in opt.factors) for p in net.parameters()] == [False, False, True, True]
+    assert all(opt.factors[p].shape == p.shape for p in second)
     opt.zero_grad()
     loss_fn(net(x), y).backward()
     g = {p: p.grad.clone() for p in net.parameters()}
@@ -273,36 +259,20 @@ def test_ags_factors_are_per_parameter_state_and_follow_their_parameter():
     before = [p.detach().clone() for p in net.parameters()]
     opt.step()
     for p, w0 in zip(net.parameters(), before):
-        s = opt.state[p].get("ags_scale", torch.ones_like(p))
+        s = opt.factors.get(p, torch.ones_like(p))
         # momentum buffer starts at the step
         assert torch.allclose(p.detach(), w0 - 0.1 * s * g[p], atol=1e-6)
     assert opt.counters["scaled"] == 1 and opt.counters["unscaled_params"] == 2
-    # the factors travel in the wrapped optimizer's state_dict, by parameter
+    # the factors travel in AGS's state_dict, by parameter index
     fresh = TulaOptimizer(
         torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), mode="ags", s_max=4.0
     )
     fresh.load_state_dict(copy.deepcopy(opt.state_dict()))
-    assert all(torch.equal(fresh.state[p]["ags_scale"], opt.state[p]["ags_scale"]) for p in second)
+    assert all(torch.equal(fresh.factors[p], opt.factors[p]) for p in second)
+    assert not any("ags_scale" in st for st in opt.state_dict()["base"]["state"].values())
     assert fresh.counters == opt.counters and fresh.prev_sq_norm == opt.prev_sq_norm
     opt.forget_scales()
     assert opt.scales() == [] and "momentum_buffer" in opt.state[second[0]]
-
-
-def test_a_checkpoint_with_the_old_list_of_factors_still_loads():
-    net = _two_layer()
-    opt = TulaOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), mode="ags")
-    old = {
-        "base": opt.optim.state_dict(),
-        "tula": {
-            "mode": "ags",
-            "prev_sq_norm": 2.0,
-            "last_delta": 0.1,
-            "scales": [torch.full_like(p, 1.5) for p in net.parameters()],
-            "counters": {"steps": 7},
-        },
-    }
-    opt.load_state_dict(old)
-    assert [float(s.mean()) for s in opt.scales()] == [1.5] * 4 and opt.counters["steps"] == 7
 
 
 def test_lars_evaluates_the_closure_once_before_scaling():

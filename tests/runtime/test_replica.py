@@ -230,4 +230,5 @@ def test_the_replica_keeps_no_config_section(one_process_group):
     r = _replica("fp32")
     held = [k for k, v in vars(r).items() if type(v).__module__ == "tula.config"]
     assert held == [] and r.cadence == Cadence("ags", None) and r.compile == "off"
-    assert r.lr_at(0, 10, 64) == pytest.approx(1.0)  # AGS: the base LR, no warm-up
+    # AGS: the base LR, no warm-up
+    assert r.lr_plan.peak(64) == r.opt.param_groups[0]["lr"] == 0.05 and r.sched.warm == 0

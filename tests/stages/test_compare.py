@@ -49,6 +49,9 @@ def test_time_to_target_sums_step_time_to_the_first_epoch_at_the_target():
     assert time_to_target(epochs, 0.5) == (2.0, 1)  # at the target counts
     t, e = time_to_target(epochs, 0.9)
     assert np.isnan(t) and e == -1
+    # a metric where smaller is better (train.metric_goal: min): the first epoch at or below
+    assert time_to_target(epochs, 0.72, "min") == (2.0, 1)
+    assert time_to_target(epochs[1:], 0.72, "min") == (12.0, 3)
 
 
 def _row(b, m, seed, acc, status="ok"):

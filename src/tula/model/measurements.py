@@ -205,10 +205,13 @@ AT_CHANCE = 1.5
 
 def at_chance(final: dict, num_classes: int | None) -> str | None:
     """What the report and the summary say where the production job's final test accuracy is
-    at chance for its classes (at most AT_CHANCE x 1 / classes), else None. A job that trained
+    at chance for its classes (at most AT_CHANCE x 1 / classes), else None (always None for a
+    metric other than accuracy). A job that trained
     at the planned speed but learned nothing is not a result: an H200 run at 9.2 % on 10
     classes (BatchNorm statistics of twice-standardised batches) said only its number."""
     acc = final.get("final_test_acc")
+    if final.get("metric", "accuracy") != "accuracy":
+        return None  # another metric has no chance level Tula knows
     if not num_classes or num_classes < 2 or acc is None or acc > AT_CHANCE / num_classes:
         return None
     return (

@@ -75,13 +75,14 @@ class Ledger:
         """This attempt's segment with how it ended (attempts.json)."""
         return {**self.seg, **end}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """From the checkpoint resumed from: the rows, the epoch's time so far, the accounts
-        and the wall time of the attempts before."""
+    def restore(self, state: dict[str, Any], step: int) -> None:
+        """From the checkpoint resumed from, at ``step``: its ledger part (:meth:`checkpointed`):
+        the rows, the epoch's time so far, the accounts and the wall time of the attempts
+        before."""
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
         self.times.update({k: state.get(k, 0.0) for k in self.times})
         self.wall_before = state.get("wall_time_s", 0.0)
-        self.resumed_from = state["step"]
+        self.resumed_from = step
 
     def checkpointed(self) -> dict[str, Any]:
         """What a checkpoint keeps of it."""

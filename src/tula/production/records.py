@@ -26,7 +26,7 @@ def run_settings(cfg: Config) -> dict[str, Any]:
     return {
         "model": cfg.workload.model,
         "dataset": cfg.workload.dataset,
-        "optimizer": t.optimizer,
+        **t.recipe(),  # optimizer (as train.optimizer names it), schedule, loss, metric, ...
         "method": t.method,
         "precision": t.precision,
         "compile": t.compile,
@@ -60,7 +60,10 @@ def final_record(
         "eval_oom_retries": replica.evaluator.retries,
         "train_samples": replica.data.train_size,
         "final_test_acc": rows[-1]["test_acc"],
-        "best_test_acc": max(x["test_acc"] for x in rows),
+        # the best by train.metric_goal
+        "best_test_acc": (min if settings["metric_goal"] == "min" else max)(
+            x["test_acc"] for x in rows
+        ),
         "final_train_loss": rows[-1]["train_loss"],
         **times,
         "mean_step_time_s": times["train_time_s"] / max(steps - times["first_steps"], 1),

@@ -24,6 +24,7 @@ from tula.checkpoint import Checkpointing
 from tula.io import write_bytes, write_csv, write_json
 from tula.model import drift
 from tula.production import jobdir, records, stops
+from tula.production.curves import Curves
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.progress import Progress, fmt_duration
@@ -90,6 +91,8 @@ class Trainer:
         # the predicted sync at (N, B): the drift detector's
         self.band = drift.Band(**band) if band else None
         self.monitor: Monitor | None = None
+        self.curves: Curves | None = None  # rank 0's TensorBoard writer, opened by run()
+        self.metric = cfg.train.metric
 
     def _hooks(self) -> StepHooks:
         """What the replica's step asks of the job: the agreed stop (a signal, or on rank 0 a
@@ -127,8 +130,8 @@ class Trainer:
             stats = total if self.rank == 0 else torch.zeros_like(total)
         # post-local SGD between two averages: this rank's own model and momentum
         own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
-        replica.load(state, state["step"], stats, own)
-        self.ledger.restore(state)
+        replica.load(state, stats, own)
+        self.ledger.restore(state["ledger"], state["step"])
         if self.rank == 0:
             print(
                 f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch "
@@ -148,9 +151,12 @@ class Trainer:
         batches = replica.epoch_batches()
         stretch = time.perf_counter()
 
-        def close() -> None:  # the stretch's time, into the epoch's and training's
+        def close() -> None:  # the stretch's time, into the epoch's, training's and the curves'
             replica.sync_device()
-            ledger.spend("train_time_s", time.perf_counter() - stretch, in_epoch=True)
+            spent = time.perf_counter() - stretch
+            ledger.spend("train_time_s", spent, in_epoch=True)
+            if self.curves:
+                self.curves.flush(spent, replica)
 
         while True:
             tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, ledger.resumed_from)
@@ -164,11 +170,16 @@ class Trainer:
                     ledger.first_of_shape(first, timed[0])
                 elif timed is not None:
                     ledger.spend("train_time_s", timed[0], in_epoch=True)
+                if timed is not None and self.curves:
+                    self.curves.note(replica)
+                    self.curves.flush(timed[0], replica)
                 stop = timed[1] if timed is not None else None
                 stretch = time.perf_counter()
             else:
                 stop = replica.run_step(batches)
                 timed = None if stop is None else (0.0, stop)
+                if timed is not None and self.curves:
+                    self.curves.note(replica)
             if timed is None:
                 close()
                 return
@@ -226,6 +237,8 @@ class Trainer:
             **gradnoise.epoch_noise(replica),
         }
         self.ledger.close_epoch(row)
+        if self.curves:
+            self.curves.epoch(row)
         if self.rank == 0:
             rows = pd.DataFrame(self.ledger.rows, columns=METRIC_COLUMNS)
             write_csv(self.out / "metrics.csv", rows)
@@ -240,8 +253,11 @@ class Trainer:
             self.checkpoint()
 
     def checkpoint(self, complete: bool = False) -> None:
-        """This run's checkpoint (:func:`write_checkpoint`), its time counted."""
+        """This run's checkpoint (:func:`write_checkpoint`), its time counted; the curves up
+        to it on disk (a stop after it resumes from here)."""
         t0 = time.perf_counter()
+        if self.curves:
+            self.curves.writer.flush()
         hook = (
             checkpoint.truncate
             if tula_faults.truncate_due(self.faults, self.replica.pos.step)
@@ -256,7 +272,7 @@ class Trainer:
                 "global_batch": self.global_batch,
                 "workers": self.workers,
                 "complete": complete,
-                **self.ledger.checkpointed(),
+                "ledger": self.ledger.checkpointed(),
                 "method": self.settings["method"],
                 "attempt": self.attempt,
             },
@@ -294,6 +310,8 @@ class Trainer:
                 f"{100 * final['best_test_acc']:.2f}%)",
                 flush=True,
             )
+        if self.curves:
+            self.curves.close()
         dist.shutdown()
         return {"outcome": "completed", "step": replica.pos.step}
 
@@ -303,6 +321,9 @@ class Trainer:
         signal it checkpoints and exits (SystemExit) without returning."""
         self.restore()
         replica, run, epochs = self.replica, self.settings, self.epochs
+        if self.rank == 0:
+            resumed = replica.pos.step or None  # its step was logged before its checkpoint
+            self.curves = Curves(self.out / "tensorboard", resumed, self.metric)
         # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
         if self.ckpt:
             self.monitor = Monitor(replica, self.monitor_every, self.ledger, self.band, self.replan)

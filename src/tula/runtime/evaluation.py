@@ -23,6 +23,9 @@ class Evaluated(Protocol):
     """What evaluation asks of the model it evaluates (:class:`tula.runtime.replica.Replica`)."""
 
     ddp: torch.nn.parallel.DistributedDataParallel
+    # train.loss (mean over a batch) and train.metric (summed over a batch), as training's
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    metric_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -101,10 +104,9 @@ class Evaluator:
                     x, y = model.to_device(x, y)
                     with model.autocast():
                         logits = model.ddp.module(x)
-                    sums[0] += torch.nn.functional.cross_entropy(
-                        logits.float(), y, reduction="sum"
-                    ).double()
-                    sums[1] += (logits.argmax(1) == y).sum().double()
+                    logits = logits.float()
+                    sums[0] += model.loss_fn(logits, y).double() * len(y)
+                    sums[1] += model.metric_sum(logits, y)
                     sums[2] += len(y)
         except torch.OutOfMemoryError as exc:
             oom = str(exc) or "out of memory"

@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category
 
 from tula.runtime.agreement import agree
+from tula.runtime.optim import TulaOptimizer, state_tensors
 
 if TYPE_CHECKING:
     from tula.runtime.replica import Replica
@@ -101,12 +102,7 @@ def measure_step(
         _, loss = forward_loss(x, y)
     loss.backward()
     optimizer.step()
-    opt_bytes = sum(
-        _nbytes(v)
-        for state in optimizer.state.values()
-        for v in state.values()
-        if torch.is_tensor(v)
-    )
+    opt_bytes = sum(_nbytes(v) for v in state_tensors(optimizer))
     return MemoryBreakdown(
         param_bytes=sum(_nbytes(p) for p in params),
         grad_bytes=sum(_nbytes(p.grad) for p in params if p.grad is not None),
@@ -117,7 +113,10 @@ def measure_step(
 
 
 def cpu_step_peak_bytes(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_step: Callable[[], Any]
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    run_step: Callable[[], Any],
+    unread_bytes: int = 0,
 ) -> int:
     """Measured peak of live tensor bytes during one training step on CPU.
 
@@ -129,7 +128,9 @@ def cpu_step_peak_bytes(
     layer) are added, counted exactly, so that each is counted once. DDP's gradient buckets,
     allocated when DDP is built, are not seen on CPU (a constant, independent of the batch);
     on CUDA the probe uses ``torch.cuda.max_memory_allocated`` instead, which sees
-    everything.
+    everything. ``unread_bytes``: what lives through the step that the step does not read,
+    so the timeline cannot see it (AGS's old factors in the step that replaces them; a plain
+    step reads them).
     """
 
     with profile(
@@ -149,7 +150,7 @@ def cpu_step_peak_bytes(
     persistent = sum(_nbytes(p) for p in model.parameters()) + sum(
         _nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
     )
-    return int(sum(at_peak) + max(0, persistent - seen))
+    return int(sum(at_peak) + max(0, persistent - seen) + unread_bytes)
 
 
 def step_peak_bytes(
@@ -175,7 +176,12 @@ def step_peak_bytes(
         for attempt in range(PROFILER_TRIES):
             replica.refresh_next(refresh)
             try:
-                peak = cpu_step_peak_bytes(replica.ddp, replica.opt, replica.next_timed_step)
+                # a refresh replaces AGS's factors without reading them: the old ones live on
+                old = refresh and isinstance(replica.opt, TulaOptimizer)
+                unread = sum(_nbytes(f) for f in replica.opt.factors.values()) if old else 0
+                peak = cpu_step_peak_bytes(
+                    replica.ddp, replica.opt, replica.next_timed_step, unread
+                )
                 # fault injection: the timeline of a step that ran fails
                 replica.inject("profiler")
             except AssertionError as exc:

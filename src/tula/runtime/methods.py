@@ -13,6 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula.config import TrainSettings
+from tula.runtime import recipe
 from tula.runtime.optim import TulaOptimizer
 
 
@@ -72,34 +73,6 @@ class LARS(torch.optim.Optimizer):
 METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
 
 
-def lr_factor(
-    method: str,
-    step: int,
-    steps_per_epoch: int,
-    global_batch: int,
-    base_batch: int,
-    warmup_epochs: int,
-    decay_epochs: tuple[int, ...],
-    decay_factor: float,
-) -> float:
-    """Multiplier of train.lr at a global step.
-
-    lrs / lars: linear scaling k = B / base_batch (Goyal et al.), reached by a linear warm-up
-    from 1 over ``warmup_epochs``; polo: warm-up from 0 to 1 over ``warmup_epochs`` (paper:
-    all baselines warm up for 5 epochs); lbt / static / ags: 1. Times the step decays.
-    """
-    epoch = step / max(steps_per_epoch, 1)
-    warm = min(1.0, epoch / warmup_epochs) if warmup_epochs > 0 else 1.0
-    if method in ("lrs", "lars"):
-        k = global_batch / base_batch
-        f = 1.0 + (k - 1.0) * warm
-    elif method == "polo":
-        f = max(warm, 1.0 / max(warmup_epochs * steps_per_epoch, 1))
-    else:
-        f = 1.0
-    return f * decay_factor ** sum(1 for e in decay_epochs if step >= e * steps_per_epoch)
-
-
 def build_method(
     method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int
 ):
@@ -110,9 +83,8 @@ def build_method(
             f"config key 'train.method': unknown method {method!r} ({', '.join(METHODS)})"
         )
     wd = 0.0 if method == "lars" else t.weight_decay
-    # fused: one kernel for the update, and it honours found_inf (TulaOptimizer's skip of a
-    # non-finite step, decided on the device)
-    base = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=wd, fused=True)
+    # train.optimizer (SGD by default); the schedule sets its LR (tula.runtime.recipe.Schedule)
+    base = recipe.build_optimizer(t, params, t.lr, wd)
 
     def no_hook(ddp) -> None:
         return None
@@ -159,6 +131,7 @@ def build_method(
         static_scale=t.static_scale,
         s_max=s_max,
         s_min=t.ags_s_min,
+        scale_update=recipe.scales_update(base),
     ), no_hook
 
 
@@ -204,27 +177,26 @@ def set_post_local_iter(ddp: DDP, step: int) -> None:
         state.iter = step
 
 
-def follow_new_batch(opt, sched, old_batch: int, new_batch: int, rank: int) -> bool:
+def follow_new_batch(opt, old_batch: int, new_batch: int, rank: int) -> bool:
     """Adapt the restored optimizer to a relaunch at a smaller global batch (paper rules):
 
     - AGS: s_max = sqrt(B / ags_small_batch) is recomputed for the new B (build_method did);
       the per-parameter factors, ratios measured at the old B, are dropped and re-measured on
       the first step, and the previous gradient norm is forgotten (its scale depends on B),
       so that first step counts as sensitive and is not scaled.
-    - LRS / LARS: the linear-scaling factor k = B / base_batch follows the new B from this
-      step on; LBT, static and AGS keep their LR (they do not scale it with B).
+    - The schedule is built again at the new B and continued where the epochs stand (the
+      replica's :meth:`~tula.runtime.replica_state.ReplicaState.load`): lrs / lars's
+      k = B / base_batch follows the new B; the others keep their LR.
     - Momentum buffers and the step count carry over; the data position is in samples.
     Returns True: the AGS factors must be refreshed at the next step.
     """
     if isinstance(opt, TulaOptimizer):
         opt.forget_batch()
-    for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
-        group["lr"] = base * lam(sched.last_epoch)
     if rank == 0:
         print(
-            f"[train] global batch {old_batch} -> {new_batch}: LR {opt.param_groups[0]['lr']:.4g}"
+            f"[train] global batch {old_batch} -> {new_batch}"
             + (
-                f", AGS s_max {opt.s_max:.3g}, scale factors re-measured"
+                f": AGS s_max {opt.s_max:.3g}, scale factors re-measured"
                 if isinstance(opt, TulaOptimizer)
                 else ""
             ),

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from tula.runtime import data as data_mod
+from tula.runtime import recipe
 from tula.runtime.data import import_callable
 from tula.runtime.images import decode_on_device
 from tula.runtime.loader import resident_bytes
@@ -304,6 +305,9 @@ def check_workload(cfg) -> dict:
     sample = d.as_input(d.train[0][0])
     check_forward(cfg.workload.model, model, sample, d.num_classes)
     params = sum(p.numel() for p in model.parameters())
+    pairs = [d.train[i] for i in range(min(4, d.train_size))]
+    xs = torch.stack([d.as_input(torch.as_tensor(p[0])) for p in pairs])
+    training = recipe.check(cfg.train, model, xs, torch.as_tensor([int(p[1]) for p in pairs]))
     stored = data_mod.stored_image_size(d.train)
     # data.decode gpu on PNGs: refused here
     on_device = decode_on_device(cfg.data, cfg.hardware.device, d.train)
@@ -311,6 +315,7 @@ def check_workload(cfg) -> dict:
         **d.describe(),
         "model": cfg.workload.model,
         "parameters": params,
+        "training": training,
         "stored_image_size": stored,
         "decode": ("gpu" if on_device else "cpu") if stored else None,
         "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),

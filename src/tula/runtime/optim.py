@@ -23,6 +23,7 @@ import math
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 MODES = ("none", "static", "ags")
 
@@ -74,11 +75,13 @@ class TulaOptimizer(torch.optim.Optimizer):
     """Wraps ``optim``; scales gradients outside sensitive phases (static or AGS).
 
     As torch's own wrappers do (``PostLocalSGDOptimizer``), it shares the wrapped optimizer's
-    ``param_groups`` (so LR schedulers work) and its ``state``: AGS's factor of a parameter is
-    ``self.state[p]["ags_scale"]``, beside SGD's momentum buffer, so it follows the parameter
-    (a parameter without a factor is left unscaled, and counted) and the wrapped optimizer's
-    ``state_dict`` carries it. Tula's own state (the previous gradient norm, counters) is
-    added to that ``state_dict`` under ``"tula"``, so a resumed run continues bit-identically.
+    ``param_groups`` (so LR schedulers work) and its ``state``. AGS's factor of a parameter is
+    its own, ``self.factors[p]``, keyed by the parameter, so it follows the parameter (a
+    parameter without a factor is left unscaled, and counted), and never in the wrapped
+    optimizer's per-parameter state: Adam and most others start a parameter's state when it is
+    empty. AGS's state (the factors by parameter index, the previous gradient norm, counters)
+    is :meth:`ags_state_dict`, a checkpoint's part of its own, so a resumed run continues
+    bit-identically.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         s_max: float = 2.0,
         s_min: float = 0.0,
         eps: float = 1e-8,
+        scale_update: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(
@@ -100,6 +104,10 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.defaults = optim.defaults
         self.mode, self.delta, self.static_scale = mode, delta, static_scale
         self.s_max, self.s_min, self.eps = s_max, s_min, eps
+        # scale the update the wrapped optimizer computes, not its gradient (an adaptive one's
+        # second-moment normalisation would cancel a slowly changing gradient factor)
+        self.scale_update = scale_update
+        self.factors: dict[torch.nn.Parameter, torch.Tensor] = {}
         # Where the step reads the device nowhere: the previous ||G||^2 and Delta live on the
         # device (NaN: none yet), and so do the counts that depend on them (scaled, sensitive,
         # skipped_nonfinite); `counters` reads them, at an epoch's end or a checkpoint.
@@ -197,47 +205,77 @@ class TulaOptimizer(torch.optim.Optimizer):
         delta = variability(sq, prev)
         sensitive = delta >= self.delta
         apply = finite & ~sensitive
-        scaled = torch.zeros_like(finite)
-        if self.mode == "static":
-            torch._foreach_mul_(grads, torch.where(apply, self.static_scale, 1.0))
-            scaled = apply
-        elif self.mode == "ags":
-            scaled = self._scale_by_factors(params, apply)
+        targets, factors = self._factors(params, apply)
+        scaled = apply if factors is not None else torch.zeros_like(finite)
+        if factors is not None and not self.scale_update:
+            torch._foreach_mul_([p.grad for p in targets], factors)
+        scale_after = factors is not None and self.scale_update
+        before = [p.detach().clone() for p in targets] if scale_after else []
         self._delta = torch.where(
             finite, delta, self._delta if self._delta is not None else torch.full_like(sq, math.inf)
         )
         self._prev = torch.where(finite, sq, prev)
         self._counts += torch.stack([scaled, finite & sensitive, ~finite]).to(self._counts.dtype)
-        # A non-finite gradient never reaches the weights: a fused optimizer (build_method's)
-        # skips the update on the device (found_inf); any other is asked on the host.
+        self._inner_step(finite)
+        if before:  # w = w_before + factor * (the optimizer's own update)
+            update = torch._foreach_sub(targets, before)
+            torch._foreach_mul_(update, factors)
+            torch._foreach_add_(before, update)
+            torch._foreach_copy_(targets, before)
+        return loss
+
+    def _inner_step(self, finite: torch.Tensor) -> None:
+        """The wrapped optimizer's step; a non-finite gradient never reaches the weights: a fused
+        optimizer (SGD's default) skips the update on the device (found_inf); any other is
+        asked on the host."""
         if not all(g.get("fused") for g in self.param_groups):
-            if bool(finite):
+            # as torch's GradScaler does for such optimizers: one host read. Under FakeTensorMode
+            # (the memory estimate) there is no value to read; the step is taken as a finite one.
+            if isinstance(finite, FakeTensor) or bool(finite):
                 self.optim.step()
-            return loss
+            return
         self.optim.found_inf = (~finite).float()
         try:
             self.optim.step()
         finally:
             self.optim.found_inf = None
-        return loss
 
-    def _scale_by_factors(
+    def _factors(
         self, params: list[torch.nn.Parameter], apply: torch.Tensor
-    ) -> torch.Tensor:
-        """Each gradient times its factor where ``apply`` (a device bool) holds, as it was
-        otherwise: g *= 1 + (s - 1) * apply, with no read of ``apply`` on the host."""
-        scaled = [
-            (p.grad, self.state[p]["ags_scale"]) for p in params if "ags_scale" in self.state[p]
-        ]
-        # a gradient with no factor measured yet
-        self._host["unscaled_params"] += len(params) - len(scaled)
-        if not scaled:
-            return torch.zeros_like(apply)
-        factors = torch._foreach_sub([s for _, s in scaled], 1.0)
+    ) -> tuple[list[torch.nn.Parameter], torch.Tensor | list[torch.Tensor] | None]:
+        """The parameters to scale and each one's factor where ``apply`` (a device bool) holds,
+        1 otherwise (1 + (s - 1) * apply: no read of ``apply`` on the host); None: nothing to
+        scale. Static scaling: every parameter, by one s; AGS: those with a factor measured
+        (the others counted)."""
+        if self.mode == "static":
+            return params, torch.where(apply, self.static_scale, 1.0)
+        if self.mode != "ags":
+            return [], None
+        targets = [p for p in params if p in self.factors]
+        self._host["unscaled_params"] += len(params) - len(targets)
+        if not targets:
+            return [], None
+        factors = torch._foreach_sub([self.factors[p] for p in targets], 1.0)
         torch._foreach_mul_(factors, apply.to(factors[0].dtype))
         torch._foreach_add_(factors, 1.0)
-        torch._foreach_mul_([g for g, _ in scaled], factors)
-        return apply
+        return targets, factors
+
+    def scaled_so_far(self) -> torch.Tensor:
+        """The count of steps scaled so far, on the device (a copy: no host read)."""
+        if self._counts is None:
+            return torch.zeros((), dtype=torch.float64, device=self._device())
+        return self._counts[0].clone()
+
+    def mean_factor(self) -> float | None:
+        """The mean of the factors a step applies outside a sensitive phase (a host read):
+        AGS's over every element of every parameter it has one for, static scaling's s; None
+        before AGS's first refresh."""
+        if self.mode == "static":
+            return self.static_scale
+        if not self.factors:
+            return None
+        total = sum(float(f.double().sum()) for f in self.factors.values())
+        return total / sum(f.numel() for f in self.factors.values())
 
     def note_sq_norms(self, small_sq: float, large_sq: float) -> None:
         """A refresh's pair of squared norms (|G_small|^2, |G_B|^2): a one-step gradient noise
@@ -252,7 +290,7 @@ class TulaOptimizer(torch.optim.Optimizer):
     ) -> None:
         """UPDATEGRADSCALE: each parameter's factor from its small- and large-batch gradients."""
         for p, s in zip(params, ags_scales(g_small, g_large, self.s_max, self.s_min, self.eps)):
-            self.state[p]["ags_scale"] = s
+            self.factors[p] = s
         self._host["refreshes"] += 1
 
     def forget_batch(self) -> None:
@@ -264,33 +302,30 @@ class TulaOptimizer(torch.optim.Optimizer):
     def forget_scales(self) -> None:
         """Drop every factor (they were measured at another batch); the next refresh measures them
         again."""
-        for st in self.state.values():
-            st.pop("ags_scale", None)
+        self.factors.clear()
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.param_groups for p in g["params"]]
 
     def scales(self) -> list[torch.Tensor]:
         """The factors, in parameter order (parameters without one left out)."""
-        return [
-            self.state[p]["ags_scale"]
-            for g in self.param_groups
-            for p in g["params"]
-            if "ags_scale" in self.state[p]
-        ]
+        return [self.factors[p] for p in self._params() if p in self.factors]
 
     # -- checkpoints -------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def ags_state_dict(self) -> dict[str, Any]:
+        """AGS's own state: the mode, the factors by parameter index, the previous gradient
+        norm and Delta, the counters."""
         return {
-            "base": self.optim.state_dict(),  # per parameter: momentum buffer and ags_scale
-            "tula": {
-                "mode": self.mode,
-                "prev_sq_norm": self.prev_sq_norm,
-                "last_delta": self.last_delta,
-                "counters": dict(self.counters),
+            "mode": self.mode,
+            "factors": {
+                i: self.factors[p] for i, p in enumerate(self._params()) if p in self.factors
             },
+            "prev_sq_norm": self.prev_sq_norm,
+            "last_delta": self.last_delta,
+            "counters": dict(self.counters),
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        self.optim.load_state_dict(state_dict["base"])
-        t = state_dict["tula"]
+    def load_ags_state_dict(self, t: dict[str, Any]) -> None:
         if t["mode"] != self.mode:
             raise ValueError(
                 f"checkpoint was written with scaling mode {t['mode']!r}, this run uses "
@@ -302,12 +337,25 @@ class TulaOptimizer(torch.optim.Optimizer):
             math.inf if delta is None else float(delta), device=self._device()
         )
         self.counters = {**self.counters, **t["counters"]}
-        # written before the factors were per-parameter state: one list, parameter order
-        if t.get("scales"):
-            params = [p for g in self.param_groups for p in g["params"]]
-            if len(params) == len(t["scales"]):
-                for p, s in zip(params, t["scales"]):
-                    self.state[p]["ags_scale"] = s.to(p.device)
+        params = self._params()
+        self.factors = {
+            params[int(i)]: s.to(params[int(i)].device) for i, s in t["factors"].items()
+        }
+
+    def load_parts(self, optimizer: dict[str, Any], ags: dict[str, Any]) -> None:
+        """A checkpoint's two parts: the wrapped optimizer's state (its own
+        ``load_state_dict``, whose new param_groups this wrapper shares again) and AGS's."""
+        self.optim.load_state_dict(optimizer)
+        self.param_groups = self.optim.param_groups
+        self.load_ags_state_dict(ags)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's state and AGS's, as one (torch's optimizer interface)."""
+        return {"base": self.optim.state_dict(), "tula": self.ags_state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.optim.load_state_dict(state_dict["base"])
+        self.load_ags_state_dict(state_dict["tula"])
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -320,3 +368,29 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any])
     inner = getattr(opt, "optim", None)
     if inner is not None:
         opt.param_groups = inner.param_groups
+
+
+def optimizer_parts(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """A checkpoint's optimizer parts, each written by its owner: ``optimizer``, the optimizer
+    ``train.optimizer`` built (under AGS or static scaling, the one they wrap), and ``ags``,
+    :meth:`TulaOptimizer.ags_state_dict` (None for the other methods)."""
+    if isinstance(opt, TulaOptimizer):
+        return {"optimizer": opt.optim.state_dict(), "ags": opt.ags_state_dict()}
+    return {"optimizer": opt.state_dict(), "ags": None}
+
+
+def load_optimizer_parts(opt: torch.optim.Optimizer, parts: dict[str, Any]) -> None:
+    """:func:`optimizer_parts` put back, each by its owner's ``load_state_dict``."""
+    if isinstance(opt, TulaOptimizer):
+        opt.load_parts(parts["optimizer"], parts["ags"])
+    else:
+        load_optimizer_state(opt, parts["optimizer"])
+
+
+def state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps between steps (the optimizer term of Eq. 3): the
+    wrapped optimizer's per-parameter state (momentum, Adam's moments) and AGS's factors."""
+    out = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    if isinstance(opt, TulaOptimizer):
+        out += list(opt.factors.values())
+    return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 from typing import Callable, Iterator
 
@@ -33,12 +32,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tula import config as config_mod
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
-from tula.runtime import loader
+from tula.runtime import loader, recipe
 from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import clock_for
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
-from tula.runtime.methods import Cadence, build_method, lr_factor
+from tula.runtime.methods import Cadence, build_method
 from tula.runtime.nets import build_model, compiled
 from tula.runtime.refresh import refresh_scales
 from tula.runtime.replica_state import ReplicaState
@@ -84,26 +83,20 @@ class Replica(EpochWalk, ReplicaState):
         prepare_ddp(self.ddp)
         # what of train.method the step, the epoch's walk, the monitor and the checkpoint ask
         self.cadence = Cadence.of(t)
-        # the LR multiplier of train.method's schedule at (step, steps per epoch, global batch)
-        self.lr_at = functools.partial(
-            lr_factor,
-            t.method,
-            base_batch=t.base_batch,
-            warmup_epochs=t.warmup_epochs,
-            decay_epochs=t.lr_decay_epochs,
-            decay_factor=t.lr_decay_factor,
-        )
+        # the LR schedule (warm-up, then train.schedule) over the run's epochs, per step
+        self.lr_plan, self.epochs = recipe.LRPlan.of(t), cfg.workload.epochs
         self.pos = Position()
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda _: self._lr_factor())
+        self.sched = self.new_schedule()
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t)
         self.small_local = max(1, t.ags_small_batch // world)
         # loss*n, correct, n of this epoch
         self.stats = torch.zeros(3, dtype=torch.float64, device=device)
         self.force_refresh = False
         self.refreshed = False  # did the last step refresh AGS's factors?
         self.last_chunk = 0  # samples (all ranks) of the last step's batch
+        self.last_loss = torch.zeros((), device=device)  # the last step's loss
         # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
         self.phase = "forward"
         self.hooks = dataclasses.replace(hooks or StepHooks(), injector=None)
@@ -117,11 +110,14 @@ class Replica(EpochWalk, ReplicaState):
         self.timer = StepTimer(clock_for(device, self.sync_device))
 
     # -- pieces of the step ------------------------------------------------------------
-    def _lr_factor(self) -> float:  # LR multiplier at the current position (epochs done, any batch)
-        return self.lr_at(
-            self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch,
-            self.steps_per_epoch,
+    def new_schedule(self) -> recipe.Schedule:
+        """The LR schedule at this global batch, from its first step (the run's epochs at it)."""
+        return recipe.Schedule(
+            self.opt,
+            self.lr_plan,
             self.global_batch,
+            self.steps_per_epoch,
+            self.epochs * self.steps_per_epoch,
         )
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -222,10 +218,11 @@ class Replica(EpochWalk, ReplicaState):
         self.pos.step += 1
         self.pos.offset += chunk
         self.last_chunk = chunk
+        self.last_loss = loss.detach()  # on the device (the curves read it where it syncs)
         self.sched.step()
         n = len(y)
         self.stats[:2] += torch.stack(
-            [loss.detach().double() * n, (logits.argmax(1) == y).sum().double()]
+            [loss.detach().double() * n, self.metric_sum(logits.detach(), y)]
         )
         self.stats[2] += n
         return stop

@@ -20,16 +20,26 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.methods import follow_new_batch, set_post_local_iter
-from tula.runtime.optim import load_optimizer_state
+from tula.runtime.optim import load_optimizer_parts, load_optimizer_state, optimizer_parts
 from tula.runtime.stepstate import Position
 
 if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from tula.runtime.data import WorkloadData
     from tula.runtime.evaluation import Evaluator
+    from tula.runtime.recipe import Schedule
 
 # what a step changes besides the model, optimizer, schedule, scaler and RNG (undone)
-STEP_FIELDS = ("pos", "stats", "last_chunk", "refreshed", "force_refresh", "noise_pairs")
+STEP_FIELDS = (
+    "pos",
+    "stats",
+    "last_chunk",
+    "last_loss",
+    "refreshed",
+    "force_refresh",
+    "noise_pairs",
+)
 
 
 class ReplicaState:
@@ -37,7 +47,9 @@ class ReplicaState:
 
     ddp: DDP
     opt: torch.optim.Optimizer
-    sched: torch.optim.lr_scheduler.LRScheduler
+    sched: Schedule
+    data: WorkloadData
+    steps_per_epoch: int
     scaler: torch.amp.GradScaler
     evaluator: Evaluator
     pos: Position
@@ -48,48 +60,56 @@ class ReplicaState:
     global_batch: int
     rank: int
 
+    def new_schedule(self) -> Schedule: ...
+
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds of this replica (besides each rank's RNG state and sums)."""
         return {
             "model": self.ddp.module.state_dict(),
-            "optimizer": self.opt.state_dict(),
+            **optimizer_parts(self.opt),  # "optimizer" and "ags"
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "epoch": self.pos.epoch,
-            "offset": self.pos.offset,
-            **self.evaluator.state(),
+            "position": self.pos.state_dict(),
+            "evaluation": self.evaluator.state(),
             "noise_pairs": list(self.noise_pairs),
         }
 
     def load(
         self,
         state: dict[str, Any],
-        step: int,
         stats: torch.Tensor,
         own: dict[str, Any] | None = None,
     ) -> None:
-        """This replica as the checkpoint ``state`` holds it, at optimizer step ``step``, with
-        this rank's partial-epoch sums ``stats``; ``own``: this rank's own model and optimizer
-        (post-local SGD between two averages). A checkpoint written at another global batch (a
-        relaunch at a smaller B) is followed by the optimizer, and its noise pairs dropped."""
+        """This replica as the checkpoint ``state`` holds it, each part put back by its owner's
+        ``load_state_dict``, with this rank's partial-epoch sums ``stats``; ``own``: this rank's
+        own model and optimizer parts (post-local SGD between two averages). A checkpoint
+        written at another global batch (a relaunch at a smaller B) is followed by the
+        optimizer and the schedule, and its noise pairs dropped."""
         self.ddp.module.load_state_dict(state["model"])
-        load_optimizer_state(self.opt, state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        load_optimizer_parts(self.opt, state)
+        written_at = state.get("global_batch", self.global_batch)
+        if written_at == self.global_batch:
+            self.sched.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.evaluator.restore(state)
-        self.pos = Position(step, state["epoch"], state["offset"])
+        self.evaluator.restore(state["evaluation"])
+        self.pos = Position.from_state_dict(state["position"])
+        step = self.pos.step
         self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
         self.stats = stats.to(self.device)
         set_post_local_iter(self.ddp, step)
         if own is not None:
             self.ddp.module.load_state_dict(own["model"])
-            load_optimizer_state(self.opt, own["optimizer"])
-        written_at = state.get("global_batch", self.global_batch)
+            load_optimizer_parts(self.opt, own)
         if written_at != self.global_batch:
             self.noise_pairs = []
             self.force_refresh = follow_new_batch(
-                self.opt, self.sched, written_at, self.global_batch, self.rank
+                self.opt, written_at, self.global_batch, self.rank
+            )
+            # the schedule at the new B, where the run's epochs stand
+            self.sched = self.new_schedule()
+            self.sched.fast_forward(
+                round(self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch)
             )
 
     def take_weights_of_rank0(self) -> None:

@@ -13,6 +13,7 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
+from tula.runtime.optim import optimizer_parts
 from tula.runtime.replica import Replica
 
 
@@ -35,7 +36,7 @@ def write_checkpoint(
         # rank 0's model and optimizer are the file's own
         if replica.cadence.replicas_differ and rank != 0:
             mine["replica"] = _to_cpu(
-                {"model": replica.ddp.module.state_dict(), "optimizer": replica.opt.state_dict()}
+                {"model": replica.ddp.module.state_dict(), **optimizer_parts(replica.opt)}
             )
     except (torch.OutOfMemoryError, MemoryError) as exc:
         err = str(exc) or type(exc).__name__

@@ -21,6 +21,13 @@ class Position:
     def epochs_done(self, train_samples: int) -> float:
         return (self.epoch - 1) + min(self.offset, train_samples) / train_samples
 
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "epoch": self.epoch, "offset": self.offset}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, int]) -> Position:
+        return cls(int(state["step"]), int(state["epoch"]), int(state["offset"]))
+
 
 def _no_stop() -> int:
     return 0

@@ -107,6 +107,7 @@ def run(
         f"samples of shape {tuple(w['input_shape'])}, {w['num_classes']} classes; model "
         f"{w['model']}: {w['parameters']:,} parameters, forward on a sample batch ok"
     )
+    print(describe_training(w["training"]))
     upsampling = image_size_warning(cfg, w.get("stored_image_size"))
     if upsampling:
         print(upsampling)
@@ -122,6 +123,18 @@ def run(
         }
         write_json(out, {**w, "device": device, "warnings": [upsampling] if upsampling else []})
     return w
+
+
+def describe_training(t: dict[str, Any]) -> str:
+    """The way of training the probes time and production runs, in one line."""
+    args = ", ".join(f"{k}={v}" for k, v in t["optimizer_args"].items())
+    warm = f"{t['warmup_epochs']:g}-epoch linear warm-up, then " if t["warmup_epochs"] else ""
+    smooth = f", label smoothing {t['label_smoothing']:g}" if t["label_smoothing"] else ""
+    return (
+        f"training: {t['optimizer']}({args}), {warm}{t['schedule']} LR schedule, loss "
+        f"{t['loss']}{smooth}, metric {t['metric']} ({t['metric_goal']}); built and run on "
+        "real samples"
+    )
 
 
 def estimate(cfg: config_mod.Config, w: dict, device: str) -> dict | None:

@@ -147,13 +147,14 @@ def run_one(
     return result
 
 
-def time_to_target(epochs: list[dict], target: float) -> tuple[float, int]:
-    """(step time summed up to the first epoch with test accuracy >= target, epochs that
-    took); (nan, -1) when no epoch reached it."""
+def time_to_target(epochs: list[dict], target: float, goal: str = "max") -> tuple[float, int]:
+    """(step time summed up to the first epoch whose test metric reaches target: at least it,
+    or at most it where train.metric_goal is min; epochs that took); (nan, -1) when none did."""
     spent = 0.0
     for i, e in enumerate(epochs, 1):
         spent += float(e["epoch_time_s"])
-        if float(e["test_acc"]) >= target:
+        value = float(e["test_acc"])
+        if (value <= target) if goal == "min" else (value >= target):
             return spent, i
     return float("nan"), -1
 
@@ -189,7 +190,11 @@ def collect(cfg: config_mod.Config, results: list[str | Path]) -> pd.DataFrame:
     goal = targets(cfg, df)
     for i, rec in enumerate(recs):
         target = goal.get((rec["model"], rec["dataset"]))
-        tt, et = time_to_target(rec["epochs"], target) if target is not None else (float("nan"), -1)
+        tt, et = (
+            time_to_target(rec["epochs"], target, cfg.train.metric_goal)
+            if target is not None
+            else (float("nan"), -1)
+        )
         df.loc[i, ["epochs", "target_acc", "time_to_target_s", "epochs_to_target"]] = (
             len(rec["epochs"]),
             target,

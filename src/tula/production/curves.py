@@ -1,0 +1,87 @@
+"""The production job's curves in TensorBoard: rank 0 writes them with torch's own
+``SummaryWriter`` to ``<out>/tensorboard/`` (``results/train/tensorboard/``; read them with
+``tensorboard --logdir results/train/tensorboard``).
+
+- Per step: ``train/loss``, ``train/lr``, ``time/step_s``, ``time/samples_per_s`` and, with
+  AGS or static scaling, ``ags/scaled_share`` (the share of steps so far it scaled) and
+  ``ags/mean_factor`` (the mean of its factors; static scaling: s).
+- Per epoch, at the step it ends: ``epoch/train_loss``, ``epoch/test_loss`` and the metric,
+  ``epoch/train_<metric>`` and ``epoch/test_<metric>`` (train.metric's name).
+
+The steps are not synchronised one by one (that would slow them): their losses and AGS counts
+stay on the device until the trainer synchronises anyway (a stretch's end: the epoch's end, a
+checkpoint, a timed step), and each step of a stretch is given the stretch's mean time. A
+resumed attempt opens the writer with ``purge_step`` just after its checkpoint's step:
+TensorBoard drops what an earlier attempt logged from there on, so the curves continue with
+no step twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tula.config import metric_name
+from tula.runtime.optim import TulaOptimizer
+
+
+class Curves:
+    """Rank 0's TensorBoard writer for one attempt of a run."""
+
+    def __init__(self, log_dir: Path, resumed_step: int | None, metric: str):
+        """``resumed_step``: the checkpoint's step this attempt resumed from (logged, with its
+        epoch's row if it ended one, before the checkpoint); from the next one on, what an
+        earlier attempt logged is replaced."""
+        from torch.utils.tensorboard import SummaryWriter  # rank 0 only
+
+        purge = resumed_step + 1 if resumed_step is not None else None
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge)
+        self.metric = metric_name(metric)
+        # the stretch's steps: (step, loss on the device, lr, samples, AGS's scaled count)
+        self.pending: list[tuple[int, torch.Tensor, float, int, torch.Tensor | None]] = []
+
+    def note(self, replica: Any) -> None:
+        """The step just queued, read without waiting for the device."""
+        opt = replica.opt
+        scaled = opt.scaled_so_far() if isinstance(opt, TulaOptimizer) else None
+        lr = replica.opt.param_groups[0]["lr"]
+        self.pending.append((replica.pos.step, replica.last_loss, lr, replica.last_chunk, scaled))
+
+    def flush(self, seconds: float, replica: Any) -> None:
+        """The stretch noted since the last flush took ``seconds`` (the device synchronised):
+        each of its steps written."""
+        if not self.pending:
+            return
+        per_step = seconds / len(self.pending)
+        losses = torch.stack([p[1].float() for p in self.pending]).tolist()
+        opt = replica.opt
+        scaled = [None] * len(self.pending)
+        factor = None
+        if isinstance(opt, TulaOptimizer):
+            scaled = torch.stack([p[4] for p in self.pending]).tolist()
+            factor = opt.mean_factor()
+        w = self.writer
+        for (step, _, lr, samples, _), loss, sc in zip(self.pending, losses, scaled):
+            w.add_scalar("train/loss", loss, step)
+            w.add_scalar("train/lr", lr, step)
+            w.add_scalar("time/step_s", per_step, step)
+            w.add_scalar("time/samples_per_s", samples / max(per_step, 1e-12), step)
+            if sc is not None:
+                w.add_scalar("ags/scaled_share", sc / max(step, 1), step)
+            if factor is not None:
+                w.add_scalar("ags/mean_factor", factor, step)
+        self.pending.clear()
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        """An epoch's row of metrics.csv, at the step it ended; written to disk now."""
+        step, w = row["step"], self.writer
+        w.add_scalar("epoch/train_loss", row["train_loss"], step)
+        w.add_scalar("epoch/test_loss", row["test_loss"], step)
+        w.add_scalar(f"epoch/train_{self.metric}", row["train_acc"], step)
+        w.add_scalar(f"epoch/test_{self.metric}", row["test_acc"], step)
+        w.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,228 @@
+"""The user's way of training, built from torch's own parts: ``train.optimizer`` (any class of
+``torch.optim`` by name, or an import path), its LR schedule (a linear warm-up, then ``step``,
+``cosine``, ``onecycle``, ``constant`` or an import path: ``torch.optim.lr_scheduler``'s classes,
+stepped every optimizer step), and the loss and metric the step, the evaluation and the report
+use. The probe, the production job and the generalization suite build them here, from the
+same ``train`` section: one step, whichever way it trains.
+
+The methods (``train.method``) act on top: lrs and lars multiply the peak LR by
+k = B / base_batch, reached by the warm-up from train.lr; AGS and static scaling wrap whichever
+optimizer this builds (:class:`tula.runtime.optim.TulaOptimizer`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable
+
+import torch
+from torch.optim import lr_scheduler
+
+from tula.config import ConfigError, TrainSettings
+from tula.model.lrplan import LRPlan
+from tula.runtime.data import import_callable
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The class of ``torch.optim`` called ``name``, in any case; an unknown name is an error
+    listing the ones torch has."""
+    classes = {
+        k.lower(): v
+        for k, v in vars(torch.optim).items()
+        if isinstance(v, type)
+        and issubclass(v, torch.optim.Optimizer)
+        and v is not torch.optim.Optimizer
+    }
+    if name.lower() not in classes:
+        raise ConfigError(
+            f"config key 'train.optimizer': torch.optim has no optimizer {name!r}; it has "
+            f"{', '.join(sorted(classes))}, or give `package.module:callable` taking (params, lr)"
+        )
+    return classes[name.lower()]
+
+
+def _as_args(args: dict[str, Any]) -> dict[str, Any]:
+    """YAML's lists as the tuples torch's signatures name (``betas: [0.9, 0.99]``)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+
+
+def build_optimizer(
+    t: TrainSettings, params: list[torch.nn.Parameter], lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """``train.optimizer`` over ``params`` at ``lr``: train.weight_decay and, where the class
+    takes it, train.momentum, then ``optimizer_args``. The default, SGD, is fused (one kernel
+    for the update, and it honours AGS's skip of a non-finite step on the device)."""
+    args = _as_args(t.optimizer_args)
+    if ":" in t.optimizer:
+        fn = import_callable(t.optimizer, "train.optimizer")
+        opt = fn(params, lr, **args)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigError(
+                f"config key 'train.optimizer': {t.optimizer} returned a "
+                f"{type(opt).__name__}, not a torch.optim.Optimizer"
+            )
+        return opt
+    cls = optimizer_class(t.optimizer)
+    takes = inspect.signature(cls.__init__).parameters
+    unknown = sorted(set(args) - set(takes))
+    if unknown:
+        raise ConfigError(
+            f"config key 'train.optimizer_args': torch.optim.{cls.__name__} takes no "
+            f"{', '.join(map(repr, unknown))} (it takes "
+            f"{', '.join(k for k in takes if k not in ('self', 'params', 'lr'))})"
+        )
+    own: dict[str, Any] = {"weight_decay": weight_decay} if "weight_decay" in takes else {}
+    if "momentum" in takes:
+        own["momentum"] = t.momentum
+    if cls is torch.optim.SGD and "foreach" not in args:
+        own["fused"] = True
+    try:
+        return cls(params, lr=lr, **{**own, **args})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"config key 'train.optimizer_args': torch.optim.{cls.__name__} refused them: {exc}"
+        ) from None
+
+
+def scales_update(opt: torch.optim.Optimizer) -> bool:
+    """Whether AGS scales the update the optimizer computes rather than its gradient: for every
+    optimizer but SGD. An adaptive one (Adam, AdamW, RMSprop, ...) divides by its running
+    gradient magnitude, which a slowly changing per-parameter factor on the gradient would
+    largely cancel; SGD's update is the gradient (through momentum), so it is scaled there, as
+    Algorithm 1 says."""
+    return not isinstance(opt, torch.optim.SGD)
+
+
+class Schedule:
+    """The LR schedule of a run: a linear warm-up of ``warmup_epochs`` (LinearLR), then
+    ``train.schedule`` over the steps left (SequentialLR), stepped once per optimizer step.
+    It stops stepping at ``total_steps`` (the LR stays at its last value): a probe may run more
+    steps than a tiny run has, and OneCycleLR refuses a step past its end. Its state is the
+    torch scheduler's own ``state_dict`` and the steps taken."""
+
+    def __init__(
+        self,
+        opt: torch.optim.Optimizer,
+        plan: LRPlan,
+        global_batch: int,
+        steps_per_epoch: int,
+        total_steps: int,
+    ):
+        k = plan.k(global_batch)
+        self.peak = plan.peak(global_batch)
+        for g in opt.param_groups:  # built again at another B (a relaunch): the new peak
+            g["lr"] = g["initial_lr"] = self.peak
+        self.total = max(int(total_steps), 1)
+        w = plan.warmup_epochs
+        self.warm = min(round(w * steps_per_epoch), self.total) if w > 0 else 0
+        main = _main_schedule(opt, plan, steps_per_epoch, self.total - self.warm, self.warm)
+        if self.warm:
+            start = 1.0 / k if plan.linear_scaling else 1.0 / self.warm
+            self.torch = lr_scheduler.SequentialLR(
+                opt, [_warm_up(opt, start, self.warm), main], milestones=[self.warm]
+            )
+        else:
+            self.torch = main
+        self.steps = 0
+
+    def step(self) -> None:
+        if self.steps < self.total:
+            self.torch.step()
+            self.steps += 1
+
+    def fast_forward(self, steps: int) -> None:
+        """Steps taken without training: a relaunch at another B continues the schedule where
+        its epochs stand, built again at the new batch."""
+        for _ in range(min(steps, self.total)):
+            self.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "scheduler": self.torch.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.torch.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+
+
+def _warm_up(opt: torch.optim.Optimizer, start: float, steps: int) -> lr_scheduler.LRScheduler:
+    """From ``start`` times the peak LR to the peak, linearly, over ``steps``. LinearLR takes a
+    start up to 1; lrs and lars below base_batch (k < 1) warm *down* from train.lr, a line
+    LambdaLR draws."""
+    if start <= 1.0:
+        return lr_scheduler.LinearLR(opt, start_factor=start, end_factor=1.0, total_iters=steps)
+    return lr_scheduler.LambdaLR(opt, lambda s: start + (1.0 - start) * min(1.0, s / steps))
+
+
+def _main_schedule(
+    opt: torch.optim.Optimizer, plan: LRPlan, steps_per_epoch: int, steps: int, offset: int
+) -> lr_scheduler.LRScheduler:
+    """``train.schedule`` over ``steps`` (the run's steps after a warm-up of ``offset``)."""
+    args = _as_args(plan.schedule_args)
+    steps = max(steps, 1)
+    try:
+        if plan.schedule == "step":  # the decay epochs count from the run's start
+            miles = [max(e * steps_per_epoch - offset, 1) for e in plan.decay_epochs]
+            return lr_scheduler.MultiStepLR(opt, miles, gamma=plan.decay_factor, **args)
+        if plan.schedule == "cosine":
+            return lr_scheduler.CosineAnnealingLR(opt, T_max=steps, **args)
+        if plan.schedule == "onecycle":
+            peak = opt.param_groups[0]["lr"]
+            return lr_scheduler.OneCycleLR(opt, max_lr=peak, total_steps=steps, **args)
+        if plan.schedule == "constant":
+            return lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0, **args)
+    except TypeError as exc:
+        raise ConfigError(f"config key 'train.schedule_args': {plan.schedule}: {exc}") from None
+    fn = import_callable(plan.schedule, "train.schedule")
+    sched = fn(opt, steps, **args)
+    if not isinstance(sched, lr_scheduler.LRScheduler):
+        raise ConfigError(
+            f"config key 'train.schedule': {plan.schedule} returned a {type(sched).__name__}, "
+            "not a torch.optim.lr_scheduler.LRScheduler"
+        )
+    return sched
+
+
+def build_loss(t: TrainSettings) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``train.loss``: cross-entropy with ``train.label_smoothing``, or the user's callable."""
+    if t.loss == "cross_entropy":
+        return torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
+    return import_callable(t.loss, "train.loss")
+
+
+def build_metric(t: TrainSettings) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``train.metric`` as a batch's *sum* over its samples (a 0-d float64 tensor on the
+    outputs' device: no host read in the step): top-1 hits, or the user's callable (a batch
+    mean, a float or a tensor) times the batch's size."""
+    if t.metric == "accuracy":
+        return lambda out, y: (out.argmax(1) == y).sum().double()
+    fn = import_callable(t.metric, "train.metric")
+
+    def summed(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        value = fn(out, y)
+        return torch.as_tensor(value, dtype=torch.float64, device=out.device).detach() * len(y)
+
+    return summed
+
+
+def check(t: TrainSettings, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """The config check's look at the way of training, before any job: the optimizer built on
+    the model's parameters (a name or an argument torch does not take is named), its schedule
+    built and stepped through a short run, and the loss and the metric on the model's outputs
+    for real samples. Returns what ``results/workload.json`` says of it."""
+    opt = build_optimizer(t, list(model.parameters()), t.lr, t.weight_decay)
+    sched = Schedule(opt, LRPlan.of(t), t.base_batch, 4, 12)
+    out = model(x)
+    loss = build_loss(t)(out, y)
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0 or not loss.requires_grad:
+        raise ConfigError(
+            f"config key 'train.loss': {t.loss} must return a scalar tensor with a gradient, "
+            f"got {type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}"
+        )
+    metric = float(build_metric(t)(out.detach(), y)) / len(y)
+    if not math.isfinite(metric):
+        raise ConfigError(f"config key 'train.metric': {t.metric} gave {metric} on real samples")
+    for _ in range(12):
+        opt.step()  # no gradient: nothing moves; the schedule's order of calls is torch's
+        sched.step()
+    return {**t.recipe(), "optimizer": type(opt).__name__}

@@ -1,0 +1,181 @@
+"""The user's way of training (tula.runtime.recipe): train.optimizer by name or import path with
+its arguments, the LR schedule as torch's schedulers stepped per step (the paper's baselines'
+warm-ups among them, as they were), the loss and metric; and AGS on an adaptive optimizer,
+which scales the update the optimizer computes."""
+
+import math
+
+import pytest
+import torch
+
+from tula import config
+from tula.config import ConfigError
+from tula.runtime import recipe
+from tula.runtime.optim import TulaOptimizer
+
+# the schedules are stepped here with no training step between
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of")
+
+
+def _train(**train):
+    return config.from_dict({"train": train}).train
+
+
+def _lrs(train: dict, batch: int, spe: int, total: int) -> list[float]:
+    """The LR of every step of a run: the one the optimizer steps with, step by step."""
+    t = _train(**train)
+    opt = recipe.build_optimizer(t, [torch.nn.Parameter(torch.ones(2))], t.lr, 0.0)
+    sched = recipe.Schedule(opt, recipe.LRPlan.of(t), batch, spe, total)
+    out = []
+    for _ in range(total + 5):  # past the end: the schedule stops, the LR stays
+        out.append(opt.param_groups[0]["lr"])
+        sched.step()
+    return out
+
+
+def test_the_baselines_warm_ups_are_the_ones_they_had():
+    """lrs / lars: from train.lr to k = B / base_batch times it over 5 epochs (Goyal et al.),
+    exactly the line they had; polo: from 1/(warm-up steps) to 1 (at most 1/W apart from the
+    old max(s/W, 1/W)); ags, lbt and static: no warm-up; the step decay at its epochs."""
+    spe, total = 10, 100
+    for method in ("lrs", "lars"):
+        got = _lrs({"method": method, "lr": 0.1}, 1024, spe, total)
+        want = [0.1 * (1 + 7 * min(1.0, s / 50)) for s in range(total)]
+        assert got[:total] == pytest.approx(want, rel=1e-12)
+    down = _lrs({"method": "lrs", "lr": 0.1}, 64, spe, total)  # k = 0.5: warms *down*
+    assert down[:total] == pytest.approx([0.1 * (1 - 0.5 * min(1.0, s / 50)) for s in range(total)])
+    polo = _lrs({"method": "polo", "lr": 1.0}, 1024, spe, total)
+    old = [max(s / 50, 1 / 50) if s < 50 else 1.0 for s in range(total)]
+    assert polo[0] == pytest.approx(1 / 50) and polo[50:total] == pytest.approx(old[50:])
+    assert max(abs(a - b) for a, b in zip(polo, old)) <= 1 / 50
+    for method in ("ags", "lbt", "static"):
+        assert set(_lrs({"method": method, "lr": 0.1}, 1024, spe, total)) == {0.1}
+    decayed = _lrs({"lr": 0.1, "lr_decay_epochs": [3]}, 256, spe, total)
+    assert set(decayed[:30]) == {0.1} and decayed[30:total] == pytest.approx([0.01] * 70)
+
+
+def test_a_warm_up_then_cosine_and_onecycle_and_past_the_end():
+    """warmup_epochs: 1 then cosine to eta_min over the steps left; onecycle peaks at train.lr
+    and is never stepped past its end (OneCycleLR would refuse it)."""
+    spe, total = 10, 110
+    got = _lrs(
+        {"lr": 1.0, "schedule": "cosine", "warmup_epochs": 1, "schedule_args": {"eta_min": 0.1}},
+        256,
+        spe,
+        total,
+    )
+    assert got[:11] == pytest.approx([0.1 + 0.9 * s / 10 for s in range(11)])
+    mid = 10 + 50  # half-way through the cosine's 100 steps
+    assert got[mid] == pytest.approx(0.1 + 0.9 * 0.5) and got[total - 1] < 0.11
+    assert got[total:] == [got[total]] * 5  # stopped at the end
+    cycle = _lrs({"lr": 0.4, "schedule": "onecycle"}, 256, spe, total)
+    assert max(cycle) == pytest.approx(0.4) and cycle[0] < 0.4 / 20 and cycle[-1] < 0.4 / 1000
+    assert set(_lrs({"lr": 0.3, "schedule": "constant"}, 256, spe, 20)) == {0.3}
+
+
+def make_optimizer(params, lr, **kw):
+    """A user's optimizer by import path: (params, lr) and its optimizer_args."""
+    return torch.optim.RMSprop(params, lr=lr, **kw)
+
+
+def make_schedule(opt, total_steps, **kw):
+    return torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.5, total_iters=total_steps)
+
+
+def test_optimizers_by_name_in_any_case_or_import_path_with_their_arguments():
+    p = [torch.nn.Parameter(torch.ones(2))]
+    t = _train(optimizer="AdamW", optimizer_args={"betas": [0.9, 0.99], "eps": 1e-7})
+    opt = recipe.build_optimizer(t, p, 0.01, 0.05)
+    assert type(opt) is torch.optim.AdamW and recipe.scales_update(opt)
+    assert opt.defaults["betas"] == (0.9, 0.99) and opt.defaults["weight_decay"] == 0.05
+    sgd = recipe.build_optimizer(_train(optimizer_args={"nesterov": True}), p, 0.1, 0.0)
+    assert sgd.defaults["nesterov"] and sgd.defaults["momentum"] == 0.9 and sgd.defaults["fused"]
+    assert not recipe.scales_update(sgd)
+    own = _train(optimizer="test_recipe:make_optimizer", optimizer_args={"alpha": 0.9})
+    assert recipe.build_optimizer(own, p, 0.1, 0.0).defaults["alpha"] == 0.9
+    with pytest.raises(
+        ConfigError, match=r"'train.optimizer': torch.optim has no optimizer 'adamm'"
+    ):
+        recipe.build_optimizer(_train(optimizer="adamm"), p, 0.1, 0.0)
+    bad = _train(optimizer="adamw", optimizer_args={"nesterov": True})
+    with pytest.raises(
+        ConfigError, match=r"'train.optimizer_args': torch.optim.AdamW takes no 'nesterov'"
+    ):
+        recipe.build_optimizer(bad, p, 0.1, 0.0)
+    t = _train(schedule="test_recipe:make_schedule")
+    opt = recipe.build_optimizer(t, p, 1.0, 0.0)
+    sched = recipe.Schedule(opt, recipe.LRPlan.of(t), 64, 10, 20)
+    [sched.step() for _ in range(20)]
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * t.lr)
+
+
+@pytest.mark.parametrize(
+    "train, says",
+    [
+        ({"schedule": "cosinus"}, "'train.schedule': 'cosinus' is neither 'step'"),
+        ({"schedule": "cosine", "lr_decay_epochs": [3]}, "'train.lr_decay_epochs': the decay"),
+        ({"method": "lars", "optimizer": "adamw"}, "'train.method': lars is the layer-wise"),
+        ({"optimizer_args": {"lr": 0.1}}, "'train.optimizer_args.lr': set train.lr instead"),
+        ({"loss": "mse"}, "'train.loss': 'mse' is neither 'cross_entropy'"),
+        ({"metric_goal": "min"}, "'train.metric_goal': accuracy's goal is max"),
+        ({"loss": "a.b:c", "label_smoothing": 0.1}, "'train.label_smoothing': it is cross-entropy"),
+    ],
+)
+def test_the_config_refuses_what_cannot_go_together(train, says):
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(")):
+        config.from_dict({"train": train})
+
+
+def test_the_loss_smooths_labels_and_the_metric_is_summed_over_the_batch():
+    out, y = torch.tensor([[4.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), torch.tensor([0, 1, 1])
+    plain = recipe.build_loss(_train())(out, y)
+    smooth = recipe.build_loss(_train(label_smoothing=0.2))(out, y)
+    want = torch.nn.functional.cross_entropy(out, y, label_smoothing=0.2)
+    assert float(smooth) == pytest.approx(float(want)) and abs(float(smooth - plain)) > 1e-3
+    assert float(recipe.build_metric(_train())(out, y)) == 2.0  # two of three right
+
+
+def _pair(scale_update: bool):
+    """Two identical nets: one with plain AdamW, one with AdamW under AGS whose factors are all
+    2 and whose threshold never makes a step sensitive (the first step has no previous norm,
+    so it is sensitive and unscaled)."""
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 3)
+    b = torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    plain = torch.optim.AdamW(a.parameters(), lr=0.01)
+    ags = TulaOptimizer(
+        torch.optim.AdamW(b.parameters(), lr=0.01), delta=math.inf, scale_update=scale_update
+    )
+    for p in b.parameters():
+        ags.factors[p] = torch.full_like(p, 2.0)
+    return (a, plain), (b, ags)
+
+
+def _step(net, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+
+
+def test_ags_with_adamw_scales_the_update_by_its_factors():
+    """The same batches: the first step (sensitive) moves both alike; the second moves AGS's
+    weights by exactly twice plain AdamW's update. Scaling AdamW's *gradient* instead would
+    move them by about the same as plain AdamW: its second moment cancels the factor."""
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    moved = {}
+    for scale_update in (True, False):
+        (a, plain), (b, ags) = _pair(scale_update)
+        for net, opt in ((a, plain), (b, ags)):
+            _step(net, opt, x, y)
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+        before = [p.detach().clone() for p in a.parameters()]
+        for net, opt in ((a, plain), (b, ags)):
+            _step(net, opt, x, y)
+        ratios = [
+            ((q - w) / (p - w)).flatten() for p, q, w in zip(a.parameters(), b.parameters(), before)
+        ]
+        moved[scale_update] = torch.cat(ratios).detach()
+        assert ags.counters["scaled"] == 1
+    assert moved[True].tolist() == pytest.approx([2.0] * len(moved[True]), rel=1e-4)
+    assert float(moved[False].median()) == pytest.approx(1.0, abs=0.1)
