@@ -28,6 +28,7 @@ include: "rules/launch.smk"
 include: "rules/plot.smk"
 include: "rules/report.smk"
 include: "rules/compare.smk"
+include: "rules/plan.smk"
 
 
 rule all:

@@ -150,6 +150,22 @@ def launch_args(wildcards, resources):
     return " ".join(args)
 
 
+def plan_args(wildcards):
+    """`tula plan` options: what the profile gives the production job (the launch rule's
+    runtime, partition, account and memory), for train.sbatch's #SBATCH lines."""
+    args = []
+    for flag, name in (
+        ("--timeout-min", "runtime"),
+        ("--slurm-partition", "slurm_partition"),
+        ("--slurm-account", "slurm_account"),
+        ("--mem-mb", "mem_mb"),
+    ):
+        value = profile_resource(name, "launch")
+        if value not in (None, ""):
+            args += [flag, str(value)]
+    return " ".join(args)
+
+
 def profile_resource(name, rule):
     """A resource as the profile (or the command line) gives it to `rule`'s jobs:
     set-resources for the rule, else default-resources; None when unset or unreadable.

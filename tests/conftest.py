@@ -160,7 +160,7 @@ TESTS = Path(__file__).resolve().parent
 SLOW_FIXTURES = {"venv_path", "slurm_cluster", "lab_cluster"}
 # The shared runs (each made once per session, or once per module where only it reads it): a
 # test that reads one says so in its marker, as a test that runs its own does explicitly.
-DAG_FIXTURES = {"finished_run", "dag_on_slurm", "lab_run"}
+DAG_FIXTURES = {"finished_run", "recipe_run", "dag_on_slurm", "lab_run"}
 TRAINING_FIXTURES = {"reference", "unmonitored", "folder_reference"}
 RUN_MARKERS = ("dag", "training", "probe", "slurm", "netlab")
 
@@ -213,6 +213,44 @@ def finished_run(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-4000:]
     (wd / "snakemake.out").write_text(r.stdout + r.stderr)
     return wd, env
+
+
+# The way most users train (the way of training the issue that added it targets): AdamW, a
+# cosine schedule after a warm-up, label smoothing
+RECIPE = {
+    "optimizer": "adamw",
+    "optimizer_args": {"betas": [0.9, 0.99]},
+    "schedule": "cosine",
+    "warmup_epochs": 1,
+    "label_smoothing": 0.1,
+}
+
+
+@pytest.fixture(scope="session")
+def recipe_run(tmp_path_factory):
+    """The whole DAG once per session on the tiny config trained with RECIPE, in two runs as a
+    user would make them: `snakemake plan` (everything up to the choice and the report, no
+    training; what it left is kept in ``plan``: its terminal output and its results files),
+    then `snakemake` (snakemake --cores 2), which reuses the plan's probes and trains:
+    probes, fits, the choice and the production job all run AdamW with its schedule."""
+    wd = tmp_path_factory.mktemp("dag-recipe")
+    copy_workflow(wd)
+    (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
+    tiny = copy.deepcopy(TINY)
+    tiny["train"].update(RECIPE)
+    (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
+    env = venv_env()
+    r = snakemake(wd, "plan", "--configfile", "tiny.yaml", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    plan = {
+        "out": r.stdout + r.stderr,
+        "files": sorted(str(p.relative_to(wd)) for p in (wd / "results").rglob("*")),
+        "report": (wd / "results" / "plan" / "report.html").read_text(),
+    }
+    r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (wd / "snakemake.out").write_text(r.stdout + r.stderr)
+    return wd, env, plan
 
 
 CLUSTER = ["bash", str(ROOT / "scripts" / "slurm-cluster.sh")]

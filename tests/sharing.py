@@ -125,7 +125,7 @@ def beside_others(alone: bool):
 # Shared runs whose measured times tests bound (tests/bounds.py): the test that makes one runs
 # alone, so that the run is timed as a user's would be, with no other test's processes beside
 # it (its readers after it only read its files, and share the machine as usual).
-TIMED_RUNS = {"finished_run", "lab_run"}
+TIMED_RUNS = {"finished_run", "recipe_run", "lab_run"}
 _made: set[str] = set()  # the timed runs this xdist worker (or process) has made
 
 

@@ -33,6 +33,7 @@ def test_every_stage_module_is_a_subcommand_of_the_same_name():
         "fit",
         "launch",
         "memprobe",
+        "plan",
         "plot",
         "predict",
         "probe",

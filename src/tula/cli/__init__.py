@@ -7,6 +7,7 @@
     fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
+    plan       selection.json (no training) -> results/plan/{plan.json,train.sbatch}
     plot       selection: csv/json above   -> results/plots/{time,cost,memory,compute}_vs_batch.png
                training: the training job  -> results/plots/training.png
     launch     selection.json              -> results/train/{metrics,final,model,attempts}.*
@@ -49,6 +50,7 @@ STAGES = (
     planning.add_fit,
     planning.add_predict,
     planning.add_select,
+    planning.add_plan,
     training.add_plot,
     training.add_launch,
     training.add_report,

@@ -243,3 +243,39 @@ def add_select(sub) -> None:
     s.add_argument("--memory", default=None, help="memory model JSON (results/model/memory.json)")
     s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
     s.set_defaults(func=cmd_select)
+
+
+def cmd_plan(a) -> None:
+    from tula.stages import plan
+
+    plan.run(
+        a.config,
+        a.selection,
+        a.predictions,
+        a.workload,
+        a.out_dir,
+        a.timeout_min,
+        a.slurm_partition,
+        a.slurm_account,
+        a.mem_mb,
+    )
+
+
+def add_plan(sub) -> None:
+    s = sub.add_parser(
+        "plan",
+        help="the answer to take away: results/plan/{plan.json,train.sbatch}, no training",
+        description="Write the chosen point, its LR and schedule and its predictions "
+        "(plan.json), and a SLURM batch script that runs your own training script there with "
+        "srun and torchrun (train.sbatch). Trains nothing.",
+    )
+    cfg_arg(s)
+    s.add_argument("--selection", required=True, help="selection JSON from `tula select`")
+    s.add_argument("--predictions", required=True, help="predictions CSV from `tula predict`")
+    s.add_argument("--workload", required=True, help="results/workload.json (tula check)")
+    s.add_argument("--out-dir", required=True, help="folder to write (results/plan)")
+    s.add_argument("--timeout-min", type=int, help="the job's time limit (the profile's runtime)")
+    s.add_argument("--slurm-partition", help="partition (launch.slurm_partition wins)")
+    s.add_argument("--slurm-account", help="account (launch.slurm_account wins)")
+    s.add_argument("--mem-mb", type=int, help="memory per node (the profile's mem_mb)")
+    s.set_defaults(func=cmd_plan)

@@ -127,6 +127,7 @@ def cmd_report(a) -> None:
         perf=a.perf,
         workload=a.workload,
         memory_probe=a.memory_probe,
+        plan=a.plan,
     )
 
 
@@ -163,9 +164,12 @@ def add_report(sub) -> None:
         ("--selection", "selection JSON"),
         ("--predictions", "predictions CSV"),
         ("--measurements", "measurements CSV"),
-        ("--final", "training final JSON"),
     ):
         s.add_argument(flag, required=True, help=what)
+    s.add_argument(
+        "--final", help="training final JSON; without it (snakemake plan) no training ran"
+    )
+    s.add_argument("--plan", help="results/plan/plan.json: the plan's files, named on the page")
     s.add_argument("--attempts", help="training attempts JSON (results/train/attempts.json)")
     s.add_argument("--perf", help="step-time model JSON: the model section (forms, why, residuals)")
     s.add_argument(

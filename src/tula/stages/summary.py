@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tula.config import Config
+from tula.config import Config, metric_name
 from tula.io import read_json
 from tula.model import pricing
 from tula.model.measurements import at_chance, judged_halfwidths, judged_steps, short_of_steps
@@ -128,22 +128,34 @@ def success_lines(results: str | Path, cfg: Config) -> list[str]:
                 "report's attempts: an out-of-memory relaunch, a move or a lost node)"
             )
         lines.append("  " + "; ".join(_paid(final, sel, cfg)))
-        lines.append(
-            f"  accuracy: {100 * final['final_test_acc']:.2f} % at the end, best "
-            f"{100 * final['best_test_acc']:.2f} %, {final['epochs']} epochs"
-        )
+        lines.append(f"  {_metric_line(final)}, {final['epochs']} epochs")
         workload = results / "workload.json"
         chance = (
             at_chance(final, read_json(workload).get("num_classes")) if workload.exists() else None
         )
         if chance:
             lines.append(f"  WARNING: {chance}")
+    plan = results / "plan" / "plan.json"
+    if not final and plan.exists():
+        lines.append(
+            f"  no training ran (snakemake plan): the plan is {plan}, a batch script for your own "
+            f"training script {plan.with_name('train.sbatch')}"
+        )
     lines.append(f"  memory budget: {cfg.hardware.describe_memory()}")
     lines += [f"  trust: {t}" for t in _trust(results, sel, final)]
-    report = results / "report.html"
+    report = results / "report.html" if final else results / "plan" / "report.html"
     if report.exists():
         lines.append(f"  report: {report.resolve()}")
     return lines
+
+
+def _metric_line(final: dict) -> str:
+    """The test metric at the end and at its best, under its own name (percent for accuracy)."""
+    metric = final.get("metric", "accuracy")
+    end, best = final["final_test_acc"], final["best_test_acc"]
+    if metric == "accuracy":
+        return f"accuracy: {100 * end:.2f} % at the end, best {100 * best:.2f} %"
+    return f"{metric_name(metric)}: {end:.4g} at the end, best {best:.4g}"
 
 
 def error_lines(snakemake_log) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from tula.config import metric_name
 from tula.io import atomic_write, read_json
 from tula.model.measurements import at_chance
 from tula.progress import fmt_span
@@ -51,7 +52,7 @@ def render(
     selection: dict,
     predictions: pd.DataFrame,
     measurements: pd.DataFrame,
-    final: dict,
+    final: dict | None,
     plots: list[Path],
     out: str | Path,
     title: str = "Tula report",
@@ -59,7 +60,10 @@ def render(
     perf: dict | None = None,
     workload: dict | None = None,
     memory_probe: dict | None = None,
+    plan: dict | None = None,
 ) -> None:
+    """The page; ``final`` None: no training ran (``snakemake plan``), and the page says so
+    where the training job's sections would be, naming the plan's files."""
     s = selection["selected"]
     chosen = (s["workers"], s["global_batch"])
     failed = measurements[measurements["status"] != "ok"]
@@ -75,20 +79,9 @@ def render(
         train_time=fmt_span(s["train_time_s"]),
         reason=selection["reason"],
         robustness=robustness_line(selection.get("robustness")),
-        final=final,
-        trained_time=fmt_span(final["train_time_s"]),
-        chance=at_chance(final, (workload or {}).get("num_classes")),
-        prediction=prediction_card(final),
-        comm_env=comm_env_section(measurements, final),
-        nodes=nodes_section(measurements, final),
+        plan=plan,
+        **(_training(final, measurements, workload, attempts, plots) if final else {"final": None}),
         selection_plots=[_img(p) for p in plots if p.name not in TRAINING_PLOTS],
-        training_plot="".join(_img(p) for p in plots if p.name == "training.png"),
-        attempts=attempts_table(attempts),
-        # nothing monitored: the drift card's one sentence says so, not an empty figure
-        steps_plot="".join(_img(p) for p in plots if p.name == "steps.png")
-        if final.get("monitored_steps")
-        else "",
-        drift=drift_card(final),
         input=input_section(predictions, measurements, chosen)
         + decode_line(measurements)
         + host_section(measurements),
@@ -105,6 +98,28 @@ def render(
         fh.write(page)
 
 
+def _training(final, measurements, workload, attempts, plots) -> dict:
+    """The training job's part of the page, from final.json."""
+    metric = final.get("metric", "accuracy")
+    return dict(
+        final=final,
+        metric=metric_name(metric),
+        as_percent=metric == "accuracy",
+        trained_time=fmt_span(final["train_time_s"]),
+        chance=at_chance(final, (workload or {}).get("num_classes")),
+        prediction=prediction_card(final),
+        comm_env=comm_env_section(measurements, final),
+        nodes=nodes_section(measurements, final),
+        training_plot="".join(_img(p) for p in plots if p.name == "training.png"),
+        attempts=attempts_table(attempts),
+        # nothing monitored: the drift card's one sentence says so, not an empty figure
+        steps_plot="".join(_img(p) for p in plots if p.name == "steps.png")
+        if final.get("monitored_steps")
+        else "",
+        drift=drift_card(final),
+    )
+
+
 def run(
     selection,
     predictions,
@@ -116,6 +131,7 @@ def run(
     perf=None,
     workload=None,
     memory_probe=None,
+    plan=None,
 ) -> None:
     """``tula report``: render ``out`` from the results files (plots: the PNG paths; workload:
     results/workload.json, whose warnings head the page; memory_probe: its check of the
@@ -124,12 +140,13 @@ def run(
         read_json(selection),
         pd.read_csv(predictions),
         pd.read_csv(measurements),
-        read_json(final),
+        read_json(final) if final else None,
         [Path(p) for p in plots],
         out,
         attempts=read_json(attempts) if attempts else None,
         perf=read_json(perf) if perf else None,
         workload=read_json(workload) if workload else None,
         memory_probe=read_json(memory_probe) if memory_probe else None,
+        plan=read_json(plan) if plan else None,
     )
     print(f"[report] -> {out}")

@@ -1,0 +1,81 @@
+"""`tula plan` (tula.stages.plan): the answer to take to one's own training script, from the
+choice alone. The DAG's `snakemake plan` is tests/test_dag_recipe.py's; here the record and
+the batch script, and SLURM's own reading of the script (`sbatch --test-only`)."""
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+
+from tula.stages import plan
+
+
+def _inputs(tmp_path, train=None, cluster=None, hardware=None, n=4, b=1024):
+    cfg = {
+        "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 10},
+        "grid": {"workers": [1, 2, 4], "batch_min": 128, "batch_max": 1024},
+        "cluster": cluster or {"workers_per_node": 2},
+        "train": {"lr": 0.1, "lr_decay_epochs": [], **(train or {})},
+        "hardware": hardware or {},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    selected = dict(workers=n, global_batch=b, local_batch=b // n, step_time_s=0.05)
+    selected.update(train_time_s=42.0, cost=0.12, currency="USD", mem_bytes=2e9)
+    sel = {"selected": selected, "objective": "time", "reason": "the least predicted T"}
+    (tmp_path / "selection.json").write_text(json.dumps(sel))
+    row = dict(workers=n, global_batch=b, step_time_lo_s=0.04, step_time_hi_s=0.06)
+    row.update(wall_time_s=300.0, wall_time_lo_s=280.0, wall_time_hi_s=320.0)
+    pd.DataFrame([row]).to_csv(tmp_path / "predictions.csv", index=False)
+    (tmp_path / "workload.json").write_text(json.dumps({"train_samples": 10240}))
+    return [tmp_path / f for f in ("config.yaml", "selection.json", "predictions.csv")] + [
+        tmp_path / "workload.json"
+    ]
+
+
+def test_the_plan_states_the_methods_lr_the_nodes_and_the_predictions(tmp_path):
+    """lrs at B=1024 from base_batch 128: k = 8 times train.lr, reached by 5 warm-up epochs of
+    10 steps; N=4 at two workers a node is two nodes; no limit given: 1.5 x the prediction's
+    upper end (320 s), + 5 min."""
+    out = tmp_path / "plan"
+    p = plan.run(*_inputs(tmp_path, train={"method": "lrs"}), out)
+    assert p["lr"] == pytest.approx(0.8) and "1024/128" in p["lr_note"]
+    assert (p["steps_per_epoch"], p["warmup_epochs"], p["warmup_steps"]) == (10, 5, 50)
+    assert (p["nodes"], p["workers_per_node"], p["gpus_per_node"]) == (2, 2, 0)
+    assert p["predicted_wall_time_interval_s"] == [280.0, 320.0]
+    assert p["time_limit_min"] == 13 and json.loads((out / "plan.json").read_text()) == p
+    script = (out / "train.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --time=13", "--nproc-per-node=2", "--lr 0.8"):
+        assert line in script, line
+    assert "--gpus-per-node" not in script and "--partition" not in script
+
+
+def test_a_gpu_job_asks_for_its_gpus_and_the_profiles_partition_account_and_memory(tmp_path):
+    out = tmp_path / "plan"
+    p = plan.run(
+        *_inputs(tmp_path, hardware={"device": "cuda", "backend": "nccl"}),
+        out,
+        timeout_min=90,
+        slurm_partition="gpu",
+        slurm_account="lab",
+        mem_mb=64000,
+    )
+    script = (out / "train.sbatch").read_text()
+    assert p["gpus_per_node"] == 2 and p["lr"] == pytest.approx(0.1)  # AGS keeps train.lr
+    for line in ("--gpus-per-node=2", "--time=90", "--partition=gpu", "--account=lab"):
+        assert f"#SBATCH {line}" in script, line
+    assert "#SBATCH --mem=64000M" in script and p["time_limit_why"] == "the profile's runtime"
+
+
+@pytest.mark.slurm
+def test_slurm_accepts_the_batch_script(slurm_cluster, tmp_path):
+    """`sbatch --test-only` on the one-node cluster: SLURM reads every #SBATCH line of the
+    script and says when the job would start; it runs nothing. One node, one worker."""
+    out = tmp_path / "plan"
+    plan.run(*_inputs(tmp_path, cluster={"workers_per_node": 1}, n=1, b=128), out)
+    r = subprocess.run(
+        ["sbatch", "--test-only", str(out / "train.sbatch")], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "to start at" in r.stderr + r.stdout, r.stderr

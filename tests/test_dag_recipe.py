@@ -1,0 +1,69 @@
+"""The whole DAG trained the way most users train (conftest's RECIPE: AdamW with its betas, a
+cosine schedule after a one-epoch warm-up, label smoothing), once per session
+(``recipe_run``): first `snakemake plan`, which trains nothing and leaves the answer to take
+away, then `snakemake`, whose probes time that step and whose production job confirms its
+prediction as the default's does."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from bounds import ACCURACY_FLOOR, INTERVAL_MULTIPLE, interval_multiple
+from conftest import RECIPE
+
+
+def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(recipe_run):
+    """The check names the way of training; every probe and the production job ran it; the
+    production step and wall time lie inside their predicted interval widened as the default
+    run's are (tests/bounds.py: three standard deviations of the machine's drift)."""
+    wd, _, _ = recipe_run
+    res = wd / "results"
+    w = json.loads((res / "workload.json").read_text())
+    assert w["training"]["optimizer"] == "AdamW" and w["training"]["schedule"] == "cosine"
+    assert w["training"]["optimizer_args"] == {"betas": [0.9, 0.99]}
+    final = json.loads((res / "train" / "final.json").read_text())
+    for key in ("optimizer", "schedule", "warmup_epochs", "label_smoothing", "optimizer_args"):
+        assert final[key] == RECIPE[key], key
+    assert final["ags"]["scaled"] > 0  # AGS scaled AdamW's update
+    for what, measured, interval in (
+        ("step", final["mean_step_time_s"], final["predicted_step_time_interval_s"]),
+        ("wall time", final["wall_time_s"], final["predicted_wall_time_interval_s"]),
+    ):
+        m = interval_multiple(measured, *interval)
+        assert m <= INTERVAL_MULTIPLE, (what, measured, interval, m)
+    assert final["final_test_acc"] >= ACCURACY_FLOOR, final["final_test_acc"]
+
+
+def test_the_lr_follows_the_warm_up_then_the_cosine(recipe_run):
+    """metrics.csv's LR at each epoch's end: the warm-up epoch ends at the peak (train.lr:
+    AGS does not scale the LR), and the cosine falls from it to near zero at the run's end."""
+    wd, _, _ = recipe_run
+    final = json.loads((wd / "results" / "train" / "final.json").read_text())
+    lr = pd.read_csv(wd / "results" / "train" / "metrics.csv")["lr"].tolist()
+    peak = json.loads((wd / ".snakemake" / "tula" / "config.json").read_text())["train"]["lr"]
+    assert len(lr) == final["epochs"] == 2
+    assert lr[0] == pytest.approx(peak) and lr[-1] < 0.05 * peak
+
+
+def test_the_plan_alone_trains_nothing_and_leaves_the_answer_to_take_away(recipe_run):
+    """`snakemake plan` wrote plan.json, train.sbatch and a report that says no training ran,
+    left no results/train/, and the terminal's answer said so; plan.json holds the chosen
+    point, its LR and schedule and the predictions the later training confirmed."""
+    wd, _, plan = recipe_run
+    files = set(plan["files"])
+    assert {"results/plan/plan.json", "results/plan/train.sbatch"} <= files
+    assert "results/plan/report.html" in files and "results/report.html" not in files
+    assert not [f for f in files if f.startswith("results/train")]
+    assert "no training ran (snakemake plan)" in plan["out"]
+    assert "<b>No training ran</b>" in plan["report"] and "Training job" not in plan["report"]
+    p = json.loads((wd / "results" / "plan" / "plan.json").read_text())
+    sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
+    assert (p["workers"], p["global_batch"]) == (sel["workers"], sel["global_batch"])
+    assert p["schedule"] == "cosine" and p["warmup_epochs"] == 1 and p["trained"] is False
+    assert p["warmup_steps"] == p["steps_per_epoch"] and p["lr"] > 0
+    lo, hi = p["predicted_step_time_interval_s"]
+    assert lo <= p["predicted_step_time_s"] <= hi and p["predicted_cost"] > 0
+    script = (wd / "results" / "plan" / "train.sbatch").read_text()
+    assert f"#SBATCH --nodes={p['nodes']}" in script and "srun torchrun" in script
+    assert f"--batch-size {p['local_batch']}" in script and "YOUR_TRAIN_SCRIPT" in script
