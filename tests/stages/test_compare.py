@@ -12,6 +12,7 @@ from conftest import copy_workflow
 from tula import config
 from tula.io import write_json
 from tula.stages.compare import (
+    Metric,
     collect,
     find,
     heatmap,
@@ -75,6 +76,28 @@ def test_table_marks_best_and_summarises_ags_against_lbt():
     assert "AGS − LBT, averaged over the 2 rows: +12.25 points." in md  # ((90.5-81) + (76-61)) / 2
     assert "AGS best or within 1 point of the best in 2/2 rows." in md  # 90.5 is within 1 of 91
     assert "Time to target" not in md  # no target, no second table
+
+
+def test_a_metric_where_smaller_is_better_is_tabled_under_its_name_and_goal(tmp_path):
+    """train.metric user_workload:error_rate with metric_goal min: the table says the metric's
+    name, shows it as it is (not x100), bolds the smallest, and the workload's target is the
+    best mean over target_fraction (0.1 / 0.8 = 0.125), reached at or below it."""
+    cfg = config.from_dict(
+        {
+            "compare": {"workloads": [{"model": "m", "dataset": "d"}], "target_fraction": 0.8},
+            "train": {"metric": "user_workload:error_rate", "metric_goal": "min"},
+        }
+    )
+    metric = Metric.of(cfg.train)
+    errors = {"lbt": (0.3, 0.2), "ags": (0.1, 0.1)}
+    rows = [_row(1024, m, seed, e) for m, errs in errors.items() for seed, e in enumerate(errs)]
+    md = table_markdown(pd.DataFrame(rows), metric)
+    assert "| m | d | 1024 | 0.25 ± 0.071 | **0.1 ± 0** |" in md
+    assert "Test error_rate (smaller is better), mean ± std over 2 seeds" in md
+    assert "AGS − LBT, averaged over the 1 rows: -0.15." in md and "within 1 point" not in md
+    assert targets(cfg, pd.DataFrame(rows)) == {("m", "d"): pytest.approx(0.125)}
+    assert heatmap(pd.DataFrame(rows), tmp_path / "h.png", metric) is not None
+    assert metric.show(0.125) == "error_rate 0.125" and Metric().show(0.5) == "accuracy 50.00%"
 
 
 def _result(tmp_path, b, m, seed, accs, status="ok", step_s=1.0):
