@@ -2,8 +2,9 @@
 
 A checkpoint is two files in ``results/train/checkpoints/``::
 
-    step-000000120.pt     torch.save of the state (model, optimizer incl. AGS state, LR
-                          scheduler, RNG states of every rank, epoch, data position, batch)
+    step-000000120.pt     torch.save of the state: named parts, each its owner's state_dict
+                          (model, optimizer, ags, scheduler, scaler, position, evaluation,
+                          ledger; each rank's RNG state and sums), and the batch
     step-000000120.json   manifest: step, epoch, batch, byte size and SHA-256 of the .pt
 
 Both are written atomically (temporary file, fsync, rename, directory fsync), the manifest
