@@ -190,7 +190,9 @@ def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     assert t.reached and t.stopped_by == "precision"
     for name, s in t.arms.items():
         assert s.half_width() <= 0.025 and s.n_steps >= 10
-        assert 100 <= s.n_steps <= 1000  # it took about what the noise asks, not the budget
+        # it took about what the noise asks, not the budget (60 s: some 7,000 steps of each):
+        # 256 at 20 % jitter, more where the machine adds its own (1,156 in a clean-clone CI run)
+        assert 100 <= s.n_steps <= 3000
     # time.sleep oversleeps by a little: the mean is at least the asked sleep, and near it
     assert 0.004 <= t.arms["step"].mean() <= 0.004 * 1.15
     assert 0.003 <= t.arms["compute"].mean() <= 0.003 * 1.2
@@ -268,7 +270,9 @@ def test_a_queued_clock_times_sized_blocks_and_reads_them_only_when_judging():
     t = timer.run(
         {"step": Sleeper("step", 0.001, 0.0, log, 9), "compute": Sleeper("c", 0.001, 0.0, log, 10)}
     )
-    assert t.mode == "blocks" and 2 <= t.block_steps <= 5
+    # a sizing step that overshot its sleep by 1 ms or more sizes blocks of one step (seen once
+    # in a clean-clone CI run): still blocks, timed and read as such
+    assert t.mode == "blocks" and 1 <= t.block_steps <= 5
     assert [n for _, n in log[1:]] == [t.block_steps] * (len(log) - 1)  # after the sizing step
     assert [name for name, _ in log[1:7]] == ["step", "c"] * 3
     runs = "".join("b" if e == "begin" else "r" for e in clock_log[2:])  # after the sizing step
