@@ -110,9 +110,8 @@ class Schedule:
         total_steps: int,
     ):
         k = plan.k(global_batch)
-        self.peak = plan.peak(global_batch)
         for g in opt.param_groups:  # built again at another B (a relaunch): the new peak
-            g["lr"] = g["initial_lr"] = self.peak
+            g["lr"] = g["initial_lr"] = plan.peak(global_batch)
         self.total = max(int(total_steps), 1)
         w = plan.warmup_epochs
         self.warm = min(round(w * steps_per_epoch), self.total) if w > 0 else 0
