@@ -3,7 +3,8 @@ conftest.py): the seconds of each module (setup, call and teardown of its tests,
 run's fixture counted where it was first set up), the tests that end-to-end markers name,
 and any test that took long without one. pytest's own ``--durations`` (pyproject's addopts)
 lists the slowest tests above it. ``--suite-time-json PATH`` also writes every test's
-seconds, for bench/suite_time.py to compare two runs."""
+seconds, markers, worker and start and stop (epoch seconds), for bench/suite_time.py to
+compare two runs and to show what each worker ran when."""
 
 import json
 import os
@@ -20,6 +21,7 @@ UNMARKED_S = 20.0
 
 _seconds: dict[str, float] = defaultdict(float)
 _markers: dict[str, tuple[str, ...]] = {}
+_spans: dict[str, list] = {}  # nodeid -> [worker, first start, last stop] (epoch seconds)
 _started = time.monotonic()
 
 
@@ -37,6 +39,10 @@ def pytest_runtest_logreport(report):
     nodeid = report.nodeid.split("@", 1)[0]
     _seconds[nodeid] += report.duration
     _markers.setdefault(nodeid, tuple(m for m in END_TO_END if m in report.keywords))
+    node = getattr(report, "node", None)  # the xdist worker that ran it (controller side)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    span = _spans.setdefault(nodeid, [worker, report.start, report.stop])
+    span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
 
 
 def module_of(nodeid: str) -> str:
@@ -74,6 +80,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"  {s:.1f} s and no end-to-end marker ({', '.join(END_TO_END)}): {k}")
     out = config.getoption("--suite-time-json")
     if out:
-        rows = {k: {"s": s, "markers": list(_markers.get(k, ()))} for k, s in _seconds.items()}
+        rows = {
+            k: {
+                "s": s,
+                "markers": list(_markers.get(k, ())),
+                **dict(zip(("worker", "start", "stop"), _spans.get(k, ()))),
+            }
+            for k, s in _seconds.items()
+        }
         with open(out, "w") as f:
             json.dump({"wall_s": wall, "workers": workers, "tests": rows}, f, indent=1)
