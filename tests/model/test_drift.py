@@ -69,3 +69,20 @@ def test_a_noisy_new_level_is_not_reported_again_and_again():
     level); the re-armed band is as wide as the predicted one, so that is one drift."""
     det = Detector(Band(predicted_s=0.048, lo_s=0.0, hi_s=0.111, step_s=0.135))
     assert len(_feed(det, [0.17, 0.21, 0.16, 0.19, 0.2, 0.17, 0.21, 0.18, 0.16, 0.2] * 4)) == 1
+
+
+def test_a_drift_records_the_level_it_left_and_that_levels_band():
+    """The second drift of a run left the level the first re-armed at, not the prediction: it
+    says so, and carries that level's band (what `tula launch` judges it against)."""
+    det = Detector(BAND)
+    (_, first), (_, second) = _feed(det, [0.05] * 10 + [0.2] * 10)
+    assert (first.from_s, first.accept_lo_s, first.accept_hi_s) == pytest.approx((0.01, 0.0, 0.032))
+    assert "earlier drift" not in first.describe()
+    # re-armed around 50 ms as wide as the predicted interval (+-2 ms), widened by 20 ms
+    assert (second.from_s, second.accept_lo_s, second.accept_hi_s) == pytest.approx(
+        (0.05, 0.028, 0.072)
+    )
+    assert second.predicted_s == 0.010 and "left the 50.0 ms level an earlier drift set" in (
+        second.describe()
+    )
+    assert second.to_dict()["from_s"] == pytest.approx(0.05)

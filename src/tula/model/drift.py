@@ -16,8 +16,11 @@ cannot move the choice of (N, B) by much, and it absorbs the probe-to-production
 of the step (0.9-1.2x, BENCHMARKS.md) that the interval of the fit does not know about.
 
 After firing, the detector re-arms around what it observed (a band as wide as the predicted one): a
-later change is a new drift, the same level with its scatter is not reported again. No torch here:
-the launcher and the report use it too."""
+later change is a new drift, the same level with its scatter is not reported again. Each drift
+records the level it left (``from_s``: the prediction, or the level an earlier drift re-armed at)
+and that level's band: whether it held, and what it changed, are judged against the level the job
+was at, not against a prediction an earlier drift already corrected. No torch here: the launcher
+and the report use it too."""
 
 from __future__ import annotations
 
@@ -74,13 +77,22 @@ class Drift:
     hi_s: float
     direction: str  # "slower" or "faster"
     observations: int
+    # the level it left (the prediction, or where an earlier drift re-armed) and its accepted band
+    from_s: float | None = None
+    accept_lo_s: float | None = None
+    accept_hi_s: float | None = None
 
     def describe(self) -> str:
+        since = (
+            f", left the {1e3 * self.from_s:.1f} ms level an earlier drift set"
+            if self.from_s is not None and self.from_s != self.predicted_s
+            else ""
+        )
         return (
             f"sync {1e3 * self.observed_s:.1f} ms vs predicted {1e3 * self.predicted_s:.1f} ms "
-            f"({1e3 * self.lo_s:.1f}-{1e3 * self.hi_s:.1f}) for {self.step - self.since_step} "
-            f"steps (median of the last {self.observations} observations, steps "
-            f"{self.since_step}-{self.step})"
+            f"({1e3 * self.lo_s:.1f}-{1e3 * self.hi_s:.1f}){since} for "
+            f"{self.step - self.since_step} steps (median of the last {self.observations} "
+            f"observations, steps {self.since_step}-{self.step})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,6 +128,9 @@ class Detector:
             hi_s=b.hi_s,
             direction="slower" if med > ref.accept_hi_s else "faster",
             observations=self.window,
+            from_s=ref.predicted_s,
+            accept_lo_s=ref.accept_lo_s,
+            accept_hi_s=ref.accept_hi_s,
         )
         # re-arm around what is observed now, as wide as the predicted interval was: the same
         # level, with its own scatter, is not a new drift
@@ -133,7 +148,7 @@ def held(
     direction: str, later_s: list[float], accept_lo_s: float, accept_hi_s: float
 ) -> tuple[bool, float]:
     """Whether a drift held, and the median it was judged on: the median of the ``CONFIRM``
-    observations after it is still beyond the predicted band on the drift's side (``later_s``:
+    observations after it is still beyond the band it left on the drift's side (``later_s``:
     at least that many). A move costs a relaunch, so `tula launch` moves only on a level that
     held; a transient that fills one window (the machine busy for a dozen steps) and goes does
     not move the job."""

@@ -153,7 +153,9 @@ def decide(
 
     so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot move
     it for nothing, nor a sync faster than predicted move it off a point that the predictions
-    liked less already: a drift counts by what it changed. Else it is recorded; the job goes on.
+    liked less already: a drift counts by what it changed. "Before" is the level the drift left
+    (its ``from_s``): after an earlier drift, the level that one set, so a slowdown from a sync
+    that had come out faster than predicted counts in full. Else it is recorded; the job goes on.
     """
     refitted, fit = refit(pred, workers, batch, float(drift["observed_s"]))
     left = max(cfg.workload.epochs - float(drift["epochs_done"]), 0.0)
@@ -167,7 +169,11 @@ def decide(
         still = f"N={workers} B={batch} is still the {cfg.objective} choice; stayed"
         return Decision(False, workers, batch, head + still, 0.0)
     saving = _saving(rest, cfg, (workers, batch), (n2, b2), relaunch_s)
-    before = max(_saving(remaining(pred, left), cfg, (workers, batch), (n2, b2), relaunch_s), 0.0)
+    # before this drift: the prediction, or the level an earlier drift set (from_s)
+    was = pred
+    if drift.get("from_s") is not None and not np.isclose(float(drift["from_s"]), fit.predicted_s):
+        was = refit(pred, workers, batch, float(drift["from_s"]))[0]
+    before = max(_saving(remaining(was, left), cfg, (workers, batch), (n2, b2), relaunch_s), 0.0)
     if saving <= MARGIN + before:
         undrifted = (
             f", {100 * before:.0f} % of it predicted before the drift: the drift adds "

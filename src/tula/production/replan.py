@@ -91,7 +91,8 @@ class Replan:
     @staticmethod
     def after(d: dict, attempt: int, rows: pd.DataFrame) -> tuple[bool, str] | None:
         """Whether drift ``d`` held over the next ``drift.CONFIRM`` observations of its attempt
-        (``rows``: steps.csv), and in words; None until there are that many."""
+        (``rows``: steps.csv), beyond the band it left (the predicted one of steps.csv, where
+        the drift does not say), and in words; None until there are that many."""
         if rows.empty:
             return None
         rows = rows[(rows["attempt"] == attempt) & (rows["step"] > d["step"])].head(
@@ -100,6 +101,8 @@ class Replan:
         if len(rows) < drift_mod.CONFIRM:
             return None
         lo, hi = float(rows["sync_lo_s"].iloc[0]), float(rows["sync_hi_s"].iloc[0])
+        if d.get("accept_lo_s") is not None and d.get("accept_hi_s") is not None:
+            lo, hi = float(d["accept_lo_s"]), float(d["accept_hi_s"])
         ok, med = drift_mod.held(d["direction"], rows["sync_time_s"].tolist(), lo, hi)
         span = f"the next {len(rows)} observations' median {1e3 * med:.1f} ms (steps "
         span += f"{int(rows['step'].iloc[0])}-{int(rows['step'].iloc[-1])})"
