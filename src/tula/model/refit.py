@@ -130,6 +130,16 @@ def _saving(
     return net / float(cur[col]) if cur[col] > 0 else 0.0
 
 
+def _before(
+    pred: pd.DataFrame, workers: int, batch: int, from_s: float | None, predicted_s: float
+) -> pd.DataFrame:
+    """The predictions as the job stood before a drift: as predicted, or, where the drift left a
+    level an earlier drift set (``from_s``), re-fitted to that level."""
+    if from_s is None or np.isclose(float(from_s), predicted_s):
+        return pred
+    return refit(pred, workers, batch, float(from_s))[0]
+
+
 def decide(
     cfg: Config,
     pred: pd.DataFrame,
@@ -169,10 +179,7 @@ def decide(
         still = f"N={workers} B={batch} is still the {cfg.objective} choice; stayed"
         return Decision(False, workers, batch, head + still, 0.0)
     saving = _saving(rest, cfg, (workers, batch), (n2, b2), relaunch_s)
-    # before this drift: the prediction, or the level an earlier drift set (from_s)
-    was = pred
-    if drift.get("from_s") is not None and not np.isclose(float(drift["from_s"]), fit.predicted_s):
-        was = refit(pred, workers, batch, float(drift["from_s"]))[0]
+    was = _before(pred, workers, batch, drift.get("from_s"), fit.predicted_s)
     before = max(_saving(remaining(was, left), cfg, (workers, batch), (n2, b2), relaunch_s), 0.0)
     if saving <= MARGIN + before:
         undrifted = (
