@@ -37,7 +37,7 @@ from _harness import ROOT, copy_workflow, env, snakemake, tests_helper
 from tula.faults import ENV as FAULT_ENV
 from tula.model import measurements as measurements_mod
 
-TINY = tests_helper("TINY")  # the suite's tiny config
+TINY = tests_helper("TIMED_TINY")  # the suite's tiny config, as its timed shared runs use it
 RECIPE = tests_helper("RECIPE")  # the way of training of the suite's recipe_run
 # tests/bounds.py: the bounds this measures
 interval_multiple, held_out_bound, held_out_prediction, INTERVAL_MULTIPLE = (

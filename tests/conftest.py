@@ -34,6 +34,12 @@ TINY = {
     "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120, "time_budget_s": 0.5},
     "train": {"lr_decay_epochs": []},
 }
+# The shared runs whose production step tests bound against its prediction (TIMED_RUNS of
+# tests/sharing.py): the probes time 1 s a point, not 0.5. This machine's speed wanders over
+# fractions of a second: two 0.5 s windows of the same step in different processes lay x0.76-x1.32
+# apart (95 %), two 1 s windows x0.88-x1.14, inside the bounds' 15 % drift (bench/machine_noise.py,
+# BENCHMARKS.md "The suite's numeric bounds"); the production job times about 1 s of steps.
+TIMED_TINY = {**TINY, "probe": {**TINY["probe"], "time_budget_s": 1.0}}
 
 
 def digits_uint8(path: Path) -> Path:
@@ -207,7 +213,7 @@ def finished_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("dag")
     copy_workflow(wd)
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    (wd / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    (wd / "tiny.yaml").write_text(yaml.safe_dump(TIMED_TINY))
     env = venv_env(**{FAULT_ENV: "oom:point=N2_B128,rank=1"})
     r = snakemake(wd, "--configfile", "tiny.yaml", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -236,7 +242,7 @@ def recipe_run(tmp_path_factory):
     wd = tmp_path_factory.mktemp("dag-recipe")
     copy_workflow(wd)
     (wd / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
-    tiny = copy.deepcopy(TINY)
+    tiny = copy.deepcopy(TIMED_TINY)
     tiny["train"].update(RECIPE)
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     env = venv_env()
