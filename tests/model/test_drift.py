@@ -86,3 +86,24 @@ def test_a_drift_records_the_level_it_left_and_that_levels_band():
         second.describe()
     )
     assert second.to_dict()["from_s"] == pytest.approx(0.05)
+
+
+def test_an_interval_too_wide_to_see_a_slowdown_is_cut_to_a_step_either_side():
+    """A CI run's lab fit (one degree of freedom left) predicted sync 44 ms in 0-859 ms at a
+    93 ms step: a link four times slower (sync 180-200 ms) stayed inside. Cut to the step
+    either side, the band accepts up to 155 ms and the slowdown fires."""
+    row = {
+        "step_time_s": 0.0929,
+        "compute_time_s": 0.0493,
+        "step_time_lo_s": 0.0001,
+        "step_time_hi_s": 0.9117,
+    }
+    b = Band.from_prediction(row)
+    assert (b.lo_s, b.hi_s) == pytest.approx((0.0, 0.0436 + 0.0929))
+    assert b.accept_hi_s == pytest.approx(0.0436 + 1.2 * 0.0929)
+    det = Detector(b)
+    fired = _feed(det, [0.045] * 10 + [0.19] * 5)
+    assert [d.direction for _, d in fired] == ["slower"]
+    # an interval narrower than that is kept as it is
+    tight = Band.from_prediction({**row, "step_time_lo_s": 0.085, "step_time_hi_s": 0.1})
+    assert (tight.lo_s, tight.hi_s) == pytest.approx((0.0357, 0.0507))

@@ -30,6 +30,11 @@ from typing import Any
 
 WINDOW = 5  # observations in the median: 3 of 5 beyond the band fire, 2 slow steps do not
 TOLERANCE = 0.2  # x the predicted step, either side of the sync interval
+# The widest the prediction's interval may make the band, either side of the predicted sync, x
+# the predicted step: a fit too unsure to bound the sync within a step (a handful of probes and
+# one degree of freedom left, where the t quantile is 12.7: a CI run's lab fit gave 0-859 ms
+# around 44 ms) would leave the detector blind to a link four times slower.
+MAX_HALF = 1.0
 CONFIRM = 3  # observations after a drift whose median must still be beyond the band to move
 
 
@@ -57,11 +62,12 @@ class Band:
 
     @staticmethod
     def from_prediction(row: dict[str, Any], tolerance: float = TOLERANCE) -> Band:
-        """From a predictions.csv row: sync = step - compute, its interval the step's."""
+        """From a predictions.csv row: sync = step - compute, its interval the step's, cut to
+        MAX_HALF x the step either side."""
         step, compute = float(row["step_time_s"]), float(row["compute_time_s"])
         sync = max(step - compute, 0.0)
-        lo = max(float(row["step_time_lo_s"]) - compute, 0.0)
-        hi = max(float(row["step_time_hi_s"]) - compute, sync)
+        lo = max(float(row["step_time_lo_s"]) - compute, sync - MAX_HALF * step, 0.0)
+        hi = min(max(float(row["step_time_hi_s"]) - compute, sync), sync + MAX_HALF * step)
         return Band(sync, min(lo, sync), hi, step, tolerance)
 
 
