@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,15 @@ THREAD_VARIABLES = (
     "NUMEXPR_NUM_THREADS",
 )
 
+
+# A worker's error when a peer vanished (its node died, its link went): gloo's and NCCL's
+# words. Not the point's or the job's own failure: the probe job launches the point once more,
+# `tula launch` resubmits (tula.production.nodes).
+LOST_PEER = re.compile(
+    r"Connection (reset|closed) by peer|remote process exited|died without writing|"
+    r"NCCL communicator was aborted|Broken pipe",
+    re.IGNORECASE,
+)
 
 # where a launch must end (seconds since the epoch), for its workers: set by the launcher
 DEADLINE_ENV = "TULA_WORKERS_DEADLINE"

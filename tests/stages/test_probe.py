@@ -425,6 +425,22 @@ def test_a_memory_timeline_failing_on_one_rank_is_measured_again_on_every_rank(
     assert rec["steps_run"] == 5 + lead + timed + started + 2 + sum(retried.values())
 
 
+def test_a_vanished_peer_is_the_machines_failure_and_any_other_error_the_points():
+    """The lab's node drill once left a two-node probe whose surviving ranks wrote gloo's
+    "Connection reset by peer" before the dead node's ranks were counted lost: that point is
+    launched once more, as a lost rank's is; an error of the point's own is not."""
+    from tula.stages.probe.job import lost_a_worker
+
+    gloo = (
+        "rank 2: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "pair.cc:545] Read error [10.77.0.2]:22918: Connection reset by peer."
+    )
+    assert lost_a_worker({"status": "error", "error": gloo})
+    assert lost_a_worker({"status": "ok", "lost_ranks": [1], "after_error": "x"})
+    assert not lost_a_worker({"status": "error", "error": "rank 0: ValueError: bad shape"})
+    assert not lost_a_worker({"status": "oom", "error": "CUDA out of memory"})
+
+
 @pytest.mark.probe
 def test_a_rank_that_dies_without_a_result_is_probed_once_more(
     tiny_config_file, tmp_path, venv_path, monkeypatch

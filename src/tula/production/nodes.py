@@ -14,7 +14,6 @@ is in samples, independent of N and B), and says why in its log, attempts.json a
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -26,14 +25,9 @@ from tula import preflight, slurm
 from tula.config import Config
 from tula.model import refit
 from tula.model.choice import NoFeasibleConfiguration
+from tula.workers import LOST_PEER
 
 WAITING = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING")
-# A worker's error when a peer vanished (its node died, its link went): gloo's and NCCL's words
-LOST_PEER = re.compile(
-    r"Connection (reset|closed) by peer|remote process exited|died without writing|"
-    r"NCCL communicator was aborted|Broken pipe",
-    re.IGNORECASE,
-)
 
 
 LOST = ("replanned", "node_lost", "peer_lost")  # attempts a lost node (or peer) ended

@@ -158,7 +158,7 @@ def run_batches(
     lost = [
         p
         for p, r in records.items()
-        if r.get("lost_ranks") and r["status"] != "ok" and os.environ.get("SLURM_JOB_ID")
+        if job.lost_a_worker(r) and r["status"] != "ok" and os.environ.get("SLURM_JOB_ID")
     ]
     for point, record in records.items():
         if point in lost:
@@ -177,7 +177,9 @@ def run_batches(
         write_json(out, record)
         print(f"[probe {point.name}] recorded in {out}", flush=True)
     if lost:
-        said = "; ".join(f"{p.name}: rank(s) {records[p]['lost_ranks']}" for p in lost)
+        said = "; ".join(
+            f"{p.name}: rank(s) {records[p].get('lost_ranks') or '(a peer vanished)'}" for p in lost
+        )
         raise RuntimeError(
             f"probe {said} were lost in both launches ({records[lost[0]]['error']}); not "
             "recorded: this job fails so that it is run again (the profile's `retries`)"

@@ -252,6 +252,15 @@ def _note_lost(record: dict, lost: list[int]) -> None:
         )
 
 
+def lost_a_worker(record: dict) -> bool:
+    """A rank died without writing its result, or the error the ranks reported is a peer
+    that vanished (workers.LOST_PEER: every rank that wrote one lost its peer, a node died
+    under the job): the machine's failure, not the point's."""
+    return bool(record.get("lost_ranks")) or (
+        record.get("status") == "error" and bool(workers.LOST_PEER.search(record.get("error", "")))
+    )
+
+
 def probe_points(
     cfg: config_mod.Config,
     cfg_path: str | Path,
@@ -265,8 +274,11 @@ def probe_points(
     machine's (torch's CPU profiler segfaulted once in a CI run), not the point's, and one lost
     launch should not cost the user the point (nor its sweep rows, where the rank died after
     the measurement stood: lost twice so, the measurement is kept and ``after_error`` says
-    what is missing). An error the ranks reported, an OOM or a timeout is the point's own and
-    recorded as it is. The record keeps the first launch's error under ``retried_after``."""
+    what is missing). So is a point whose ranks reported a vanished peer (a node died under the
+    job: the lab's drill saw the ranks left write "Connection reset by peer" before the dead
+    node's were counted lost). Any other error the ranks reported, an OOM or a timeout is the
+    point's own and recorded as it is. The record keeps the first launch's error under
+    ``retried_after``."""
     records: dict[Point, dict] = {}
     attempt = dict.fromkeys(points, 1)
     retried: dict[Point, dict] = {}
@@ -275,10 +287,10 @@ def probe_points(
         for point, record in _launch(
             cfg, cfg_path, todo, work, memory_probe, attempt[todo[0]]
         ).items():
-            if record.get("lost_ranks") and attempt[point] == 1:
+            if lost_a_worker(record) and attempt[point] == 1:
                 print(f"[probe {point.name}] a worker was lost: launching it once more", flush=True)
                 why = record.get("error") or record["after_error"]
-                retried[point] = {"error": why, "lost_ranks": record["lost_ranks"]}
+                retried[point] = {"error": why, "lost_ranks": record.get("lost_ranks", [])}
                 attempt[point] = 2
                 continue
             if point in retried:
