@@ -17,13 +17,25 @@ validate(config, schema="workflow/config.schema.yaml")
 
 
 include: "rules/hooks.smk"
-include: "rules/check.smk"
-include: "rules/memprobe.smk"
-include: "rules/probe.smk"
-include: "rules/aggregate.smk"
-include: "rules/fit.smk"
-include: "rules/predict.smk"
-include: "rules/select.smk"
+
+
+# One partition (the profile's) is planned here; several (cluster.partitions) each in a module
+# of their own, and chosen across (rules/combine.smk).
+if PARTITIONS:
+
+    include: "rules/combine.smk"
+
+else:
+
+    include: "rules/check.smk"
+    include: "rules/memprobe.smk"
+    include: "rules/probe.smk"
+    include: "rules/aggregate.smk"
+    include: "rules/fit.smk"
+    include: "rules/predict.smk"
+    include: "rules/select.smk"
+
+
 include: "rules/launch.smk"
 include: "rules/plot.smk"
 include: "rules/report.smk"
@@ -34,8 +46,9 @@ include: "rules/plan.smk"
 rule all:
     default_target: True
     input:
-        rules.select.output,
+        RESULT["selection"],
         rules.plot_selection.output,
         rules.plot_training.output,
+        PARTITION_PLOTS,
         rules.launch.output.final,
         rules.report.output,

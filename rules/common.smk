@@ -16,7 +16,9 @@ from tula import devices as tula_devices
 from tula import preflight as tula_preflight
 from tula import slurm as tula_slurm
 from tula import pipeline as tula_pipeline
+from tula import partitions as tula_partitions
 from tula.stages import check as tula_check
+from tula.stages import combine as tula_combine
 from tula.stages import compare as tula_compare
 from tula.stages import summary as tula_summary
 from tula.model.grid import batches_at, search_set
@@ -199,29 +201,70 @@ def decided():
     Said here (the log), by `tula check` and in the report; the jobs read it from the
     snapshot onstart writes. A job's own Snakemake (remote execution) decides nothing: its
     job reads the snapshot."""
+    return decide(TULA)
+
+
+def decide(cfg):
+    """``cfg`` with the device decided (:func:`decided`): a partition's config (one entry of
+    cluster.partitions) on its own partition's GPUs, else on the profile's probe partition."""
     if workflow.remote_exec:
-        return TULA
+        return cfg
     try:
         decision = tula_devices.for_config(
-            TULA,
+            cfg,
             "slurm" if workflow.non_local_exec else "local",
-            profile_settings()["probe_partition"] if workflow.non_local_exec else None,
+            (cfg.cluster.partition or profile_settings()["probe_partition"])
+            if workflow.non_local_exec
+            else None,
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
-    said = f"tula: {decision.why}"
+    said = f"tula: {cfg.cluster.partition + ': ' if cfg.cluster.partition else ''}{decision.why}"
     if workflow.output_settings.dryrun:
         said += (
             " (a dry run: Snakemake runs no executor, so this is this machine's answer;"
             " a run under the SLURM executor decides from the probe partition's GPUs)"
         )
     print(said, flush=True)
-    return tula_devices.apply(TULA, decision)
+    return tula_devices.apply(cfg, decision)
 
 
 # Jobs read the merged, validated config with the device decided (also on SLURM nodes):
-# onstart writes it (rules/hooks.smk).
-CONFIG = ".snakemake/tula/config.json"
+# onstart writes it (rules/hooks.smk); one partition's jobs (rules/partition.smk) read that
+# partition's.
+CONFIG = (
+    tula_partitions.snapshot_path(TULA.cluster.partition)
+    if TULA.cluster.partition
+    else ".snakemake/tula/config.json"
+)
+# Several partitions (cluster.partitions): each is planned by rules/partition.smk under
+# results/partitions/<name>/, and `tula combine` chooses across them (rules/combine.smk).
+PARTITIONS = tula_partitions.all_configs(config)
+# What the stages after the choice read: one partition's, or the chosen partition's
+# (copied by `tula combine`), at the same places; the production job and the plan read the
+# chosen partition's config.
+RESULT = {
+    "workload": "results/workload.json",
+    "memory_probe": "results/memory_probe.json",
+    "measurements": "results/measurements.csv",
+    "memory": "results/model/memory.json",
+    "perf": "results/model/perf.json",
+    "predictions": "results/predictions.csv",
+    "selection": "results/selection.json",
+}
+TRAIN_CONFIG = "results/partitions/chosen.json" if PARTITIONS else CONFIG
+# the report's figure of every partition's Pareto front (rules/combine.smk)
+PARTITION_PLOTS = ["results/plots/partitions.png"] if PARTITIONS else []
+# One partition's SLURM jobs (memory probe, probes) go to that partition, charged to its
+# account; a one-partition config leaves both to the profile.
+PARTITION_RESOURCES = (
+    {
+        "slurm_partition": TULA.cluster.partition,
+        **({"slurm_account": TULA.launch.slurm_account} if TULA.launch.slurm_account else {}),
+    }
+    if TULA.cluster.partition
+    else {}
+)
 
 # What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
 # here; a run under the SLURM executor says it in onstart, beside the preflight.

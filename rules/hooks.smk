@@ -6,6 +6,10 @@
 
 onstart:
     tula_pipeline.snapshot(decided(), CONFIG)
+    for name, raw in PARTITIONS.items():  # each partition's jobs read their own
+        tula_pipeline.snapshot(
+            decide(tula_config.from_dict(raw)), tula_partitions.snapshot_path(name)
+        )
     if workflow.non_local_exec:
         tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         print(

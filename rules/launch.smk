@@ -7,8 +7,8 @@ localrules:
 
 rule launch:
     input:
-        selection=rules.select.output[0],
-        predictions=rules.predict.output[0],
+        selection=RESULT["selection"],
+        predictions=RESULT["predictions"],
     output:
         metrics="results/train/metrics.csv",
         final="results/train/final.json",
@@ -23,7 +23,7 @@ rule launch:
         CONDA_ENV
     threads: whole_machine
     params:
-        config=CONFIG,
+        config=TRAIN_CONFIG,
         settings=settings("launch"),
         launch=launch_args,
         out_dir=parent_dir("final"),

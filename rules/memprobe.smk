@@ -19,6 +19,7 @@ checkpoint memprobe:
         cpus_per_task=TULA.hardware.threads_per_worker,
         gres=memprobe_gres,
         runtime=PROBE_RUNTIME_MIN,
+        **PARTITION_RESOURCES,
     params:
         config=CONFIG,
         settings=settings("memprobe"),

@@ -10,9 +10,9 @@ localrules:
 
 rule plan_files:
     input:
-        selection=rules.select.output[0],
-        predictions=rules.predict.output[0],
-        workload=rules.check.output[0],
+        selection=RESULT["selection"],
+        predictions=RESULT["predictions"],
+        workload=RESULT["workload"],
     output:
         plan="results/plan/plan.json",
         sbatch="results/plan/train.sbatch",
@@ -21,7 +21,7 @@ rule plan_files:
     conda:
         CONDA_ENV
     params:
-        config=CONFIG,
+        config=TRAIN_CONFIG,
         settings=settings("launch"),
         job=plan_args,
         out_dir=parent_dir("plan"),
@@ -33,14 +33,14 @@ rule plan_files:
 
 rule report_plan:
     input:
-        selection=rules.select.output[0],
-        predictions=rules.predict.output[0],
-        measurements=rules.aggregate.output[0],
-        perf=rules.fit.output.perf,
-        workload=rules.check.output[0],
-        memory=rules.memprobe.output[0],
+        selection=RESULT["selection"],
+        predictions=RESULT["predictions"],
+        measurements=RESULT["measurements"],
+        perf=RESULT["perf"],
+        workload=RESULT["workload"],
+        memory=RESULT["memory_probe"],
         plan=rules.plan_files.output.plan,
-        plots=list(rules.plot_selection.output),
+        plots=list(rules.plot_selection.output) + PARTITION_PLOTS,
     output:
         "results/plan/report.html",
     log:
@@ -56,7 +56,7 @@ rule report_plan:
 
 rule plan:
     input:
-        rules.select.output,
+        RESULT["selection"],
         rules.plot_selection.output,
         rules.plan_files.output,
         rules.report_plan.output,

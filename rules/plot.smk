@@ -5,11 +5,11 @@ localrules:
 
 rule plot_selection:
     input:
-        predictions=rules.predict.output[0],
-        selection=rules.select.output[0],
-        measurements=rules.aggregate.output[0],
-        memory=rules.fit.output.memory,
-        perf=rules.fit.output.perf,
+        predictions=RESULT["predictions"],
+        selection=RESULT["selection"],
+        measurements=RESULT["measurements"],
+        memory=RESULT["memory"],
+        perf=RESULT["perf"],
     output:
         time=report(
             "results/plots/time_vs_batch.png",

@@ -22,6 +22,7 @@ rule probe:
         gres=probe_resource("gres"),
         runtime=probe_resource("runtime"),
         slurm_extra=probe_resource("slurm_extra"),
+        **PARTITION_RESOURCES,
     params:
         config=CONFIG,
         settings=settings("probe"),

@@ -4,15 +4,17 @@ localrules:
 
 rule report:
     input:
-        selection=rules.select.output[0],
-        predictions=rules.predict.output[0],
-        measurements=rules.aggregate.output[0],
-        perf=rules.fit.output.perf,
-        workload=rules.check.output[0],
-        memory=rules.memprobe.output[0],
+        selection=RESULT["selection"],
+        predictions=RESULT["predictions"],
+        measurements=RESULT["measurements"],
+        perf=RESULT["perf"],
+        workload=RESULT["workload"],
+        memory=RESULT["memory_probe"],
         final=rules.launch.output.final,
         attempts=rules.launch.output.attempts,
-        plots=list(rules.plot_selection.output) + list(rules.plot_training.output),
+        plots=list(rules.plot_selection.output)
+        + list(rules.plot_training.output)
+        + PARTITION_PLOTS,
     output:
         "results/report.html",
     log:

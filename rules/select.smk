@@ -8,6 +8,8 @@ rule select:
         measurements=rules.aggregate.output[0],
         perf=rules.fit.output.perf,
         memory=rules.fit.output.memory,
+        # one partition of several (rules/partition.smk): the queue's wait (rules/queue.smk)
+        queue=["results/queue.json"] if TULA.cluster.partition else [],
     output:
         "results/selection.json",
     log:
@@ -17,7 +19,8 @@ rule select:
     params:
         config=CONFIG,
         settings=settings("select"),
+        queue=lambda wildcards, input: f"--queue {input.queue}" if input.queue else "",
     shell:
         "tula select --config {params.config} --predictions {input.predictions}"
         " --measurements {input.measurements} --perf {input.perf} --memory {input.memory}"
-        " --out {output} > {log} 2>&1"
+        " {params.queue} --out {output} > {log} 2>&1"

@@ -457,3 +457,27 @@ def when_step_reached(steps_csv: Path, step: float, action):
     finally:
         stop.set()
         thread.join()
+
+
+def prediction_table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
+    """predictions.csv's columns that the choice reads, one row per (N, B) of ``times`` (its
+    T); ``feasible``: the points that are not."""
+    rows = []
+    for (n, b), t in times.items():
+        rows.append(
+            dict(
+                workers=n,
+                global_batch=b,
+                local_batch=b // n,
+                step_time_s=t / 10,
+                train_time_s=t,
+                cost=t * n,
+                mem_bytes=1e6,
+                feasible=True,
+                probe_status="",
+            )
+        )
+    df = pd.DataFrame(rows)
+    if feasible is not None:
+        df["feasible"] = [feasible.get((r.workers, r.global_batch), True) for r in df.itertuples()]
+    return df

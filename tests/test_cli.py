@@ -15,7 +15,7 @@ STAGE_MODULES = sorted(  # a stage is a module, or a package (report: its page a
     [f.stem for f in STAGES_DIR.glob("*.py") if f.stem != "__init__"]
     + [d.name for d in STAGES_DIR.iterdir() if (d / "__init__.py").exists()]
 )
-SUB_ACTIONS = {"plot": ["selection", "training"], "compare": ["run", "aggregate"]}
+SUB_ACTIONS = {"plot": ["selection", "training", "partitions"], "compare": ["run", "aggregate"]}
 
 
 def test_every_stage_module_is_a_subcommand_of_the_same_name():
@@ -29,6 +29,7 @@ def test_every_stage_module_is_a_subcommand_of_the_same_name():
     assert STAGE_MODULES == [
         "aggregate",
         "check",
+        "combine",
         "compare",
         "fit",
         "launch",
@@ -37,6 +38,7 @@ def test_every_stage_module_is_a_subcommand_of_the_same_name():
         "plot",
         "predict",
         "probe",
+        "queue",
         "report",
         "select",
         "summary",

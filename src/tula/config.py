@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from tula import config_rules
+from tula import config_rules, partitions
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
@@ -70,6 +70,8 @@ class Grid:
 class Cluster:
     workers_per_node: int
     netlab: str | None = None
+    partitions: tuple[dict[str, Any], ...] = ()  # entries (tula.partitions)
+    partition: str | None = None  # in one partition's snapshot: its name
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
     if errors:
         lines = [f"  - config key '{_key(e)}': {_message(e)}" for e in errors]
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
-    problems = config_rules.problems(data)
+    problems = config_rules.problems(data) + partitions.problems(data, validate)
     if problems:
         raise ConfigError(
             f"{source}: invalid configuration\n" + "\n".join(f"  - {p}" for p in problems)
@@ -337,7 +339,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
             batch_min=g["batch_min"],
             batch_max=g["batch_max"],
         ),
-        cluster=Cluster(**d["cluster"]),
+        cluster=Cluster(**{**d["cluster"], "partitions": tuple(d["cluster"]["partitions"])}),
         search=d["search"],
         objective=d["objective"],
         knee_on=d["knee_on"],

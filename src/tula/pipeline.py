@@ -184,6 +184,10 @@ _STAGE_KEYS: dict[str, tuple[str, ...]] = {
 def stage_settings(cfg: Config, stage: str) -> str:
     """The config values ``stage`` depends on, as a stable JSON string."""
     d = cfg.to_dict()
+    # which partitions are listed is not a stage's business: each partition's own stages see
+    # their own config, and a config without the list re-runs nothing
+    for key in ("partitions", "partition"):
+        d["cluster"].pop(key, None)
     picked: dict[str, Any] = {}
     for key in _STAGE_KEYS[stage]:
         section, _, name = key.partition(".")

@@ -2,31 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import prediction_table as table
 from tula import config
 from tula.model.choice import NoFeasibleConfiguration, knee_of, select
-
-
-def table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
-    rows = []
-    for (n, b), t in times.items():
-        rows.append(
-            dict(
-                workers=n,
-                global_batch=b,
-                local_batch=b // n,
-                step_time_s=t / 10,
-                train_time_s=t,
-                cost=t * n,
-                mem_bytes=1e6,
-                feasible=True,
-                probe_status="",
-            )
-        )
-    df = pd.DataFrame(rows)
-    if feasible is not None:
-        df["feasible"] = [feasible.get((r.workers, r.global_batch), True) for r in df.itertuples()]
-    return df
-
 
 CURVE = {b: 1000 / b * (1 + b / 2048) for b in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}
 

@@ -7,6 +7,8 @@
     fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
     predict    model + grid                -> results/predictions.csv
     select     predictions.csv + objective -> results/selection.json
+    queue      a partition's job shapes    -> results/partitions/<name>/queue.json (SLURM's wait)
+    combine    each partition's choice     -> results/selection.json across partitions
     plan       selection.json (no training) -> results/plan/{plan.json,train.sbatch}
     plot       selection: csv/json above   -> results/plots/{time,cost,memory,compute}_vs_batch.png
                training: the training job  -> results/plots/training.png
@@ -27,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tula.cli import planning, training
+from tula.cli import partitioning, planning, training
 from tula.config import ConfigError
 from tula.slurm import ClusterUnreadable, PreflightError
 
@@ -50,6 +52,8 @@ STAGES = (
     planning.add_fit,
     planning.add_predict,
     planning.add_select,
+    partitioning.add_queue,
+    partitioning.add_combine,
     planning.add_plan,
     training.add_plot,
     training.add_launch,

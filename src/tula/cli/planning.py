@@ -220,7 +220,7 @@ def add_predict(sub) -> None:
 def cmd_select(a) -> None:
     from tula.stages import select
 
-    select.run(a.config, a.predictions, a.out, a.measurements, a.perf, a.memory)
+    select.run(a.config, a.predictions, a.out, a.measurements, a.perf, a.memory, a.queue)
 
 
 def add_select(sub) -> None:
@@ -241,6 +241,11 @@ def add_select(sub) -> None:
     )
     s.add_argument("--perf", default=None, help="step-time model JSON (results/model/perf.json)")
     s.add_argument("--memory", default=None, help="memory model JSON (results/model/memory.json)")
+    s.add_argument(
+        "--queue",
+        default=None,
+        help="queue.json of `tula queue`: each point's expected wait (objective time_to_result)",
+    )
     s.add_argument("--out", required=True, help="JSON to write (results/selection.json)")
     s.set_defaults(func=cmd_select)
 

@@ -27,6 +27,11 @@ def cmd_plot(a) -> None:
             a.compute_plot,
         )
         made = [a.time_plot, a.cost_plot, a.memory_plot, a.compute_plot]
+    elif a.action == "partitions":
+        from tula.stages.plot import partitions
+
+        partitions.run(a.predictions, a.selection, a.out)
+        made = [a.out]
     else:
         plot.run_training(a.metrics, a.final, a.attempts, a.training_plot, a.steps, a.steps_plot)
         made = [a.training_plot, *([a.steps_plot] if a.steps and a.steps_plot else [])]
@@ -55,6 +60,14 @@ def add_plot(sub) -> None:
         ("--compute-plot", "PNG to write: the compute curve (probe and sweep rows, model)"),
     ):
         r.add_argument(flag, required=True, help=what)
+    r = steps.add_parser(
+        "partitions", help="every partition's time-cost Pareto front (rule plot_partitions)"
+    )
+    r.add_argument(
+        "--predictions", required=True, help="results/partitions/predictions.csv (tula combine)"
+    )
+    r.add_argument("--selection", required=True, help="selection JSON across partitions")
+    r.add_argument("--out", required=True, help="PNG to write")
     r = steps.add_parser("training", help="the training curve (rule plot_training)")
     r.add_argument(
         "--metrics", required=True, help="training metrics CSV (results/train/metrics.csv)"

@@ -33,6 +33,9 @@ from tula.config import Config
 from tula.model import noise
 from tula.model.pricing import UNITS
 
+# objective time_to_result: the queue's expected wait (tula.queue) plus T, per candidate
+WAIT, TO_RESULT = "queue_wait_s", "time_to_result_s"
+
 
 class NoFeasibleConfiguration(ValueError):
     pass
@@ -104,6 +107,7 @@ def summary(row: pd.Series, currency: str) -> dict[str, Any]:
         "currency": currency,
         "mem_bytes": float(row["mem_bytes"]),
         "probed": bool(row.get("probe_status", "") == "ok"),
+        **({WAIT: float(row[WAIT])} if WAIT in row and pd.notna(row[WAIT]) else {}),
     }
 
 
@@ -119,12 +123,15 @@ class Choice:
 
 
 def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
-    """Objective time or cost: the least predicted T or C."""
-    col, what, unit = (
-        ("train_time_s", "training time T", "s")
-        if cfg.objective == "time"
-        else ("cost", "cost C", cfg.pricing.currency)
-    )
+    """Objective time, cost or time_to_result: the least predicted T, C, or wait + T (T
+    alone where no wait is known)."""
+    col, what, unit = {
+        "time": ("train_time_s", "training time T", "s"),
+        "cost": ("cost", "cost C", cfg.pricing.currency),
+    }.get(cfg.objective, ("train_time_s", "training time T (no queue wait known)", "s"))
+    if cfg.objective == "time_to_result" and WAIT in cand.columns:
+        cand = cand.assign(**{TO_RESULT: cand["train_time_s"] + cand[WAIT].fillna(0.0)})
+        col, what = TO_RESULT, "queue wait + training time"
     ranked = cand.sort_values([col, "workers", "global_batch"])
     best, runner = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
     reason = f"minimum {what}: {best[col]:.4g} {unit}"
@@ -322,6 +329,7 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
 OBJECTIVES = {
     "time": _minimum,
     "cost": _minimum,
+    "time_to_result": _minimum,
     "knee": _knee,
     "time_to_accuracy": _to_accuracy,
     "cost_to_accuracy": _to_accuracy,

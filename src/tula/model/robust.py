@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tula.config import Config
-from tula.model import choice
+from tula.model import across, choice
 from tula.model import perf as perf_mod
 from tula.model.memory import MemoryModel
 from tula.model.predictions import predict
@@ -102,9 +102,11 @@ def choice_shares(
     resamples: int = RESAMPLES,
     seed: int = SEED,
     inflate: float | None = None,
+    waits: dict[int, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Each point chosen in some resample and its share, most chosen first; standard errors
-    times ``inflate`` (default: the fit's :func:`scatter_ratio`)."""
+    times ``inflate`` (default: the fit's :func:`scatter_ratio`); ``waits``: the queue's
+    expected wait by N, as the choice itself had it (objective time_to_result)."""
     rng = np.random.default_rng(seed)
     counts: Counter = Counter()
     inflate = scatter_ratio(measured, perf) if inflate is None else inflate
@@ -112,7 +114,9 @@ def choice_shares(
         m = resample(measured, rng, inflate)
         p = perf_mod.fit(m, perf.collective, perf.workers_per_node, keep=perf)
         try:
-            s = choice.select(predict(cfg, p, mem, train_samples, m), cfg)["selected"]
+            pred = predict(cfg, p, mem, train_samples, m)
+            pred = across.with_waits(pred, waits) if waits else pred
+            s = choice.select(pred, cfg)["selected"]
         except ValueError:  # no feasible point in this resample
             counts[None] += 1
             continue

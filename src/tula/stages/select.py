@@ -11,14 +11,14 @@ import pandas as pd
 
 from tula import config as config_mod
 from tula.io import read_json, write_json
+from tula.model import across, robust
 from tula.model import measurements as measurements_mod
-from tula.model import robust
 from tula.model.choice import select, summary
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel
 
 
-def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) -> None:
+def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory, waits) -> None:
     """The choice over resamples of the probes' timings; where most resamples choose another
     point than the measured means do, that point (the rule in :mod:`tula.model.robust`). An
     unsettled choice is said by ``robustness`` (the report's line, the log's bracket)."""
@@ -32,6 +32,7 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory) 
         MemoryModel.from_dict(read_json(memory)),
         _train_samples(measured, pred),
         inflate=inflate,
+        waits=waits,
     )
     r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg, inflate)
     sel["robustness"] = r
@@ -56,14 +57,24 @@ def _train_samples(measured: pd.DataFrame, pred: pd.DataFrame) -> int:
     return int(row["steps_per_epoch"] * row["global_batch"])
 
 
-def run(config, predictions, out, measurements=None, perf=None, memory=None) -> dict[str, Any]:
+def run(
+    config, predictions, out, measurements=None, perf=None, memory=None, queue=None
+) -> dict[str, Any]:
     """``tula select``: read the config and predictions.csv, write selection.json; with the
-    measurements and the fitted models, also how firmly the probes' noise holds the choice."""
+    measurements and the fitted models, also how firmly the probes' noise holds the choice;
+    with ``queue`` (queue.json of ``tula queue``), each point's expected wait, which objective
+    time_to_result adds to T."""
     cfg = config_mod.load(config)
     pred = pd.read_csv(predictions)
+    asked = read_json(queue) if queue else None
+    waits = across.waits_by_workers(asked) if asked else {}
+    if asked:
+        pred = across.with_waits(pred, waits)
     sel = select(pred, cfg)
+    if asked:
+        sel["queue"] = asked
     if measurements and perf and memory:
-        _robustness(sel, pred, cfg, measurements, perf, memory)
+        _robustness(sel, pred, cfg, measurements, perf, memory, waits)
     write_json(out, sel)
     s = sel["selected"]
     held = sel.get("robustness")

@@ -17,6 +17,7 @@ from tula.model.measurements import at_chance
 from tula.progress import fmt_span
 from tula.stages.report.cluster import nodes_section
 from tula.stages.report.pace import decode_line, host_section, input_section
+from tula.stages.report.partitions import partitions_section
 from tula.stages.report.sections import (
     TRAINING_PLOTS,
     _img,
@@ -79,6 +80,7 @@ def render(
         train_time=fmt_span(s["train_time_s"]),
         reason=selection["reason"],
         robustness=robustness_line(selection.get("robustness")),
+        partitions=partitions_section(selection),
         plan=plan,
         **(_training(final, measurements, workload, attempts, plots) if final else {"final": None}),
         selection_plots=[_img(p) for p in plots if p.name not in TRAINING_PLOTS],

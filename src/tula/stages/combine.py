@@ -1,0 +1,84 @@
+"""``tula combine``: the choice across partitions (``cluster.partitions``).
+
+Reads each partition's own results (results/partitions/<name>/: predictions.csv,
+selection.json, measurements.csv, model/, workload.json, memory_probe.json) and writes
+
+- results/partitions/predictions.csv: every partition's predictions, column ``partition``;
+- results/selection.json: the chosen partition's selection with ``partition`` and the
+  ``across_partitions`` block (:func:`tula.model.across.choose`), each partition's probes'
+  compute step against the first's, and which partitions share a GPU;
+- the chosen partition's files at their one-partition places in results/ (predictions.csv,
+  measurements.csv, model/, workload.json, memory_probe.json) and its config at
+  results/partitions/chosen.json, so that plotting, the report, ``snakemake plan`` and the
+  production job read the chosen partition as they read a one-partition run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from tula import config as config_mod
+from tula.io import atomic_write, read_json, write_json
+from tula.model import across
+from tula.model import measurements as measurements_mod
+
+# the files of one partition that the stages after the choice read, copied for the chosen one
+CHOSEN_FILES = (
+    "predictions.csv",
+    "measurements.csv",
+    "model/memory.json",
+    "model/perf.json",
+    "workload.json",
+    "memory_probe.json",
+)
+
+
+def parse_parts(specs: list[str]) -> dict[str, Path]:
+    """``NAME=DIR`` arguments, in order."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--part {spec!r}: expected NAME=DIR")
+        out[name] = Path(path)
+    return out
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Copy atomically (the destination never half-written), honouring the umask."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(dst) as fh, open(src) as f:
+        shutil.copyfileobj(f, fh)
+
+
+def run(config, parts: list[str], snapshots: str, out_dir: str) -> dict:
+    """``tula combine``: see the module's docstring."""
+    cfg = config_mod.load(config)
+    dirs = parse_parts(parts)
+    frames = {n: pd.read_csv(d / "predictions.csv") for n, d in dirs.items()}
+    sels = {n: read_json(d / "selection.json") for n, d in dirs.items()}
+    sel = across.choose(frames, sels, cfg.objective, cfg.knee_on, cfg.pricing.currency)
+    block = sel["across_partitions"]
+    measured = {n: measurements_mod.load(d / "measurements.csv") for n, d in dirs.items()}
+    block["compute_ratios"] = across.compute_ratios(measured)
+    gpus = {e["name"]: e.get("gpu") for e in cfg.cluster.partitions if e["name"] in dirs}
+    block["same_gpu"] = across.same_gpu(gpus)
+    block["queues"] = {n: s["queue"] for n, s in sels.items() if s.get("queue")}
+    out = Path(out_dir)
+    chosen = sel["partition"]
+    spanning = across.combine(frames)
+    with atomic_write(out / "partitions" / "predictions.csv") as fh:
+        spanning.to_csv(fh, index=False)
+    for name in CHOSEN_FILES:
+        _copy(dirs[chosen] / name, out / name)
+    _copy(Path(snapshots) / f"{chosen}.json", out / "partitions" / "chosen.json")
+    write_json(out / "selection.json", sel)
+    s = sel["selected"]
+    print(
+        f"[combine] {len(dirs)} partitions: {chosen} N={s['workers']} B={s['global_batch']} — "
+        f"{sel['reason']} -> {out / 'selection.json'}"
+    )
+    return sel
