@@ -10,6 +10,15 @@
 #                                    namespace tula-n<i> runs one slurmd under its own hostname
 #                                    (a UTS namespace), S slots (default 2) and a count-only
 #                                    GRES gpu:S each; partition lab; every link shaped at RATE
+#   scripts/slurm-cluster.sh up --nodes K --partitions P [--slow PART:F]
+#                                    the same lab, its nodes also split in order into P
+#                                    partitions lab0, lab1, ... (K/P nodes each; lab still holds
+#                                    them all); --slow runs every task on PART's nodes at 1/F of
+#                                    a core (a cgroup v1 CPU quota set by the TaskProlog), so
+#                                    PART is a slower "GPU type"
+#   scripts/slurm-cluster.sh slow PART:F | none
+#                                    change (or end) the slowdown of a running lab; tasks that
+#                                    start after it get it
 #   scripts/slurm-cluster.sh down    stop every daemon this script started, remove the lab
 #   scripts/slurm-cluster.sh status  sinfo + a 1-task sbatch round trip through sacct
 #   scripts/slurm-cluster.sh kill-node tula-n1 [REASON]
@@ -29,6 +38,7 @@ DB_PASS=tula-slurm-test
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LAB=tula                     # the lab's namespaces: tula-n0, tula-n1, ... (scripts/netlab.sh)
 LAB_NET=10.77.0              # node i at .i+1, the root namespace (slurmctld) at .254
+SLOW_CG=/sys/fs/cgroup/cpu/tula-slow  # the slowed tasks' cgroups (slow_tasks), one per task
 HOSTS_TAG="# tula-slurm-lab"  # the lines `up --nodes` adds to /etc/hosts, removed by `down`
 
 log() { echo "[slurm-cluster] $*"; }
@@ -74,6 +84,7 @@ down() {
     for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile slurmd "$f"; done
     # a job still running keeps its step daemons (and their srun tasks) past its slurmd
     if pkill -KILL -x slurmstepd 2>/dev/null; then log "killed the steps of jobs still running"; fi
+    remove_slow_cgroups
     stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
     stop_pidfile slurmdbd "$STATE/run/slurmdbd.pid"
     stop_mariadb
@@ -89,8 +100,8 @@ down() {
     fi
 }
 
-write_configs() {  # write_configs [K SLOTS]: one node on localhost, or K lab nodes
-    local cpus mem k=${1:-0} slots=${2:-2}
+write_configs() {  # write_configs [K SLOTS PARTS]: one node on localhost, or K lab nodes
+    local cpus mem k=${1:-0} slots=${2:-2} parts=${3:-0}
     cpus=$(nproc)
     mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
     mem=$(( mem * 9 / 10 ))
@@ -138,7 +149,11 @@ $(for i in $(seq 0 $(( k - 1 ))); do
     echo "NodeName=$LAB-n$i NodeAddr=$LAB_NET.$(( i + 1 )) CPUs=$cpus RealMemory=$mem Gres=gpu:$slots State=UNKNOWN"
 done)
 PartitionName=lab Nodes=$nodes Default=YES MaxTime=INFINITE State=UP
+$(lab_partitions "$k" "$parts")
+TaskProlog=$STATE/task-prolog.sh
+TaskEpilog=$STATE/task-epilog.sh
 CONF
+        write_task_scripts
         # GPUs that are only counted: SLURM 22.05's gres/gpu counts a GPU only by its File (with
         # Count alone, or Flags=CountOnly, slurmd reports 0 and the node goes INVAL: "gres/gpu
         # count reported lower than configured"), so each slot stands on an empty file here.
@@ -172,6 +187,66 @@ CONF
     chmod 600 /etc/slurm/slurmdbd.conf
 }
 
+lab_partitions() {  # lab_partitions K P: P partitions lab0.. of K/P lab nodes each, in order
+    local k=$1 p=$2 j per
+    [ "$p" -gt 0 ] || return 0
+    per=$(( k / p ))
+    for j in $(seq 0 $(( p - 1 ))); do
+        echo "PartitionName=lab$j Nodes=$LAB-n[$(( j * per ))-$(( j * per + per - 1 ))] MaxTime=INFINITE State=UP"
+    done
+}
+
+# The lab's slower partition: every task started on a node listed in $STATE/slow ("NODE F")
+# runs in a cgroup of its own (cgroup v1, cpu) whose quota is 1/F of a core, set by the
+# TaskProlog (SLURM_TASK_PID is the task) before the task runs; its children inherit it. The
+# TaskEpilog removes the task's cgroup, and `down` any left.
+write_task_scripts() {
+    cat > "$STATE/task-prolog.sh" <<SH
+#!/bin/sh
+f=\$(awk -v n="\$SLURMD_NODENAME" '\$1 == n {print \$2}' "$STATE/slow" 2>/dev/null)
+[ -n "\$f" ] || exit 0
+cg="$SLOW_CG/\$SLURM_JOB_ID.\${SLURM_STEP_ID:-batch}.\${SLURM_LOCALID:-0}"
+mkdir -p "\$cg" && echo 10000 > "\$cg/cpu.cfs_period_us"
+echo \$(( 10000 * 100 / \$(echo "\$f" | awk '{printf "%d", \$1 * 100}') )) > "\$cg/cpu.cfs_quota_us"
+echo "\$SLURM_TASK_PID" > "\$cg/cgroup.procs"
+SH
+    cat > "$STATE/task-epilog.sh" <<SH
+#!/bin/sh
+rmdir "$SLOW_CG/\$SLURM_JOB_ID.\${SLURM_STEP_ID:-batch}.\${SLURM_LOCALID:-0}" 2>/dev/null
+exit 0
+SH
+    chmod 755 "$STATE/task-prolog.sh" "$STATE/task-epilog.sh"
+    mkdir -p "$SLOW_CG"
+}
+
+remove_slow_cgroups() {  # any task still in one goes back to the root cgroup first
+    [ -d "$SLOW_CG" ] || return 0
+    local cg pid
+    for cg in "$SLOW_CG"/*/; do
+        [ -d "$cg" ] || continue
+        while read -r pid; do echo "$pid" > /sys/fs/cgroup/cpu/cgroup.procs 2>/dev/null || true; done < "$cg/cgroup.procs"
+        rmdir "$cg" 2>/dev/null || true
+    done
+    rmdir "$SLOW_CG" 2>/dev/null && log "removed the slowed tasks' cgroups" || true
+}
+
+slow() {  # slow PART:F | none
+    local spec=${1:?slow PART:F | none} part factor
+    if [ "$spec" = none ]; then
+        : > "$STATE/slow"
+        log "no partition is slowed"
+        return 0
+    fi
+    part=${spec%%:*}
+    factor=${spec#*:}
+    [[ "$factor" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--slow $spec: expected PART:FACTOR, e.g. lab1:2"
+    local nodes
+    nodes=$(sinfo -h -p "$part" -N -o %N 2>/dev/null | sort -u)
+    [ -n "$nodes" ] || die "--slow $spec: no partition $part (up --nodes K --partitions P first)"
+    for n in $nodes; do echo "$n $factor"; done > "$STATE/slow"
+    log "partition $part ($(echo $nodes)) runs each task at 1/$factor of a core"
+}
+
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
     local t=$1 what=$2; shift 2
     for _ in $(seq $(( t * 5 ))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -193,16 +268,22 @@ cancel_leftovers() {
     log "cancelled jobs left by an earlier run: $ids"
 }
 
-up() {  # up [--nodes K] [--rate RATE] [--slots S]
-    local k=0 rate=200mbit slots=2
+up() {  # up [--nodes K] [--rate RATE] [--slots S] [--partitions P] [--slow PART:F]
+    local k=0 rate=200mbit slots=2 parts=0 slowed=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --nodes) k=${2:?--nodes K}; shift 2 ;;
             --rate) rate=${2:?--rate RATE}; shift 2 ;;
             --slots) slots=${2:?--slots S}; shift 2 ;;
-            *) die "unknown option $1 (up [--nodes K] [--rate RATE] [--slots S])" ;;
+            --partitions) parts=${2:?--partitions P}; shift 2 ;;
+            --slow) slowed=${2:?--slow PART:F}; shift 2 ;;
+            *) die "unknown option $1 (up [--nodes K] [--rate RATE] [--slots S] [--partitions P] [--slow PART:F])" ;;
         esac
     done
+    if [ "$parts" -gt 0 ] && { [ "$k" -eq 0 ] || [ $(( k % parts )) -ne 0 ]; }; then
+        die "--partitions $parts: needs --nodes K, a multiple of it"
+    fi
+    [ -z "$slowed" ] || [ "$parts" -gt 0 ] || die "--slow needs --partitions"
     need_root
     install_packages
     down
@@ -214,7 +295,8 @@ up() {  # up [--nodes K] [--rate RATE] [--slots S]
         } >> /etc/hosts
         log "network lab: $k node(s), links at $rate"
     fi
-    write_configs "$k" "$slots"
+    write_configs "$k" "$slots" "$parts"
+    : > "$STATE/slow"
 
     # munge
     mkdir -p /run/munge /var/log/munge /var/lib/munge
@@ -251,7 +333,8 @@ up() {  # up [--nodes K] [--rate RATE] [--slots S]
     fi
     sacctmgr -i add account root Cluster="$CLUSTER" >/dev/null 2>&1 || true
     sacctmgr -i add user root Account=root Cluster="$CLUSTER" >/dev/null 2>&1 || true
-    log "cluster '$CLUSTER' up: $(sinfo -h -o '%P %D %t %c CPUs %m MB')"
+    [ -z "$slowed" ] || slow "$slowed"
+    log "cluster '$CLUSTER' up: $(sinfo -h -o '%P %D %t %c CPUs %m MB' | tr '\n' ';')"
 }
 
 # Each lab node's slurmd: in its namespace's network (nsenter --net: `ip netns exec` remounts
@@ -303,5 +386,6 @@ case "${1:-}" in
     status) status ;;
     kill-node) shift; kill_node "$@" ;;
     revive-node) shift; revive_node "$@" ;;
-    *) echo "usage: $0 up [--nodes K [--rate RATE] [--slots S]] | down | status | kill-node NODE [REASON] | revive-node NODE" >&2; exit 2 ;;
+    slow) shift; slow "$@" ;;
+    *) echo "usage: $0 up [--nodes K [--rate RATE] [--slots S] [--partitions P [--slow PART:F]]] | slow PART:F|none | down | status | kill-node NODE [REASON] | revive-node NODE" >&2; exit 2 ;;
 esac

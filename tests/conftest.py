@@ -282,8 +282,9 @@ def lab_namespaces() -> list[str]:
 
 @pytest.fixture(scope="session")
 def lab_cluster():
-    """The network lab as a two-node SLURM cluster (`scripts/slurm-cluster.sh up --nodes 2`:
-    namespaces tula-n0 and tula-n1 joined by links shaped at LAB_RATE, one slurmd in each),
+    """The network lab as a two-node SLURM cluster (`scripts/slurm-cluster.sh up --nodes 2
+    --partitions 2`: namespaces tula-n0 and tula-n1 joined by links shaped at LAB_RATE, one
+    slurmd in each; partition lab holds both, lab0 and lab1 one each),
     brought up once for every test that needs it: the SLURM lab's (tests/test_slurm_lab.py)
     and the network lab's (tests/test_netlab.py, which places workers in the same namespaces).
     Those tests run after all others (pytest_collection_modifyitems), so that the one-node
@@ -297,7 +298,7 @@ def lab_cluster():
         pytest.fail(why + ", which CI has") if required else pytest.skip(why)
     had_one_node = slurm_controller_answers()
     try:
-        cluster("up", "--nodes", "2", "--rate", LAB_RATE, "--slots", "2")
+        cluster("up", "--nodes", "2", "--rate", LAB_RATE, "--slots", "2", "--partitions", "2")
         yield LAB_NODES
     finally:
         cluster("up") if had_one_node else cluster("down")

@@ -1,0 +1,91 @@
+"""The lab's two partitions (scripts/slurm-cluster.sh up --nodes 2 --partitions 2): lab0 and
+lab1 of one node each; `slow lab1:2` runs every task on lab1 under a real CPU quota (cgroup v1,
+1/2 of a core), so lab1 is a slower "GPU type"; a job holding lab0 makes the next one wait
+there, as SLURM's `sbatch --test-only` says, and not on lab1. What the quota does to the
+probes' compute step is measured, not bounded here (bench/lab_partitions.py, BENCHMARKS.md)."""
+
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import cluster
+from tula import queue
+
+SLOW_CG = Path("/sys/fs/cgroup/cpu/tula-slow")
+# the task's cpu cgroup, and that cgroup's quota per 10-ms period
+SHOW = (
+    "cat /proc/self/cgroup; "
+    "cat /sys/fs/cgroup/cpu$(awk -F: '$2==\"cpu\"{print $3}' /proc/self/cgroup)/cpu.cfs_quota_us"
+)
+
+
+def _srun(partition: str, command: str) -> str:
+    r = subprocess.run(
+        ["srun", "-p", partition, "-n1", "-t", "2", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_the_lab_has_two_partitions_of_one_node_each(lab_cluster):
+    for part, node in (("lab0", "tula-n0"), ("lab1", "tula-n1")):
+        nodes = subprocess.run(
+            ["sinfo", "-h", "-p", part, "-N", "-o", "%N"], capture_output=True, text=True
+        ).stdout.split()
+        assert nodes == [node], (part, nodes)
+        assert _srun(part, "hostname").strip() == node
+
+
+def test_a_slowed_partition_runs_each_task_under_a_cpu_quota(lab_cluster):
+    try:
+        cluster("slow", "lab1:2")
+        slowed = _srun("lab1", SHOW)
+        assert ":cpu:/tula-slow/" in slowed and slowed.split()[-1] == "5000", slowed
+        free = _srun("lab0", "cat /proc/self/cgroup")
+        assert "tula-slow" not in free, free
+        # the task's cgroup goes with the task (the TaskEpilog)
+        assert not [d for d in SLOW_CG.iterdir() if d.is_dir()]
+        cluster("slow", "none")
+        assert "tula-slow" not in _srun("lab1", "cat /proc/self/cgroup")
+    finally:
+        cluster("slow", "none")
+
+
+def test_a_job_holding_lab0_makes_the_next_wait_there_and_not_on_lab1(lab_cluster):
+    holder = (
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-p",
+                "lab0",
+                "--exclusive",
+                "--time=20",
+                "--output=/dev/null",
+                "--job-name=tula-lab0-holder",
+                "--wrap=sleep 600",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    try:
+        for _ in range(60):
+            state = subprocess.run(
+                ["squeue", "-h", "-j", holder, "-o", "%T"], capture_output=True, text=True
+            ).stdout.strip()
+            if state == "RUNNING":
+                break
+            time.sleep(0.5)
+        assert state == "RUNNING", state
+        blocked, free = queue.expected_wait("lab0", 1, 2, 10), queue.expected_wait("lab1", 1, 2, 10)
+        assert 15 * 60 < blocked.wait_s <= 21 * 60, blocked
+        assert free.wait_s < 60, free
+    finally:
+        subprocess.run(["scancel", holder], check=False)
