@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -482,3 +483,28 @@ def prediction_table(times: dict[tuple[int, int], float], feasible=None) -> pd.D
     if feasible is not None:
         df["feasible"] = [feasible.get((r.workers, r.global_batch), True) for r in df.itertuples()]
     return df
+
+
+@contextlib.contextmanager
+def holding(partition: str, minutes: int = 20):
+    """A job that holds ``partition``'s node (exclusive, a ``minutes`` limit, sleeping) while
+    the block runs, so that the next job there waits; cancelled however the block ends."""
+    import subprocess
+
+    cmd = ["sbatch", "--parsable", f"--partition={partition}", "--exclusive"]
+    cmd += [f"--time={minutes}", "--job-name=tula-holder", "--output=/dev/null"]
+    out = subprocess.run([*cmd, "--wrap=sleep 3600"], capture_output=True, text=True, check=True)
+    holder = out.stdout.strip().split(";")[0]
+    try:
+        state = ""
+        for _ in range(120):  # until it runs
+            state = subprocess.run(
+                ["squeue", "-h", "-j", holder, "-o", "%T"], capture_output=True, text=True
+            ).stdout.strip()
+            if state == "RUNNING":
+                break
+            time.sleep(0.5)
+        assert state == "RUNNING", f"the holder job {holder} is {state!r}"
+        yield holder
+    finally:
+        subprocess.run(["scancel", holder], check=False)

@@ -5,10 +5,9 @@ there, as SLURM's `sbatch --test-only` says, and not on lab1. What the quota doe
 probes' compute step is measured, not bounded here (bench/lab_partitions.py, BENCHMARKS.md)."""
 
 import subprocess
-import time
 from pathlib import Path
 
-from conftest import cluster
+from conftest import cluster, holding
 from tula import queue
 
 SLOW_CG = Path("/sys/fs/cgroup/cpu/tula-slow")
@@ -55,37 +54,7 @@ def test_a_slowed_partition_runs_each_task_under_a_cpu_quota(lab_cluster):
 
 
 def test_a_job_holding_lab0_makes_the_next_wait_there_and_not_on_lab1(lab_cluster):
-    holder = (
-        subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "-p",
-                "lab0",
-                "--exclusive",
-                "--time=20",
-                "--output=/dev/null",
-                "--job-name=tula-lab0-holder",
-                "--wrap=sleep 600",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
-    try:
-        for _ in range(60):
-            state = subprocess.run(
-                ["squeue", "-h", "-j", holder, "-o", "%T"], capture_output=True, text=True
-            ).stdout.strip()
-            if state == "RUNNING":
-                break
-            time.sleep(0.5)
-        assert state == "RUNNING", state
+    with holding("lab0"):
         blocked, free = queue.expected_wait("lab0", 1, 2, 10), queue.expected_wait("lab1", 1, 2, 10)
         assert 15 * 60 < blocked.wait_s <= 21 * 60, blocked
         assert free.wait_s < 60, free
-    finally:
-        subprocess.run(["scancel", holder], check=False)

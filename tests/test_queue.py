@@ -2,11 +2,11 @@
 controller, where a job that holds the node makes the next one wait."""
 
 import subprocess
-import time
 from datetime import datetime
 
 import pytest
 
+from conftest import holding
 from tula import queue
 
 
@@ -38,39 +38,10 @@ def test_a_job_holding_the_node_makes_the_next_one_wait(slurm_cluster):
     part = _partition()
     free = queue.expected_wait(part, 1, 1, 5)
     assert free.wait_s < 60 and free.source == "sbatch --test-only"
-    holder = (
-        subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                f"--partition={part}",
-                "--exclusive",
-                "--time=20",
-                "--job-name=tula-queue-holder",
-                "--output=/dev/null",
-                "--wrap=sleep 600",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
-    try:
-        for _ in range(60):  # until it runs
-            state = subprocess.run(
-                ["squeue", "-h", "-j", holder, "-o", "%T"], capture_output=True, text=True
-            ).stdout.strip()
-            if state == "RUNNING":
-                break
-            time.sleep(0.5)
-        assert state == "RUNNING", state
+    with holding(part):
         blocked = queue.expected_wait(part, 1, 1, 5)
         # the holder's 20-min limit is what the scheduler expects it to run
         assert 15 * 60 < blocked.wait_s <= 20 * 60 + 60, blocked
         assert blocked.to_dict()["caveat"].startswith("the scheduler's estimate")
-    finally:
-        subprocess.run(["scancel", holder], check=False)
     with pytest.raises(queue.QueueUnreadable, match="refused the job"):
         queue.expected_wait("no-such-partition", 1, 1, 5)
