@@ -18,17 +18,26 @@ onstart:
         )
         profile = profile_settings()
         try:
-            report = tula_preflight.preflight(
-                TULA,
-                probe_partition=profile["probe_partition"],
-                train_partition=TULA.launch.slurm_partition
-                or profile["train_partition"],
-                train_runtime_min=TULA.launch.timeout_min
-                or profile["train_runtime_min"],
-                profile_mem_mb=profile["mem_mb"],
-                probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
-            )
-            print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
+            if PARTITIONS:  # every listed partition, its probes and training on it
+                tula_preflight.each_partition(
+                    {n: tula_config.from_dict(raw) for n, raw in PARTITIONS.items()},
+                    describe_to=lambda said: print(f"tula preflight: {said}", flush=True),
+                    train_runtime_min=TULA.launch.timeout_min or profile["train_runtime_min"],
+                    profile_mem_mb=profile["mem_mb"],
+                    probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
+                )
+            else:
+                report = tula_preflight.preflight(
+                    TULA,
+                    probe_partition=profile["probe_partition"],
+                    train_partition=TULA.launch.slurm_partition
+                    or profile["train_partition"],
+                    train_runtime_min=TULA.launch.timeout_min
+                    or profile["train_runtime_min"],
+                    profile_mem_mb=profile["mem_mb"],
+                    probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
+                )
+                print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
         except tula_preflight.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
         except tula_preflight.PreflightError as err:

@@ -387,3 +387,24 @@ def test_a_drained_or_down_node_is_named_with_its_partition_before_anything_is_q
     assert slurm.parse_partition(line, "tula-n0|2|gpu:2\ntula-n1|2|gpu:2\n").unusable() == []
     report = {"partitions": {"lab": dataclasses.asdict(part)}, "jobs": []}
     assert "note: tula-n1 is drain (reason: tula drill)" in preflight.describe(report)
+
+
+@pytest.mark.slurm
+def test_check_cluster_checks_every_listed_partition_and_names_the_one_that_fails(
+    slurm_cluster, tiny_raw, tmp_path
+):
+    part = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True)
+    here = part.stdout.split()[0]
+    tiny_raw["cluster"] = {"workers_per_node": 2, "partitions": [{"name": here}]}
+    r = _check(tmp_path, tiny_raw)
+    assert r.returncode == 0, r.stderr
+    assert f"{here}: partition '{here}' (UP): 1 node(s)" in r.stdout
+    assert "ok: training at N=2: 1 node(s) x 2 worker(s)" in r.stdout
+    # an entry whose partition is not there; one whose nodes cannot hold its jobs (2 nodes at
+    # one worker a node, where the partition has one)
+    tiny_raw["cluster"]["partitions"] = [{"name": "nope"}, {"name": here, "workers_per_node": 1}]
+    r = _check(tmp_path, tiny_raw)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cluster.partitions[0] (nope): partition 'nope' does not exist" in r.stderr
+    assert f"cluster.partitions[1] ({here}): this grid cannot run" in r.stderr
+    assert "training at N=2 needs 2 node(s)" in r.stderr

@@ -312,3 +312,24 @@ def cluster_settings(resource: Callable[[str, str], Any]) -> dict[str, Any]:
         "train_runtime_min": resource("runtime", "launch"),
         "mem_mb": {rule: resource("mem_mb", rule) for rule in ("memprobe", "probe")},
     }
+
+
+def each_partition(
+    configs: dict[str, Config], describe_to: Callable[[str], None] | None = None, **kw: Any
+) -> dict[str, dict[str, Any]]:
+    """:func:`preflight` for every partition of ``cluster.partitions`` (``configs``: each
+    partition's own config, by name), its probes and its training on that partition; ``kw``
+    as :func:`preflight`'s. Raises one :class:`PreflightError` naming every entry that fails;
+    ``describe_to`` is given each partition's findings."""
+    reports, found = {}, []
+    for i, (name, cfg) in enumerate(configs.items()):
+        try:
+            reports[name] = preflight(cfg, probe_partition=name, train_partition=name, **kw)
+        except PreflightError as err:
+            found.append(f"cluster.partitions[{i}] ({name}): {err}")
+            continue
+        if describe_to:
+            describe_to(f"{name}: {describe(reports[name])}")
+    if found:
+        raise PreflightError("\n".join(found))
+    return reports

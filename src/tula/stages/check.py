@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from tula import config as config_mod
-from tula import devices, preflight, slurm
+from tula import devices, partitions, preflight, slurm
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
 from tula.model import plan
@@ -38,7 +38,18 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} "
             f"for {cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min"
         )
-    if cluster:
+    if cluster and cfg.cluster.partitions:  # each listed partition, on its own name
+        preflight.each_partition(
+            {
+                n: config_mod.from_dict(raw)
+                for n, raw in partitions.all_configs(cfg.to_dict()).items()
+            },
+            describe_to=print,
+            train_runtime_min=cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
+            profile_mem_mb=prof.get("mem_mb"),
+            probe_points=len(batches_at(cfg, max(cfg.grid.workers))),
+        )
+    elif cluster:
         report = preflight.preflight(
             cfg,
             prof.get("probe_partition"),
