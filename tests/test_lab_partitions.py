@@ -7,8 +7,10 @@ probes' compute step is measured, not bounded here (bench/lab_partitions.py, BEN
 import subprocess
 from pathlib import Path
 
-from conftest import cluster, holding
-from tula import queue
+from conftest import TINY, cluster, holding
+from tula import config, partitions, pipeline, queue
+from tula.io import read_json, write_json
+from tula.stages import launch
 
 SLOW_CG = Path("/sys/fs/cgroup/cpu/tula-slow")
 # the task's cpu cgroup, and that cgroup's quota per 10-ms period
@@ -58,3 +60,50 @@ def test_a_job_holding_lab0_makes_the_next_wait_there_and_not_on_lab1(lab_cluste
         blocked, free = queue.expected_wait("lab0", 1, 2, 10), queue.expected_wait("lab1", 1, 2, 10)
         assert 15 * 60 < blocked.wait_s <= 21 * 60, blocked
         assert free.wait_s < 60, free
+
+
+def _planned_across(tmp_path) -> tuple[dict, Path]:
+    """A plan across lab0 and lab1 as `tula combine` leaves it: lab0 chosen (100 s, no wait),
+    lab1 the runner-up (150 s), and lab1's config snapshot where the plan writes it."""
+    raw = config.validate(
+        {
+            **TINY,
+            "cluster": {"workers_per_node": 2, "partitions": [{"name": "lab0"}, {"name": "lab1"}]},
+        }
+    )
+    own = partitions.all_configs(raw)
+    pipeline.snapshot(config.from_dict(own["lab1"]), tmp_path / partitions.snapshot_path("lab1"))
+
+    def point(name, t):
+        return {"partition": name, "workers": 2, "global_batch": 64, "train_time_s": t, "value": t}
+
+    block = {
+        "measure": "train_time_s",
+        "unit": "s",
+        "chosen": "lab0",
+        "partitions": [point("lab0", 100.0), point("lab1", 150.0)],
+        "runner_up": {**point("lab1", 150.0), "ratio": 1.5},
+    }
+    sel = tmp_path / "results" / "selection.json"
+    write_json(sel, {"selected": point("lab0", 100.0), "across_partitions": block})
+    return own["lab0"], sel
+
+
+def test_at_submission_the_wait_is_asked_again_and_replan_decides_the_move(
+    lab_cluster, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the plan's snapshots are found from the workflow's folder
+    chosen, sel = _planned_across(tmp_path)
+    record = config.from_dict({**chosen, "launch": {**chosen["launch"], "replan": "record"}})
+    assert launch.queue_again(record, sel, tmp_path) is None  # both free: lab0 ends first
+    said = read_json(tmp_path / "queue.json")
+    assert not said["runner_first"] and "lab0 still ends first" in said["reason"]
+    with holding("lab0"):
+        assert launch.queue_again(record, sel, tmp_path) is None  # record: says, stays
+        said = read_json(tmp_path / "queue.json")
+        assert said["runner_first"] and not said["moved"] and said["waits_s"]["lab0"] > 900
+        move = config.from_dict({**chosen, "launch": {**chosen["launch"], "replan": "move"}})
+        cfg, point, predictions = launch.queue_again(move, sel, tmp_path)
+        assert cfg.launch.slurm_partition == "lab1" and point == (2, 64)
+        assert predictions == tmp_path / "results" / "partitions" / "lab1" / "predictions.csv"
+        assert read_json(tmp_path / "queue.json")["moved"]

@@ -91,3 +91,17 @@ def test_compute_ratios_and_shared_gpus():
     assert ratios == [{"partition": "lab1", "versus": "lab0", "points": 3, "compute_ratio": 2.0}]
     groups = across.same_gpu({"a": "h100", "b": "H100", "c": "a100-40gb", "cpu": None})
     assert groups == [["a", "b"]]
+
+
+def test_at_submission_a_grown_wait_puts_the_runner_up_first_only_in_time():
+    parts = {"fast": planned(1.0, 1.0), "slow": planned(2.0, 1.0)}
+    block = choose(parts, "time")["across_partitions"]  # fast: 120 s, slow: 240 s
+    assert not across.after_wait(block, {"fast": 100.0, "slow": 0.0})["runner_first"]
+    grown = across.after_wait(block, {"fast": 200.0, "slow": 0.0})
+    assert grown["runner_first"] and grown["finish_s"] == {"fast": 320.0, "slow": 240.0}
+    assert "80 s sooner" in grown["reason"] and "ahead by 120 s" in grown["reason"]
+    cost = choose(
+        {"fast": planned(1.0, 4.0, objective="cost"), "slow": planned(2.0, 1.0, objective="cost")},
+        "cost",
+    )["across_partitions"]
+    assert not across.after_wait(cost, {"slow": 1e6})["runner_first"]

@@ -157,3 +157,36 @@ def with_waits(pred: pd.DataFrame, waits: dict[int, float]) -> pd.DataFrame:
 def waits_by_workers(queue: dict[str, Any]) -> dict[int, float]:
     """queue.json's waits (``tula queue``), by N; {} where none was known."""
     return {int(w["workers"]): float(w["wait_s"]) for w in queue.get("waits", [])}
+
+
+def after_wait(block: dict[str, Any], waits: dict[str, float]) -> dict[str, Any]:
+    """The choice across partitions again at submission, with the queue's waits asked now
+    (``waits``: by partition, the chosen one's and the runner-up's): each one's wait plus its
+    T, and whether the runner-up now finishes first. Only for a measure in seconds (a wait
+    adds nothing to a cost)."""
+    chosen = next(p for p in block["partitions"] if p[PARTITION] == block["chosen"])
+    runner = block.get("runner_up")
+    out: dict[str, Any] = {"waits_s": waits, "runner_first": False}
+    if runner is None or block.get("unit") != "s":
+        return {**out, "reason": "no runner-up on another partition to compare with in time"}
+    name, other = chosen[PARTITION], runner[PARTITION]
+    done = {
+        name: waits.get(name, 0.0) + chosen["train_time_s"],
+        other: waits.get(other, 0.0) + runner["train_time_s"],
+    }
+    planned = chosen["value"], runner["value"]
+    out.update(finish_s=done, runner_first=done[other] < done[name])
+    if out["runner_first"]:
+        out["reason"] = (
+            f"the queue's wait on {name} is now {waits.get(name, 0.0):.0f} s: its job would end "
+            f"{done[name]:.0f} s from now, and {other}'s (N={runner['workers']} "
+            f"B={runner['global_batch']}, wait {waits.get(other, 0.0):.0f} s) "
+            f"{done[other]:.0f} s from now, {done[name] - done[other]:.0f} s sooner; at the "
+            f"plan {name} was ahead by {planned[1] - planned[0]:.0f} s"
+        )
+    else:
+        out["reason"] = (
+            f"{name} still ends first: {done[name]:.0f} s from now (wait "
+            f"{waits.get(name, 0.0):.0f} s) against {other}'s {done[other]:.0f} s"
+        )
+    return out

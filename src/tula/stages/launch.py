@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from tula import config as config_mod
-from tula.io import read_json
+from tula import partitions
+from tula import queue as slurm_queue
+from tula.io import read_json, write_json
+from tula.model import across
 from tula.production.launcher import train
+from tula.production.submission import resolve_executor
+from tula.slurm import job_shape
 
 
 def selected_point(path) -> tuple[int, int]:
@@ -21,6 +26,57 @@ def selected_point(path) -> tuple[int, int]:
         raise ValueError(
             f"{path}: no selected.workers / selected.global_batch; re-run `tula select`"
         ) from None
+
+
+def _wait_now(cfg, point: dict, partition: str, time_min: int) -> float:
+    shape = job_shape(cfg, int(point["workers"]))
+    account = cfg.launch.slurm_account
+    w = slurm_queue.expected_wait(partition, shape.nodes, int(point["workers"]), time_min, account)
+    return w.wait_s
+
+
+def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = None):
+    """Several partitions, on SLURM: the queue's waits asked again as the job is submitted (the
+    chosen partition's and the runner-up's). Where the runner-up would now end first, say so;
+    with launch.replan ``move``, train there instead (its config and predictions, written by
+    the plan under .snakemake/tula/partitions/ and results/partitions/). Written to
+    ``out_dir``/queue.json. Returns the config, point and predictions to train with, or None
+    to keep the plan's."""
+    sel = read_json(selection)
+    block = sel.get("across_partitions")
+    if not block or cfg.launch.replan == "off" or not block.get("runner_up"):
+        return None
+    runner = block["runner_up"]
+    other = runner[across.PARTITION]
+    runner_cfg = config_mod.load(partitions.snapshot_path(other))
+    time_min = cfg.launch.timeout_min or timeout_min or 1440
+    try:
+        waits = {
+            block["chosen"]: _wait_now(cfg, sel["selected"], block["chosen"], time_min),
+            other: _wait_now(runner_cfg, runner, other, time_min),
+        }
+    except slurm_queue.QueueUnreadable as err:
+        print(f"[launch] the queue's wait could not be asked again: {err}")
+        return None
+    again = across.after_wait(block, waits)
+    move = again["runner_first"] and cfg.launch.replan == "move"
+    again.update(moved=move, replan=cfg.launch.replan, caveat=slurm_queue.CAVEAT)
+    write_json(Path(out_dir) / "queue.json", again)
+    if not again["runner_first"]:
+        print(f"[launch] queue asked again: {again['reason']}")
+        return None
+    print(
+        f"[launch] queue asked again: {again['reason']}. "
+        + (
+            f"launch.replan: move: training on {other} instead"
+            if move
+            else f"Staying (launch.replan: {cfg.launch.replan}); to move, set launch.replan: move"
+        )
+    )
+    if not move:
+        return None
+    predictions = Path(selection).parent / "partitions" / other / "predictions.csv"
+    return runner_cfg, (int(runner["workers"]), int(runner["global_batch"])), predictions
 
 
 def run(
@@ -36,9 +92,14 @@ def run(
 ) -> dict[str, Any]:
     """``tula launch``: final.json of the production job at the selected point (the config and
     selection.json read here; the launcher takes them as records)."""
+    cfg, point = config_mod.load(cfg_path), selected_point(selection)
+    if resolve_executor(cfg, executor_hint) == "slurm":
+        moved = queue_again(cfg, selection, out_dir, timeout_min)
+        if moved:
+            cfg, point, predictions = moved
     final = train(
-        config_mod.load(cfg_path),
-        selected_point(selection),
+        cfg,
+        point,
         out_dir,
         predictions,
         executor_hint,
