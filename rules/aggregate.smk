@@ -1,8 +1,6 @@
-localrules:
-    aggregate,
-
-
 rule aggregate:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     input:
         probes=probe_files,
         memory=rules.memprobe.output,

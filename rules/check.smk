@@ -1,11 +1,9 @@
 # The workload check: the dataset loads and the model maps real samples to
 # (batch, num_classes). A local rule every probe depends on, so a wrong model or dataset
 # stops the DAG here, before any job is queued.
-localrules:
-    check,
-
-
 rule check:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     output:
         "results/workload.json",
     log:

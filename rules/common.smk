@@ -266,9 +266,25 @@ PARTITION_RESOURCES = (
     else {}
 )
 
-# What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
-# here; a run under the SLURM executor says it in onstart, beside the preflight.
-if workflow.output_settings.dryrun and not workflow.remote_exec:
-    print(
-        f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}", flush=True
+
+
+def campaign_lines():
+    """What the probe campaign buys: one partition's, or each listed partition's."""
+    configs = (
+        {n: tula_config.from_dict(raw) for n, raw in PARTITIONS.items()}
+        if PARTITIONS
+        else {TULA.cluster.partition: TULA}
     )
+    return [
+        f"tula: {name + ': ' if name else ''}"
+        f"{tula_check.describe_campaign(tula_check.campaign(cfg))}"
+        for name, cfg in configs.items()
+    ]
+
+
+# What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
+# here (once: the Snakefile's, not again in each partition's module); a run under the SLURM
+# executor says it in onstart, beside the preflight.
+if workflow.output_settings.dryrun and not workflow.remote_exec and not TULA.cluster.partition:
+    for line in campaign_lines():
+        print(line, flush=True)

@@ -1,8 +1,6 @@
-localrules:
-    fit,
-
-
 rule fit:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     input:
         rules.aggregate.output,
     output:

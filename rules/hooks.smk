@@ -12,10 +12,8 @@ onstart:
         )
     if workflow.non_local_exec:
         tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
-        print(
-            f"tula: {tula_check.describe_campaign(tula_check.campaign(TULA))}",
-            flush=True,
-        )
+        for line in campaign_lines():
+            print(line, flush=True)
         profile = profile_settings()
         try:
             if PARTITIONS:  # every listed partition, its probes and training on it

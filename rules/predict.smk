@@ -1,8 +1,6 @@
-localrules:
-    predict,
-
-
 rule predict:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     input:
         measurements=rules.aggregate.output[0],
         memory=rules.fit.output.memory,

@@ -2,11 +2,9 @@
 # wait now, as SLURM estimates it (`sbatch --test-only`; submits nothing). Objective
 # time_to_result adds it to T; the production job asks again when it is submitted. Under the
 # local executor there is no queue, and the file says so.
-localrules:
-    queue,
-
-
 rule queue:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     output:
         "results/queue.json",
     log:
@@ -16,7 +14,7 @@ rule queue:
     params:
         config=CONFIG,
         settings=settings("select"),
-        hint="slurm" if workflow.non_local_exec else "local",
+        hint=lambda wildcards: "slurm" if workflow.non_local_exec else "local",
         timeout=lambda wildcards: profile_resource("runtime", "launch") or 1440,
     shell:
         "tula queue --config {params.config} --out {output} --executor-hint {params.hint}"

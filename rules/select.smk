@@ -1,8 +1,6 @@
-localrules:
-    select,
-
-
 rule select:
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     input:
         predictions=rules.predict.output[0],
         measurements=rules.aggregate.output[0],

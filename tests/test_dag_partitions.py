@@ -64,8 +64,9 @@ def test_each_partition_is_planned_on_its_own_and_cost_chooses_the_cheap_one(two
     assert "#SBATCH --partition=cheap" in sbatch and "#SBATCH --account=ml" in sbatch
     report = (res / "plan" / "report.html").read_text()
     assert "<b>Partitions</b>" in report and "no queue: the local executor" in report
+    assert "per worker) on partition cheap</div>" in report
     assert (res / "plots" / "partitions.png").stat().st_size > 10_000
-    assert "across 2 partitions by cost C: cheap" in out
+    assert "on partition cheap, objective cost: across 2 partitions by cost C: cheap" in out
 
 
 def test_a_new_objective_chooses_again_and_probes_nothing(two_partitions):
