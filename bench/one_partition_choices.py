@@ -1,0 +1,96 @@
+"""A config without `cluster.partitions` chooses as the code before the partitions did, on the
+same results. Needs git.
+
+    .venv/bin/python bench/one_partition_choices.py RESULTS CONFIG [--before 5794e75]
+
+RESULTS is a one-partition run's results/ (predictions.csv, measurements.csv, model/); CONFIG
+its YAML. For each objective, `tula select` (with the measurements and fits: the resamples'
+robustness too) runs with this checkout's code and with the code at --before (a git worktree),
+one after the other; the choices, runners-up and reasons are compared. predict and fit are
+unchanged by the partitions (git diff names the files), so predictions.csv is what both would
+have written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from _harness import ROOT, env
+
+OBJECTIVES = ("time", "cost", "knee", "time_to_accuracy", "cost_to_accuracy")
+PREDICTION_CODE = (
+    "src/tula/model/predictions.py",
+    "src/tula/model/perf.py",
+    "src/tula/model/forms.py",
+    "src/tula/model/curvefit.py",
+    "src/tula/stages/predict.py",
+    "src/tula/stages/fit.py",
+)
+
+
+def select(src: Path, res: Path, cfg: Path, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "tula.cli", "select", "--config", str(cfg)]
+    cmd += ["--predictions", str(res / "predictions.csv"), "--out", str(out)]
+    cmd += ["--measurements", str(res / "measurements.csv")]
+    cmd += ["--perf", str(res / "model/perf.json"), "--memory", str(res / "model/memory.json")]
+    r = subprocess.run(cmd, env=env(PYTHONPATH=str(src)), capture_output=True, text=True)
+    if r.returncode:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1]}
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("config", type=Path)
+    ap.add_argument("--before", default="5794e75")
+    a = ap.parse_args()
+    changed = subprocess.run(
+        ["git", "diff", "--stat", a.before, "--", *PREDICTION_CODE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"prediction code changed since {a.before}: {changed or 'nothing'}")
+    tmp = Path(tempfile.mkdtemp(prefix="one-partition-"))
+    old = tmp / "before"
+    subprocess.run(
+        ["git", "worktree", "add", "-q", "--detach", str(old), a.before], cwd=ROOT, check=True
+    )
+    try:
+        print("\n| objective | before | now | runner-up same | reason same |")
+        print("|---|---|---|---|---|")
+        base = yaml.safe_load(a.config.read_text())
+        same = 0
+        for objective in OBJECTIVES:
+            cfg = tmp / f"{objective}.yaml"
+            cfg.write_text(yaml.safe_dump({**base, "objective": objective}))
+            was = select(old / "src", a.results, cfg, tmp / f"{objective}-before.json")
+            now = select(ROOT / "src", a.results, cfg, tmp / f"{objective}-now.json")
+            if "error" in was or "error" in now:
+                print(f"| {objective} | {was.get('error', 'ok')} | {now.get('error', 'ok')} | | |")
+                same += was.get("error") == now.get("error")
+                continue
+
+            def pt(s):
+                return (s["selected"]["workers"], s["selected"]["global_batch"])
+
+            runner = was["runner_up"] == now["runner_up"]
+            reason = was["reason"] == now["reason"]
+            same += pt(was) == pt(now) and runner and reason
+            print(f"| {objective} | {pt(was)} | {pt(now)} | {runner} | {reason} |")
+        print(f"\n{same} of {len(OBJECTIVES)} objectives: the same choice, runner-up and reason")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    main()
