@@ -4,8 +4,9 @@
 
 `scripts/slurm-cluster.sh up --nodes 2 --partitions 2 --slow lab1:F`: lab0 and lab1, one lab
 node each (2 slots), every task on lab1 under a CPU quota of 1/F of a core. The workflow runs
-through `snakemake --profile profiles/slurm` (the shipped profile, copied, with mem_mb set to
-what a lab node holds and the lab's account), with `cluster.partitions` listing both, in turn:
+through `snakemake --profile profiles/slurm --jobs 1` (the shipped profile, copied, with mem_mb
+set to what a lab node holds; one job at a time, since the lab's two nodes share this machine's
+two cores), with `cluster.partitions` listing both (the lab's account), in turn:
 
 1. `plan`, objective time, equal prices: the probes of both partitions (search full, so every
    (N, B) is probed on both), the compute step of lab1's probes over lab0's at the same
@@ -71,7 +72,9 @@ def workdir(where: Path) -> None:
 def plan(where: Path, objective: str, lab1_price: float, *extra: str, target="plan") -> dict:
     cfg = {**CONFIG, "objective": objective, "cluster": parts(lab1_price)}
     (where / "bench.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = ["snakemake", *([target] if target else []), "--profile", "profiles/slurm"]
+    # --jobs 1: the lab's two nodes share this machine's two cores, so one partition's probes
+    # would slow the other's if they ran at once; one job at a time, each has the machine alone
+    cmd = ["snakemake", *([target] if target else []), "--profile", "profiles/slurm", "--jobs", "1"]
     t0 = time.perf_counter()
     r = subprocess.run(
         [*cmd, "--configfile", "bench.yaml", *extra],

@@ -58,8 +58,14 @@ def run(config, parts: list[str], snapshots: str, out_dir: str) -> dict:
     """``tula combine``: see the module's docstring."""
     cfg = config_mod.load(config)
     dirs = parse_parts(parts)
-    frames = {n: pd.read_csv(d / "predictions.csv") for n, d in dirs.items()}
     sels = {n: read_json(d / "selection.json") for n, d in dirs.items()}
+    # each partition's predictions with the queue's waits its own choice was made with
+    frames = {
+        n: across.with_waits(pd.read_csv(d / "predictions.csv"), across.waits_by_workers(q))
+        if (q := sels[n].get("queue"))
+        else pd.read_csv(d / "predictions.csv")
+        for n, d in dirs.items()
+    }
     sel = across.choose(frames, sels, cfg.objective, cfg.knee_on, cfg.pricing.currency)
     block = sel["across_partitions"]
     measured = {n: measurements_mod.load(d / "measurements.csv") for n, d in dirs.items()}
