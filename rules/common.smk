@@ -219,7 +219,8 @@ def decide(cfg):
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
-    said = f"tula: {cfg.cluster.partition + ': ' if cfg.cluster.partition else ''}{decision.why}"
+    named = f"{cfg.cluster.partition}: " if cfg.cluster.partition else ""
+    said = f"tula: {named}{decision.why}"
     if workflow.output_settings.dryrun:
         said += (
             " (a dry run: Snakemake runs no executor, so this is this machine's answer;"
@@ -276,7 +277,7 @@ def campaign_lines():
         else {TULA.cluster.partition: TULA}
     )
     return [
-        f"tula: {name + ': ' if name else ''}"
+        f"tula: {f'{name}: ' if name else ''}"
         f"{tula_check.describe_campaign(tula_check.campaign(cfg))}"
         for name, cfg in configs.items()
     ]
