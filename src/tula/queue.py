@@ -18,7 +18,13 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+from tula.config import Config
+from tula.slurm import job_shape
+
 SOURCE = "sbatch --test-only"
+DEFAULT_TIME_MIN = (
+    1440  # the production job's limit when neither the config nor the profile sets one
+)
 CAVEAT = "the scheduler's estimate from the jobs it knows now; backfill can move it either way"
 _START = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 
@@ -97,3 +103,10 @@ def expected_wait(
         start=m.group(1) if m else "",
         asked_at=asked,
     )
+
+
+def wait_for(cfg: Config, workers: int, partition: str, time_min: int) -> Wait:
+    """:func:`expected_wait` of the job of ``workers`` workers as ``cfg`` shapes it (its nodes
+    and tasks, :func:`tula.slurm.job_shape`), charged to ``cfg``'s account."""
+    nodes = job_shape(cfg, workers).nodes
+    return expected_wait(partition, nodes, workers, time_min, cfg.launch.slurm_account)

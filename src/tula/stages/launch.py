@@ -14,7 +14,6 @@ from tula.io import read_json, write_json
 from tula.model import across
 from tula.production.launcher import train
 from tula.production.submission import resolve_executor
-from tula.slurm import job_shape
 
 
 def selected_point(path) -> tuple[int, int]:
@@ -26,13 +25,6 @@ def selected_point(path) -> tuple[int, int]:
         raise ValueError(
             f"{path}: no selected.workers / selected.global_batch; re-run `tula select`"
         ) from None
-
-
-def _wait_now(cfg, point: dict, partition: str, time_min: int) -> float:
-    shape = job_shape(cfg, int(point["workers"]))
-    account = cfg.launch.slurm_account
-    w = slurm_queue.expected_wait(partition, shape.nodes, int(point["workers"]), time_min, account)
-    return w.wait_s
 
 
 def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = None):
@@ -49,11 +41,14 @@ def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = N
     runner = block["runner_up"]
     other = runner[across.PARTITION]
     runner_cfg = config_mod.load(partitions.snapshot_path(other))
-    time_min = cfg.launch.timeout_min or timeout_min or 1440
+    time_min = cfg.launch.timeout_min or timeout_min or slurm_queue.DEFAULT_TIME_MIN
     try:
         waits = {
-            block["chosen"]: _wait_now(cfg, sel["selected"], block["chosen"], time_min),
-            other: _wait_now(runner_cfg, runner, other, time_min),
+            name: slurm_queue.wait_for(c, int(p["workers"]), name, time_min).wait_s
+            for name, c, p in (
+                (block["chosen"], cfg, sel["selected"]),
+                (other, runner_cfg, runner),
+            )
         }
     except slurm_queue.QueueUnreadable as err:
         print(f"[launch] the queue's wait could not be asked again: {err}")

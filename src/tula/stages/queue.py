@@ -16,30 +16,26 @@ from typing import Any
 from tula import config as config_mod
 from tula import queue as slurm_queue
 from tula.io import write_json
-from tula.slurm import job_shape
-
-DEFAULT_TIME_MIN = 1440
 
 
-def ask(cfg, partition: str, time_min: int, account: str | None) -> dict[str, Any]:
+def ask(cfg, partition: str, time_min: int) -> dict[str, Any]:
     """Each grid N's job shape on ``partition``, and its wait: queue.json's body."""
-    waits, error = [], None
+    waits = []
     for n in cfg.grid.workers:
-        nodes = job_shape(cfg, n).nodes
         try:
-            w = slurm_queue.expected_wait(partition, nodes, n, time_min, account)
+            waits.append(
+                {"workers": n, **slurm_queue.wait_for(cfg, n, partition, time_min).to_dict()}
+            )
         except slurm_queue.QueueUnreadable as err:
-            error = str(err)
-            break
-        waits.append({"workers": n, **w.to_dict()})
-    return {"waits": [] if error else waits, "error": error}
+            return {"waits": [], "error": str(err)}
+    return {"waits": waits, "error": None}
 
 
 def run(config, out, executor: str = "slurm", timeout_min: int | None = None) -> dict:
     """``tula queue``: ask SLURM (under the SLURM executor) and write ``out``."""
     cfg = config_mod.load(config)
     partition = cfg.cluster.partition or cfg.launch.slurm_partition
-    time_min = cfg.launch.timeout_min or timeout_min or DEFAULT_TIME_MIN
+    time_min = cfg.launch.timeout_min or timeout_min or slurm_queue.DEFAULT_TIME_MIN
     now = time.time()
     body: dict[str, Any] = {
         "partition": partition,
@@ -53,7 +49,7 @@ def run(config, out, executor: str = "slurm", timeout_min: int | None = None) ->
         why = "the local executor runs every job here" if executor != "slurm" else "no partition"
         body.update(waits=[], error=f"no queue: {why}")
     else:
-        body.update(ask(cfg, partition, time_min, cfg.launch.slurm_account))
+        body.update(ask(cfg, partition, time_min))
     write_json(out, body)
     said = ", ".join(f"N={w['workers']}: {w['wait_s']:.0f} s" for w in body["waits"])
     print(f"[queue] {partition}: {said or body['error']} -> {out}")
