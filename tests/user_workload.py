@@ -49,7 +49,10 @@ class SlowBlobs(Blobs):
         return super().__getitem__(i)
 
 
-SLOW_SAMPLE_S = 0.004
+# 10 ms: at 4 ms a CI host whose step paid 12 ms beside the input (the loader, DDP, the optimizer
+# in Python on a slow core) read 46 ms of input in a 58 ms step, 0.79 of it: under the 80 % that
+# makes a probe input-bound (tula.model.measurements.INPUT_BOUND)
+SLOW_SAMPLE_S = 0.010
 
 
 def make_slow_datasets():
