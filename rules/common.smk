@@ -14,7 +14,8 @@ from tula import config as tula_config
 from tula import dataset_paths as tula_dataset_paths
 from tula import devices as tula_devices
 from tula import preflight as tula_preflight
-from tula import slurm as tula_slurm
+from tula.slurm import plugin_patch as tula_plugin_patch
+from tula.slurm import shapes as tula_shapes
 from tula import pipeline as tula_pipeline
 from tula import partitions as tula_partitions
 from tula.stages import check as tula_check
@@ -116,12 +117,12 @@ PROBE_RUNTIME_MIN = tula_preflight.probe_runtime_min(TULA)
 
 def probe_resource(name):
     """Resource function: what the SLURM job of probe N{n} asks for
-    (tula.slurm.job_resources), on the decided device: probe.timeout_s for each of its
+    (tula.slurm.shapes.job_resources), on the decided device: probe.timeout_s for each of its
     batches, and five minutes."""
 
     def _resource(wildcards):
         points = len(probe_job_batches(wildcards).split(","))
-        res = tula_slurm.job_resources(
+        res = tula_shapes.job_resources(
             decided(),
             int(wildcards.n),
             tula_preflight.probe_runtime_min(TULA, points),
@@ -134,7 +135,7 @@ def probe_resource(name):
 
 def memprobe_gres(wildcards):
     """Resource function: the memory probe's GPU (one worker), on the decided device."""
-    return tula_slurm.job_resources(decided(), 1)["gres"]
+    return tula_shapes.job_resources(decided(), 1)["gres"]
 
 
 def launch_args(wildcards, resources):

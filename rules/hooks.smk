@@ -11,7 +11,7 @@ onstart:
             decide(tula_config.from_dict(raw)), tula_partitions.snapshot_path(name)
         )
     if workflow.non_local_exec:
-        tula_slurm.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
+        tula_plugin_patch.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         for line in campaign_lines():
             print(line, flush=True)
         profile = profile_settings()

@@ -253,8 +253,8 @@ FOREIGN_FIELDS = {
     ("runtime/replica.py", "self.pos.offset"): "the replica's own Position record",
     ("runtime/epoch_walk.py", "self.pos.offset"): "the replica's own Position record",
     ("runtime/epoch_walk.py", "self.pos.epoch"): "the replica's own Position record",
-    ("slurm.py", "plugin.get_submit_command"): "the SLURM plugin's submit builder, narrowed "
-    "until its failed-node exclusion is fixed upstream",
+    ("slurm/plugin_patch.py", "plugin.get_submit_command"): "the SLURM plugin's submit "
+    "builder, narrowed until its failed-node exclusion is fixed upstream",
 }
 
 

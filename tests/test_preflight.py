@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow, train_from_files, venv_env
-from tula import config, devices, preflight, slurm
+from tula import config, devices, preflight
 from tula.io import write_json
+from tula.slurm import controller, partition_info, shapes
 
 
 def _cfg(**over):
@@ -24,7 +25,7 @@ def _cfg(**over):
 
 
 def test_problems_name_the_config_keys_to_change():
-    p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
+    p = partition_info.parse_partition(GPU_PARTITION, GPU_NODES)
     cfg = _cfg(
         grid__workers=[1, 8, 16],
         cluster__workers_per_node=8,
@@ -133,7 +134,7 @@ def test_memory_the_jobs_ask_for_is_checked_against_the_nodes_and_names_its_key(
     launch.mem_gb is checked alike; nodes whose memory is not known are not checked."""
     nodes = "n0|2|(null)|idle|none\nn1|2|(null)|idle|none\n"
     line = "PartitionName=lab Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED TotalNodes=2"
-    part = slurm.parse_partition(line, nodes, "n0|10800\nn1|10800\n")
+    part = partition_info.parse_partition(line, nodes, "n0|10800\nn1|10800\n")
     assert part.node_mem_mb == [10800, 10800]
     cfg = _cfg(cluster__workers_per_node=1)
     shipped = preflight.read_profile(str(ROOT / "profiles" / "slurm"))["mem_mb"]
@@ -154,10 +155,10 @@ def test_memory_the_jobs_ask_for_is_checked_against_the_nodes_and_names_its_key(
         train.mem_mb == 64 * 1024
         and "lower launch.mem_gb in the config" in (preflight.problems(big, part, train)[0])
     )
-    unknown = slurm.parse_partition(line, nodes)
+    unknown = partition_info.parse_partition(line, nodes)
     assert unknown.node_mem_mb == [] and preflight.problems(cfg, unknown, needs[0]) == []
     # a node sinfo left out of the memory listing: not known, not checked
-    assert slurm.parse_partition(line, nodes, "n0|10800\n").node_mem_mb == []
+    assert partition_info.parse_partition(line, nodes, "n0|10800\n").node_mem_mb == []
 
 
 # -- against the real test cluster ------------------------------------------------------
@@ -183,7 +184,7 @@ def test_check_cluster_refuses_a_profile_asking_more_memory_than_the_nodes_have(
     the node's memory is refused before anything is queued, naming the profile key."""
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     shipped = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    real = slurm.read_partition(None).node_mem_mb[0]
+    real = partition_info.read_partition(None).node_mem_mb[0]
     for mem_mb, ok in (
         (shipped["default-resources"]["mem_mb"], 16000 <= real),
         (100 * real, False),
@@ -233,25 +234,27 @@ def test_check_cluster_refuses_more_nodes_than_the_partition_has(slurm_cluster, 
 def test_device_auto_follows_the_partitions_gpus(monkeypatch):
     """Under SLURM a GPU partition turns auto into CUDA jobs that ask for --gres; a CPU one into
     CPU jobs; an explicit device is kept; an unreadable cluster asks for no GPU and says so."""
-    gpu = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
-    cpu = slurm.parse_partition(GPU_PARTITION.replace("gpu", "cpu"), "c01|64|(null)\n")
+    gpu = partition_info.parse_partition(GPU_PARTITION, GPU_NODES)
+    cpu = partition_info.parse_partition(GPU_PARTITION.replace("gpu", "cpu"), "c01|64|(null)\n")
     cfg = _cfg(cluster__workers_per_node=4)
-    monkeypatch.setattr(slurm, "read_partition", lambda name: {"gpu": gpu, "cpu": cpu}[name])
+    monkeypatch.setattr(
+        partition_info, "read_partition", lambda name: {"gpu": gpu, "cpu": cpu}[name]
+    )
     d = devices.for_config(cfg, "slurm", "gpu")
     assert (d.device, d.backend) == ("cuda", "nccl") and "partition 'gpu' has 4 GPU(s)" in d.why
     cuda = devices.apply(cfg, d)
     assert (
-        slurm.job_resources(cuda, 4)["gres"] == "gpu:4"
-        and slurm.job_resources(cfg, 4)["gres"] is None
+        shapes.job_resources(cuda, 4)["gres"] == "gpu:4"
+        and shapes.job_resources(cfg, 4)["gres"] is None
     )
     d = devices.for_config(cfg, "slurm", "cpu")
     assert (d.device, d.backend) == ("cpu", "gloo")
     assert devices.for_config(_cfg(hardware__device="cuda"), "slurm", "cpu").device == "cuda"
 
     def unreadable(name):
-        raise slurm.ClusterUnreadable("scontrol is not on PATH")
+        raise controller.ClusterUnreadable("scontrol is not on PATH")
 
-    monkeypatch.setattr(slurm, "read_partition", unreadable)
+    monkeypatch.setattr(partition_info, "read_partition", unreadable)
     d = devices.for_config(cfg, "slurm", None)
     assert d.device == "cpu" and "could not be read" in d.why and "scontrol is not on PATH" in d.why
 
@@ -367,13 +370,13 @@ def test_a_drained_or_down_node_is_named_with_its_partition_before_anything_is_q
     where enough are left the preflight passes and notes the others."""
     line = "PartitionName=lab TotalNodes=2 MaxNodes=UNLIMITED MaxTime=UNLIMITED State=UP"
     nodes = "tula-n0|2|gpu:2|idle|none\ntula-n1|2|gpu:2|drain|tula drill\n"
-    part = slurm.parse_partition(line, nodes)
+    part = partition_info.parse_partition(line, nodes)
     assert part.node_states == ["idle", "drain"] and part.unusable() == [
         "tula-n1 is drain (reason: tula drill)"
     ]
     up = ("mix", "idle~", "alloc")
     for state in ("down*", "idle*", "drng", "maint", "fail", *up):
-        ok = slurm.parse_partition(line, f"a|2|gpu:2|{state}|x\n").can_start(0)
+        ok = partition_info.parse_partition(line, f"a|2|gpu:2|{state}|x\n").can_start(0)
         assert ok is (state in up), state
     cfg = _cfg(grid__workers=[1, 2, 4], cluster__workers_per_node=2)
     four, two = (preflight.job_needs(cfg, 60, n)[-1] for n in (4, 2))
@@ -384,7 +387,9 @@ def test_a_drained_or_down_node_is_named_with_its_partition_before_anything_is_q
     # tula launch waits for lost nodes instead (tula.production.nodes)
     assert preflight.problems(cfg, part, four, node_states=False) == []
     # without the state columns (an older record) every node counts as up
-    assert slurm.parse_partition(line, "tula-n0|2|gpu:2\ntula-n1|2|gpu:2\n").unusable() == []
+    assert (
+        partition_info.parse_partition(line, "tula-n0|2|gpu:2\ntula-n1|2|gpu:2\n").unusable() == []
+    )
     report = {"partitions": {"lab": dataclasses.asdict(part)}, "jobs": []}
     assert "note: tula-n1 is drain (reason: tula drill)" in preflight.describe(report)
 

@@ -1,4 +1,4 @@
-"""The one SLURM module (tula.slurm): the shape of an N-worker job, Snakemake's resources for
+"""The SLURM package (tula.slurm): the shape of an N-worker job, Snakemake's resources for
 it, the controller's answers parsed from recorded scontrol/sinfo text, and the same queries
 against the real one-node test cluster (scripts/slurm-cluster.sh)."""
 
@@ -9,29 +9,30 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import GPU_NODES, GPU_PARTITION
-from tula import config, slurm
+from tula import config
 from tula.production import submission
+from tula.slurm import accounting, partition_info, plugin_patch, rendezvous, shapes
 
 
 def test_nodelist_parsing_without_scontrol(monkeypatch):
-    monkeypatch.setattr(slurm.shutil, "which", lambda _: None)
-    assert slurm.master_addr("node[01-04],gpu7") == "node01"
-    assert slurm.master_addr("node[3,5]") == "node3"
-    assert slurm.master_addr("login1") == "login1"
+    monkeypatch.setattr(rendezvous.shutil, "which", lambda _: None)
+    assert rendezvous.master_addr("node[01-04],gpu7") == "node01"
+    assert rendezvous.master_addr("node[3,5]") == "node3"
+    assert rendezvous.master_addr("login1") == "login1"
 
 
 def test_launcher_choice_follows_the_allocation():
     job = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}
-    assert slurm.in_allocation(2, job)  # inside sbatch -n 2: srun the workers
-    assert not slurm.in_allocation(4, job)  # too few tasks: torchrun on this node
-    assert not slurm.in_allocation(2, {**job, "SLURM_STEP_ID": "0"})  # already a job step
-    assert not slurm.in_allocation(1, {})  # no SLURM at all
+    assert rendezvous.in_allocation(2, job)  # inside sbatch -n 2: srun the workers
+    assert not rendezvous.in_allocation(4, job)  # too few tasks: torchrun on this node
+    assert not rendezvous.in_allocation(2, {**job, "SLURM_STEP_ID": "0"})  # already a job step
+    assert not rendezvous.in_allocation(1, {})  # no SLURM at all
 
 
 def test_allocation_size_from_scontrol_when_snakemake_cleared_the_environment(monkeypatch):
-    monkeypatch.setattr(slurm, "job_tasks", lambda job_id: {"42": 4}[job_id])
-    assert slurm.in_allocation(4, {"SLURM_JOB_ID": "42"})
-    assert not slurm.in_allocation(8, {"SLURM_JOB_ID": "42"})
+    monkeypatch.setattr(accounting, "job_tasks", lambda job_id: {"42": 4}[job_id])
+    assert rendezvous.in_allocation(4, {"SLURM_JOB_ID": "42"})
+    assert not rendezvous.in_allocation(8, {"SLURM_JOB_ID": "42"})
 
 
 def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
@@ -42,7 +43,7 @@ def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
             "hardware": {"device": "cuda"},
         }
     )
-    r = slurm.job_resources(cfg, 8, runtime_min=15)
+    r = shapes.job_resources(cfg, 8, runtime_min=15)
     assert r == {
         "tasks": 8,
         "nodes": 2,
@@ -53,17 +54,17 @@ def test_job_resources_map_workers_to_tasks_nodes_and_gpus():
         "slurm_extra": None,
     }
     # probe.exclusive
-    assert slurm.job_resources(cfg, 8, 15, exclusive=True)["slurm_extra"] == "--exclusive"
-    one = slurm.job_resources(cfg, 1, runtime_min=15)
+    assert shapes.job_resources(cfg, 8, 15, exclusive=True)["slurm_extra"] == "--exclusive"
+    one = shapes.job_resources(cfg, 1, runtime_min=15)
     # plugin: mpi needs tasks > 1
     assert one["mpi"] is None and one["nodes"] == 1 and one["gres"] == "gpu:1"
-    cpu = slurm.job_resources(config.from_dict({}), 3, 5)
+    cpu = shapes.job_resources(config.from_dict({}), 3, 5)
     assert cpu["gres"] is None and cpu["nodes"] == 3  # paper's setup: 1 worker per node
 
 
 def test_slurm_time_limits_and_gres_parse():
     assert [
-        slurm.parse_time_min(t)
+        partition_info.parse_time_min(t)
         for t in (
             "UNLIMITED",
             "INFINITE",
@@ -76,10 +77,10 @@ def test_slurm_time_limits_and_gres_parse():
         )
     ] == [None, None, 30, 31, 120, 1440, 3600, 1530]
     assert [
-        slurm.gpus_of(g)
+        partition_info.gpus_of(g)
         for g in ("gpu:4", "gpu:a100:4(S:0-1)", "gpu:v100:2,gpu:t4:1", "(null)", "mps:100")
     ] == [4, 4, 3, 0, 0]
-    p = slurm.parse_partition(GPU_PARTITION, GPU_NODES)
+    p = partition_info.parse_partition(GPU_PARTITION, GPU_NODES)
     assert (p.name, p.total_nodes, p.max_nodes, p.max_time_min) == ("gpu", 6, 4, 2880)
     # g01 listed twice counts once
     assert sorted(p.node_gpus) == [0, 3, 4, 4, 4, 4] and p.node_cpus == [32] * 6
@@ -89,14 +90,14 @@ def test_job_shape_one_task_per_gpu(tiny_raw):
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 4
     tiny_raw["hardware"] = {"device": "cuda", "backend": "nccl"}
     cfg = config.from_dict(tiny_raw)
-    assert slurm.job_shape(cfg, 8) == slurm.JobShape(
+    assert shapes.job_shape(cfg, 8) == shapes.JobShape(
         nodes=2, tasks_per_node=4, cpus_per_task=1, gpus_per_node=4
     )
-    assert slurm.job_shape(cfg, 2) == slurm.JobShape(1, 2, 1, 2)
+    assert shapes.job_shape(cfg, 2) == shapes.JobShape(1, 2, 1, 2)
     with pytest.raises(
         ValueError, match=r"N=6 does not fill whole nodes of cluster.workers_per_node=4"
     ):
-        slurm.job_shape(cfg, 6)
+        shapes.job_shape(cfg, 6)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,7 @@ def test_probe_and_production_ask_for_one_shape(per_node, workers, tmp_path, mon
         }
     )
     for n in cfg.grid.workers:
-        probe = slurm.job_resources(cfg, n, runtime_min=15, exclusive=True)
+        probe = shapes.job_resources(cfg, n, runtime_min=15, exclusive=True)
         params = submission.executor_parameters(cfg, "slurm", n, 30)
         prod = (
             params["nodes"],
@@ -166,8 +167,8 @@ def test_scontrol_reports_the_allocation_and_the_job_state(slurm_cluster, tmp_pa
         check=True,
     ).stdout.strip()
     try:
-        assert slurm.job_tasks(job) == 2
-        assert slurm.job_state(job) in ("PENDING", "RUNNING")
+        assert accounting.job_tasks(job) == 2
+        assert accounting.job_state(job) in ("PENDING", "RUNNING")
     finally:
         subprocess.run(["scancel", job], check=False)
 
@@ -178,7 +179,7 @@ def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_descr
 ):
     import os
 
-    part = slurm.read_partition(None)
+    part = partition_info.read_partition(None)
     sinfo = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -195,9 +196,9 @@ def test_the_test_clusters_default_partition_is_read_as_scontrol_and_sinfo_descr
     real = int(conf.split("RealMemory=", 1)[1].split()[0])
     assert part.node_mem_mb == [real] and real > 0
     with pytest.raises(
-        slurm.PreflightError, match="partition 'no_such' does not exist on this cluster"
+        partition_info.PreflightError, match="partition 'no_such' does not exist on this cluster"
     ):
-        slurm.read_partition("no_such")
+        partition_info.read_partition("no_such")
 
 
 class _Resources(dict):
@@ -213,9 +214,9 @@ def test_the_plugins_failed_node_exclusion_keeps_only_the_nodes_the_user_named(s
     Narrowed, no failed node is excluded, up or drained; the user's own list still is."""
     import snakemake_executor_plugin_slurm as plugin
 
-    node = slurm.read_partition(None).node_names[0]
-    slurm.keep_exclusions_to_named_nodes()
-    slurm.keep_exclusions_to_named_nodes()  # once only: the wrapper is not wrapped again
+    node = partition_info.read_partition(None).node_names[0]
+    plugin_patch.keep_exclusions_to_named_nodes()
+    plugin_patch.keep_exclusions_to_named_nodes()  # once only: the wrapper is not wrapped again
     assert plugin.get_submit_command.__name__ == "narrowed_submit_command"
     job = SimpleNamespace(resources=_Resources(runtime=5), threads=1)
     params = {

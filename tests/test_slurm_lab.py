@@ -70,10 +70,10 @@ def test_two_nodes_come_up_each_with_its_name_address_and_gpu_slots(lab_cluster,
 
 def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path):
     """The N = 4 probe's job is the shape Tula asks for (2 nodes x 2 tasks, gpu:2 a node, as
-    tula.slurm.job_resources gives it): its workers start through srun on both nodes, the
+    tula.slurm.shapes.job_resources gives it): its workers start through srun on both nodes, the
     master is the first node by name, and the gloo rendezvous crosses the shaped link."""
     from tula import config
-    from tula.slurm import job_resources
+    from tula.slurm.shapes import job_resources
 
     raw = {**TINY, "grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128}}
     raw["cluster"] = {"workers_per_node": 2}

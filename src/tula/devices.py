@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tula import slurm
 from tula.config import Config
+from tula.slurm import controller, partition_info
 
 __all__ = ["Decision", "DeviceError", "apply", "decide", "for_config", "local_gpus", "gpus_needed"]
 
@@ -127,8 +127,8 @@ def for_config(
         if hw.device != "auto" and gpus is None:
             return decide(hw.device, hw.backend, needed, None, "the partition")
         try:
-            part = slurm.read_partition(partition)
-        except slurm.ClusterUnreadable as err:
+            part = partition_info.read_partition(partition)
+        except controller.ClusterUnreadable as err:
             return decide(hw.device, hw.backend, needed, None, f"the SLURM partition ({err})")
         return decide(
             hw.device,

@@ -2,12 +2,13 @@
 
 Before anything is queued, ``tula check --cluster`` and the workflow (Snakemake's
 ``onstart``, under the SLURM executor) read the partition with ``scontrol show partition``
-and ``sinfo`` (nodes, CPUs and GPUs per node, the time limit; :func:`tula.slurm.read_partition`)
+and ``sinfo`` (nodes, CPUs and GPUs per node, the time limit;
+:func:`tula.slurm.partition_info.read_partition`)
 and compare them with what the memory probe, the probe jobs and the training job will ask
 for. A grid that cannot run is refused with one error that lists every problem and the
 config keys that fix it, instead of probe jobs that pend forever (``PartitionNodeLimit``) or
 an sbatch refusal after the probes. What a job asks for comes from
-:func:`tula.slurm.job_shape`, the function that builds its request, so the check and the
+:func:`tula.slurm.shapes.job_shape`, the function that builds its request, so the check and the
 submission cannot disagree.
 """
 
@@ -20,7 +21,9 @@ from typing import Any, Callable
 import yaml
 
 from tula.config import Config
-from tula.slurm import ClusterUnreadable, Partition, PreflightError, job_shape, read_partition
+from tula.slurm.controller import ClusterUnreadable
+from tula.slurm.partition_info import Partition, PreflightError, read_partition
+from tula.slurm.shapes import job_shape
 
 __all__ = [
     "ClusterUnreadable",

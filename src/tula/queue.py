@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from tula.config import Config
-from tula.slurm import job_shape
+from tula.slurm.shapes import job_shape
 
 SOURCE = "sbatch --test-only"
 DEFAULT_TIME_MIN = (
@@ -107,6 +107,6 @@ def expected_wait(
 
 def wait_for(cfg: Config, workers: int, partition: str, time_min: int) -> Wait:
     """:func:`expected_wait` of the job of ``workers`` workers as ``cfg`` shapes it (its nodes
-    and tasks, :func:`tula.slurm.job_shape`), charged to ``cfg``'s account."""
+    and tasks, :func:`tula.slurm.shapes.job_shape`), charged to ``cfg``'s account."""
     nodes = job_shape(cfg, workers).nodes
     return expected_wait(partition, nodes, workers, time_min, cfg.launch.slurm_account)

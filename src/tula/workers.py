@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tula import slurm
 from tula.io import read_json, write_json
+from tula.slurm import rendezvous
 
 THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
@@ -172,7 +172,7 @@ def start(
     the memory probe, which times nothing). ``deadline``: when the launch must end (epoch
     seconds), asked again every POLL_S while it runs (a probe job's current point's own
     limit), within ``timeout_s``."""
-    if slurm.in_allocation(nproc):
+    if rendezvous.in_allocation(nproc):
         return run_srun(
             nproc,
             module_args,

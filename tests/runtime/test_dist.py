@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from conftest import train_from_files
-from tula import config, slurm
+from tula import config
 from tula.runtime import dist
+from tula.slurm import rendezvous
 
 
 def test_torchrun_environment():
@@ -41,18 +42,18 @@ def test_slurm_environment_derives_master_and_port():
     w = dist.worker_env(env)
     assert (w.rank, w.world_size, w.local_rank, w.launcher) == (3, 4, 1, "slurm")
     assert w.master_addr == "gpu07"
-    assert w.master_port == slurm.master_port("123456") == 10000 + 123456 % 22768
+    assert w.master_port == rendezvous.master_port("123456") == 10000 + 123456 % 22768
 
 
 def test_the_rendezvous_port_lies_below_the_ephemeral_range():
     """A port an outgoing connection can hold is never chosen: a relaunched production job
     failed in CI with EADDRINUSE on submitit's random port 47220."""
     low, _ = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-    ports = [slurm.master_port(str(j)) for j in range(0, 4_000_000, 997)] + [
-        slurm.master_port("4242_7")
+    ports = [rendezvous.master_port(str(j)) for j in range(0, 4_000_000, 997)] + [
+        rendezvous.master_port("4242_7")
     ]
-    assert all(10000 <= p < min(low, slurm.EPHEMERAL_LOW) for p in ports)
-    assert slurm.master_port("4242_7") == slurm.master_port("42427")
+    assert all(10000 <= p < min(low, rendezvous.EPHEMERAL_LOW) for p in ports)
+    assert rendezvous.master_port("4242_7") == rendezvous.master_port("42427")
     assert len(set(ports)) > 3000  # spread, not one port for every job
 
 

@@ -31,7 +31,8 @@ import sys
 
 from tula.cli import partitioning, planning, training
 from tula.config import ConfigError
-from tula.slurm import ClusterUnreadable, PreflightError
+from tula.slurm.controller import ClusterUnreadable
+from tula.slurm.partition_info import PreflightError
 
 EXAMPLES = """examples:
   tula probe --config workflow/config.yaml --workers 2 \\

@@ -44,7 +44,7 @@ def grid(cfg: Config) -> list[Point]:
 
 def nodes_of(workers, workers_per_node: int) -> np.ndarray:
     """Nodes a job of N workers takes: ceil(N / cluster.workers_per_node) (the layout of
-    :func:`tula.slurm.job_shape`, which the shared layer computes itself)."""
+    :func:`tula.slurm.shapes.job_shape`, which the shared layer computes itself)."""
     return np.ceil(np.asarray(workers, dtype=float) / workers_per_node)
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, slurm
+from tula import checkpoint
 from tula.config import Config
+from tula.slurm import rendezvous
 from tula.workers import worker_environment
 
 
@@ -49,9 +50,9 @@ class ProductionJob(submitit.helpers.Checkpointable):
         os.environ.update(worker_environment(cfg.hardware.threads_per_worker))
         on_cuda = cfg.hardware.device == "cuda"
         # every task derives the rendezvous port alike, outside the ephemeral range (see
-        # slurm.master_port); a MASTER_PORT the user exported wins
+        # rendezvous.master_port); a MASTER_PORT the user exported wins
         os.environ.setdefault(
-            "MASTER_PORT", str(slurm.master_port(submitit.JobEnvironment().job_id))
+            "MASTER_PORT", str(rendezvous.master_port(submitit.JobEnvironment().job_id))
         )
         submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=on_cuda, overwrite=True

@@ -38,7 +38,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, devices, pipeline, preflight, slurm
+from tula import checkpoint, devices, pipeline, preflight
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import write_json
@@ -49,6 +49,7 @@ from tula.production.confirm import prediction_row, record_prediction
 from tula.production.job import ProductionJob
 from tula.production.nodes import NodeWatch
 from tula.production.replan import Replan
+from tula.slurm import controller
 
 
 class Launch:
@@ -119,7 +120,7 @@ class Launch:
                 train_nodes=self.workers,
                 node_states=False,  # a node lost: waited for, then re-planned (Launch.watch)
             )
-        except slurm.ClusterUnreadable:
+        except controller.ClusterUnreadable:
             pass  # sbatch says what is wrong
         except preflight.PreflightError as exc:
             raise RuntimeError(str(exc)) from None

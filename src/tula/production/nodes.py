@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from tula import preflight, slurm
+from tula import preflight
 from tula.config import Config
 from tula.model import refit
 from tula.model.choice import NoFeasibleConfiguration
+from tula.slurm import accounting, controller, partition_info
 from tula.workers import LOST_PEER
 
 WAITING = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING")
@@ -50,7 +51,7 @@ class NodeWatch:
         self.decision: refit.Decision | None = None
         self.said = ""
 
-    def runnable(self, part: slurm.Partition) -> list[int]:
+    def runnable(self, part: partition_info.Partition) -> list[int]:
         """The predictions' worker counts (else the grid's) whose job the partition's nodes that
         can start one now can hold."""
         ns = (
@@ -72,12 +73,12 @@ class NodeWatch:
         if self.decision is not None or now - self.last_look < max(self.cfg.launch.poll_s, 5):
             return self.decision is not None
         self.last_look = now
-        if slurm.job_state(job_id).split(" ")[0] not in WAITING:
+        if accounting.job_state(job_id).split(" ")[0] not in WAITING:
             self.short_since = None
             return False
         try:
-            part = slurm.read_partition(self.partition)
-        except (slurm.ClusterUnreadable, slurm.PreflightError):
+            part = partition_info.read_partition(self.partition)
+        except (controller.ClusterUnreadable, partition_info.PreflightError):
             return False
         ok = self.runnable(part)
         if self.workers in ok:
@@ -144,7 +145,7 @@ class NodeWatch:
             return ended
         job_id = str(job.job_id)
         lost = self.lost_nodes(job_id)
-        if lost or slurm.job_state(job_id).startswith("NODE_FAIL"):
+        if lost or accounting.job_state(job_id).startswith("NODE_FAIL"):
             return (
                 "node_lost",
                 f"job {job_id} ended when its node(s) failed ({'; '.join(lost) or 'NODE_FAIL'}: "
@@ -161,10 +162,10 @@ class NodeWatch:
     def lost_nodes(self, job_id: str) -> list[str]:
         """The job's nodes that cannot start a job now, each with its state and reason."""
         try:
-            part = slurm.read_partition(self.partition)
-        except (slurm.ClusterUnreadable, slurm.PreflightError):
+            part = partition_info.read_partition(self.partition)
+        except (controller.ClusterUnreadable, partition_info.PreflightError):
             return []
-        mine = set(slurm.job_nodes(job_id))
+        mine = set(accounting.job_nodes(job_id))
         return [u for u, name in zip(part.unusable(), part.unusable_names()) if name in mine]
 
     def resubmits(self, attempts: list) -> bool:

@@ -15,10 +15,10 @@ from typing import Any
 
 import submitit
 
-from tula import slurm
 from tula.config import Config
 from tula.io import read_json
 from tula.production.jobdir import segments
+from tula.slurm import accounting, shapes
 
 EXECUTORS = ("local", "slurm")
 
@@ -40,14 +40,14 @@ def executor_parameters(
     account: str | None = None,
     name: str = "tula-train",
 ) -> dict[str, Any]:
-    """submitit's parameters for one attempt's job: :func:`tula.slurm.job_shape` on SLURM
+    """submitit's parameters for one attempt's job: :func:`tula.slurm.shapes.job_shape` on SLURM
     (the shape a probe of N asks for too), N local processes otherwise. A pure function of the
     config: nothing here asks for ``sbatch``."""
     gpus = n_workers if cfg.hardware.device == "cuda" else 0
     shape = (
-        slurm.job_shape(cfg, n_workers)
+        shapes.job_shape(cfg, n_workers)
         if kind == "slurm"
-        else slurm.JobShape(1, n_workers, cfg.hardware.threads_per_worker, gpus)
+        else shapes.JobShape(1, n_workers, cfg.hardware.threads_per_worker, gpus)
     )
     params: dict[str, Any] = {
         "name": name,
@@ -126,7 +126,7 @@ def still_running(prior: dict[str, Any], out: Path, workers: int) -> submitit.Jo
         job = submitit.SlurmJob(
             folder=out / "submitit", job_id=last["job_id"], tasks=tuple(range(workers))
         )
-        return None if slurm.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
+        return None if accounting.job_state(last["job_id"]) in ("", "NOT_FOUND") else job
     pid = int(last["job_id"])
     try:
         os.kill(pid, 0)

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from tula import devices, slurm
+from tula import devices
 from tula.config import Cluster, Config, Hardware
 from tula.runtime import agreement
+from tula.slurm import rendezvous
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,8 @@ def worker_env(environ: os._Environ | dict | None = None) -> WorkerEnv:
             rank=int(env["SLURM_PROCID"]),
             world_size=int(env["SLURM_NTASKS"]),
             local_rank=int(env.get("SLURM_LOCALID", 0)),
-            master_addr=env.get("MASTER_ADDR") or slurm.master_addr(env["SLURM_JOB_NODELIST"]),
-            master_port=int(env.get("MASTER_PORT") or slurm.master_port(env["SLURM_JOB_ID"])),
+            master_addr=env.get("MASTER_ADDR") or rendezvous.master_addr(env["SLURM_JOB_NODELIST"]),
+            master_port=int(env.get("MASTER_PORT") or rendezvous.master_port(env["SLURM_JOB_ID"])),
             launcher="slurm",
         )
     return WorkerEnv(0, 1, 0, "127.0.0.1", 0, "single")

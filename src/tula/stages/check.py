@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from tula import config as config_mod
-from tula import devices, partitions, preflight, slurm
+from tula import devices, partitions, preflight
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
 from tula.model import plan
 from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
 from tula.pipeline import snapshot
+from tula.slurm import shapes
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -248,10 +249,10 @@ def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict
     """What the probe campaign buys before it runs: the memory probe and one probe job per
     worker count of the search set (before the memory probe, b_max unknown: the most it can
     be), each job's batches, measured in turn in one process, and nodes
-    (:func:`tula.slurm.job_shape`), and the node-hours if every job ran to its time limit
+    (:func:`tula.slurm.shapes.job_shape`), and the node-hours if every job ran to its time limit
     (probe.timeout_s for each of its batches, and 5 min): an upper bound."""
     points = search_set(cfg, max_local_batch)
-    jobs = [{"job": "memory probe", "workers": 1, "nodes": slurm.job_shape(cfg, 1).nodes}]
+    jobs = [{"job": "memory probe", "workers": 1, "nodes": shapes.job_shape(cfg, 1).nodes}]
     jobs[0]["hours_max"] = preflight.probe_runtime_min(cfg) / 60
     for n in sorted({p.workers for p in points}):
         batches = [p.global_batch for p in points if p.workers == n]
@@ -259,7 +260,7 @@ def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict
             {
                 "job": f"N{n}",
                 "workers": n,
-                "nodes": slurm.job_shape(cfg, n).nodes,
+                "nodes": shapes.job_shape(cfg, n).nodes,
                 "batches": batches,
                 "hours_max": preflight.probe_runtime_min(cfg, len(batches)) / 60,
             }

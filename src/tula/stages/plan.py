@@ -5,7 +5,8 @@
   per node, the LR and schedule the method would use at that B, and the predicted step, wall
   time and cost, each with its 95 % interval where predictions.csv has one.
 - ``results/plan/train.sbatch``: a SLURM batch script for the user's own training script at that
-  point. Its ``#SBATCH`` lines are the production job's shape (:func:`tula.slurm.job_shape`, what
+  point. Its ``#SBATCH`` lines are the production job's shape
+  (:func:`tula.slurm.shapes.job_shape`, what
   the probes ran) with the profile's partition, account, time and memory; its ``srun`` starts
   torchrun on every node. The script and its arguments are placeholders, named in comments.
 """
@@ -19,10 +20,10 @@ from typing import Any
 import pandas as pd
 
 from tula import config as config_mod
-from tula import slurm
 from tula.io import atomic_write, read_json, write_json
 from tula.model.grid import steps_per_epoch
 from tula.model.lrplan import LRPlan
+from tula.slurm import shapes
 
 RDZV_PORT = 29500  # torchrun's c10d rendezvous on the first node
 
@@ -39,7 +40,7 @@ def plan_record(
     n, b = s["workers"], s["global_batch"]
     row = predictions[(predictions["workers"] == n) & (predictions["global_batch"] == b)]
     r = row.iloc[0].to_dict() if len(row) else {}
-    shape = slurm.job_shape(cfg, n)
+    shape = shapes.job_shape(cfg, n)
     t, lr = cfg.train, LRPlan.of(cfg.train)
     spe = steps_per_epoch(train_samples, b, n)
 

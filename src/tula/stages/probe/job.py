@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tula import config as config_mod
-from tula import slurm, workers
+from tula import workers
 from tula.io import read_json
 from tula.model.grid import Point
+from tula.slurm import shapes
 
 SCHEMA = "tula.probe/1"
 
@@ -37,7 +38,7 @@ def combine(
     record: dict[str, Any] = {
         "schema": SCHEMA,
         "workers": point.workers,
-        "nodes": slurm.job_shape(cfg, point.workers).nodes,
+        "nodes": shapes.job_shape(cfg, point.workers).nodes,
         "global_batch": point.global_batch,
         "local_batch": point.local_batch,
         "model": cfg.workload.model,
