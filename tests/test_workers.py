@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tula import workers
-from tula.workers import THREAD_VARIABLES, worker_environment
+from tula.workers import processes
+from tula.workers.processes import THREAD_VARIABLES, worker_environment
 
 
 def test_probe_and_production_workers_get_the_same_thread_environment():
@@ -56,11 +56,11 @@ def test_torchrun_starts_n_workers_with_the_worker_environment(
 ):
     # what Snakemake would export: the workers get threads_per_worker
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    res = workers.start(
+    res = processes.start(
         2, ["worker_report", "--result-dir", str(tmp_path)], threads_per_worker=1, timeout_s=120
     )
     assert (res.returncode, res.timed_out) == (0, False) and res.wall_s > 0
-    got = [json.loads(workers.result_path(tmp_path, r).read_text()) for r in (0, 1)]
+    got = [json.loads(processes.result_path(tmp_path, r).read_text()) for r in (0, 1)]
     assert [(g["rank"], g["world"], g["omp"], g["unbuffered"], g["agent"]) for g in got] == [
         (0, 2, "1", "1", True),
         (1, 2, "1", "1", True),
@@ -78,7 +78,7 @@ def test_one_worker_starts_by_itself_only_where_asked(
     timing probe's keeps torchrun, as at every other N."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    res = workers.start(
+    res = processes.start(
         1,
         ["worker_report", "--result-dir", str(tmp_path)],
         threads_per_worker=1,
@@ -86,7 +86,7 @@ def test_one_worker_starts_by_itself_only_where_asked(
         one_alone=alone,
     )
     assert (res.returncode, res.timed_out) == (0, False)
-    got = json.loads(workers.result_path(tmp_path, 0).read_text())
+    got = json.loads(processes.result_path(tmp_path, 0).read_text())
     assert (got["rank"], got["world"], got["omp"], got["unbuffered"], got["agent"]) == (
         0,
         1,
@@ -98,7 +98,7 @@ def test_one_worker_starts_by_itself_only_where_asked(
 
 @pytest.mark.slow
 def test_a_launch_past_its_limit_is_killed_with_every_worker(tmp_path, user_pythonpath):
-    res = workers.start(
+    res = processes.start(
         2,
         ["worker_report", "--result-dir", str(tmp_path), "--sleep", "300"],
         threads_per_worker=1,

@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from tula import workers
+from tula.workers import processes
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
@@ -16,7 +16,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     time.sleep(a.sleep)
     rank = int(os.environ.get("RANK", 0))
-    workers.result_path(a.result_dir, rank).write_text(
+    processes.result_path(a.result_dir, rank).write_text(
         json.dumps(
             {
                 "rank": rank,

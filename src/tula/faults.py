@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 ENV = "TULA_INJECT_FAULT"
 # a probe worker's phases, in order (:class:`tula.runtime.probe_worker.Phases` enters them;
-# :func:`tula.workers.mark` says them beside the rank's result): where a hang can wait
+# :func:`tula.workers.phases.mark` says them beside the rank's result): where a hang can wait
 PROBE_PHASES = (
     "started",  # the worker's Python has imported torch and Tula
     "process group",  # the rendezvous of the N workers

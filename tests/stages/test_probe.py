@@ -220,14 +220,14 @@ def test_a_probe_past_probe_timeout_s_is_killed_and_says_where_each_rank_was(
 
 
 def test_phases_reached_names_a_rank_that_never_said_as_not_started(tmp_path):
-    from tula import workers
+    from tula.workers import phases
 
-    workers.mark(tmp_path, 0, "sweep")
+    phases.mark(tmp_path, 0, "sweep")
     (tmp_path / "rank2.phase.json").write_text("{not json")  # cut as it was written: unknown
-    reached = workers.phases_reached(tmp_path, 3)
+    reached = phases.phases_reached(tmp_path, 3)
     assert [r["phase"] for r in reached] == ["sweep", "not started", "not started"]
     assert 0 <= reached[0]["for_s"] < 60 and reached[1]["for_s"] is None
-    assert workers.describe_phases(reached).startswith("rank 0 in 'sweep' for ")
+    assert phases.describe_phases(reached).startswith("rank 0 in 'sweep' for ")
 
 
 @pytest.mark.probe

@@ -12,7 +12,7 @@ import submitit
 from tula import checkpoint
 from tula.config import Config
 from tula.slurm import rendezvous
-from tula.workers import worker_environment
+from tula.workers.processes import worker_environment
 
 
 class ProductionJob(submitit.helpers.Checkpointable):

@@ -26,7 +26,7 @@ from tula.config import Config
 from tula.model import refit
 from tula.model.choice import NoFeasibleConfiguration
 from tula.slurm import accounting, controller, partition_info
-from tula.workers import LOST_PEER
+from tula.workers.processes import LOST_PEER
 
 WAITING = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING")
 

@@ -15,19 +15,21 @@ from typing import Any
 import torch
 
 from tula import config as config_mod
-from tula import workers
 from tula.io import write_json
 from tula.model.memory import next_probe_batch
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import measure_step, step_peak_bytes
 from tula.runtime.replica import Replica
+from tula.workers.args import parse_worker_args
+from tula.workers.processes import result_path
+from tula.workers.stacks import dump_stacks_before_deadline
 
 
 def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> None:
     """One worker: peak memory at each local batch, smallest first, stopping at the first
     OOM; then at the largest grid batch the fitted model says fits (:func:`next_probe_batch`)."""
-    workers.dump_stacks_before_deadline()
+    dump_stacks_before_deadline()
     out: dict[str, Any] = {"rank": 0, "status": "ok", "points": []}
     try:
         wenv, device, backend = dist.init(
@@ -67,7 +69,7 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
         out.update(
             status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
         )
-    write_json(workers.result_path(result_dir, 0), out)
+    write_json(result_path(result_dir, 0), out)
     dist.shutdown(ok=out["status"] == "ok")
     if out["status"] != "ok":
         sys.exit(1)
@@ -102,7 +104,7 @@ def _measure_at(replica: Replica, b: int, verifies_b_max: bool) -> dict[str, Any
 
 
 def _worker_main(argv: list[str] | None = None) -> None:
-    a = workers.parse_worker_args(
+    a = parse_worker_args(
         "tula.runtime.memprobe_worker", argv, batch_flag="--local-batches", batch_list=True
     )
     run_worker(config_mod.load(a.config), a.local_batches, Path(a.result_dir))

@@ -22,7 +22,6 @@ import torch.distributed as torch_dist
 
 from tula import config as config_mod
 from tula import faults as tula_faults
-from tula import workers
 from tula.io import write_json
 from tula.model.grid import Point
 from tula.model.memory import max_local_batch
@@ -36,6 +35,10 @@ from tula.runtime.measure import (
 )
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
+from tula.workers.args import parse_worker_args
+from tula.workers.phases import mark, point_dir
+from tula.workers.processes import result_path
+from tula.workers.stacks import dump_stacks_before_deadline
 
 
 def run_worker(
@@ -57,7 +60,7 @@ def run_worker(
     points not yet probed again (once the measurement stands, a later failure is only
     noted beside it)."""
     rank = dist.worker_env().rank
-    workers.dump_stacks_before_deadline()
+    dump_stacks_before_deadline()
     faults = tula_faults.from_env()
     # the group, what the first point measured for all, and the local batches the job probes
     # (the sweep leaves them to their points' own compute-only arms)
@@ -66,7 +69,7 @@ def run_worker(
     for i, point in enumerate(points):
         began = None if i == 0 else time.time()
         if began is not None:  # the first point's limit is the launcher's deadline itself
-            workers.dump_stacks_before_deadline(left_s=cfg.probe.timeout_s)
+            dump_stacks_before_deadline(left_s=cfg.probe.timeout_s)
         phases = Phases(result_dir, rank, point.name, faults, began)
         if i == 0:
             phases.enter("started")
@@ -86,7 +89,7 @@ class Phases:
     the phase a failure happened in."""
 
     def __init__(self, result_dir: Path, rank: int, point: str, faults: list, began: float | None):
-        self.dir = workers.point_dir(result_dir, point)
+        self.dir = point_dir(result_dir, point)
         self.rank, self.point, self.faults, self.began = rank, point, faults, began
         self.now = ""
 
@@ -94,7 +97,7 @@ class Phases:
         if phase not in tula_faults.PROBE_PHASES:  # the list a hang's ``where`` is checked against
             raise ValueError(f"{phase!r} is not one of tula.faults.PROBE_PHASES")
         self.now = phase
-        workers.mark(self.dir, self.rank, phase, self.began)
+        mark(self.dir, self.rank, phase, self.began)
         tula_faults.hang_if_due(self.faults, self.rank, self.point, phase)
 
     @property
@@ -117,7 +120,7 @@ def _probe_point(
     rank = dist.worker_env().rank
     t0 = time.perf_counter()
     parts = probe_record.PointParts(rank)
-    result = workers.result_path(phases.dir, rank)
+    result = result_path(phases.dir, rank)
     try:
         _probe(cfg, point, result_dir, max_local_batch, attempt, parts, phases, shared)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
@@ -251,7 +254,7 @@ def _probe(
     sweeps the same local batches, the grid's, less the job's own, so one sweep serves the
     job)."""
     rank = parts.rank
-    result = workers.result_path(phases.dir, rank)
+    result = result_path(phases.dir, rank)
     replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
     parts.add(measured=measured)
     _save(result, parts)
@@ -364,7 +367,7 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
 
 
 def _worker_main(argv: list[str] | None = None) -> None:
-    a = workers.parse_worker_args("tula.runtime.probe_worker", argv, batch_list=True)
+    a = parse_worker_args("tula.runtime.probe_worker", argv, batch_list=True)
     bmax = max_local_batch(a.memory_probe) if a.memory_probe else None
     run_worker(
         config_mod.load(a.config),

@@ -17,10 +17,10 @@ import shutil
 from pathlib import Path
 
 from tula import config as config_mod
-from tula import workers
 from tula.io import read_json, write_json
 from tula.model import memory, plan
 from tula.model.memory import probe_batches
+from tula.workers import processes
 
 SCHEMA = "tula.memory_probe/1"
 
@@ -32,7 +32,7 @@ def _measure(
     print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    launch = workers.start(
+    launch = processes.start(
         1,
         ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--workers", "1"]
         + ["--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
@@ -40,7 +40,7 @@ def _measure(
         timeout_s=cfg.probe.timeout_s,
         one_alone=True,  # it times nothing: no torchrun agent to wait for
     )
-    res_path = workers.result_path(work, 0)
+    res_path = processes.result_path(work, 0)
     res = (
         read_json(res_path)
         if res_path.exists()

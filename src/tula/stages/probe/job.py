@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tula import config as config_mod
-from tula import workers
 from tula.io import read_json
 from tula.model.grid import Point
 from tula.slurm import shapes
+from tula.workers import phases, processes
 
 SCHEMA = "tula.probe/1"
 
@@ -24,13 +24,13 @@ SCHEMA = "tula.probe/1"
 def combine(
     point: Point,
     rank_results: list[dict],
-    launch: workers.LaunchResult | None,
+    launch: processes.LaunchResult | None,
     cfg: config_mod.Config,
     reached: list[dict] | None = None,
     timed_out: bool | None = None,
 ) -> dict:
     """Merge the per-rank files (and how the launch ended) into one probe record; ``reached``:
-    the phase each rank had reached (:func:`tula.workers.phases_reached`), kept for a probe
+    the phase each rank had reached (:func:`tula.workers.phases.phases_reached`), kept for a probe
     that did not end well; ``timed_out``: this point was the one stopped by its limit (the
     launch's own timeout where not given)."""
     if timed_out is None:
@@ -53,7 +53,7 @@ def combine(
             status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s"
         )
         if reached:  # where each rank was when it was stopped (their stacks are in the log)
-            record["error"] += f": {workers.describe_phases(reached)}"
+            record["error"] += f": {phases.describe_phases(reached)}"
     elif failed:
         oom = [r for r in failed if r["status"] == "oom"]
         # the rank that failed first is the cause; the others lost their peer in a collective
@@ -164,20 +164,20 @@ def _launch(
     if attempt > 1:
         worker_args += ["--attempt", str(attempt)]
     limit = cfg.probe.timeout_s
-    launch = workers.start(
+    launch = processes.start(
         n,
         worker_args,
         threads_per_worker=cfg.hardware.threads_per_worker,
         timeout_s=limit * len(points),
         deadline=_point_deadline(work, points, limit, time.time()),
     )
-    dirs = {p: workers.point_dir(work, p.name) for p in points}
-    begun = [p for p in points if workers.marked(dirs[p], n)] or points
+    dirs = {p: phases.point_dir(work, p.name) for p in points}
+    begun = [p for p in points if phases.marked(dirs[p], n)] or points
     ended_badly = launch.timed_out or launch.returncode != 0
     records = {}
     for point in begun:
         ranks = _rank_results(dirs[point], n)
-        reached = workers.phases_reached(dirs[point], n)
+        reached = phases.phases_reached(dirs[point], n)
         last = point is begun[-1] and ended_badly
         record = combine(point, ranks, launch, cfg, reached, timed_out=last and launch.timed_out)
         record["started_at"] = started
@@ -197,7 +197,7 @@ def _rank_results(directory: Path, n: int) -> list[dict]:
     """What each of the ``n`` ranks wrote of one point (a rank that wrote nothing left out)."""
     ranks = []
     for r in range(n):
-        p = workers.result_path(directory, r)
+        p = processes.result_path(directory, r)
         if p.exists():
             try:
                 ranks.append(read_json(p))
@@ -214,9 +214,9 @@ def _point_deadline(work: Path, points: list[Point], limit_s: float, launched: f
     def deadline() -> float:
         at = None
         for p in points:
-            if workers.marked(workers.point_dir(work, p.name), p.workers):
+            if phases.marked(phases.point_dir(work, p.name), p.workers):
                 at = p
-        began = workers.began(workers.point_dir(work, at.name), n) if at is not None else None
+        began = phases.began(phases.point_dir(work, at.name), n) if at is not None else None
         return (began or launched) + limit_s
 
     return deadline
@@ -255,10 +255,11 @@ def _note_lost(record: dict, lost: list[int]) -> None:
 
 def lost_a_worker(record: dict) -> bool:
     """A rank died without writing its result, or the error the ranks reported is a peer
-    that vanished (workers.LOST_PEER: every rank that wrote one lost its peer, a node died
+    that vanished (processes.LOST_PEER: every rank that wrote one lost its peer, a node died
     under the job): the machine's failure, not the point's."""
     return bool(record.get("lost_ranks")) or (
-        record.get("status") == "error" and bool(workers.LOST_PEER.search(record.get("error", "")))
+        record.get("status") == "error"
+        and bool(processes.LOST_PEER.search(record.get("error", "")))
     )
 
 

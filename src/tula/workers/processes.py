@@ -1,30 +1,9 @@
-"""Starting the N worker processes of a probe or a memory probe, and reading what they wrote.
-
-One worker command (``python -m tula.runtime.probe_worker ...``) runs unchanged in both
-places it is started from:
-
-- :func:`start` runs it as ``srun --ntasks=N`` inside a SLURM allocation with enough tasks
-  (the probe rule's job), else under ``torchrun --standalone --nproc-per-node N`` (this
-  machine), or the memory probe's one worker by itself (no agent: a group of one needs no
-  rendezvous); each worker finds its rank in the variables srun or torchrun sets, or none
-  (:func:`tula.runtime.dist.worker_env`);
-- :func:`worker_environment` is the environment of every worker, probe and production
-  alike (the production job's tasks are started by submitit: ``tula.production.launcher``);
-- each rank writes its result to ``<dir>/rank<r>.json`` (:func:`result_path`), which the
-  launcher collects after the workers exit, also when they failed;
-- a probe's rank says which of its phases (:data:`tula.faults.PROBE_PHASES`) it has reached
-  (:func:`mark`), and every worker prints its threads' Python stacks to its log a little
-  before the launcher's deadline (:func:`dump_stacks_before_deadline`): a probe stopped by
-  ``probe.timeout_s`` says where each rank was (:func:`phases_reached`), and its log shows
-  the line it was on.
-
-No torch here: the launchers (``tula probe``, ``tula memprobe``) only start and collect.
-"""
+"""Starting a probe's N worker processes (srun inside an allocation, else torchrun, or one
+worker by itself) and waiting for them within a deadline; the environment every worker runs
+in, probe and production alike; where each rank writes its result. No torch here."""
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import os
 import re
 import signal
@@ -35,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tula.io import read_json, write_json
 from tula.slurm import rendezvous
 
 THREAD_VARIABLES = (
@@ -239,111 +217,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def dump_stacks_before_deadline(margin_s: float = 5.0, left_s: float | None = None) -> None:
-    """In a worker: print every thread's Python stack to stderr (the rule's log) ``margin_s``
-    before the launcher's deadline (at most a fifth of the time left), so a worker that hangs
-    shows the line it hangs on before it is killed. ``left_s``: the deadline is that far off
-    (a probe job's next point, which gets its own); else the launcher's, and nothing where no
-    launcher set one."""
-    if left_s is None:
-        deadline = os.environ.get(DEADLINE_ENV)
-        if not deadline:
-            return
-        left_s = float(deadline) - time.time()
-    if left_s > 0:
-        faulthandler.dump_traceback_later(left_s - min(margin_s, left_s / 5), exit=False)
-
-
-def phase_path(directory: str | Path, rank: int) -> Path:
-    return Path(directory) / f"rank{rank}.phase.json"
-
-
-def mark(directory: str | Path, rank: int, phase: str, began: float | None = None) -> None:
-    """Rank ``rank`` has reached ``phase`` (one of :data:`tula.faults.PROBE_PHASES`), now;
-    ``began``: when this rank began the point the phase is of (a probe job's later points)."""
-    write_json(phase_path(directory, rank), {"phase": phase, "since": time.time(), "began": began})
-
-
-def point_dir(directory: str | Path, point_name: str) -> Path:
-    """Where the ranks of a probe job write what they have of one of its points."""
-    return Path(directory) / point_name
-
-
-def began(directory: str | Path, nproc: int) -> float | None:
-    """When the first of the ``nproc`` ranks began the point whose phases are in ``directory``
-    (None: none has said so, or said no time: the job's first point, begun at its start)."""
-    times = []
-    for rank in range(nproc):
-        try:
-            times.append(float(read_json(phase_path(directory, rank))["began"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return min(times) if times else None
-
-
-def marked(directory: str | Path, nproc: int) -> bool:
-    """Has any of the ``nproc`` ranks said a phase in ``directory``."""
-    return any(phase_path(directory, rank).exists() for rank in range(nproc))
-
-
-def phases_reached(directory: str | Path, nproc: int) -> list[dict]:
-    """Which phase each of the ``nproc`` ranks had reached and for how long it had been in it
-    (and, at a probe job's later point, ``point_for_s``: since it began that point);
-    ``"not started"`` for a rank that never said (not launched, or still importing)."""
-    now, out = time.time(), []
-    for rank in range(nproc):
-        try:
-            said = read_json(phase_path(directory, rank))
-            out.append({"rank": rank, "phase": said["phase"], "for_s": now - said["since"]})
-            if said.get("began") is not None:  # a probe job's later point: since it began
-                out[-1]["point_for_s"] = now - said["began"]
-        except (OSError, ValueError, KeyError, TypeError):
-            out.append({"rank": rank, "phase": "not started", "for_s": None})
-    return out
-
-
-def describe_phases(reached: list[dict]) -> str:
-    """``rank 0 in 'timed steps' for 512 s, rank 1 in 'process group' for 590 s``."""
-    return ", ".join(
-        f"rank {r['rank']} in {r['phase']!r}"
-        + (f" for {r['for_s']:.0f} s" if r.get("for_s") is not None else "")
-        for r in reached
-    )
-
-
-def parse_worker_args(
-    prog: str,
-    argv: list[str] | None = None,
-    batch_flag: str = "--global-batch",
-    batch_list: bool = False,
-) -> argparse.Namespace:
-    """Arguments of a worker entry point (``python -m tula.runtime.probe_worker`` /
-    ``memprobe_worker``); with ``batch_list`` the batch flag takes a comma-separated list."""
-    p = argparse.ArgumentParser(
-        prog=f"python -m {prog}", description="One worker, started by torchrun or srun."
-    )
-    p.add_argument("--config", required=True)
-    p.add_argument("--workers", type=int, required=True)
-    p.add_argument(
-        batch_flag,
-        required=True,
-        type=(lambda s: [int(v) for v in s.split(",")]) if batch_list else int,
-    )
-    p.add_argument("--result-dir", required=True)
-    p.add_argument(
-        "--memory-probe",
-        default=None,
-        help="results/memory_probe.json: b_max for the compute sweep",
-    )
-    p.add_argument(
-        "--attempt",
-        type=int,
-        default=1,
-        help="which launch of this probe (one more after a lost rank)",
-    )
-    return p.parse_args(argv)
 
 
 def result_path(directory: str | Path, rank: int) -> Path:
