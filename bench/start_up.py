@@ -39,7 +39,7 @@ PROCESSES = {
     "tula predict": ("tula.stages.predict", "tula.stages.predict"),
     "tula plot": ("tula.stages.plot", "tula.stages.plot"),
     "tula report": ("tula.stages.report", "tula.stages.report"),
-    "tula compare": ("tula.stages.compare", "tula.stages.compare"),
+    "tula compare": ("tula.stages.compare.train", "tula.stages.compare"),
 }
 
 

@@ -10,8 +10,8 @@ For each dataset (digits, mnist1d), in a fresh copy of the workflow (results/ben
 2. measurement: `snakemake --cores 2 compare`: every B of the grid trained with N = 2 and the
    production method (train.method, AGS) for EPOCHS epochs, SEEDS seeds each, one Snakemake
    job per run; time to target = training-step time summed to the first epoch whose test
-   accuracy reaches the dataset's target (tula.stages.compare.time_to_target). A seed that never
-   reaches it counts as infinitely slow in the median.
+   accuracy reaches the dataset's target (tula.stages.compare.collect.time_to_target). A seed
+   that never reaches it counts as infinitely slow in the median.
 
 Per dataset: measured time to target per B (median over seeds), the predicted one, each
 objective's choice and its measured time against the measured best. Targets: the
@@ -37,7 +37,7 @@ from _harness import snakemake as run_snakemake
 from tula import config as config_mod
 from tula.io import read_json, write_json
 from tula.model.choice import select
-from tula.stages.compare import median_time_input
+from tula.stages.compare.cells import median_time_input
 
 # A target each dataset's base batch reaches within the shipped 15 epochs (pilot: digits
 # reaches 99 % at B=128 in 4 epochs, mnist1d 96 % in 11), well above where large batches stall.

@@ -20,7 +20,7 @@ from tula import pipeline as tula_pipeline
 from tula import partitions as tula_partitions
 from tula.stages import check as tula_check
 from tula.stages import combine as tula_combine
-from tula.stages import compare as tula_compare
+from tula.stages.compare import runs as tula_compare_runs
 from tula.stages import summary as tula_summary
 from tula.model.grid import batches_at, search_set
 from tula.model.memory import max_local_batch
@@ -108,7 +108,7 @@ def compare_threads(wildcards):
 
 
 # The generalization suite's runs: one compare_run job each (rules/compare.smk).
-COMPARE_RUNS = tula_compare.run_ids(TULA)
+COMPARE_RUNS = tula_compare_runs.run_ids(TULA)
 
 
 # A (memory) probe may run for probe.timeout_s; give SLURM five minutes more for start-up.

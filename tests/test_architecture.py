@@ -403,7 +403,7 @@ def test_every_column_tula_writes_is_in_results_readme():
     from tula.model.measurements import OPTIONAL, REQUIRED
     from tula.production.monitor import COLUMNS as STEPS
     from tula.production.trainer import METRIC_COLUMNS
-    from tula.stages.compare import COLUMNS as ACCURACY
+    from tula.stages.compare.collect import COLUMNS as ACCURACY
 
     text = (ROOT / "results" / "README.md").read_text()
     columns = [*REQUIRED, *OPTIONAL, *METRIC_COLUMNS, *STEPS, *ACCURACY]

@@ -11,17 +11,11 @@ import yaml
 from conftest import copy_workflow
 from tula import config
 from tula.io import write_json
-from tula.stages.compare import (
-    Metric,
-    collect,
-    find,
-    heatmap,
-    run_ids,
-    runs,
-    table_markdown,
-    targets,
-    time_to_target,
-)
+from tula.stages.compare.cells import Metric
+from tula.stages.compare.collect import collect, targets, time_to_target
+from tula.stages.compare.heatmap import heatmap
+from tula.stages.compare.runs import find, run_ids, runs
+from tula.stages.compare.table import table_markdown
 
 
 def test_runs_enumerate_the_suite():

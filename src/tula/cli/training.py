@@ -198,10 +198,10 @@ def add_report(sub) -> None:
 
 
 def cmd_compare(a) -> None:
-    from tula.stages import compare
+    from tula.stages.compare import collect, train
 
     if a.action == "run":
-        compare.run_one(
+        train.run_one(
             a.config,
             a.run,
             a.out,
@@ -211,7 +211,7 @@ def cmd_compare(a) -> None:
             account=a.slurm_account or None,
         )
         return
-    compare.aggregate(a.config, a.results, a.csv, a.table, a.heatmap)
+    collect.aggregate(a.config, a.results, a.csv, a.table, a.heatmap)
     print(f"[compare] -> {a.csv}, {a.table}, {a.heatmap}")
     print(Path(a.table).read_text())
 
