@@ -294,6 +294,50 @@ def test_no_module_assigns_another_objects_fields():
     assert not outside, "fields assigned from outside their object:\n" + "\n".join(outside)
 
 
+REPLICA_INSIDES = ("pos", "opt", "stream")  # the replica's position, optimizer and data stream
+
+
+def replica_insides_read(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, expression) of every read of a replica's insides: ``<...>replica.pos`` (or
+    ``.opt``, ``.stream``) on a name or attribute called ``replica``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in REPLICA_INSIDES:
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+            if name == "replica":
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_outside_the_runtime_the_replica_is_read_through_its_views():
+    """The production job, the stages and the shared modules read where training stands, the
+    LR, the loader and AGS's counters through the replica's read-only views
+    (``steps_done``, ``epoch``, ``epoch_offset``, ``lr``, ``loader_workers``, ``decode``,
+    ``on_device``, ``ags_counters()``...), never its position, optimizer or stream."""
+    outside = [
+        f"{f.relative_to(SRC)}:{line}: {expr}"
+        for f in sorted(SRC.rglob("*.py"))
+        if f.relative_to(SRC).parts[0] != "runtime"
+        for line, expr in replica_insides_read(ast.parse(f.read_text()))
+    ]
+    assert not outside, "the replica's insides read outside the runtime:\n" + "\n".join(outside)
+
+
+@pytest.mark.parametrize(
+    "code, found",
+    [
+        ("x = replica.pos.step", 1),
+        ("f(self.replica.opt)", 1),
+        ("for b in replica.stream.batches(1): pass", 1),
+        ("x = replica.steps_done + replica.lr", 0),
+        ("x = position.pos", 0),
+    ],
+)
+def test_a_read_of_the_replicas_insides_is_found(code, found):
+    assert len(replica_insides_read(ast.parse(code))) == found
+
+
 @pytest.mark.parametrize(
     "code",
     [

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from tula.config import metric_name
-from tula.runtime.optim import TulaOptimizer
 
 
 class Curves:
@@ -44,10 +43,9 @@ class Curves:
 
     def note(self, replica: Any) -> None:
         """The step just queued, read without waiting for the device."""
-        opt = replica.opt
-        scaled = opt.scaled_so_far() if isinstance(opt, TulaOptimizer) else None
-        lr = replica.opt.param_groups[0]["lr"]
-        self.pending.append((replica.pos.step, replica.last_loss, lr, replica.last_chunk, scaled))
+        scaled = replica.ags_scaled_so_far()
+        lr = replica.lr
+        self.pending.append((replica.steps_done, replica.last_loss, lr, replica.last_chunk, scaled))
 
     def flush(self, seconds: float, replica: Any) -> None:
         """The stretch noted since the last flush took ``seconds`` (the device synchronised):
@@ -56,12 +54,10 @@ class Curves:
             return
         per_step = seconds / len(self.pending)
         losses = torch.stack([p[1].float() for p in self.pending]).tolist()
-        opt = replica.opt
         scaled = [None] * len(self.pending)
-        factor = None
-        if isinstance(opt, TulaOptimizer):
+        factor = replica.ags_mean_factor()
+        if factor is not None:
             scaled = torch.stack([p[4] for p in self.pending]).tolist()
-            factor = opt.mean_factor()
         w = self.writer
         for (step, _, lr, samples, _), loss, sc in zip(self.pending, losses, scaled):
             w.add_scalar("train/loss", loss, step)

@@ -174,7 +174,7 @@ class Monitor:
         return step, stop[0]
 
     def _schedule(self, step_s: float, cost_s: float) -> None:
-        at = self.replica.pos.step - 1  # the pair's step index (pos.step counts it done)
+        at = self.replica.steps_done - 1  # the pair's step index (steps_done counts it done)
         if self.every:
             self.next_step = at + self.every
         else:

@@ -16,7 +16,6 @@ from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.runtime import dist
 from tula.runtime.agreement import StepOOM, oom_place
-from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 
 
@@ -45,17 +44,17 @@ def final_record(
     """final.json: the run's settings (:func:`run_settings`), its results, what its parts took
     and every rank's host (in rank order)."""
     times, rows = ledger.times, ledger.rows
-    steps = max(replica.pos.step, 1)
+    steps = max(replica.steps_done, 1)
     return {
         "workers": replica.world,
         "global_batch": replica.global_batch,
         "local_batch": replica.global_batch // replica.world,
         **settings,
         "channels_last": replica.channels_last,
-        "data_workers": replica.stream.loader.num_workers,
-        "ags": dict(replica.opt.counters) if isinstance(replica.opt, TulaOptimizer) else None,
+        "data_workers": replica.loader_workers,
+        "ags": replica.ags_counters(),
         "fp16_skipped_steps": _skipped(replica),
-        "steps": replica.pos.step,
+        "steps": replica.steps_done,
         "eval_batch_size": replica.evaluator.batch,
         "eval_oom_retries": replica.evaluator.retries,
         "train_samples": replica.data.train_size,
@@ -78,13 +77,14 @@ def final_record(
 
 def _skipped(replica: Replica) -> int | None:
     """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
-    if not replica.scaler.is_enabled() or not isinstance(replica.opt, TulaOptimizer):
+    counters = replica.ags_counters()
+    if not replica.scaler.is_enabled() or counters is None:
         return None
-    return replica.pos.step - replica.opt.counters["steps"]
+    return replica.steps_done - counters["steps"]
 
 
 def oom_record(ledger: Ledger, replica: Replica, where: str, message: str) -> None:
-    step = replica.pos.step
+    step = replica.steps_done
     write_json(
         jobdir.oom_record_path(ledger.out, ledger.attempt, ledger.rank),
         {
@@ -106,7 +106,7 @@ def oom_outcome(
     messages: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(messages, exc.message)
     message = next(messages[r] for r in exc.ranks)  # the first failing rank's own words
-    step = replica.pos.step
+    step = replica.steps_done
     if ledger.rank in exc.ranks:
         oom_record(ledger, replica, exc.where, message)
     what = oom_place(exc.where, step)

@@ -12,7 +12,6 @@ from pathlib import Path
 from tula.production import jobdir
 from tula.production.ledger import Ledger
 from tula.runtime import dist
-from tula.runtime.stepstate import Position
 
 
 class StopSignals:
@@ -65,7 +64,7 @@ class StopSignals:
         )
 
 
-def stop(code: int, stops: StopSignals, ledger: Ledger, pos: Position) -> None:
+def stop(code: int, stops: StopSignals, ledger: Ledger, step: int) -> None:
     """After the stop checkpoint: record the segment, leave the process group, and either let
     submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
     sig = (
@@ -78,11 +77,11 @@ def stop(code: int, stops: StopSignals, ledger: Ledger, pos: Position) -> None:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
         said = stops.reason or f"SIG{sig} received"
-        print(f"[{ledger.label}] {said}: stopped after step {pos.step}, {what}", flush=True)
+        print(f"[{ledger.label}] {said}: stopped after step {step}, {what}", flush=True)
         jobdir.add_segment(
             ledger.out,
             ledger.segment(
-                end_step=pos.step,
+                end_step=step,
                 outcome="requeued" if requeue else "stopped",
                 ended=jobdir.utc_now(),
                 reason=f"{why}: {what}",

@@ -134,8 +134,8 @@ class Trainer:
         self.ledger.restore(state["ledger"], state["step"])
         if self.rank == 0:
             print(
-                f"[{self.label}] resumed from the checkpoint of step {replica.pos.step} (epoch "
-                f"{replica.pos.epoch}, {replica.pos.offset}/{replica.data.train_size} samples; "
+                f"[{self.label}] resumed from the checkpoint of step {replica.steps_done} (epoch "
+                f"{replica.epoch}, {replica.epoch_offset}/{replica.data.train_size} samples; "
                 f"written at N={len(ranks)} B={state['global_batch']})",
                 flush=True,
             )
@@ -159,7 +159,9 @@ class Trainer:
                 self.curves.flush(spent, replica)
 
         while True:
-            tula_faults.maybe_signal(self.faults, replica.pos.step, self.rank, ledger.resumed_from)
+            tula_faults.maybe_signal(
+                self.faults, replica.steps_done, self.rank, ledger.resumed_from
+            )
             if ledger.first_step_at is None:
                 self._first_step()
             first = self._first_of_shape()
@@ -184,12 +186,12 @@ class Trainer:
                 close()
                 return
             every = self.ckpt.every_steps if self.ckpt else None
-            if self.ckpt and (stop or (every and replica.pos.step % every == 0)):
+            if self.ckpt and (stop or (every and replica.steps_done % every == 0)):
                 close()
                 self.checkpoint()
                 stretch = time.perf_counter()
             if stop:
-                stops.stop(stop, self.stops, self.ledger, replica.pos)
+                stops.stop(stop, self.stops, self.ledger, replica.steps_done)
 
     def _timed_first(self, batches) -> tuple[float, int] | None:
         """The first step at a batch shape, timed alone by the ledger's timer: (seconds, stop
@@ -203,7 +205,9 @@ class Trainer:
         # tula launch: what a (re)launch costs, submission to first step
         if self.rank == 0 and self.ckpt:
             started = {"attempt": self.attempt, "first_step_time": at}
-            started.update(process_started=self.ledger.process_started, step=self.replica.pos.step)
+            started.update(
+                process_started=self.ledger.process_started, step=self.replica.steps_done
+            )
             write_json(jobdir.started_path(self.out), started)
 
     def _first_of_shape(self) -> str:
@@ -222,9 +226,9 @@ class Trainer:
         self.ledger.spend("eval_time_s", time.perf_counter() - t0)
         epoch_time = self.ledger.epoch_time
         row = {
-            "epoch": replica.pos.epoch - 1,
-            "step": replica.pos.step,
-            "lr": replica.opt.param_groups[0]["lr"],
+            "epoch": replica.epoch - 1,
+            "step": replica.steps_done,
+            "lr": replica.lr,
             "train_loss": train_loss,
             "train_acc": train_acc,
             "test_loss": test_loss,
@@ -249,7 +253,7 @@ class Trainer:
                 f"{row['samples_per_s']:.0f} samples/s",
             )
         every = self.ckpt.every_epochs if self.ckpt else None
-        if every and row["epoch"] % every == 0 and replica.pos.epoch <= epochs:
+        if every and row["epoch"] % every == 0 and replica.epoch <= epochs:
             self.checkpoint()
 
     def checkpoint(self, complete: bool = False) -> None:
@@ -260,7 +264,7 @@ class Trainer:
             self.curves.writer.flush()
         hook = (
             checkpoint.truncate
-            if tula_faults.truncate_due(self.faults, self.replica.pos.step)
+            if tula_faults.truncate_due(self.faults, self.replica.steps_done)
             else None
         )
         write_checkpoint(
@@ -295,16 +299,16 @@ class Trainer:
                 jobdir.add_segment(
                     self.out,
                     self.ledger.segment(
-                        end_step=replica.pos.step,
+                        end_step=replica.steps_done,
                         outcome="completed",
                         ended=jobdir.utc_now(),
                         reason="trained every epoch",
                     ),
                 )
             print(
-                f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in {replica.pos.step} "
-                f"steps (mean step {1e3 * final['mean_step_time_s']:.2f} ms), evaluation "
-                f"{fmt_duration(final['eval_time_s'])}, checkpoints "
+                f"[{self.label}] done: {fmt_duration(final['train_time_s'])} in "
+                f"{replica.steps_done} steps (mean step {1e3 * final['mean_step_time_s']:.2f} ms), "
+                f"evaluation {fmt_duration(final['eval_time_s'])}, checkpoints "
                 f"{fmt_duration(final['checkpoint_time_s'])}; "
                 f"test accuracy {100 * final['final_test_acc']:.2f}% (best "
                 f"{100 * final['best_test_acc']:.2f}%)",
@@ -313,7 +317,7 @@ class Trainer:
         if self.curves:
             self.curves.close()
         dist.shutdown()
-        return {"outcome": "completed", "step": replica.pos.step}
+        return {"outcome": "completed", "step": replica.steps_done}
 
     # -- the run -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -322,7 +326,7 @@ class Trainer:
         self.restore()
         replica, run, epochs = self.replica, self.settings, self.epochs
         if self.rank == 0:
-            resumed = replica.pos.step or None  # its step was logged before its checkpoint
+            resumed = replica.steps_done or None  # its step was logged before its checkpoint
             self.curves = Curves(self.out / "tensorboard", resumed, self.metric)
         # the production job: it keeps measuring its sync (steps.csv, empty if it does not)
         if self.ckpt:
@@ -333,8 +337,8 @@ class Trainer:
                 f"{replica.data.train_size} training samples, {replica.steps_per_epoch} "
                 f"steps/epoch x {epochs} epochs, method {run['method']}, {run['precision']}, "
                 f"backend {self.backend} on {self.device}, "
-                f"{replica.stream.loader.num_workers} loader worker(s)"
-                + (f"; {replica.stream.decode['why']}" if replica.stream.decode else "")
+                f"{replica.loader_workers} loader worker(s)"
+                + (f"; {replica.decode['why']}" if replica.decode else "")
                 + (f", attempt {self.attempt}" if self.ckpt else ""),
                 flush=True,
             )
@@ -344,24 +348,24 @@ class Trainer:
             unit="epoch",
             every_s=0.0,
             enabled=self.rank == 0,
-            start=replica.pos.epoch - 1,
+            start=replica.epoch - 1,
         )
         if self.rank == 0 and self.ckpt:  # requeued after a start that left no record
-            lost = jobdir.unrecorded_stretch(self.out, self.attempt, replica.pos.step)
+            lost = jobdir.unrecorded_stretch(self.out, self.attempt, replica.steps_done)
             if lost:
                 jobdir.add_segment(self.out, lost)
         self.ledger.begin_segment(
             {
                 "attempt": self.attempt,
                 "global_batch": self.global_batch,
-                "start_step": replica.pos.step,
+                "start_step": replica.steps_done,
                 "host": dist.hostname(),
                 "started": jobdir.utc_now(),
                 "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
             }
         )
         try:
-            while replica.pos.epoch <= epochs:
+            while replica.epoch <= epochs:
                 self.train_epoch()
                 self.end_of_epoch(epochs, progress)
             return self.finish()

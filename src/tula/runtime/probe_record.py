@@ -13,7 +13,6 @@ from typing import Any
 
 from tula.model.measurements import HOST_BOUND, INPUT_BOUND
 from tula.runtime.measure import timing_stats
-from tula.runtime.optim import TulaOptimizer
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Timing
 
@@ -66,14 +65,12 @@ def measurement(
         "first_steps_time_s": max(g.get("first_steps", 0.0) for g in gathered),
         "first_short_step_s": max(g.get("first_short_step", 0.0) for g in gathered),
         "compile": replica.compile,
-        "on_device": replica.stream.feed.resident,
-        **_decode(replica.stream.decode),
+        "on_device": replica.on_device,
+        **_decode(replica.decode),
         **_input(gathered, s["mean"] + extra),
         "host_bound": _host_bound(timing),
-        "steps_run": replica.pos.step,
-        "optimizer_counters": dict(replica.opt.counters)
-        if isinstance(replica.opt, TulaOptimizer)
-        else None,
+        "steps_run": replica.steps_done,
+        "optimizer_counters": replica.ags_counters(),
     }
 
 

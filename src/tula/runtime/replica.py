@@ -39,6 +39,7 @@ from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import Cadence, build_method
 from tula.runtime.nets import build_model, compiled
+from tula.runtime.optim import TulaOptimizer
 from tula.runtime.refresh import refresh_scales
 from tula.runtime.replica_state import ReplicaState
 from tula.runtime.stepstate import Position, StepHooks
@@ -108,6 +109,56 @@ class Replica(EpochWalk, ReplicaState):
         self.stream = Stream(loaders, global_batch, self.channels_last)
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
+
+    # -- what the replica shows outside the runtime (read-only views) -----------------
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps taken since the run began (counting the resumed ones)."""
+        return self.pos.step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being trained, from 1 (past the last one once training ended)."""
+        return self.pos.epoch
+
+    @property
+    def epoch_offset(self) -> int:
+        """Samples of this epoch already stepped over."""
+        return self.pos.offset
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step takes (the first parameter group's)."""
+        return float(self.opt.param_groups[0]["lr"])
+
+    @property
+    def loader_workers(self) -> int:
+        """The training DataLoader's worker processes (0: the batches are read in this one)."""
+        return self.stream.loader.num_workers
+
+    @property
+    def decode(self) -> dict | None:
+        """How images are decoded on the device (data.decode: gpu), and why; None otherwise."""
+        return self.stream.decode
+
+    @property
+    def on_device(self) -> bool:
+        """Does the training set live on the device (data.on_device), fed from there?"""
+        return self.stream.feed.resident
+
+    def ags_counters(self) -> dict | None:
+        """AGS's (or static scaling's) counters of the steps it scaled; None for another
+        method."""
+        return dict(self.opt.counters) if isinstance(self.opt, TulaOptimizer) else None
+
+    def ags_scaled_so_far(self) -> torch.Tensor | None:
+        """AGS's count of scaled steps, on the device (read without waiting); None for
+        another method."""
+        return self.opt.scaled_so_far() if isinstance(self.opt, TulaOptimizer) else None
+
+    def ags_mean_factor(self) -> float | None:
+        """AGS's mean scale factor over the layers now; None for another method."""
+        return self.opt.mean_factor() if isinstance(self.opt, TulaOptimizer) else None
 
     # -- pieces of the step ------------------------------------------------------------
     def new_schedule(self) -> recipe.Schedule:
