@@ -19,7 +19,7 @@ each: training-step time, wall time, and monitoring's own measured cost; and
 
     .venv/bin/python bench/drift.py --parts netlab overhead --runs 3 --quiet-runs 5
 
-Writes results/fidelity/drift.json and prints the tables of BENCHMARKS.md.
+Writes results/fidelity/drift.json and prints the tables of BENCHMARKS.md "Nodes and networks".
 """
 
 from __future__ import annotations

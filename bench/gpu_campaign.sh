@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures BENCHMARKS.md lists as not measured, in one call on the device machine (its
+# The GPU figures BENCHMARKS.md "Not measured yet" lists, in one call on the device machine (its
 # 15 minutes include the machine's start), each part under its own time limit, most wanted first:
 #
 #   1. the H100 campaign: the ResNet-50 config of ../shared/gpu/h100-2026-11-27 (224 px, bf16,

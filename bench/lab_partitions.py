@@ -19,7 +19,8 @@ two cores), with `cluster.partitions` listing both (the lab's account), in turn:
 6. the whole workflow (production) at 3.'s choice (cost: lab1) and at 1.'s (time: lab0): the
    production step over its own partition's prediction, and inside its interval or not.
 
-Prints Markdown tables (BENCHMARKS.md) and writes results/fidelity/lab_partitions.json.
+Prints Markdown tables (BENCHMARKS.md "Where to train: partitions") and writes
+results/fidelity/lab_partitions.json.
 """
 
 from __future__ import annotations

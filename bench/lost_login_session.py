@@ -12,7 +12,7 @@ real one-node test cluster (scripts/slurm-cluster.sh up, as root).
 
     .venv/bin/python bench/lost_login_session.py [--epochs 150]     # ~7 min
 
-Prints a Markdown table (BENCHMARKS.md, "Lost login session").
+Prints a Markdown table (BENCHMARKS.md "The production job's safety").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Fidelity of Tula's memory, step-time and knee models.
 
-Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md):
+Five parts, each in fidelity.json and printed as a Markdown table (BENCHMARKS.md
+"The step model's prediction"):
 
 (a) this machine: the shipped config's whole grid, probed REPEATS times with the real probe
     (`tula probe`: its sweep rows included; repeats interleaved, so drift hits every point

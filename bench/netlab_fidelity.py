@@ -12,7 +12,8 @@ leave one point out. Error = |predicted / measured - 1|; the measured points' ow
 
     .venv/bin/python bench/netlab_fidelity.py [--rates 200mbit 50mbit] [--budget 3]  # ~6 min
 
-Prints a Markdown table (BENCHMARKS.md) and writes results/fidelity/netlab.json.
+Prints a Markdown table (BENCHMARKS.md "Nodes and networks") and writes
+results/fidelity/netlab.json.
 """
 
 from __future__ import annotations

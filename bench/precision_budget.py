@@ -11,7 +11,8 @@ rows, error at the other points against the truth).
 
     .venv/bin/python bench/precision_budget.py [--budgets 0.5 1 2 4 8]    # ~15 min on 2 cores
 
-Prints a Markdown table (BENCHMARKS.md) and writes results/fidelity/precision_budget.json.
+Prints a Markdown table (BENCHMARKS.md "Probe precision") and writes
+results/fidelity/precision_budget.json.
 """
 
 from __future__ import annotations

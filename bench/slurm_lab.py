@@ -19,7 +19,8 @@
    once with tula-n1 killed after two epochs (every process on it, the node marked down) and
    revived 5 s later. Lost time = the drilled run's wall time - the clean one's.
 
-Prints Markdown tables (BENCHMARKS.md) and writes results/fidelity/slurm_lab.json.
+Prints Markdown tables (BENCHMARKS.md "Nodes and networks") and writes
+results/fidelity/slurm_lab.json.
 """
 
 from __future__ import annotations

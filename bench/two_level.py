@@ -24,7 +24,8 @@ Error = |predicted / true - 1| at every held-out point (true: the noiseless step
     .venv/bin/pip install -e '.[bench]'       # adaptdl
     .venv/bin/python bench/two_level.py [--seeds 5]
 
-Prints a Markdown table (BENCHMARKS.md) and writes results/fidelity/two_level.json.
+Prints a Markdown table (BENCHMARKS.md "The step model's prediction") and writes
+results/fidelity/two_level.json.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The numbers Tula promises, as the suite holds them: how far a production job may land from
 its prediction, how far a point left out of the fit may, and what accuracy a short run must
 reach. Each bound is derived from this machine's measured noise (bench/suite_bounds.py
-measures it; BENCHMARKS.md, "The suite's numeric bounds", has the figures and the command),
+measures it; BENCHMARKS.md "The test suite" has the figures and the command),
 wide enough that noise does not turn CI red and narrow enough that a gross regression does:
 a prediction off by x2, a run that trains to chance.
 
@@ -93,7 +93,8 @@ ACCURACY_FLOOR = 0.50
 # the two-node lab (tests/test_slurm_lab.py): its two "nodes" share this machine's two cores
 # with the probe jobs' Snakemake, srun and SLURM's daemons, so the production job and the probes
 # it was predicted from ran beside different neighbours: the production step came at 0.77-0.92
-# of its prediction (bench/slurm_lab.py, BENCHMARKS.md), a drift up to 25 % at 95 %
+# of its prediction (bench/slurm_lab.py, BENCHMARKS.md "Nodes and networks"), a drift up to
+# 25 % at 95 %
 LAB_DRIFT = 0.25
 
 

@@ -39,7 +39,7 @@ TINY = {
 # tests/sharing.py): the probes time 1 s a point, not 0.5. This machine's speed wanders over
 # fractions of a second: two 0.5 s windows of the same step in different processes lay x0.76-x1.32
 # apart (95 %), two 1 s windows x0.88-x1.14, inside the bounds' 15 % drift (bench/machine_noise.py,
-# BENCHMARKS.md "The suite's numeric bounds"); the production job times about 1 s of steps.
+# BENCHMARKS.md "The machines and their noise"); the production job times about 1 s of steps.
 TIMED_TINY = {**TINY, "probe": {**TINY["probe"], "time_budget_s": 1.0}}
 
 

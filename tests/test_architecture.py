@@ -196,7 +196,7 @@ UPSTREAM_REFERENCES = ("kneed issue",)
 
 def test_code_says_why_not_when():
     """No issue numbers of this project in code, docstrings or comments: the history lives in
-    git and BENCHMARKS.md, the code says why."""
+    git and docs/benchmarks-log/, the code says why."""
     cited = re.compile(r"\b[Ii]ssues? #?[0-9]+")
     found = []
     for f in sorted(

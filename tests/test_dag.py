@@ -259,7 +259,7 @@ def test_the_production_job_confirms_its_prediction_within_the_machines_noise(fi
     uncertainty; the widening holds the drift between the probes' processes and the
     production job's, 15 % at 95 % on this machine, three standard deviations of it:
     exp(3 x 0.15 / 1.96) (tests/bounds.py). Measured (bench/suite_bounds.py, BENCHMARKS.md
-    "The suite's numeric bounds"): inside the interval itself in 3 runs of 3; with a busy
+    "The test suite"): inside the interval itself in 3 runs of 3; with a busy
     process beside, x1.18 (step) and x1.23 (wall), which is why the run is made alone
     (tests/sharing.py). A prediction scaled x2 puts the step's interval's lower edge at about
     1.7x the step the job pays, past 1.26."""

@@ -4,7 +4,7 @@ made across them, and what follows the choice (the plot, the report, plan.json a
 train.sbatch) made for the chosen partition. Both partitions are this machine, so their probes
 agree within its noise and the price decides objective cost; a change of objective re-runs the
 choices and no probe. On SLURM (the lab's two partitions) the same targets are measured by
-bench/lab_partitions.py (BENCHMARKS.md)."""
+bench/lab_partitions.py (BENCHMARKS.md "Where to train: partitions")."""
 
 import copy
 import json

@@ -19,8 +19,8 @@ def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(r
     (tests/bounds.py: three standard deviations of the machine's drift). Its wall time is not
     bounded here: the bound's spread was measured on the default's runs, and this run's start-up
     (process start to first step) spread further. Measured (bench/suite_bounds.py --recipe,
-    BENCHMARKS.md "Training the way users train"): wall inside x1.08 of its interval in 3 quiet
-    runs, x1.35 in one clean-clone CI run, its start-up 1.52x the prediction there."""
+    BENCHMARKS.md "Production confirms the prediction"): wall inside x1.08 of its interval in 3
+    quiet runs, x1.35 in one clean-clone CI run, its start-up 1.52x the prediction there."""
     wd, _, _ = recipe_run
     res = wd / "results"
     w = json.loads((res / "workload.json").read_text())

@@ -2,7 +2,8 @@
 lab1 of one node each; `slow lab1:2` runs every task on lab1 under a real CPU quota (cgroup v1,
 1/2 of a core), so lab1 is a slower "GPU type"; a job holding lab0 makes the next one wait
 there, as SLURM's `sbatch --test-only` says, and not on lab1. What the quota does to the
-probes' compute step is measured, not bounded here (bench/lab_partitions.py, BENCHMARKS.md)."""
+probes' compute step is measured, not bounded here (bench/lab_partitions.py, BENCHMARKS.md
+"Where to train: partitions")."""
 
 import subprocess
 import time

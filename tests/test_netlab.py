@@ -119,8 +119,9 @@ def _table(recs) -> pd.DataFrame:
 def test_the_two_level_model_predicts_across_the_boundary_within_the_noise(campaign):
     """Fitted on the partial search only: the held-out 4-worker point on the far side of the node
     boundary within the noise of this machine. Two cores run 4 workers here: a probe's step-to-step
-    CV is 7-11 %, and identical runs differ by much more (BENCHMARKS.md: 0.72-1.60 between runs of
-    one point); this point's held-out error measured within 10 % twice, 16 % once
+    CV is 7-11 %, and identical runs differ by much more (BENCHMARKS.md "Nodes and networks":
+    0.72-1.60 between runs of one point); this point's held-out error measured within 10 % twice,
+    16 % once
     (bench/netlab_fidelity.py, 12 % median over 6 points). So: within twice the probe's CV, or 25
     %."""
     from tula.model import perf as perfmodel

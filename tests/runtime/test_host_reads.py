@@ -4,7 +4,7 @@ here on CPU over 10 steady-state steps of every method, by wrapping every Python
 tensor's value reaches the host (``Tensor.item``, ``float(t)``, ``int(t)``, ``bool(t)``,
 ``.cpu()``, ``.tolist()``, ``.numpy()``) and ``torch.cuda.synchronize``. On the GPU the same
 steps ran under ``torch.cuda.set_sync_debug_mode("error")`` with no synchronising call
-(bench/gpu_step.py, BENCHMARKS.md).
+(bench/gpu_step.py, BENCHMARKS.md "On a GPU").
 
 One read per step is justified: with N > 1 the step's agreement (tula.runtime.agreement.
 agree_host: an out-of-memory error, a stop signal) all-reduces a small CPU tensor over gloo and

@@ -13,7 +13,8 @@ out of the band
 on either side (slower *or* faster: a network that recovers is drift too). The widening is
 the part that matters for a plan: a sync change worth less than ``tolerance`` of a step
 cannot move the choice of (N, B) by much, and it absorbs the probe-to-production difference
-of the step (0.9-1.2x, BENCHMARKS.md) that the interval of the fit does not know about.
+of the step (BENCHMARKS.md "Production confirms the prediction") that the interval of the fit
+does not know about.
 
 After firing, the detector re-arms around what it observed (a band as wide as the predicted one): a
 later change is a new drift, the same level with its scatter is not reported again. Each drift

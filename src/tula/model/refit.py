@@ -161,7 +161,7 @@ def decide(
         saving - measured relaunch cost (submission to first step, from this run's attempts)
           >  MARGIN x what is left at the current point  +  the same move's saving undrifted
 
-    so a prediction's own error (BENCHMARKS.md: production within about 0.9-1.2x) cannot move
+    so a prediction's own error (BENCHMARKS.md "Production confirms the prediction") cannot move
     it for nothing, nor a sync faster than predicted move it off a point that the predictions
     liked less already: a drift counts by what it changed. "Before" is the level the drift left
     (its ``from_s``): after an earlier drift, the level that one set, so a slowdown from a sync

@@ -22,8 +22,8 @@ class ProductionJob(submitit.helpers.Checkpointable):
     A module of its own, with no torch until the job runs and none of the launcher: submitit
     unpickles this object in every task before it runs, importing its module, and the
     launcher's imports (pandas' frames, the selection) would add start-up that the probe's
-    workers do not pay, so the probe's start-up would not predict the job's (BENCHMARKS.md,
-    start-up). `tula launch` imports it to submit it."""
+    workers do not pay, so the probe's start-up would not predict the job's (BENCHMARKS.md
+    "Start-up and overheads"). `tula launch` imports it to submit it."""
 
     def __init__(
         self,

@@ -14,9 +14,8 @@ steps, all of it counted: a pair costs about one step (19 ms against a 17 ms ste
 2 workers), so the first comes 100 steps in, and each next one where what the pairs cost so
 far plus one more like the last is 1 % of the steps trained (:func:`next_auto_pair`),
 computed from the agreed times so every rank takes the same steps. (Scheduled from each
-pair's own cost alone, the first pair at step 20 was not paid for: 1.19 % of a 460-step run,
-BENCHMARKS.md.) Post-local SGD has no per-step
-all-reduce to time and is not monitored.
+pair's own cost alone, the first pair was not paid for: BENCHMARKS.md "Nodes and networks".)
+Post-local SGD has no per-step all-reduce to time and is not monitored.
 """
 
 from __future__ import annotations

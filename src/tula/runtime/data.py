@@ -228,7 +228,7 @@ class WorkloadData:
         and so is a batch already standardised (floating point): the device feed standardises
         its batches and the step moves them again, and standardised twice, BatchNorm's running
         statistics were those of other inputs than evaluation's (a uint8 set's test accuracy
-        at chance, BENCHMARKS.md)."""
+        at chance: BENCHMARKS.md "On a GPU")."""
         norm = self.train.norm if isinstance(self.train, TensorSet) else None
         if norm is None or x.is_floating_point():
             return x

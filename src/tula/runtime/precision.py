@@ -10,7 +10,7 @@ but do not keep the timer running for a precision that their rarity, not the ste
 The record says which spread was judged and how many samples spiked
 (:meth:`tula.runtime.timing.Timing.record`). A host clock's steps (CPU) are judged by their
 standard deviation: the predictions on this machine rest on it, and in the same hour the
-robust rule's runs could not be told from it (BENCHMARKS.md).
+robust rule's runs could not be told from it (BENCHMARKS.md "Probe precision").
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ def synced_lead_in(
     rotate: bool = False,
 ) -> Run:
     """The untimed synced steps that lead a timed step, so that it follows what every training
-    step follows: a step that synced. Back to back, compute-only steps read 10-20 % under what
-    they cost after a synced one on 2 cores, and synced steps after compute-only ones read
-    10-18 % under training's (BENCHMARKS.md). The probe's timer runs it before each round
+    step follows: a step that synced. Back to back, compute-only steps read under what they
+    cost after a synced one on 2 cores, and synced steps after compute-only ones under
+    training's (BENCHMARKS.md "Probe precision"). The probe's timer runs it before each round
     (:meth:`tula.runtime.timing.StepTimer.run`), the compute sweep before each timed block.
 
     ``counts``: the steps run, added by kind. ``until_plain``: up to that many more single

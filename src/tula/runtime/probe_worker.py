@@ -337,8 +337,8 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     """What the production job pays besides its steps, measured as it pays it: start-up
     (process start to the first step), two evaluation passes (:meth:`Replica.evaluate`: the
     job's first pass pays what a first pass does -- the test loader, first forwards at the
-    evaluation batch -- and its later ones do not; one pass timed alone predicted the job's
-    evaluation 0.63-0.85x over 6 runs) and one checkpoint write
+    evaluation batch -- and its later ones do not: one pass timed alone under-predicted the
+    job's evaluation, BENCHMARKS.md "Production confirms the prediction") and one checkpoint write
     (:func:`tula.runtime.snapshot.write_checkpoint`, beside the probe's result, then removed);
     each the slowest rank's. An epoch's start is in the step time already
     (``epoch_start_extra_s``). Out of memory here is noted, not the probe's outcome."""

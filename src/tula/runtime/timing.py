@@ -34,11 +34,11 @@ kernels): a faster device would not help. It is taken only on a block queued ont
 device (the first after each check, whose reads wait for the device): once the host is a
 queue's length ahead, CUDA holds each launch until a slot frees, so the host's time per block
 is the device's whether or not the device ever waited, and the share reads 1 at every batch
-(an H200's ResNet-50 probes read 0.95-1.03 from B = 32, host-bound, to B = 1,024, where the
-step grows with B: BENCHMARKS.md). A step with more kernels than the queue holds still reads
-high on a drained device. The host's time also holds any wait the step makes on the device
-(a ``.item()``, a copy from pageable memory), which reads the same; Tula's step makes none
-(its batches are pinned, copied without blocking).
+(an H200's ResNet-50 probes read about 1 from B = 32, host-bound, to B = 1,024, where the
+step grows with B: BENCHMARKS.md "On a GPU"). A step with more kernels than the queue holds
+still reads high on a drained device. The host's time also holds any wait the step makes on the
+device (a ``.item()``, a copy from pageable memory), which reads the same; Tula's step makes
+none (its batches are pinned, copied without blocking).
 
 **Every rank alike.** A step's time is the slowest rank's (the step waits for it); at each check
 the ranks combine their new samples with an element-wise maximum (``combine``: one small
@@ -193,9 +193,9 @@ class StepTimer:
         ``lead_in``: a step run untimed before each round where steps are timed one by one (a
         clock without a queue), so that the round's first arm follows what it follows in
         training. The probe's is a synced step: its synced arm then follows a synced step, as
-        every training step does, not a compute-only one, which on 2 cores made it read 10-18 %
-        faster than production (BENCHMARKS.md). A queued clock's blocks follow their own kind
-        but for their first step, so there it is left out."""
+        every training step does, not a compute-only one, which on 2 cores made it read faster
+        than production (BENCHMARKS.md "Probe precision"). A queued clock's blocks follow their
+        own kind but for their first step, so there it is left out."""
         assert self.target is not None, "StepTimer.run needs a Target"
         if self.clock.queued:
             lead_in = None

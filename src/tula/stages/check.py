@@ -174,8 +174,8 @@ def resident_set(cfg: config_mod.Config, w: dict, device: str) -> int:
     """The training set's bytes the jobs keep on the device beside the step (data.on_device,
     :func:`tula.runtime.loader.resident_by_rule` on the memory budget): the memory probe
     measures with it there, so the estimate's fixed part holds it too (0 where it stays on the
-    host). Without the set, the H200's ResNet-50 estimate was 30 % under the memory probe at
-    b = 32 (BENCHMARKS.md)."""
+    host). Without the set, the H200's ResNet-50 estimate was under the memory probe at
+    b = 32 (BENCHMARKS.md "Memory")."""
     from tula.runtime.loader import resident_by_rule  # torch: only when the workload is checked
 
     nbytes = w.get("train_bytes")

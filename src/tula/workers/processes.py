@@ -131,7 +131,7 @@ def run_one(
     The timing probe keeps torchrun at N = 1 too: its steps are compared across N by the fits,
     so every N is started alike. A worker that hosts the group's store itself (here, as under
     submitit and srun) rather than an agent hosting it may step differently at small batches
-    (``bench/store_host.py``; not settled on 2 cores, BENCHMARKS.md)."""
+    (``bench/store_host.py``; BENCHMARKS.md "Start-up and overheads")."""
     cmd = [sys.executable, "-m", *module_args]
     return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
 
