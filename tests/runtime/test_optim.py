@@ -316,7 +316,7 @@ def test_an_lr_schedule_reaches_the_wrapped_optimizer_after_a_resume(one_process
     stuck at the checkpoint's LR. load_optimizer_state links them again."""
     from tula import config
     from tula.runtime.methods import build_method
-    from tula.runtime.optim import load_optimizer_state
+    from tula.runtime.optim_state import load_optimizer_state
 
     t = config.from_dict({"train": {"method": method, "lr": 1.0}}).train
     p = [torch.nn.Parameter(torch.ones(3))]

@@ -25,7 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category
 
 from tula.runtime.agreement import agree
-from tula.runtime.optim import TulaOptimizer, state_tensors
+from tula.runtime.optim import TulaOptimizer
+from tula.runtime.optim_state import state_tensors
 
 if TYPE_CHECKING:
     from tula.runtime.replica import Replica

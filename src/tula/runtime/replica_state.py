@@ -20,7 +20,7 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.methods import follow_new_batch, set_post_local_iter
-from tula.runtime.optim import load_optimizer_parts, load_optimizer_state, optimizer_parts
+from tula.runtime.optim_state import load_optimizer_parts, load_optimizer_state, optimizer_parts
 from tula.runtime.stepstate import Position
 
 if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)

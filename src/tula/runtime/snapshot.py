@@ -13,7 +13,7 @@ import torch.distributed as torch_dist
 
 from tula import checkpoint
 from tula.runtime.agreement import StepOOM, agree
-from tula.runtime.optim import optimizer_parts
+from tula.runtime.optim_state import optimizer_parts
 from tula.runtime.replica import Replica
 
 
