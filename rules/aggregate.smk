@@ -1,6 +1,4 @@
 rule aggregate:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     input:
         probes=probe_files,
         memory=rules.memprobe.output,
@@ -8,6 +6,8 @@ rule aggregate:
         "results/measurements.csv",
     log:
         "results/logs/aggregate.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     shell:

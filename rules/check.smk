@@ -2,12 +2,12 @@
 # (batch, num_classes). A local rule every probe depends on, so a wrong model or dataset
 # stops the DAG here, before any job is queued.
 rule check:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     output:
         "results/workload.json",
     log:
         "results/logs/check.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     params:

@@ -12,9 +12,12 @@ for _name, _raw in PARTITIONS.items():
 
     module:
         name: PART_MODULE
-        snakefile: "partition.smk"
-        config: _raw
-        replace_prefix: {"results/": f"{tula_partitions.results_dir(_name)}/"}
+        snakefile:
+            "partition.smk"
+        config:
+            _raw
+        replace_prefix:
+            {"results/": f"{tula_partitions.results_dir(_name)}/"}
 
     use rule * from PART_MODULE as PART_RULES*
 
@@ -42,7 +45,9 @@ rule combine:
     params:
         config=CONFIG,
         settings=settings("select"),
-        parts=" ".join(f"--part {n}={tula_partitions.results_dir(n)}" for n in PARTITIONS),
+        parts=" ".join(
+            f"--part {n}={tula_partitions.results_dir(n)}" for n in PARTITIONS
+        ),
         snapshots=tula_partitions.SNAPSHOT_DIR,
     shell:
         "tula combine --config {params.config} {params.parts} --snapshots {params.snapshots}"

@@ -30,7 +30,9 @@ try:
     # named in words; `config` takes the validated dict (defaults filled, an unquoted
     # `replan: off` read as "off", not YAML's false), which Snakemake's validate then passes.
     config.update(
-        tula_config.validate(config, source="workflow/config.yaml (+ --config overrides)")
+        tula_config.validate(
+            config, source="workflow/config.yaml (+ --config overrides)"
+        )
     )
     TULA = tula_config.from_dict(config)
     # a dataset path that does not exist stops here, before any job is queued
@@ -44,7 +46,9 @@ except tula_config.ConfigError as err:
 # Snakemake deploys with conda (it reads the file before any hook runs); never otherwise.
 CONDA_ENV = os.path.join(workflow.basedir, "envs", "tula.yaml")
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    CONDA_ENV = str(tula_pipeline.conda_env(CONDA_ENV, ".snakemake/tula/conda-env.yaml"))
+    CONDA_ENV = str(
+        tula_pipeline.conda_env(CONDA_ENV, ".snakemake/tula/conda-env.yaml")
+    )
 
 
 wildcard_constraints:
@@ -190,7 +194,8 @@ def profile_resource(name, rule):
 
 def profile_settings():
     """The probes' and the training job's partition, account and runtime, as Snakemake gives
-    them (profile and command line; tula.preflight.cluster_settings, as `tula check --profile`)."""
+    them (profile and command line; tula.preflight.cluster_settings, as `tula check --profile`).
+    """
     return tula_preflight.cluster_settings(profile_resource)
 
 
@@ -207,16 +212,19 @@ def decided():
 
 def decide(cfg):
     """``cfg`` with the device decided (:func:`decided`): a partition's config (one entry of
-    cluster.partitions) on its own partition's GPUs, else on the profile's probe partition."""
+    cluster.partitions) on its own partition's GPUs, else on the profile's probe partition.
+    """
     if workflow.remote_exec:
         return cfg
     try:
         decision = tula_devices.for_config(
             cfg,
             "slurm" if workflow.non_local_exec else "local",
-            (cfg.cluster.partition or profile_settings()["probe_partition"])
-            if workflow.non_local_exec
-            else None,
+            (
+                (cfg.cluster.partition or profile_settings()["probe_partition"])
+                if workflow.non_local_exec
+                else None
+            ),
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
@@ -262,12 +270,15 @@ PARTITION_PLOTS = ["results/plots/partitions.png"] if PARTITIONS else []
 PARTITION_RESOURCES = (
     {
         "slurm_partition": TULA.cluster.partition,
-        **({"slurm_account": TULA.launch.slurm_account} if TULA.launch.slurm_account else {}),
+        **(
+            {"slurm_account": TULA.launch.slurm_account}
+            if TULA.launch.slurm_account
+            else {}
+        ),
     }
     if TULA.cluster.partition
     else {}
 )
-
 
 
 def campaign_lines():
@@ -287,6 +298,10 @@ def campaign_lines():
 # What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
 # here (once: the Snakefile's, not again in each partition's module); a run under the SLURM
 # executor says it in onstart, beside the preflight.
-if workflow.output_settings.dryrun and not workflow.remote_exec and not TULA.cluster.partition:
+if (
+    workflow.output_settings.dryrun
+    and not workflow.remote_exec
+    and not TULA.cluster.partition
+):
     for line in campaign_lines():
         print(line, flush=True)

@@ -1,6 +1,4 @@
 rule fit:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     input:
         rules.aggregate.output,
     output:
@@ -8,6 +6,8 @@ rule fit:
         perf="results/model/perf.json",
     log:
         "results/logs/fit.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     params:

@@ -18,9 +18,15 @@ onstart:
         try:
             if PARTITIONS:  # every listed partition, its probes and training on it
                 tula_preflight.each_partition(
-                    {n: tula_config.from_dict(raw) for n, raw in PARTITIONS.items()},
-                    describe_to=lambda said: print(f"tula preflight: {said}", flush=True),
-                    train_runtime_min=TULA.launch.timeout_min or profile["train_runtime_min"],
+                    {
+                        n: tula_config.from_dict(raw)
+                        for n, raw in PARTITIONS.items()
+                    },
+                    describe_to=lambda said: print(
+                        f"tula preflight: {said}", flush=True
+                    ),
+                    train_runtime_min=TULA.launch.timeout_min
+                    or profile["train_runtime_min"],
                     profile_mem_mb=profile["mem_mb"],
                     probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
                 )
@@ -35,11 +41,15 @@ onstart:
                     profile_mem_mb=profile["mem_mb"],
                     probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
                 )
-                print(f"tula preflight: {tula_preflight.describe(report)}", flush=True)
+                print(
+                    f"tula preflight: {tula_preflight.describe(report)}", flush=True
+                )
         except tula_preflight.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
         except tula_preflight.PreflightError as err:
-            raise WorkflowError(f"{err}\n(see workflow/config.yaml and the profile)")
+            raise WorkflowError(
+                f"{err}\n(see workflow/config.yaml and the profile)"
+            )
 
 
 # The answer where the user looks (tula.stages.summary): at the end of a run, the choice and

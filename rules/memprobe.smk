@@ -14,12 +14,12 @@ checkpoint memprobe:
         CONDA_ENV
     threads: whole_machine
     resources:
+        **PARTITION_RESOURCES,
         tasks=1,
         nodes=1,
         cpus_per_task=TULA.hardware.threads_per_worker,
         gres=memprobe_gres,
         runtime=PROBE_RUNTIME_MIN,
-        **PARTITION_RESOURCES,
     params:
         config=CONFIG,
         settings=settings("memprobe"),

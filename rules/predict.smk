@@ -1,6 +1,4 @@
 rule predict:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     input:
         measurements=rules.aggregate.output[0],
         memory=rules.fit.output.memory,
@@ -10,6 +8,8 @@ rule predict:
         "results/predictions.csv",
     log:
         "results/logs/predict.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     params:

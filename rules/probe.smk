@@ -15,6 +15,7 @@ rule probe:
         CONDA_ENV
     threads: whole_machine
     resources:
+        **PARTITION_RESOURCES,
         tasks=probe_resource("tasks"),
         nodes=probe_resource("nodes"),
         mpi=probe_resource("mpi"),
@@ -22,7 +23,6 @@ rule probe:
         gres=probe_resource("gres"),
         runtime=probe_resource("runtime"),
         slurm_extra=probe_resource("slurm_extra"),
-        **PARTITION_RESOURCES,
     params:
         config=CONFIG,
         settings=settings("probe"),

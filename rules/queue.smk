@@ -3,12 +3,12 @@
 # time_to_result adds it to T; the production job asks again when it is submitted. Under the
 # local executor there is no queue, and the file says so.
 rule queue:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     output:
         "results/queue.json",
     log:
         "results/logs/queue.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     params:

@@ -1,6 +1,4 @@
 rule select:
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
-    localrule: True
     input:
         predictions=rules.predict.output[0],
         measurements=rules.aggregate.output[0],
@@ -12,6 +10,8 @@ rule select:
         "results/selection.json",
     log:
         "results/logs/select.log",
+    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+    localrule: True
     conda:
         CONDA_ENV
     params:
