@@ -245,7 +245,7 @@ FOREIGN_FIELDS = {
     ("runtime/methods.py", "state.iter"): "torch's PostLocalSGDState counts in its own field",
     ("runtime/nets.py", "setattr(cfg, ...)"): "torch._dynamo's config module",
     ("runtime/optim.py", "p.grad"): "a torch Parameter's gradient",
-    ("runtime/optim.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
+    ("runtime/optim_state.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
     ("runtime/refresh.py", "p.grad"): "a torch Parameter's gradient",
     ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
     ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
