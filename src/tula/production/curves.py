@@ -55,9 +55,9 @@ class Curves:
         per_step = seconds / len(self.pending)
         losses = torch.stack([p[1].float() for p in self.pending]).tolist()
         scaled = [None] * len(self.pending)
-        factor = replica.ags_mean_factor()
-        if factor is not None:
+        if self.pending[0][4] is not None:  # AGS or static scaling counted its scaled steps
             scaled = torch.stack([p[4] for p in self.pending]).tolist()
+        factor = replica.ags_mean_factor()
         w = self.writer
         for (step, _, lr, samples, _), loss, sc in zip(self.pending, losses, scaled):
             w.add_scalar("train/loss", loss, step)
