@@ -52,6 +52,7 @@ import yaml
 
 from _harness import ROOT
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import memory
 from tula.model import perf as perfmodel
@@ -113,8 +114,10 @@ def part_a(repeats: int, out: Path) -> dict:
     mp_path = out / "memory_probe.json"
     mp = read_json(mp_path) if mp_path.exists() else memprobe.run(cfg_path, mp_path)
     bmax = mp["max_local_batch"]
-    points = search_set(cfg, bmax)
-    corners = set(search_set(config_mod.from_dict({**raw, "search": "partial"}), bmax))
+    points = search_set(model_inputs.grid_spec(cfg), bmax)
+    corners = set(
+        search_set(model_inputs.grid_spec(config_mod.from_dict({**raw, "search": "partial"})), bmax)
+    )
     rows, t0 = [], time.perf_counter()
     for r in range(repeats):
         files = {p: out / "probes" / f"r{r}" / f"{p.name}.json" for p in points}
@@ -293,11 +296,20 @@ def syn_memory_probe(
         }
 
     pts = []
-    for b in probe_batches(cfg):
+    for b in probe_batches(
+        model_inputs.grid_spec(cfg), model_inputs.probe_steps(cfg).memory_batches
+    ):
         pts.append(point(b))
         if pts[-1]["status"] != "ok":
             break
-    while (b := next_probe_batch(cfg, pts)) is not None:
+    while (
+        b := next_probe_batch(
+            model_inputs.grid_spec(cfg),
+            model_inputs.probe_steps(cfg).memory_batches,
+            cfg.hardware.memory_budget_bytes,
+            pts,
+        )
+    ) is not None:
         pts.append(point(b))
     ok = [p for p in pts if p["status"] == "ok"]
     model = memory.from_points(
@@ -337,7 +349,7 @@ def syn_job(cfg, cl: Cluster, p: Point, bmax, rng, sweep: bool = True) -> list[d
         }
     ]
     if sweep:
-        for lb in sweep_local_batches(cfg, p.workers, b, bmax, D_SYN // 4):
+        for lb in sweep_local_batches(model_inputs.grid_spec(cfg), p.workers, b, bmax, D_SYN // 4):
             if cl.mem(lb) > 32e9:
                 rows.append(
                     {
@@ -383,7 +395,7 @@ def syn_fit(rows) -> perfmodel.PerfModel:
 
 
 def feasible_points(cfg, cl: Cluster) -> list[Point]:
-    return [p for p in grid(cfg) if cl.mem(p.local_batch) <= cl.budget]
+    return [p for p in grid(model_inputs.grid_spec(cfg)) if cl.mem(p.local_batch) <= cl.budget]
 
 
 def part_b(seeds: int, full_seeds: int) -> dict:
@@ -399,7 +411,7 @@ def part_b(seeds: int, full_seeds: int) -> dict:
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
-        corners = search_set(cfg, bmax)
+        corners = search_set(model_inputs.grid_spec(cfg), bmax)
         held = [p for p in feas if p not in corners]
         truth = cl.step([p.workers for p in held], [p.local_batch for p in held])
         for key, sweep in (("partial_with_sweep", True), ("partial_without_sweep", False)):
@@ -412,7 +424,9 @@ def part_b(seeds: int, full_seeds: int) -> dict:
     for seed in range(full_seeds):
         rng = np.random.default_rng(1000 + seed)
         mrows, bmax = syn_memory_probe(cfg, cl, rng)
-        jobs = syn_campaign(cfg, cl, search_set(syn_config(search="full"), bmax), bmax, rng)
+        jobs = syn_campaign(
+            cfg, cl, search_set(model_inputs.grid_spec(syn_config(search="full")), bmax), bmax, rng
+        )
         for p in jobs:
             perf = syn_fit(mrows + [r for q, rows in jobs.items() if q != p for r in rows])
             forms["full"].append(f"{perf.compute.form.name}/{perf.step.form.name}")
@@ -439,7 +453,7 @@ def part_b(seeds: int, full_seeds: int) -> dict:
 
 
 def true_table(cfg, cl: Cluster) -> pd.DataFrame:
-    pts = grid(cfg)
+    pts = grid(model_inputs.grid_spec(cfg))
     df = pd.DataFrame(
         {"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]}
     )
@@ -475,7 +489,7 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         feas = tt[tt["feasible"]]
         t_min = float(feas["train_time_s"].min())
         best_t = feas.groupby("global_batch")["train_time_s"].min()
-        true_sel = select(tt, cfg)["knee"]
+        true_sel = select(tt, model_inputs.planning(cfg))["knee"]
         out["true_curve"][bm] = {
             "marginal": true_sel["marginal"]["global_batch"],
             "kneedle": true_sel["kneedle"]["global_batch"],
@@ -484,12 +498,12 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
             mrows, bmax = syn_memory_probe(cfg, cl, rng)
-            jobs = syn_campaign(cfg, cl, search_set(cfg, bmax), bmax, rng)
+            jobs = syn_campaign(cfg, cl, search_set(model_inputs.grid_spec(cfg), bmax), bmax, rng)
             rows = mrows + [r for job in jobs.values() for r in job]
             perf = syn_fit(rows)
             mem = memory.fit(pd.DataFrame(rows), cfg.hardware.memory_budget_bytes)
-            pred = predict(cfg, perf, mem, D_SYN)
-            k = select(pred, cfg)["knee"]
+            pred = predict(model_inputs.planning(cfg), perf, mem, D_SYN)
+            k = select(pred, model_inputs.planning(cfg))["knee"]
             for rule in ("marginal", "kneedle"):
                 b = k[rule]["global_batch"]
                 if b is None:
@@ -526,21 +540,29 @@ def part_d(seeds: int) -> dict:
                 "hardware": {"device_memory_gb": 32, "memory_margin": 0.1},
             }
         )
-        old = search_set(cfg)
+        old = search_set(model_inputs.grid_spec(cfg))
         wasted_old = sum(cl.mem(p.local_batch) > 32e9 for p in old)
         rec = {
             "old_corners": [p.name for p in old],
             "old_wasted": int(wasted_old),
             "new_corners_seed0": [
                 p.name
-                for p in search_set(cfg, syn_memory_probe(cfg, cl, np.random.default_rng(0))[1])
+                for p in search_set(
+                    model_inputs.grid_spec(cfg),
+                    syn_memory_probe(cfg, cl, np.random.default_rng(0))[1],
+                )
             ],
         }
         for label, mem_noise in (("", MEM_NOISE), ("_mem_noise_3pct", 0.03)):
             wasted, extra = [], []
             for seed in range(seeds):
                 pts, bmax = syn_memory_probe(cfg, cl, np.random.default_rng(seed), mem_noise)
-                wasted.append(sum(cl.mem(p.local_batch) > 32e9 for p in search_set(cfg, bmax)))
+                wasted.append(
+                    sum(
+                        cl.mem(p.local_batch) > 32e9
+                        for p in search_set(model_inputs.grid_spec(cfg), bmax)
+                    )
+                )
                 extra.append(len(pts) - 3)
             rec[f"new_wasted_max{label}"] = int(max(wasted))
             rec[f"memory_probe_extra_points_max{label}"] = int(max(extra))
@@ -589,7 +611,7 @@ def plot_b(outdir: Path) -> None:
     cl, cfg = Cluster(), syn_config()
     rng = np.random.default_rng(0)
     mrows, bmax = syn_memory_probe(cfg, cl, rng)
-    corners = search_set(cfg, bmax)
+    corners = search_set(model_inputs.grid_spec(cfg), bmax)
     jobs = syn_campaign(cfg, cl, corners, bmax, rng)
     rows = mrows + [r for job in jobs.values() for r in job]
     perf = syn_fit(rows)
@@ -597,7 +619,12 @@ def plot_b(outdir: Path) -> None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, n in enumerate(cfg.grid.workers):
         bs = np.array(
-            [b for b in batch_sizes(cfg) if b // n >= 1 and cl.mem(b // n) <= cl.budget], float
+            [
+                b
+                for b in batch_sizes(model_inputs.grid_spec(cfg))
+                if b // n >= 1 and cl.mem(b // n) <= cl.budget
+            ],
+            float,
         )
         c = colors[i % len(colors)]
         ax.plot(bs, cl.step(n, bs // n), "o", color=c, ms=4, label=f"N={n} truth")

@@ -30,6 +30,7 @@ import yaml
 
 from _harness import ROOT
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import write_json
 from tula.model.grid import grid, search_set
 from tula.stages import probe
@@ -60,7 +61,7 @@ def lab(*args: str) -> None:
 def measure(cfg_path: Path, out: Path) -> pd.DataFrame:
     cfg = config_mod.load(cfg_path)
     rows = []
-    for p in grid(cfg):
+    for p in grid(model_inputs.grid_spec(cfg)):
         rec = probe.run(cfg_path, p.workers, p.global_batch, out / f"{p.name}.json")
         if rec["status"] != "ok":
             raise SystemExit(f"{p.name}: {rec['status']}: {rec.get('error')}")
@@ -79,7 +80,7 @@ def models(per_node: int):
 
 
 def errors(df: pd.DataFrame, cfg) -> dict:
-    corners = {p.name for p in search_set(cfg)}
+    corners = {p.name for p in search_set(model_inputs.grid_spec(cfg))}
     out = {}
     for name, make in models(PER_NODE).items():
         train, held = df[df["point"].isin(corners)], df[~df["point"].isin(corners)]

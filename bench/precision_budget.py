@@ -27,6 +27,7 @@ import yaml
 
 from _harness import ROOT
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import perf as perfmodel
 from tula.model.grid import search_set
@@ -50,9 +51,12 @@ def main() -> None:
     cfg = config_mod.load(paths[a.budgets[0]])
     mp_path = out / "memory_probe.json"
     mp = read_json(mp_path) if mp_path.exists() else memprobe.run(paths[a.budgets[0]], mp_path)
-    points = search_set(cfg, mp["max_local_batch"])
+    points = search_set(model_inputs.grid_spec(cfg), mp["max_local_batch"])
     corners = set(
-        search_set(config_mod.from_dict({**raw, "search": "partial"}), mp["max_local_batch"])
+        search_set(
+            model_inputs.grid_spec(config_mod.from_dict({**raw, "search": "partial"})),
+            mp["max_local_batch"],
+        )
     )
     rows, t0 = [], time.perf_counter()
     for i, p in enumerate(points):

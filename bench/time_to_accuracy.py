@@ -35,6 +35,7 @@ import yaml
 from _harness import ROOT, copy_workflow
 from _harness import snakemake as run_snakemake
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model.choice import select
 from tula.stages.compare.cells import median_time_input
@@ -88,7 +89,9 @@ def run_dataset(ds: str, args, work: Path) -> dict:
     cfg = config_mod.load(res.parent / ".snakemake" / "tula" / "config.json")
     choices = {}
     for obj in OBJECTIVES:
-        sel = select(pred, config_mod.from_dict({**cfg.to_dict(), "objective": obj}))
+        sel = select(
+            pred, model_inputs.planning(config_mod.from_dict({**cfg.to_dict(), "objective": obj}))
+        )
         choices[obj] = int(sel["selected"]["global_batch"])
     acc = pd.read_csv(res / "compare" / "accuracy.csv")
     p2 = pred[pred["workers"] == 2].set_index("global_batch")

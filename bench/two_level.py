@@ -38,6 +38,7 @@ import pandas as pd
 
 from _harness import ROOT
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import write_json
 from tula.model import perf as perfmodel
 from tula.model.grid import grid, search_set
@@ -140,9 +141,9 @@ MODELS = {
 
 
 def errors(cl: Cluster, cfg, rng) -> dict:
-    pts = [p for p in grid(cfg) if p.local_batch >= 4]
+    pts = [p for p in grid(model_inputs.grid_spec(cfg)) if p.local_batch >= 4]
     table = rows(cl, pts, rng)
-    corners = {p.name for p in search_set(cfg)}
+    corners = {p.name for p in search_set(model_inputs.grid_spec(cfg))}
     name = [f"N{r.workers}_B{r.global_batch}" for r in table.itertuples()]
     table["point"] = name
     truth = cl.step(table["workers"], table["local_batch"])
@@ -180,7 +181,8 @@ def main() -> None:
             "cluster": {"workers_per_node": PER_NODE},
         }
     )
-    print(f"partial search probes: {', '.join(p.name for p in search_set(cfg))}")
+    partial = search_set(model_inputs.grid_spec(cfg))
+    print(f"partial search probes: {', '.join(p.name for p in partial)}")
     results: dict = {}
     t0 = time.time()
     for scen, params in SCENARIOS.items():

@@ -22,6 +22,7 @@ from tula.stages import check as tula_check
 from tula.stages import combine as tula_combine
 from tula.stages.compare import runs as tula_compare_runs
 from tula.stages import summary as tula_summary
+from tula import model_inputs as tula_model_inputs
 from tula.model.grid import batches_at, search_set
 from tula.model.memory import max_local_batch
 
@@ -35,6 +36,7 @@ try:
         )
     )
     TULA = tula_config.from_dict(config)
+    TULA_GRID = tula_model_inputs.grid_spec(TULA)  # the grid, as the equations take it
     # a dataset path that does not exist stops here, before any job is queued
     tula_dataset_paths.check_dataset_paths(TULA)
 except tula_config.ConfigError as err:
@@ -62,7 +64,8 @@ def probe_files(wildcards):
     is probed."""
     bmax = max_local_batch(checkpoints.memprobe.get().output[0])
     return expand(
-        rules.probe.output[0], n=sorted({p.workers for p in search_set(TULA, bmax)})
+        rules.probe.output[0],
+        n=sorted({p.workers for p in search_set(TULA_GRID, bmax)}),
     )
 
 
@@ -71,7 +74,7 @@ def probe_job_batches(wildcards):
     that changes them runs the job again)."""
     memory = rules.memprobe.output[0]
     bmax = max_local_batch(memory) if os.path.exists(memory) else None
-    return ",".join(map(str, batches_at(TULA, int(wildcards.n), bmax)))
+    return ",".join(map(str, batches_at(TULA_GRID, int(wildcards.n), bmax)))
 
 
 def parent_dir(name):

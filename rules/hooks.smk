@@ -28,7 +28,7 @@ onstart:
                     train_runtime_min=TULA.launch.timeout_min
                     or profile["train_runtime_min"],
                     profile_mem_mb=profile["mem_mb"],
-                    probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
+                    probe_points=len(batches_at(TULA_GRID, max(TULA.grid.workers))),
                 )
             else:
                 report = tula_preflight.preflight(
@@ -39,7 +39,7 @@ onstart:
                     train_runtime_min=TULA.launch.timeout_min
                     or profile["train_runtime_min"],
                     profile_mem_mb=profile["mem_mb"],
-                    probe_points=len(batches_at(TULA, max(TULA.grid.workers))),
+                    probe_points=len(batches_at(TULA_GRID, max(TULA.grid.workers))),
                 )
                 print(
                     f"tula preflight: {tula_preflight.describe(report)}", flush=True

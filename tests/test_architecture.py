@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 SRC = ROOT / "src" / "tula"
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 390
 MAX_FUNCTION_LINES = 60
 LONG_REASON = "Long because"  # a function over the limit says why in its docstring
 
@@ -52,7 +52,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_are_kept():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert r.stdout.count(" KEPT") == 7 and "BROKEN" not in r.stdout
+    assert r.stdout.count(" KEPT") == 8 and "BROKEN" not in r.stdout
 
 
 TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "  # an import for types only

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from tula import config, dataset_paths
+from tula import config, dataset_paths, model_inputs
 from tula.config import ConfigError
 from tula.model import grid
 
@@ -201,7 +201,7 @@ def test_a_grid_of_doublings_need_not_start_at_a_power_of_two():
     """B = 48, 96, ..., 768 (six workers' nodes, or a knee clear of knee_gain) is a grid; a
     batch_max off the doublings is refused with the two that would do."""
     cfg = config.from_dict({"grid": {"workers": [1, 2, 6], "batch_min": 48, "batch_max": 768}})
-    assert grid.batch_sizes(cfg) == [48, 96, 192, 384, 768]
+    assert grid.batch_sizes(model_inputs.grid_spec(cfg)) == [48, 96, 192, 384, 768]
     with pytest.raises(ConfigError, match=r"grid.batch_max.*use 384 or 768"):
         config.from_dict({"grid": {"batch_min": 48, "batch_max": 512}})
 

@@ -21,7 +21,7 @@ from bounds import (
     interval_multiple,
 )
 from conftest import ROOT, TINY, copy_workflow, snakemake, venv_env
-from tula import config
+from tula import config, model_inputs
 from tula.faults import ENV as FAULT_ENV
 from tula.model import measurements as measurements_mod
 from tula.model import perf as perfmodel
@@ -147,7 +147,9 @@ def test_every_output_exists_and_parses(finished_run):
     expected = {
         (n, lb)
         for (n, b), probed in launches.items()
-        for lb in sweep_local_batches(cfg, n, b // n, mp["max_local_batch"], 1437 // 4, probed)
+        for lb in sweep_local_batches(
+            model_inputs.grid_spec(cfg), n, b // n, mp["max_local_batch"], 1437 // 4, probed
+        )
     }
     assert set(zip(sweep["workers"], sweep["global_batch"])) == set(launches)
     assert n1[1]["sweep"] == [] and n1[1]["sweep_in"] == n1[0]["sweep_in"] == "N1_B32"

@@ -190,17 +190,6 @@ class TrainSettings:
         return 5.0 if self.method in ("lrs", "lars", "polo") else 0.0
 
 
-# Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay
-# 1e-4 for MobileNetV3, 5e-4 for the others. small_cnn is not a paper model: 0.05 / 5e-4.
-def family_defaults(model: str) -> tuple[float, float]:
-    """(lr, weight_decay) of the paper's setup for the model's family."""
-    if "resnet" in model or model == "small_cnn":
-        return 0.05, 5e-4
-    if "mobilenet" in model:
-        return 0.01, 1e-4
-    return 0.01, 5e-4
-
-
 @dataclass(frozen=True)
 class LaunchSettings:
     executor: str
@@ -371,7 +360,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
 
 
 def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
-    lr, wd = family_defaults(model)
+    lr, wd = config_rules.family_defaults(model)
     return TrainSettings(
         **{
             **t,

@@ -1,6 +1,8 @@
-"""What a config must say that its JSON schema cannot: keys renamed in an older config, and
-the rules between keys (B divisible by N, whole nodes, B by doublings, ...). Each problem is a
-sentence naming its config key; :func:`tula.config.validate` raises them together."""
+"""What a config must say that its JSON schema cannot: keys renamed in an older config, the
+rules between keys (B divisible by N, whole nodes, B by doublings, ...), and the defaults that
+depend on another key (the device memory on hardware.gpu, the LR and weight decay on the
+model's family). Each problem is a sentence naming its config key;
+:func:`tula.config.validate` raises them together."""
 
 from __future__ import annotations
 
@@ -226,3 +228,15 @@ def device_memory(raw: dict[str, Any]) -> str:
             f"the default {DEFAULT_DEVICE_MEMORY_GB:g} GB, no hardware.gpu named"
         )
     return ""
+
+
+# Paper §IV-B: SGD, momentum 0.9; LR 0.05 for ResNet50, 0.01 for the others; weight decay
+# 1e-4 for MobileNetV3, 5e-4 for the others. small_cnn is not a paper model: 0.05 / 5e-4.
+def family_defaults(model: str) -> tuple[float, float]:
+    """(lr, weight_decay) of the paper's setup for the model's family: train.lr and
+    train.weight_decay where the config leaves them null."""
+    if "resnet" in model or model == "small_cnn":
+        return 0.05, 5e-4
+    if "mobilenet" in model:
+        return 0.01, 1e-4
+    return 0.01, 5e-4

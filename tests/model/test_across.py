@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from conftest import prediction_table as table
-from tula import config
+from tula import config, model_inputs
 from tula.model import across
 from tula.model.choice import WAIT, select
 
@@ -20,7 +20,7 @@ def planned(scale: float, price: float, waits=None, objective="time"):
     if waits is not None:
         pred = across.with_waits(pred, waits)
     cfg = config.from_dict({"objective": objective})
-    return pred, select(pred, cfg)
+    return pred, select(pred, model_inputs.planning(cfg))
 
 
 def choose(parts, objective, knee_on="time"):

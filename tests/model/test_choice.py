@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from conftest import prediction_table as table
-from tula import config
+from tula import config, model_inputs
 from tula.model.choice import NoFeasibleConfiguration, knee_of, select
 
 CURVE = {b: 1000 / b * (1 + b / 2048) for b in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}
@@ -45,7 +45,7 @@ def hyperbola(lo=32, hi=8192, workers=2):
 
 
 def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
-    sel = select(table(hyperbola()), config.from_dict({"objective": "knee"}))
+    sel = select(table(hyperbola()), model_inputs.planning(config.from_dict({"objective": "knee"})))
     k = sel["knee"]
     assert (
         k["rule"] == "marginal"
@@ -70,14 +70,18 @@ def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
 def test_marginal_knee_does_not_move_with_the_batch_range_but_kneedle_does():
     knees = {}
     for hi in (8192, 16384, 65536):
-        k = select(table(hyperbola(hi=hi)), config.from_dict({"objective": "knee"}))["knee"]
+        k = select(
+            table(hyperbola(hi=hi)), model_inputs.planning(config.from_dict({"objective": "knee"}))
+        )["knee"]
         knees[hi] = (k["marginal"]["global_batch"], k["kneedle"]["global_batch"])
     assert {m for m, _ in knees.values()} == {4096}
     assert len({kn for _, kn in knees.values()}) == 3  # kneed #170: the knee follows the range
 
 
 def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
-    sel = select(table(hyperbola(hi=2048)), config.from_dict({"objective": "knee"}))
+    sel = select(
+        table(hyperbola(hi=2048)), model_inputs.planning(config.from_dict({"objective": "knee"}))
+    )
     assert sel["selected"]["global_batch"] == 2048 and not sel["knee"]["marginal"]["flattened"]
     # 500/(1000+1024)
     assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]
@@ -85,14 +89,17 @@ def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
 
 
 def test_knee_gain_is_the_threshold():
-    sel = select(table(hyperbola()), config.from_dict({"objective": "knee", "knee_gain": 0.2}))
+    sel = select(
+        table(hyperbola()),
+        model_inputs.planning(config.from_dict({"objective": "knee", "knee_gain": 0.2})),
+    )
     # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
     assert sel["selected"]["global_batch"] == 2048
 
 
 def test_kneedle_rule_is_the_papers_knee():
     cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
-    sel = select(table({(2, b): t for b, t in CURVE.items()}), cfg)
+    sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
     knee = sel["knee"]["global_batch"]
     assert sel["knee"]["rule"] == "kneedle" and knee == sel["knee"]["kneedle"][
         "global_batch"
@@ -106,39 +113,51 @@ def test_knee_on_cost_uses_the_cost_curve():
     times = {(2, b): t for b, t in CURVE.items()}
     df = table(times)
     df["cost"] = [100 / b + 1 if b <= 512 else 1.19 - b / 1e6 for b in df["global_batch"]]
-    sel = select(df, config.from_dict({"objective": "knee", "knee_on": "cost"}))
+    sel = select(
+        df, model_inputs.planning(config.from_dict({"objective": "knee", "knee_on": "cost"}))
+    )
     assert sel["knee"]["on"].startswith("cost") and "of C" in sel["reason"]
     assert sel["selected"]["global_batch"] <= 512
 
 
 def test_flat_curve_knee_is_the_smallest_batch_or_no_kneedle_knee():
     flat = table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0})
-    sel = select(flat, config.from_dict({"objective": "knee"}))
+    sel = select(flat, model_inputs.planning(config.from_dict({"objective": "knee"})))
     # more batch never pays
     assert sel["selected"]["global_batch"] == 32 and "saves 0.0 %" in sel["reason"]
-    sel = select(flat, config.from_dict({"objective": "knee", "knee_rule": "kneedle"}))
+    sel = select(
+        flat, model_inputs.planning(config.from_dict({"objective": "knee", "knee_rule": "kneedle"}))
+    )
     assert not sel["knee"]["found"] and "no Kneedle knee" in sel["reason"]
 
 
 def test_knee_uses_fastest_n_per_batch():
     times = {(1, b): 2 * t for b, t in CURVE.items()} | {(2, b): t for b, t in CURVE.items()}
-    sel = select(table(times), config.from_dict({"objective": "knee"}))
+    sel = select(table(times), model_inputs.planning(config.from_dict({"objective": "knee"})))
     assert sel["selected"]["workers"] == 2
     assert all(p["workers"] == 2 for p in sel["knee"]["envelope"])
 
 
 def test_time_and_cost_objectives_differ():
     t = {(1, 64): 10.0, (4, 64): 4.0}  # 4 workers: faster (4 s) but dearer (16 node-s vs 10)
-    assert select(table(t), config.from_dict({"objective": "time"}))["selected"]["workers"] == 4
-    sel = select(table(t), config.from_dict({"objective": "cost"}))
+    assert (
+        select(table(t), model_inputs.planning(config.from_dict({"objective": "time"})))[
+            "selected"
+        ]["workers"]
+        == 4
+    )
+    sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "cost"})))
     assert sel["selected"]["workers"] == 1 and sel["runner_up"]["workers"] == 4
 
 
 def test_constraints_and_infeasible_points_are_excluded():
     t = {(1, 64): 10.0, (2, 64): 6.0, (4, 64): 4.0, (4, 128): 2.0}
     cfg = config.from_dict({"objective": "time", "constraints": {"max_workers": 2}})
-    assert select(table(t), cfg)["selected"]["workers"] == 2
-    sel = select(table(t, feasible={(4, 128): False}), config.from_dict({"objective": "time"}))
+    assert select(table(t), model_inputs.planning(cfg))["selected"]["workers"] == 2
+    sel = select(
+        table(t, feasible={(4, 128): False}),
+        model_inputs.planning(config.from_dict({"objective": "time"})),
+    )
     assert (sel["selected"]["workers"], sel["selected"]["global_batch"]) == (4, 64)
     assert sel["excluded"]["infeasible_memory_or_oom"] == 1
 
@@ -149,7 +168,7 @@ def test_nothing_feasible_is_a_clear_error():
         NoFeasibleConfiguration,
         match=r"every grid point is excluded \(below_min_batch: 1\)\. Widen",
     ):
-        select(table({(1, 64): 1.0}), cfg)
+        select(table({(1, 64): 1.0}), model_inputs.planning(cfg))
 
 
 def _with_noise(
@@ -168,14 +187,16 @@ def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
     nearly twice the epochs: time to accuracy is least near the critical batch, and the
     objective says how the time and knee choices compare."""
     pred = _with_noise(table({(2, b): t for b, t in CURVE.items()}), b_noise=256)
-    sel = select(pred, config.from_dict({"objective": "time_to_accuracy"}))
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
     tta = {int(r.global_batch): r.time_to_accuracy_s for r in pred.itertuples()}
     best = min(tta, key=tta.get)
     assert sel["selected"]["global_batch"] == best and 128 <= best <= 1024
     nz = sel["noise"]
     assert nz["b_noise"] == nz["critical_batch"] == 256 and nz["chosen_over_critical"] == best / 256
     assert nz["statistical_efficiency"] == pytest.approx(1 / (1 + best / 256))
-    time_b = select(pred, config.from_dict({"objective": "time"}))["selected"]["global_batch"]
+    time_b = select(pred, model_inputs.planning(config.from_dict({"objective": "time"})))[
+        "selected"
+    ]["global_batch"]
     assert time_b == 8192 and nz["versus"]["time"]["global_batch"] == 8192
     assert (
         nz["versus"]["time"]["ratio_to_chosen"] == pytest.approx(tta[8192] / tta[best])
@@ -194,4 +215,4 @@ def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
         ValueError,
         match="objective.: time_to_accuracy needs the gradient noise scale.*probe.noise_steps",
     ):
-        select(pred, config.from_dict({"objective": "time_to_accuracy"}))
+        select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))

@@ -1,18 +1,18 @@
-from tula import config
+from tula import config, model_inputs
 from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
 
 
 def test_batches_are_powers_of_two_between_bounds():
     cfg = config.from_dict({"grid": {"batch_min": 32, "batch_max": 256}})
-    assert batch_sizes(cfg) == [32, 64, 128, 256]
+    assert batch_sizes(model_inputs.grid_spec(cfg)) == [32, 64, 128, 256]
 
 
 def test_full_search_is_the_whole_grid():
     cfg = config.from_dict(
         {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 128}, "search": "full"}
     )
-    pts = search_set(cfg)
-    assert pts == grid(cfg) and len(pts) == 9
+    pts = search_set(model_inputs.grid_spec(cfg))
+    assert pts == grid(model_inputs.grid_spec(cfg)) and len(pts) == 9
     assert all(p.global_batch % p.workers == 0 for p in pts)
 
 
@@ -20,12 +20,17 @@ def test_partial_search_is_the_four_corners():
     cfg = config.from_dict(
         {"grid": {"workers": [4, 1, 2], "batch_min": 32, "batch_max": 512}, "search": "partial"}
     )
-    assert search_set(cfg) == [Point(1, 32), Point(1, 512), Point(4, 32), Point(4, 512)]
+    assert search_set(model_inputs.grid_spec(cfg)) == [
+        Point(1, 32),
+        Point(1, 512),
+        Point(4, 32),
+        Point(4, 512),
+    ]
 
 
 def test_partial_with_one_n_and_one_b_is_one_point():
     cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 64}})
-    assert search_set(cfg) == [Point(2, 64)]
+    assert search_set(model_inputs.grid_spec(cfg)) == [Point(2, 64)]
 
 
 def test_point_names_and_local_batch():
@@ -38,7 +43,7 @@ def test_partial_search_never_probes_beyond_b_max():
     cfg = config.from_dict(
         {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"}
     )
-    pts = search_set(cfg, max_local_batch=64)
+    pts = search_set(model_inputs.grid_spec(cfg), max_local_batch=64)
     assert pts == [Point(1, 32), Point(1, 64), Point(4, 32), Point(4, 256)]
     assert all(p.local_batch <= 64 for p in pts)
 
@@ -47,9 +52,12 @@ def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits
     cfg = config.from_dict(
         {"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}, "search": "full"}
     )
-    assert search_set(cfg, max_local_batch=32) == [Point(4, 64), Point(4, 128)]
+    assert search_set(model_inputs.grid_spec(cfg), max_local_batch=32) == [
+        Point(4, 64),
+        Point(4, 128),
+    ]
     partial = config.from_dict({"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}})
-    assert search_set(partial, max_local_batch=32) == [
+    assert search_set(model_inputs.grid_spec(partial), max_local_batch=32) == [
         Point(4, 64),
         Point(4, 128),
     ]  # N=1 has no point that fits
@@ -58,16 +66,20 @@ def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits
 def test_sweep_takes_the_grids_other_local_batches_that_fit_and_the_job_does_not_probe():
     cfg = config.from_dict({"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 256}})
     # local batches of the grid: 8 ... 256; this job runs b=64 at N=2
-    assert sweep_local_batches(cfg, 2, 64, None) == [8, 16, 32, 128, 256]
-    assert sweep_local_batches(cfg, 2, 64, 128) == [8, 16, 32, 128]  # b_max
-    assert sweep_local_batches(cfg, 2, 64, None, train_samples=300) == [
+    assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, None) == [8, 16, 32, 128, 256]
+    assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, 128) == [8, 16, 32, 128]  # b_max
+    assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, None, train_samples=300) == [
         8,
         16,
         32,
         128,
     ]  # 2 x 256 > 300
     # the local batches the job probes anyway are left to their points' own compute-only arms
-    assert sweep_local_batches(cfg, 2, 64, None, probed=[8, 64, 128]) == [16, 32, 256]
+    assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, None, probed=[8, 64, 128]) == [
+        16,
+        32,
+        256,
+    ]
 
 
 def test_an_oom_corner_falls_back_to_the_next_smaller_batches_above_the_small_corner():
@@ -95,8 +107,8 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
             "cluster": {"workers_per_node": 8},
         }
     )
-    assert boundary_workers(cfg) == (8, 16)
-    assert [p.name for p in search_set(cfg)] == [
+    assert boundary_workers(model_inputs.grid_spec(cfg)) == (8, 16)
+    assert [p.name for p in search_set(model_inputs.grid_spec(cfg))] == [
         "N1_B32",
         "N1_B1024",
         "N8_B32",
@@ -106,7 +118,7 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
         "N32_B32",
         "N32_B1024",
     ]
-    assert [p.name for p in search_set(cfg, max_local_batch=64)] == [
+    assert [p.name for p in search_set(model_inputs.grid_spec(cfg), max_local_batch=64)] == [
         "N1_B32",
         "N1_B64",
         "N8_B32",
@@ -119,4 +131,7 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
     paper = config.from_dict(
         {"grid": {"workers": [1, 2, 4, 8, 16], "batch_min": 32, "batch_max": 1024}}
     )
-    assert boundary_workers(paper) == () and len(search_set(paper)) == 4
+    assert (
+        boundary_workers(model_inputs.grid_spec(paper)) == ()
+        and len(search_set(model_inputs.grid_spec(paper))) == 4
+    )

@@ -3,7 +3,7 @@ the campaign's price, and the estimate checked against the memory probe."""
 
 import pytest
 
-from tula import config
+from tula import config, model_inputs
 from tula.gpus import GPU, lookup
 from tula.model import plan
 
@@ -24,6 +24,10 @@ def _cfg(**hardware):
     )
 
 
+def _campaign(cfg):
+    return model_inputs.device(cfg), model_inputs.probe_steps(cfg), model_inputs.price(cfg)
+
+
 def test_b_max_and_the_points_ruled_out_with_a_clear_margin():
     """Budget 9 GB: b_max = (9e9 - 1 GiB) / 100 MiB = 75. A point is ruled out only where its
     estimate exceeds the budget by more than 25 % (b > 97): B=128 and 256 at N=1, B=256 (b=128)
@@ -33,7 +37,9 @@ def test_b_max_and_the_points_ruled_out_with_a_clear_margin():
     assert budget == 9e9
     assert plan.max_local_batch(EST, budget) == int((9e9 - 1024 * MIB) // (100 * MIB)) == 75
     assert plan.clear_bound(EST, budget) == int((9e9 * 1.25 - 1024 * MIB) // (100 * MIB)) == 97
-    rows = plan.grid_plan(cfg, EST, [(1, 64), (1, 128), (1, 256), (2, 128), (2, 256)])
+    rows = plan.grid_plan(
+        model_inputs.device(cfg), EST, [(1, 64), (1, 128), (1, 256), (2, 128), (2, 256)]
+    )
     assert [(r["workers"], r["global_batch"]) for r in rows if r["ruled_out"]] == [
         (1, 128),
         (1, 256),
@@ -55,7 +61,7 @@ def test_the_roofline_is_the_slower_of_flops_at_peak_and_bytes_at_full_bandwidth
 def test_the_campaign_price_lies_between_the_roofline_and_the_time_limits():
     cfg = _cfg()
     jobs = [{"workers": 1, "local_batch": 32}, {"workers": 2, "local_batch": 64}]
-    price = plan.campaign_price(cfg, EST, jobs)
+    price = plan.campaign_price(*_campaign(cfg), EST, jobs)
     steps = cfg.probe.warmup_steps + cfg.probe.timed_steps
     gpu = GPU("mine", **FIGS)
     low = sum(
@@ -64,7 +70,7 @@ def test_the_campaign_price_lies_between_the_roofline_and_the_time_limits():
     )
     high = 2.0 * (1 + 2) * (cfg.probe.timeout_s + 300) / 3600
     assert price["low"] == pytest.approx(low) and price["high"] == pytest.approx(high)
-    assert plan.campaign_price(config.from_dict({}), EST, jobs) is None  # no GPU named
+    assert plan.campaign_price(*_campaign(config.from_dict({})), EST, jobs) is None  # no GPU named
 
 
 def test_the_probe_wins_where_the_estimate_is_off_at_the_largest_batch():

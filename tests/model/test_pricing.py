@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from tula import config
+from tula import config, model_inputs
 from tula.model import memory
 from tula.model import perf as perfmodel
 from tula.model.choice import select
@@ -58,7 +58,7 @@ def test_node_hour_pricing_bills_whole_nodes_through_predict_and_select():
                 },
             }
         )
-        pred = predict_mod.predict(cfg, perf, mem, train_samples=4096)
+        pred = predict_mod.predict(model_inputs.planning(cfg), perf, mem, train_samples=4096)
         assert pred["nodes"].tolist() == [1, 1, 1]
         T = pred["train_time_s"]
         assert pred["cost_worker_hour"].tolist() == pytest.approx(
@@ -67,7 +67,7 @@ def test_node_hour_pricing_bills_whole_nodes_through_predict_and_select():
         if model == "node_hour":
             assert pred["cost_node_hour"].tolist() == pytest.approx((T / 3600 * 4.0).tolist())
         assert pred["cost"].tolist() == pred[f"cost_{model}"].tolist()
-        sel = select(pred, cfg)
+        sel = select(pred, model_inputs.planning(cfg))
         picks[model] = sel["selected"]["workers"]
         assert (
             sel["pricing"]["unit"]
@@ -108,7 +108,7 @@ def test_memory_pricing_flows_through_predict_and_select(model, expect_batch):
         }
     )
     mem = memory.MemoryModel(fit_linear([1, 2], [1e8, 2e8]), None)  # 100 MB per sample
-    pred = predict_mod.predict(cfg, _linear_perf(), mem, train_samples=1024)
+    pred = predict_mod.predict(model_inputs.planning(cfg), _linear_perf(), mem, train_samples=1024)
     T = 1024 / pred["global_batch"] * (0.01 + 0.001 * pred["global_batch"])
     assert pred["train_time_s"].tolist() == pytest.approx(T.tolist(), rel=1e-3)
     assert pred["mem_bytes"].tolist() == pytest.approx([6.4e9, 12.8e9, 25.6e9])
@@ -116,7 +116,7 @@ def test_memory_pricing_flows_through_predict_and_select(model, expect_batch):
         (T / 3600 * pred["mem_bytes"] / 1e9 * 0.5).tolist(), rel=1e-3
     )
     assert pred["cost"].tolist() == pred[f"cost_{model}"].tolist()
-    sel = select(pred, cfg)
+    sel = select(pred, model_inputs.planning(cfg))
     assert sel["selected"]["global_batch"] == expect_batch
     chosen = pred[pred["global_batch"] == expect_batch].iloc[0]
     assert sel["selected"]["cost"] == pytest.approx(chosen[f"cost_{model}"])

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tula import config
+from tula import config, model_inputs
 from tula.model import memory, robust
 from tula.model import perf as perf_mod
 from tula.model.linfit import fit_linear
@@ -51,7 +51,7 @@ def _shares(c0: float, c1: float, halfwidth: float):
     measured = _measured(c0, c1, halfwidth)
     perf = perf_mod.fit(measured, "ring")
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
-    shares = robust.choice_shares(cfg, measured, perf, mem, D, resamples=60)
+    shares = robust.choice_shares(model_inputs.planning(cfg), measured, perf, mem, D, resamples=60)
     return cfg, shares
 
 
@@ -61,7 +61,7 @@ def test_a_knee_far_from_the_threshold_holds_in_every_resample():
     4 points of gain to spare; timed to +-0.4 %, no resample moves it."""
     cfg, shares = _shares(0.01, 1e-4, 0.004)
     assert shares[0] == {"workers": 1, "global_batch": 512, "share": 1.0}
-    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg)
+    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg.probe.precision)
     assert v["settled"] and v["chosen"]["share"] == 1.0 and "to_settle" not in v
 
 
@@ -74,7 +74,7 @@ def test_a_knee_on_the_threshold_is_a_coin_toss_and_is_said_so():
     got = {r["global_batch"]: r["share"] for r in shares}
     assert set(got) <= {256, 512} and sum(got.values()) == pytest.approx(1.0)
     assert 0.25 <= got.get(256, 0.0) <= 0.75 and 0.25 <= got.get(512, 0.0) <= 0.75
-    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg)
+    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, 60, cfg.probe.precision)
     assert not v["settled"] and "B=256" in v["to_settle"] and "B=512" in v["to_settle"]
     assert v["chosen"]["share"] == max(got.values()) and v["runner_up"]["share"] == min(
         got.values()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import train_from_files
-from tula import config, faults
+from tula import config, faults, model_inputs
 from tula.io import write_json
 from tula.model import refit
 
@@ -70,7 +70,14 @@ def _drift(observed, epochs_done=2.0):
 
 def test_a_slow_sync_moves_to_the_point_that_finishes_the_rest_sooner(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
-    d = refit.decide(_cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.085), relaunch_s=8.0)
+    d = refit.decide(
+        model_inputs.planning(_cfg()),
+        pd.read_csv(tmp_path / "p.csv"),
+        2,
+        B,
+        _drift(0.085),
+        relaunch_s=8.0,
+    )
     # left: 18 epochs x 23 steps; at N=2 40 + 85 ms a step = 51.8 s, at N=1 60 ms = 24.8 s; minus 8
     # s relaunch: 37 %
     assert (d.move, d.workers, d.global_batch) == (True, 1, B)
@@ -86,7 +93,7 @@ def test_a_slow_sync_moves_to_the_point_that_finishes_the_rest_sooner(tmp_path):
 def test_it_stays_when_the_saving_does_not_pay_for_the_relaunch(tmp_path):
     _pred().to_csv(tmp_path / "p.csv", index=False)
     late = refit.decide(
-        _cfg(),
+        model_inputs.planning(_cfg()),
         pd.read_csv(tmp_path / "p.csv"),
         2,
         B,
@@ -95,7 +102,12 @@ def test_it_stays_when_the_saving_does_not_pay_for_the_relaunch(tmp_path):
     )
     assert not late.move and "not more than the 10 % margin; stayed" in late.reason
     mild = refit.decide(
-        _cfg(), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.012), relaunch_s=0.0
+        model_inputs.planning(_cfg()),
+        pd.read_csv(tmp_path / "p.csv"),
+        2,
+        B,
+        _drift(0.012),
+        relaunch_s=0.0,
     )  # 52 ms a step: still best
     assert not mild.move and "is still the time choice; stayed" in mild.reason
 
@@ -104,7 +116,12 @@ def test_a_cost_objective_weighs_the_price_of_the_workers(tmp_path):
     # N=2 costs two workers: at 40 + 25 ms against 60 ms on one worker, one worker is cheaper by far
     _pred().to_csv(tmp_path / "p.csv", index=False)
     d = refit.decide(
-        _cfg("cost"), pd.read_csv(tmp_path / "p.csv"), 2, B, _drift(0.025), relaunch_s=1.0
+        model_inputs.planning(_cfg("cost")),
+        pd.read_csv(tmp_path / "p.csv"),
+        2,
+        B,
+        _drift(0.025),
+        relaunch_s=1.0,
     )
     assert (d.move, d.workers) == (True, 1) and "of the remaining cost" in d.reason
 
@@ -114,18 +131,18 @@ def test_a_drift_moves_the_job_only_by_what_it_changed(tmp_path):
     30 ms: 33 % predicted to be saved by moving) is not moved off it by a sync that came out
     *faster* than predicted; a slower one that adds more than the margin to that saving moves it."""
     pred = _pred(compute1=0.030)
-    faster = refit.decide(_cfg(), pred, 2, B, _drift(0.002), relaunch_s=0.0)
+    faster = refit.decide(model_inputs.planning(_cfg()), pred, 2, B, _drift(0.002), relaunch_s=0.0)
     assert (faster.move, faster.workers) == (False, 2), faster.reason
     assert faster.saving == pytest.approx(1 - 0.030 / 0.042)
     assert (
         "N=1 B=64 would save 29 % of the remaining time after the relaunch (0 s), 33 % of it "
         "predicted before the drift: the drift adds -5 %, not more than the 10 % margin; stayed"
     ) in faster.reason
-    slower = refit.decide(_cfg(), pred, 2, B, _drift(0.030), relaunch_s=0.0)
+    slower = refit.decide(model_inputs.planning(_cfg()), pred, 2, B, _drift(0.030), relaunch_s=0.0)
     assert (slower.move, slower.workers) == (True, 1), slower.reason
     assert slower.saving == pytest.approx(1 - 0.030 / 0.070)  # 57 %: 24 points more than before
     # a little slower (9 ms against 5: 39 % against 33 %, within the margin of it): stays
-    mild = refit.decide(_cfg(), pred, 2, B, _drift(0.009), relaunch_s=0.0)
+    mild = refit.decide(model_inputs.planning(_cfg()), pred, 2, B, _drift(0.009), relaunch_s=0.0)
     assert not mild.move and "the drift adds 5 %" in mild.reason, mild.reason
 
 
@@ -135,11 +152,25 @@ def test_after_a_faster_drift_a_slowdown_counts_from_the_level_the_job_was_at(tm
     %: stays); from the level the job was at, it adds 13 %: moves. What the network lab saw in
     CI: a 4x slower link judged against a prediction the first drift had already corrected."""
     pred = _pred(compute1=0.030)
-    d = refit.decide(_cfg(), pred, 2, B, {**_drift(0.009), "from_s": 0.0005}, relaunch_s=0.0)
+    d = refit.decide(
+        model_inputs.planning(_cfg()),
+        pred,
+        2,
+        B,
+        {**_drift(0.009), "from_s": 0.0005},
+        relaunch_s=0.0,
+    )
     assert (d.move, d.workers) == (True, 1), d.reason
     assert d.saving == pytest.approx(1 - 0.030 / 0.049)
     # the level the prediction itself set: as before (the mild case of the test above)
-    same = refit.decide(_cfg(), pred, 2, B, {**_drift(0.009), "from_s": 0.005}, relaunch_s=0.0)
+    same = refit.decide(
+        model_inputs.planning(_cfg()),
+        pred,
+        2,
+        B,
+        {**_drift(0.009), "from_s": 0.005},
+        relaunch_s=0.0,
+    )
     assert not same.move and "the drift adds 5 %" in same.reason, same.reason
 
 
@@ -311,12 +342,12 @@ def test_a_node_lost_for_good_replans_onto_the_worker_counts_left():
             "constraints": {"min_workers": 2},
         }
     )
-    d = refit.onto(cfg, _pred(), 2, B, allowed=[1])
+    d = refit.onto(model_inputs.planning(cfg), _pred(), 2, B, allowed=[1])
     assert (d.move, d.workers, d.global_batch) == (True, 1, B)
     assert "N=2 B=64 cannot run on the nodes left (N <= 1 can)" in d.reason
     assert "constraints.min_workers=2 cannot hold on them: dropped" in d.reason
     # where both can run, the objective's own choice (N = 2 is faster) and nothing dropped
-    d = refit.onto(cfg, _pred(), 2, B, allowed=[1, 2])
+    d = refit.onto(model_inputs.planning(cfg), _pred(), 2, B, allowed=[1, 2])
     assert d.workers == 2 and "dropped" not in d.reason
 
 

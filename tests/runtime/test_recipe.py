@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tula import config
+from tula import config, model_inputs
 from tula.config import ConfigError
 from tula.runtime import recipe
 from tula.runtime.optim import TulaOptimizer
@@ -25,7 +25,7 @@ def _lrs(train: dict, batch: int, spe: int, total: int) -> list[float]:
     """The LR of every step of a run: the one the optimizer steps with, step by step."""
     t = _train(**train)
     opt = recipe.build_optimizer(t, [torch.nn.Parameter(torch.ones(2))], t.lr, 0.0)
-    sched = recipe.Schedule(opt, recipe.LRPlan.of(t), batch, spe, total)
+    sched = recipe.Schedule(opt, model_inputs.lr_plan(t), batch, spe, total)
     out = []
     for _ in range(total + 5):  # past the end: the schedule stops, the LR stays
         out.append(opt.param_groups[0]["lr"])
@@ -104,7 +104,7 @@ def test_optimizers_by_name_in_any_case_or_import_path_with_their_arguments():
         recipe.build_optimizer(bad, p, 0.1, 0.0)
     t = _train(schedule="test_recipe:make_schedule")
     opt = recipe.build_optimizer(t, p, 1.0, 0.0)
-    sched = recipe.Schedule(opt, recipe.LRPlan.of(t), 64, 10, 20)
+    sched = recipe.Schedule(opt, model_inputs.lr_plan(t), 64, 10, 20)
     [sched.step() for _ in range(20)]
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * t.lr)
 

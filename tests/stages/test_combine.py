@@ -8,7 +8,7 @@ import pandas as pd
 import yaml
 
 from conftest import prediction_table
-from tula import config
+from tula import config, model_inputs
 from tula.io import write_json
 from tula.model import across
 from tula.model.choice import select
@@ -26,7 +26,8 @@ def partition(root, name, scale, waits, cfg):
     pred.to_csv(d / "predictions.csv", index=False)
     queue = {"partition": name, "waits": [{"workers": n, "wait_s": w} for n, w in waits.items()]}
     write_json(
-        d / "selection.json", {**select(across.with_waits(pred, waits), cfg), "queue": queue}
+        d / "selection.json",
+        {**select(across.with_waits(pred, waits), model_inputs.planning(cfg)), "queue": queue},
     )
     probes = pred.assign(
         compute_time_s=pred["step_time_s"], sync_time_s=0.0, peak_mem_bytes=1e6, status="ok"

@@ -81,7 +81,7 @@ def test_no_multi_worker_probe_stops_the_fit_with_the_probes_own_errors(tmp_path
 
 
 def test_the_fallback_predicts_one_worker_only_and_the_report_says_so(tmp_path, capsys):
-    from tula import config
+    from tula import config, model_inputs
     from tula.io import read_json
     from tula.model import memory as memory_mod
     from tula.model.perf import PerfModel
@@ -100,7 +100,7 @@ def test_the_fallback_predicts_one_worker_only_and_the_report_says_so(tmp_path, 
     ] == [(2, 32, "error"), (2, 256, "error")]
     cfg = config.load(cfg_path)
     pred = predict.predict(
-        cfg,
+        model_inputs.planning(cfg),
         PerfModel.from_dict(perf),
         memory_mod.MemoryModel.from_dict(read_json(tmp_path / "memory.json")),
         train_samples=1024,
@@ -110,7 +110,7 @@ def test_the_fallback_predicts_one_worker_only_and_the_report_says_so(tmp_path, 
         pred.loc[pred["workers"] == 1, "sync_measured"].all()
         and not pred.loc[pred["workers"] == 2, "sync_measured"].any()
     )
-    assert select.select(pred, cfg)["selected"]["workers"] == 1
+    assert select.select(pred, model_inputs.planning(cfg))["selected"]["workers"] == 1
     assert "No multi-worker probe succeeded: communication was not measured" in model_section(perf)
 
 

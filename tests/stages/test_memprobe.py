@@ -3,6 +3,8 @@ worker's peaks at a few local batches, b_max, and the measurement at the b_max i
 
 import pytest
 
+from tula import model_inputs
+
 
 @pytest.mark.probe
 def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tmp_path, venv_path):
@@ -40,7 +42,12 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
     assert 64 <= bmax < 128
     assert model.predict_bytes(bmax) <= 0.009e9 * 0.9 < model.predict_bytes(bmax + 1)
     cfg = config.load(cfg_file)
-    assert search_set(cfg, bmax) == [Point(1, 32), Point(1, 64), Point(2, 32), Point(2, 128)]
+    assert search_set(model_inputs.grid_spec(cfg), bmax) == [
+        Point(1, 32),
+        Point(1, 64),
+        Point(2, 32),
+        Point(2, 128),
+    ]
     assert not list(tmp_path.glob(".*ranks"))
 
 
@@ -55,15 +62,16 @@ def test_the_memory_probe_measures_at_the_b_max_it_predicts():
             "hardware": {"device_memory_gb": (1000 + 100 * 700) / 0.9 / 1e9},
         }
     )
-    first = default_batches(cfg)
+    g, budget = model_inputs.grid_spec(cfg), cfg.hardware.memory_budget_bytes
+    first = default_batches(g)
     assert first == [16, 64, 256]
     pts = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1000 + 100 * b} for b in first]
     # the largest grid local batch under the predicted b_max = 700
-    assert next_batch(cfg, pts) == 512
+    assert next_batch(g, None, budget, pts) == 512
     oom = pts + [{"local_batch": 512, "status": "oom"}]
-    assert next_batch(cfg, oom) is None  # below the OOM, 256 is the largest and was measured
+    assert next_batch(g, None, budget, oom) is None  # below the OOM, 256 is the largest: measured
     ran = pts + [{"local_batch": 512, "status": "ok", "peak_mem_bytes": 1000 + 100 * 512}]
-    assert next_batch(cfg, ran) is None
+    assert next_batch(g, None, budget, ran) is None
 
 
 @pytest.mark.probe
@@ -107,7 +115,9 @@ def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_chec
     assert check_["error_at_largest"] == check_["points"][-1]["error"]
     bmax = rec["max_local_batch"]
     assert 64 <= bmax < 256
-    assert all(p.local_batch < 256 for p in search_set(config.load(cfg_file), bmax))
+    assert all(
+        p.local_batch < 256 for p in search_set(model_inputs.grid_spec(config.load(cfg_file)), bmax)
+    )
 
     probe = tmp_path / "N1_B32.json"  # one probe row, so that aggregate has a probe file
     probe.write_text(

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tula import config
+from tula import config, model_inputs
 from tula.model import memory
 from tula.model import perf as perfmodel
 from tula.model.linfit import fit_linear
@@ -38,7 +38,9 @@ def test_predict_eq4_arithmetic():
         }
     )
     mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
-    row = predict_mod.predict(cfg, _flat_perf(0.1), mem, train_samples=1000).iloc[0]
+    row = predict_mod.predict(
+        model_inputs.planning(cfg), _flat_perf(0.1), mem, train_samples=1000
+    ).iloc[0]
     assert row["steps_per_epoch"] == 16  # ceil(1000 / 64)
     assert row["train_time_s"] == pytest.approx(3 * 16 * 0.1, rel=1e-6)
     assert row["cost_worker_hour"] == pytest.approx(4.8 / 3600 * 2 * 3.6, rel=1e-6)
@@ -69,7 +71,7 @@ def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
             ),
         ]
     )
-    pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 100, measured)
+    pred = predict_mod.predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured)
     assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
 
 
@@ -101,7 +103,7 @@ def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
             for b in (64, 256)
         ]
     )
-    pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured)
+    pred = predict_mod.predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, measured)
     assert pred["b_noise"].tolist() == pytest.approx([100.0] * 3)
     epochs = [3 * (1 + b / 100) / 2.28 for b in (64, 128, 256)]
     assert pred["epochs_to_accuracy"].tolist() == pytest.approx(epochs)
@@ -114,7 +116,11 @@ def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
         (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_worker_hour).tolist()
     )
     no_noise = predict_mod.predict(
-        cfg, _flat_perf(0.1), mem, 1000, measured.drop(columns=["grad_sq", "grad_trace"])
+        model_inputs.planning(cfg),
+        _flat_perf(0.1),
+        mem,
+        1000,
+        measured.drop(columns=["grad_sq", "grad_trace"]),
     )
     assert no_noise["time_to_accuracy_s"].isna().all()
 
@@ -168,7 +174,9 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
             ),
         ]
     )
-    pred = predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, measured).set_index("workers")
+    pred = predict_mod.predict(
+        model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, measured
+    ).set_index("workers")
     # N=2: the median of its two probes; N=4 was not probed: N=2's, evaluation halved (sharded)
     cols = ["startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s"]
     assert pred.loc[2, cols].tolist() == pytest.approx([6.0, 0.8, 0.4, 0.2])
@@ -183,7 +191,13 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
     )
     # probes from before these were measured: no wall time, said as NaN rather than guessed
     old = measured.drop(columns=["eval_first_time_s"])
-    assert predict_mod.predict(cfg, _flat_perf(0.1), mem, 1000, old)["wall_time_s"].isna().all()
+    assert (
+        predict_mod.predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, old)[
+            "wall_time_s"
+        ]
+        .isna()
+        .all()
+    )
 
 
 def test_the_training_set_size_comes_from_the_probes_else_from_tula_checks_workload_json(tmp_path):

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 from kneed import KneeLocator
 
-from tula.config import Config
 from tula.model import noise
+from tula.model.inputs import Goal, Planning
 from tula.model.pricing import UNITS
 
 # objective time_to_result: the queue's expected wait (tula.queue) plus T, per candidate
@@ -41,8 +41,8 @@ class NoFeasibleConfiguration(ValueError):
     pass
 
 
-def candidates(pred: pd.DataFrame, cfg: Config) -> tuple[pd.DataFrame, dict[str, int]]:
-    c = cfg.constraints
+def candidates(pred: pd.DataFrame, goal: Goal) -> tuple[pd.DataFrame, dict[str, int]]:
+    c = goal.bounds
     keep = pred["feasible"].astype(bool)
     excluded = {"infeasible_memory_or_oom": int((~keep).sum())}
     for name, mask in (
@@ -122,14 +122,14 @@ class Choice:
     block: dict[str, Any] = field(default_factory=dict)
 
 
-def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
+def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, goal: Goal, currency: str) -> Choice:
     """Objective time, cost or time_to_result: the least predicted T, C, or wait + T (T
     alone where no wait is known)."""
     col, what, unit = {
         "time": ("train_time_s", "training time T", "s"),
-        "cost": ("cost", "cost C", cfg.pricing.currency),
-    }.get(cfg.objective, ("train_time_s", "training time T (no queue wait known)", "s"))
-    if cfg.objective == "time_to_result" and WAIT in cand.columns:
+        "cost": ("cost", "cost C", currency),
+    }.get(goal.objective, ("train_time_s", "training time T (no queue wait known)", "s"))
+    if goal.objective == "time_to_result" and WAIT in cand.columns:
         cand = cand.assign(**{TO_RESULT: cand["train_time_s"] + cand[WAIT].fillna(0.0)})
         col, what = TO_RESULT, "queue wait + training time"
     ranked = cand.sort_values([col, "workers", "global_batch"])
@@ -143,19 +143,19 @@ def _minimum(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     return Choice(best, runner, reason)
 
 
-def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
+def _knee(pred: pd.DataFrame, cand: pd.DataFrame, goal: Goal, currency: str) -> Choice:
     """Objective knee: on the best-N envelope of T (or C) vs B, the marginal rule's or
     Kneedle's knee (``knee_rule``), both recorded."""
     col, name, unit = (
-        ("cost", "C", cfg.pricing.currency) if cfg.knee_on == "cost" else ("train_time_s", "T", "s")
+        ("cost", "C", currency) if goal.knee_on == "cost" else ("train_time_s", "T", "s")
     )
     env = _envelope(cand, col)
     b, y = env["global_batch"].to_numpy(), env[col].to_numpy()
     kneedle_b = knee_of(b, y)
-    marginal_b, flattened = marginal_knee(b, y, cfg.knee_gain)
+    marginal_b, flattened = marginal_knee(b, y, goal.knee_gain)
     gains = doubling_gains(b, y) if len(b) > 1 else np.array([])
-    knee_b = marginal_b if cfg.knee_rule == "marginal" else kneedle_b
-    block = _knee_block(cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened)
+    knee_b = marginal_b if goal.knee_rule == "marginal" else kneedle_b
+    block = _knee_block(cand, goal, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened)
     if knee_b is None:
         best = env.sort_values(col).iloc[0]
         return Choice(
@@ -168,17 +168,17 @@ def _knee(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
     pos = int(np.flatnonzero(b == knee_b)[0])
     best = env.iloc[pos]
     runner = env.iloc[pos + 1] if pos + 1 < len(env) else (env.iloc[pos - 1] if pos > 0 else None)
-    reason = _knee_reason(cfg, name, unit, b, gains, pos, best[col], env[col].min(), flattened)
+    reason = _knee_reason(goal, name, unit, b, gains, pos, best[col], env[col].min(), flattened)
     if kneedle_b is not None and kneedle_b != marginal_b:
-        other = "Kneedle" if cfg.knee_rule == "marginal" else "the marginal rule"
+        other = "Kneedle" if goal.knee_rule == "marginal" else "the marginal rule"
         reason += (
-            f" ({other} would pick B={kneedle_b if cfg.knee_rule == 'marginal' else marginal_b})"
+            f" ({other} would pick B={kneedle_b if goal.knee_rule == 'marginal' else marginal_b})"
         )
     return Choice(best, runner, reason, block)
 
 
 def _knee_block(
-    cand, cfg, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened
+    cand, goal, col, name, env, gains, knee_b, kneedle_b, marginal_b, flattened
 ) -> dict[str, Any]:
     """selection.json's ``knee``: both rules' answers, per N too, and the envelope with its
     gains."""
@@ -186,20 +186,20 @@ def _knee_block(
     for n, g in cand.sort_values("global_batch").groupby("workers"):
         gb, gy = g["global_batch"].to_numpy(), g[col].to_numpy()
         per_nodes[str(int(n))] = {
-            "marginal": marginal_knee(gb, gy, cfg.knee_gain)[0],
+            "marginal": marginal_knee(gb, gy, goal.knee_gain)[0],
             "kneedle": knee_of(gb, gy),
         }
     return {
-        "rule": cfg.knee_rule,
+        "rule": goal.knee_rule,
         "on": f"{col} (best N per B)",
         "global_batch": knee_b,
         "found": knee_b is not None,
         "marginal": {
             "global_batch": marginal_b,
-            "gain_threshold": cfg.knee_gain,
+            "gain_threshold": goal.knee_gain,
             "flattened": flattened,
             "rule": "smallest B beyond which every doubling saves "
-            f"< {100 * cfg.knee_gain:g} % of {name}",
+            f"< {100 * goal.knee_gain:g} % of {name}",
         },
         "kneedle": {
             "global_batch": kneedle_b,
@@ -220,10 +220,10 @@ def _knee_block(
     }
 
 
-def _knee_reason(cfg, name, unit, b, gains, pos, value, lowest, flattened) -> str:
+def _knee_reason(goal, name, unit, b, gains, pos, value, lowest, flattened) -> str:
     above = f"{100 * (value / lowest - 1):.1f} % above the lowest point ({lowest:.4g} {unit})"
     knee_b = int(b[pos])
-    if cfg.knee_rule == "kneedle":
+    if goal.knee_rule == "kneedle":
         reason = f"Kneedle knee of {name} vs B at B={knee_b}: {name} = {value:.4g} {unit}, {above}"
         if pos < len(gains):
             reason += f"; doubling to B={int(b[pos + 1])} would save {100 * gains[pos]:.1f} %"
@@ -232,13 +232,13 @@ def _knee_reason(cfg, name, unit, b, gains, pos, value, lowest, flattened) -> st
         return f"a single batch size: B={knee_b}, {name} = {value:.4g} {unit}"
     if not flattened:
         return (
-            f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * cfg.knee_gain:g} %) on the "
+            f"{name} still falls by {100 * gains[-1]:.1f} % (>= {100 * goal.knee_gain:g} %) on the "
             f"last doubling, to B={knee_b}: the knee lies beyond the grid, so the largest B is "
             f"chosen ({name} = {value:.4g} {unit}); raise grid.batch_max to find it"
         )
     reason = (
         f"knee at B={knee_b}: doubling to B={int(b[pos + 1])} saves {100 * gains[pos]:.1f} % of "
-        f"{name} (< {100 * cfg.knee_gain:g} %)"
+        f"{name} (< {100 * goal.knee_gain:g} %)"
     )
     if pos + 1 < len(gains):
         reason += (
@@ -256,11 +256,11 @@ TO_ACCURACY = {
 }
 
 
-def _accuracy_assumption(cfg: Config) -> str:
+def _accuracy_assumption(goal: Goal) -> str:
     """What time (cost) to accuracy assumes, in words for selection.json and the report."""
-    b0 = cfg.train.base_batch
+    b0 = goal.base_batch
     return (
-        f"workload.epochs ({cfg.workload.epochs}) reach the target accuracy at "
+        f"workload.epochs ({goal.epochs}) reach the target accuracy at "
         f"train.base_batch ({b0}); a batch B needs (1 + B/B_noise)/(1 + {b0}/B_noise) times "
         "those epochs (McCandlish et al. 2018). B_noise is measured by the probes near the start "
         "of training; it usually grows as training goes on, so later in training larger batches "
@@ -268,15 +268,15 @@ def _accuracy_assumption(cfg: Config) -> str:
     )
 
 
-def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
+def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, goal: Goal, currency: str) -> Choice:
     """Objective time_to_accuracy / cost_to_accuracy: the least predicted time (cost) to the
     accuracy that workload.epochs reach at train.base_batch, with the gradient noise scale
     (tula.stages.predict); its block is selection.json's ``noise``."""
-    col, what, unit, worse = TO_ACCURACY[cfg.objective]
-    unit = unit or cfg.pricing.currency
+    col, what, unit, worse = TO_ACCURACY[goal.objective]
+    unit = unit or currency
     if col not in cand.columns or cand[col].isna().all():
         raise ValueError(
-            f"config key 'objective': {cfg.objective} needs the gradient noise scale, which no "
+            f"config key 'objective': {goal.objective} needs the gradient noise scale, which no "
             "probe gave: it comes from multi-worker probes (a grid.workers value >= 2) with "
             "probe.noise_steps > 0, and needs a positive |G|^2 estimate; use objective time, cost "
             "or knee otherwise"
@@ -296,7 +296,7 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
 
     versus = {}
     for other in ("time", "knee"):
-        sel = select(pred, replace(cfg, objective=other))["selected"]
+        sel = OBJECTIVES[other](pred, cand, replace(goal, objective=other), currency).best
         same = (cand["workers"] == sel["workers"]) & (cand["global_batch"] == sel["global_batch"])
         versus[other] = at(cand[same].iloc[0])
     block = {
@@ -307,7 +307,7 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, cfg: Config) -> Choice:
         "statistical_efficiency": noise.statistical_efficiency(b, bn),
         "epochs_to_accuracy": float(best["epochs_to_accuracy"]),
         "versus": versus,
-        "assumption": _accuracy_assumption(cfg),
+        "assumption": _accuracy_assumption(goal),
     }
     reason = (
         f"minimum predicted {what}: {best[col]:.4g} {unit} ({best['epochs_to_accuracy']:.3g} "
@@ -337,10 +337,11 @@ OBJECTIVES = {
 BLOCK_NAME = {"knee": "knee", "time_to_accuracy": "noise", "cost_to_accuracy": "noise"}
 
 
-def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
+def select(pred: pd.DataFrame, plan: Planning) -> dict[str, Any]:
     """selection.json: the point ``objective`` chooses among the feasible candidates inside
-    the constraints, the runner-up, why, and the objective's own block."""
-    cand, excluded = candidates(pred, cfg)
+    the constraints, the runner-up, why, the objective's own block and the price."""
+    goal, price = plan.goal, plan.price
+    cand, excluded = candidates(pred, goal)
     if cand.empty:
         raise NoFeasibleConfiguration(
             "no feasible configuration: every grid point is excluded "
@@ -348,26 +349,26 @@ def select(pred: pd.DataFrame, cfg: Config) -> dict[str, Any]:
             "(grid.workers, grid.batch_min/batch_max), relax `constraints`, or raise "
             "hardware.device_memory_gb."
         )
-    cur = cfg.pricing.currency
-    choice = OBJECTIVES[cfg.objective](pred, cand, cfg)
+    cur = price.currency
+    choice = OBJECTIVES[goal.objective](pred, cand, goal, cur)
     out: dict[str, Any] = {
-        "objective": cfg.objective,
+        "objective": goal.objective,
         "candidates": int(len(cand)),
         "excluded": excluded,
     }
-    if cfg.objective in BLOCK_NAME:
-        out[BLOCK_NAME[cfg.objective]] = choice.block
+    if goal.objective in BLOCK_NAME:
+        out[BLOCK_NAME[goal.objective]] = choice.block
     out["selected"] = summary(choice.best, cur)
     out["runner_up"] = summary(choice.runner, cur) if choice.runner is not None else None
     out["reason"] = choice.reason
     out["pricing"] = {
-        "model": cfg.pricing.model,
-        "unit": UNITS[cfg.pricing.model],
-        "per_worker_hour": cfg.pricing.per_worker_hour,
-        "per_node_hour": cfg.pricing.per_node_hour,
-        "per_gb_hour": cfg.pricing.per_gb_hour,
+        "model": price.model,
+        "unit": UNITS[price.model],
+        "per_worker_hour": price.per_worker_hour,
+        "per_node_hour": price.per_node_hour,
+        "per_gb_hour": price.per_gb_hour,
         "currency": cur,
-        "workers_per_node": cfg.cluster.workers_per_node,
+        "workers_per_node": price.workers_per_node,
     }
     if not math.isfinite(out["selected"]["train_time_s"]):
         raise ValueError(

@@ -7,7 +7,7 @@ from typing import Iterable
 
 import numpy as np
 
-from tula.config import Config
+from tula.model.inputs import GridSpec
 
 
 @dataclass(frozen=True, order=True)
@@ -27,19 +27,19 @@ class Point:
         return f"N{self.workers}_B{self.global_batch}"
 
 
-def batch_sizes(cfg: Config) -> list[int]:
+def batch_sizes(g: GridSpec) -> list[int]:
     """Global batches from grid.batch_min to grid.batch_max, doubling."""
-    out, b = [], cfg.grid.batch_min
-    while b <= cfg.grid.batch_max:
+    out, b = [], g.batch_min
+    while b <= g.batch_max:
         out.append(b)
         b *= 2
     return out
 
 
-def grid(cfg: Config) -> list[Point]:
+def grid(g: GridSpec) -> list[Point]:
     """Every candidate (N, B): each N of grid.workers times each B (B divisible by N by config
     check)."""
-    return [Point(n, b) for n in cfg.grid.workers for b in batch_sizes(cfg)]
+    return [Point(n, b) for n in g.workers for b in batch_sizes(g)]
 
 
 def nodes_of(workers, workers_per_node: int) -> np.ndarray:
@@ -48,15 +48,15 @@ def nodes_of(workers, workers_per_node: int) -> np.ndarray:
     return np.ceil(np.asarray(workers, dtype=float) / workers_per_node)
 
 
-def boundary_workers(cfg: Config) -> tuple[int, ...]:
+def boundary_workers(g: GridSpec) -> tuple[int, ...]:
     """(largest N > 1 on one node, smallest N on several) when the grid has both, else ()."""
-    wpn = cfg.cluster.workers_per_node
-    inside = [n for n in cfg.grid.workers if 1 < n <= wpn]
-    across = [n for n in cfg.grid.workers if n > wpn]
+    wpn = g.workers_per_node
+    inside = [n for n in g.workers if 1 < n <= wpn]
+    across = [n for n in g.workers if n > wpn]
     return (max(inside), min(across)) if inside and across else ()
 
 
-def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
+def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
     """The points to probe, never one the memory model rules out (local batch above
     ``max_local_batch``, b_max of the memory probe; None = unbounded).
 
@@ -69,26 +69,26 @@ def search_set(cfg: Config, max_local_batch: int | None = None) -> list[Point]:
     def fits(p: Point) -> bool:
         return max_local_batch is None or p.local_batch <= max_local_batch
 
-    points = [p for p in grid(cfg) if fits(p)]
-    if cfg.search == "full":
+    points = [p for p in grid(g) if fits(p)]
+    if g.search == "full":
         return points
-    ns = cfg.grid.workers
+    ns = g.workers
     corners: set[Point] = set()
-    for n in {min(ns), max(ns), *boundary_workers(cfg)}:
+    for n in {min(ns), max(ns), *boundary_workers(g)}:
         at_n = sorted(p.global_batch for p in points if p.workers == n)
         if at_n:
             corners |= {Point(n, at_n[0]), Point(n, at_n[-1])}
     return sorted(corners)
 
 
-def batches_at(cfg: Config, workers: int, max_local_batch: int | None = None) -> list[int]:
+def batches_at(g: GridSpec, workers: int, max_local_batch: int | None = None) -> list[int]:
     """The global batches the search set probes at N = ``workers``, smallest first: what the
     probe job at that N measures, in one process (``results/probes/N{n}/``)."""
-    return sorted(p.global_batch for p in search_set(cfg, max_local_batch) if p.workers == workers)
+    return sorted(p.global_batch for p in search_set(g, max_local_batch) if p.workers == workers)
 
 
 def sweep_local_batches(
-    cfg: Config,
+    g: GridSpec,
     workers: int,
     own_local_batch: int,
     max_local_batch: int | None,
@@ -102,8 +102,8 @@ def sweep_local_batches(
     gives the compute time there, more precisely than a sweep would)."""
     out = set()
     skip = {own_local_batch, *probed}
-    for n in cfg.grid.workers:
-        for b in batch_sizes(cfg):
+    for n in g.workers:
+        for b in batch_sizes(g):
             lb = b // n
             if lb in skip or lb < 1:
                 continue

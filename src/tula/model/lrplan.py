@@ -8,16 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tula.config import TrainSettings
-
 LINEAR_SCALING = ("lrs", "lars")  # the methods whose peak LR is k = B / base_batch times train.lr
 
 
 @dataclass(frozen=True)
 class LRPlan:
-    """What the LR schedule depends on, resolved from ``train`` once (the replica keeps this,
-    not the config section): the base LR, whether the method scales it by k = B / base_batch,
-    the warm-up in epochs and the schedule with its arguments."""
+    """What the LR schedule depends on, resolved from ``train`` once
+    (:func:`tula.model_inputs.lr_plan`; the replica keeps this, not the config section): the
+    base LR, whether the method scales it by k = B / base_batch, the warm-up in epochs and the
+    schedule with its arguments."""
 
     lr: float
     linear_scaling: bool
@@ -27,19 +26,6 @@ class LRPlan:
     schedule_args: dict[str, Any] = field(default_factory=dict)
     decay_epochs: tuple[int, ...] = ()
     decay_factor: float = 0.1
-
-    @classmethod
-    def of(cls, t: TrainSettings) -> LRPlan:
-        return cls(
-            t.lr,
-            t.method in LINEAR_SCALING,
-            t.base_batch,
-            t.warmup,
-            t.schedule,
-            dict(t.schedule_args),
-            tuple(t.lr_decay_epochs),
-            t.lr_decay_factor,
-        )
 
     def peak(self, global_batch: int) -> float:
         """The LR the warm-up reaches at global batch B (lrs, lars: k = B / base_batch times)."""

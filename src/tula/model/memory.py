@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tula.config import Config
 from tula.io import read_json
 from tula.model.grid import batch_sizes
+from tula.model.inputs import GridSpec
 from tula.model.linfit import LinearFit, fit_linear
 
 
@@ -137,28 +137,34 @@ def smaller_batches(batches, below: int, workers: int, floor: int) -> list[int]:
     return sorted(keep, reverse=True)
 
 
-def probe_batches(cfg: Config) -> list[int]:
-    """The local batches the memory probe measures: probe.memory_batches, or the grid's
-    smallest local batch, x4 and x16, capped at the grid's largest local batch."""
-    if cfg.probe.memory_batches:
-        return sorted(set(cfg.probe.memory_batches))
-    lo = max(cfg.grid.batch_min // max(cfg.grid.workers), 1)
-    hi = cfg.grid.batch_max // min(cfg.grid.workers)
+def probe_batches(g: GridSpec, memory_batches: tuple[int, ...] | None = None) -> list[int]:
+    """The local batches the memory probe measures: ``memory_batches`` (probe.memory_batches),
+    or the grid's smallest local batch, x4 and x16, capped at the grid's largest local batch."""
+    if memory_batches:
+        return sorted(set(memory_batches))
+    lo = max(g.batch_min // max(g.workers), 1)
+    hi = g.batch_max // min(g.workers)
     return sorted({min(lo * f, hi) for f in (1, 4, 16)} | ({hi} if hi < lo * 4 else set()))
 
 
-def next_probe_batch(cfg: Config, points: list[dict]) -> int | None:
+def next_probe_batch(
+    g: GridSpec,
+    memory_batches: tuple[int, ...] | None,
+    budget_bytes: float | None,
+    points: list[dict],
+) -> int | None:
     """The local batch to measure next, after the first ones, or None when done: the largest
     local batch of the grid that the memory model fitted so far says fits (where partial
     search's largest-B corner will run), when it lies beyond every batch measured and below
-    any that ran out of memory. The memory model then rests on a measurement at b_max
+    any that ran out of memory (``budget_bytes``: the memory budget per worker; the batches
+    measured first: :func:`probe_batches`). The memory model then rests on a measurement at b_max
     instead of a line extrapolated from small batches."""
     ok = [p for p in points if p["status"] == "ok"]
     oom = [p for p in points if p["status"] == "oom"]
-    if len(ok) < 2 or len(points) >= len(probe_batches(cfg)) + EXTRA_MEMORY_POINTS:
+    if len(ok) < 2 or len(points) >= len(probe_batches(g, memory_batches)) + EXTRA_MEMORY_POINTS:
         return None
-    bmax = from_points(ok, oom, cfg.hardware.memory_budget_bytes).max_local_batch()
-    grid_b = sorted({b // n for n in cfg.grid.workers for b in batch_sizes(cfg) if b // n >= 1})
+    bmax = from_points(ok, oom, budget_bytes).max_local_batch()
+    grid_b = sorted({b // n for n in g.workers for b in batch_sizes(g) if b // n >= 1})
     fits = [b for b in grid_b if bmax is None or b <= bmax]
     if not fits:
         return None

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tula.config import Config
 from tula.gpus import from_config
+from tula.model.inputs import Device, Price, ProbeSteps
 from tula.model.pricing import cost
 
 # an estimate this far above the budget rules a local batch out without a probe
@@ -64,12 +64,12 @@ def roofline_s(est: dict[str, Any], local_batch: int, gpu, precision: str) -> fl
     return max(flops, traffic)
 
 
-def grid_plan(cfg: Config, est: dict[str, Any], points) -> list[dict[str, Any]]:
+def grid_plan(dev: Device, est: dict[str, Any], points) -> list[dict[str, Any]]:
     """Per grid point (``points``: (workers, global_batch) pairs): its local batch, estimated
     memory, whether it fits the budget, whether it is ruled out, and (with hardware.gpu) its
     roofline compute time per step."""
-    budget = cfg.hardware.memory_budget_bytes
-    gpu = from_config(cfg.hardware.gpu) if cfg.hardware.gpu else None
+    budget = dev.memory_budget_bytes
+    gpu = from_config(dev.gpu) if dev.gpu else None
     rows = []
     for n, b in points:
         local = b // n
@@ -82,7 +82,7 @@ def grid_plan(cfg: Config, est: dict[str, Any], points) -> list[dict[str, Any]]:
                 "estimate_bytes": mem,
                 "fits": budget is None or mem <= budget,
                 "ruled_out": clearly_out(est, budget, local),
-                "roofline_s": roofline_s(est, local, gpu, cfg.train.precision) if gpu else None,
+                "roofline_s": roofline_s(est, local, gpu, dev.precision) if gpu else None,
             }
         )
     return rows
@@ -122,24 +122,26 @@ def _rel(estimate: float, measured: float | None) -> float | None:
     return None if not measured else estimate / measured - 1
 
 
-def campaign_price(cfg: Config, est: dict[str, Any], jobs: list[dict]) -> dict[str, float] | None:
+def campaign_price(
+    dev: Device, probe: ProbeSteps, price: Price, est: dict[str, Any], jobs: list[dict]
+) -> dict[str, float] | None:
     """The probe campaign's price as a range (``jobs``: the campaign's probes, each with its
     ``workers`` and ``local_batch``; one job per N measures its probes in turn): at least
     every probe's warm-up and timed steps at the roofline (start-up, loading and the sweep
     cost nothing: a floor no campaign goes under), at most every probe at its time limit
     (probe.timeout_s) and each job's five minutes to start. None without hardware.gpu (no
     roofline)."""
-    if not cfg.hardware.gpu:
+    if not dev.gpu:
         return None
-    gpu = from_config(cfg.hardware.gpu)
-    steps = cfg.probe.warmup_steps + cfg.probe.timed_steps
+    gpu = from_config(dev.gpu)
+    steps = probe.warmup_steps + probe.timed_steps
     low = high = 0.0
     started: set[int] = set()
     for j in jobs:
         mem = predict_bytes(est, j["local_batch"])
-        least_s = steps * roofline_s(est, j["local_batch"], gpu, cfg.train.precision)
-        low += float(cost(least_s, j["workers"], mem, cfg))
+        least_s = steps * roofline_s(est, j["local_batch"], gpu, dev.precision)
+        low += float(cost(least_s, j["workers"], mem, price))
         start_s = 0 if j["workers"] in started else 300
         started.add(j["workers"])
-        high += float(cost(cfg.probe.timeout_s + start_s, j["workers"], mem, cfg))
-    return {"low": low, "high": high, "currency": cfg.pricing.currency}
+        high += float(cost(probe.timeout_s + start_s, j["workers"], mem, price))
+    return {"low": low, "high": high, "currency": price.currency}

@@ -10,105 +10,125 @@ import math
 import numpy as np
 import pandas as pd
 
-from tula.config import Config
 from tula.model import measurements as measurements_mod
 from tula.model import noise
 from tula.model import pricing as pricing_mod
 from tula.model.grid import grid, nodes_of, short_last_batch, steps_per_epoch
+from tula.model.inputs import JobExtras, Planning, Price
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel, evaluation_time
 
 
-def _costs(df: pd.DataFrame, cfg: Config) -> None:
+def _costs(df: pd.DataFrame, price: Price) -> dict[str, object]:
     """Each pricing model's cost of training at every point (Eq. 4b), and the configured one."""
-    df["cost_worker_hour"] = pricing_mod.worker_cost(
-        df["train_time_s"], df["workers"], cfg.pricing.per_worker_hour
-    )
-    df["cost_node_hour"] = (
-        math.nan
-        if cfg.pricing.per_node_hour is None
-        else pricing_mod.node_cost(
-            df["train_time_s"],
-            df["workers"],
-            cfg.cluster.workers_per_node,
-            cfg.pricing.per_node_hour,
-        )
-    )
-    df["cost_memory"] = pricing_mod.memory_cost(
-        df["train_time_s"], df["workers"], df["mem_bytes"], cfg.pricing.per_gb_hour
-    )
-    df["cost"] = df[f"cost_{cfg.pricing.model}"]
+    t, n = df["train_time_s"], df["workers"]
+    cols = {
+        "cost_worker_hour": pricing_mod.worker_cost(t, n, price.per_worker_hour),
+        "cost_node_hour": (
+            math.nan
+            if price.per_node_hour is None
+            else pricing_mod.node_cost(t, n, price.workers_per_node, price.per_node_hour)
+        ),
+        "cost_memory": pricing_mod.memory_cost(t, n, df["mem_bytes"], price.per_gb_hour),
+    }
+    return {**cols, "cost": cols[f"cost_{price.model}"]}
 
 
-def _probed(df: pd.DataFrame, measured: pd.DataFrame | None) -> None:
-    """Each point's probe: its status and measured step (and T); a probe that ran out of
-    memory makes its point infeasible."""
-    df["probe_status"] = ""
-    df["measured_step_time_s"] = math.nan
-    df["measured_train_time_s"] = math.nan
-    if measured is None or not len(measured):
-        return
-    m = measurements_mod.probes(measured).set_index(["workers", "global_batch"])
-    for i, row in df.iterrows():
-        key = (row["workers"], row["global_batch"])
-        if key in m.index:
-            rec = m.loc[key]
-            rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
-            df.at[i, "probe_status"] = rec["status"]
+def _probed(df: pd.DataFrame, measured: pd.DataFrame | None) -> pd.DataFrame:
+    """Each point's probe: its status and measured step (and T), and ``oom``: a probe ran out
+    of memory there (the point is then no candidate)."""
+    status, step, train, oom = [""] * len(df), [math.nan] * len(df), [math.nan] * len(df), []
+    m = (
+        measurements_mod.probes(measured).set_index(["workers", "global_batch"])
+        if measured is not None and len(measured)
+        else None
+    )
+    for i, row in enumerate(df.itertuples(index=False)):
+        key = (row.workers, row.global_batch)
+        rec = m.loc[key] if m is not None and key in m.index else None
+        rec = rec.iloc[0] if isinstance(rec, pd.DataFrame) else rec
+        if rec is not None:
+            status[i] = rec["status"]
             if rec["status"] == "ok":
-                df.at[i, "measured_step_time_s"] = rec["step_time_s"]
-                df.at[i, "measured_train_time_s"] = (
-                    row["epochs"] * row["steps_per_epoch"] * rec["step_time_s"]
-                )
-            elif rec["status"] == "oom":
-                df.at[i, "feasible"] = False  # a probe ran out of memory here: not a candidate
+                step[i] = rec["step_time_s"]
+                train[i] = row.epochs * row.steps_per_epoch * rec["step_time_s"]
+        oom.append(rec is not None and rec["status"] == "oom")
+    return pd.DataFrame(
+        {
+            "probe_status": status,
+            "measured_step_time_s": step,
+            "measured_train_time_s": train,
+            "oom": oom,
+        },
+        index=df.index,
+    )
+
+
+def _steps(plan: Planning, perf: PerfModel, mem: MemoryModel, train_samples: int) -> pd.DataFrame:
+    """The grid's points with their predicted step (Eq. 2, with its 95 % interval), T (Eq. 4a)
+    and memory (Eq. 3)."""
+    pts = grid(plan.grid)
+    workers = np.array([p.workers for p in pts], dtype=int)
+    batch = np.array([p.global_batch for p in pts], dtype=int)
+    n, b = workers.astype(float), (batch // workers).astype(float)
+    lo, hi = perf.step_time_interval_s(n, b)
+    spe = steps_per_epoch(train_samples, batch, workers)
+    df = pd.DataFrame(
+        {
+            "workers": workers,
+            "nodes": nodes_of(workers, plan.grid.workers_per_node).astype(int),
+            "global_batch": batch,
+            "local_batch": batch // workers,
+            "compute_time_s": perf.compute_time_s(n, b),
+            "step_time_s": perf.step_time_s(n, b),
+            "sync_time_s": perf.sync_time_s(n, b),
+            "input_time_s": perf.input_time_s(n, b) if perf.input is not None else math.nan,
+            "input_bound": perf.input_bound(n, b),
+            "step_time_lo_s": lo,
+            "step_time_hi_s": hi,
+            "steps_per_epoch": spe,
+            "epochs": plan.goal.epochs,
+        }
+    )
+    steps = df["epochs"] * df["steps_per_epoch"]
+    return df.assign(
+        train_time_s=steps * df["step_time_s"],
+        train_time_lo_s=steps * df["step_time_lo_s"],
+        train_time_hi_s=steps * df["step_time_hi_s"],
+        mem_bytes=mem.predict_bytes(df["local_batch"]),
+    )
 
 
 def predict(
-    cfg: Config,
+    plan: Planning,
     perf: PerfModel,
     mem: MemoryModel,
     train_samples: int,
     measured: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
-    feasibility, and the probe's measurement where there was one."""
-    pts = grid(cfg)
-    df = pd.DataFrame(
-        {"workers": [p.workers for p in pts], "global_batch": [p.global_batch for p in pts]}
-    )
-    df.insert(1, "nodes", nodes_of(df["workers"], cfg.cluster.workers_per_node).astype(int))
-    df["local_batch"] = df["global_batch"] // df["workers"]
-    n, b = df["workers"].to_numpy(float), df["local_batch"].to_numpy(float)
-    df["compute_time_s"] = perf.compute_time_s(n, b)
-    df["step_time_s"] = perf.step_time_s(n, b)
-    df["sync_time_s"] = perf.sync_time_s(n, b)
-    df["input_time_s"] = perf.input_time_s(n, b) if perf.input is not None else math.nan
-    df["input_bound"] = perf.input_bound(n, b)
-    df["step_time_lo_s"], df["step_time_hi_s"] = perf.step_time_interval_s(n, b)
-    df["steps_per_epoch"] = steps_per_epoch(
-        train_samples, df["global_batch"].to_numpy(), df["workers"].to_numpy()
-    )
-    df["epochs"] = cfg.workload.epochs
-    steps = df["epochs"] * df["steps_per_epoch"]
-    df["train_time_s"] = steps * df["step_time_s"]
-    df["train_time_lo_s"] = steps * df["step_time_lo_s"]
-    df["train_time_hi_s"] = steps * df["step_time_hi_s"]
-    df["mem_bytes"] = mem.predict_bytes(df["local_batch"])
-    _costs(df, cfg)
-    df["feasible"] = mem.feasible(df["local_batch"])
+    feasibility, and the probe's measurement where there was one. Each group of columns is
+    built from the ones before it; none is filled in place."""
+    df = _steps(plan, perf, mem, train_samples)
+    df = df.assign(**_costs(df, plan.price))
     # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free"
     # communication
-    df["sync_measured"] = (df["workers"] == 1) | (perf.step is not None)
-    df["feasible"] &= df["sync_measured"]
-    _probed(df, measured)
-    df["feasible"] = df["feasible"].astype(bool)
-    _wall_time(df, cfg, measured)
-    _time_to_accuracy(df, cfg, noise.pool(measured) if measured is not None else None)
-    return df
+    sync_measured = (df["workers"] == 1) | (perf.step is not None)
+    probed = _probed(df, measured)
+    df = df.assign(
+        feasible=np.asarray(mem.feasible(df["local_batch"]), dtype=bool)
+        & sync_measured.to_numpy()
+        & ~probed["oom"].to_numpy(bool),
+        sync_measured=sync_measured,
+        **probed.drop(columns="oom"),
+    )
+    df = df.assign(**_wall_time(df, plan.extras, measured))
+    nz = noise.pool(measured) if measured is not None else None
+    return df.assign(**_time_to_accuracy(df, plan, nz))
 
 
 OVERHEADS = ("startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s")
+WALL = ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s")
 
 
 def checkpoints_written(
@@ -124,7 +144,9 @@ def checkpoints_written(
     )
 
 
-def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> None:
+def _wall_time(
+    df: pd.DataFrame, extras: JobExtras, measured: pd.DataFrame | None
+) -> dict[str, object]:
     """What the job pays besides its steps, beside T: start-up, one evaluation pass per
     epoch (the first, cold, apart) and each checkpoint write, as the probes measured them
     (their median at the same N; at an N not probed, the nearest probed N's, its evaluation
@@ -132,48 +154,54 @@ def _wall_time(df: pd.DataFrame, cfg: Config, measured: pd.DataFrame | None) -> 
     + T + what the first step at each shape pays beyond T's rate (:func:`first_steps`) +
     first pass + (E - 1) x later pass + checkpoints x write; NaN where no probe measured them
     (records from before they did)."""
-    L = cfg.launch
-    df["checkpoints"] = [
-        checkpoints_written(int(e), int(s), L.checkpoint_every_steps, L.checkpoint_every_epochs)
-        for e, s in zip(df["epochs"], df["steps_per_epoch"])
-    ]
+    every = (extras.checkpoint_every_steps, extras.checkpoint_every_epochs)
+    out: dict[str, object] = {
+        "checkpoints": [
+            checkpoints_written(int(e), int(s), *every)
+            for e, s in zip(df["epochs"], df["steps_per_epoch"])
+        ]
+    }
     probes = measurements_mod.probes(measured) if measured is not None and len(measured) else None
     ok = None
     if probes is not None:
         ok = probes[probes["status"] == "ok"]
         ok = ok[[c for c in ("workers", *OVERHEADS) if c in ok.columns]].dropna()
     if ok is None or ok.empty or len(ok.columns) < 1 + len(OVERHEADS):
-        for c in OVERHEADS + ("wall_time_s", "wall_time_lo_s", "wall_time_hi_s"):
-            df[c] = math.nan
-        return
+        return {**out, **dict.fromkeys(OVERHEADS + WALL, math.nan)}
     per_n = ok.groupby("workers")[list(OVERHEADS)].median()
     probed = per_n.index.to_numpy()
     n = df["workers"].to_numpy()
     # the nearest probed N of each row
     n0 = probed[abs(probed[None, :] - n[:, None]).argmin(axis=1)]
     near = per_n.loc[n0]
-    df["startup_time_s"] = near["startup_time_s"].to_numpy()
     # a new batch shape builds its own kernels where the step is compiled or runs on a GPU
     # (cuDNN's autotuning); on a CPU in eager mode it reuses what the first step built
     devices = probes["device"].dropna().astype(str) if "device" in probes.columns else []
-    builds = cfg.train.compile != "off" or any(not d.startswith("cpu") for d in devices)
-    df["first_steps_time_s"], df["first_steps"] = first_steps(df, probes, n0, builds)
-    for c in ("eval_first_time_s", "eval_time_s"):
-        df[c] = near[c].to_numpy() * n0 / n
-    df["checkpoint_time_s"] = near["checkpoint_time_s"].to_numpy()
+    builds = extras.compiled or any(not d.startswith("cpu") for d in devices)
+    first_s, first_n = first_steps(df, probes, n0, builds)
+    paid = df.assign(
+        **out,
+        startup_time_s=near["startup_time_s"].to_numpy(),
+        first_steps_time_s=first_s,
+        first_steps=first_n,
+        eval_first_time_s=near["eval_first_time_s"].to_numpy() * n0 / n,
+        eval_time_s=near["eval_time_s"].to_numpy() * n0 / n,
+        checkpoint_time_s=near["checkpoint_time_s"].to_numpy(),
+    )
     # T counts every step at the step's rate: the first steps add only what they pay beyond it
     besides = (
-        df["startup_time_s"]
-        + df["first_steps_time_s"]
-        - df["first_steps"] * df["step_time_s"]
-        + evaluation_time(df)
-        + df["checkpoints"] * df["checkpoint_time_s"]
+        paid["startup_time_s"]
+        + paid["first_steps_time_s"]
+        - paid["first_steps"] * paid["step_time_s"]
+        + evaluation_time(paid)
+        + paid["checkpoints"] * paid["checkpoint_time_s"]
     )
-    df["wall_time_s"] = df["train_time_s"] + besides
-    df["wall_time_lo_s"], df["wall_time_hi_s"] = (
-        df["train_time_lo_s"] + besides,
-        df["train_time_hi_s"] + besides,
-    )
+    return {
+        **{c: paid[c] for c in paid.columns if c not in df.columns},
+        "wall_time_s": paid["train_time_s"] + besides,
+        "wall_time_lo_s": paid["train_time_lo_s"] + besides,
+        "wall_time_hi_s": paid["train_time_hi_s"] + besides,
+    }
 
 
 def shapes_apart(train_samples: int, global_batch: int, workers: int) -> int:
@@ -266,22 +294,21 @@ def _at_batch(per_b: pd.Series, b: int) -> float | None:
     return float(np.interp(math.log2(b), np.log2(per_b.index.to_numpy(float)), per_b.to_numpy()))
 
 
-def _time_to_accuracy(df: pd.DataFrame, cfg: Config, nz: dict | None) -> None:
+def _time_to_accuracy(df: pd.DataFrame, plan: Planning, nz: dict | None) -> dict[str, object]:
     """Time and cost to the accuracy that ``workload.epochs`` reach at ``train.base_batch``
     (McCandlish et al. 2018): reaching a given loss takes E = E_min (1 + B / B_noise) samples,
     so at batch B the epochs scale by (1 + B / B_noise) / (1 + base_batch / B_noise).
     B_noise is pooled from the probes (tula.model.noise.pool); NaN columns without it."""
     cols = ("b_noise", "b_noise_se", "epochs_to_accuracy", "time_to_accuracy_s", "cost_to_accuracy")
     if nz is None:
-        for c in cols:
-            df[c] = math.nan
-        return
-    bn, base = nz["b_noise"], cfg.train.base_batch
-    df["b_noise"], df["b_noise_se"] = bn, nz["b_noise_se"]
-    df["epochs_to_accuracy"] = noise.epochs_to_accuracy(
-        cfg.workload.epochs, df["global_batch"], base, bn
-    )
-    df["time_to_accuracy_s"] = df["epochs_to_accuracy"] * df["steps_per_epoch"] * df["step_time_s"]
-    df["cost_to_accuracy"] = pricing_mod.cost(
-        df["time_to_accuracy_s"], df["workers"], df["mem_bytes"], cfg
-    )
+        return dict.fromkeys(cols, math.nan)
+    bn, g = nz["b_noise"], plan.goal
+    epochs = noise.epochs_to_accuracy(g.epochs, df["global_batch"], g.base_batch, bn)
+    time_s = epochs * df["steps_per_epoch"] * df["step_time_s"]
+    return {
+        "b_noise": bn,
+        "b_noise_se": nz["b_noise_se"],
+        "epochs_to_accuracy": epochs,
+        "time_to_accuracy_s": time_s,
+        "cost_to_accuracy": pricing_mod.cost(time_s, df["workers"], df["mem_bytes"], plan.price),
+    }

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tula.config import Config
 from tula.model.grid import nodes_of
+from tula.model.inputs import Price
 
 UNITS = {"worker_hour": "worker-hour", "node_hour": "node-hour", "memory": "GB-hour"}
 
@@ -33,11 +33,10 @@ def memory_cost(train_time_s, workers, mem_bytes, per_gb_hour: float):
     return np.asarray(train_time_s, dtype=float) / 3600.0 * np.asarray(workers) * gb * per_gb_hour
 
 
-def cost(train_time_s, workers, mem_bytes, cfg: Config):
+def cost(train_time_s, workers, mem_bytes, p: Price):
     """Cost under the configured pricing model (``pricing.model``)."""
-    p = cfg.pricing
     if p.model == "memory":
         return memory_cost(train_time_s, workers, mem_bytes, p.per_gb_hour)
     if p.model == "node_hour":
-        return node_cost(train_time_s, workers, cfg.cluster.workers_per_node, p.per_node_hour)
+        return node_cost(train_time_s, workers, p.workers_per_node, p.per_node_hour)
     return worker_cost(train_time_s, workers, p.per_worker_hour)

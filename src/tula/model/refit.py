@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tula.config import Config
 from tula.model.choice import NoFeasibleConfiguration, select
+from tula.model.inputs import Planning
 
 COST_COLUMNS = ("cost", "cost_worker_hour", "cost_node_hour", "cost_memory", "cost_to_accuracy")
 
@@ -101,11 +101,11 @@ class Decision:
     saving: float  # share of what is left at the current point
 
 
-def _chosen(cfg: Config, rest: pd.DataFrame, workers: int, batch: int) -> tuple[int, int]:
+def _chosen(plan: Planning, rest: pd.DataFrame, workers: int, batch: int) -> tuple[int, int]:
     """The (N, B) the objective chooses for the rest of training (the current one where
     nothing is feasible)."""
     try:
-        chosen = select(rest, cfg)["selected"]
+        chosen = select(rest, plan)["selected"]
     except NoFeasibleConfiguration:
         return workers, batch
     return int(chosen["workers"]), int(chosen["global_batch"])
@@ -113,7 +113,7 @@ def _chosen(cfg: Config, rest: pd.DataFrame, workers: int, batch: int) -> tuple[
 
 def _saving(
     rest: pd.DataFrame,
-    cfg: Config,
+    plan: Planning,
     here: tuple[int, int],
     there: tuple[int, int],
     relaunch_s: float,
@@ -122,7 +122,7 @@ def _saving(
     share of what is left at ``here`` (time, or cost for a cost objective)."""
     at = lambda n, b: rest[(rest["workers"] == n) & (rest["global_batch"] == b)].iloc[0]  # noqa: E731
     cur, to = at(*here), at(*there)
-    col = "cost" if cfg.objective in COST_OBJECTIVES else "train_time_s"
+    col = "cost" if plan.goal.objective in COST_OBJECTIVES else "train_time_s"
     rate = (
         float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
     )
@@ -141,7 +141,7 @@ def _before(
 
 
 def decide(
-    cfg: Config,
+    plan: Planning,
     pred: pd.DataFrame,
     workers: int,
     batch: int,
@@ -168,19 +168,19 @@ def decide(
     that had come out faster than predicted counts in full. Else it is recorded; the job goes on.
     """
     refitted, fit = refit(pred, workers, batch, float(drift["observed_s"]))
-    left = max(cfg.workload.epochs - float(drift["epochs_done"]), 0.0)
+    left = max(plan.goal.epochs - float(drift["epochs_done"]), 0.0)
     rest = remaining(refitted, left)
     head = (
         f"{drift['reason']}; re-fitted sync {fit.level} x{fit.factor:.2f}, {left:.2f} epochs left: "
     )
-    what = "cost" if cfg.objective in COST_OBJECTIVES else "time"
-    n2, b2 = _chosen(cfg, rest, workers, batch)
+    what = "cost" if plan.goal.objective in COST_OBJECTIVES else "time"
+    n2, b2 = _chosen(plan, rest, workers, batch)
     if (n2, b2) == (workers, batch):
-        still = f"N={workers} B={batch} is still the {cfg.objective} choice; stayed"
+        still = f"N={workers} B={batch} is still the {plan.goal.objective} choice; stayed"
         return Decision(False, workers, batch, head + still, 0.0)
-    saving = _saving(rest, cfg, (workers, batch), (n2, b2), relaunch_s)
+    saving = _saving(rest, plan, (workers, batch), (n2, b2), relaunch_s)
     was = _before(pred, workers, batch, drift.get("from_s"), fit.predicted_s)
-    before = max(_saving(remaining(was, left), cfg, (workers, batch), (n2, b2), relaunch_s), 0.0)
+    before = max(_saving(remaining(was, left), plan, (workers, batch), (n2, b2), relaunch_s), 0.0)
     if saving <= MARGIN + before:
         undrifted = (
             f", {100 * before:.0f} % of it predicted before the drift: the drift adds "
@@ -201,22 +201,24 @@ def decide(
     return Decision(True, n2, b2, head + why, saving)
 
 
-def onto(cfg: Config, pred: pd.DataFrame, workers: int, batch: int, allowed: list[int]) -> Decision:
+def onto(
+    plan: Planning, pred: pd.DataFrame, workers: int, batch: int, allowed: list[int]
+) -> Decision:
     """Where to train the rest when N = ``workers`` cannot run any more (a node lost) and only
     the worker counts ``allowed`` can: ``tula select``'s own objective among the predictions at
     those N. A constraint on N that cannot hold there is dropped, and the reason says so. Every
     point trains the same epochs that are left, so the choice over whole-run predictions is the
     choice for the rest."""
     rest = pred[pred["workers"].isin(allowed)]
-    c, dropped = cfg.constraints, []
+    c, dropped = plan.goal.bounds, []
     if c.min_workers and not (rest["workers"] >= c.min_workers).any():
         dropped.append(f"constraints.min_workers={c.min_workers}")
         c = replace(c, min_workers=None)
-    sel = select(rest, replace(cfg, constraints=c))["selected"]
+    sel = select(rest, replace(plan, goal=replace(plan.goal, bounds=c)))["selected"]
     n2, b2 = int(sel["workers"]), int(sel["global_batch"])
     why = (
         f"N={workers} B={batch} cannot run on the nodes left (N <= {max(allowed)} can); "
-        f"re-planned to N={n2} B={b2}, the {cfg.objective} choice among the predictions there"
+        f"re-planned to N={n2} B={b2}, the {plan.goal.objective} choice among the predictions there"
         + (f" ({', '.join(dropped)} cannot hold on them: dropped for the rest)" if dropped else "")
     )
     return Decision(True, n2, b2, why, 0.0)

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tula.config import Config
 from tula.model import across, choice
 from tula.model import perf as perf_mod
+from tula.model.inputs import Planning
 from tula.model.memory import MemoryModel
 from tula.model.predictions import predict
 
@@ -94,7 +94,7 @@ def resample(
 
 
 def choice_shares(
-    cfg: Config,
+    plan: Planning,
     measured: pd.DataFrame,
     perf: perf_mod.PerfModel,
     mem: MemoryModel,
@@ -114,9 +114,9 @@ def choice_shares(
         m = resample(measured, rng, inflate)
         p = perf_mod.fit(m, perf.collective, perf.workers_per_node, keep=perf)
         try:
-            pred = predict(cfg, p, mem, train_samples, m)
+            pred = predict(plan, p, mem, train_samples, m)
             pred = across.with_waits(pred, waits) if waits else pred
-            s = choice.select(pred, cfg)["selected"]
+            s = choice.select(pred, plan)["selected"]
         except ValueError:  # no feasible point in this resample
             counts[None] += 1
             continue
@@ -133,7 +133,7 @@ def verdict(
     selected: dict[str, Any],
     shares: list[dict[str, Any]],
     resamples: int,
-    cfg: Config,
+    precision: float,
     inflate: float = 1.0,
 ) -> dict[str, Any]:
     """selection.json's ``robustness``: the chosen point's share, the runner-up's, whether the
@@ -171,7 +171,7 @@ def verdict(
         out["to_settle"] = (
             f"time N={mode[0]} B={mode[1]} and N={runner['workers']} "
             f"B={runner['global_batch']} more precisely: a longer probe.time_budget_s (or a "
-            f"tighter probe.precision than {100 * cfg.probe.precision:g} %) for the probes "
+            f"tighter probe.precision than {100 * precision:g} %) for the probes "
             "that missed their precision, or search: full, which probes both points directly"
         )
     return out

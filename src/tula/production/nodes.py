@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from tula import preflight
+from tula import model_inputs, preflight
 from tula.config import Config
 from tula.model import refit
 from tula.model.choice import NoFeasibleConfiguration
@@ -102,7 +102,13 @@ class NodeWatch:
             )
             return False
         try:
-            dec = refit.onto(self.cfg, pd.read_csv(self.predictions), self.workers, self.batch, ok)
+            dec = refit.onto(
+                model_inputs.planning(self.cfg),
+                pd.read_csv(self.predictions),
+                self.workers,
+                self.batch,
+                ok,
+            )
         except NoFeasibleConfiguration as exc:
             self.say(f"job {job_id} still waits: nothing to re-plan onto on the nodes left ({exc})")
             return False

@@ -10,6 +10,7 @@ from typing import Callable
 
 import pandas as pd
 
+from tula import model_inputs
 from tula.config import Config
 from tula.io import read_json, write_bytes
 from tula.model import drift as drift_mod
@@ -56,7 +57,7 @@ class Replan:
                     print(f"[launch] drift at step {d['step']}: {after[1]}; stayed", flush=True)
                     continue
                 dec = refit.decide(
-                    self.cfg,
+                    model_inputs.planning(self.cfg),
                     pd.read_csv(self.predictions),
                     workers,
                     att.global_batch,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import write_json
 from tula.model.memory import next_probe_batch
 from tula.runtime import dist
@@ -63,7 +64,12 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
             if point["status"] != "ok" and b in batches:
                 break
             if not todo:
-                nxt = next_probe_batch(cfg, out["points"])
+                nxt = next_probe_batch(
+                    model_inputs.grid_spec(cfg),
+                    model_inputs.probe_steps(cfg).memory_batches,
+                    cfg.hardware.memory_budget_bytes,
+                    out["points"],
+                )
                 todo = [nxt] if nxt is not None else []
     except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
         out.update(

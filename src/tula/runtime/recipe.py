@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.optim import lr_scheduler
 
+from tula import model_inputs
 from tula.config import ConfigError, TrainSettings
 from tula.model.lrplan import LRPlan
 from tula.runtime.data import import_callable
@@ -210,7 +211,7 @@ def check(t: TrainSettings, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
     built and stepped through a short run, and the loss and the metric on the model's outputs
     for real samples. Returns what ``results/workload.json`` says of it."""
     opt = build_optimizer(t, list(model.parameters()), t.lr, t.weight_decay)
-    sched = Schedule(opt, LRPlan.of(t), t.base_batch, 4, 12)
+    sched = Schedule(opt, model_inputs.lr_plan(t), t.base_batch, 4, 12)
     out = model(x)
     loss = build_loss(t)(out, y)
     if not isinstance(loss, torch.Tensor) or loss.ndim != 0 or not loss.requires_grad:

@@ -30,6 +30,7 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader, recipe
@@ -85,7 +86,7 @@ class Replica(EpochWalk, ReplicaState):
         # what of train.method the step, the epoch's walk, the monitor and the checkpoint ask
         self.cadence = Cadence.of(t)
         # the LR schedule (warm-up, then train.schedule) over the run's epochs, per step
-        self.lr_plan, self.epochs = recipe.LRPlan.of(t), cfg.workload.epochs
+        self.lr_plan, self.epochs = model_inputs.lr_plan(t), cfg.workload.epochs
         self.pos = Position()
         self.sched = self.new_schedule()
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 import torch.distributed as torch_dist
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
@@ -68,7 +69,7 @@ def _sweep(
     epoch holds at least SWEEP_MIN_STEPS are swept. Smallest first; the first OOM (agreed by
     every rank) ends the sweep for it and every larger batch."""
     batches = sweep_local_batches(
-        cfg,
+        model_inputs.grid_spec(cfg),
         point.workers,
         point.local_batch,
         max_local_batch,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from tula import config as config_mod
-from tula import devices, partitions, preflight
+from tula import devices, model_inputs, partitions, preflight
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
 from tula.model import plan
@@ -48,7 +48,7 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             describe_to=print,
             train_runtime_min=cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
             profile_mem_mb=prof.get("mem_mb"),
-            probe_points=len(batches_at(cfg, max(cfg.grid.workers))),
+            probe_points=len(batches_at(model_inputs.grid_spec(cfg), max(cfg.grid.workers))),
         )
     elif cluster:
         report = preflight.preflight(
@@ -57,7 +57,7 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             cfg.launch.slurm_partition or prof.get("train_partition"),
             cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
             profile_mem_mb=prof.get("mem_mb"),
-            probe_points=len(batches_at(cfg, max(cfg.grid.workers))),
+            probe_points=len(batches_at(model_inputs.grid_spec(cfg), max(cfg.grid.workers))),
         )
         print(preflight.describe(report))
 
@@ -91,13 +91,14 @@ def run(
     jobs read it (:func:`tula.pipeline.snapshot`, what the workflow's onstart writes)."""
     cfg = config_mod.load(config)
     check_dataset_paths(cfg)
-    pts = search_set(cfg)
+    g = model_inputs.grid_spec(cfg)
+    pts = search_set(g)
     print(
-        f"{config}: valid. {len(grid(cfg))} grid points; {cfg.search} search probes up to "
+        f"{config}: valid. {len(grid(g))} grid points; {cfg.search} search probes up to "
         f"{len(pts)} (fewer where the memory probe's b_max rules points out): "
         + ", ".join(p.name for p in pts)
     )
-    edge = boundary_workers(cfg)
+    edge = boundary_workers(model_inputs.grid_spec(cfg))
     if edge and cfg.search == "partial":
         print(
             "the grid crosses a node boundary "
@@ -157,7 +158,7 @@ def estimate(cfg: config_mod.Config, w: dict, device: str) -> dict | None:
     # torch: only when the workload itself is checked
     from tula.runtime.estimate import estimate_step
 
-    bs = probe_batches(cfg)
+    bs = probe_batches(model_inputs.grid_spec(cfg), model_inputs.probe_steps(cfg).memory_batches)
     lo, hi = bs[0], bs[-1] if bs[-1] > bs[0] else 2 * bs[0]
     try:
         est = estimate_step(cfg, w["input_shape"], w["num_classes"], (lo, hi), device).to_dict()
@@ -210,7 +211,8 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
             f"b_max = {bmax} per worker, so "
             + ", ".join(f"N={n}: B <= {n * bmax}" for n in cfg.grid.workers)
         )
-    rows = plan.grid_plan(cfg, est, [(p.workers, p.global_batch) for p in grid(cfg)])
+    g, dev = model_inputs.grid_spec(cfg), model_inputs.device(cfg)
+    rows = plan.grid_plan(dev, est, [(p.workers, p.global_batch) for p in grid(g)])
     out = [r for r in rows if r["ruled_out"]]
     if out:
         print(
@@ -232,17 +234,23 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
                     if r["workers"] == n
                 )
             )
-    pts = search_set(cfg, plan.clear_bound(est, budget))
+    pts = search_set(g, plan.clear_bound(est, budget))
     if out:
         print(f"so the campaign probes at most {len(pts)}: {', '.join(p.name for p in pts)}")
     if gpu:
-        jobs = [{"workers": p.workers, "local_batch": p.local_batch} for p in pts]
-        price = plan.campaign_price(cfg, est, jobs)
-        print(
-            f"probe campaign's price: {price['low']:.3g} to {price['high']:.3g} "
-            f"{price['currency']} ({len(jobs)} probes in {len({p.workers for p in pts})} jobs: at "
-            "least their timed steps at the roofline, at most each at its time limit)"
-        )
+        print_campaign_price(cfg, est, pts)
+
+
+def print_campaign_price(cfg: config_mod.Config, est: dict, pts: list) -> None:
+    """The probe campaign's price range on the named GPU (:func:`plan.campaign_price`)."""
+    jobs = [{"workers": p.workers, "local_batch": p.local_batch} for p in pts]
+    steps, rate = model_inputs.probe_steps(cfg), model_inputs.price(cfg)
+    price = plan.campaign_price(model_inputs.device(cfg), steps, rate, est, jobs)
+    print(
+        f"probe campaign's price: {price['low']:.3g} to {price['high']:.3g} "
+        f"{price['currency']} ({len(jobs)} probes in {len({p.workers for p in pts})} jobs: at "
+        "least their timed steps at the roofline, at most each at its time limit)"
+    )
 
 
 def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict[str, Any]:
@@ -251,7 +259,7 @@ def campaign(cfg: config_mod.Config, max_local_batch: int | None = None) -> dict
     be), each job's batches, measured in turn in one process, and nodes
     (:func:`tula.slurm.shapes.job_shape`), and the node-hours if every job ran to its time limit
     (probe.timeout_s for each of its batches, and 5 min): an upper bound."""
-    points = search_set(cfg, max_local_batch)
+    points = search_set(model_inputs.grid_spec(cfg), max_local_batch)
     jobs = [{"job": "memory probe", "workers": 1, "nodes": shapes.job_shape(cfg, 1).nodes}]
     jobs[0]["hours_max"] = preflight.probe_runtime_min(cfg) / 60
     for n in sorted({p.workers for p in points}):

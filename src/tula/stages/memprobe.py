@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import memory, plan
 from tula.model.memory import probe_batches
@@ -77,7 +78,11 @@ def run(cfg_path: str | Path, out: str | Path, workload: str | Path | None = Non
     cfg = config_mod.load(cfg_path)
     est = read_json(workload).get("estimate") if workload else None
     budget = cfg.hardware.memory_budget_bytes
-    batches, skipped = _unless_ruled_out(probe_batches(cfg), est, budget)
+    batches, skipped = _unless_ruled_out(
+        probe_batches(model_inputs.grid_spec(cfg), model_inputs.probe_steps(cfg).memory_batches),
+        est,
+        budget,
+    )
     out = Path(out)
     res, wall_s = _measure(cfg, cfg_path, batches, out.parent / f".{out.stem}.ranks")
     ok = [p for p in res["points"] if p["status"] == "ok"]

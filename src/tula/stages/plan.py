@@ -20,9 +20,9 @@ from typing import Any
 import pandas as pd
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import atomic_write, read_json, write_json
 from tula.model.grid import steps_per_epoch
-from tula.model.lrplan import LRPlan
 from tula.slurm import shapes
 
 RDZV_PORT = 29500  # torchrun's c10d rendezvous on the first node
@@ -41,7 +41,7 @@ def plan_record(
     row = predictions[(predictions["workers"] == n) & (predictions["global_batch"] == b)]
     r = row.iloc[0].to_dict() if len(row) else {}
     shape = shapes.job_shape(cfg, n)
-    t, lr = cfg.train, LRPlan.of(cfg.train)
+    t, lr = cfg.train, model_inputs.lr_plan(cfg.train)
     spe = steps_per_epoch(train_samples, b, n)
 
     wall = r.get("wall_time_s")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_csv
 from tula.model import measurements as measurements_mod
 from tula.model.memory import MemoryModel
@@ -48,7 +49,7 @@ def run(
     perf_m = PerfModel.from_dict(read_json(perf))
     mem_m = MemoryModel.from_dict(read_json(memory))
     D = train_samples_of(df, train_samples, workload)
-    pred = predict(cfg, perf_m, mem_m, D, df)
+    pred = predict(model_inputs.planning(cfg), perf_m, mem_m, D, df)
     write_csv(out, pred)
     print(
         f"[predict] {len(pred)} grid points ({int(pred['feasible'].sum())} feasible), D={D} "

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import across, robust
 from tula.model import measurements as measurements_mod
@@ -26,7 +27,7 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory, 
     perf_m = PerfModel.from_dict(read_json(perf))
     inflate = robust.scatter_ratio(measured, perf_m)
     shares = robust.choice_shares(
-        cfg,
+        model_inputs.planning(cfg),
         measured,
         perf_m,
         MemoryModel.from_dict(read_json(memory)),
@@ -34,7 +35,7 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory, 
         inflate=inflate,
         waits=waits,
     )
-    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg, inflate)
+    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg.probe.precision, inflate)
     sel["robustness"] = r
     chosen = (r["chosen"]["workers"], r["chosen"]["global_batch"])
     estimate = (sel["selected"]["workers"], sel["selected"]["global_batch"])
@@ -70,7 +71,7 @@ def run(
     waits = across.waits_by_workers(asked) if asked else {}
     if asked:
         pred = across.with_waits(pred, waits)
-    sel = select(pred, cfg)
+    sel = select(pred, model_inputs.planning(cfg))
     if asked:
         sel["queue"] = asked
     if measurements and perf and memory:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tula import model_inputs
 from tula.config import Config, metric_name
 from tula.io import read_json
 from tula.model import pricing
@@ -42,7 +43,12 @@ def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
             f"{fmt_span(final['wall_time_s'])} (x{final['wall_time_ratio']:.2f})"
         )
     paid = float(
-        pricing.cost(final["train_time_s"], final["workers"], s.get("mem_bytes", 0.0), cfg)
+        pricing.cost(
+            final["train_time_s"],
+            final["workers"],
+            s.get("mem_bytes", 0.0),
+            model_inputs.price(cfg),
+        )
     )
     out.append(f"cost predicted {s['cost']:.4g} {cur}, paid {paid:.4g} {cur}")
     return out

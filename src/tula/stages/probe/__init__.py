@@ -35,6 +35,7 @@ import os
 from pathlib import Path
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model.grid import Point, batch_sizes, batches_at, search_set
 from tula.model.measurements import PROBE_JOB_SCHEMA
@@ -54,10 +55,19 @@ def fallback_batches(
     if cfg.search != "partial":
         return []  # a full search probes every smaller batch anyway
     bmax = max_local_batch(memory_probe) if memory_probe else None
-    at_n = sorted(p.global_batch for p in search_set(cfg, bmax) if p.workers == point.workers)
+    at_n = sorted(
+        p.global_batch
+        for p in search_set(model_inputs.grid_spec(cfg), bmax)
+        if p.workers == point.workers
+    )
     if not at_n or point.global_batch != at_n[-1]:
         return []
-    return smaller_batches(batch_sizes(cfg), point.global_batch, point.workers, floor=at_n[0] + 1)
+    return smaller_batches(
+        batch_sizes(model_inputs.grid_spec(cfg)),
+        point.global_batch,
+        point.workers,
+        floor=at_n[0] + 1,
+    )
 
 
 def run(
@@ -85,7 +95,11 @@ def run_at(
     workload, the step, the probe's own keys), is kept, not bought again: a grid that grows
     probes only its new batches. Returns the records by B."""
     cfg = config_mod.load(cfg_path)
-    batches = batches_at(cfg, workers, max_local_batch(memory_probe) if memory_probe else None)
+    batches = batches_at(
+        model_inputs.grid_spec(cfg),
+        workers,
+        max_local_batch(memory_probe) if memory_probe else None,
+    )
     if not batches:
         raise config_mod.ConfigError(
             f"probe: the search set has no point at N={workers} (grid.workers, grid.batches)"
