@@ -29,10 +29,22 @@ GPU_NODES = (
 )
 
 # A config small enough for real multi-process runs on a 2-core machine.
+# Snakemake lays a test's --configfile over the shipped workflow/config.yaml (the demo's
+# default): every key the demo sets that a test's run depends on is named here, so a change to
+# the demo does not change what the suite runs (the schema's defaults for search, knee_rule and
+# probe.precision, which the demo sets otherwise).
 TINY = {
     "workload": {"model": "small_cnn", "dataset": "digits", "epochs": 2, "seed": 0},
     "grid": {"workers": [1, 2], "batch_min": 32, "batch_max": 128},
-    "probe": {"warmup_steps": 1, "timed_steps": 3, "timeout_s": 120, "time_budget_s": 0.5},
+    "search": "partial",
+    "knee_rule": "marginal",
+    "probe": {
+        "warmup_steps": 1,
+        "timed_steps": 3,
+        "timeout_s": 120,
+        "time_budget_s": 0.5,
+        "precision": 0.02,
+    },
     "train": {"lr_decay_epochs": []},
 }
 # The shared runs whose production step tests bound against its prediction (TIMED_RUNS of

@@ -494,7 +494,7 @@ def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_
     copy_workflow(tmp_path)
     full = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())
     for section, values in {**TINY, "hardware": {"gpu": "h100"}}.items():
-        full[section] = {**full[section], **values}
+        full[section] = {**full[section], **values} if isinstance(values, dict) else values
     (tmp_path / "workflow" / "config.yaml").write_text(yaml.safe_dump(full))
     r = snakemake(tmp_path, "--until", "memprobe", env=venv_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
