@@ -453,3 +453,68 @@ def test_every_column_tula_writes_is_in_results_readme():
     columns = [*REQUIRED, *OPTIONAL, *METRIC_COLUMNS, *STEPS, *ACCURACY]
     missing = sorted({c for c in columns if not re.search(rf"\b{re.escape(c)}\b", text)})
     assert not missing, f"results/README.md does not name: {', '.join(missing)}"
+
+
+def test_every_key_of_the_probe_record_is_in_results_readme():
+    """The probe record's type lists every key its JSON may hold; results/README.md, the
+    results' public contract, names each one."""
+    from tula.model.probe_record import json_keys
+
+    text = (ROOT / "results" / "README.md").read_text()
+    missing = sorted({k for k in json_keys() if not re.search(rf"\b{re.escape(k)}\b", text)})
+    assert not missing, f"results/README.md does not name: {', '.join(missing)}"
+
+
+def probe_record_writes(tree: ast.AST, keys: set[str]) -> list[tuple[int, str]]:
+    """Where a module sets a probe record's field by name: a subscript store of one of its
+    keys (``record["status"] = ...``), ``setattr`` or ``dataclasses.replace``."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        targets += [node.target] if isinstance(node, ast.AugAssign) else []
+        for t in targets:
+            key = t.slice if isinstance(t, ast.Subscript) else None
+            if isinstance(key, ast.Constant) and key.value in keys:
+                found.append((node.lineno, f"[{key.value!r}] = ..."))
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name in ("setattr", "__setattr__", "replace") and not isinstance(
+                getattr(f, "value", None),
+                ast.Constant,  # "a b".replace(...) is a string's
+            ):
+                found.append((node.lineno, f"{name}(...)"))
+    return found
+
+
+def test_no_code_outside_its_module_sets_a_probe_records_field():
+    """A probe record changes only through its own methods (tula.model.probe_record): no
+    module that handles one (imports its type) sets a field by name."""
+    from tula.model.probe_record import json_keys
+
+    keys, bad = set(json_keys()), []
+    for f in sorted(SRC.rglob("*.py")):
+        text = f.read_text()
+        if f.name == "probe_record.py" or not re.search(
+            r"tula\.model\.probe_(record|measured)", text
+        ):
+            continue
+        bad += [
+            f"{f.relative_to(SRC)}:{n}: {w}" for n, w in probe_record_writes(ast.parse(text), keys)
+        ]
+    assert not bad, "a probe record's field set outside its module:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        'record["status"] = "ok"',
+        'rec["wall_s"] += 1.0',
+        "setattr(rec, 'status', 'ok')",
+        "dataclasses.replace(rec, status='ok')",
+    ],
+)
+def test_a_probe_record_field_set_by_name_is_found(code):
+    assert probe_record_writes(ast.parse(code), {"status", "wall_s"})

@@ -7,7 +7,9 @@ import torch
 from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
 from tula import config
-from tula.runtime import probe_record, probe_timing, probe_worker
+from tula.model.probe_measured import Measurement, Noise, Overheads
+from tula.model.probe_record import Probed, ProbeRecord, RankResult
+from tula.runtime import probe_measurement, probe_timing, probe_worker
 from tula.runtime.precision import Series
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Target, Timing
@@ -27,7 +29,7 @@ def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one
         {"step": step, "compute": compute}, Target(0.02, 2, 1.0), False, "budget", 1.0, 1, "steps"
     )
     extras = {"start": [0.32], "refresh": [], "partial": [0.05]}
-    m = probe_record.measurement(replica, gathered, timing, extras)
+    m = probe_measurement.measurement(replica, gathered, timing, extras).to_json()
     plain = (0.11 + 0.12) / 2
     start_extra, partial_extra = 0.32 - plain, 0.05 - plain
     assert m["step_times_s"] == [0.11, 0.12] and m["compute_times_s"] == [0.08, 0.10]
@@ -50,70 +52,70 @@ def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one
 
 
 def test_a_failure_before_the_measurement_is_the_record_and_after_it_a_note_beside_it():
-    def record(rank, exc, after, **parts):
-        failure = probe_worker._failure(exc, rank, after=after)
-        return probe_record.assemble(probe_record.PointParts(rank, failure=failure, **parts))
+    def record(rank, exc, after, measured=None):
+        result = RankResult(rank).measured_as(measured)
+        return probe_worker._failure(result, exc, after=after)
 
-    oom = record(1, torch.OutOfMemoryError("CUDA out of memory\nmore"), "")
+    oom = record(1, torch.OutOfMemoryError("CUDA out of memory\nmore"), "").to_json()
     assert oom == {
         "rank": 1,
         "status": "oom",
         "error": "out of memory on rank 1: CUDA out of memory",
     }
-    err = record(0, RuntimeError("boom"), "", measured={"step_time_s": 0.1})
+    err = record(0, RuntimeError("boom"), "", Measurement(step_time_s=0.1)).to_json()
     assert (err["status"], err["error"]) == (
         "error",
         "rank 0: RuntimeError: boom",
     ) and "traceback" in err
     assert "step_time_s" not in err  # a measurement not stood is no part of a failed record
-    kept = record(0, RuntimeError("lost peer"), "sweep", measured={"step_time_s": 0.1})
-    assert kept == {
+    kept = record(0, RuntimeError("lost peer"), "sweep", Measurement(step_time_s=0.1))
+    assert kept.failed_after_measurement and not kept.failed
+    assert {k: v for k, v in kept.to_json().items() if v is not None} == {
         "rank": 0,
         "status": "ok",
         "step_time_s": 0.1,
+        "sweep": [],
         "sweep_error": "rank 0: RuntimeError: lost peer",
     }
-    assert probe_record.failed_after_measurement(kept)
+    with pytest.raises(ValueError, match="warmup"):
+        RankResult(0).noted("warmup", "x")  # only a phase after the measurement is a note
 
 
-def test_the_record_is_assembled_from_its_parts_in_one_place():
-    """Each measuring function returns its part; the record is those parts in order, the
-    sweep's rows replacing the measurement's empty list, the point's own seconds last."""
-    parts = probe_record.PointParts(
-        0,
-        measured={"step_time_s": 0.1, "sweep": []},
-        overheads={"startup_time_s": 4.0},
-        noise={"grad_noise_scale": 12.0},
-        sweep=[{"local_batch": 16, "status": "ok"}],
-        point_wall_s=3.5,
+def test_the_record_is_built_from_its_parts_and_read_back_as_it_was_written():
+    """Each measuring function returns its part; the rank's result is those parts, the sweep's
+    rows replacing the measurement's empty list, the point's own seconds last; the point's
+    record (what was probed, how it ended, rank 0's result) reads back to the same record."""
+    rows = [{"local_batch": 16, "status": "ok"}]
+    parts = (
+        RankResult(0)
+        .measured_as(Measurement(step_time_s=0.1))
+        .with_overheads(Overheads(startup_time_s=4.0))
+        .with_noise(Noise({"b_noise": 12.0}, grad_noise_scale=12.0))
+        .swept(rows, "N1_B32")
+        .timed(3.5)
     )
-    assert probe_record.assemble(parts) == {
-        "rank": 0,
-        "status": "ok",
-        "step_time_s": 0.1,
-        "sweep": [{"local_batch": 16, "status": "ok"}],
-        "startup_time_s": 4.0,
-        "grad_noise_scale": 12.0,
-        "point_wall_s": 3.5,
-    }
-    assert probe_record.assemble(probe_record.PointParts(1)) == {"rank": 1, "status": "ok"}
-    with pytest.raises(TypeError, match="sweeps"):
-        parts.add(sweeps=[])  # a part the record does not have is refused, not dropped
-    assert not parts.failed and not probe_record.failed_after_measurement(
-        probe_record.assemble(parts)
-    )
+    j = parts.to_json()
+    assert (j["rank"], j["status"], j["step_time_s"], j["sweep"]) == (0, "ok", 0.1, rows)
+    assert (j["startup_time_s"], j["grad_noise_scale"], j["sweep_in"]) == (4.0, 12.0, "N1_B32")
+    assert list(j)[-1] == "point_wall_s" and j["point_wall_s"] == 3.5
+    assert RankResult.from_json(j) == parts
+    assert RankResult(1).to_json() == {"rank": 1, "status": "ok"}
+    with pytest.raises(AttributeError):
+        parts.sweep = []  # frozen: a part changes only through the record's own methods
+    assert not parts.failed and not parts.failed_after_measurement
     # a later point of the same job: no sweep of its own, the record names the point that has it
-    later = probe_record.PointParts(0, measured={"step_time_s": 0.2, "sweep": []})
-    later.add(sweep_in="N1_B32")
-    assert probe_record.assemble(later) == {
-        "rank": 0,
-        "status": "ok",
-        "step_time_s": 0.2,
-        "sweep": [],
-        "sweep_in": "N1_B32",
-    }
-    with pytest.raises(TypeError, match="rank"):
-        later.add(rank=1)  # whose parts these are is not a part
+    later = RankResult(0).measured_as(Measurement(step_time_s=0.2)).swept(None, "N1_B32")
+    assert (later.to_json()["sweep"], later.to_json()["sweep_in"]) == ([], "N1_B32")
+    record = ProbeRecord(Probed(1, 64, 64, nodes=1), "ok", result=parts, wall_s=9.0)
+    assert ProbeRecord.from_json(record.to_json()) == record
+    lost = record.with_lost([1])
+    assert (
+        lost.lost_ranks == [1] and "1 sweep rows" in lost.after_error and record.lost_ranks is None
+    )
+    with pytest.raises(ValueError, match="step_tme_s"):
+        ProbeRecord.from_json({**record.to_json(), "step_tme_s": 1.0})  # not a key it has
+    with pytest.raises(ValueError, match="missing workers"):
+        ProbeRecord.from_json({"global_batch": 64, "status": "ok"})
 
 
 def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_group):  # noqa: F811
@@ -132,9 +134,9 @@ def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_gr
     assert "partial" in met and met <= {"partial", "start"}
     for arm in (step, compute):
         assert not arm.times and len(arm.other["start"]) >= probe_timing.EXTRA_STEPS
-    m = probe_record.measurement(
+    m = probe_measurement.measurement(
         replica, [{"peak": 1, "peaks": {"plain": 1}, "rss": 1, "host": "a"}], timing, extras
-    )
+    ).to_json()
     assert m["step_timed_steps"] == len(step.other["start"])
     assert m["compute_timed_steps"] == len(compute.other["start"])
     assert m["step_time_s"] > 0 and m["compute_time_s"] > 0 and m["sync_time_s"] >= 0

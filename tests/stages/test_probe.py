@@ -430,16 +430,20 @@ def test_a_vanished_peer_is_the_machines_failure_and_any_other_error_the_points(
     """The lab's node drill once left a two-node probe whose surviving ranks wrote gloo's
     "Connection reset by peer" before the dead node's ranks were counted lost: that point is
     launched once more, as a lost rank's is; an error of the point's own is not."""
+    from tula.model.probe_record import ProbeRecord
     from tula.stages.probe.job import lost_a_worker
+
+    def lost(**record):
+        return lost_a_worker(ProbeRecord.from_json({"workers": 2, "global_batch": 64, **record}))
 
     gloo = (
         "rank 2: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
         "pair.cc:545] Read error [10.77.0.2]:22918: Connection reset by peer."
     )
-    assert lost_a_worker({"status": "error", "error": gloo})
-    assert lost_a_worker({"status": "ok", "lost_ranks": [1], "after_error": "x"})
-    assert not lost_a_worker({"status": "error", "error": "rank 0: ValueError: bad shape"})
-    assert not lost_a_worker({"status": "oom", "error": "CUDA out of memory"})
+    assert lost(status="error", error=gloo)
+    assert lost(status="ok", lost_ranks=[1], after_error="x")
+    assert not lost(status="error", error="rank 0: ValueError: bad shape")
+    assert not lost(status="oom", error="CUDA out of memory")
 
 
 @pytest.mark.probe
@@ -538,7 +542,7 @@ def test_the_rank_that_failed_first_is_the_error_reported():
         },
     ]
     assert (
-        probe.combine(Point(2, 64), ranks, None, cfg)["error"]
+        probe.combine(Point(2, 64), ranks, None, cfg).error
         == "rank 1: AssertionError: version mismatch"
     )
 
@@ -642,7 +646,14 @@ def test_the_log_says_where_the_jobs_compute_curve_is_or_that_it_needed_none():
     """A job that probes every local batch it would sweep sweeps none, and its log says so at
     each point, not "swept at 0 other local batches" and "swept once, at N1_B32"."""
     from tula.model.grid import Point
-    from tula.stages.probe.job import _sweep_note
+    from tula.model.probe_record import ProbeRecord
+    from tula.stages.probe.job import _sweep_note as note
+
+    def _sweep_note(point, rec, launch):
+        def typed(r):
+            return ProbeRecord.from_json({"workers": 1, "global_batch": 32, "status": "ok", **r})
+
+        return note(point, typed(rec), {k: typed(v) for k, v in launch.items()})
 
     row = {"local_batch": 16, "status": "ok"}
     first, later = Point(1, 32), Point(1, 64)

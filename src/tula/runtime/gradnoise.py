@@ -5,32 +5,22 @@ estimated by :mod:`tula.model.noise`."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tula.model import noise
+from tula.model.probe_measured import Noise
 from tula.runtime.replica import Replica
 
 
-def measure(replica, steps: int) -> dict[str, Any]:
+def measure(replica, steps: int) -> Noise:
     """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
     (rank 0's, given to every rank first): ``steps`` untimed steps of
     :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
     estimated by tula.model.noise. One worker has no second batch size."""
     if replica.world == 1:
-        return {
-            "gradient_noise": {
-                "b_noise": None,
-                "why": "one worker: no second batch size to compare with",
-            }
-        }
+        return Noise({"b_noise": None, "why": "one worker: no second batch size to compare with"})
     full = replica.data.train_size // replica.global_batch  # batches of the full size in an epoch
     if full == 0:
-        return {
-            "gradient_noise": {
-                "b_noise": None,
-                "why": "the training set is smaller than one global batch",
-            }
-        }
+        return Noise({"b_noise": None, "why": "the training set is smaller than one global batch"})
     t0 = time.perf_counter()
     # The compute-only (no_sync) steps timed before stepped each replica on its own gradient, so
     # the replicas differ; the workers' gradients must be taken at one point: rank 0's weights.
@@ -52,14 +42,14 @@ def measure(replica, steps: int) -> dict[str, Any]:
         replica.global_batch,
         population=replica.data.train_size,
     )
-    return {
-        "grad_noise_scale": est.b_noise,
-        "grad_sq": est.grad_sq,
-        "grad_trace": est.trace,
-        "grad_sq_se": est.grad_sq_se,
-        "grad_trace_se": est.trace_se,
-        "gradient_noise": {**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps},
-    }
+    return Noise(
+        gradient_noise={**est.to_dict(), "time_s": seconds, "time_per_step_s": seconds / steps},
+        grad_noise_scale=est.b_noise,
+        grad_sq=est.grad_sq,
+        grad_trace=est.trace,
+        grad_sq_se=est.grad_sq_se,
+        grad_trace_se=est.trace_se,
+    )
 
 
 def epoch_noise(replica: Replica) -> dict[str, float | None]:

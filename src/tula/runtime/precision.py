@@ -8,7 +8,7 @@ Python among steps that did not), the precision rule judges the robust spread in
 x the median absolute deviation: the spikes stay in the mean (the production job pays them),
 but do not keep the timer running for a precision that their rarity, not the step, denies.
 The record says which spread was judged and how many samples spiked
-(:meth:`tula.runtime.timing.Timing.record`). A host clock's steps (CPU) are judged by their
+(:meth:`tula.runtime.timing.Timing.figures`). A host clock's steps (CPU) are judged by their
 standard deviation: the predictions on this machine rest on it, and in the same hour the
 robust rule's runs could not be told from it (BENCHMARKS.md "Probe precision").
 """

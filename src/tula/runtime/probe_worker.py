@@ -25,7 +25,9 @@ from tula import faults as tula_faults
 from tula.io import write_json
 from tula.model.grid import Point
 from tula.model.memory import max_local_batch
-from tula.runtime import dist, gradnoise, probe_record, probe_timing, sweep
+from tula.model.probe_measured import Overheads
+from tula.model.probe_record import AFTER_MEASUREMENT, Failure, RankResult
+from tula.runtime import dist, gradnoise, probe_measurement, probe_timing, sweep
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import (
     input_time_s,
@@ -103,7 +105,7 @@ class Phases:
     @property
     def after_measurement(self) -> str:
         """The phase running if it follows the measurement ("" while measuring)."""
-        return self.now if self.now in probe_record.AFTER_MEASUREMENT else ""
+        return self.now if self.now in AFTER_MEASUREMENT else ""
 
 
 def _probe_point(
@@ -119,25 +121,37 @@ def _probe_point(
     to stop (an out-of-memory step) or what followed the measurement failed; "failed"."""
     rank = dist.worker_env().rank
     t0 = time.perf_counter()
-    parts = probe_record.PointParts(rank)
-    result = result_path(phases.dir, rank)
+    now = Standing(result_path(phases.dir, rank), RankResult(rank))
     try:
-        _probe(cfg, point, result_dir, max_local_batch, attempt, parts, phases, shared)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, now, phases, shared)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
         first = (exc.message or "").splitlines()[0]
-        oom = {"status": "oom", "error": f"out of memory on rank(s) {exc.ranks}: {first}"}
-        write_json(result, probe_record.assemble(probe_record.PointParts(rank, failure=oom)))
+        oom = Failure("oom", f"out of memory on rank(s) {exc.ranks}: {first}")
+        now.stands(RankResult(rank, failure=oom), every_rank=True)
         return "stopped"
     except Exception as exc:  # noqa: BLE001 - recorded, never silently dropped
-        parts.add(failure=_failure(exc, rank, phases.after_measurement))
-    if not parts.failed and rank == 0:
-        parts.add(point_wall_s=time.perf_counter() - t0)
-    record = probe_record.assemble(parts)
-    write_json(result, record)
+        now.stands(_failure(now.result, exc, phases.after_measurement), save=False)
+    if not now.result.failed and rank == 0:
+        now.stands(now.result.timed(time.perf_counter() - t0), save=False)
+    now.stands(now.result, every_rank=True)
     phases.enter("leaving")
-    if parts.failed:
+    if now.result.failed:
         return "failed"
-    return "stopped" if probe_record.failed_after_measurement(record) else "ok"
+    return "stopped" if now.result.failed_after_measurement else "ok"
+
+
+class Standing:
+    """This rank's result at a point as it stands (:class:`RankResult`, a new one as each part
+    stands), written to ``path``: rank 0's as each part stands (what the launcher reads if a
+    later phase never ends), every rank's when the point ends."""
+
+    def __init__(self, path: Path, result: RankResult):
+        self.path, self.result = path, result
+
+    def stands(self, result: RankResult, save: bool = True, every_rank: bool = False) -> None:
+        self.result = result
+        if save and (every_rank or result.rank == 0):
+            write_json(self.path, result.to_json())
 
 
 def _start(
@@ -206,22 +220,21 @@ def _measure_point(
     if rank != 0:
         return replica, startup_s, None
     loader_workers = replica.stream.loader.num_workers
-    return (
+    measured = probe_measurement.measurement(
         replica,
-        startup_s,
-        {
-            **probe_record.measurement(replica, gathered, timing, extras),
-            "grad_bytes_per_step": mem.grad_bytes,
-            "memory": mem.to_dict(),
-            "profiler_retries": retried,  # extra steps: CPU profiler failures
-            "env": dist.env_info(
-                device, backend, wenv, [g["host"] for g in gathered], cfg, loader_workers
-            ),
-            "sweep": [],
-            # its first steps were the process's (what a production job pays at its start)
-            "fresh_process": shared.setdefault("first", point.name) == point.name,
-        },
+        gathered,
+        timing,
+        extras,
+        grad_bytes_per_step=mem.grad_bytes,
+        memory=mem.to_dict(),
+        profiler_retries=retried,  # extra steps: CPU profiler failures
+        env=dist.env_info(
+            device, backend, wenv, [g["host"] for g in gathered], cfg, loader_workers
+        ),
+        # its first steps were the process's (what a production job pays at its start)
+        fresh_process=shared.setdefault("first", point.name) == point.name,
     )
+    return replica, startup_s, measured
 
 
 def _memory_step(replica: Replica):
@@ -243,7 +256,7 @@ def _probe(
     result_dir: Path,
     max_local_batch: int | None,
     attempt: int,
-    parts: probe_record.PointParts,
+    now: Standing,
     phases: Phases,
     shared: dict[str, Any],
 ) -> None:
@@ -253,40 +266,29 @@ def _probe(
     noise scale and the compute sweep (at the job's first point too: every point of one N
     sweeps the same local batches, the grid's, less the job's own, so one sweep serves the
     job)."""
-    rank = parts.rank
-    result = result_path(phases.dir, rank)
+    rank = now.result.rank
     replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
-    parts.add(measured=measured)
-    _save(result, parts)
+    now.stands(now.result.measured_as(measured))
     phases.enter("overheads")
     if "overheads" not in shared:
         shared["overheads"] = _overheads(replica, result_dir, startup_s)
     if rank == 0:
-        parts.add(overheads=shared["overheads"])
-        _save(result, parts)
+        now.stands(now.result.with_overheads(*shared["overheads"]))
     if cfg.probe.noise_steps > 0:
         phases.enter("noise")
         # before the sweep changes the batch
         noise = gradnoise.measure(replica, cfg.probe.noise_steps)
-        parts.add(noise=noise if rank == 0 else None)
-        _save(result, parts)
+        now.stands(now.result.with_noise(noise if rank == 0 else None))
     if cfg.probe.sweep_steps > 0:
+        rows = None
         if "swept" not in shared:  # once per process: the other local batches are the same
             phases.enter("sweep")
-            start_extra = (parts.measured or {}).get("epoch_start_extra_s", 0.0)
-            parts.add(
-                sweep=sweep.run_sweep(
-                    replica, cfg, point, max_local_batch, start_extra, shared["probed"]
-                )
+            start_extra = (measured.epoch_start_extra_s if measured else None) or 0.0
+            rows = sweep.run_sweep(
+                replica, cfg, point, max_local_batch, start_extra, shared["probed"]
             )
             shared["swept"] = point.name
-        parts.add(sweep_in=shared["swept"])
-
-
-def _save(result: Path, parts: probe_record.PointParts) -> None:
-    """Rank 0's record as it stands (what the launcher reads if a later phase never ends)."""
-    if parts.rank == 0:
-        write_json(result, probe_record.assemble(parts))
+        now.stands(now.result.swept(rows, shared["swept"]), save=False)
 
 
 def _this_rank(
@@ -316,24 +318,27 @@ def _this_rank(
     }
 
 
-def _failure(exc: Exception, rank: int, after: str) -> dict[str, Any]:
-    """A failed worker's part of its record (:class:`probe_record.PointParts`): after the
-    measurement (``after``: the phase, overheads, noise or sweep) a note kept beside it;
-    before, the record's status and error."""
+def _failure(result: RankResult, exc: Exception, after: str) -> RankResult:
+    """A failed worker's result: after the measurement (``after``: the phase, overheads, noise
+    or sweep) a note kept beside it; before, the record's status and error."""
     first = (str(exc).splitlines() or [""])[0]
     if after:
-        return {f"{after}_error": f"rank {rank}: {type(exc).__name__}: {first}"}
+        return result.noted(after, f"rank {result.rank}: {type(exc).__name__}: {first}")
     if isinstance(exc, torch.OutOfMemoryError):
-        return {"status": "oom", "error": f"out of memory on rank {rank}: {first}"}
-    return {
-        "status": "error",
-        "error": f"rank {rank}: {type(exc).__name__}: {exc}",
-        "traceback": traceback.format_exc(),
-        "failed_at": time.time(),
-    }
+        return result.failed_with(Failure("oom", f"out of memory on rank {result.rank}: {first}"))
+    return result.failed_with(
+        Failure(
+            "error",
+            f"rank {result.rank}: {type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            failed_at=time.time(),
+        )
+    )
 
 
-def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str, Any]:
+def _overheads(
+    replica: Replica, result_dir: Path, startup_s: float
+) -> tuple[Overheads | None, str | None]:
     """What the production job pays besides its steps, measured as it pays it: start-up
     (process start to the first step), two evaluation passes (:meth:`Replica.evaluate`: the
     job's first pass pays what a first pass does -- the test loader, first forwards at the
@@ -341,7 +346,8 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
     job's evaluation, BENCHMARKS.md "Production confirms the prediction") and one checkpoint write
     (:func:`tula.runtime.snapshot.write_checkpoint`, beside the probe's result, then removed);
     each the slowest rank's. An epoch's start is in the step time already
-    (``epoch_start_extra_s``). Out of memory here is noted, not the probe's outcome."""
+    (``epoch_start_extra_s``). Out of memory here is noted (the second value), not the
+    probe's outcome."""
     try:
         t0 = time.perf_counter()
         replica.evaluate()
@@ -351,19 +357,14 @@ def _overheads(replica: Replica, result_dir: Path, startup_s: float) -> dict[str
         write_checkpoint(replica, result_dir / "checkpoint", keep=1, extra={"probe": True})
         mine = (startup_s, t1 - t0, t2 - t1, time.perf_counter() - t2)
     except StepOOM as exc:
-        return {"overheads_error": f"out of memory {exc.where} on rank(s) {exc.ranks}"}
+        return None, f"out of memory {exc.where} on rank(s) {exc.ranks}"
     finally:
         if replica.rank == 0:
             shutil.rmtree(result_dir / "checkpoint", ignore_errors=True)
     gathered: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(gathered, mine)
     startup, first, ev, ck = (max(g[i] for g in gathered) for i in range(4))
-    return {
-        "startup_time_s": startup,
-        "eval_first_time_s": first,
-        "eval_time_s": ev,
-        "checkpoint_time_s": ck,
-    }
+    return Overheads(startup, first, ev, ck), None
 
 
 def _worker_main(argv: list[str] | None = None) -> None:

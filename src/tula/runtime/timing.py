@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tula.model.probe_measured import Arm, TimingFigures
 from tula.runtime.clocks import EventClock, HostClock, block_for
 from tula.runtime.precision import Series, spread
 
@@ -92,40 +93,38 @@ class Timing:
         judged by their standard deviation, as before (its predictions rest on it)."""
         return self.mode == "blocks"
 
-    def record(self, prefix: str = "") -> dict[str, Any]:
-        """The figures a result file keeps: per arm the steps timed and the half-width reached;
-        the target, whether it was reached and what ended the timing."""
-        out: dict[str, Any] = {}
-        for name, s in self.arms.items():
-            out[f"{prefix}{name}_timed_steps"] = s.n_steps
-            out[f"{prefix}{name}_judged_steps"] = s.judged_steps()  # what the minimum counts
-            out[f"{prefix}{name}_other_steps"] = {k: len(v) for k, v in sorted(s.other.items())}
-            # the shares of the other kinds the half-width weighed in (None: plain steps alone)
-            mixed = s.mixed_half_width()
-            out[f"{prefix}{name}_halfwidth_mix"] = s.mix if math.isfinite(mixed) else None
-            hw = mixed if math.isfinite(mixed) else s.half_width()
-            out[f"{prefix}{name}_time_halfwidth_rel"] = hw if math.isfinite(hw) else None
-            # what the precision rule judged: on a queued clock, the robust spread where a few
-            # steps spike
-            judged = s.half_width(robust=self.robust)
-            out[f"{prefix}{name}_time_halfwidth_judged_rel"] = (
-                judged if math.isfinite(judged) else None
-            )
-            out[f"{prefix}{name}_spread"] = _spread_of(s) if self.robust else "sd"
-            out[f"{prefix}{name}_spikes"] = s.spikes()
-            out[f"{prefix}{name}_host_share"] = s.host_share()
-        out.update(
-            {
-                f"{prefix}precision_target": self.target.precision,
-                f"{prefix}precision_reached": self.reached,
-                f"{prefix}timing_stopped_by": self.stopped_by,
-                f"{prefix}timing_s": self.elapsed_s,
-                f"{prefix}timing_budget_s": self.target.budget_s,
-                f"{prefix}timing_mode": self.mode,
-                f"{prefix}block_steps": self.block_steps,
-            }
+    def figures(self) -> TimingFigures:
+        """The figures a probe record keeps: per arm the steps timed and the half-width
+        reached; the target, whether it was reached and what ended the timing."""
+        return TimingFigures(
+            **{name: self._arm(s) for name, s in self.arms.items()},
+            precision_target=self.target.precision,
+            precision_reached=self.reached,
+            timing_stopped_by=self.stopped_by,
+            timing_s=self.elapsed_s,
+            timing_budget_s=self.target.budget_s,
+            timing_mode=self.mode,
+            block_steps=self.block_steps,
         )
-        return out
+
+    def _arm(self, s: Series) -> Arm:
+        mixed = s.mixed_half_width()
+        hw = mixed if math.isfinite(mixed) else s.half_width()
+        # what the precision rule judged: on a queued clock, the robust spread where a few
+        # steps spike
+        judged = s.half_width(robust=self.robust)
+        return Arm(
+            timed_steps=s.n_steps,
+            judged_steps=s.judged_steps(),  # what the minimum counts
+            other_steps={k: len(v) for k, v in sorted(s.other.items())},
+            # the shares of the other kinds the half-width weighed in (None: plain steps alone)
+            halfwidth_mix=s.mix if math.isfinite(mixed) else None,
+            time_halfwidth_rel=hw if math.isfinite(hw) else None,
+            time_halfwidth_judged_rel=judged if math.isfinite(judged) else None,
+            spread=_spread_of(s) if self.robust else "sd",
+            spikes=s.spikes(),
+            host_share=s.host_share(),
+        )
 
 
 def _spread_of(s: Series) -> str:

@@ -17,16 +17,22 @@ from tula.model.measurements import (
     SOURCES,
     comm_env_text,
 )
+from tula.model.probe_record import ProbeRecord
 
 
 def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
-    """The rows of one probe record: the probe itself, its sweep rows, and the records of
-    any smaller batches it fell back to after an OOM."""
-    row = {c: record.get(c) for c in REQUIRED + OPTIONAL}
-    mem = record.get("memory") or {}
+    """The rows of one probe record (its JSON, read through
+    :class:`tula.model.probe_record.ProbeRecord`): the probe itself, its sweep rows, and the
+    records of any smaller batches it fell back to after an OOM."""
+    return _rows(ProbeRecord.from_json(record), probe_file)
+
+
+def _rows(rec: ProbeRecord, probe_file: str) -> list[dict]:
+    flat, m = rec.to_json(), rec.measured
+    row = {c: flat.get(c) for c in REQUIRED + OPTIONAL}
+    mem, env = m.memory or {}, m.env or {}
     for k in ("param_bytes", "grad_bytes", "opt_bytes", "act_bytes", "batch_bytes"):
         row[k] = mem.get(k)
-    env = record.get("env") or {}
     row["device"], row["backend"], row["comm_env"] = (
         env.get("device"),
         env.get("backend"),
@@ -35,23 +41,24 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
     row["data_workers"] = env.get("data_workers")
     row["hosts"] = " ".join(env.get("hostnames") or []) or None  # every rank's, in rank order
     row["source"], row["probe_file"] = "probe", probe_file
-    row["precision_min_steps"] = record.get("timed_steps")  # probe.timed_steps, as it ran
-    row["timed_s"] = timed_seconds(record)
-    if row["timed_s"] is not None and record.get("wall_s"):
-        row["probe_efficiency"] = row["timed_s"] / record["wall_s"]
+    row["precision_min_steps"] = rec.probed.timed_steps  # probe.timed_steps, as it ran
+    row["timed_s"] = timed_seconds(rec)
+    if row["timed_s"] is not None and rec.wall_s:
+        row["probe_efficiency"] = row["timed_s"] / rec.wall_s
     rows = [row]
-    for sw in record.get("sweep") or []:
+    target = m.timing.precision_target if m.timing else None
+    for sw in rec.sweep:
         rows.append(
             {
-                "workers": record["workers"],
-                "nodes": record.get("nodes"),
-                "global_batch": record["global_batch"],
+                "workers": rec.probed.workers,
+                "nodes": rec.probed.nodes,
+                "global_batch": rec.probed.global_batch,
                 "local_batch": sw["local_batch"],
                 "compute_time_s": sw.get("compute_time_s"),
                 "compute_time_cv": sw.get("compute_time_cv"),
                 "compute_time_halfwidth_rel": sw.get("compute_time_halfwidth_rel"),
                 "compute_timed_steps": sw.get("compute_timed_steps"),
-                "precision_target": record.get("precision_target"),
+                "precision_target": target,
                 "precision_reached": sw.get("precision_reached"),
                 "peak_mem_bytes": sw.get("peak_mem_bytes"),
                 "status": sw["status"],
@@ -60,29 +67,29 @@ def rows_from_probe(record: dict, probe_file: str) -> list[dict]:
                 "probe_file": probe_file,
                 "device": row["device"],
                 "backend": row["backend"],
-                "train_samples": record.get("train_samples"),
+                "train_samples": m.train_samples,
             }
         )
-    for fb in record.get("fallbacks") or []:
-        rows += rows_from_probe(fb, probe_file)
+    for fb in rec.fallbacks or []:
+        rows += _rows(fb, probe_file)
     return rows
 
 
-def timed_seconds(record: dict) -> float | None:
+def timed_seconds(rec: ProbeRecord) -> float | None:
     """Seconds of timed steps a probe job bought: its synced and compute-only steps at (N, B),
     the plain ones and those of the other kinds each arm weighed into its mean (epoch starts,
     short last batches, AGS refreshes: the kinds of ``*_halfwidth_mix``), and its sweep's
     compute-only steps (each a mean x the steps it is over). Steps timed and set aside (an
     arm judged at epoch starts alone) bought nothing. None where the probe measured nothing."""
-    if record.get("status") != "ok":
+    if not rec.ok:
         return None
-    total = 0.0
-    for kind in ("step", "compute"):
-        t, k = record.get(f"{kind}_time_s"), record.get(f"{kind}_timed_steps") or 0
-        other = record.get(f"{kind}_other_steps") or {}
-        k += sum(other.get(m, 0) for m in record.get(f"{kind}_halfwidth_mix") or {})
+    m, total = rec.measured, 0.0
+    for t, arm in ((m.step_time_s, "step"), (m.compute_time_s, "compute")):
+        a = getattr(m.timing, arm) if m.timing else None
+        k = (a.timed_steps or 0) if a else 0
+        k += sum((a.other_steps or {}).get(kind, 0) for kind in (a.halfwidth_mix or {})) if a else 0
         total += (t or 0.0) * k
-    for sw in record.get("sweep") or []:
+    for sw in rec.sweep:
         if sw.get("status") == "ok":
             total += (sw.get("compute_time_s") or 0.0) * (sw.get("compute_timed_steps") or 0)
     return total
@@ -138,11 +145,11 @@ def run(
     points) into one table; failed probes are included, with their status."""
     rows = []
     for f in sorted(records_in(probe_files)):
-        rec = read_json(f)
-        missing = [k for k in ("workers", "global_batch", "status") if k not in rec]
-        if missing:
-            raise ValueError(f"{f}: not a probe record (missing {', '.join(missing)})")
-        rows += rows_from_probe(rec, f)
+        try:
+            rec = ProbeRecord.from_json(read_json(f))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{f}: {exc}") from exc
+        rows += _rows(rec, f)
     if not rows:
         raise ValueError("aggregate: no probe files given")
     if memory_probe:

@@ -40,9 +40,10 @@ from tula.io import read_json, write_json
 from tula.model.grid import Point, batch_sizes, batches_at, search_set
 from tula.model.measurements import PROBE_JOB_SCHEMA
 from tula.model.memory import max_local_batch, smaller_batches
+from tula.model.probe_record import SCHEMA, ProbeRecord
 from tula.pipeline import stage_settings
 from tula.stages.probe import job
-from tula.stages.probe.job import SCHEMA, combine
+from tula.stages.probe.job import combine
 
 __all__ = ["SCHEMA", "combine", "fallback_batches", "run", "run_at", "run_batches"]
 
@@ -133,12 +134,13 @@ def run_at(
 
 
 def _bought(path: Path, settings: str) -> dict | None:
-    """The record at ``path`` where it is ok and was measured with ``settings``, else None."""
+    """The record at ``path`` where it is ok and was measured with ``settings``, else None
+    (also where it is no probe record this Tula reads: it is measured again)."""
     try:
-        rec = read_json(path)
-    except (OSError, ValueError):
+        rec = ProbeRecord.from_json(read_json(path))
+    except (OSError, ValueError, TypeError):
         return None
-    return rec if rec.get("status") == "ok" and rec.get("settings") == settings else None
+    return rec.to_json() if rec.ok and rec.settings == settings else None
 
 
 def run_batches(
@@ -155,7 +157,8 @@ def run_batches(
     ``memory_probe`` (results/memory_probe.json) bounds the compute sweep at b_max. When a
     partial search's largest-B corner runs out of memory anyway, the next smaller batches are
     probed in the same job until one fits; their records go under ``fallbacks``. ``settings``:
-    what the records were measured with, kept in each (:func:`run_at`)."""
+    what the records were measured with, kept in each (:func:`run_at`). The records are
+    :class:`tula.model.probe_record.ProbeRecord`; returned as written (their JSON)."""
     cfg = config_mod.load(cfg_path)
     for b in batches:
         if b % workers:
@@ -172,30 +175,45 @@ def run_batches(
     lost = [
         p
         for p, r in records.items()
-        if job.lost_a_worker(r) and r["status"] != "ok" and os.environ.get("SLURM_JOB_ID")
+        if job.lost_a_worker(r) and not r.ok and os.environ.get("SLURM_JOB_ID")
     ]
+    written = {}
     for point, record in records.items():
         if point in lost:
             continue
-        if record["status"] == "oom":
-            record["fallbacks"] = []
-            for b in fallback_batches(cfg, point, memory_probe):
-                print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
-                fb = job.probe_points(cfg, cfg_path, [Point(workers, b)], work, memory_probe)
-                record["fallbacks"].append(fb[Point(workers, b)])
-                if record["fallbacks"][-1]["status"] != "oom":
-                    break
+        if record.status == "oom":
+            record = record.with_fallbacks(_fall_back(cfg, cfg_path, point, work, memory_probe))
         if settings is not None:
-            record["settings"] = settings
+            record = record.with_settings(settings)
         out = outs[point.global_batch]
-        write_json(out, record)
+        written[point.global_batch] = record.to_json()
+        write_json(out, written[point.global_batch])
         print(f"[probe {point.name}] recorded in {out}", flush=True)
     if lost:
         said = "; ".join(
-            f"{p.name}: rank(s) {records[p].get('lost_ranks') or '(a peer vanished)'}" for p in lost
+            f"{p.name}: rank(s) {records[p].lost_ranks or '(a peer vanished)'}" for p in lost
         )
         raise RuntimeError(
-            f"probe {said} were lost in both launches ({records[lost[0]]['error']}); not "
+            f"probe {said} were lost in both launches ({records[lost[0]].error}); not "
             "recorded: this job fails so that it is run again (the profile's `retries`)"
         )
-    return {p.global_batch: r for p, r in records.items()}
+    return written
+
+
+def _fall_back(
+    cfg: config_mod.Config,
+    cfg_path: str | Path,
+    point: Point,
+    work: Path,
+    memory_probe: str | Path | None,
+) -> list[ProbeRecord]:
+    """The smaller batches probed, in turn, after ``point`` ran out of memory: until one ran
+    (:func:`fallback_batches`)."""
+    fallbacks: list[ProbeRecord] = []
+    for b in fallback_batches(cfg, point, memory_probe):
+        print(f"[probe {point.name}] out of memory: falling back to B={b}", flush=True)
+        at = Point(point.workers, b)
+        fallbacks.append(job.probe_points(cfg, cfg_path, [at], work, memory_probe)[at])
+        if fallbacks[-1].status != "oom":
+            break
+    return fallbacks

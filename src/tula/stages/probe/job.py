@@ -10,15 +10,14 @@ import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from tula import config as config_mod
 from tula.io import read_json
 from tula.model.grid import Point
+from tula.model.probe_measured import Measurement
+from tula.model.probe_record import Failure, Probed, ProbeRecord, RankResult
 from tula.slurm import shapes
 from tula.workers import phases, processes
-
-SCHEMA = "tula.probe/1"
 
 
 def combine(
@@ -28,75 +27,82 @@ def combine(
     cfg: config_mod.Config,
     reached: list[dict] | None = None,
     timed_out: bool | None = None,
-) -> dict:
+) -> ProbeRecord:
     """Merge the per-rank files (and how the launch ended) into one probe record; ``reached``:
     the phase each rank had reached (:func:`tula.workers.phases.phases_reached`), kept for a probe
     that did not end well; ``timed_out``: this point was the one stopped by its limit (the
     launch's own timeout where not given)."""
     if timed_out is None:
         timed_out = launch is not None and launch.timed_out
-    record: dict[str, Any] = {
-        "schema": SCHEMA,
-        "workers": point.workers,
-        "nodes": shapes.job_shape(cfg, point.workers).nodes,
-        "global_batch": point.global_batch,
-        "local_batch": point.local_batch,
-        "model": cfg.workload.model,
-        "dataset": cfg.workload.dataset,
-        "warmup_steps": cfg.probe.warmup_steps,
-        "timed_steps": cfg.probe.timed_steps,
-    }
-    failed = [r for r in rank_results if r.get("status") != "ok"]
-    rank0 = next((r for r in rank_results if r.get("rank") == 0 and r.get("status") == "ok"), None)
+    ranks = [RankResult.from_json(r) for r in rank_results]
+    failure = _ended_by(ranks, launch, cfg, reached, timed_out)
+    rank0 = next((r for r in ranks if r.rank == 0 and not r.failed), None)
+    probed = Probed(
+        workers=point.workers,
+        global_batch=point.global_batch,
+        local_batch=point.local_batch,
+        nodes=shapes.job_shape(cfg, point.workers).nodes,
+        model=cfg.workload.model,
+        dataset=cfg.workload.dataset,
+        warmup_steps=cfg.probe.warmup_steps,
+        timed_steps=cfg.probe.timed_steps,
+    )
+    wall = launch.wall_s if launch is not None else None
+    return ProbeRecord(
+        probed,
+        status=failure.status if failure else "ok",
+        error=failure.error if failure else None,
+        traceback=failure.traceback if failure else None,
+        result=None if failure else rank0,
+        wall_s=wall,
+        job_wall_s=wall,
+        ranks_reached=reached if reached and failure else None,
+    )
+
+
+def _ended_by(
+    ranks: list[RankResult],
+    launch: processes.LaunchResult | None,
+    cfg: config_mod.Config,
+    reached: list[dict] | None,
+    timed_out: bool,
+) -> Failure | None:
+    """What ended the point, None where it measured: its limit, the rank that failed first
+    (the others lost their peer in a collective), or workers that exited without a word."""
+    failed = [r.failure for r in ranks if r.failure is not None]
+    rank0 = next((r for r in ranks if r.rank == 0 and not r.failed), None)
     if timed_out:
-        record.update(
-            status="timeout", error=f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s"
-        )
+        error = f"probe exceeded probe.timeout_s={cfg.probe.timeout_s:g}s"
         if reached:  # where each rank was when it was stopped (their stacks are in the log)
-            record["error"] += f": {phases.describe_phases(reached)}"
-    elif failed:
-        oom = [r for r in failed if r["status"] == "oom"]
-        # the rank that failed first is the cause; the others lost their peer in a collective
-        first = oom[0] if oom else min(failed, key=lambda r: r.get("failed_at", float("inf")))
-        record.update(status=first["status"], error=first.get("error", "unknown error"))
-        if "traceback" in first:
-            record["traceback"] = first["traceback"]
-    elif rank0 is None or "step_time_s" not in rank0:
+            error += f": {phases.describe_phases(reached)}"
+        return Failure("timeout", error)
+    if failed:
+        oom = [f for f in failed if f.status == "oom"]
+        first = oom[0] if oom else min(failed, key=lambda f: f.failed_at or float("inf"))
+        return Failure(first.status, first.error or "unknown error", first.traceback)
+    if rank0 is None or rank0.measured is None or rank0.measured.step_time_s is None:
         code = launch.returncode if launch else "?"
-        record.update(
-            status="error", error=f"workers exited (code {code}) before reporting a measurement"
-        )
-    else:
-        record["status"] = "ok"
-        record.update({k: v for k, v in rank0.items() if k not in ("rank", "status")})
-    if launch is not None:
-        record["wall_s"] = record["job_wall_s"] = launch.wall_s
-    if reached and record["status"] != "ok":
-        record["ranks_reached"] = reached
-    return record
+        return Failure("error", f"workers exited (code {code}) before reporting a measurement")
+    return None
 
 
-def _input_note(record: dict) -> str:
-    t = record.get("input_time_s")
-    if not t:
+def _input_note(m: Measurement) -> str:
+    if not m.input_time_s:
         return ""
     bound = (
-        " — INPUT-BOUND: the input pipeline sets the pace (see the report)"
-        if record.get("input_bound")
-        else ""
+        " — INPUT-BOUND: the input pipeline sets the pace (see the report)" if m.input_bound else ""
     )
     decoded = (
-        f", decoded on the {record['decode'].upper()} (measured {record['decode_faster_by']:.2f}x"
-        " faster)"
-        if record.get("decode")
+        f", decoded on the {m.decode.upper()} (measured {m.decode_faster_by:.2f}x faster)"
+        if m.decode
         else ""
     )
-    return f"; input alone {t * 1e3:.2f} ms per batch{decoded}{bound}"
+    return f"; input alone {m.input_time_s * 1e3:.2f} ms per batch{decoded}{bound}"
 
 
-def _host_note(record: dict) -> str:
-    share = record.get("step_host_share")
-    if not record.get("host_bound") or share is None:
+def _host_note(m: Measurement) -> str:
+    share = m.timing.step.host_share if m.timing else None
+    if not m.host_bound or share is None:
         return ""
     return (
         f" — HOST-BOUND: queuing a step took {100 * share:.0f} % of its time on the device "
@@ -104,34 +110,35 @@ def _host_note(record: dict) -> str:
     )
 
 
-def _sweep_note(point: Point, record: dict, launch: dict[str, dict]) -> str:
+def _sweep_note(point: Point, record: ProbeRecord, launch: dict[str, ProbeRecord]) -> str:
     """Where the compute curve of the point's job is: its own sweep, or the job's first point's
     (``launch``: this launch's records by point name); none where the job probes every other
     local batch of the grid itself."""
-    swept_at = record.get("sweep_in")
+    swept_at = record.sweep_in
     at = record if swept_at == point.name else launch.get(swept_at or "")
-    if at is not None and swept_at and not at.get("sweep"):
+    if at is not None and swept_at and not at.sweep:
         return "no compute sweep: the job probes every local batch of the grid it would sweep"
     if swept_at and swept_at != point.name:
         return f"compute curve swept once for the job, at {swept_at}"
-    ok = len([w for w in record.get("sweep") or [] if w["status"] == "ok"])
+    ok = len([w for w in record.sweep if w["status"] == "ok"])
     return f"compute swept at {ok} other local batches"
 
 
-def _say(point: Point, record: dict, launch: dict[str, dict]) -> None:
+def _say(point: Point, record: ProbeRecord, launch: dict[str, ProbeRecord]) -> None:
     """The probe's outcome, one line for the log (``launch``: this launch's records by name)."""
-    if record["status"] == "ok":
+    if record.ok:
+        m = record.measured
         print(
-            f"[probe {point.name}] ok: step {record['step_time_s'] * 1e3:.2f} ms = compute "
-            f"{record['compute_time_s'] * 1e3:.2f} ms + sync {record['sync_time_s'] * 1e3:.2f} ms; "
-            f"memory {record['peak_mem_bytes'] / 2**20:.1f} MiB; "
-            f"{_sweep_note(point, record, launch)}" + _input_note(record) + _host_note(record),
+            f"[probe {point.name}] ok: step {m.step_time_s * 1e3:.2f} ms = compute "
+            f"{m.compute_time_s * 1e3:.2f} ms + sync {m.sync_time_s * 1e3:.2f} ms; "
+            f"memory {m.peak_mem_bytes / 2**20:.1f} MiB; "
+            f"{_sweep_note(point, record, launch)}" + _input_note(m) + _host_note(m),
             flush=True,
         )
-        if record.get("after_error"):
-            print(f"[probe {point.name}] WARNING: {record['after_error']}", flush=True)
+        if record.after_error:
+            print(f"[probe {point.name}] WARNING: {record.after_error}", flush=True)
     else:
-        print(f"[probe {point.name}] {record['status'].upper()}: {record.get('error')}", flush=True)
+        print(f"[probe {point.name}] {record.status.upper()}: {record.error}", flush=True)
 
 
 def _launch(
@@ -141,7 +148,7 @@ def _launch(
     work: Path,
     memory_probe: str | Path | None,
     attempt: int = 1,
-) -> dict[Point, dict]:
+) -> dict[Point, ProbeRecord]:
     """Launch the N workers over ``points`` (one N, in order) and combine what they wrote
     into a record for each point they reached; a point they never began is left out (to be
     launched again). Each point has ``probe.timeout_s`` to itself, the first one counted
@@ -180,12 +187,11 @@ def _launch(
         reached = phases.phases_reached(dirs[point], n)
         last = point is begun[-1] and ended_badly
         record = combine(point, ranks, launch, cfg, reached, timed_out=last and launch.timed_out)
-        record["started_at"] = started
         lost = sorted(set(range(n)) - {r.get("rank") for r in ranks})
         if lost and not (last and launch.timed_out):
-            _note_lost(record, lost)
-        records[point] = record
-    _share_wall(records, launch.wall_s)
+            record = record.with_lost(lost)
+        records[point] = record.with_launch(started)
+    records = _share_wall(records, launch.wall_s)
     shutil.rmtree(work, ignore_errors=True)
     by_name = {p.name: r for p, r in records.items()}
     for point, record in records.items():
@@ -222,44 +228,21 @@ def _point_deadline(work: Path, points: list[Point], limit_s: float, launched: f
     return deadline
 
 
-def _share_wall(records: dict[Point, dict], job_wall_s: float) -> None:
+def _share_wall(records: dict[Point, ProbeRecord], job_wall_s: float) -> dict[Point, ProbeRecord]:
     """Each point's wall: its own time in the launch (none for a point that failed) plus an
     equal share of what the launch paid once (start-up, the process group, the teardown), so
     a launch's points sum to its wall (``job_wall_s``, kept beside)."""
-    own = {p: r.get("point_wall_s") or 0.0 for p, r in records.items()}
+    own = {p: (r.result.point_wall_s if r.result else None) or 0.0 for p, r in records.items()}
     share = max(job_wall_s - sum(own.values()), 0.0) / max(len(records), 1)
-    for p, record in records.items():
-        record["wall_s"] = own[p] + share
+    return {p: record.with_wall(own[p] + share) for p, record in records.items()}
 
 
-def _note_lost(record: dict, lost: list[int]) -> None:
-    """Say in the record that ranks ``lost`` died without writing their result."""
-    died = (
-        f"rank(s) {lost} died without writing a result (killed by a signal: a segfault or the "
-        "out-of-memory killer, or stopped by the launcher after a peer died)"
-    )
-    if record["status"] == "error":
-        # a rank that died without a word (a segfault, the out-of-memory killer): its peers only
-        # saw the connection drop, so the error they report is not the cause; a peer may also have
-        # been stopped by the launcher before it wrote its own (torchrun tears the group down)
-        record.update(lost_ranks=lost, error=f"{died}; {record['error']}")
-    elif record["status"] == "ok":
-        # rank 0 wrote the measurement as soon as it stood; what came after it (the overheads,
-        # the gradient noise, the compute sweep) ended with the lost rank: said, never silent
-        record.update(
-            lost_ranks=lost,
-            after_error=f"{died} after the measurement stood: this record holds what rank 0 "
-            f"wrote before ({len(record.get('sweep') or [])} sweep rows)",
-        )
-
-
-def lost_a_worker(record: dict) -> bool:
+def lost_a_worker(record: ProbeRecord) -> bool:
     """A rank died without writing its result, or the error the ranks reported is a peer
     that vanished (processes.LOST_PEER: every rank that wrote one lost its peer, a node died
     under the job): the machine's failure, not the point's."""
-    return bool(record.get("lost_ranks")) or (
-        record.get("status") == "error"
-        and bool(processes.LOST_PEER.search(record.get("error", "")))
+    return bool(record.lost_ranks) or (
+        record.status == "error" and bool(processes.LOST_PEER.search(record.error or ""))
     )
 
 
@@ -269,7 +252,7 @@ def probe_points(
     points: list[Point],
     work: Path,
     memory_probe: str | Path | None,
-) -> dict[Point, dict]:
+) -> dict[Point, ProbeRecord]:
     """Every point of ``points`` (one N) probed, one launch for all while they go well: a
     point that fails ends its launch, and the points after it are launched again. A point
     whose rank died without writing its result is launched once more: such a crash is the
@@ -281,9 +264,9 @@ def probe_points(
     node's were counted lost). Any other error the ranks reported, an OOM or a timeout is the
     point's own and recorded as it is. The record keeps the first launch's error under
     ``retried_after``."""
-    records: dict[Point, dict] = {}
+    records: dict[Point, ProbeRecord] = {}
     attempt = dict.fromkeys(points, 1)
-    retried: dict[Point, dict] = {}
+    retried: dict[Point, ProbeRecord] = {}
     todo = list(points)
     while todo:
         for point, record in _launch(
@@ -291,12 +274,12 @@ def probe_points(
         ).items():
             if lost_a_worker(record) and attempt[point] == 1:
                 print(f"[probe {point.name}] a worker was lost: launching it once more", flush=True)
-                why = record.get("error") or record["after_error"]
-                retried[point] = {"error": why, "lost_ranks": record.get("lost_ranks", [])}
+                retried[point] = record
                 attempt[point] = 2
                 continue
             if point in retried:
-                record["retried_after"] = retried[point]
+                first = retried[point]
+                record = record.with_retry(first.error or first.after_error, first.lost_ranks or [])
             records[point] = record
         todo = [p for p in todo if p not in records]
     return records
