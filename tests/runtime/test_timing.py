@@ -96,7 +96,7 @@ def test_a_timer_given_the_mix_judges_the_mean_training_pays():
     t = StepTimer(HostClock(), Target(0.0001, 6, 0.4), mix=mix).run(
         {"step": epoch_arm(0), "compute": epoch_arm(1)}
     )
-    rec, s = t.record(), t.arms["step"]
+    rec, s = t.figures().to_json(), t.arms["step"]
     assert rec["step_halfwidth_mix"] == mix and rec["timing_stopped_by"] == "budget"
     groups = [(1 / 3, s.times), (1 / 3, s.other["partial"]), (1 / 3, s.other["start"])]
     assert rec["step_time_halfwidth_rel"] == pytest.approx(mix_half_width_rel(groups))
@@ -196,7 +196,7 @@ def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     # time.sleep oversleeps by a little: the mean is at least the asked sleep, and near it
     assert 0.004 <= t.arms["step"].mean() <= 0.004 * 1.15
     assert 0.003 <= t.arms["compute"].mean() <= 0.003 * 1.2
-    rec = t.record()
+    rec = t.figures().to_json()
     assert rec["precision_reached"] is True and rec["step_timed_steps"] == t.arms["step"].n_steps
 
 
@@ -206,7 +206,7 @@ def test_the_budget_ending_first_is_said_in_the_record():
     t = StepTimer(HostClock(), target).run(
         {"step": Sleeper("step", 0.003, 0.3, log, 4), "compute": Sleeper("c", 0.002, 0.3, log, 5)}
     )
-    rec = t.record()
+    rec = t.figures().to_json()
     assert not t.reached and t.stopped_by == "budget" and t.elapsed_s >= 0.3
     assert rec["precision_reached"] is False and rec["timing_stopped_by"] == "budget"
     assert rec["step_time_halfwidth_rel"] > 0.0005 and rec["timing_budget_s"] == 0.3
@@ -359,7 +359,7 @@ def test_the_minimum_of_steps_counts_every_kind_the_half_width_weighs():
     assert t.reached and t.stopped_by == "precision"
     assert step.n_steps < 20 <= step.judged_steps() == 20  # 16 plain + 4 starts
     assert len(step.other["start"]) == 4 and step.half_width(robust=True) < 0.02
-    rec = t.record()
+    rec = t.figures().to_json()
     assert rec["step_judged_steps"] == 20 and rec["step_timed_steps"] == 16
     assert rec["compute_judged_steps"] == rec["compute_timed_steps"] == 20  # no mix: plain
     assert rec["precision_reached"] is True and rec["timing_stopped_by"] == "precision"
@@ -424,15 +424,15 @@ def test_a_step_the_host_cannot_queue_fast_enough_is_said_to_be_host_bound():
     """On a queued clock the record says the host's share of each step: 2 ms of Python to
     queue 0.1 ms of kernels makes the device wait (share ~1); 0.5 ms to queue 5 ms of
     kernels keeps it busy (share 0.1). A host clock has no queue to say it of."""
-    bound = _queued_timing(LaunchQueue(host_s=2e-3, device_s=1e-4)).record()
-    busy = _queued_timing(LaunchQueue(host_s=5e-4, device_s=5e-3)).record()
+    bound = _queued_timing(LaunchQueue(host_s=2e-3, device_s=1e-4)).figures().to_json()
+    busy = _queued_timing(LaunchQueue(host_s=5e-4, device_s=5e-3)).figures().to_json()
     assert bound["step_host_share"] == pytest.approx(1.0, abs=0.02)
     assert busy["step_host_share"] == pytest.approx(0.1, rel=0.05)
     assert bound["step_time_halfwidth_rel"] is not None
     on_cpu = StepTimer(HostClock(), Target(0.5, 4, 10.0)).run(
         {"step": Sleeper("step", 0.001, 0.0, [], 1)}
     )
-    assert on_cpu.record()["step_host_share"] is None
+    assert on_cpu.figures().to_json()["step_host_share"] is None
 
 
 def test_a_busy_device_reads_busy_though_its_full_queue_holds_the_host_to_its_pace():
@@ -449,7 +449,7 @@ def test_a_busy_device_reads_busy_though_its_full_queue_holds_the_host_to_its_pa
     # one block of 1 step after each check (every 4 rounds) but the last; the run's first block
     # follows queued work, not a drain
     assert len(arm.host) == arm.n_steps // 4 - 1
-    assert t.record()["compute_host_share"] is None  # never queued first after a check
+    assert t.figures().to_json()["compute_host_share"] is None  # never queued first after a check
     # every block's host time, as before: held to the device's pace by the full queue
     held = LaunchQueue(host_s=5e-4, device_s=5e-3)
     _queued_timing(held)
@@ -470,7 +470,7 @@ def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says
     the spikes, and the half-width both ways."""
     target = Target(0.02, 20, 30.0)
     t = _fake_timing(FakeGPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
-    r = t.record()
+    r = t.figures().to_json()
     assert t.reached and t.stopped_by == "precision"
     assert t.arms["step"].n_steps <= 24  # judged by the sd, it would take about 900
     assert r["step_spread"] == "mad" and r["step_spikes"] >= 1
@@ -480,9 +480,9 @@ def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says
     assert max(xs) > 0.12
     # a host clock (CPU) judges the same steps by their standard deviation, as before
     on_host = _fake_timing(FakeCPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
-    assert on_host.arms["step"].n_steps > 400 and on_host.record()["step_spread"] == "sd"
+    assert on_host.arms["step"].n_steps > 400 and on_host.figures().to_json()["step_spread"] == "sd"
     # without spikes the spread is the standard deviation, and both half-widths agree
-    calm = _fake_timing(FakeGPU(1e-3, 0.05), target).record()
+    calm = _fake_timing(FakeGPU(1e-3, 0.05), target).figures().to_json()
     assert calm["step_spread"] == "sd" and calm["step_spikes"] == 0
     assert calm["step_time_halfwidth_judged_rel"] == calm["step_time_halfwidth_rel"]
 

@@ -37,29 +37,36 @@ ARMS = ("step", "compute")
 
 @dataclass(frozen=True)
 class TimingFigures:
-    """How the steps were timed; owner: :meth:`tula.runtime.timing.Timing.figures`."""
+    """How the steps were timed; owner: :meth:`tula.runtime.timing.Timing.figures` (a probe
+    times both arms; a timer of one arm has the other None)."""
 
-    step: Arm
-    compute: Arm
-    precision_target: float  # probe.precision
-    precision_reached: bool
-    timing_stopped_by: str  # precision | budget | max_steps
-    timing_s: float
-    timing_budget_s: float  # probe.time_budget_s
-    timing_mode: str  # steps | blocks
-    block_steps: int  # steps per timed sample
+    step: Arm | None = None
+    compute: Arm | None = None
+    precision_target: float | None = None  # probe.precision
+    precision_reached: bool | None = None
+    timing_stopped_by: str | None = None  # precision | budget | max_steps
+    timing_s: float | None = None
+    timing_budget_s: float | None = None  # probe.time_budget_s
+    timing_mode: str | None = None  # steps | blocks
+    block_steps: int | None = None  # steps per timed sample
 
     def to_json(self) -> dict[str, Any]:
-        out = {f"{a}_{k}": v for a in ARMS for k, v in asdict(getattr(self, a)).items()}
+        arms = {a: getattr(self, a) for a in ARMS}
+        out = {f"{a}_{k}": v for a, arm in arms.items() if arm for k, v in asdict(arm).items()}
         return out | {k: getattr(self, k) for k in keys(self)[len(ARMS) :]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TimingFigures | None:
-        arms = {a: {k: d.get(f"{a}_{k}") for k in keys(Arm)} for a in ARMS}
-        if all(v is None for a in arms.values() for v in a.values()):
+        arms = {a: {k: d[f"{a}_{k}"] for k in keys(Arm) if f"{a}_{k}" in d} for a in ARMS}
+        rest = {k: d[k] for k in keys(cls)[len(ARMS) :] if k in d}
+        if not rest and not any(arms.values()):
             return None
-        rest = {k: d.get(k) for k in keys(cls)[len(ARMS) :]}
-        return cls(**{a: Arm(**v) for a, v in arms.items()}, **rest)
+        return cls(**{a: _arm(v) for a, v in arms.items()}, **rest)
+
+
+def _arm(figures: dict[str, Any]) -> Arm | None:
+    """An arm from its keys (an older record's missing ones read as None)."""
+    return Arm(**{k: figures.get(k) for k in keys(Arm)}) if figures else None
 
 
 @dataclass(frozen=True)
