@@ -37,14 +37,14 @@ def main() -> None:
         config.from_dict({"train": {"method": a.method}}), torch.device("cpu"), a.batch, 0, 1
     )
     for _ in range(5):
-        r.next_steps(1)
+        r.walk.next_steps(1)
 
     def compute(n: int) -> tuple[int, str]:
         with r.ddp.no_sync():
-            return r.next_steps(n)
+            return r.walk.next_steps(n)
 
     t = StepTimer(HostClock(), Target(0.005, 200, 30.0)).run(
-        {"step": r.next_steps, "compute": compute}
+        {"step": r.walk.next_steps, "compute": compute}
     )
     print(f"N=1 B={a.batch} {a.method}: {r.steps_per_epoch} steps an epoch")
     print("| arm | full batches: mean ms (steps) | short batches met | with them counted in: ms |")

@@ -6,9 +6,9 @@ For each global batch B (one worker), at the same model, precision and memory fo
   plain eager      DDP of one, SGD (momentum, weight decay), autocast, data already on the
                    device: the loop a user writes by hand (../shared/gpu/plain_bench.py's step)
   plain compiled   the same under torch.compile
-  tula probe       Replica.next_steps under the probe's timer (the train.method step, its
+  tula probe       Replica.walk.next_steps under the probe's timer (the train.method step, its
                    loader feed, AGS's on-device test), eager and with train.compile: on
-  tula production  Replica.run_step over a stretch with one synchronisation at its end, as
+  tula production  Replica.walk.run_step over a stretch with one synchronisation at its end, as
                    the production job's Trainer runs it, eager and compiled
 
 Each variant: warm-up steps, then the probe's own timer (tula.runtime.timing.StepTimer): on CUDA
@@ -153,20 +153,20 @@ def tula(
     cfg = tula_config(a, npz, method, compiled)
     r = Replica(cfg, device, B, 0, 1)
     t0 = time.perf_counter()
-    r.next_timed_step()  # the first step at this shape (an epoch's first: AGS's refresh too)
+    r.walk.next_timed_step()  # the first step at this shape (an epoch's first: AGS's refresh too)
     first = time.perf_counter() - t0
 
     def production_stretch(k: int) -> tuple[int, str]:  # Trainer.train_epoch: steps queued
-        n = min(k, r.plain_steps_ahead())
+        n = min(k, r.walk.plain_steps_ahead())
         if n < 1:  # an epoch's start or its short last batch: the trainer times those apart
-            return r.next_steps(1)
-        batches = r.stream.current(r.pos)
+            return r.walk.next_steps(1)
+        batches = r.stream.current(r.walk.pos)
         for _ in range(n):
-            r.run_step(batches)
+            r.walk.run_step(batches)
         return n, "plain"
 
-    # the probe: Replica.next_steps under the probe's timer; production: the trainer's stretch
-    out = blocks(production_stretch if production else r.next_steps, device, a)
+    # the probe: Replica.walk.next_steps under the probe's timer; production: the trainer's stretch
+    out = blocks(production_stretch if production else r.walk.next_steps, device, a)
     out["first_step_s"] = first
     r = None  # the replica (and its device memory) goes before the next point
     return out
@@ -180,15 +180,15 @@ def host_reads(a, device, npz: Path, B: int) -> dict:
     res = {}
     for method in METHODS:
         r = Replica(tula_config(a, npz, method), device, B, 0, 1)
-        r.next_timed_step()
-        r.next_timed_step()
-        batches = r.stream.current(r.pos)
+        r.walk.next_timed_step()
+        r.walk.next_timed_step()
+        batches = r.stream.current(r.walk.pos)
         sync(device)
         try:
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("error")
-            for _ in range(min(10, r.plain_steps_ahead())):
-                r.run_step(batches)
+            for _ in range(min(10, r.walk.plain_steps_ahead())):
+                r.walk.run_step(batches)
             res[method] = "0 synchronising calls"
         except RuntimeError as exc:
             res[method] = f"synchronised: {str(exc).splitlines()[0][:160]}"

@@ -1,6 +1,6 @@
 """The training step itself, this code against another checkout's, alternated: each side in a
 fresh process (one gloo rank, one torch thread), small_cnn on digits at B = 128, STEPS steps of
-`Replica.next_timed_step` after 10 unmeasured ones, the mean printed; PAIRS pairs, the ratio
+`Replica.walk.next_timed_step` after 10 unmeasured ones, the mean printed; PAIRS pairs, the ratio
 after / before pair by pair (the machine's drift hits both sides of a pair alike).
 
     git worktree add /tmp/before <commit>
@@ -25,10 +25,10 @@ dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_si
 cfg = config.from_dict({"workload": {"epochs": 50}, "train": {"lr_decay_epochs": []}})
 r = Replica(cfg, torch.device("cpu"), BATCH, 0, 1)
 for _ in range(10):
-    r.next_timed_step()
+    r.walk.next_timed_step()
 t0 = time.perf_counter()
 for _ in range(STEPS):
-    r.next_timed_step()
+    r.walk.next_timed_step()
 print((time.perf_counter() - t0) / STEPS)
 """
 

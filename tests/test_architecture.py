@@ -249,10 +249,9 @@ FOREIGN_FIELDS = {
     ("runtime/refresh.py", "p.grad"): "a torch Parameter's gradient",
     ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
     ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
-    ("runtime/replica.py", "self.pos.step"): "the replica's own Position record",
-    ("runtime/replica.py", "self.pos.offset"): "the replica's own Position record",
-    ("runtime/epoch_walk.py", "self.pos.offset"): "the replica's own Position record",
-    ("runtime/epoch_walk.py", "self.pos.epoch"): "the replica's own Position record",
+    ("runtime/epoch_walk.py", "self.pos.step"): "the walk's own Position record",
+    ("runtime/epoch_walk.py", "self.pos.offset"): "the walk's own Position record",
+    ("runtime/epoch_walk.py", "self.pos.epoch"): "the walk's own Position record",
     ("slurm/plugin_patch.py", "plugin.get_submit_command"): "the SLURM plugin's submit "
     "builder, narrowed until its failed-node exclusion is fixed upstream",
 }
@@ -297,15 +296,33 @@ def test_no_module_assigns_another_objects_fields():
 REPLICA_INSIDES = ("pos", "opt", "stream")  # the replica's position, optimizer and data stream
 
 
+def _replica_names(tree: ast.AST) -> set[str]:
+    """The names a module holds a replica under: ``replica``, and any name bound to one (``r =
+    self.replica``, ``r = Replica(...)``) or a parameter annotated ``Replica``."""
+    names = {"replica"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            src = value.func if isinstance(value, ast.Call) else value
+            bound = getattr(src, "attr", None) or getattr(src, "id", None)
+            if isinstance(target, ast.Name) and bound in ("replica", "Replica"):
+                names.add(target.id)
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            if ast.unparse(node.annotation).split(".")[-1].strip("'\"") == "Replica":
+                names.add(node.arg)
+    return names
+
+
 def replica_insides_read(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, expression) of every read of a replica's insides: ``<...>replica.pos`` (or
-    ``.opt``, ``.stream``) on a name or attribute called ``replica``."""
-    found = []
+    ``.opt``, ``.stream``) on a name or attribute called ``replica``, or a name the module
+    holds a replica under (:func:`_replica_names`)."""
+    found, names = [], _replica_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in REPLICA_INSIDES:
             owner = node.value
             name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
-            if name == "replica":
+            if name in names:
                 found.append((node.lineno, ast.unparse(node)))
     return found
 
@@ -332,6 +349,9 @@ def test_outside_the_runtime_the_replica_is_read_through_its_views():
         ("for b in replica.stream.batches(1): pass", 1),
         ("x = replica.steps_done + replica.lr", 0),
         ("x = position.pos", 0),
+        ("r = self.replica\nx = r.pos.offset", 1),  # under another name
+        ("def f(rep: Replica):\n    return rep.opt", 1),
+        ("r = Replica(cfg)\nr.stream.forget()", 1),
     ],
 )
 def test_a_read_of_the_replicas_insides_is_found(code, found):

@@ -30,11 +30,11 @@ STEP_FAULTS = textwrap.dedent(
     _, device, _ = dist.init(cfg.hardware, timeout_s=60)
     r = Replica(cfg, device, 64, 0, 1)
     for _ in range(5):
-        r.next_steps(1)
+        r.walk.next_steps(1)
     per_step = []
     for _ in range(15):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        r.next_steps(1)
+        r.walk.next_steps(1)
         per_step.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     # the median step: an epoch's edge (the loader's next epoch) faults pages in either mode
     print(json.dumps({"faults_per_step": sorted(per_step)[len(per_step) // 2], "all": per_step}))

@@ -68,13 +68,13 @@ def steady_reads(
         {**TINY, "train": {**TINY["train"], "method": method}, "data": {"on_device": on_device}}
     )
     r = Replica(cfg, torch.device("cpu"), 64, rank, world)
-    r.next_timed_step()  # the epoch's first step (AGS refreshes: reads there are the epoch start's)
-    r.next_timed_step()
-    assert r.plain_steps_ahead() >= 10, "the test needs 10 plain steps in the epoch"
+    r.walk.next_timed_step()  # the epoch's first step (AGS refreshes: reads there are the start's)
+    r.walk.next_timed_step()
+    assert r.walk.plain_steps_ahead() >= 10, "the test needs 10 plain steps in the epoch"
     with counting_host_reads() as seen:
         for _ in range(10):
-            assert r.run_step(r.stream.current(r.pos)) == 0
-    assert r.pos.step == 12
+            assert r.walk.run_step(r.stream.current(r.walk.pos)) == 0
+    assert r.walk.pos.step == 12
     return seen
 
 

@@ -170,5 +170,5 @@ def test_a_probe_jobs_points_load_the_sets_once_and_share_the_resident_copy(
     feeds = [r.stream.feed for r in replicas]
     assert all(f.resident for f in feeds)
     assert feeds[1].x is feeds[0].x and feeds[1].y is feeds[0].y
-    x, _ = next(iter(second.epoch_batches()))
+    x, _ = next(iter(second.walk.epoch_batches()))
     assert x.shape[0] == 128

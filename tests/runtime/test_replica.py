@@ -38,7 +38,7 @@ def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
         and r16.scaler.get_scale() == 2.0**16
         and not r32.scaler.is_enabled()
     )
-    batch = next(r32.epoch_batches())
+    batch = next(r32.walk.epoch_batches())
     for r in (r16, r32):
         r.step(*batch)  # first step of the epoch: AGS refreshes its factors
     o16, o32 = r16.opt, r32.opt
@@ -56,7 +56,7 @@ def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
 
 def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
     r = _replica("fp16")
-    batches = r.epoch_batches()
+    batches = r.walk.epoch_batches()
     r.step(*next(batches))
     norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
     # the next backward overflows fp16: the scaler must skip the step
@@ -69,20 +69,22 @@ def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
     assert (
         bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
     )
-    assert r.pos.step == 2  # the position still moved on: that batch's samples were consumed
+    assert r.walk.pos.step == 2  # the position still moved on: that batch's samples were consumed
 
 
 def test_the_step_moves_the_position_by_samples_and_kinds_follow_the_epoch(one_process_group):
     """digits: 1437 training samples; at B=64 an epoch is 22 full steps and a short one of 29.
     next_timed_step says which kind each step was, and starts the next epoch when one ends."""
     r = _replica("fp32", method="lbt")
-    kinds = [r.next_timed_step()[1] for _ in range(24)]
+    kinds = [r.walk.next_timed_step()[1] for _ in range(24)]
     assert kinds == ["start"] + ["plain"] * 21 + ["partial", "start"]
-    assert (r.pos.step, r.pos.epoch, r.pos.offset) == (24, 2, 64)
+    assert (r.walk.pos.step, r.walk.pos.epoch, r.walk.pos.offset) == (24, 2, 64)
     # the sweep's way to another batch: same model and step, from an epoch start
     r.set_global_batch(32)
-    assert (r.pos.offset, r.steps_per_epoch) == (0, 45) and r.next_timed_step()[1] == "start"
-    assert r.pos.offset == 32 and r.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
+    assert (r.walk.pos.offset, r.steps_per_epoch) == (0, 45) and r.walk.next_timed_step()[
+        1
+    ] == "start"
+    assert r.walk.pos.offset == 32 and r.walk.pos.epochs_done(1437) == pytest.approx(1 + 32 / 1437)
     loss, acc = r.evaluate()
     assert loss > 0 and 0 <= acc <= 1 and r.evaluator.retries == []
 
@@ -91,16 +93,16 @@ def test_a_parked_batch_is_taken_up_where_it_was_left(one_process_group):
     """The sweep's rounds: a batch parked mid-epoch continues there (the same loader), with the
     step count going on; one not parked starts an epoch."""
     r = _replica("fp32", method="lbt")
-    [r.next_timed_step() for _ in range(3)]
-    assert (r.pos.step, r.pos.offset) == (3, 192)
+    [r.walk.next_timed_step() for _ in range(3)]
+    assert (r.walk.pos.step, r.walk.pos.offset) == (3, 192)
     r.set_global_batch(32, park=True)
-    assert r.next_steps(4) == (1, "start") and r.next_steps(4) == (4, "plain")
+    assert r.walk.next_steps(4) == (1, "start") and r.walk.next_steps(4) == (4, "plain")
     r.set_global_batch(64, park=True)
-    assert (r.pos.step, r.pos.offset) == (8, 192) and r.next_steps(2) == (2, "plain")
+    assert (r.walk.pos.step, r.walk.pos.offset) == (8, 192) and r.walk.next_steps(2) == (2, "plain")
     r.set_global_batch(32)  # 64 not parked: gone; 32 was parked at 160 samples
-    assert (r.pos.offset, r.steps_per_epoch) == (160, 45)
+    assert (r.walk.pos.offset, r.steps_per_epoch) == (160, 45)
     r.set_global_batch(64)
-    assert r.pos.offset == 0 and r.next_steps(2) == (1, "start")
+    assert r.walk.pos.offset == 0 and r.walk.next_steps(2) == (1, "start")
 
 
 @pytest.mark.parametrize("every", [None, 4])
@@ -113,8 +115,8 @@ def test_a_run_of_steps_holds_plain_steps_only(one_process_group, every):
     r = Replica(cfg, torch.device("cpu"), 64, 0, 1)
     seen = []
     while [k for k, _ in seen].count("partial") < 2:  # two epochs
-        offset, step = r.pos.offset, r.pos.step
-        n, kind = r.next_steps(5)
+        offset, step = r.walk.pos.offset, r.walk.pos.step
+        n, kind = r.walk.next_steps(5)
         seen.append((kind, n))
         assert 1 <= n <= 5
         if kind == "plain":
@@ -124,7 +126,7 @@ def test_a_run_of_steps_holds_plain_steps_only(one_process_group, every):
             assert n == 1
         if kind == "start":
             # the last epoch closed, the new one's first batch
-            assert offset in (0, 1437) and r.pos.offset == 64
+            assert offset in (0, 1437) and r.walk.pos.offset == 64
     kinds = [k for k, _ in seen]
     assert kinds.count("start") == 2 and kinds.count("partial") == 2
     # not the starts
@@ -142,13 +144,13 @@ def test_the_sweep_times_each_compute_only_step_after_a_synced_one(one_process_g
 
     r = _replica("fp32")
     events = []
-    run_step = r.run_step
+    run_step = r.walk.run_step
 
     def logged(*args, **kwargs):
         events.append("synced" if r.ddp.require_backward_grad_sync else "compute")
         return run_step(*args, **kwargs)
 
-    monkeypatch.setattr(r, "run_step", logged)
+    monkeypatch.setattr(r.walk, "run_step", logged)
     # a precision never reached and a budget spent at once: one round of ROUND_STEPS each
     timer = probe_timing.step_timer(r, Target(0.0, 3, 0.0), None)
     begin = timer.clock.begin
@@ -185,8 +187,8 @@ def test_a_uint8_sets_training_step_feeds_the_model_its_batch_standardised_once(
         r = Replica(cfg, torch.device("cpu"), 64, 0, 1)
         seen = []
         hook = r.ddp.module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
-        r.pos.offset = 0
-        batch = next(r.epoch_batches())
+        r.walk.pos.offset = 0
+        batch = next(r.walk.epoch_batches())
         r.step(*batch)
         r.evaluate()
         hook.remove()

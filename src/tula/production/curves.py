@@ -45,7 +45,8 @@ class Curves:
         """The step just queued, read without waiting for the device."""
         scaled = replica.ags_scaled_so_far()
         lr = replica.lr
-        self.pending.append((replica.steps_done, replica.last_loss, lr, replica.last_chunk, scaled))
+        loss, chunk = replica.last_step
+        self.pending.append((replica.steps_done, loss, lr, chunk, scaled))
 
     def flush(self, seconds: float, replica: Any) -> None:
         """The stretch noted since the last flush took ``seconds`` (the device synchronised):

@@ -129,10 +129,9 @@ class Monitor:
         # a plain step: not an epoch's first (loader refill, AGS refresh) nor an AGS refresh
         return (
             self.enabled
-            and r.pos.step >= self.next_step
-            and r.pos.offset > 0
-            and not r.force_refresh
-            and not r.cadence.refresh_due(False, r.pos.step)
+            and r.steps_done >= self.next_step
+            and r.epoch_offset > 0
+            and not r.refreshes_next
         )
 
     def paired_step(self, batches: Iterator) -> tuple[float, int] | None:
@@ -186,8 +185,8 @@ class Monitor:
         sync = max(step_s - compute_s, 0.0)
         self.rows.append(
             {
-                "step": r.pos.step,
-                "epoch": r.pos.epoch,
+                "step": r.steps_done,
+                "epoch": r.epoch,
                 "workers": r.world,
                 "global_batch": r.global_batch,
                 "step_time_s": step_s,
@@ -204,7 +203,7 @@ class Monitor:
         write_csv(self.out / "steps.csv", pd.DataFrame(self.rows, columns=COLUMNS))
         if self.detector is None:
             return
-        found = self.detector.observe(r.pos.step, sync)
+        found = self.detector.observe(r.steps_done, sync)
         if found is not None:
             move = self.replan == "move"
             self.drifts.append(
@@ -214,7 +213,7 @@ class Monitor:
                     "global_batch": r.global_batch,
                     "attempt": self.attempt,
                     "time": time.time(),
-                    "epochs_done": r.pos.epochs_done(r.data.train_size),
+                    "epochs_done": r.epochs_done,
                     "action": "reported to tula launch" if move else "recorded",
                 }
             )

@@ -148,7 +148,7 @@ class Trainer:
         they pay what a new shape costs once (compilation, cuDNN's autotuning, the allocator's
         growth) and are counted in ``first_steps_time_s``, not in the step time."""
         replica, ledger = self.replica, self.ledger
-        batches = replica.epoch_batches()
+        batches = replica.walk.epoch_batches()
         stretch = time.perf_counter()
 
         def close() -> None:  # the stretch's time, into the epoch's, training's and the curves'
@@ -178,7 +178,7 @@ class Trainer:
                 stop = timed[1] if timed is not None else None
                 stretch = time.perf_counter()
             else:
-                stop = replica.run_step(batches)
+                stop = replica.walk.run_step(batches)
                 timed = None if stop is None else (0.0, stop)
                 if timed is not None and self.curves:
                     self.curves.note(replica)
@@ -196,7 +196,7 @@ class Trainer:
     def _timed_first(self, batches) -> tuple[float, int] | None:
         """The first step at a batch shape, timed alone by the ledger's timer: (seconds, stop
         code), or None when the epoch has no batch left."""
-        seconds, stop = self.ledger.timer.time_call(lambda: self.replica.run_step(batches))
+        seconds, stop = self.ledger.timer.time_call(lambda: self.replica.walk.run_step(batches))
         return None if stop is None else (seconds, stop)
 
     def _first_step(self) -> None:
@@ -214,13 +214,13 @@ class Trainer:
         """ "full" or "short" where the next step is the first of this attempt at that batch
         shape (the epoch's short last batch has its own), else ""."""
         r = self.replica
-        left = r.data.train_size - r.pos.offset
+        left = r.data.train_size - r.epoch_offset
         shape = "full" if left >= r.global_batch else "short" if left >= r.world else ""
         return shape if shape and shape not in self.ledger.shapes_met else ""
 
     def end_of_epoch(self, epochs: int, progress: Progress) -> None:
         replica = self.replica
-        train_loss, train_acc, samples = replica.end_epoch()
+        train_loss, train_acc, samples = replica.walk.end_epoch()
         t0 = time.perf_counter()
         test_loss, test_acc = replica.evaluate()
         self.ledger.spend("eval_time_s", time.perf_counter() - t0)

@@ -3,45 +3,109 @@ step timer times through (:mod:`tula.runtime.timing`), each step "plain", "start
 first), "refresh" (a mid-epoch AGS refresh) or "partial" (the epoch's short last batch); the
 epoch closed between steps, as training closes it; a step timed alone wherever training stands.
 
-:class:`tula.runtime.replica.Replica` inherits this half, as it inherits its checkpointed half
-(:mod:`tula.runtime.replica_state`), so its position, sums and feed are still changed by the
-replica's own methods only. It changes with the kinds of step the precision rule weighs
-(:mod:`tula.runtime.precision`) and the probe's lead-in (:mod:`tula.runtime.probe_timing`),
-not with the step itself (:meth:`tula.runtime.replica.Replica.step`).
+:class:`EpochWalk` is a part of :class:`tula.runtime.replica.Replica` (``replica.walk``) and
+owns what it says: the position (:class:`Position`), the epoch's sums, the last step's batch
+and loss, whether that step refreshed AGS's factors and whether the next one must, and the
+global batch the steps run at. The replica's step reports each step to it
+(:meth:`EpochWalk.stepped`); its checkpoint puts it back (:meth:`EpochWalk.moved_to`). It
+changes with the kinds of step the precision rule weighs (:mod:`tula.runtime.precision`) and
+the probe's lead-in (:mod:`tula.runtime.probe_timing`), not with the step itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+import copy
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as torch_dist
 
 from tula.runtime import loader
+from tula.runtime.stepstate import Position
 
-if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)
+if TYPE_CHECKING:  # what the replica gives its walk (types only)
     from tula.runtime.data import WorkloadData
     from tula.runtime.methods import Cadence
-    from tula.runtime.stepstate import Position
     from tula.runtime.stream import Stream
     from tula.runtime.timing import StepTimer
 
+# what a step changes of the walk (undone with the step: EpochWalk.saved, EpochWalk.put_back)
+STEP_FIELDS = ("pos", "stats", "last_chunk", "last_loss", "refreshed", "force_refresh")
+
 
 class EpochWalk:
-    """The epoch-walking half of :class:`tula.runtime.replica.Replica`."""
+    """Where one replica stands in its epoch, and the walk through it (``step``: the replica's
+    training step, which reports each step back through :meth:`stepped`)."""
 
-    pos: Position
-    data: WorkloadData
-    stream: Stream
-    timer: StepTimer
-    cadence: Cadence
-    stats: torch.Tensor
-    global_batch: int
-    world: int
-    force_refresh: bool
-    refreshed: bool
-    last_chunk: int
-    step: Callable[[torch.Tensor, torch.Tensor], int]  # Replica's training step
+    def __init__(
+        self,
+        data: WorkloadData,
+        stream: Stream,
+        timer: StepTimer,
+        cadence: Cadence,
+        batches: tuple[int, int],
+        step: Callable[[torch.Tensor, torch.Tensor], int],
+        device: torch.device,
+    ):
+        self.data, self.stream, self.timer, self.cadence = data, stream, timer, cadence
+        self.global_batch, self.world = batches  # the global batch and the workers sharing it
+        self.step = step
+        self.pos = Position()
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n
+        self.last_chunk = 0  # samples (all ranks) of the last step's batch
+        self.last_loss = torch.zeros((), device=device)  # the last step's loss, on the device
+        self.refreshed = False  # did the last step refresh AGS's factors?
+        self.force_refresh = False  # must the next one (asked for, or a non-finite retry)?
+
+    # -- what the step reports, and what puts the walk elsewhere -----------------------
+    @property
+    def refreshes_next(self) -> bool:
+        """Will the next step refresh AGS's factors (asked for, or due by the cadence)?"""
+        return self.force_refresh or self.cadence.refresh_due(self.pos.offset == 0, self.pos.step)
+
+    def next_chunk(self) -> int:
+        """Samples (all ranks) of the next step's batch."""
+        return loader.next_chunk(
+            self.data.train_size, self.global_batch, self.pos.offset, self.world
+        )
+
+    def stepped(self, chunk: int, loss: torch.Tensor, sums: torch.Tensor, n: int) -> None:
+        """A step was taken over ``chunk`` samples (``n`` of them this rank's): its loss and
+        this rank's (loss*n, correct) ``sums``."""
+        self.pos.step += 1
+        self.pos.offset += chunk
+        self.last_chunk, self.last_loss = chunk, loss
+        self.stats[:2] += sums
+        self.stats[2] += n
+
+    def refreshing(self, now: bool) -> None:
+        """Whether the step under way refreshes AGS's factors (the walk's next kind of step)."""
+        self.refreshed = now
+
+    def refresh_next(self, due: bool = True) -> None:
+        """The next step refreshes AGS's factors (``due``), or need not."""
+        self.force_refresh = due
+
+    def moved_to(self, pos: Position, stats: torch.Tensor | None = None) -> None:
+        """Stand at ``pos`` (a checkpoint's, a switched batch's) with the epoch's ``stats``
+        (None: the epoch's sums start over)."""
+        self.pos = pos
+        if stats is None:
+            self.stats.zero_()
+        else:
+            self.stats = stats.to(self.stats.device)
+
+    def at_batch(self, global_batch: int) -> None:
+        self.global_batch = global_batch
+
+    def saved(self) -> dict[str, Any]:
+        """What a step changes of the walk, copied (:meth:`put_back` undoes the steps since)."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+
+    def put_back(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+
+    # -- the walk ----------------------------------------------------------------------
 
     def epoch_batches(self) -> Iterator:
         """This rank's batches, on the device, from the current position to the end of the

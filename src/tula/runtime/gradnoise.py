@@ -30,7 +30,7 @@ def measure(replica, steps: int) -> Noise:
     for i in range(steps):
         # an epoch's full batches, then those of the next epoch's new order: no batch twice
         if i % full == 0:  # on the device, decoded there where data.decode is gpu
-            batches = replica.stream.batches(replica.pos.epoch + i // full)
+            batches = replica.stream.batches(replica.epoch + i // full)
         s, g = replica.gradient_norms(*next(batches))
         small.append(s)
         big.append(g)

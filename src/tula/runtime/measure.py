@@ -167,7 +167,7 @@ def step_peak_bytes(
             replica.refresh_next(refresh)
             torch.cuda.synchronize(replica.device)
             torch.cuda.reset_peak_memory_stats(replica.device)
-            replica.next_timed_step()
+            replica.walk.next_timed_step()
             return int(torch.cuda.max_memory_allocated(replica.device))
         # torch's profiler now and then fails to build the memory timeline of a step it
         # recorded (an AssertionError "version mismatch" in its data-flow graph, about one
@@ -181,7 +181,7 @@ def step_peak_bytes(
                 old = refresh and isinstance(replica.opt, TulaOptimizer)
                 unread = sum(_nbytes(f) for f in replica.opt.factors.values()) if old else 0
                 peak = cpu_step_peak_bytes(
-                    replica.ddp, replica.opt, replica.next_timed_step, unread
+                    replica.ddp, replica.opt, replica.walk.next_timed_step, unread
                 )
                 # fault injection: the timeline of a step that ran fails
                 replica.inject("profiler")
@@ -206,9 +206,9 @@ def step_peak_bytes(
             f"(on this rank: {errors or 'fine; another rank failed'})"
         )
 
-    if replica.pos.offset == 0 and replica.steps_per_epoch > 1:
+    if replica.epoch_offset == 0 and replica.steps_per_epoch > 1:
         # an epoch's first step (loader refill, AGS refresh): not the plain step
-        replica.next_timed_step()
+        replica.walk.next_timed_step()
     peaks = {"plain": measure(False)}
     if refresh and replica.cadence.method == "ags":
         peaks["refresh"] = measure(True)
@@ -230,7 +230,7 @@ def input_time_s(replica: Replica, batches: int) -> float | None:
     The first batch (the loader workers' start) is left out; short last batches are skipped.
     None where no full batch follows the first. Training's own position is untouched: its
     next step starts a fresh pass over the feed where training stands."""
-    epoch, timed = replica.pos.epoch, []
+    epoch, timed = replica.epoch, []
     full = replica.global_batch // replica.world
     for _ in range(batches + 1):  # epochs: enough for `batches` batches even at one per epoch
         t0 = time.perf_counter()

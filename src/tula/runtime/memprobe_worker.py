@@ -46,7 +46,7 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
             "torch": torch.__version__,
         }
         # the first step ever creates the optimizer state: not a measurement
-        replica.next_timed_step()
+        replica.walk.next_timed_step()
         todo = list(batches)
         while todo:
             b = todo.pop(0)
@@ -90,7 +90,7 @@ def _measure_at(replica: Replica, b: int, verifies_b_max: bool) -> dict[str, Any
             replica.ddp,
             replica.opt,
             functools.partial(replica.forward_loss, eager=True),
-            *replica.to_device(*next(replica.epoch_batches())),
+            *replica.to_device(*next(replica.walk.epoch_batches())),
         )
         peaks = step_peak_bytes(replica)
         point.update(

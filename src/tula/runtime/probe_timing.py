@@ -11,6 +11,7 @@ from tula import config as config_mod
 from tula.model.grid import paid_mix
 from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
+from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Run, StepTimer, Target, Timing
 
@@ -41,18 +42,18 @@ def step_timer(
 
 
 def compute_only(replica: Replica) -> Run:
-    """Run the next steps as :meth:`Replica.next_steps` does, under ``DDP.no_sync()``: the
+    """Run the next steps as :meth:`EpochWalk.next_steps` does, under ``DDP.no_sync()``: the
     compute-only arm of the probe and its sweep."""
 
     def run(steps: int) -> tuple[int, str]:
         with replica.no_sync():
-            return replica.next_steps(steps)
+            return replica.walk.next_steps(steps)
 
     return run
 
 
 def synced_lead_in(
-    replica: Replica,
+    walk: EpochWalk,
     counts: dict[str, int] | None = None,
     until_plain: int = 0,
     rotate: bool = False,
@@ -77,7 +78,7 @@ def synced_lead_in(
     before: tuple[int, int] | None = None  # where the last round started
 
     def synced(steps: int) -> tuple[int, str]:
-        n, kind = replica.next_steps(steps)
+        n, kind = walk.next_steps(steps)
         if counts is not None:
             counts[kind] = counts.get(kind, 0) + n
         return n, kind
@@ -85,13 +86,13 @@ def synced_lead_in(
     def run(steps: int) -> tuple[int, str]:
         nonlocal before
         if rotate:
-            here = replica.cycle_place()
+            here = walk.cycle_place()
             if here == before:
                 synced(1)
             before = here
         led = synced(steps)
         for _ in range(until_plain):
-            if replica.plain_steps_ahead() >= steps:
+            if walk.plain_steps_ahead() >= steps:
                 break
             synced(1)
         return led
@@ -105,12 +106,12 @@ def first_steps(replica: Replica) -> tuple[float, float]:
     twin untimed: what training pays once per shape (compilation, cuDNN's autotuning, the
     allocator's growth, DDP's first buckets, the loader's first batches), as the production
     job's first steps pay it."""
-    first, _ = replica.next_timed_step()
+    first, _ = replica.walk.next_timed_step()
     with replica.no_sync():
-        replica.next_timed_step()
+        replica.walk.next_timed_step()
     # the epoch's short last batch is a shape of its own: its first step now, so that what follows
     # (warm-up from a new epoch's start, the timed steps, the memory steps) is not changed by it
-    return first, replica.first_short_step_time()
+    return first, replica.walk.first_short_step_time()
 
 
 def time_steps(
@@ -125,7 +126,7 @@ def time_steps(
     compute = compute_only(replica)
     warm = 0.0
     for _ in range(cfg.probe.warmup_steps):  # the warm-up pairs meet both kinds of step, untimed
-        warm, _ = replica.next_timed_step()
+        warm, _ = replica.walk.next_timed_step()
         compute(1)
     mix = paid_mix(
         replica.data.train_size,
@@ -149,9 +150,9 @@ def time_steps(
             n, "timed ", f"precision {100 * hw:.1f} % (target {100 * cfg.probe.precision:g} %)"
         )
 
-    arms = {"step": replica.next_steps, "compute": compute}
+    arms = {"step": replica.walk.next_steps, "compute": compute}
     led: dict[str, int] = {}  # the rounds' untimed synced lead-in steps, by kind
-    timing = timer.run(arms, on_check=shown, lead_in=synced_lead_in(replica, led, rotate=True))
+    timing = timer.run(arms, on_check=shown, lead_in=synced_lead_in(replica.walk, led, rotate=True))
     starts_alike(replica, timing, arms)
     return timing, {**extra_kinds(replica, timing), "lead_in": led}
 
@@ -168,7 +169,7 @@ def starts_alike(replica: Replica, timing: Timing, arms: dict[str, Run]) -> None
         arm = timing.arms[name]
         own = []
         for _ in range(EXTRA_STEPS - len(arm.other.get("start", []))):
-            replica.restart_epoch()
+            replica.walk.restart_epoch()
             own.append(replica.timer.time_once(run)[0])
         for t in max_over_ranks(own) if own else []:
             arm.add(t, 1, "start")
@@ -181,14 +182,14 @@ def extra_kinds(replica: Replica, timing: Timing) -> dict[str, list[float]]:
     met = {k: list(timing.arms["step"].other.get(k, [])) for k in ("start", "refresh", "partial")}
     more: dict[str, list[float]] = {"start": [], "refresh": []}
     while len(met["start"]) + len(more["start"]) < EXTRA_STEPS and replica.steps_per_epoch > 1:
-        replica.restart_epoch()
-        t, kind = replica.next_timed_step()
+        replica.walk.restart_epoch()
+        t, kind = replica.walk.next_timed_step()
         more.setdefault(kind, []).append(t)
     while replica.cadence.midepoch_refreshes_per_step() > 0 and (
         len(met["refresh"]) + len(more["refresh"]) < EXTRA_STEPS
     ):
         replica.refresh_next()
-        t, kind = replica.next_timed_step()
+        t, kind = replica.walk.next_timed_step()
         more.setdefault(kind, []).append(t)
     flat = [(k, t) for k in sorted(more) for t in more[k]]
     agreed = max_over_ranks([t for _, t in flat]) if flat else []

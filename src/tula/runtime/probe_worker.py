@@ -201,8 +201,8 @@ def _measure_point(
     # the replica's first training steps, before anything else has run a forward pass on it:
     # what the production job pays at its start and at its first short batch
     first_steps = probe_timing.first_steps(replica)
-    if replica.epoch_over():  # the short last batch closed the epoch: the next one starts
-        replica.restart_epoch()
+    if replica.walk.epoch_over():  # the short last batch closed the epoch: the next one starts
+        replica.walk.restart_epoch()
     phases.enter("memory step")
     mem = _memory_step(replica)
     injector = tula_faults.Injector(tula_faults.from_env(), rank, point=point.name, attempt=attempt)
@@ -244,7 +244,7 @@ def _memory_step(replica: Replica):
         replica.ddp,
         replica.opt,
         functools.partial(replica.forward_loss, eager=True),
-        *replica.to_device(*next(replica.epoch_batches())),
+        *replica.to_device(*next(replica.walk.epoch_batches())),
     )
     replica.forget_feed()
     return mem

@@ -3,8 +3,9 @@ generalization suite all run.
 
 :class:`Replica` is one data-parallel worker and owns the step's state: the workload's data
 and DataLoader, the DDP model, the ``train.method`` optimizer, its LR schedule, autocast and
-GradScaler, where training stands (:class:`Position`), the epoch's sums and AGS's noise pairs;
-its :class:`tula.runtime.evaluation.Evaluator`; and the :class:`StepHooks` the job gives it.
+GradScaler and AGS's noise pairs; where training stands, the epoch's sums and the kind of the
+next step (its part ``walk``, :class:`tula.runtime.epoch_walk.EpochWalk`); its
+:class:`tula.runtime.evaluation.Evaluator`; and the :class:`StepHooks` the job gives it.
 Other modules change that state only through its methods. :meth:`Replica.step`:
     forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
     -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
@@ -15,7 +16,8 @@ step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after 
 checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
 backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
 (``oom/``) instead (:mod:`tula.production.trainer`). The timer (:mod:`tula.runtime.timing`)
-times around :meth:`Replica.next_steps`; compute-only steps are it under ``DDP.no_sync()``.
+times around the walk's steps (:meth:`tula.runtime.epoch_walk.EpochWalk.next_steps`);
+compute-only steps are them under ``DDP.no_sync()``.
 """
 
 from __future__ import annotations
@@ -43,18 +45,19 @@ from tula.runtime.nets import build_model, compiled
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.refresh import refresh_scales
 from tula.runtime.replica_state import ReplicaState
-from tula.runtime.stepstate import Position, StepHooks
+from tula.runtime.stepstate import StepHooks
 from tula.runtime.stream import Stream
 from tula.runtime.timing import StepTimer
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Replica(EpochWalk, ReplicaState):
-    """One worker's model, optimizer, data and position, and the training step (what a
-    checkpoint holds of it, loading it and undoing steps: :class:`ReplicaState`; where it
-    stands in its epoch and the kind of its next step: :class:`EpochWalk`). ``data``:
-    the workload's sets loaded already in this process (a probe job's later points)."""
+class Replica(ReplicaState):
+    """One worker's model, optimizer and data, and the training step (what a checkpoint holds
+    of it, loading it and undoing steps: :class:`ReplicaState`). Where it stands in its epoch
+    and the kind of its next step are its part ``walk`` (:class:`EpochWalk`), which each step
+    reports to. ``data``: the workload's sets loaded already in this process (a probe job's
+    later points)."""
 
     def __init__(
         self,
@@ -67,7 +70,7 @@ class Replica(EpochWalk, ReplicaState):
         data: data_mod.WorkloadData | None = None,
     ):
         t = cfg.train
-        self.device, self.global_batch, self.rank, self.world = device, global_batch, rank, world
+        self.device, self.rank, self.world = device, rank, world
         self.data = data if data is not None else data_mod.load_config(cfg)
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
         model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
@@ -87,18 +90,10 @@ class Replica(EpochWalk, ReplicaState):
         self.cadence = Cadence.of(t)
         # the LR schedule (warm-up, then train.schedule) over the run's epochs, per step
         self.lr_plan, self.epochs = model_inputs.lr_plan(t), cfg.workload.epochs
-        self.pos = Position()
-        self.sched = self.new_schedule()
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t)
         self.small_local = max(1, t.ags_small_batch // world)
-        # loss*n, correct, n of this epoch
-        self.stats = torch.zeros(3, dtype=torch.float64, device=device)
-        self.force_refresh = False
-        self.refreshed = False  # did the last step refresh AGS's factors?
-        self.last_chunk = 0  # samples (all ranks) of the last step's batch
-        self.last_loss = torch.zeros((), device=device)  # the last step's loss
         # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
         self.phase = "forward"
         self.hooks = dataclasses.replace(hooks or StepHooks(), injector=None)
@@ -110,22 +105,47 @@ class Replica(EpochWalk, ReplicaState):
         self.stream = Stream(loaders, global_batch, self.channels_last)
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
+        batches = (global_batch, world)
+        self.walk = EpochWalk(
+            self.data, self.stream, self.timer, self.cadence, batches, self.step, device
+        )
+        self.sched = self.new_schedule()
 
     # -- what the replica shows outside the runtime (read-only views) -----------------
     @property
+    def global_batch(self) -> int:
+        """The global batch the steps run at (:meth:`set_global_batch` changes it)."""
+        return self.walk.global_batch
+
+    @property
     def steps_done(self) -> int:
         """Optimizer steps taken since the run began (counting the resumed ones)."""
-        return self.pos.step
+        return self.walk.pos.step
 
     @property
     def epoch(self) -> int:
         """The epoch being trained, from 1 (past the last one once training ended)."""
-        return self.pos.epoch
+        return self.walk.pos.epoch
 
     @property
     def epoch_offset(self) -> int:
         """Samples of this epoch already stepped over."""
-        return self.pos.offset
+        return self.walk.pos.offset
+
+    @property
+    def epochs_done(self) -> float:
+        """Epochs trained so far, the one in progress by the share of its samples stepped."""
+        return self.walk.pos.epochs_done(self.data.train_size)
+
+    @property
+    def refreshes_next(self) -> bool:
+        """Will the next step refresh AGS's factors (asked for, or due by the cadence)?"""
+        return self.walk.refreshes_next
+
+    @property
+    def last_step(self) -> tuple[torch.Tensor, int]:
+        """The last step's loss (on the device, read where it syncs) and its samples."""
+        return self.walk.last_loss, self.walk.last_chunk
 
     @property
     def lr(self) -> float:
@@ -213,7 +233,7 @@ class Replica(EpochWalk, ReplicaState):
     def inject(self, place: str) -> None:
         """A fault drill's error due at ``place`` now (nothing without an injector)."""
         if self.hooks.injector is not None:
-            self.hooks.injector(place, self.pos.step, self.global_batch)
+            self.hooks.injector(place, self.steps_done, self.global_batch)
 
     @contextlib.contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -231,9 +251,7 @@ class Replica(EpochWalk, ReplicaState):
         when any rank ran out of memory moving the batch to the device, in the forward pass or
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
         are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
-        chunk = loader.next_chunk(
-            self.data.train_size, self.global_batch, self.pos.offset, self.world
-        )
+        chunk = self.walk.next_chunk()
         self.opt.zero_grad(set_to_none=True)
         oom, self.phase = "", "forward"
         try:
@@ -255,28 +273,21 @@ class Replica(EpochWalk, ReplicaState):
         self.scaler.scale(loss).backward()
         # fault injection: a slower network
         if self.hooks.sync_delay is not None and self.ddp.require_backward_grad_sync:
-            time.sleep(self.hooks.sync_delay(self.pos.step))
+            time.sleep(self.hooks.sync_delay(self.steps_done))
         # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
         self.scaler.unscale_(self.opt)
-        self.refreshed = self.force_refresh or self.cadence.refresh_due(
-            self.pos.offset == 0, self.pos.step
-        )
-        if self.refreshed:
+        refresh = self.walk.refreshes_next
+        self.walk.refreshing(refresh)
+        if refresh:
             self._refresh(x, y)
         self.phase = "forward"
         # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
         self.scaler.step(self.opt)
         self.scaler.update()
-        self.pos.step += 1
-        self.pos.offset += chunk
-        self.last_chunk = chunk
-        self.last_loss = loss.detach()  # on the device (the curves read it where it syncs)
-        self.sched.step()
         n = len(y)
-        self.stats[:2] += torch.stack(
-            [loss.detach().double() * n, self.metric_sum(logits.detach(), y)]
-        )
-        self.stats[2] += n
+        sums = torch.stack([loss.detach().double() * n, self.metric_sum(logits.detach(), y)])
+        self.walk.stepped(chunk, loss.detach(), sums, n)
+        self.sched.step()
         return stop
 
     def _refresh(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -298,7 +309,7 @@ class Replica(EpochWalk, ReplicaState):
         except StepOOM:
             self.free_cached_memory()
             raise
-        self.force_refresh = not done  # a non-finite gradient: try again at the next step
+        self.walk.refresh_next(not done)  # a non-finite gradient: try again at the next step
         # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
         if done:
             self.noise_pairs.append(self.opt.last_sq_norms)
@@ -308,12 +319,11 @@ class Replica(EpochWalk, ReplicaState):
         the start of an epoch, or where that batch was left if it was parked. ``park``: keep
         this batch's loader and place for a later return (the sweep's rounds); ``back``: the
         return itself, the other batches' parked loaders let go."""
-        self.pos = self.stream.switch(global_batch, self.pos, park)
+        self.walk.moved_to(self.stream.switch(global_batch, self.walk.pos, park))
         if back:
             self.stream.forget_parked()
-        self.global_batch = global_batch
+        self.walk.at_batch(global_batch)
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
-        self.stats.zero_()
 
     def forget_feed(self) -> None:
         """The feed was read elsewhere (a memory step, the input timed alone): the next step
@@ -327,12 +337,12 @@ class Replica(EpochWalk, ReplicaState):
     def evaluate(self) -> tuple[float, float]:
         """(test loss, test accuracy) over the whole test set, sharded over the ranks
         (:class:`tula.runtime.evaluation.Evaluator`: an OOM anywhere halves the batch)."""
-        return self.evaluator.evaluate(self, self.pos.step)
+        return self.evaluator.evaluate(self, self.steps_done)
 
     # -- state changed from outside only through these ----------------------------------
     def refresh_next(self, due: bool = True) -> None:
         """The next step refreshes AGS's factors (a timed or measured refresh step)."""
-        self.force_refresh = due
+        self.walk.refresh_next(due)
 
     def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's

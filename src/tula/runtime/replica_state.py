@@ -27,19 +27,9 @@ if TYPE_CHECKING:  # the fields Replica.__init__ sets (types only)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from tula.runtime.data import WorkloadData
+    from tula.runtime.epoch_walk import EpochWalk
     from tula.runtime.evaluation import Evaluator
     from tula.runtime.recipe import Schedule
-
-# what a step changes besides the model, optimizer, schedule, scaler and RNG (undone)
-STEP_FIELDS = (
-    "pos",
-    "stats",
-    "last_chunk",
-    "last_loss",
-    "refreshed",
-    "force_refresh",
-    "noise_pairs",
-)
 
 
 class ReplicaState:
@@ -52,10 +42,8 @@ class ReplicaState:
     steps_per_epoch: int
     scaler: torch.amp.GradScaler
     evaluator: Evaluator
-    pos: Position
-    stats: torch.Tensor
+    walk: EpochWalk
     noise_pairs: list[tuple[float, float]]
-    force_refresh: bool
     device: torch.device
     global_batch: int
     rank: int
@@ -69,7 +57,7 @@ class ReplicaState:
             **optimizer_parts(self.opt),  # "optimizer" and "ags"
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "position": self.pos.state_dict(),
+            "position": self.walk.pos.state_dict(),
             "evaluation": self.evaluator.state(),
             "noise_pairs": list(self.noise_pairs),
         }
@@ -93,23 +81,21 @@ class ReplicaState:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.evaluator.restore(state["evaluation"])
-        self.pos = Position.from_state_dict(state["position"])
-        step = self.pos.step
+        self.walk.moved_to(Position.from_state_dict(state["position"]), stats)
         self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
-        self.stats = stats.to(self.device)
-        set_post_local_iter(self.ddp, step)
+        set_post_local_iter(self.ddp, self.walk.pos.step)
         if own is not None:
             self.ddp.module.load_state_dict(own["model"])
             load_optimizer_parts(self.opt, own)
         if written_at != self.global_batch:
             self.noise_pairs = []
-            self.force_refresh = follow_new_batch(
-                self.opt, written_at, self.global_batch, self.rank
+            self.walk.refresh_next(
+                follow_new_batch(self.opt, written_at, self.global_batch, self.rank)
             )
             # the schedule at the new B, where the run's epochs stand
             self.sched = self.new_schedule()
             self.sched.fast_forward(
-                round(self.pos.epochs_done(self.data.train_size) * self.steps_per_epoch)
+                round(self.walk.pos.epochs_done(self.data.train_size) * self.steps_per_epoch)
             )
 
     def take_weights_of_rank0(self) -> None:
@@ -134,7 +120,7 @@ class ReplicaState:
         }
         saved = [copy.deepcopy(self.opt.state_dict()), self.sched.state_dict()]
         saved += [self.scaler.state_dict(), checkpoint.rng_state()]
-        fields = {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+        walked, pairs = self.walk.saved(), list(self.noise_pairs)
         # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
         # step before synced its gradients: a no_sync step turns that off for the next one
         forward_sync = self.ddp.require_forward_param_sync
@@ -144,5 +130,6 @@ class ReplicaState:
         self.sched.load_state_dict(saved[1])
         self.scaler.load_state_dict(saved[2])
         checkpoint.set_rng_state(saved[3])
-        self.__dict__.update(fields)
+        self.walk.put_back(walked)
+        self.noise_pairs = pairs
         self.ddp.require_forward_param_sync = forward_sync

@@ -32,7 +32,7 @@ def write_checkpoint(
     err, mine = "", None
     try:
         replica.inject("checkpoint")
-        mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.stats.cpu().clone()}
+        mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.walk.stats.cpu().clone()}
         # rank 0's model and optimizer are the file's own
         if replica.cadence.replicas_differ and rank != 0:
             mine["replica"] = _to_cpu(
@@ -45,7 +45,9 @@ def write_checkpoint(
     if rank == 0 and all(p is not None for p in per_rank):
         try:
             state = {**replica.state(), **extra, "ranks": per_rank}
-            checkpoint.save(directory, state, replica.pos.step, keep=keep, after_write=after_write)
+            checkpoint.save(
+                directory, state, replica.steps_done, keep=keep, after_write=after_write
+            )
         except (torch.OutOfMemoryError, MemoryError) as exc:
             err = str(exc) or type(exc).__name__
     _, failed = agree(bool(err))

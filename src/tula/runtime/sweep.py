@@ -113,7 +113,7 @@ def _first_round(
         replica.set_global_batch(lb * workers, park=True)
         try:
             with replica.no_sync():
-                warm.append(replica.next_timed_step()[0])
+                warm.append(replica.walk.next_timed_step()[0])
                 rows[lb]["peak"] = step_peak_bytes(replica, refresh=False)["plain"]
         except StepOOM as exc:
             rows[lb].update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
@@ -140,7 +140,7 @@ def _rounds(
     series = {lb: Series() for lb in batches}
 
     compute = compute_only(replica)
-    lead_in = synced_lead_in(replica, until_plain=3)
+    lead_in = synced_lead_in(replica.walk, until_plain=3)
 
     def done(s: Series, spent: bool) -> bool:
         if s.judged_steps() >= target.min_steps and s.half_width() <= target.precision:
