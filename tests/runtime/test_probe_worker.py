@@ -11,6 +11,7 @@ from tula.model.probe_measured import Measurement, Noise, Overheads
 from tula.model.probe_record import Probed, ProbeRecord, RankResult
 from tula.runtime import probe_measurement, probe_timing, probe_worker
 from tula.runtime.precision import Series
+from tula.runtime.probe_state import JobState
 from tula.runtime.replica import Replica
 from tula.runtime.timing import Target, Timing
 
@@ -159,13 +160,14 @@ def test_a_probe_jobs_points_load_the_sets_once_and_share_the_resident_copy(
     real = data_mod.load_config
     monkeypatch.setattr(data_mod, "load_config", lambda cfg: loads.append(1) or real(cfg))
     cfg = config.from_dict({"data": {"on_device": True}})  # resident, also on CPU
-    shared = {"group": (dist.worker_env({}), torch.device("cpu"), "gloo")}
+    job = JobState([64, 128])
+    job.joined((dist.worker_env({}), torch.device("cpu"), "gloo"))
     replicas = []
     for b in (32, 128):
         phases = probe_worker.Phases(tmp_path, 0, f"N1_B{b}", [], None)
-        replicas.append(probe_worker._start(cfg, Point(1, b), 0, phases, shared)[3])
+        replicas.append(probe_worker._start(cfg, Point(1, b), 0, phases, job)[3])
     first, second = replicas
-    assert len(loads) == 1 and second.data is first.data and shared["data"] is first.data
+    assert len(loads) == 1 and second.data is first.data and job.data is first.data
     assert (second.global_batch, second.steps_per_epoch) == (128, 12)  # its own batch
     feeds = [r.stream.feed for r in replicas]
     assert all(f.resident for f in feeds)

@@ -22,7 +22,6 @@ import torch.distributed as torch_dist
 
 from tula import config as config_mod
 from tula import faults as tula_faults
-from tula.io import write_json
 from tula.model.grid import Point
 from tula.model.memory import max_local_batch
 from tula.model.probe_measured import Overheads
@@ -35,6 +34,7 @@ from tula.runtime.measure import (
     process_started,
     step_peak_bytes,
 )
+from tula.runtime.probe_state import JobState, Standing
 from tula.runtime.replica import Replica
 from tula.runtime.snapshot import write_checkpoint
 from tula.workers.args import parse_worker_args
@@ -64,9 +64,7 @@ def run_worker(
     rank = dist.worker_env().rank
     dump_stacks_before_deadline()
     faults = tula_faults.from_env()
-    # the group, what the first point measured for all, and the local batches the job probes
-    # (the sweep leaves them to their points' own compute-only arms)
-    shared: dict[str, Any] = {"probed": [p.local_batch for p in points]}
+    job = JobState([p.local_batch for p in points])
     ended = "ok"
     for i, point in enumerate(points):
         began = None if i == 0 else time.time()
@@ -75,7 +73,7 @@ def run_worker(
         phases = Phases(result_dir, rank, point.name, faults, began)
         if i == 0:
             phases.enter("started")
-        ended = _probe_point(cfg, point, result_dir, max_local_batch, attempt, phases, shared)
+        ended = _probe_point(cfg, point, result_dir, max_local_batch, attempt, phases, job)
         gc.collect()  # the point's replica (its loader workers, its device memory) goes
         if ended != "ok":
             break
@@ -115,7 +113,7 @@ def _probe_point(
     max_local_batch: int | None,
     attempt: int,
     phases: Phases,
-    shared: dict[str, Any],
+    job: JobState,
 ) -> str:
     """One point on this rank, its result written: "ok"; "stopped" where every rank agreed
     to stop (an out-of-memory step) or what followed the measurement failed; "failed"."""
@@ -123,7 +121,7 @@ def _probe_point(
     t0 = time.perf_counter()
     now = Standing(result_path(phases.dir, rank), RankResult(rank))
     try:
-        _probe(cfg, point, result_dir, max_local_batch, attempt, now, phases, shared)
+        _probe(cfg, point, result_dir, max_local_batch, attempt, now, phases, job)
     except StepOOM as exc:  # every rank agreed in the step (forward-pass OOM on some rank)
         first = (exc.message or "").splitlines()[0]
         oom = Failure("oom", f"out of memory on rank(s) {exc.ranks}: {first}")
@@ -140,31 +138,17 @@ def _probe_point(
     return "stopped" if now.result.failed_after_measurement else "ok"
 
 
-class Standing:
-    """This rank's result at a point as it stands (:class:`RankResult`, a new one as each part
-    stands), written to ``path``: rank 0's as each part stands (what the launcher reads if a
-    later phase never ends), every rank's when the point ends."""
-
-    def __init__(self, path: Path, result: RankResult):
-        self.path, self.result = path, result
-
-    def stands(self, result: RankResult, save: bool = True, every_rank: bool = False) -> None:
-        self.result = result
-        if save and (every_rank or result.rank == 0):
-            write_json(self.path, result.to_json())
-
-
 def _start(
     cfg: config_mod.Config,
     point: Point,
     rank: int,
     phases: Phases,
-    shared: dict[str, Any],
+    job: JobState,
 ) -> tuple[dist.WorkerEnv, torch.device, str, Replica, float]:
     """The process group (joined at the first point), then this point's replica (model,
     optimizer, data); with this process's start-up, to the first point's first step, as the
     production job counts it."""
-    if "group" not in shared:
+    if job.group is None:
         phases.enter("process group")
         wenv, device, backend = dist.init(
             cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
@@ -173,16 +157,13 @@ def _start(
             raise RuntimeError(
                 f"launched {wenv.world_size} workers for a probe of N={point.workers}"
             )
-        shared["group"] = (wenv, device, backend)
-    wenv, device, backend = shared["group"]
+        job.joined((wenv, device, backend))
+    wenv, device, backend = job.group
     phases.enter("model and data")
     # the sets are loaded (and a resident set copied to the device) once for the job's points
-    replica = Replica(
-        cfg, device, point.global_batch, rank, wenv.world_size, data=shared.get("data")
-    )
-    shared.setdefault("data", replica.data)
-    shared.setdefault("startup_s", time.time() - process_started())
-    return wenv, device, backend, replica, shared["startup_s"]
+    replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size, data=job.data)
+    job.started(replica.data, time.time() - process_started())
+    return wenv, device, backend, replica, job.startup_s
 
 
 def _measure_point(
@@ -191,12 +172,12 @@ def _measure_point(
     attempt: int,
     rank: int,
     phases: Phases,
-    shared: dict[str, Any],
+    job: JobState,
 ) -> tuple[Replica, float, dict[str, Any] | None]:
     """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
     every rank, combined on rank 0. Returns the replica, this process's start-up (to its first
     step, as the production job counts it) and rank 0's measurement (None on the others)."""
-    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, phases, shared)
+    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, phases, job)
     phases.enter("first steps")
     # the replica's first training steps, before anything else has run a forward pass on it:
     # what the production job pays at its start and at its first short batch
@@ -232,7 +213,7 @@ def _measure_point(
             device, backend, wenv, [g["host"] for g in gathered], cfg, loader_workers
         ),
         # its first steps were the process's (what a production job pays at its start)
-        fresh_process=shared.setdefault("first", point.name) == point.name,
+        fresh_process=job.is_first(point.name),
     )
     return replica, startup_s, measured
 
@@ -258,7 +239,7 @@ def _probe(
     attempt: int,
     now: Standing,
     phases: Phases,
-    shared: dict[str, Any],
+    job: JobState,
 ) -> None:
     """The probe's phases on this rank, each part of the record the value its function returns,
     saved as soon as it stands (the measurement first: it stands even if what follows fails):
@@ -267,13 +248,12 @@ def _probe(
     sweeps the same local batches, the grid's, less the job's own, so one sweep serves the
     job)."""
     rank = now.result.rank
-    replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, shared)
+    replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, job)
     now.stands(now.result.measured_as(measured))
     phases.enter("overheads")
-    if "overheads" not in shared:
-        shared["overheads"] = _overheads(replica, result_dir, startup_s)
+    overheads = job.overheads_of(lambda: _overheads(replica, result_dir, startup_s))
     if rank == 0:
-        now.stands(now.result.with_overheads(*shared["overheads"]))
+        now.stands(now.result.with_overheads(*overheads))
     if cfg.probe.noise_steps > 0:
         phases.enter("noise")
         # before the sweep changes the batch
@@ -281,14 +261,12 @@ def _probe(
         now.stands(now.result.with_noise(noise if rank == 0 else None))
     if cfg.probe.sweep_steps > 0:
         rows = None
-        if "swept" not in shared:  # once per process: the other local batches are the same
+        if job.swept_at is None:  # once per process: the other local batches are the same
             phases.enter("sweep")
             start_extra = (measured.epoch_start_extra_s if measured else None) or 0.0
-            rows = sweep.run_sweep(
-                replica, cfg, point, max_local_batch, start_extra, shared["probed"]
-            )
-            shared["swept"] = point.name
-        now.stands(now.result.swept(rows, shared["swept"]), save=False)
+            rows = sweep.run_sweep(replica, cfg, point, max_local_batch, start_extra, job.probed)
+            job.swept(point.name)
+        now.stands(now.result.swept(rows, job.swept_at), save=False)
 
 
 def _this_rank(
