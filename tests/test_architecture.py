@@ -248,7 +248,7 @@ FOREIGN_FIELDS = {
     ("runtime/optim_state.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
     ("runtime/refresh.py", "p.grad"): "a torch Parameter's gradient",
     ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
-    ("runtime/replica_state.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
+    ("runtime/replica.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
     ("runtime/epoch_walk.py", "self.pos.step"): "the walk's own Position record",
     ("runtime/epoch_walk.py", "self.pos.offset"): "the walk's own Position record",
     ("runtime/epoch_walk.py", "self.pos.epoch"): "the walk's own Position record",
@@ -315,14 +315,17 @@ def _replica_names(tree: ast.AST) -> set[str]:
 
 def replica_insides_read(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, expression) of every read of a replica's insides: ``<...>replica.pos`` (or
-    ``.opt``, ``.stream``) on a name or attribute called ``replica``, or a name the module
-    holds a replica under (:func:`_replica_names`)."""
+    ``.opt``, ``.stream``) reached through a name or attribute called ``replica``, or a name
+    the module holds a replica under (:func:`_replica_names`), directly or through one of its
+    parts (``replica.walk.pos``, ``replica.update.opt``)."""
     found, names = [], _replica_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in REPLICA_INSIDES:
-            owner = node.value
-            name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
-            if name in names:
+            chain, owner = [], node.value
+            while isinstance(owner, ast.Attribute):
+                chain, owner = chain + [owner.attr], owner.value
+            chain += [owner.id] if isinstance(owner, ast.Name) else []
+            if names & set(chain):
                 found.append((node.lineno, ast.unparse(node)))
     return found
 
@@ -330,8 +333,9 @@ def replica_insides_read(tree: ast.AST) -> list[tuple[int, str]]:
 def test_outside_the_runtime_the_replica_is_read_through_its_views():
     """The production job, the stages and the shared modules read where training stands, the
     LR, the loader and AGS's counters through the replica's read-only views
-    (``steps_done``, ``epoch``, ``epoch_offset``, ``lr``, ``loader_workers``, ``decode``,
-    ``on_device``, ``ags_counters()``...), never its position, optimizer or stream."""
+    (``steps_done``, ``epoch``, ``epoch_offset``, ``loader_workers``, ``decode``,
+    ``on_device``) and its parts' (``update.lr``, ``update.ags_counters()``...), never its
+    position, optimizer or stream."""
     outside = [
         f"{f.relative_to(SRC)}:{line}: {expr}"
         for f in sorted(SRC.rglob("*.py"))
@@ -347,10 +351,13 @@ def test_outside_the_runtime_the_replica_is_read_through_its_views():
         ("x = replica.pos.step", 1),
         ("f(self.replica.opt)", 1),
         ("for b in replica.stream.batches(1): pass", 1),
-        ("x = replica.steps_done + replica.lr", 0),
+        ("x = replica.steps_done + replica.epoch", 0),
         ("x = position.pos", 0),
         ("r = self.replica\nx = r.pos.offset", 1),  # under another name
         ("def f(rep: Replica):\n    return rep.opt", 1),
+        ("x = replica.walk.pos.step", 1),  # through one of its parts
+        ("f(self.replica.update.opt)", 1),
+        ("x = replica.walk.global_batch + replica.update.lr", 0),
         ("r = Replica(cfg)\nr.stream.forget()", 1),
     ],
 )
@@ -393,7 +400,7 @@ FOREIGN_CALLS = {
     ("production/job.py", "os.environ.setdefault"): "the process's own environment",
     ("runtime/dist.py", "os.environ.update"): "the process's own environment",
     ("runtime/dist.py", "os.environ.setdefault"): "the process's own environment",
-    ("runtime/replica_state.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
+    ("runtime/replica.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
     "the replica's own model",
 }
 
@@ -418,7 +425,7 @@ def method_mutations(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_no_module_changes_another_objects_fields_through_their_methods():
     """The replica's model, optimizer, scheduler, scaler, evaluator and feed change only through
-    the replica's own methods (:meth:`Replica.load`, :meth:`Replica.gradient_norms`,
+    the replica's own methods and its parts' (:meth:`Replica.load`, :meth:`Update.apply`,
     :meth:`Replica.no_sync` ...), and a job's attempts only through its History."""
     outside = [
         f"{rel}:{line}: {call}"
@@ -444,7 +451,7 @@ def test_an_outside_mutation_through_a_method_is_found(code):
 
 
 @pytest.mark.parametrize(
-    "code", ["self.opt.zero_grad()", "replica.step(x, y)", "replica.gradient_norms(x, y)"]
+    "code", ["self.opt.zero_grad()", "replica.step(x, y)", "replica.update.take_noise_pairs()"]
 )
 def test_a_call_on_an_objects_own_field_or_method_is_not_flagged(code):
     assert not method_mutations(ast.parse(code))

@@ -34,14 +34,14 @@ def test_fp16_gradscaler_ags_sees_unscaled_gradients(one_process_group):
     scale factors that fp32 gives, to fp16 precision, not 2^16 (or 2^32) times them."""
     r16, r32 = _replica("fp16"), _replica("fp32")
     assert (
-        r16.scaler.is_enabled()
-        and r16.scaler.get_scale() == 2.0**16
-        and not r32.scaler.is_enabled()
+        r16.update.scaler.is_enabled()
+        and r16.update.scaler.get_scale() == 2.0**16
+        and not r32.update.scaler.is_enabled()
     )
     batch = next(r32.walk.epoch_batches())
     for r in (r16, r32):
         r.step(*batch)  # first step of the epoch: AGS refreshes its factors
-    o16, o32 = r16.opt, r32.opt
+    o16, o32 = r16.update.opt, r32.update.opt
     assert (
         isinstance(o16, TulaOptimizer)
         and o16.counters["refreshes"] == o32.counters["refreshes"] == 1
@@ -58,16 +58,17 @@ def test_fp16_step_the_scaler_skips_is_not_a_delta_sample(one_process_group):
     r = _replica("fp16")
     batches = r.walk.epoch_batches()
     r.step(*next(batches))
-    norm, steps = r.opt.prev_sq_norm, r.opt.counters["steps"]
+    norm, steps = r.update.opt.prev_sq_norm, r.update.opt.counters["steps"]
     # the next backward overflows fp16: the scaler must skip the step
-    r.scaler.update(new_scale=1e38)
+    r.update.scaler.update(new_scale=1e38)
     before = {k: v.detach().clone() for k, v in r.ddp.module.named_parameters()}
     r.step(*next(batches))
     # no Δ sample, no AGS step
-    assert r.opt.counters["steps"] == steps and r.opt.prev_sq_norm == norm
+    assert r.update.opt.counters["steps"] == steps and r.update.opt.prev_sq_norm == norm
     # the weights did not move (BatchNorm's running statistics do: the forward ran)
     assert (
-        bitwise_equal(dict(r.ddp.module.named_parameters()), before) and r.scaler.get_scale() < 1e38
+        bitwise_equal(dict(r.ddp.module.named_parameters()), before)
+        and r.update.scaler.get_scale() < 1e38
     )
     assert r.walk.pos.step == 2  # the position still moved on: that batch's samples were consumed
 
@@ -230,7 +231,9 @@ def test_the_replica_keeps_no_config_section(one_process_group):
     schedule): no field of it holds the config or a section, so what a step depends on is
     what it was given, not whatever a section may grow."""
     r = _replica("fp32")
-    held = [k for k, v in vars(r).items() if type(v).__module__ == "tula.config"]
+    fields = {**vars(r), **vars(r.update)}
+    held = [k for k, v in fields.items() if type(v).__module__ == "tula.config"]
     assert held == [] and r.cadence == Cadence("ags", None) and r.compile == "off"
     # AGS: the base LR, no warm-up
-    assert r.lr_plan.peak(64) == r.opt.param_groups[0]["lr"] == 0.05 and r.sched.warm == 0
+    u = r.update
+    assert u.lr_plan.peak(64) == u.opt.param_groups[0]["lr"] == u.lr == 0.05 and u.sched.warm == 0

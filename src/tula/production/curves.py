@@ -43,8 +43,8 @@ class Curves:
 
     def note(self, replica: Any) -> None:
         """The step just queued, read without waiting for the device."""
-        scaled = replica.ags_scaled_so_far()
-        lr = replica.lr
+        scaled = replica.update.ags_scaled_so_far()
+        lr = replica.update.lr
         loss, chunk = replica.last_step
         self.pending.append((replica.steps_done, loss, lr, chunk, scaled))
 
@@ -58,7 +58,7 @@ class Curves:
         scaled = [None] * len(self.pending)
         if self.pending[0][4] is not None:  # AGS or static scaling counted its scaled steps
             scaled = torch.stack([p[4] for p in self.pending]).tolist()
-        factor = replica.ags_mean_factor()
+        factor = replica.update.ags_mean_factor()
         w = self.writer
         for (step, _, lr, samples, _), loss, sc in zip(self.pending, losses, scaled):
             w.add_scalar("train/loss", loss, step)

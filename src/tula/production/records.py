@@ -52,7 +52,7 @@ def final_record(
         **settings,
         "channels_last": replica.channels_last,
         "data_workers": replica.loader_workers,
-        "ags": replica.ags_counters(),
+        "ags": replica.update.ags_counters(),
         "fp16_skipped_steps": _skipped(replica),
         "steps": replica.steps_done,
         "eval_batch_size": replica.evaluator.batch,
@@ -77,8 +77,8 @@ def final_record(
 
 def _skipped(replica: Replica) -> int | None:
     """Steps the fp16 GradScaler skipped (overflow), from the optimizer's step counter."""
-    counters = replica.ags_counters()
-    if not replica.scaler.is_enabled() or counters is None:
+    counters = replica.update.ags_counters()
+    if not replica.update.loss_scaled or counters is None:
         return None
     return replica.steps_done - counters["steps"]
 

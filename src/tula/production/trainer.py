@@ -228,7 +228,7 @@ class Trainer:
         row = {
             "epoch": replica.epoch - 1,
             "step": replica.steps_done,
-            "lr": replica.lr,
+            "lr": replica.update.lr,
             "train_loss": train_loss,
             "train_acc": train_acc,
             "test_loss": test_loss,

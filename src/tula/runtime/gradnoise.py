@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import time
 
+import torch
+import torch.distributed as torch_dist
+
 from tula.model import noise
 from tula.model.probe_measured import Noise
 from tula.runtime.replica import Replica
@@ -14,7 +17,7 @@ from tula.runtime.replica import Replica
 def measure(replica, steps: int) -> Noise:
     """The gradient noise scale at the probe's (N, B) and the weights its timed steps reached
     (rank 0's, given to every rank first): ``steps`` untimed steps of
-    :meth:`Replica.gradient_norms` over full batches, none twice (every rank takes part),
+    :func:`gradient_norms` over full batches, none twice (every rank takes part),
     estimated by tula.model.noise. One worker has no second batch size."""
     if replica.world == 1:
         return Noise({"b_noise": None, "why": "one worker: no second batch size to compare with"})
@@ -31,7 +34,7 @@ def measure(replica, steps: int) -> Noise:
         # an epoch's full batches, then those of the next epoch's new order: no batch twice
         if i % full == 0:  # on the device, decoded there where data.decode is gpu
             batches = replica.stream.batches(replica.epoch + i // full)
-        s, g = replica.gradient_norms(*next(batches))
+        s, g = gradient_norms(replica, *next(batches))
         small.append(s)
         big.append(g)
     seconds = time.perf_counter() - t0
@@ -52,12 +55,31 @@ def measure(replica, steps: int) -> Noise:
     )
 
 
+def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
+    share of one global batch, at the replica's current weights: forward and backward under
+    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with the
+    worker's squared norm riding along. No optimizer step; the gradients are cleared."""
+    x, y = replica.to_device(x, y)
+    replica.update.clear_gradients()
+    with replica.no_sync():
+        _, loss = replica.forward_loss(x, y)
+        loss.float().backward()
+    params = replica.ddp.parameters()
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params if p.grad is not None])
+    buf = torch.cat([flat, flat.pow(2).sum().view(1)])
+    torch_dist.all_reduce(buf)
+    buf /= replica.world
+    replica.update.clear_gradients()
+    return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+
+
 def epoch_noise(replica: Replica) -> dict[str, float | None]:
     """The gradient noise scale of the epoch from AGS's refreshes (McCandlish et al.;
     tula.model.noise): the reference sub-batch's gradient against the step's, both all-reduced,
     so every rank holds the same numbers. Usually one refresh an epoch, so one noisy
     pair; None where there was none (other methods) or |G|^2 came out <= 0."""
-    pairs = replica.take_noise_pairs()
+    pairs = replica.update.take_noise_pairs()
     small = replica.small_local * replica.world
     if not pairs or not small < replica.global_batch:
         return {"grad_noise_scale": None, "grad_sq": None, "grad_trace": None}

@@ -88,7 +88,7 @@ def _measure_at(replica: Replica, b: int, verifies_b_max: bool) -> dict[str, Any
         replica.set_global_batch(b)
         mem = measure_step(
             replica.ddp,
-            replica.opt,
+            replica.update.opt,
             functools.partial(replica.forward_loss, eager=True),
             *replica.to_device(*next(replica.walk.epoch_batches())),
         )

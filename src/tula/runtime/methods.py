@@ -185,7 +185,7 @@ def follow_new_batch(opt, old_batch: int, new_batch: int, rank: int) -> bool:
       the first step, and the previous gradient norm is forgotten (its scale depends on B),
       so that first step counts as sensitive and is not scaled.
     - The schedule is built again at the new B and continued where the epochs stand (the
-      replica's :meth:`~tula.runtime.replica_state.ReplicaState.load`): lrs / lars's
+      replica's :meth:`~tula.runtime.update.Update.follow`): lrs / lars's
       k = B / base_batch follows the new B; the others keep their LR.
     - Momentum buffers and the step count carry over; the data position is in samples.
     Returns True: the AGS factors must be refreshed at the next step.

@@ -71,7 +71,7 @@ def measurement(
         **_input(gathered, s["mean"] + extra),
         host_bound=_host_bound(timing),
         steps_run=replica.steps_done,
-        optimizer_counters=replica.ags_counters(),
+        optimizer_counters=replica.update.ags_counters(),
         **more,
     )
 

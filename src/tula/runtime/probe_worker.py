@@ -223,7 +223,7 @@ def _memory_step(replica: Replica):
     epoch's iterator starts over."""
     mem = measure_step(
         replica.ddp,
-        replica.opt,
+        replica.update.opt,
         functools.partial(replica.forward_loss, eager=True),
         *replica.to_device(*next(replica.walk.epoch_batches())),
     )

@@ -1,12 +1,13 @@
 """The one training step (paper §III-C, §IV-B): what the probe, the production job and the
 generalization suite all run.
 
-:class:`Replica` is one data-parallel worker and owns the step's state: the workload's data
-and DataLoader, the DDP model, the ``train.method`` optimizer, its LR schedule, autocast and
-GradScaler and AGS's noise pairs; where training stands, the epoch's sums and the kind of the
-next step (its part ``walk``, :class:`tula.runtime.epoch_walk.EpochWalk`); its
-:class:`tula.runtime.evaluation.Evaluator`; and the :class:`StepHooks` the job gives it.
-Other modules change that state only through its methods. :meth:`Replica.step`:
+:class:`Replica` is one data-parallel worker: the workload's data, the DDP model and its
+autocast, and the :class:`StepHooks` the job gives it, with parts that own the rest of the
+step's state: the ``train.method`` optimizer, its LR schedule, the GradScaler and AGS's noise
+pairs (``update``, :class:`tula.runtime.update.Update`); where training stands, the epoch's
+sums and the kind of the next step (``walk``, :class:`tula.runtime.epoch_walk.EpochWalk`);
+the batches (``stream``) and evaluation (``evaluator``). Other modules change that state only
+through its methods and its parts'. :meth:`Replica.step`:
     forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
     -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
     -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
@@ -25,14 +26,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tula import checkpoint, model_inputs
 from tula import config as config_mod
-from tula import model_inputs
 from tula.model.grid import steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader, recipe
@@ -40,24 +41,25 @@ from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import clock_for
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
-from tula.runtime.methods import Cadence, build_method
+from tula.runtime.methods import Cadence, build_method, set_post_local_iter
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.optim import TulaOptimizer
 from tula.runtime.refresh import refresh_scales
-from tula.runtime.replica_state import ReplicaState
-from tula.runtime.stepstate import StepHooks
+from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
 from tula.runtime.timing import StepTimer
+from tula.runtime.update import Update
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Replica(ReplicaState):
-    """One worker's model, optimizer and data, and the training step (what a checkpoint holds
-    of it, loading it and undoing steps: :class:`ReplicaState`). Where it stands in its epoch
-    and the kind of its next step are its part ``walk`` (:class:`EpochWalk`), which each step
-    reports to. ``data``: the workload's sets loaded already in this process (a probe job's
-    later points)."""
+class Replica:
+    """One worker's model and data, and the training step, of parts that each own their
+    state: the optimizer, its schedule, the scaler and AGS's noise pairs (``update``,
+    :class:`Update`), where it stands in its epoch and the kind of its next step (``walk``,
+    :class:`EpochWalk`), the batches (``stream``) and evaluation (``evaluator``). What a
+    checkpoint holds of it is theirs put together (:meth:`state`, :meth:`load`,
+    :meth:`undone`). ``data``: the workload's sets loaded already in this process (a probe
+    job's later points)."""
 
     def __init__(
         self,
@@ -82,16 +84,23 @@ class Replica(ReplicaState):
         # what the step's forward calls (train.compile, as the probe's record says it)
         self.net, self.compile = compiled(self.ddp) if t.compile == "on" else self.ddp, t.compile
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
-        self.opt, prepare_ddp = build_method(
+        opt, prepare_ddp = build_method(
             t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch
         )
         prepare_ddp(self.ddp)
         # what of train.method the step, the epoch's walk, the monitor and the checkpoint ask
         self.cadence = Cadence.of(t)
-        # the LR schedule (warm-up, then train.schedule) over the run's epochs, per step
-        self.lr_plan, self.epochs = model_inputs.lr_plan(t), cfg.workload.epochs
+        # the optimizer, its LR schedule (warm-up, then train.schedule) over the run's epochs
+        # at this batch, the GradScaler (fp16) and AGS's noise pairs
+        self.update = Update(
+            opt,
+            model_inputs.lr_plan(t),
+            cfg.workload.epochs,
+            (global_batch, self.steps_per_epoch),
+            t.precision == "fp16",
+            device,
+        )
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
-        self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t)
         self.small_local = max(1, t.ags_small_batch // world)
         # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
@@ -100,8 +109,6 @@ class Replica(ReplicaState):
         self.inject_faults((hooks or StepHooks()).injector)
         loaders = loader.Loaders(cfg, self.data, rank, world, device)  # data.*, decided once
         self.evaluator = Evaluator(loaders)
-        # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
-        self.noise_pairs: list[tuple[float, float]] = []
         self.stream = Stream(loaders, global_batch, self.channels_last)
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
@@ -109,7 +116,6 @@ class Replica(ReplicaState):
         self.walk = EpochWalk(
             self.data, self.stream, self.timer, self.cadence, batches, self.step, device
         )
-        self.sched = self.new_schedule()
 
     # -- what the replica shows outside the runtime (read-only views) -----------------
     @property
@@ -148,11 +154,6 @@ class Replica(ReplicaState):
         return self.walk.last_loss, self.walk.last_chunk
 
     @property
-    def lr(self) -> float:
-        """The learning rate the next step takes (the first parameter group's)."""
-        return float(self.opt.param_groups[0]["lr"])
-
-    @property
     def loader_workers(self) -> int:
         """The training DataLoader's worker processes (0: the batches are read in this one)."""
         return self.stream.loader.num_workers
@@ -167,31 +168,7 @@ class Replica(ReplicaState):
         """Does the training set live on the device (data.on_device), fed from there?"""
         return self.stream.feed.resident
 
-    def ags_counters(self) -> dict | None:
-        """AGS's (or static scaling's) counters of the steps it scaled; None for another
-        method."""
-        return dict(self.opt.counters) if isinstance(self.opt, TulaOptimizer) else None
-
-    def ags_scaled_so_far(self) -> torch.Tensor | None:
-        """AGS's count of scaled steps, on the device (read without waiting); None for
-        another method."""
-        return self.opt.scaled_so_far() if isinstance(self.opt, TulaOptimizer) else None
-
-    def ags_mean_factor(self) -> float | None:
-        """AGS's mean scale factor over the layers now; None for another method."""
-        return self.opt.mean_factor() if isinstance(self.opt, TulaOptimizer) else None
-
     # -- pieces of the step ------------------------------------------------------------
-    def new_schedule(self) -> recipe.Schedule:
-        """The LR schedule at this global batch, from its first step (the run's epochs at it)."""
-        return recipe.Schedule(
-            self.opt,
-            self.lr_plan,
-            self.global_batch,
-            self.steps_per_epoch,
-            self.epochs * self.steps_per_epoch,
-        )
-
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -252,7 +229,7 @@ class Replica(ReplicaState):
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
         are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
         chunk = self.walk.next_chunk()
-        self.opt.zero_grad(set_to_none=True)
+        self.update.begin()
         oom, self.phase = "", "forward"
         try:
             x, y = self.to_device(x, y)
@@ -270,36 +247,33 @@ class Replica(ReplicaState):
         self.phase = "backward"
         if self.hooks.injector is not None:  # backward's start: the peers go on into the all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
-        self.scaler.scale(loss).backward()
+        self.update.backward(loss)
         # fault injection: a slower network
         if self.hooks.sync_delay is not None and self.ddp.require_backward_grad_sync:
             time.sleep(self.hooks.sync_delay(self.steps_done))
         # AGS and its Δ(G) see unscaled gradients (no-op unless fp16)
-        self.scaler.unscale_(self.opt)
+        self.update.unscale()
         refresh = self.walk.refreshes_next
         self.walk.refreshing(refresh)
         if refresh:
             self._refresh(x, y)
         self.phase = "forward"
-        # skipped (no Δ sample, no AGS step) when fp16 gradients overflowed
-        self.scaler.step(self.opt)
-        self.scaler.update()
+        self.update.apply()  # the optimizer's step, then the LR schedule's
         n = len(y)
         sums = torch.stack([loss.detach().double() * n, self.metric_sum(logits.detach(), y)])
         self.walk.stepped(chunk, loss.detach(), sums, n)
-        self.sched.step()
         return stop
 
     def _refresh(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """AGS's refresh inside the step: the scale factors measured again at the reference
         sub-batch (:func:`tula.runtime.refresh.refresh_scales`), and the pair of squared norms
         kept for the epoch's gradient noise scale."""
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        scale = self.update.loss_scale()
         self.phase = "refresh"
         try:
             done = refresh_scales(
                 self.ddp,
-                self.opt,
+                self.update.opt,
                 self.loss_fn,
                 x[: self.small_local],
                 y[: self.small_local],
@@ -312,7 +286,7 @@ class Replica(ReplicaState):
         self.walk.refresh_next(not done)  # a non-finite gradient: try again at the next step
         # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
         if done:
-            self.noise_pairs.append(self.opt.last_sq_norms)
+            self.update.refreshed()
 
     def set_global_batch(self, global_batch: int, park: bool = False, back: bool = False) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step), from
@@ -344,21 +318,61 @@ class Replica(ReplicaState):
         """The next step refreshes AGS's factors (a timed or measured refresh step)."""
         self.walk.refresh_next(due)
 
-    def gradient_norms(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
-        share of one global batch, at the current weights: forward and backward under
-        ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with
-        the worker's squared norm riding along. No optimizer step; the gradients are cleared
-        (:mod:`tula.runtime.gradnoise` estimates the gradient noise scale from these)."""
-        x, y = self.to_device(x, y)
-        self.opt.zero_grad(set_to_none=True)
-        with self.ddp.no_sync():
-            _, loss = self.forward_loss(x, y)
-            loss.float().backward()
-        grads = [p.grad.reshape(-1).float() for p in self.ddp.parameters() if p.grad is not None]
-        flat = torch.cat(grads)
-        buf = torch.cat([flat, flat.pow(2).sum().view(1)])
-        torch_dist.all_reduce(buf)
-        buf /= self.world
-        self.opt.zero_grad(set_to_none=True)
-        return float(buf[-1].item()), float(buf[:-1].pow(2).sum().item())
+    # -- what a checkpoint holds of it: its parts' own states ----------------------------
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds of this replica (besides each rank's RNG state and sums)."""
+        return {
+            "model": self.ddp.module.state_dict(),
+            **self.update.state(),  # "optimizer", "ags", "scheduler", "scaler", "noise_pairs"
+            "position": self.walk.pos.state_dict(),
+            "evaluation": self.evaluator.state(),
+        }
+
+    def load(
+        self, state: dict[str, Any], stats: torch.Tensor, own: dict[str, Any] | None = None
+    ) -> None:
+        """This replica as the checkpoint ``state`` holds it, each part put back by its owner,
+        with this rank's partial-epoch sums ``stats``; ``own``: this rank's own model and
+        optimizer parts (post-local SGD between two averages). A checkpoint written at another
+        global batch (a relaunch at a smaller B) is followed by the optimizer and the schedule
+        (:meth:`Update.follow`)."""
+        self.ddp.module.load_state_dict(state["model"])
+        written_at = state.get("global_batch", self.global_batch)
+        self.update.load(state, same_batch=written_at == self.global_batch)
+        self.evaluator.restore(state["evaluation"])
+        self.walk.moved_to(Position.from_state_dict(state["position"]), stats)
+        set_post_local_iter(self.ddp, self.steps_done)
+        if own is not None:
+            self.ddp.module.load_state_dict(own["model"])
+            self.update.load_own(own)
+        if written_at != self.global_batch:
+            batches = (self.global_batch, self.steps_per_epoch)
+            self.walk.refresh_next(
+                self.update.follow(written_at, batches, self.epochs_done, self.rank)
+            )
+
+    def take_weights_of_rank0(self) -> None:
+        """Rank 0's weights on every rank (compute-only steps stepped each replica on its own
+        gradient: the gradient noise scale is measured at one point)."""
+        with torch.no_grad():
+            for t in self.ddp.module.state_dict().values():
+                torch_dist.broadcast(t, src=0)
+
+    @contextlib.contextmanager
+    def undone(self) -> Iterator[None]:
+        """Run steps, then put back exactly everything a step changes (model, optimizer,
+        schedule, scaler, noise pairs, position, sums, RNG and the step's flags): the
+        monitor's compute-only step. Copies go to host memory: no extra device memory."""
+        model = {
+            k: v.detach().to("cpu", copy=True) for k, v in self.ddp.module.state_dict().items()
+        }
+        updated, walked, rng = self.update.saved(), self.walk.saved(), checkpoint.rng_state()
+        # DDP broadcasts rank 0's buffers (batch-norm statistics) before a forward only if the
+        # step before synced its gradients: a no_sync step turns that off for the next one
+        forward_sync = self.ddp.require_forward_param_sync
+        yield
+        self.ddp.module.load_state_dict(model)
+        self.update.put_back(updated)
+        checkpoint.set_rng_state(rng)
+        self.walk.put_back(walked)
+        self.ddp.require_forward_param_sync = forward_sync

@@ -36,7 +36,7 @@ def write_checkpoint(
         # rank 0's model and optimizer are the file's own
         if replica.cadence.replicas_differ and rank != 0:
             mine["replica"] = _to_cpu(
-                {"model": replica.ddp.module.state_dict(), **optimizer_parts(replica.opt)}
+                {"model": replica.ddp.module.state_dict(), **optimizer_parts(replica.update.opt)}
             )
     except (torch.OutOfMemoryError, MemoryError) as exc:
         err = str(exc) or type(exc).__name__
