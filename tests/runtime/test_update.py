@@ -23,7 +23,7 @@ def _update(batch: int, spe: int) -> Update:
 
 def _steps(u: Update, n: int) -> None:
     for _ in range(n):
-        u.begin()
+        u.clear_gradients()
         u.backward((u.opt.param_groups[0]["params"][0] ** 2).sum())
         u.unscale()
         u.apply()

@@ -178,11 +178,10 @@ def step_peak_bytes(
             replica.refresh_next(refresh)
             try:
                 # a refresh replaces AGS's factors without reading them: the old ones live on
-                old = refresh and isinstance(replica.update.opt, TulaOptimizer)
-                unread = sum(_nbytes(f) for f in replica.update.opt.factors.values()) if old else 0
-                peak = cpu_step_peak_bytes(
-                    replica.ddp, replica.update.opt, replica.walk.next_timed_step, unread
-                )
+                opt = replica.update.opt
+                old = refresh and isinstance(opt, TulaOptimizer)
+                unread = sum(_nbytes(f) for f in opt.factors.values()) if old else 0
+                peak = cpu_step_peak_bytes(replica.ddp, opt, replica.walk.next_timed_step, unread)
                 # fault injection: the timeline of a step that ran fails
                 replica.inject("profiler")
             except AssertionError as exc:

@@ -229,7 +229,7 @@ class Replica:
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
         are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
         chunk = self.walk.next_chunk()
-        self.update.begin()
+        self.update.clear_gradients()
         oom, self.phase = "", "forward"
         try:
             x, y = self.to_device(x, y)

@@ -4,7 +4,7 @@ or post-local SGD), its LR schedule at the global batch (:class:`tula.runtime.re
 the GradScaler of fp16, and this epoch's AGS noise pairs.
 
 :class:`Update` is a part of :class:`tula.runtime.replica.Replica` (``replica.update``) and
-owns them. The replica's step drives it (:meth:`Update.begin`, :meth:`Update.backward`,
+owns them. The replica's step drives it (:meth:`Update.clear_gradients`, :meth:`Update.backward`,
 :meth:`Update.unscale`, :meth:`Update.apply`); the replica's checkpoint holds
 :meth:`Update.state` and puts it back (:meth:`Update.load`, at another global batch
 :meth:`Update.follow`); the monitor's compute-only step saves and restores it
@@ -76,10 +76,6 @@ class Update:
         return self.opt.mean_factor() if isinstance(self.opt, TulaOptimizer) else None
 
     # -- the step ------------------------------------------------------------------------
-    def begin(self) -> None:
-        """A step's start: the gradients cleared."""
-        self.opt.zero_grad(set_to_none=True)
-
     def backward(self, loss: torch.Tensor) -> None:
         """The loss's gradients, scaled by the GradScaler (a no-op scale unless fp16)."""
         self.scaler.scale(loss).backward()
@@ -106,7 +102,7 @@ class Update:
         self.sched.step()
 
     def clear_gradients(self) -> None:
-        """Gradients dropped outside a step (a measurement's backward took none)."""
+        """The gradients dropped (a step's start; a measurement's backward, after it)."""
         self.opt.zero_grad(set_to_none=True)
 
     def take_noise_pairs(self) -> list[tuple[float, float]]:
