@@ -30,7 +30,8 @@ def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one
         {"step": step, "compute": compute}, Target(0.02, 2, 1.0), False, "budget", 1.0, 1, "steps"
     )
     extras = {"start": [0.32], "refresh": [], "partial": [0.05]}
-    m = probe_measurement.measurement(replica, gathered, timing, extras).to_json()
+    stepped = probe_measurement.Stepped.of(replica)
+    m = probe_measurement.measurement(stepped, gathered, timing, extras).to_json()
     plain = (0.11 + 0.12) / 2
     start_extra, partial_extra = 0.32 - plain, 0.05 - plain
     assert m["step_times_s"] == [0.11, 0.12] and m["compute_times_s"] == [0.08, 0.10]
@@ -136,7 +137,10 @@ def test_an_epoch_of_two_steps_is_timed_at_its_start_on_both_arms(one_process_gr
     for arm in (step, compute):
         assert not arm.times and len(arm.other["start"]) >= probe_timing.EXTRA_STEPS
     m = probe_measurement.measurement(
-        replica, [{"peak": 1, "peaks": {"plain": 1}, "rss": 1, "host": "a"}], timing, extras
+        probe_measurement.Stepped.of(replica),
+        [{"peak": 1, "peaks": {"plain": 1}, "rss": 1, "host": "a"}],
+        timing,
+        extras,
     ).to_json()
     assert m["step_timed_steps"] == len(step.other["start"])
     assert m["compute_timed_steps"] == len(compute.other["start"])

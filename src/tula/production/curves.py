@@ -43,25 +43,39 @@ class Curves:
 
     def note(self, replica: Any) -> None:
         """The step just queued, read without waiting for the device."""
-        scaled = replica.update.ags_scaled_so_far()
-        lr = replica.update.lr
         loss, chunk = replica.last_step
-        self.pending.append((replica.steps_done, loss, lr, chunk, scaled))
+        self.note_step(
+            replica.steps_done, loss, replica.update.lr, chunk, replica.update.ags_scaled_so_far()
+        )
 
-    def flush(self, seconds: float, replica: Any) -> None:
+    def note_step(
+        self, step: int, loss: Any, lr: float, samples: int, scaled: torch.Tensor | None = None
+    ) -> None:
+        """A step's loss (a tensor on the device, a number, or None where the step returned
+        none), LR, samples over every rank and AGS's scaled count so far."""
+        self.pending.append((step, loss, lr, samples, scaled))
+
+    def flush(self, seconds: float, factor: float | None = None) -> None:
         """The stretch noted since the last flush took ``seconds`` (the device synchronised):
-        each of its steps written."""
+        each of its steps written; ``factor``: AGS's mean factor now."""
         if not self.pending:
             return
         per_step = seconds / len(self.pending)
-        losses = torch.stack([p[1].float() for p in self.pending]).tolist()
+        losses = [
+            None if p[1] is None else float(p[1]) if not torch.is_tensor(p[1]) else p[1].float()
+            for p in self.pending
+        ]
+        if any(torch.is_tensor(x) for x in losses):  # one read of the device for the stretch
+            on_device = [x for x in losses if torch.is_tensor(x)]
+            read = iter(torch.stack(on_device).tolist())
+            losses = [next(read) if torch.is_tensor(x) else x for x in losses]
         scaled = [None] * len(self.pending)
         if self.pending[0][4] is not None:  # AGS or static scaling counted its scaled steps
             scaled = torch.stack([p[4] for p in self.pending]).tolist()
-        factor = replica.update.ags_mean_factor()
         w = self.writer
         for (step, _, lr, samples, _), loss, sc in zip(self.pending, losses, scaled):
-            w.add_scalar("train/loss", loss, step)
+            if loss is not None:
+                w.add_scalar("train/loss", loss, step)
             w.add_scalar("train/lr", lr, step)
             w.add_scalar("time/step_s", per_step, step)
             w.add_scalar("time/samples_per_s", samples / max(per_step, 1e-12), step)
@@ -74,10 +88,14 @@ class Curves:
     def epoch(self, row: dict[str, Any]) -> None:
         """An epoch's row of metrics.csv, at the step it ended; written to disk now."""
         step, w = row["step"], self.writer
-        w.add_scalar("epoch/train_loss", row["train_loss"], step)
-        w.add_scalar("epoch/test_loss", row["test_loss"], step)
-        w.add_scalar(f"epoch/train_{self.metric}", row["train_acc"], step)
-        w.add_scalar(f"epoch/test_{self.metric}", row["test_acc"], step)
+        for tag, key in (
+            ("epoch/train_loss", "train_loss"),
+            ("epoch/test_loss", "test_loss"),
+            (f"epoch/train_{self.metric}", "train_acc"),
+            (f"epoch/test_{self.metric}", "test_acc"),
+        ):
+            if row.get(key) is not None:  # a user's script may report only some
+                w.add_scalar(tag, row[key], step)
         w.flush()
 
     def close(self) -> None:

@@ -83,13 +83,14 @@ def _skipped(replica: Replica) -> int | None:
     return replica.steps_done - counters["steps"]
 
 
-def oom_record(ledger: Ledger, replica: Replica, where: str, message: str) -> None:
-    step = replica.steps_done
+def oom_record(ledger: Ledger, step: int, global_batch: int, where: str, message: str) -> None:
+    """This rank ran out of memory at ``step`` (``where``: forward, backward, ...), where its
+    peers cannot agree on it: the record the launcher reads the attempt's outcome from."""
     write_json(
         jobdir.oom_record_path(ledger.out, ledger.attempt, ledger.rank),
         {
             "step": step,
-            "global_batch": replica.global_batch,
+            "global_batch": global_batch,
             "where": where,
             "place": oom_place(where, step),
             "message": message,
@@ -108,7 +109,7 @@ def oom_outcome(
     message = next(messages[r] for r in exc.ranks)  # the first failing rank's own words
     step = replica.steps_done
     if ledger.rank in exc.ranks:
-        oom_record(ledger, replica, exc.where, message)
+        oom_record(ledger, step, replica.global_batch, exc.where, message)
     what = oom_place(exc.where, step)
     if ledger.rank == 0:
         print(

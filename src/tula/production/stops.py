@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from tula.production import jobdir
 from tula.production.ledger import Ledger
@@ -64,15 +65,22 @@ class StopSignals:
         )
 
 
-def stop(code: int, stops: StopSignals, ledger: Ledger, step: int) -> None:
+def stop(
+    code: int,
+    stops: StopSignals,
+    ledger: Ledger,
+    step: int,
+    requeue_otherwise: Callable[[int, Any], None] | None = None,
+) -> None:
     """After the stop checkpoint: record the segment, leave the process group, and either let
-    submitit requeue the job (USR2 under submitit) or exit (TERM). Never returns."""
+    submitit requeue the job (USR2 under submitit; ``requeue_otherwise`` where submitit is not
+    there, the plan's batch script's own requeue) or exit (TERM). Never returns."""
     sig = (
         stops.name.removeprefix("SIG")
         if stops.name and stops.CODES[signal.Signals[stops.name]] == code
         else ("USR2" if code == 2 else "TERM")
     )  # this rank's own signal, else the one the peers agreed on
-    requeue = stops.requeue_handler() if code == 2 else None
+    requeue = (stops.requeue_handler() or requeue_otherwise) if code == 2 else None
     if ledger.rank == 0:
         what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"

@@ -156,7 +156,7 @@ class Trainer:
             spent = time.perf_counter() - stretch
             ledger.spend("train_time_s", spent, in_epoch=True)
             if self.curves:
-                self.curves.flush(spent, replica)
+                self.curves.flush(spent, replica.update.ags_mean_factor())
 
         while True:
             tula_faults.maybe_signal(
@@ -174,7 +174,7 @@ class Trainer:
                     ledger.spend("train_time_s", timed[0], in_epoch=True)
                 if timed is not None and self.curves:
                     self.curves.note(replica)
-                    self.curves.flush(timed[0], replica)
+                    self.curves.flush(timed[0], replica.update.ags_mean_factor())
                 stop = timed[1] if timed is not None else None
                 stretch = time.perf_counter()
             else:
@@ -372,8 +372,8 @@ class Trainer:
         except StepOOM as exc:
             return records.oom_outcome(self.ledger, replica, exc, bool(self.ckpt))
         except torch.OutOfMemoryError as exc:
-            # Where the ranks cannot agree (backward, inside DDP's all-reduce): leave a record for
-            # the launcher, which classifies the attempt as out of memory from it, and fail; the
-            # peers' collectives end when this process does (gloo at once, NCCL by its watchdog).
-            records.oom_record(self.ledger, replica, replica.phase, str(exc) or "out of memory")
+            # Where ranks cannot agree (backward, in DDP's all-reduce): a record for the launcher,
+            # and fail; the peers' collectives end with this process (gloo at once, NCCL later).
+            at = (replica.steps_done, replica.global_batch, replica.phase)
+            records.oom_record(self.ledger, *at, str(exc) or "out of memory")
             raise

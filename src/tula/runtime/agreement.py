@@ -29,6 +29,8 @@ def oom_place(where: str, step: int) -> str:
         return f"in evaluation after step {step}"
     if where == "checkpoint":
         return f"while writing the checkpoint of step {step}"
+    if where == "step":
+        return f"in training step {step + 1}"
     return {"refresh": f"in AGS's factor refresh of step {step}"}.get(
         where, f"in the {where} pass of step {step}"
     )
@@ -64,6 +66,15 @@ def agree(
 
 # a gloo group beside an NCCL one (tula.runtime.dist.init): flags the host knows
 HOST_GROUP: list = [None]
+
+
+def ensure_host_group() -> None:
+    """A gloo group beside the default one where that is NCCL's (a user's script joined the
+    group itself): the host's flags and timings travel over it, never waiting for the device."""
+    if HOST_GROUP[0] is not None or not torch_dist.is_initialized():
+        return
+    if torch_dist.get_backend() == "nccl" and torch_dist.get_world_size() > 1:
+        HOST_GROUP[0] = torch_dist.new_group(backend="gloo")
 
 
 def agree_host(failed: bool, code: int = 0) -> tuple[int, list[int]]:

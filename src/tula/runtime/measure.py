@@ -119,25 +119,39 @@ def cpu_step_peak_bytes(
     run_step: Callable[[], Any],
     unread_bytes: int = 0,
 ) -> int:
-    """Measured peak of live tensor bytes during one training step on CPU.
+    """Measured peak of live tensor bytes during one training step on CPU (``run_step``):
+    :func:`cpu_peak_counter` around it."""
+    with cpu_peak_counter(model, optimizer, unread_bytes) as peak:
+        run_step()
+    return peak["bytes"]
+
+
+@contextlib.contextmanager
+def cpu_peak_counter(
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+    unread_bytes: int = 0,
+) -> Iterator[dict[str, int]]:
+    """Measured peak of live tensor bytes during the block on CPU (one training step, batch
+    fetch included), in the yielded dict's ``bytes`` once the block ends.
 
     CPU has no ``max_memory_allocated``; torch's profiler records every allocation and free
-    inside ``run_step`` (the training step itself, batch fetch included: memory timeline),
-    whose running peak is taken. The timeline also holds the tensors that existed before
-    the step and that the step reads (parameters, optimizer state, a set kept on the device,
-    the last step's gradients); parameters and optimizer state it did not meet (a frozen
-    layer) are added, counted exactly, so that each is counted once. DDP's gradient buckets,
-    allocated when DDP is built, are not seen on CPU (a constant, independent of the batch);
-    on CUDA the probe uses ``torch.cuda.max_memory_allocated`` instead, which sees
-    everything. ``unread_bytes``: what lives through the step that the step does not read,
-    so the timeline cannot see it (AGS's old factors in the step that replaces them; a plain
-    step reads them).
+    inside the block (memory timeline), whose running peak is taken. The timeline also holds
+    the tensors that existed before the step and that the step reads (parameters, optimizer
+    state, a set kept on the device, the last step's gradients); parameters and optimizer state
+    it did not meet (a frozen layer) are added, counted exactly, so that each is counted once.
+    DDP's gradient buckets, allocated when DDP is built, are not seen on CPU (a constant,
+    independent of the batch); on CUDA the probe uses ``torch.cuda.max_memory_allocated``
+    instead, which sees everything. ``unread_bytes``: what lives through the step that the
+    step does not read, so the timeline cannot see it (AGS's old factors in the step that
+    replaces them; a plain step reads them). Building the timeline fails now and then
+    (torch's "version mismatch" AssertionError), raised as the block ends.
     """
-
+    out = {"bytes": 0}
     with profile(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
-        run_step()
+        yield out
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         # deprecated in favour of CUDA-only snapshots
         warnings.simplefilter("ignore", FutureWarning)
@@ -148,10 +162,12 @@ def cpu_step_peak_bytes(
     at_peak = max(sizes, key=sum, default=[])
     # the timeline's columns: "unknown", then torch's categories in _CATEGORY_TO_INDEX order
     seen = sum(at_peak[_CATEGORY_TO_INDEX[c] + 1] for c in PERSISTENT) if at_peak else 0
-    persistent = sum(_nbytes(p) for p in model.parameters()) + sum(
-        _nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+    params = model.parameters() if model is not None else []
+    states = optimizer.state.values() if optimizer is not None else []
+    persistent = sum(_nbytes(p) for p in params) + sum(
+        _nbytes(v) for st in states for v in st.values() if torch.is_tensor(v)
     )
-    return int(sum(at_peak) + max(0, persistent - seen) + unread_bytes)
+    out["bytes"] = int(sum(at_peak) + max(0, persistent - seen) + unread_bytes)
 
 
 def step_peak_bytes(

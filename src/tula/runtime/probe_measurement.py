@@ -8,17 +8,48 @@ measured faster."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tula.model.measurements import HOST_BOUND, INPUT_BOUND
 from tula.model.probe_measured import Measurement
 from tula.runtime.measure import timing_stats
-from tula.runtime.replica import Replica
 from tula.runtime.timing import Timing
+
+if TYPE_CHECKING:  # Stepped.of reads a replica; a user's script never builds one
+    from tula.runtime.replica import Replica
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """What the measurement needs of the steps' own loop: Tula's replica
+    (:meth:`of`), or a user's script (:mod:`tula.script.probe`)."""
+
+    steps_per_epoch: int
+    refreshes_per_step: float  # mid-epoch AGS refreshes per step
+    train_samples: int | None
+    steps_run: int
+    compile: str | None = None
+    on_device: bool | None = None
+    decode: dict | None = None
+    optimizer_counters: dict[str, int] | None = None
+
+    @classmethod
+    def of(cls, replica: Replica) -> Stepped:
+        return cls(
+            steps_per_epoch=replica.steps_per_epoch,
+            refreshes_per_step=replica.cadence.midepoch_refreshes_per_step(),
+            train_samples=replica.data.train_size,
+            steps_run=replica.steps_done,
+            compile=replica.compile,
+            on_device=replica.on_device,
+            decode=replica.decode,
+            optimizer_counters=replica.update.ags_counters(),
+        )
 
 
 def measurement(
-    replica: Replica,
+    stepped: Stepped,
     gathered: list[dict],
     timing: Timing,
     extras: dict[str, list[float]],
@@ -39,7 +70,7 @@ def measurement(
     partial_extra = _over(extras["partial"], s["mean"])
     extra = (
         start_extra + partial_extra
-    ) / replica.steps_per_epoch + refresh_extra * replica.cadence.midepoch_refreshes_per_step()
+    ) / stepped.steps_per_epoch + refresh_extra * stepped.refreshes_per_step
     return Measurement(
         step_time_s=s["mean"] + extra,
         compute_time_s=c["mean"] + extra,
@@ -48,7 +79,7 @@ def measurement(
         refresh_extra_s=refresh_extra,
         partial_extra_s=partial_extra,
         partial_step_times_s=extras["partial"],
-        steps_per_epoch=replica.steps_per_epoch,
+        steps_per_epoch=stepped.steps_per_epoch,
         epoch_start_step_times_s=extras["start"],
         refresh_step_times_s=extras["refresh"],
         lead_in_steps=extras.get("lead_in", {}),  # untimed, by kind (StepTimer.run)
@@ -62,16 +93,16 @@ def measurement(
         compute_times_s=comp.times,
         timing=timing.figures(),
         **_peaks(gathered),
-        train_samples=replica.data.train_size,
+        train_samples=stepped.train_samples,
         first_steps_time_s=max(g.get("first_steps", 0.0) for g in gathered),
         first_short_step_s=max(g.get("first_short_step", 0.0) for g in gathered),
-        compile=replica.compile,
-        on_device=replica.on_device,
-        **_decode(replica.decode),
+        compile=stepped.compile,
+        on_device=stepped.on_device,
+        **_decode(stepped.decode),
         **_input(gathered, s["mean"] + extra),
         host_bound=_host_bound(timing),
-        steps_run=replica.steps_done,
-        optimizer_counters=replica.update.ags_counters(),
+        steps_run=stepped.steps_run,
+        optimizer_counters=stepped.optimizer_counters,
         **more,
     )
 

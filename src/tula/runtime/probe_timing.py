@@ -4,7 +4,6 @@ epoch starts (and AGS refreshes) that training pays apart."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from tula import config as config_mod
@@ -13,7 +12,7 @@ from tula.progress import Progress
 from tula.runtime.agreement import max_over_ranks
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.replica import Replica
-from tula.runtime.timing import Run, StepTimer, Target, Timing
+from tula.runtime.timing import Run, StepTimer, Target, Timing, progress_shown
 
 # epoch-start (and mid-epoch AGS refresh) steps timed at least; forced if too few fell there
 EXTRA_STEPS = 3
@@ -138,17 +137,7 @@ def time_steps(
     if cfg.probe.warmup_steps:
         timer.size_block(warm)
 
-    def shown(t: Timing) -> None:
-        n = t.arms["step"].n_steps
-        hw = max((s.half_width(robust=t.robust) for s in t.arms.values()), default=math.inf)
-        # the steps the precision asks (the half-width falls as 1/sqrt(n)), or the budget's
-        want = n * (hw / cfg.probe.precision) ** 2 if math.isfinite(hw) else n
-        progress.retotal(
-            max(n, int(min(want, n * cfg.probe.time_budget_s / max(t.elapsed_s, 1e-9))))
-        )
-        progress.update(
-            n, "timed ", f"precision {100 * hw:.1f} % (target {100 * cfg.probe.precision:g} %)"
-        )
+    shown = progress_shown(progress, cfg.probe.precision, cfg.probe.time_budget_s)
 
     arms = {"step": replica.walk.next_steps, "compute": compute}
     led: dict[str, int] = {}  # the rounds' untimed synced lead-in steps, by kind

@@ -202,7 +202,7 @@ def _measure_point(
         return replica, startup_s, None
     loader_workers = replica.stream.loader.num_workers
     measured = probe_measurement.measurement(
-        replica,
+        probe_measurement.Stepped.of(replica),
         gathered,
         timing,
         extras,

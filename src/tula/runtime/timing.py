@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tula.model.probe_measured import Arm, TimingFigures
+from tula.progress import Progress
 from tula.runtime.clocks import EventClock, HostClock, block_for
 from tula.runtime.precision import Series, spread
 
@@ -194,40 +195,18 @@ class StepTimer:
         training. The probe's is a synced step: its synced arm then follows a synced step, as
         every training step does, not a compute-only one, which on 2 cores made it read faster
         than production (BENCHMARKS.md "Probe precision"). A queued clock's blocks follow their
-        own kind but for their first step, so there it is left out."""
-        assert self.target is not None, "StepTimer.run needs a Target"
-        if self.clock.queued:
-            lead_in = None
-        drained = False  # is the device idle as the next block is queued (its reads waited)
-        if self.block is None:
-            first, _, _ = self.time_once(next(iter(arms.values())))
-            self.size_block(first)
-            drained = True
-        block = int(self.block or 1)
-        t0 = self.now()
-        series = {name: Series(mix=self.mix) for name in arms}
-        pending: list[tuple[str, Any, int, str, float | None]] = []
-        rounds, stopped, reached = 0, "", False
-        while not stopped:
-            if lead_in is not None:
-                lead_in(block)
-            for name, run in arms.items():
-                mark = self.clock.begin()
-                queued_at = self.now()
-                n, kind = run(block)
-                # on a queued clock, the host's time to queue it, where no full queue held it
-                host = self.now() - queued_at if drained else None
-                drained = False
-                pending.append((name, self.clock.end(mark), n, kind, host))
-            rounds += 1
-            if rounds % self.check_every:
-                continue
-            self._settle(pending, series, self.now() - t0)
-            pending, drained = [], True
-            reached, stopped = self._verdict(series)
-            if on_check is not None:
-                on_check(self._timing(series, reached, stopped or "running", t0, block))
-        return self._timing(series, reached, stopped, t0, block)
+        own kind but for their first step, so there it is left out.
+
+        The timer runs the steps itself here; :class:`Rounds` is the same schedule for a
+        caller that runs them (a user's own training loop, :mod:`tula.script`)."""
+        rounds = Rounds(self, list(arms), on_check, lead_in is not None)
+        while (run := rounds.next()) is not None:
+            name, steps = run
+            if name != LEAD_IN:
+                rounds.begin()
+            n, kind = (lead_in if name == LEAD_IN else arms[name])(steps)
+            rounds.ran(n, kind)
+        return rounds.timing()
 
     def _settle(
         self,
@@ -284,4 +263,105 @@ class StepTimer:
             self.now() - t0,
             block,
             "blocks" if self.clock.queued else "steps",
+        )
+
+
+def progress_shown(
+    progress: Progress, precision: float, budget_s: float
+) -> Callable[[Timing], None]:
+    """The timer's check, shown: the steps timed, the precision reached, and the steps the
+    precision still asks (the half-width falls as 1/sqrt(n)) or the budget allows."""
+
+    def shown(t: Timing) -> None:
+        n = t.arms["step"].n_steps
+        hw = max((s.half_width(robust=t.robust) for s in t.arms.values()), default=math.inf)
+        want = n * (hw / precision) ** 2 if math.isfinite(hw) else n
+        progress.retotal(max(n, int(min(want, n * budget_s / max(t.elapsed_s, 1e-9)))))
+        progress.update(n, "timed ", f"precision {100 * hw:.1f} % (target {100 * precision:g} %)")
+
+    return shown
+
+
+# the untimed step that leads each round on a clock without a queue (StepTimer.run's lead_in)
+LEAD_IN = "lead-in"
+
+
+class Rounds:
+    """:meth:`StepTimer.run`'s schedule, for a caller that runs the steps: :meth:`next` says
+    what to run (an arm's name, or :data:`LEAD_IN`, and how many steps), :meth:`begin` marks
+    where a timed run starts (again, if what the caller does first should not count), and
+    :meth:`ran` says that it ran; :meth:`timing` is the result once :meth:`next` says None.
+    The timer's own loop and a user's training loop (:mod:`tula.script`) keep one schedule,
+    one precision rule and one record."""
+
+    def __init__(
+        self,
+        timer: StepTimer,
+        arms: list[str],
+        on_check: Callable[[Timing], None] | None = None,
+        lead_in: bool = False,
+    ):
+        assert timer.target is not None, "StepTimer.run needs a Target"
+        self.timer, self.arms, self.on_check = timer, arms, on_check
+        self.lead_in = lead_in and not timer.clock.queued
+        self.sizing = timer.block is None  # the first run, timed alone, sizes the block
+        self.drained = self.sizing  # is the device idle as the next block is queued
+        self.series = {name: Series(mix=timer.mix) for name in arms}
+        self.pending: list[tuple[str, Any, int, str, float | None]] = []
+        self.rounds, self.stopped, self.reached = 0, "", False
+        self.mark: Any = None
+        self.queued_at = 0.0
+        self.t0 = timer.now()
+        self.todo: list[str] = []
+        if not self.sizing:
+            self._new_round()
+
+    def _new_round(self) -> None:
+        self.todo = ([LEAD_IN] if self.lead_in else []) + list(self.arms)
+
+    @property
+    def block(self) -> int:
+        return int(self.timer.block or 1)
+
+    def next(self) -> tuple[str, int] | None:
+        """What to run next: (an arm's name or LEAD_IN, steps), or None once stopped."""
+        if self.sizing:
+            return self.arms[0], 1
+        return None if self.stopped else (self.todo[0], self.block)
+
+    def begin(self) -> None:
+        """A timed run starts now (taken again where called again before :meth:`ran`)."""
+        self.mark = self.timer.clock.begin()
+        self.queued_at = self.timer.now()
+
+    def ran(self, n: int, kind: str) -> None:
+        """What :meth:`next` asked for ran: ``n`` steps of ``kind``."""
+        timer = self.timer
+        if self.sizing:
+            seconds = timer.clock.read(timer.clock.end(self.mark))
+            timer.size_block(seconds / max(n, 1))
+            self.sizing, self.t0 = False, timer.now()
+            self._new_round()
+            return
+        name = self.todo.pop(0)
+        if name != LEAD_IN:
+            # on a queued clock, the host's time to queue it, where no full queue held it
+            host = timer.now() - self.queued_at if self.drained else None
+            self.drained = False
+            self.pending.append((name, timer.clock.end(self.mark), n, kind, host))
+        if self.todo:
+            return
+        self.rounds += 1
+        if self.rounds % timer.check_every == 0:
+            timer._settle(self.pending, self.series, timer.now() - self.t0)
+            self.pending, self.drained = [], True
+            self.reached, self.stopped = timer._verdict(self.series)
+            if self.on_check is not None:
+                self.on_check(self.timing("running"))
+        if not self.stopped:
+            self._new_round()
+
+    def timing(self, stopped: str | None = None) -> Timing:
+        return self.timer._timing(
+            self.series, self.reached, stopped or self.stopped, self.t0, self.block
         )
