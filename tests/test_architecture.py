@@ -254,6 +254,8 @@ FOREIGN_FIELDS = {
     ("runtime/epoch_walk.py", "self.pos.epoch"): "the walk's own Position record",
     ("slurm/plugin_patch.py", "plugin.get_submit_command"): "the SLURM plugin's submit "
     "builder, narrowed until its failed-node exclusion is fixed upstream",
+    ("workers/script_run.py", "sys.argv"): "the user's script's own arguments, as `python "
+    "script.py args` sets them",
 }
 
 
@@ -402,6 +404,9 @@ FOREIGN_CALLS = {
     ("runtime/dist.py", "os.environ.setdefault"): "the process's own environment",
     ("runtime/replica.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
     "the replica's own model",
+    ("workers/script_run.py", "os.environ.update"): "the process's own environment",
+    ("workers/script_run.py", "sys.path.insert"): "the interpreter's own path: the script's "
+    "folder first, as `python script.py` puts it",
 }
 
 

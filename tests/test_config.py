@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -228,3 +229,40 @@ def test_an_unknown_gpu_is_refused_naming_the_key_and_the_known_names():
     assert all(name in msg for name in ("h100", "a100-80gb", "l40s", "v100-32gb"))
     with pytest.raises(config.ConfigError, match=r"hardware.gpu.*fp32_tflops"):
         config.from_dict({"hardware": {"gpu": {"memory_gb": 24, "bandwidth_gbs": 500}}})
+
+
+SCRIPT = "examples/ddp_train/train.py"
+
+
+@pytest.mark.parametrize(
+    "workload, extra, says",
+    [
+        ({"script": "no/such/train.py"}, {}, "'workload.script': no/such/train.py is not a file"),
+        (
+            {"script": SCRIPT, "args": ["--bs", "{batch}"]},
+            {},
+            "'workload.args[1]': {batch} is not one of {local_batch}, {global_batch}, {lr}",
+        ),
+        ({"script": SCRIPT, "args": ["{local_batch"]}, {}, "'workload.args[0]'"),
+        ({"args": ["--bs", "{local_batch}"]}, {}, "'workload.args': arguments without"),
+        (
+            {"script": SCRIPT},
+            {"objective": "time_to_accuracy"},
+            "'objective': time_to_accuracy needs the gradient noise scale",
+        ),
+    ],
+)
+def test_a_script_workload_is_checked_before_anything_runs(monkeypatch, workload, extra, says):
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)  # the script's path is the run's, from the repository's root
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        config.from_dict({"workload": workload, **extra})
+
+
+def test_a_script_workload_loads_with_its_arguments(monkeypatch):
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    cfg = config.from_dict({"workload": {"script": SCRIPT, "args": ["--bs", "{local_batch}"]}})
+    assert cfg.workload.script == SCRIPT and cfg.workload.args == ("--bs", "{local_batch}")

@@ -40,6 +40,8 @@ class Workload:
     mnist1d_samples: int
     epochs: int
     seed: int
+    script: str | None = None  # the user's own training script (tula.script)
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -321,7 +323,7 @@ def from_dict(raw: dict[str, Any] | None, source: str = "config") -> Config:
     d = validate(raw, source)
     g, t = d["grid"], d["train"]
     return Config(
-        workload=Workload(**d["workload"]),
+        workload=Workload(**{**d["workload"], "args": tuple(d["workload"]["args"])}),
         data=Data(**d["data"]),
         grid=Grid(
             workers=tuple(sorted(g["workers"])),

@@ -6,6 +6,8 @@ model's family). Each problem is a sentence naming its config key;
 
 from __future__ import annotations
 
+import string
+from pathlib import Path
 from typing import Any
 
 from tula import gpus
@@ -53,7 +55,61 @@ def _doublings(lo: int, hi: int) -> bool:
 
 def problems(d: dict[str, Any]) -> list[str]:
     """What the schema cannot express, in the validated config ``d``; each names its key."""
-    return _grid_problems(d) + _other_problems(d) + _train_problems(d["train"])
+    return (
+        _grid_problems(d)
+        + _other_problems(d)
+        + _train_problems(d["train"])
+        + _script_problems(d["workload"], d["objective"])
+    )
+
+
+# what workload.args may name, each put in at a point (tula.workers.script_run.script_argv)
+PLACEHOLDERS = ("local_batch", "global_batch", "lr", "epochs")
+
+
+def bad_placeholders(args: list[str]) -> list[str]:
+    """What is wrong with the placeholders of ``workload.args``, each naming the argument."""
+    problems = []
+    for i, arg in enumerate(args):
+        try:
+            names = [n for _, n, _, _ in string.Formatter().parse(arg) if n is not None]
+        except ValueError as exc:
+            problems.append(
+                f"config key 'workload.args[{i}]': {arg!r}: {exc} (a literal brace is doubled)"
+            )
+            continue
+        for name in names:
+            if name not in PLACEHOLDERS:
+                problems.append(
+                    f"config key 'workload.args[{i}]': {{{name}}} is not one of "
+                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                )
+    return problems
+
+
+# what a user's script is not measured for: the gradient noise scale (Tula's own probes only)
+SCRIPT_OBJECTIVES_OUT = ("time_to_accuracy", "cost_to_accuracy")
+
+
+def _script_problems(w: dict[str, Any], objective: str) -> list[str]:
+    """workload.script: a file that is there, arguments whose placeholders Tula fills, and an
+    objective its probes measure what for."""
+    if w["script"] is None:
+        said = (
+            "config key 'workload.args': arguments without workload.script, the script they are for"
+        )
+        return [said] if w["args"] else []
+    problems = bad_placeholders(w["args"])
+    if not Path(w["script"]).is_file():
+        problems.append(
+            f"config key 'workload.script': {w['script']} is not a file (from {Path.cwd()})"
+        )
+    if objective in SCRIPT_OBJECTIVES_OUT:
+        problems.append(
+            f"config key 'objective': {objective} needs the gradient noise scale, which Tula's "
+            "own loop measures and a workload.script's probes do not; choose time, cost or knee"
+        )
+    return problems
 
 
 SCHEDULES = ("step", "cosine", "onecycle", "constant")

@@ -89,3 +89,9 @@ def lr_plan(t: TrainSettings) -> LRPlan:
         tuple(t.lr_decay_epochs),
         t.lr_decay_factor,
     )
+
+
+def lr_at(cfg: Config, global_batch: int) -> float:
+    """The LR a user's script is given at global batch B (``{lr}``): train.lr, scaled by the
+    method's rule (lrs, lars: B / base_batch)."""
+    return lr_plan(cfg.train).peak(global_batch)

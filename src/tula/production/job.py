@@ -10,9 +10,11 @@ from typing import Any
 import submitit
 
 from tula import checkpoint
-from tula.config import Config
+from tula.config import Config, metric_name
 from tula.slurm import rendezvous
+from tula.workers import script_launch, script_run
 from tula.workers.processes import worker_environment
+from tula.workers.script_run import ScriptRun, TrainAsk
 
 
 class ProductionJob(submitit.helpers.Checkpointable):
@@ -33,6 +35,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         out_dir: str,
         ckpt: checkpoint.Checkpointing,
         band: dict[str, float] | None = None,
+        lr: float | None = None,
     ):
         self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = (
             config,
@@ -43,6 +46,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         )
         # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
         self.band = band
+        self.lr = lr  # a user's script's {lr} at this B (tula.model_inputs.lr_at)
 
     def __call__(self) -> dict[str, Any]:
         cfg = self.config  # with tula launch's device decision in it (tula.devices.apply)
@@ -57,11 +61,49 @@ class ProductionJob(submitit.helpers.Checkpointable):
         submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=on_cuda, overwrite=True
         )
+        if cfg.workload.script:
+            return self.run_script()
         # torch: imported by the job's tasks, never by tula launch
         from tula.production.trainer import Trainer
 
         return Trainer(
             cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band
         ).run()
+
+    def run_script(self) -> dict[str, Any]:
+        """The user's own script in this task (workload.script): run as ``python script.py
+        args`` would, at (N, B), told where its checkpoints and records go
+        (:class:`tula.workers.script_run.TrainAsk`); ``tula.script`` in it does what the
+        trainer does around Tula's own step. Its outcome: completed once its epochs are done
+        (the script's Tula wrote final.json), else failed, naming why."""
+        cfg, ckpt = self.config, self.ckpt
+        spec = ScriptRun(
+            "production",
+            self.workers,
+            self.global_batch,
+            self.lr,
+            cfg.workload.epochs,
+            train=TrainAsk(
+                out_dir=self.out_dir,
+                checkpoint_dir=str(ckpt.directory),
+                fingerprint=ckpt.fingerprint,
+                every_steps=ckpt.every_steps,
+                every_epochs=ckpt.every_epochs,
+                keep=ckpt.keep,
+                attempt=ckpt.attempt,
+                requeue="submitit",
+                metric=metric_name(cfg.train.metric),
+                metric_goal=cfg.train.metric_goal,
+            ),
+        )
+        os.environ.update({**spec.to_env(), **cfg.hardware.comm_env})
+        argv = script_launch.argv(cfg, spec)[1:]
+        outcome = script_run.run_script(argv)
+        if outcome is None:
+            return {
+                "outcome": "failed",
+                "reason": f"{cfg.workload.script} ended without tula.script.attach()",
+            }
+        return outcome
 
     # checkpoint(): Checkpointable's default resubmits this same call; the state is on disk.

@@ -38,7 +38,7 @@ from typing import Any
 
 import submitit
 
-from tula import checkpoint, devices, pipeline, preflight
+from tula import checkpoint, devices, model_inputs, pipeline, preflight
 from tula import config as config_mod
 from tula import faults as tula_faults
 from tula.io import write_json
@@ -194,7 +194,8 @@ class Launch:
             else None
         )
         # the job first, then the executor that submits it (self.cfg has the device decision)
-        job_fn = ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band)
+        lr = model_inputs.lr_at(self.cfg, batch)  # a user's script's {lr} at this B
+        job_fn = ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band, lr)
         executor = submission.make_executor(
             self.cfg,
             self.kind,

@@ -27,6 +27,7 @@ from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
 from tula.pipeline import snapshot
 from tula.slurm import shapes
+from tula.stages import script_check
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -110,8 +111,8 @@ def run(
     prof = preflight.read_profile(profile) if profile else {}
     cfg, decision = _as_the_jobs_read_it(cfg, prof, cluster, resolved)
     _cluster_side(cfg, prof, profile, cluster)
-    if config_only:
-        return None
+    if config_only or cfg.workload.script:  # a script is run here, not built: its own check
+        return _script_workload(cfg, decision, out) if not config_only else None
     from tula.runtime.nets import check_workload  # torch: only when the workload itself is checked
 
     w = check_workload(cfg)
@@ -135,6 +136,31 @@ def run(
             "memory_budget": cfg.hardware.describe_memory(),
         }
         write_json(out, {**w, "device": device, "warnings": [upsampling] if upsampling else []})
+    return w
+
+
+def _script_workload(cfg: config_mod.Config, decision: devices.Decision, out) -> dict:
+    """The user's own script, run here for a few steps (:mod:`tula.stages.script_check`):
+    results/workload.json says what it did; no estimate from the model alone (Tula never
+    builds the script's model)."""
+    rec = script_check.run(cfg)
+    print(script_check.describe(rec, str(cfg.workload.script)))
+    for line in rec["warnings"]:
+        print(line)
+    w = {
+        "workload": "script",
+        "script": cfg.workload.script,
+        "args": list(cfg.workload.args),
+        "model": "(the script's own)",
+        "dataset": "(the script's own)",
+        "train_samples": rec.get("train_samples"),
+        "num_classes": None,
+        "check": rec,
+        "estimate": None,
+    }
+    if out:
+        device = {"device": decision.device, "backend": decision.backend, "why": decision.why}
+        write_json(out, {**w, "device": device, "warnings": rec["warnings"]})
     return w
 
 

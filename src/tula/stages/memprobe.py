@@ -21,7 +21,8 @@ from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import memory, plan
 from tula.model.memory import probe_batches
-from tula.workers import processes
+from tula.workers import processes, script_launch
+from tula.workers.script_run import ScriptRun
 
 SCHEMA = "tula.memory_probe/1"
 
@@ -30,6 +31,8 @@ def _measure(
     cfg: config_mod.Config, cfg_path, batches: list[int], work: Path
 ) -> tuple[dict, float]:
     """The worker's result (a record of its failure if it wrote none) and its wall time."""
+    if cfg.workload.script:
+        return _measure_script(cfg, batches, work)
     print(f"[memprobe] one worker, local batches {batches}, model={cfg.workload.model}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -54,6 +57,50 @@ def _measure(
     )
     shutil.rmtree(work, ignore_errors=True)
     return res, launch.wall_s
+
+
+def _measure_script(cfg: config_mod.Config, batches: list[int], work: Path) -> tuple[dict, float]:
+    """The user's script as the memory probe (:class:`tula.script.roles.Memory`): one launch
+    per local batch, smallest first, each measuring one step's peak, until one runs out of
+    memory; then the largest grid batch the fitted model says fits, as the worker does."""
+    print(f"[memprobe] {cfg.workload.script}: one worker per local batch, {batches}", flush=True)
+    out: dict = {"rank": 0, "status": "ok", "points": []}
+    wall, todo = 0.0, list(batches)
+    while todo:
+        b = todo.pop(0)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        spec = ScriptRun("memory", 1, b, model_inputs.lr_at(cfg, b), cfg.workload.epochs, str(work))
+        launch = script_launch.start(cfg, spec, cfg.probe.timeout_s)
+        wall += launch.wall_s
+        path = processes.result_path(work, 0)
+        if not path.exists():
+            why = " (timeout)" if launch.timed_out else ""
+            out.update(
+                status="error",
+                error=f"the script exited (code {launch.returncode}) "
+                f"without a result at local batch {b}{why}; see the log above",
+            )
+            break
+        res = read_json(path)
+        point = {**res["points"][0], "verifies_b_max": b not in batches}
+        out["points"].append(point)
+        out["env"] = res.get("env")
+        peak = point.get("peak_mem_bytes")
+        said = f"peak {peak / 2**20:.1f} MiB" if point["status"] == "ok" else point["status"]
+        print(f"[memprobe] b={b}: {said}", flush=True)
+        if point["status"] != "ok" and b in batches:
+            break
+        if not todo and b in batches:
+            nxt = memory.next_probe_batch(
+                model_inputs.grid_spec(cfg),
+                model_inputs.probe_steps(cfg).memory_batches,
+                cfg.hardware.memory_budget_bytes,
+                out["points"],
+            )
+            todo = [nxt] if nxt is not None else []
+    shutil.rmtree(work, ignore_errors=True)
+    return out, wall
 
 
 def _unless_ruled_out(batches: list[int], est: dict | None, budget) -> tuple[list, list]:

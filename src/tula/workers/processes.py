@@ -68,6 +68,7 @@ def run_torchrun(
     timeout_s: float,
     cwd: str | None = None,
     deadline: Callable[[], float] | None = None,
+    env: dict[str, str] | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` in ``nproc`` local processes under torchrun.
 
@@ -86,7 +87,9 @@ def run_torchrun(
         "-m",
         *module_args,
     ]
-    return _run(cmd, worker_environment(threads_per_worker), timeout_s, cwd, deadline)
+    return _run(
+        cmd, {**worker_environment(threads_per_worker), **(env or {})}, timeout_s, cwd, deadline
+    )
 
 
 def run_srun(
@@ -96,6 +99,7 @@ def run_srun(
     threads_per_worker: int,
     timeout_s: float,
     deadline: Callable[[], float] | None = None,
+    env: dict[str, str] | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` as ``nproc`` tasks of a job step: ``srun -n N``.
 
@@ -112,7 +116,8 @@ def run_srun(
         "-m",
         *module_args,
     ]
-    return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
+    env = {**worker_environment(threads_per_worker), **(env or {})}
+    return _run(cmd, env, timeout_s, deadline=deadline)
 
 
 def run_one(
@@ -121,6 +126,7 @@ def run_one(
     threads_per_worker: int,
     timeout_s: float,
     deadline: Callable[[], float] | None = None,
+    env: dict[str, str] | None = None,
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` as the one worker of a world of one, with no agent: the
     worker finds no launcher's variables and joins a group of itself on a free port
@@ -133,7 +139,8 @@ def run_one(
     submitit and srun) rather than an agent hosting it may step differently at small batches
     (``bench/store_host.py``; BENCHMARKS.md "Start-up and overheads")."""
     cmd = [sys.executable, "-m", *module_args]
-    return _run(cmd, worker_environment(threads_per_worker), timeout_s, deadline=deadline)
+    env = {**worker_environment(threads_per_worker), **(env or {})}
+    return _run(cmd, env, timeout_s, deadline=deadline)
 
 
 def start(
@@ -144,34 +151,20 @@ def start(
     timeout_s: float,
     deadline: Callable[[], float] | None = None,
     one_alone: bool = False,
+    env: dict[str, str] | None = None,
 ) -> LaunchResult:
     """Start the workers and wait for them: ``srun`` inside a SLURM allocation with enough
     tasks, else torchrun, or with ``one_alone`` a single worker by itself (:func:`run_one`:
     the memory probe, which times nothing). ``deadline``: when the launch must end (epoch
     seconds), asked again every POLL_S while it runs (a probe job's current point's own
-    limit), within ``timeout_s``."""
+    limit), within ``timeout_s``. ``env``: added to the workers' environment (a script
+    workload's ask of its workers)."""
+    how = {"threads_per_worker": threads_per_worker, "timeout_s": timeout_s, "deadline": deadline}
     if rendezvous.in_allocation(nproc):
-        return run_srun(
-            nproc,
-            module_args,
-            threads_per_worker=threads_per_worker,
-            timeout_s=timeout_s,
-            deadline=deadline,
-        )
+        return run_srun(nproc, module_args, env=env, **how)
     if nproc == 1 and one_alone:
-        return run_one(
-            module_args,
-            threads_per_worker=threads_per_worker,
-            timeout_s=timeout_s,
-            deadline=deadline,
-        )
-    return run_torchrun(
-        nproc,
-        module_args,
-        threads_per_worker=threads_per_worker,
-        timeout_s=timeout_s,
-        deadline=deadline,
-    )
+        return run_one(module_args, env=env, **how)
+    return run_torchrun(nproc, module_args, env=env, **how)
 
 
 def _run(

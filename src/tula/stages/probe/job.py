@@ -12,12 +12,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tula import config as config_mod
+from tula import model_inputs
 from tula.io import read_json
 from tula.model.grid import Point
 from tula.model.probe_measured import Measurement
 from tula.model.probe_record import Failure, Probed, ProbeRecord, RankResult
 from tula.slurm import shapes
-from tula.workers import phases, processes
+from tula.workers import phases, processes, script_launch
+from tula.workers.script_run import ProbeAsk, ScriptRun
 
 
 def combine(
@@ -42,8 +44,9 @@ def combine(
         global_batch=point.global_batch,
         local_batch=point.local_batch,
         nodes=shapes.job_shape(cfg, point.workers).nodes,
-        model=cfg.workload.model,
-        dataset=cfg.workload.dataset,
+        # a user's script brings its own model and data
+        model=cfg.workload.script or cfg.workload.model,
+        dataset="(the script's own)" if cfg.workload.script else cfg.workload.dataset,
         warmup_steps=cfg.probe.warmup_steps,
         timed_steps=cfg.probe.timed_steps,
     )
@@ -115,6 +118,8 @@ def _sweep_note(point: Point, record: ProbeRecord, launch: dict[str, ProbeRecord
     (``launch``: this launch's records by point name); none where the job probes every other
     local batch of the grid itself."""
     swept_at = record.sweep_in
+    if swept_at is None and not record.sweep:
+        return "no compute sweep (the compute at other local batches: their own probes)"
     at = record if swept_at == point.name else launch.get(swept_at or "")
     if at is not None and swept_at and not at.sweep:
         return "no compute sweep: the job probes every local batch of the grid it would sweep"
@@ -160,24 +165,15 @@ def _launch(
     for point in points:
         print(
             f"[probe {point.name}] N={n} B={point.global_batch} (b={point.local_batch} per "
-            f"worker), model={cfg.workload.model}, dataset={cfg.workload.dataset}",
+            f"worker), "
+            + (
+                f"script {cfg.workload.script}"
+                if cfg.workload.script
+                else f"model={cfg.workload.model}, dataset={cfg.workload.dataset}"
+            ),
             flush=True,
         )
-    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--workers", str(n)]
-    worker_args += ["--global-batch", ",".join(str(p.global_batch) for p in points)]
-    worker_args += ["--result-dir", str(work)]
-    if memory_probe:
-        worker_args += ["--memory-probe", str(memory_probe)]
-    if attempt > 1:
-        worker_args += ["--attempt", str(attempt)]
-    limit = cfg.probe.timeout_s
-    launch = processes.start(
-        n,
-        worker_args,
-        threads_per_worker=cfg.hardware.threads_per_worker,
-        timeout_s=limit * len(points),
-        deadline=_point_deadline(work, points, limit, time.time()),
-    )
+    launch = _start(cfg, cfg_path, points, work, memory_probe, attempt)
     dirs = {p: phases.point_dir(work, p.name) for p in points}
     begun = [p for p in points if phases.marked(dirs[p], n)] or points
     ended_badly = launch.timed_out or launch.returncode != 0
@@ -197,6 +193,48 @@ def _launch(
     for point, record in records.items():
         _say(point, record, by_name)
     return records
+
+
+def _start(
+    cfg: config_mod.Config,
+    cfg_path: str | Path,
+    points: list[Point],
+    work: Path,
+    memory_probe: str | Path | None,
+    attempt: int,
+) -> processes.LaunchResult:
+    """The N workers over ``points``, waited for: Tula's own probe worker over every point,
+    or the user's script (workload.script) at its one point."""
+    n, limit = points[0].workers, cfg.probe.timeout_s
+    deadline = _point_deadline(work, points, limit, time.time())
+    if cfg.workload.script:
+        (point,) = points
+        ask = ProbeAsk(
+            point.name,
+            str(work),
+            cfg.probe.warmup_steps,
+            cfg.probe.precision,
+            cfg.probe.timed_steps,
+            cfg.probe.time_budget_s,
+            cfg.probe.block_steps,
+        )
+        b = point.global_batch
+        spec = ScriptRun("probe", n, b, model_inputs.lr_at(cfg, b), cfg.workload.epochs, probe=ask)
+        return script_launch.start(cfg, spec, limit, deadline)
+    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--workers", str(n)]
+    worker_args += ["--global-batch", ",".join(str(p.global_batch) for p in points)]
+    worker_args += ["--result-dir", str(work)]
+    if memory_probe:
+        worker_args += ["--memory-probe", str(memory_probe)]
+    if attempt > 1:
+        worker_args += ["--attempt", str(attempt)]
+    return processes.start(
+        n,
+        worker_args,
+        threads_per_worker=cfg.hardware.threads_per_worker,
+        timeout_s=limit * len(points),
+        deadline=deadline,
+    )
 
 
 def _rank_results(directory: Path, n: int) -> list[dict]:
@@ -269,8 +307,11 @@ def probe_points(
     retried: dict[Point, ProbeRecord] = {}
     todo = list(points)
     while todo:
+        # Tula's own worker probes the job's points in one process; a user's script probes
+        # the one batch it was started with
+        batch = todo[:1] if cfg.workload.script else todo
         for point, record in _launch(
-            cfg, cfg_path, todo, work, memory_probe, attempt[todo[0]]
+            cfg, cfg_path, batch, work, memory_probe, attempt[todo[0]]
         ).items():
             if lost_a_worker(record) and attempt[point] == 1:
                 print(f"[probe {point.name}] a worker was lost: launching it once more", flush=True)

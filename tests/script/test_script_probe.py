@@ -1,0 +1,64 @@
+"""The memory probe and the timing probes of a user's own script (examples/ddp_train/train.py):
+real processes (torchrun, 2 gloo workers), the script's loop running the steps, the same
+probe record as Tula's own loop writes."""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from tula.model.probe_record import ProbeRecord
+from tula.stages import memprobe, probe
+
+EXAMPLE = ROOT / "examples" / "ddp_train" / "train.py"
+ARGS = "--batch-size {local_batch} --lr {lr} --epochs {epochs} --samples 2000".split()
+
+
+@pytest.fixture
+def script_config(tmp_path):
+    raw = {
+        "workload": {"script": str(EXAMPLE), "args": ARGS, "epochs": 2},
+        "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 128},
+        "search": "full",
+        "probe": {"warmup_steps": 2, "timed_steps": 6, "precision": 0.25, "time_budget_s": 2},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.probe
+def test_the_scripts_probes_time_both_arms_and_write_tulas_probe_record(script_config, tmp_path):
+    job = tmp_path / "probes" / "N2" / "job.json"
+    job.parent.mkdir(parents=True)
+    records = probe.run_at(script_config, 2, job, None)
+    assert sorted(records) == [64, 128]
+    assert json.loads(job.read_text())["status"] == {"64": "ok", "128": "ok"}
+    for b, raw in records.items():
+        rec = ProbeRecord.from_json(raw)
+        m, o = rec.measured, rec.result.overheads
+        assert rec.ok and rec.probed.model == str(EXAMPLE) and rec.probed.local_batch == b // 2
+        assert m.step_time_s > 0 and m.compute_time_s > 0 and m.sync_time_s >= 0
+        assert m.timing.step.timed_steps >= 6 and m.timing.compute.timed_steps >= 6
+        assert m.timing.precision_target == 0.25 and m.timing.timing_stopped_by
+        # 1,600 training samples over 2 workers: DistributedSampler's batches, the loader's length
+        assert m.train_samples == 1600 and m.steps_per_epoch == -(-800 // (b // 2))
+        assert m.peak_mem_bytes > 0 and m.memory["param_bytes"] > 0
+        assert len(m.epoch_start_step_times_s) >= 3  # epochs ended early to reach them
+        assert o.startup_time_s > 0 and o.eval_first_time_s > 0 and o.checkpoint_time_s > 0
+        assert m.env["workload"] == "script" and m.env["world_size"] == 2
+    # the check's phases were said, and each rank wrote its own result: nothing was lost
+    assert not any(ProbeRecord.from_json(r).lost_ranks for r in records.values())
+
+
+@pytest.mark.probe
+def test_the_scripts_memory_probe_measures_one_step_per_local_batch(script_config, tmp_path):
+    rec = memprobe.run(script_config, tmp_path / "memory_probe.json")
+    points = rec["points"]
+    # the grid's smallest local batch and x4 (x16 is past the grid's largest, b = 128)
+    assert [p["local_batch"] for p in points] == [32, 128]
+    assert all(p["status"] == "ok" and p["peak_mem_bytes"] > 0 for p in points)
+    assert points[1]["peak_mem_bytes"] > points[0]["peak_mem_bytes"]
+    assert rec["memory_model"]["fit"]["slope"] > 0  # bytes per sample
+    assert rec["env"]["script"] == "train.py"
