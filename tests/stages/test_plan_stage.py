@@ -79,3 +79,74 @@ def test_slurm_accepts_the_batch_script(slurm_cluster, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "to start at" in r.stderr + r.stdout, r.stderr
+
+
+def _script_inputs(tmp_path, n=2, b=256, comm_env=None, parts=None):
+    """A script workload's plan inputs: the example script, its arguments."""
+    from conftest import ROOT
+
+    paths = _inputs(tmp_path, cluster={"workers_per_node": 1}, n=n, b=b)
+    cfg = yaml.safe_load(paths[0].read_text())
+    cfg["workload"] = {
+        "script": str(ROOT / "examples" / "ddp_train" / "train.py"),
+        "args": ["--batch-size", "{local_batch}", "--lr", "{lr}", "--epochs", "{epochs}"],
+        "epochs": 3,
+    }
+    cfg["grid"] = {"workers": [1, 2], "batch_min": 64, "batch_max": 512}
+    cfg["hardware"] = {"comm_env": comm_env or {}, "threads_per_worker": 1}
+    paths[0].write_text(yaml.safe_dump(cfg))
+    check = {"parts": parts if parts is not None else {"model": "DistributedDataParallel"}}
+    paths[3].write_text(json.dumps({"train_samples": 16000, "check": check}))
+    return paths
+
+
+def test_a_scripts_batch_script_runs_that_script_at_the_point_as_the_probes_ran(tmp_path):
+    """No placeholder: the script with its arguments at (N, B), one task per worker, in the
+    environment the plan ran in, with hardware.comm_env and the threads per worker, --exclusive
+    as the probes had it, a limit from the prediction, and SLURM's signal and requeue for the
+    script's checkpoints; plan.json says what carries over."""
+    import sys
+
+    from tula.workers.script_run import ENV, ScriptRun
+
+    out = tmp_path / "plan"
+    p = plan.run(*_script_inputs(tmp_path, comm_env={"NCCL_SOCKET_IFNAME": "ib0"}), out)
+    script = (out / "train.sbatch").read_text()
+    assert "YOUR_" not in script
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --exclusive",
+        "#SBATCH --time=13",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --requeue",
+        f"source {sys.prefix}/bin/activate",
+        "export NCCL_SOCKET_IFNAME=ib0",
+        "export OMP_NUM_THREADS=1",
+        "examples/ddp_train/train.py --batch-size 128 --lr 0.1 --epochs 3",
+    ):
+        assert line in script, line
+    assert "srun --kill-on-bad-exit=1 python -m tula.workers.script_run" in script
+    exported = next(ln for ln in script.splitlines() if ln.startswith(f"export {ENV}="))
+    spec = ScriptRun.from_env({ENV: exported.split("=", 1)[1].strip("'")})
+    assert spec.role == "production" and spec.train.requeue == "scontrol"
+    assert spec.train.out_dir == str((out / "run").resolve()) and spec.global_batch == 256
+    g = p["guarantees"]
+    assert g["prediction"].startswith("carries over") and g["ags"].startswith("does not carry")
+    assert "model" in g["checkpoint_and_requeue"] and p["workload"] == "script"
+
+
+def test_a_script_that_keeps_no_parts_is_told_a_requeue_starts_it_over(tmp_path):
+    p = plan.run(*_script_inputs(tmp_path, parts={}), tmp_path / "plan")
+    assert "starts over" in p["guarantees"]["checkpoint_and_requeue"]
+
+
+@pytest.mark.slurm
+def test_slurm_accepts_a_scripts_batch_script(slurm_cluster, tmp_path):
+    out = tmp_path / "plan"
+    plan.run(*_script_inputs(tmp_path, n=1, b=128), out)
+    r = subprocess.run(
+        ["sbatch", "--test-only", str(out / "train.sbatch")], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr

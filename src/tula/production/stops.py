@@ -82,7 +82,8 @@ def stop(
     )  # this rank's own signal, else the one the peers agreed on
     requeue = (stops.requeue_handler() or requeue_otherwise) if code == 2 else None
     if ledger.rank == 0:
-        what = "checkpointed; submitit requeues the job" if requeue else "checkpointed; exiting"
+        who = "submitit" if requeue is not None and requeue is not requeue_otherwise else "SLURM"
+        what = f"checkpointed; {who} requeues the job" if requeue else "checkpointed; exiting"
         why = stops.reason or f"SIG{sig} (preemption, time limit or cancel)"
         said = stops.reason or f"SIG{sig} received"
         print(f"[{ledger.label}] {said}: stopped after step {step}, {what}", flush=True)
