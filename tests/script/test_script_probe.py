@@ -62,3 +62,27 @@ def test_the_scripts_memory_probe_measures_one_step_per_local_batch(script_confi
     assert points[1]["peak_mem_bytes"] > points[0]["peak_mem_bytes"]
     assert rec["memory_model"]["fit"]["slope"] > 0  # bytes per sample
     assert rec["env"]["script"] == "train.py"
+
+
+@pytest.mark.probe
+def test_a_lightning_scripts_probe_times_lightnings_own_steps(tmp_path):
+    """examples/lightning_train: the callback marks Lightning's training batches; the probe's
+    compute-only step runs under the DDP model Lightning built; Lightning's epochs are not ended
+    early, and what follows one (its validation) is what the record calls evaluation."""
+    raw = {
+        "workload": {"script": str(ROOT / "examples" / "lightning_train" / "train.py")},
+        "grid": {"workers": [2], "batch_min": 128, "batch_max": 128},
+        "search": "full",
+        "probe": {"warmup_steps": 2, "timed_steps": 6, "precision": 0.25, "time_budget_s": 2},
+    }
+    raw["workload"]["args"] = ARGS
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    job = tmp_path / "probes" / "N2" / "job.json"
+    job.parent.mkdir(parents=True)
+    (record,) = probe.run_at(tmp_path / "config.yaml", 2, job, None).values()
+    rec = ProbeRecord.from_json(record)
+    m = rec.measured
+    assert rec.ok and m.compute_time_s > 0 and m.timing.compute.timed_steps >= 6
+    assert m.train_samples == 1600 and m.steps_per_epoch == 13
+    assert rec.result.overheads.eval_first_time_s > 0  # Lightning's validation, timed once
+    assert len(m.epoch_start_step_times_s) >= 1

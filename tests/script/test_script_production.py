@@ -157,3 +157,26 @@ def test_out_of_memory_in_the_scripts_step_relaunches_smaller_from_the_checkpoin
     assert att[1]["start_step"] == 5  # the last checkpoint (every 5 steps) before step 8
     # 5 steps of 64 samples stand for 10 of 32: the relaunch goes on with the next unseen ones
     assert final["global_batch"] == 32 and final["steps"] == 5 + (512 // 32 - 10) + 512 // 32
+
+
+LIGHTNING = ROOT / "examples" / "lightning_train" / "train.py"
+
+
+@pytest.mark.training
+def test_a_lightning_script_is_trained_checkpointed_requeued_and_resumed(
+    tmp_path, monkeypatch, venv_path
+):
+    """examples/lightning_train: Tula's callback in Lightning's own fit loop (DDP, 2 gloo
+    processes). A USR2 mid-epoch: the callback's step checkpoints (Lightning's own state
+    inside Tula's checkpoint), submitit requeues, and fit resumes from it (ckpt_path)."""
+    d = _run_dir(tmp_path, LIGHTNING)
+    monkeypatch.setenv(faults.ENV, f"signal:step={STEPS1 + 7},sig=USR2")
+    final = _launch(d)
+    (att,) = _attempts(d)["attempts"]
+    assert att["outcome"] == "completed"
+    assert [s["outcome"] for s in att["segments"]] == ["requeued", "completed"]
+    assert att["segments"][1]["start_step"] == STEPS1 + 7
+    assert final["parts_kept"] == {"lightning": "LightningState"}
+    m = pd.read_csv(d / "train" / "metrics.csv")
+    assert list(m["epoch"]) == [1, 2] and m["test_acc"].notna().all()  # Lightning's val_acc
+    assert final["steps"] >= 2 * STEPS1 and final["mean_step_time_s"] > 0

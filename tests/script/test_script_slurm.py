@@ -77,9 +77,11 @@ def test_the_batch_script_checkpoints_on_usr2_is_requeued_by_slurm_and_ends(
     p = _plan(tmp_path, workers_per_node=2, epochs=8)
     run_dir = tmp_path / "plan" / "run"
     job = _submit(tmp_path / "plan" / "train.sbatch")
-    deadline = time.time() + 180
+    deadline = time.time() + 300
     while not list((run_dir / "checkpoints").glob("step-*.json")) and time.time() < deadline:
         time.sleep(0.2)  # the first checkpoint (every 5 steps): training is under way
+    why = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
+    assert list((run_dir / "checkpoints").glob("step-*.json")), f"job {job}: {why.stdout}"
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     state = _wait(job)
     log = "\n".join(f.read_text() for f in run_dir.glob("slurm-*.out"))

@@ -29,10 +29,15 @@ class Parts:
 
     def __init__(self) -> None:
         self.by_name: dict[str, Any] = {}
+        self.watched: dict[str, Any] = {}  # measured, not saved (run.watch)
 
-    def add(self, parts: dict[str, Any]) -> None:
-        """Keep ``parts``; each must have ``state_dict`` and ``load_state_dict``."""
+    def add(self, parts: dict[str, Any], saved: bool = True) -> None:
+        """Keep ``parts``; each must have ``state_dict`` and ``load_state_dict``. ``saved``
+        False: only watched (its state is in a saved part already)."""
         for name, part in parts.items():
+            if not saved:
+                self.watched[name] = part
+                continue
             obj = inner(part)
             missing = [m for m in ("state_dict", "load_state_dict") if not hasattr(obj, m)]
             if missing:
@@ -47,7 +52,7 @@ class Parts:
 
     def of_type(self, kind: type) -> Any:
         """The first part (as handed) that is, or wraps, a ``kind``."""
-        for part in self.by_name.values():
+        for part in (*self.watched.values(), *self.by_name.values()):
             if isinstance(part, kind) or isinstance(inner(part), kind):
                 return part
         return None
@@ -55,7 +60,7 @@ class Parts:
     @property
     def ddp(self) -> DDP | None:
         """The DDP model handed, if any."""
-        for part in self.by_name.values():
+        for part in (*self.watched.values(), *self.by_name.values()):
             while hasattr(part, "_orig_mod") and not isinstance(part, DDP):
                 part = part._orig_mod
             if isinstance(part, DDP):

@@ -14,10 +14,6 @@ it; then the process ends (the script's epochs are not trained)."""
 from __future__ import annotations
 
 import contextlib
-import platform
-import resource
-import shutil
-import statistics
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,19 +24,16 @@ import torch.distributed as torch_dist
 
 from tula import faults
 from tula.io import write_json
-from tula.model.grid import paid_mix, steps_per_epoch
-from tula.model.probe_measured import Overheads
+from tula.model.grid import paid_mix
 from tula.model.probe_record import Failure, RankResult
 from tula.progress import Progress
-from tula.runtime import dist
-from tula.runtime.agreement import agree, ensure_host_group, max_over_ranks
+from tula.runtime.agreement import agree, agree_host, ensure_host_group, max_over_ranks
 from tula.runtime.clocks import clock_for
-from tula.runtime.measure import PROFILER_TRIES, cpu_peak_counter, process_started
-from tula.runtime.probe_measurement import Stepped, measurement
+from tula.runtime.measure import PROFILER_TRIES, cpu_peak_counter
 from tula.runtime.probe_timing import EXTRA_STEPS
 from tula.runtime.timing import LEAD_IN, Rounds, StepTimer, Target, Timing, progress_shown
-from tula.script import snapshot
-from tula.script.base import Loop, Plain, Stepping, param_bytes
+from tula.script import probe_result
+from tula.script.base import Loop, Plain, Stepping
 from tula.workers.phases import mark, point_dir
 from tula.workers.processes import result_path
 
@@ -112,6 +105,8 @@ class Probe(Plain):
         ask = self.now
         assert ask is not None
         self.fresh = False
+        # the production job's agreement before each step (its stop: a signal, a move)
+        agree_host(False, 0)
         try:
             with contextlib.ExitStack() as stack:
                 if not ask.synced:
@@ -243,18 +238,27 @@ class Probe(Plain):
         yield from self.epoch_starts_timed(timing)
 
     def epoch_starts_timed(self, timing: Timing) -> Schedule:
-        """Epoch starts timed alone until EXTRA_STEPS of them (an epoch ended early each time:
-        its next step is the next epoch's first), the slowest rank's."""
+        """Epoch starts timed alone until EXTRA_STEPS of them, the slowest rank's: each an
+        epoch ended early (run.batches can: its next step is the next epoch's first); in a
+        loop that cannot end them early (Lightning's), the steps to an epoch's end, each timed
+        alone, so that what the script does between epochs (its validation) is timed once."""
         walk = self.walk
         met = timing.arms["step"].other
         starts, more = list(met.get("start", [])), []
-        tries = 2 * EXTRA_STEPS  # a loop that starts no epoch where run.batches ends one
-        while len(starts) + len(more) < EXTRA_STEPS and (walk.length or 0) > 1 and tries:
-            tries -= 1
-            walk.cut_epoch()
-            ran = yield Ask(True, "alone")
-            if ran.kind == "start":
-                more.append(ran.seconds or 0.0)
+        if walk.cuttable:
+            tries = 2 * EXTRA_STEPS  # a loop that starts no epoch where run.batches ends one
+            while len(starts) + len(more) < EXTRA_STEPS and (walk.length or 0) > 1 and tries:
+                tries -= 1
+                walk.cut_epoch()
+                ran = yield Ask(True, "alone")
+                if ran.kind == "start":
+                    more.append(ran.seconds or 0.0)
+        else:
+            ends = len(self.gaps)
+            while len(self.gaps) == ends or not more:  # an epoch's end, and the next one's start
+                ran = yield Ask(True, "alone")
+                if ran.kind == "start":
+                    more.append(ran.seconds or 0.0)
         self.result["extras"] = {
             "start": starts + (max_over_ranks(more) if more else []),
             "refresh": [],
@@ -281,6 +285,18 @@ class Probe(Plain):
         with cpu_peak_counter(self.parts.module, self.parts.optimizer) as peak:
             yield peak
 
+    def finish(self) -> None:
+        """The script ended before the probe had measured: the record says so."""
+        steps = self.walk.steps_done
+        self.failed(
+            Failure(
+                "error",
+                f"the script ended after {steps} step(s), before the probe had measured what "
+                "it needs: let its loop run as long as Tula asks (run.epochs(), or "
+                "max_epochs=run.num_epochs)",
+            )
+        )
+
     # -- the record ---------------------------------------------------------------------
     def failed(self, failure: Failure) -> None:
         write_json(
@@ -290,93 +306,13 @@ class Probe(Plain):
 
     def done(self) -> None:
         """Every step measured: the record made, written by every rank, and the process ends."""
-        run, res = self.run, self.result
         self.phase("overheads")
-        ckpt_s = self.checkpoint_time()
-        gaps = self.gaps or [0.0]
-        own = [
-            self.first_step_at - process_started(),
-            gaps[0],
-            statistics.fmean(gaps[1:]) if len(gaps) > 1 else gaps[0],
-            ckpt_s,
-        ]
-        startup, eval_first, eval_later, ckpt = max_over_ranks(own)
-        self.phase("gathering")
-        mine = {
-            "host": dist.hostname(),
-            "first_steps": self.first_s,
-            "first_short_step": 0.0,
-            "peak": res["peak_bytes"],
-            "peaks": {"plain": res["peak_bytes"]},
-            "input": None,
-            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        }
-        gathered: list[Any] = [None] * run.world
-        torch_dist.all_gather_object(gathered, mine)
-        result = RankResult(run.rank)
-        if run.rank == 0:
-            terms = param_bytes(run)
-            m = measurement(
-                self.stepped_facts(),
-                gathered,
-                res["timing"],
-                {**res["extras"], "lead_in": {"plain": res["lead_in"]}},
-                grad_bytes_per_step=terms["grad_bytes"],
-                memory={**terms, "act_bytes": None, "batch_bytes": None},
-                env=self.env([g["host"] for g in gathered]),
-                fresh_process=True,
-            )
-            # the script's time between epochs (its evaluation, its logging) is what Tula
-            # counts as evaluation: the first such stretch and a later one
-            result = result.measured_as(m).with_overheads(
-                Overheads(startup, eval_first, eval_later, ckpt)
-            )
-            result = result.timed(time.time() - process_started())
-        write_json(result_path(self.dir, run.rank), result.to_json())
-        self.phase("leaving")
-        dist.shutdown(ok=True)
-        raise SystemExit(0)
-
-    def stepped_facts(self) -> Stepped:
-        walk, run = self.walk, self.run
-        spe = walk.length or (
-            int(steps_per_epoch(walk.train_samples, run.global_batch, run.world))
-            if walk.train_samples
-            else 1
-        )
-        return Stepped(
-            steps_per_epoch=spe,
-            refreshes_per_step=0.0,
-            train_samples=walk.train_samples,
-            steps_run=walk.steps_done,
-        )
-
-    def checkpoint_time(self) -> float:
-        """Seconds to write one checkpoint of the kept parts as the job writes them
-        (:func:`tula.script.snapshot.write`), beside the result, then removed."""
-        t0 = time.perf_counter()
-        where = self.dir / "checkpoint"
         batches = (self.run.global_batch, self.run.world)
-        try:
-            snapshot.write(where, self.parts, self.walk, batches, 1, {"probe": True})
-        finally:
-            if self.run.rank == 0:
-                shutil.rmtree(where, ignore_errors=True)
-        return time.perf_counter() - t0
-
-    def env(self, hosts: list[str]) -> dict[str, Any]:
-        return {
-            "device": self.device.type,
-            "device_name": torch.cuda.get_device_name(self.device)
-            if self.device.type == "cuda"
-            else platform.processor() or platform.machine(),
-            "backend": torch_dist.get_backend(),
-            "comm_env": dist.comm_env(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "world_size": self.run.world,
-            "launcher": dist.worker_env().launcher,
-            "hostnames": hosts,
-            "threads_per_worker": torch.get_num_threads(),
-            "workload": "script",
-        }
+        ckpt_s = probe_result.checkpoint_time(self.dir, self.parts, self.walk, batches)
+        overheads = probe_result.overheads(self.first_step_at, self.gaps, ckpt_s)
+        self.phase("gathering")
+        result = probe_result.rank_result(self.run, self.result, self.first_s, overheads)
+        write_json(result_path(self.dir, self.run.rank), result.to_json())
+        self.phase("leaving")
+        torch_dist.barrier()  # every rank's result is written; the script's group is its own
+        raise SystemExit(0)

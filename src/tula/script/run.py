@@ -19,6 +19,8 @@ from tula.workers import script_run
 from tula.workers.script_run import ScriptRun
 
 _CURRENT: list[Run] = []
+# a probe's or a check's epochs: the run ends itself once it has what it needs
+PROBE_EPOCHS = 10**6
 
 
 def attach(
@@ -59,7 +61,7 @@ class Run:
         self.local_batch = spec.local_batch if spec else int(local_batch)
         self.global_batch = self.local_batch * self.world
         self.lr = spec.lr if spec and spec.lr is not None else lr
-        self.num_epochs = spec.epochs if spec and spec.epochs else epochs
+        self.epochs_asked = spec.epochs if spec and spec.epochs else epochs
         self.parts = Parts()
         self.walk = Walk(self.local_batch)
         self.finished, self.outcome = False, None
@@ -76,6 +78,12 @@ class Run:
         return self.role in ("check", "memory", "probe")
 
     @property
+    def num_epochs(self) -> int | None:
+        """The epochs to train (Tula's, else the script's); a probe's run takes as many as it
+        needs and ends the process itself: for a loop of its own (Lightning's max_epochs)."""
+        return PROBE_EPOCHS if self.probing else self.epochs_asked
+
+    @property
     def probe_steps(self) -> int | None:
         ask = self.spec.probe if self.spec else None
         return ask.min_steps if ask else None
@@ -87,6 +95,13 @@ class Run:
         they are put back from the newest checkpoint here when it resumes. Returns the run."""
         self.parts.add(parts)
         self.driver.kept()
+        return self
+
+    def watch(self, **parts: Any) -> Run:
+        """Parts Tula measures (the model's parameters and device, the optimizer's state, the
+        DDP model a compute-only step runs under) but does not save: what ``keep`` saves
+        holds them already (Lightning's own checkpoint, :mod:`tula.script.lightning`)."""
+        self.parts.add(parts, saved=False)
         return self
 
     def step(self, fn: Callable | None = None) -> Any:
@@ -121,9 +136,9 @@ class Run:
         finishes (:meth:`finish`)."""
         if self.spec is not None and self.spec.epochs or count is None:
             count = self.num_epochs
-        if count is None and not self.probing:
+        if count is None:
             raise ValueError("tula.script: run.epochs() needs a count (or attach(epochs=...))")
-        yield from self.walk.epochs(None if self.probing else count)
+        yield from self.walk.epochs(count)
         self.finish()
 
     def batches(self, loader: Iterable) -> Iterator[Any]:
@@ -131,6 +146,25 @@ class Run:
         stepped are skipped), each step's kind known to Tula (an epoch's first, a short last
         batch) and the loader's start timed with the step it feeds."""
         yield from self.walk.batches(loader, self.driver.epoch_starts, self.driver.epoch_ends)
+
+    # -- a loop Tula does not iterate (Lightning's fit loop: tula.script.lightning) -------
+    def loop_epoch_starts(self, length: int | None, train_samples: int | None) -> None:
+        """The loop's epoch is about to start (``length`` batches of a set of
+        ``train_samples``); a resumed loop places itself (Lightning's own checkpoint)."""
+        self.walk.begin_epoch(length, train_samples, cuttable=False)
+        self.walk.follow_loop()
+        self.driver.epoch_starts()
+
+    def loop_batch(self, batch: Any) -> None:
+        """The loop is about to step on ``batch`` (its kind: an epoch's first, a short one)."""
+        self.walk.at_batch(batch)
+
+    def loop_epoch_ends(self) -> None:
+        """The loop's epoch has no batch left: what follows until the next epoch's start (its
+        validation) is what the script does between epochs."""
+        self.walk.end_loop_epoch()
+        self.driver.epoch_ends()
+        self.walk.close_epoch()
 
     def epoch_end(
         self,

@@ -43,6 +43,7 @@ class Walk:
         self.resume_rng: dict[str, Any] | None = None  # the random state where it stopped
         self.cut = False  # a probe asks that this epoch end now (its next step: a start)
         self.closed = False  # run.batches closed the epoch the script is finishing
+        self.cuttable = True  # can it end an epoch early (run.batches can; Lightning's loop not)
         self.train_samples: int | None = None  # len(loader.dataset), where known
         self.seen_lengths: set[int] = set()  # lengths of batches not an epoch's last (the check's)
 
@@ -68,12 +69,37 @@ class Walk:
         runs; ``on_start()`` as the epoch's loader is about to start, ``on_end()`` once its
         batches are used up (or a probe cut it)."""
         dataset = getattr(loader, "dataset", None)
-        if dataset is not None and hasattr(dataset, "__len__"):
-            self.train_samples = len(dataset)
         try:
-            self.length = len(loader)  # type: ignore[arg-type]
+            length = len(loader)  # type: ignore[arg-type]
         except TypeError:
-            self.length = None
+            length = None
+        skip = self.begin_epoch(length, len(dataset) if hasattr(dataset, "__len__") else None)
+        on_start()
+        it = iter(loader)
+        for _ in range(skip):  # what the interrupted run stepped: read again, not stepped
+            next(it, None)
+        if skip:
+            self.skipped()
+        for batch in it:
+            self.at_batch(batch)
+            yield batch
+            if self.cut:
+                break
+        self.end_loop_epoch()
+        on_end()
+        self.close_epoch()
+
+    # -- an epoch the walk is told of (a loop of its own: Lightning's, run.batches') ------
+    def begin_epoch(
+        self, length: int | None, train_samples: int | None, cuttable: bool = True
+    ) -> int:
+        """An epoch's loader is about to start (``length`` batches, of a set of
+        ``train_samples``); returns how many of its batches a resumed epoch skips, the random
+        state set as the interrupted run's was when its loader started. ``cuttable``: can the
+        loop end the epoch early when a probe asks (:meth:`cut_epoch`)."""
+        self.length, self.cuttable = length, cuttable
+        if train_samples is not None:
+            self.train_samples = train_samples
         skip = 0
         if self.resume_at is not None and self.resume_at[0] == self.epoch:
             skip = self.resume_at[1]
@@ -83,28 +109,32 @@ class Walk:
             self.epoch_rng = checkpoint.rng_state()
             self.batches_done = 0
         self.in_epoch, self.cut, self.closed = True, False, False
-        on_start()
-        it = iter(loader)
-        for _ in range(skip):  # what the interrupted run stepped: read again, not stepped
-            next(it, None)
-        if skip:
-            if self.resume_rng is not None:
-                checkpoint.set_rng_state(self.resume_rng)
-            self.resume_at = self.resume_rng = None
-        for batch in it:
-            n = batch_length(batch)
-            first = self.batches_done == 0
-            short = n is not None and n < self.local_batch
-            self.next_kind = "start" if first else "partial" if short else "plain"
-            last = self.length is not None and self.batches_done == self.length - 1
-            if n is not None and not last:  # the epoch's last batch may be short by right
-                self.seen_lengths.add(n)
-            yield batch
-            if self.cut:
-                break
+        return skip
+
+    def follow_loop(self) -> None:
+        """A loop that resumes itself (Lightning's, from its own checkpoint): this epoch's place
+        is its own, no batch is skipped here."""
+        self.resume_at = self.resume_rng = None
+
+    def end_loop_epoch(self) -> None:
+        """The epoch's batches are used up (its last step ran)."""
         self.in_epoch = False
-        on_end()
-        self.close_epoch()
+
+    def skipped(self) -> None:
+        """The resumed epoch's stepped batches are read: the random state where it stopped."""
+        if self.resume_rng is not None:
+            checkpoint.set_rng_state(self.resume_rng)
+        self.resume_at = self.resume_rng = None
+
+    def at_batch(self, batch: Any) -> None:
+        """The next step takes ``batch``: its kind (an epoch's first, a short one, plain)."""
+        n = batch_length(batch)
+        first = self.batches_done == 0
+        short = n is not None and n < self.local_batch
+        self.next_kind = "start" if first else "partial" if short else "plain"
+        last = self.length is not None and self.batches_done == self.length - 1
+        if n is not None and not last:  # the epoch's last batch may be short by right
+            self.seen_lengths.add(n)
 
     def cut_epoch(self) -> None:
         """End this epoch after the step under way (a probe wants the next one's start)."""
