@@ -9,7 +9,12 @@ the point Tula chose and trained, for three workloads, each run through the whol
   (d) the shipped default with `objective: time_to_accuracy` (it trains at a smaller B than
       the knee, one the partial search did not probe);
   (e) a new user's image folder (Pillow PNGs, 24 x 24 px, 10 classes) with the default model,
-      2 DataLoader workers per training worker, N = 2, 3 epochs.
+      2 DataLoader workers per training worker, N = 2, 3 epochs;
+  (f) the shipped default's workload as the user's own script (examples/ddp_train/train.py,
+      workload.script): its own DataLoader, model and SGD, probed and trained through
+      tula.script;
+  (g) the same as the user's own Lightning script (examples/lightning_train/train.py, with
+      tula.script.lightning.TulaCallback in its Trainer).
 
 The wall time is compared part by part as well (final.json's wall_check: steps, start-up,
 one evaluation pass per epoch and each checkpoint write, as the probes measured them).
@@ -70,12 +75,18 @@ def workloads(scratch: Path) -> dict[str, dict]:
     folder24["grid"]["workers"] = [2]
     tta = json.loads(json.dumps(base))
     tta["objective"] = "time_to_accuracy"
+    scripts = {}
+    for name, folder_name in (("f_script", "ddp_train"), ("g_lightning", "lightning_train")):
+        own = yaml.safe_load((ROOT / "examples" / folder_name / "config.yaml").read_text())
+        own["workload"]["script"] = str(ROOT / "examples" / folder_name / "train.py")
+        scripts[name] = {**json.loads(json.dumps(base)), "workload": own["workload"]}
     return {
         "a_default": base,
         "b_imagefolder_resnet18": folder,
         "c_mnist1d_resnet_tiny_bf16": bf16,
         "d_default_tta": tta,
         "e_imagefolder_24px": folder24,
+        **scripts,
     }
 
 

@@ -6,6 +6,7 @@ slowest rank's; every rank's :class:`tula.model.probe_record.RankResult`."""
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import shutil
@@ -28,6 +29,7 @@ from tula.script import snapshot
 from tula.script.base import Loop, param_bytes
 from tula.script.parts import Parts
 from tula.script.walk import Walk
+from tula.workers.script_run import LAUNCHER
 
 
 def checkpoint_time(where: Path, parts: Parts, walk: Walk, batches: tuple[int, int]) -> float:
@@ -109,7 +111,7 @@ def env(run: Loop, hosts: list[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "world_size": run.world,
-        "launcher": dist.worker_env().launcher,
+        "launcher": os.environ.get(LAUNCHER) or dist.worker_env().launcher,
         "hostnames": hosts,
         "threads_per_worker": torch.get_num_threads(),
         "workload": "script",

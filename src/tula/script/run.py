@@ -10,7 +10,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterable, Iterator
 
-from tula.runtime.dist import worker_env
+from tula.runtime.dist import steady_host_memory, worker_env
 from tula.script.base import Stepping
 from tula.script.parts import Parts
 from tula.script.roles import driver_for
@@ -51,6 +51,8 @@ class Run:
         self, spec: ScriptRun | None, local_batch: int, epochs: int | None, lr: float | None
     ):
         wenv = worker_env()
+        if spec is not None:  # a worker of Tula's: glibc's malloc as every worker sets it
+            steady_host_memory()
         self.rank, self.world = wenv.rank, wenv.world_size
         if spec is not None and spec.workers != self.world:
             raise RuntimeError(

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from tula.slurm import rendezvous
 
 ENV = "TULA_SCRIPT_RUN"
+LAUNCHER = "TULA_LAUNCHER"  # srun, where torchrun's variables were made from SLURM's
 ROLES = ("check", "memory", "probe", "production")
 
 
@@ -131,6 +132,7 @@ def torchrun_env(environ: dict | None = None) -> dict[str, str]:
         "LOCAL_WORLD_SIZE": per_node if per_node.isdigit() else env["SLURM_NTASKS"],
         "MASTER_ADDR": env.get("MASTER_ADDR") or rendezvous.master_addr(env["SLURM_JOB_NODELIST"]),
         "MASTER_PORT": env.get("MASTER_PORT") or str(rendezvous.master_port(env["SLURM_JOB_ID"])),
+        LAUNCHER: "srun",  # who started it, for the records (the variables are torchrun's)
     }
 
 
