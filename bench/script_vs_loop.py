@@ -47,8 +47,8 @@ def configs(scratch: Path) -> dict[str, Path]:
 
 def probe(cfg: Path, batch: int, out: Path) -> float:
     """One probe at N = 2, B = ``batch``: its step (s)."""
-    tula("probe", "--config", str(cfg), "--workers", "2", "--global-batch", str(batch),
-         "--out", str(out))  # fmt: skip
+    args = ["--config", str(cfg), "--workers", "2", "--global-batch", str(batch), "--out", str(out)]
+    tula("probe", *args)
     rec = json.loads(out.read_text())
     if rec.get("status") != "ok":
         raise SystemExit(f"probe {cfg.stem} at B={batch}: {rec.get('status')} {rec.get('error')}")
@@ -76,8 +76,10 @@ def main() -> None:
                     f"{1e3 * script:7.2f} ms, script / loop {script / loop:.3f}",
                     flush=True,
                 )
-        print("\n| B | loop step (median) | script step (median) | script / loop, per pair "
-              "(median, range) | loop's own spread | script's own spread |")  # fmt: skip
+        print(
+            "\n| B | loop step (median) | script step (median) | script / loop, per pair "
+            "(median, range) | loop's own spread | script's own spread |"
+        )
         print("|---|---:|---:|---|---:|---:|")
         for b in batches:
             lo, sc = got[b]["loop"], got[b]["script"]

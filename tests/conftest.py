@@ -180,7 +180,7 @@ SLOW_FIXTURES = {"venv_path", "slurm_cluster", "lab_cluster"}
 # The shared runs (each made once per session, or once per module where only it reads it): a
 # test that reads one says so in its marker, as a test that runs its own does explicitly.
 DAG_FIXTURES = {"finished_run", "recipe_run", "dag_on_slurm", "lab_run"}
-TRAINING_FIXTURES = {"reference", "unmonitored", "folder_reference"}
+TRAINING_FIXTURES = {"reference", "unmonitored", "folder_reference", "script_reference"}
 RUN_MARKERS = ("dag", "training", "probe", "slurm", "netlab")
 
 

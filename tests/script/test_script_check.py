@@ -126,7 +126,7 @@ def test_a_script_without_parts_to_keep_is_run_with_a_warning(tmp_path):
 
 
 def test_the_scripts_own_line_is_found_in_a_traceback():
-    from tula.stages.script_check import own_line
+    from tula.stages.check.script import own_line
 
     text = textwrap.dedent(
         """\

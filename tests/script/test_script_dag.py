@@ -23,7 +23,7 @@ def script_run(tmp_path_factory):
     shutil.copytree(ROOT / "examples" / "ddp_train", wd / "train")
     raw = {
         "workload": {"script": "train/train.py", "args": ARGS, "epochs": 2},
-        "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 128},
+        "grid": {"workers": [2], "batch_min": 64, "batch_max": 128},
         "search": "partial",
         "probe": {"warmup_steps": 2, "timed_steps": 6, "precision": 0.25, "time_budget_s": 1},
     }
@@ -41,13 +41,17 @@ def test_every_stage_ran_the_users_script(script_run):
     wd, _, out = script_run
     w = json.loads((wd / "results" / "workload.json").read_text())
     assert w["workload"] == "script" and w["check"]["steps"] == 2 and w["train_samples"] == 1600
+    # the memory probe: one launch of the script per local batch, each one step's peak
     mem = json.loads((wd / "results" / "memory_probe.json").read_text())
-    assert mem["env"]["script"] == "train.py" and mem["points"][0]["status"] == "ok"
+    points = mem["points"]
+    assert mem["env"]["script"] == "train.py" and [p["local_batch"] for p in points] == [32, 64]
+    assert all(p["status"] == "ok" for p in points) and mem["memory_model"]["fit"]["slope"] > 0
+    assert points[1]["peak_mem_bytes"] > points[0]["peak_mem_bytes"]
     m = pd.read_csv(wd / "results" / "measurements.csv")
     probes = m[m["source"] == "probe"]
-    assert len(probes) == 4 and (probes["status"] == "ok").all()  # the partial search's corners
+    assert len(probes) == 2 and (probes["status"] == "ok").all()  # N = 2 at B = 64 and 128
     records = [json.loads(f.read_text()) for f in (wd / "results" / "probes").glob("N*/B*.json")]
-    assert len(records) == 4 and {r["model"] for r in records} == {"train/train.py"}
+    assert len(records) == 2 and {r["model"] for r in records} == {"train/train.py"}
     final = json.loads((wd / "results" / "train" / "final.json").read_text())
     assert final["workload"] == "script" and final["script"].endswith("train/train.py")
     assert final["predicted_step_time_s"] > 0 and final["step_time_ratio"] > 0

@@ -9,7 +9,7 @@ import yaml
 
 from conftest import ROOT
 from tula.model.probe_record import ProbeRecord
-from tula.stages import memprobe, probe
+from tula.stages import probe
 
 EXAMPLE = ROOT / "examples" / "ddp_train" / "train.py"
 ARGS = "--batch-size {local_batch} --lr {lr} --epochs {epochs} --samples 2000".split()
@@ -50,18 +50,6 @@ def test_the_scripts_probes_time_both_arms_and_write_tulas_probe_record(script_c
         assert m.env["workload"] == "script" and m.env["world_size"] == 2
     # the check's phases were said, and each rank wrote its own result: nothing was lost
     assert not any(ProbeRecord.from_json(r).lost_ranks for r in records.values())
-
-
-@pytest.mark.probe
-def test_the_scripts_memory_probe_measures_one_step_per_local_batch(script_config, tmp_path):
-    rec = memprobe.run(script_config, tmp_path / "memory_probe.json")
-    points = rec["points"]
-    # the grid's smallest local batch and x4 (x16 is past the grid's largest, b = 128)
-    assert [p["local_batch"] for p in points] == [32, 128]
-    assert all(p["status"] == "ok" and p["peak_mem_bytes"] > 0 for p in points)
-    assert points[1]["peak_mem_bytes"] > points[0]["peak_mem_bytes"]
-    assert rec["memory_model"]["fit"]["slope"] > 0  # bytes per sample
-    assert rec["env"]["script"] == "train.py"
 
 
 @pytest.mark.probe

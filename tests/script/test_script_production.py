@@ -1,7 +1,8 @@
 """The production job running a user's own script (examples/ddp_train/train.py) through `tula
 launch` (submitit's local executor, 2 gloo processes): its records, a requeue signal mid-epoch
-resumed bitwise, a stop resumed by launching again, and an out-of-memory error relaunched at
-the next smaller batch from the last checkpoint."""
+resumed bitwise, and an out-of-memory error relaunched at the next smaller batch from the last
+checkpoint (a stop's checkpoint and a launch again are Tula's own stops.stop and launcher,
+tests/production/test_launcher.py's)."""
 
 import json
 import math
@@ -40,7 +41,7 @@ def _attempts(d, out="train"):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def script_reference(tmp_path_factory):
     """An uninterrupted run of the example, made once for the tests that compare with it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", venv_env()["PATH"])
@@ -50,8 +51,8 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.training
-def test_the_scripts_production_job_keeps_tulas_records(reference):
-    out, final = reference
+def test_the_scripts_production_job_keeps_tulas_records(script_reference):
+    out, final = script_reference
     assert final["workload"] == "script" and final["script"] == str(EXAMPLE)
     assert final["steps"] == 2 * STEPS1 and final["train_samples"] == TRAIN
     assert final["workers"] == 2 and final["global_batch"] == 64 and final["mean_step_time_s"] > 0
@@ -70,8 +71,10 @@ def test_the_scripts_production_job_keeps_tulas_records(reference):
 
 
 @pytest.mark.training
-def test_a_requeue_signal_mid_epoch_resumes_bitwise(reference, tmp_path, monkeypatch, venv_path):
-    ref_dir, _ = reference
+def test_a_requeue_signal_mid_epoch_resumes_bitwise(
+    script_reference, tmp_path, monkeypatch, venv_path
+):
+    ref_dir, _ = script_reference
     d = _run_dir(tmp_path)
     monkeypatch.setenv(faults.ENV, f"signal:step={STEPS1 + 7},sig=USR2")  # epoch 2's 8th step
     _launch(d)
@@ -85,22 +88,6 @@ def test_a_requeue_signal_mid_epoch_resumes_bitwise(reference, tmp_path, monkeyp
     cols = ["epoch", "step", "test_loss", "test_acc"]
     m, r = pd.read_csv(d / "train" / "metrics.csv"), pd.read_csv(ref_dir / "metrics.csv")
     assert m[cols].equals(r[cols])
-
-
-@pytest.mark.training
-def test_a_stop_resumes_bitwise_when_launched_again(reference, tmp_path, monkeypatch, venv_path):
-    ref_dir, ref_final = reference
-    d = _run_dir(tmp_path)
-    monkeypatch.setenv(faults.ENV, "signal:step=12,sig=TERM")
-    with pytest.raises(RuntimeError, match="was stopped"):
-        _launch(d)
-    assert not (d / "train" / "final.json").exists()
-    monkeypatch.delenv(faults.ENV)
-    final = _launch(d)  # the same command again: from the stop's checkpoint
-    att = _attempts(d)["attempts"]
-    assert [a["outcome"] for a in att] == ["stopped", "completed"] and att[1]["start_step"] == 12
-    assert final["steps"] == ref_final["steps"]
-    assert bitwise_equal(load_params(d / "train" / "model.pt"), load_params(ref_dir / "model.pt"))
 
 
 OOM_SCRIPT = """\

@@ -109,35 +109,3 @@ def test_the_batch_script_runs_across_the_labs_two_nodes(lab_cluster, tmp_path, 
     final = json.loads((run_dir / "final.json").read_text())
     assert sorted(final["hostnames"]) == ["tula-n0", "tula-n1"] and final["backend"] == "gloo"
     assert final["steps"] == 2 * (TRAIN // 128 + 1)
-
-
-def test_a_scripts_probe_starts_one_task_per_worker_through_srun(slurm_cluster, tmp_path):
-    """Inside an allocation of N tasks, the probe of a script starts each worker as a task of
-    one srun step (python -m tula.workers.script_run), which gives the script torchrun's
-    variables from SLURM's: the two join one group and time both arms."""
-    import sys
-
-    raw = {
-        "workload": {"script": str(EXAMPLE), "args": ARGS, "epochs": 2},
-        "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 128},
-        "probe": {"warmup_steps": 2, "timed_steps": 6, "precision": 0.25, "time_budget_s": 1},
-    }
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    rec_file, tula = tmp_path / "N2_B128.json", f"{sys.prefix}/bin/tula"
-    cmd = f"{tula} probe --config {cfg} --workers 2 --global-batch 128 --out {rec_file}"
-    r = subprocess.run(
-        ["sbatch", "--parsable", "-n", "2", "-o", str(tmp_path / "probe.out"), "--wrap", cmd],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip().split(";")[0]
-    assert _wait(job) == "COMPLETED", (tmp_path / "probe.out").read_text()[-3000:]
-    rec = json.loads(rec_file.read_text())
-    assert rec["status"] == "ok" and rec["env"]["world_size"] == 2, rec.get("error")
-    assert rec["env"]["launcher"] == "srun" and rec["compute_timed_steps"] >= 6
-    steps = subprocess.run(
-        ["sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,State"], capture_output=True, text=True
-    ).stdout
-    assert f"{job}.0|2|COMPLETED" in steps, steps  # one srun step of two tasks

@@ -27,7 +27,7 @@ from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
 from tula.pipeline import snapshot
 from tula.slurm import shapes
-from tula.stages import script_check
+from tula.stages.check import script as script_check
 
 
 def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, cluster: bool) -> None:
@@ -140,7 +140,7 @@ def run(
 
 
 def _script_workload(cfg: config_mod.Config, decision: devices.Decision, out) -> dict:
-    """The user's own script, run here for a few steps (:mod:`tula.stages.script_check`):
+    """The user's own script, run here for a few steps (:mod:`tula.stages.check.script`):
     results/workload.json says what it did; no estimate from the model alone (Tula never
     builds the script's model)."""
     rec = script_check.run(cfg)
