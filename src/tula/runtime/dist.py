@@ -13,9 +13,11 @@ Backend: NCCL on CUDA devices (ring all-reduce when NCCL_ALGO=Ring), gloo on CPU
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import functools
+import gc
 import os
 import platform
 import socket
@@ -129,6 +131,7 @@ def init(
     """Join the process group described by the environment; return (env, device, backend).
     With ``cluster.netlab``, first move into this rank's node of the network lab."""
     steady_host_memory()
+    release_at_exit()
     wenv = worker_env()
     if cluster is not None and cluster.netlab:
         join_lab_node(cluster.netlab, wenv.rank, cluster.workers_per_node)
@@ -204,6 +207,22 @@ def comm_env() -> dict[str, str]:
     """The communication library's variables this worker runs with (from hardware.comm_env or
     inherited from the job's environment): recorded with every measurement."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(COMM_PREFIXES)}
+
+
+@functools.cache  # registered once per process
+def release_at_exit() -> None:
+    """At the interpreter's exit, while it still runs: what still holds a process group (a
+    DDP model's reducer, in a cycle the worker's return left) is collected, so gloo's group is
+    destroyed then, not in the finalization after it, where a rank that had trained to the end
+    aborted ("terminate called without an active exception": the job FAILED in sacct after its
+    final.json was written). Torch's own atexit proposal, pytorch/pytorch#179291, is the same
+    idea."""
+    atexit.register(_collect_groups)
+
+
+def _collect_groups() -> None:
+    agreement.HOST_GROUP[0] = None
+    gc.collect()
 
 
 def shutdown(ok: bool = True) -> None:

@@ -6,11 +6,12 @@ a timing probe or the production job."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 from typing import Any, Callable, Iterable, Iterator
 
-from tula.runtime.dist import steady_host_memory, worker_env
+from tula.runtime.dist import release_at_exit, steady_host_memory, worker_env
 from tula.script.base import Stepping
 from tula.script.parts import Parts
 from tula.script.roles import driver_for
@@ -53,6 +54,10 @@ class Run:
         wenv = worker_env()
         if spec is not None:  # a worker of Tula's: glibc's malloc as every worker sets it
             steady_host_memory()
+            # at exit, the run's parts (the DDP model) let go, then collected with the groups
+            # they hold while the interpreter still runs (tula.runtime.dist.release_at_exit)
+            release_at_exit()
+            atexit.register(_CURRENT.clear)
         self.rank, self.world = wenv.rank, wenv.world_size
         if spec is not None and spec.workers != self.world:
             raise RuntimeError(
