@@ -242,6 +242,8 @@ RECIPE = {
     "schedule": "cosine",
     "warmup_epochs": 1,
     "label_smoothing": 0.1,
+    "grad_clip_norm": 1.0,
+    "no_weight_decay": ["norm", "bias"],
 }
 
 

@@ -397,7 +397,7 @@ MUTATORS = {
 }  # fmt: skip
 # (module, the call) -> why it is not another Tula object's state changed from outside
 FOREIGN_CALLS = {
-    ("config.py", "jsonschema.validators.extend"): "jsonschema's factory: makes a new class",
+    ("config_rules.py", "jsonschema.validators.extend"): "jsonschema's factory: makes a new class",
     ("production/job.py", "os.environ.update"): "the process's own environment",
     ("production/job.py", "os.environ.setdefault"): "the process's own environment",
     ("runtime/dist.py", "os.environ.update"): "the process's own environment",

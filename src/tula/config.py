@@ -16,7 +16,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from tula import config_rules, partitions
@@ -169,6 +168,8 @@ class TrainSettings:
     loss: str = "cross_entropy"
     metric: str = "accuracy"
     metric_goal: str = "max"
+    grad_clip_norm: float | None = None
+    no_weight_decay: tuple[str, ...] | str = ()
 
     def recipe(self) -> dict[str, Any]:
         """The way of training as the results record it (final.json, workload.json)."""
@@ -181,6 +182,8 @@ class TrainSettings:
             "label_smoothing": self.label_smoothing,
             "metric": self.metric,
             "metric_goal": self.metric_goal,
+            "grad_clip_norm": self.grad_clip_norm,
+            "no_weight_decay": self.no_weight_decay,
         }
 
     @property
@@ -258,35 +261,6 @@ def schema() -> dict[str, Any]:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
-def _validator_with_defaults():
-    """Draft 2020-12 validator that fills ``default`` values while validating."""
-    base = jsonschema.Draft202012Validator
-    validate_properties = base.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, sub_schema):
-        if isinstance(instance, dict):
-            for name, prop in properties.items():
-                if "default" in prop:
-                    instance.setdefault(name, copy.deepcopy(prop["default"]))
-        yield from validate_properties(validator, properties, instance, sub_schema)
-
-    return jsonschema.validators.extend(base, {"properties": set_defaults})
-
-
-def _key(error: jsonschema.ValidationError) -> str:
-    path = ".".join(str(p) for p in error.absolute_path)
-    return path or "<top level>"
-
-
-def _message(error: jsonschema.ValidationError) -> str:
-    """The validator's message, or for a value that fails a pattern, what the value must be in
-    words (the schema's ``x-pattern-says``) in place of the regular expression."""
-    says = error.schema.get("x-pattern-says") if isinstance(error.schema, dict) else None
-    if error.validator == "pattern" and says:
-        return f"{error.instance!r} is not {says}"
-    return error.message
-
-
 def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
     """Validate ``raw`` against the schema; return a copy with every default filled."""
     if raw is None:
@@ -306,10 +280,10 @@ def validate(raw: dict[str, Any] | None, source: str = "config") -> dict[str, An
         raise ConfigError(f"{source}: invalid configuration\n  - {gpu_problem}")
     if isinstance(data.get("launch"), dict) and data["launch"].get("replan") is False:
         data["launch"]["replan"] = "off"  # YAML reads an unquoted `off` as false
-    validator = _validator_with_defaults()(schema())
+    validator = config_rules.defaults_validator()(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"  - config key '{_key(e)}': {_message(e)}" for e in errors]
+        lines = [f"  - {config_rules.schema_problem(e)}" for e in errors]
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
     problems = config_rules.problems(data) + partitions.problems(data, validate)
     if problems:
@@ -369,6 +343,11 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
             "lr": t["lr"] if t["lr"] is not None else lr,
             "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
             "lr_decay_epochs": tuple(t["lr_decay_epochs"]),
+            "no_weight_decay": (
+                tuple(t["no_weight_decay"])
+                if isinstance(t["no_weight_decay"], list)
+                else t["no_weight_decay"]
+            ),
             "compile": {True: "on", False: "off"}.get(t["compile"], t["compile"]),
         }
     )

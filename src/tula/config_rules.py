@@ -6,9 +6,12 @@ model's family). Each problem is a sentence naming its config key;
 
 from __future__ import annotations
 
+import copy
 import string
 from pathlib import Path
 from typing import Any
+
+import jsonschema
 
 from tula import gpus
 
@@ -145,6 +148,11 @@ def _train_problems(t: dict[str, Any]) -> list[str]:
         problems.append(
             f"config key 'train.method': lars is the layer-wise trust ratio around momentum SGD; "
             f"train.optimizer is {t['optimizer']!r} (use optimizer: sgd, or another method)"
+        )
+    if t["method"] == "lars" and t["no_weight_decay"]:
+        problems.append(
+            "config key 'train.no_weight_decay': lars applies the weight decay itself and "
+            "exempts 1-D parameters (biases, norms) with train.lars_exclude_1d; leave it empty"
         )
     if t["metric"] == "accuracy" and t["metric_goal"] != "max":
         problems.append("config key 'train.metric_goal': accuracy's goal is max")
@@ -296,3 +304,29 @@ def family_defaults(model: str) -> tuple[float, float]:
     if "mobilenet" in model:
         return 0.01, 1e-4
     return 0.01, 5e-4
+
+
+def defaults_validator():
+    """Draft 2020-12 validator that fills ``default`` values while validating."""
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, sub_schema):
+        if isinstance(instance, dict):
+            for name, prop in properties.items():
+                if "default" in prop:
+                    instance.setdefault(name, copy.deepcopy(prop["default"]))
+        yield from validate_properties(validator, properties, instance, sub_schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
+
+
+def schema_problem(error: jsonschema.ValidationError) -> str:
+    """The schema's error as a sentence naming its config key: the validator's message, or for
+    a value that fails a pattern (or every one of its forms), what the value must be in words
+    (the schema's ``x-pattern-says``) in place of the regular expression."""
+    key = ".".join(str(p) for p in error.absolute_path) or "<top level>"
+    says = error.schema.get("x-pattern-says") if isinstance(error.schema, dict) else None
+    if error.validator in ("pattern", "oneOf") and says:
+        return f"config key '{key}': {error.instance!r} is not {says}"
+    return f"config key '{key}': {error.message}"

@@ -179,3 +179,67 @@ def test_ags_with_adamw_scales_the_update_by_its_factors():
         assert ags.counters["scaled"] == 1
     assert moved[True].tolist() == pytest.approx([2.0] * len(moved[True]), rel=1e-4)
     assert float(moved[False].median()) == pytest.approx(1.0, abs=0.1)
+
+
+def make_named_optimizer(named_params, lr):
+    """A user's optimizer that groups by name itself: decay only on weights of 2+ dims."""
+    decay = [p for n, p in named_params if p.ndim > 1]
+    rest = [p for n, p in named_params if p.ndim <= 1]
+    opt = torch.optim.SGD([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=lr)
+    opt.names_seen = [n for n, _ in named_params]
+    return opt
+
+
+def exempt_the_head(named_params):
+    return [n for n, _ in named_params if n.startswith("head.")] + ["no.such"]
+
+
+def _net() -> torch.nn.Module:
+    """Conv, batch norm, linear head: the parameter kinds no_weight_decay sorts."""
+    net = torch.nn.Sequential()
+    net.add_module("conv", torch.nn.Conv1d(1, 4, 3))
+    net.add_module("bn", torch.nn.BatchNorm1d(4))
+    net.add_module("ln", torch.nn.LayerNorm(4))
+    net.add_module("head", torch.nn.Linear(4, 2))
+    return net
+
+
+def test_norms_and_biases_are_exempt_from_weight_decay_and_the_rest_decays():
+    """One SGD step on zero gradients at LR 1 and weight decay 0.1: every decayed weight is
+    multiplied by 0.9 (to float32's rounding, torch's assert_close), every exempt one is
+    exactly unchanged."""
+    net = _net()
+    t = _train(optimizer="sgd", momentum=0.0, no_weight_decay=["norm", "bias"])
+    exempt = {"conv.bias", "bn.weight", "bn.bias", "ln.weight", "ln.bias", "head.bias"}
+    assert recipe.exempt_from_decay(t, net) == exempt
+    opt = recipe.build_optimizer(t, net, 1.0, 0.1)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in net.named_parameters():
+        if n in recipe.exempt_from_decay(t, net):
+            assert torch.equal(p.detach(), before[n]), n
+        else:
+            torch.testing.assert_close(p.detach(), before[n] * 0.9, msg=n)
+            assert not torch.equal(p.detach(), before[n]), n
+    only_bias = _train(no_weight_decay=["bias"])
+    assert recipe.exempt_from_decay(only_bias, net) == {n for n in exempt if n.endswith("bias")}
+    flat = recipe.param_groups(_train(), net)  # none exempt: one flat list, in the model's order
+    assert [id(p) for p in flat] == [id(p) for p in net.parameters()]
+
+
+def test_a_callable_names_the_exempt_and_an_optimizer_may_take_names():
+    net = _net()
+    t = _train(no_weight_decay="test_recipe:exempt_the_head")
+    with pytest.raises(
+        ConfigError,
+        match=r"'train.no_weight_decay': test_recipe:exempt_the_head returned .*'no.such'",
+    ):
+        recipe.build_optimizer(t, net, 0.1, 0.1)
+    own = _train(optimizer="test_recipe:make_named_optimizer")
+    opt = recipe.build_optimizer(own, net, 0.1, 0.0)
+    assert opt.names_seen == [n for n, _ in net.named_parameters()]
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 6]
+    with pytest.raises(ConfigError, match="'train.no_weight_decay': lars applies"):
+        _train(method="lars", no_weight_decay=["bias"])

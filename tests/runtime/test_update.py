@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tula import config, model_inputs
-from tula.runtime import recipe
+from tula.runtime import methods, recipe
 from tula.runtime.update import Update
 
 # the schedules are stepped here with no training step between
@@ -67,3 +67,42 @@ def test_steps_undone_leave_no_trace():
     u.put_back(saved)
     assert (u.lr, u.sched.steps, u.noise_pairs) == (lr, steps, [])
     assert torch.equal(_momentum(u), momentum)
+
+
+def _clipped(method: str, fp16: bool) -> tuple[Update, torch.nn.Parameter]:
+    """One parameter of 10s under loss sum(w^2): the gradient 20 per element, its norm
+    20·sqrt(3) ≈ 34.6, far above train.grad_clip_norm = 1; plain SGD at LR 1 (no momentum,
+    no decay), so the step moves the weights by the clipped gradient itself."""
+    plain = {"lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "lr_decay_epochs": []}
+    train = {"method": method, "grad_clip_norm": 1.0, "warmup_epochs": 0, **plain}
+    t = config.from_dict({"train": train}).train
+    w = torch.nn.Parameter(torch.full((3,), 10.0))
+    opt, _ = methods.build_method(method, t, [w], 128, 10)
+    cpu = torch.device("cpu")
+    u = Update(opt, model_inputs.lr_plan(t), 4, (128, 10), fp16, cpu, t.grad_clip_norm)
+    u.clear_gradients()
+    u.backward((w**2).sum())
+    return u, w
+
+
+@pytest.mark.parametrize("method", ["lbt", "ags"])
+def test_the_gradient_is_clipped_after_the_loss_scale_is_undone(method):
+    """fp16's GradScaler multiplies the loss by 65,536: clipped before the scale is undone,
+    the step would move the weights by 1/65,536 of the clip; after it, by the clip itself."""
+    u, w = _clipped(method, fp16=True)
+    assert u.loss_scale() > 1.0  # the scaler scales (on the CPU too)
+    before = w.detach().clone()
+    u.unscale()
+    u.apply()
+    assert torch.linalg.vector_norm(before - w.detach()).item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_ags_reads_the_unclipped_norm_and_its_factors_scale_the_clipped_gradient():
+    """AGS's variability Δ(G) is the paper's, of the step's own gradient: the norm it keeps
+    is the unclipped one (3 · 20² = 1,200); the gradient the optimizer then applies is the
+    clipped one (norm 1; the first step is sensitive, so no factor scales it)."""
+    u, w = _clipped("ags", fp16=False)
+    u.unscale()
+    u.apply()
+    assert u.opt.prev_sq_norm == pytest.approx(1200.0, rel=1e-6)
+    assert torch.linalg.vector_norm(w.grad).item() == pytest.approx(1.0, rel=1e-5)

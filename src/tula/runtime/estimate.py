@@ -129,7 +129,7 @@ def estimate_step(
             # fake parameters refuse the swap that .to(memory_format=...) makes)
             model = build_model(cfg.workload.model, tuple(input_shape), num_classes)
             params = [p for p in model.parameters() if p.requires_grad]
-            opt, _ = build_method(t.method, t, params, b_hi, 1)
+            opt, _ = build_method(t.method, t, model, b_hi, 1)
             tracker = MemTracker()
             tracker.track_external(model, opt)
             terms: dict[str, dict[str, float]] = {}

@@ -74,7 +74,11 @@ METHODS = ("lbt", "lrs", "lars", "polo", "static", "ags")
 
 
 def build_method(
-    method: str, t, params: list[torch.nn.Parameter], global_batch: int, steps_per_epoch: int
+    method: str,
+    t,
+    params: torch.nn.Module | list[torch.nn.Parameter],
+    global_batch: int,
+    steps_per_epoch: int,
 ):
     """Optimizer for ``train.method`` (t = the config's TrainSettings), and a function that
     prepares the DDP module for it (post-local SGD registers its comm hook)."""
@@ -96,33 +100,7 @@ def build_method(
             base, weight_decay=t.weight_decay, eta=t.lars_eta, exclude_1d=t.lars_exclude_1d
         ), no_hook
     if method == "polo":
-        # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that
-        # starts, so only polo's imports them
-        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
-            PostLocalSGDState,
-            post_localSGD_hook,
-        )
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-        from torch.distributed.optim import PostLocalSGDOptimizer
-
-        start = t.polo_sync_epochs * steps_per_epoch
-        period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
-
-        def hook(ddp) -> None:
-            # After `start`, no gradient all-reduce at all: each worker steps locally (one GPU
-            # per node in the paper) and parameters are averaged every `period` steps.
-            state = PostLocalSGDState(
-                process_group=None,
-                subgroup=None,
-                start_localSGD_iter=start,
-                post_local_gradient_allreduce=False,
-            )
-            ddp.register_comm_hook(state, post_localSGD_hook)
-            ddp.tula_polo_state = state  # a resumed run sets state.iter (set_post_local_iter)
-
-        return PostLocalSGDOptimizer(
-            base, PeriodicModelAverager(period=period, warmup_steps=start)
-        ), hook
+        return _post_local(base, t, steps_per_epoch)
     s_max = math.sqrt(global_batch / t.ags_small_batch)
     return TulaOptimizer(
         base,
@@ -132,7 +110,39 @@ def build_method(
         s_max=s_max,
         s_min=t.ags_s_min,
         scale_update=recipe.scales_update(base),
+        clip_norm=t.grad_clip_norm,
     ), no_hook
+
+
+def _post_local(base, t, steps_per_epoch: int):
+    """Post-local SGD (``train.method: polo``): the optimizer and the DDP hook it needs."""
+    # torch.distributed.optim pulls in FSDP and DTensor: 0.7 s more for every worker that
+    # starts, so only polo's imports them
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState,
+        post_localSGD_hook,
+    )
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    start = t.polo_sync_epochs * steps_per_epoch
+    period = max(steps_per_epoch // t.polo_averages_per_epoch, 1)
+
+    def hook(ddp) -> None:
+        # After `start`, no gradient all-reduce at all: each worker steps locally (one GPU
+        # per node in the paper) and parameters are averaged every `period` steps.
+        state = PostLocalSGDState(
+            process_group=None,
+            subgroup=None,
+            start_localSGD_iter=start,
+            post_local_gradient_allreduce=False,
+        )
+        ddp.register_comm_hook(state, post_localSGD_hook)
+        ddp.tula_polo_state = state  # a resumed run sets state.iter (set_post_local_iter)
+
+    return PostLocalSGDOptimizer(
+        base, PeriodicModelAverager(period=period, warmup_steps=start)
+    ), hook
 
 
 @dataclass(frozen=True)

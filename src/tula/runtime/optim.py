@@ -94,6 +94,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         s_min: float = 0.0,
         eps: float = 1e-8,
         scale_update: bool = False,
+        clip_norm: float | None = None,
     ):
         if mode not in MODES:
             raise ValueError(
@@ -107,6 +108,9 @@ class TulaOptimizer(torch.optim.Optimizer):
         # scale the update the wrapped optimizer computes, not its gradient (an adaptive one's
         # second-moment normalisation would cancel a slowly changing gradient factor)
         self.scale_update = scale_update
+        # train.grad_clip_norm: the (unscaled) gradient clipped after Delta(G) read its norm
+        # and before the factors scale it
+        self.clip_norm = clip_norm
         self.factors: dict[torch.nn.Parameter, torch.Tensor] = {}
         # Where the step reads the device nowhere: the previous ||G||^2 and Delta live on the
         # device (NaN: none yet), and so do the counts that depend on them (scaled, sensitive,
@@ -197,6 +201,8 @@ class TulaOptimizer(torch.optim.Optimizer):
             return loss
         sq = squared_global_norm(grads).float()
         finite = torch.isfinite(sq)
+        if self.clip_norm is not None:  # clip_grad_norm_'s coefficient, from the same norm
+            torch._foreach_mul_(grads, (self.clip_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0))
         if self._prev is None:
             self.prev_sq_norm = None
         if self._counts is None:

@@ -48,16 +48,79 @@ def _as_args(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
+# the layers whose parameters train.no_weight_decay's `norm` exempts (batch and instance norm
+# are _NormBase's)
+NORMS = (
+    torch.nn.modules.batchnorm._NormBase,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.LocalResponseNorm,
+    torch.nn.RMSNorm,
+)
+NAMED_ARGS = ("named_params", "named_parameters")  # a callable's first argument that takes names
+
+
+def exempt_from_decay(t: TrainSettings, model: torch.nn.Module) -> set[str]:
+    """The names of the parameters ``train.no_weight_decay`` exempts from weight decay."""
+    spec, named = t.no_weight_decay, dict(model.named_parameters())
+    if isinstance(spec, str):
+        names = set(import_callable(spec, "train.no_weight_decay")(list(named.items())))
+        unknown = sorted(names - set(named))
+        if unknown:
+            raise ConfigError(
+                f"config key 'train.no_weight_decay': {spec} returned names the model has no "
+                f"parameter of: {', '.join(map(repr, unknown[:5]))}"
+            )
+        return names
+    out = set()
+    if "norm" in spec:
+        for prefix, m in model.named_modules():
+            if isinstance(m, NORMS):
+                out |= {
+                    f"{prefix}.{n}" if prefix else n for n, _ in m.named_parameters(recurse=False)
+                }
+    if "bias" in spec:
+        out |= {n for n in named if n.rsplit(".", 1)[-1] == "bias"}
+    return out
+
+
+def param_groups(t: TrainSettings, model: torch.nn.Module) -> list:
+    """The optimizer's parameters: all of them (one group), or with ``train.no_weight_decay`` a
+    group of the rest and one of the exempt at weight_decay 0."""
+    named = list(model.named_parameters())
+    exempt = exempt_from_decay(t, model) if t.no_weight_decay else set()
+    if not exempt:
+        return [p for _, p in named]
+    decayed = [p for n, p in named if n not in exempt]
+    groups = [{"params": decayed}] if decayed else []
+    return groups + [{"params": [p for n, p in named if n in exempt], "weight_decay": 0.0}]
+
+
 def build_optimizer(
-    t: TrainSettings, params: list[torch.nn.Parameter], lr: float, weight_decay: float
+    t: TrainSettings,
+    params: torch.nn.Module | list[torch.nn.Parameter],
+    lr: float,
+    weight_decay: float,
 ) -> torch.optim.Optimizer:
-    """``train.optimizer`` over ``params`` at ``lr``: train.weight_decay and, where the class
-    takes it, train.momentum, then ``optimizer_args``. The default, SGD, is fused (one kernel
-    for the update, and it honours AGS's skip of a non-finite step on the device)."""
+    """``train.optimizer`` over ``params`` (a model: its :func:`param_groups`; or a list of
+    parameters) at ``lr``: train.weight_decay and, where the class takes it, train.momentum,
+    then ``optimizer_args``. The default, SGD, is fused (one kernel for the update, and it
+    honours AGS's skip of a non-finite step on the device). A callable whose first argument is
+    named ``named_params`` gets the model's (name, parameter) pairs."""
     args = _as_args(t.optimizer_args)
+    model = params if isinstance(params, torch.nn.Module) else None
+    if model is None and t.no_weight_decay:
+        raise ValueError("train.no_weight_decay needs the model, not a list of parameters")
+    params = param_groups(t, model) if model is not None else list(params)
     if ":" in t.optimizer:
         fn = import_callable(t.optimizer, "train.optimizer")
-        opt = fn(params, lr, **args)
+        first = next(iter(inspect.signature(fn).parameters), "")
+        if first in NAMED_ARGS:
+            if model is None:
+                raise ValueError(f"train.optimizer {t.optimizer} takes names: give the model")
+            opt = fn(list(model.named_parameters()), lr, **args)
+        else:
+            opt = fn(params, lr, **args)
         if not isinstance(opt, torch.optim.Optimizer):
             raise ConfigError(
                 f"config key 'train.optimizer': {t.optimizer} returned a "
@@ -210,7 +273,7 @@ def check(t: TrainSettings, model: torch.nn.Module, x: torch.Tensor, y: torch.Te
     the model's parameters (a name or an argument torch does not take is named), its schedule
     built and stepped through a short run, and the loss and the metric on the model's outputs
     for real samples. Returns what ``results/workload.json`` says of it."""
-    opt = build_optimizer(t, list(model.parameters()), t.lr, t.weight_decay)
+    opt = build_optimizer(t, model, t.lr, t.weight_decay)
     sched = Schedule(opt, model_inputs.lr_plan(t), t.base_batch, 4, 12)
     out = model(x)
     loss = build_loss(t)(out, y)

@@ -85,7 +85,7 @@ class Replica:
         self.net, self.compile = compiled(self.ddp) if t.compile == "on" else self.ddp, t.compile
         self.steps_per_epoch = steps_per_epoch(self.data.train_size, global_batch, self.world)
         opt, prepare_ddp = build_method(
-            t.method, t, list(self.ddp.parameters()), global_batch, self.steps_per_epoch
+            t.method, t, self.ddp.module, global_batch, self.steps_per_epoch
         )
         prepare_ddp(self.ddp)
         # what of train.method the step, the epoch's walk, the monitor and the checkpoint ask
@@ -99,6 +99,7 @@ class Replica:
             (global_batch, self.steps_per_epoch),
             t.precision == "fp16",
             device,
+            t.grad_clip_norm,
         )
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
         self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t)

@@ -37,8 +37,13 @@ class Update:
         batches: tuple[int, int],
         fp16: bool,
         device: torch.device,
+        clip: float | None = None,
     ):
         self.opt, self.lr_plan, self.epochs = opt, lr_plan, epochs
+        # train.grad_clip_norm: AGS's optimizer clips inside its step (after its Delta(G) read
+        # the unclipped norm, before its factors: tula.runtime.methods gives it the norm); any
+        # other is clipped here, before its step
+        self.clip = None if isinstance(opt, TulaOptimizer) else clip
         self.scaler = torch.amp.GradScaler(device.type, enabled=fp16)
         # this epoch's AGS refreshes: (|G_small|^2, |G_B|^2)
         self.noise_pairs: list[tuple[float, float]] = []
@@ -96,7 +101,11 @@ class Update:
 
     def apply(self) -> None:
         """The optimizer's step through the GradScaler (skipped when fp16 gradients
-        overflowed: no Δ sample, no AGS step), then the LR schedule's."""
+        overflowed: no Δ sample, no AGS step), then the LR schedule's; the gradient clipped
+        to ``train.grad_clip_norm`` first (by AGS's optimizer itself, see :meth:`__init__`)."""
+        if self.clip is not None:  # the gradient unscale()d already (the replica's step)
+            params = [p for g in self.opt.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.clip, foreach=True)
         self.scaler.step(self.opt)
         self.scaler.update()
         self.sched.step()
