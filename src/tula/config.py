@@ -167,6 +167,7 @@ class TrainSettings:
     label_smoothing: float = 0.0
     loss: str = "cross_entropy"
     metric: str = "accuracy"
+    metric_args: dict[str, Any] = field(default_factory=dict)
     metric_goal: str = "max"
     grad_clip_norm: float | None = None
     no_weight_decay: tuple[str, ...] | str = ()
@@ -181,6 +182,7 @@ class TrainSettings:
             "loss": self.loss,
             "label_smoothing": self.label_smoothing,
             "metric": self.metric,
+            "metric_args": dict(self.metric_args),
             "metric_goal": self.metric_goal,
             "grad_clip_norm": self.grad_clip_norm,
             "no_weight_decay": self.no_weight_decay,

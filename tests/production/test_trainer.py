@@ -24,6 +24,8 @@ from tula.io import write_json
 from tula.model.grid import steps_per_epoch
 from tula.production import trainer
 
+F1 = "torchmetrics.classification:MulticlassF1Score"
+
 
 def _run_dir(tmp_path, raw, workers=2, batch=32):
     raw.setdefault("launch", {}).update(executor="local", poll_s=0.5, checkpoint_every_steps=4)
@@ -101,12 +103,14 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
 
 @pytest.mark.training
 def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
-    """bf16, AdamW under AGS (which scales its update) and OneCycleLR: stopped at step 9 and
-    resumed from its checkpoint (model, optimizer, AGS, schedule, scaler, RNG, position and
-    ledger, each its owner's state_dict), the run ends bit for bit as the one never stopped.
+    """bf16, AdamW under AGS (which scales its update), OneCycleLR and a macro-F1 over the
+    epoch (torchmetrics): stopped at step 9, mid-epoch, and resumed from its checkpoint (model,
+    optimizer, AGS, schedule, scaler, RNG, position, the F1's states and ledger, each its
+    owner's state_dict), the run ends bit for bit as the one never stopped, its epochs' F1s too.
     Its TensorBoard curves, read back with tensorboard's own reader, have every step once,
     the resumed attempt's replacing what the stopped one logged after its checkpoint."""
     tiny_raw["train"].update(precision="bf16", optimizer="adamw", schedule="onecycle", lr=0.01)
+    tiny_raw["train"].update(metric=F1, metric_args={"num_classes": 10, "average": "macro"})
     d = _run_dir(tmp_path, tiny_raw, batch=64)
     ref = _launch(d, "ref")
     assert ref["precision"] == "bf16" and ref["final_test_acc"] > 0.5
@@ -125,10 +129,12 @@ def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv
     for tag in ("train/loss", "train/lr", "time/step_s", "time/samples_per_s", "ags/scaled_share"):
         assert [s for s, _ in curves[tag]] == steps, tag
     # the same steps, the same losses and LR: the resumed run's curves are the unstopped one's
-    for tag in ("train/loss", "train/lr"):
+    for tag in ("train/loss", "train/lr", "epoch/train_MulticlassF1Score"):
         assert curves[tag] == ref_curves[tag], tag
-    assert [s for s, _ in curves["epoch/test_accuracy"]] == [r["step"] for r in final_rows(d)]
-    assert {"ags/mean_factor", "epoch/train_accuracy", "epoch/test_loss"} <= set(curves)
+    assert [s for s, _ in curves["epoch/test_MulticlassF1Score"]] == [
+        r["step"] for r in final_rows(d)
+    ]
+    assert {"ags/mean_factor", "epoch/test_loss"} <= set(curves)
 
 
 @pytest.mark.training

@@ -120,17 +120,20 @@ class Trainer:
         if not state:
             return
         replica, ranks = self.replica, state["ranks"]
+        metrics = [r["epoch_metric"] for r in ranks if "epoch_metric" in r]
         if len(ranks) == self.workers:
             checkpoint.set_rng_state(ranks[self.rank]["rng"])
             stats = ranks[self.rank]["epoch_stats"]
+            metrics = metrics[self.rank : self.rank + 1]
         # written at another N (a move): the epoch's sums so far on rank 0, each rank a saved RNG
         else:
             checkpoint.set_rng_state(ranks[self.rank % len(ranks)]["rng"])
             total = sum(r["epoch_stats"] for r in ranks)
             stats = total if self.rank == 0 else torch.zeros_like(total)
+            metrics = metrics if self.rank == 0 else []
         # post-local SGD between two averages: this rank's own model and momentum
         own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
-        replica.load(state, stats, own)
+        replica.load(state, stats, own, metrics)
         self.ledger.restore(state["ledger"], state["step"])
         if self.rank == 0:
             print(

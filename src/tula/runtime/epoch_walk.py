@@ -26,6 +26,7 @@ from tula.runtime.stepstate import Position
 if TYPE_CHECKING:  # what the replica gives its walk (types only)
     from tula.runtime.data import WorkloadData
     from tula.runtime.methods import Cadence
+    from tula.runtime.recipe import EpochMetric
     from tula.runtime.stream import Stream
     from tula.runtime.timing import StepTimer
 
@@ -46,8 +47,12 @@ class EpochWalk:
         batches: tuple[int, int],
         step: Callable[[torch.Tensor, torch.Tensor], int],
         device: torch.device,
+        metric: EpochMetric | None = None,
     ):
         self.data, self.stream, self.timer, self.cadence = data, stream, timer, cadence
+        # train.metric as a torchmetrics metric: its states are the epoch's too (None: the
+        # metric is a per-sample mean, summed in stats)
+        self.metric = metric
         self.global_batch, self.world = batches  # the global batch and the workers sharing it
         self.step = step
         self.pos = Position()
@@ -86,24 +91,32 @@ class EpochWalk:
         """The next step refreshes AGS's factors (``due``), or need not."""
         self.force_refresh = due
 
-    def moved_to(self, pos: Position, stats: torch.Tensor | None = None) -> None:
+    def moved_to(
+        self, pos: Position, stats: torch.Tensor | None = None, metric: list | None = None
+    ) -> None:
         """Stand at ``pos`` (a checkpoint's, a switched batch's) with the epoch's ``stats``
-        (None: the epoch's sums start over)."""
+        and the epoch metric's states ``metric`` (:meth:`EpochMetric.load_state_dict`; None:
+        the epoch's sums start over)."""
         self.pos = pos
         if stats is None:
             self.stats.zero_()
         else:
             self.stats = stats.to(self.stats.device)
+        if self.metric is not None:
+            self.metric.load_state_dict(metric or [])
 
     def at_batch(self, global_batch: int) -> None:
         self.global_batch = global_batch
 
     def saved(self) -> dict[str, Any]:
         """What a step changes of the walk, copied (:meth:`put_back` undoes the steps since)."""
-        return {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+        saved = {k: copy.deepcopy(getattr(self, k)) for k in STEP_FIELDS}
+        return {**saved, "metric": self.metric.state_dict()} if self.metric else saved
 
     def put_back(self, saved: dict[str, Any]) -> None:
-        self.__dict__.update(saved)
+        self.__dict__.update({k: saved[k] for k in STEP_FIELDS})
+        if self.metric is not None:
+            self.metric.load_state_dict([saved["metric"]])
 
     # -- the walk ----------------------------------------------------------------------
 
@@ -197,6 +210,8 @@ class EpochWalk:
         torch_dist.all_reduce(self.stats)
         samples = int(self.stats[2].item())
         loss, acc = (self.stats[:2] / max(samples, 1)).tolist()
+        if self.metric is not None:  # over the epoch's batches of every rank (torchmetrics)
+            acc = self.metric.compute()
         self.stats.zero_()
         self.pos.epoch, self.pos.offset = self.pos.epoch + 1, 0
         return loss, acc, samples

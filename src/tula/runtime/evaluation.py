@@ -17,15 +17,17 @@ import torch
 
 from tula.runtime.agreement import StepOOM, agree
 from tula.runtime.loader import Loaders
+from tula.runtime.recipe import EpochMetric
 
 
 class Evaluated(Protocol):
     """What evaluation asks of the model it evaluates (:class:`tula.runtime.replica.Replica`)."""
 
     ddp: torch.nn.parallel.DistributedDataParallel
-    # train.loss (mean over a batch) and train.metric (summed over a batch), as training's
+    # train.loss (mean over a batch) and train.metric (summed over a batch, or an
+    # EpochMetric updated with it), as training's
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    metric_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    eval_metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -71,6 +73,8 @@ class Evaluator:
             sums, failed = agree(bool(oom), sums)
             if not failed:
                 n = max(sums[2].item(), 1.0)
+                if isinstance(model.eval_metric, EpochMetric):  # over the whole test set
+                    return sums[0].item() / n, model.eval_metric.compute()
                 return sums[0].item() / n, sums[1].item() / n
             if self.batch == 1:
                 raise StepOOM(failed, oom, where="eval")
@@ -97,6 +101,8 @@ class Evaluator:
         out-of-memory message if it ran out ("" if not)."""
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
         oom = ""
+        if isinstance(model.eval_metric, EpochMetric):
+            model.eval_metric.reset()  # an evaluation again at a smaller batch starts over
         model.ddp.eval()
         try:
             with model.in_phase("eval"), torch.no_grad():
@@ -106,7 +112,7 @@ class Evaluator:
                         logits = model.ddp.module(x)
                     logits = logits.float()
                     sums[0] += model.loss_fn(logits, y).double() * len(y)
-                    sums[1] += model.metric_sum(logits, y)
+                    sums[1] += model.eval_metric(logits, y)
                     sums[2] += len(y)
         except torch.OutOfMemoryError as exc:
             oom = str(exc) or "out of memory"

@@ -102,7 +102,8 @@ class Replica:
             t.grad_clip_norm,
         )
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
-        self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t)
+        self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t, device)
+        self.eval_metric = recipe.build_metric(t, device)  # evaluation's own (torchmetrics)
         self.small_local = max(1, t.ags_small_batch // world)
         # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
         self.phase = "forward"
@@ -114,8 +115,9 @@ class Replica:
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
         batches = (global_batch, world)
+        over_epoch = self.metric_sum if isinstance(self.metric_sum, recipe.EpochMetric) else None
         self.walk = EpochWalk(
-            self.data, self.stream, self.timer, self.cadence, batches, self.step, device
+            self.data, self.stream, self.timer, self.cadence, batches, self.step, device, over_epoch
         )
 
     # -- what the replica shows outside the runtime (read-only views) -----------------
@@ -330,7 +332,11 @@ class Replica:
         }
 
     def load(
-        self, state: dict[str, Any], stats: torch.Tensor, own: dict[str, Any] | None = None
+        self,
+        state: dict[str, Any],
+        stats: torch.Tensor,
+        own: dict[str, Any] | None = None,
+        metric: list | None = None,
     ) -> None:
         """This replica as the checkpoint ``state`` holds it, each part put back by its owner,
         with this rank's partial-epoch sums ``stats``; ``own``: this rank's own model and
@@ -341,7 +347,7 @@ class Replica:
         written_at = state.get("global_batch", self.global_batch)
         self.update.load(state, same_batch=written_at == self.global_batch)
         self.evaluator.restore(state["evaluation"])
-        self.walk.moved_to(Position.from_state_dict(state["position"]), stats)
+        self.walk.moved_to(Position.from_state_dict(state["position"]), stats, metric)
         set_post_local_iter(self.ddp, self.steps_done)
         if own is not None:
             self.ddp.module.load_state_dict(own["model"])

@@ -33,6 +33,8 @@ def write_checkpoint(
     try:
         replica.inject("checkpoint")
         mine = {"rng": checkpoint.rng_state(), "epoch_stats": replica.walk.stats.cpu().clone()}
+        if replica.walk.metric is not None:  # train.metric's torchmetrics states, this rank's
+            mine["epoch_metric"] = replica.walk.metric.state_dict()
         # rank 0's model and optimizer are the file's own
         if replica.cadence.replicas_differ and rank != 0:
             mine["replica"] = _to_cpu(
