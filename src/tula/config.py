@@ -170,6 +170,7 @@ class TrainSettings:
     metric_args: dict[str, Any] = field(default_factory=dict)
     metric_goal: str = "max"
     grad_clip_norm: float | None = None
+    ema_decay: float | None = None
     no_weight_decay: tuple[str, ...] | str = ()
 
     def recipe(self) -> dict[str, Any]:
@@ -185,6 +186,7 @@ class TrainSettings:
             "metric_args": dict(self.metric_args),
             "metric_goal": self.metric_goal,
             "grad_clip_norm": self.grad_clip_norm,
+            "ema_decay": self.ema_decay,
             "no_weight_decay": self.no_weight_decay,
         }
 

@@ -154,6 +154,11 @@ def _train_problems(t: dict[str, Any]) -> list[str]:
             "config key 'train.no_weight_decay': lars applies the weight decay itself and "
             "exempts 1-D parameters (biases, norms) with train.lars_exclude_1d; leave it empty"
         )
+    if t["method"] == "polo" and t["ema_decay"] is not None:
+        problems.append(
+            "config key 'train.ema_decay': post-local SGD's workers hold different weights "
+            "between averages, so there is no one average to keep; unset it, or another method"
+        )
     if t["metric"] == "accuracy" and t["metric_goal"] != "max":
         problems.append("config key 'train.metric_goal': accuracy's goal is max")
     if t["loss"] != "cross_entropy" and t["label_smoothing"]:

@@ -103,14 +103,17 @@ def test_requeue_resume_is_bitwise_equal_with_loader_workers_and_augmentation(
 
 @pytest.mark.training
 def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv_path, monkeypatch):
-    """bf16, AdamW under AGS (which scales its update), OneCycleLR and a macro-F1 over the
-    epoch (torchmetrics): stopped at step 9, mid-epoch, and resumed from its checkpoint (model,
-    optimizer, AGS, schedule, scaler, RNG, position, the F1's states and ledger, each its
-    owner's state_dict), the run ends bit for bit as the one never stopped, its epochs' F1s too.
+    """bf16, AdamW under AGS (which scales its update), OneCycleLR, a macro-F1 over the epoch
+    (torchmetrics) and an EMA of the weights: stopped at step 9, mid-epoch, and resumed from
+    its checkpoint (model, optimizer, AGS, schedule, scaler, RNG, position, the F1's states,
+    the EMA and ledger, each its owner's state_dict), the run ends bit for bit as the one never
+    stopped, its EMA's weights and its epochs' F1s too; the EMA's F1 is reported beside the
+    weights'.
     Its TensorBoard curves, read back with tensorboard's own reader, have every step once,
     the resumed attempt's replacing what the stopped one logged after its checkpoint."""
     tiny_raw["train"].update(precision="bf16", optimizer="adamw", schedule="onecycle", lr=0.01)
     tiny_raw["train"].update(metric=F1, metric_args={"num_classes": 10, "average": "macro"})
+    tiny_raw["train"].update(ema_decay=0.9)
     d = _run_dir(tmp_path, tiny_raw, batch=64)
     ref = _launch(d, "ref")
     assert ref["precision"] == "bf16" and ref["final_test_acc"] > 0.5
@@ -121,7 +124,14 @@ def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv
     monkeypatch.delenv(faults.ENV)
     final = _launch(d)
     assert final["steps"] == ref["steps"]
-    assert bitwise_equal(load_params(d / "train" / "model.pt"), load_params(d / "ref" / "model.pt"))
+    for weights in ("model.pt", "model_ema.pt"):
+        assert bitwise_equal(load_params(d / "train" / weights), load_params(d / "ref" / weights))
+    ema = load_params(d / "train" / "model_ema.pt")
+    assert not bitwise_equal(ema, load_params(d / "train" / "model.pt"))
+    assert 0.5 < final["final_test_acc_ema"] <= 1.0
+    rows = final_rows(d)  # the EMA's F1 beside the weights', each epoch and at the end
+    assert rows[-1]["test_acc_ema"] == final["final_test_acc_ema"] == ref["final_test_acc_ema"]
+    assert any(r["test_acc_ema"] != r["test_acc"] for r in rows)
     assert len(list((d / "train" / "tensorboard").glob("events.out.tfevents.*"))) == 2
     curves = tensorboard_scalars(d / "train" / "tensorboard")
     ref_curves = tensorboard_scalars(d / "ref" / "tensorboard")
@@ -129,12 +139,16 @@ def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv
     for tag in ("train/loss", "train/lr", "time/step_s", "time/samples_per_s", "ags/scaled_share"):
         assert [s for s, _ in curves[tag]] == steps, tag
     # the same steps, the same losses and LR: the resumed run's curves are the unstopped one's
-    for tag in ("train/loss", "train/lr", "epoch/train_MulticlassF1Score"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        *(f"epoch/{k}_MulticlassF1Score" for k in ("train", "test")),
+    ):
         assert curves[tag] == ref_curves[tag], tag
     assert [s for s, _ in curves["epoch/test_MulticlassF1Score"]] == [
         r["step"] for r in final_rows(d)
     ]
-    assert {"ags/mean_factor", "epoch/test_loss"} <= set(curves)
+    assert {"ags/mean_factor", "epoch/test_loss", "epoch/test_MulticlassF1Score_ema"} <= set(curves)
 
 
 @pytest.mark.training

@@ -119,6 +119,8 @@ def test_optimizers_by_name_in_any_case_or_import_path_with_their_arguments():
         ({"loss": "mse"}, "'train.loss': 'mse' is neither 'cross_entropy'"),
         ({"metric_goal": "min"}, "'train.metric_goal': accuracy's goal is max"),
         ({"loss": "a.b:c", "label_smoothing": 0.1}, "'train.label_smoothing': it is cross-entropy"),
+        ({"method": "polo", "ema_decay": 0.99}, "'train.ema_decay': post-local SGD's workers"),
+        ({"ema_decay": 1.0}, "'train.ema_decay': 1.0 is greater than or equal to the maximum"),
     ],
 )
 def test_the_config_refuses_what_cannot_go_together(train, says):

@@ -14,11 +14,16 @@ from tula.runtime.update import Update
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of")
 
 
-def _update(batch: int, spe: int) -> Update:
-    """The paper's step decay at epoch 2 of 4, no warm-up (train.method ags's LR)."""
-    t = config.from_dict({"train": {"method": "ags", "lr_decay_epochs": [2]}}).train
-    opt = recipe.build_optimizer(t, [torch.nn.Parameter(torch.ones(3))], t.lr, 0.0)
-    return Update(opt, model_inputs.lr_plan(t), 4, (batch, spe), False, torch.device("cpu"))
+def _update(batch: int, spe: int, ema: float | None = None) -> Update:
+    """The paper's step decay at epoch 2 of 4, no warm-up (train.method ags's LR); ``ema``:
+    train.ema_decay."""
+    train = {"method": "ags", "lr_decay_epochs": [2], "ema_decay": ema}
+    t = config.from_dict({"train": train}).train
+    net = torch.nn.Module()
+    net.w = torch.nn.Parameter(torch.ones(3))
+    opt = recipe.build_optimizer(t, [net.w], t.lr, 0.0)
+    plan, cpu = model_inputs.lr_plan(t), torch.device("cpu")
+    return Update(opt, plan, 4, (batch, spe), False, cpu, ema=recipe.build_ema(t, net))
 
 
 def _steps(u: Update, n: int) -> None:
@@ -58,15 +63,33 @@ def test_a_checkpoint_of_another_batch_is_followed_where_the_epochs_stand():
 
 
 def test_steps_undone_leave_no_trace():
-    u = _update(128, 10)
+    u = _update(128, 10, ema=0.9)
     _steps(u, 15)
     lr, steps, momentum, saved = u.lr, u.sched.steps, _momentum(u), u.saved()
+    ema = u.ema.module.w.detach().clone()
     _steps(u, 10)  # across the decay
     u.noise_pairs.append((2.0, 1.0))
     assert u.lr < lr and not torch.equal(_momentum(u), momentum)
+    assert not torch.equal(u.ema.module.w, ema)
     u.put_back(saved)
     assert (u.lr, u.sched.steps, u.noise_pairs) == (lr, steps, [])
-    assert torch.equal(_momentum(u), momentum)
+    assert torch.equal(_momentum(u), momentum) and torch.equal(u.ema.module.w, ema)
+
+
+def test_the_ema_follows_each_step_by_its_decay_and_comes_back_from_a_checkpoint():
+    """ema <- 0.9 ema + 0.1 w after every step (the first step's weights taken as they are,
+    as torch's AveragedModel does), kept apart from the weights, and whole in the checkpoint."""
+    u = _update(128, 10, ema=0.9)
+    w = u.opt.param_groups[0]["params"][0]
+    want = None
+    for _ in range(5):
+        _steps(u, 1)
+        want = w.detach().clone() if want is None else 0.9 * want + 0.1 * w.detach()
+    torch.testing.assert_close(u.ema.module.w.detach(), want)
+    assert not torch.equal(u.ema.module.w, w)
+    back = _update(128, 10, ema=0.9)
+    back.load(u.state(), same_batch=True)
+    assert torch.equal(back.ema.module.w, u.ema.module.w)
 
 
 def _clipped(method: str, fp16: bool) -> tuple[Update, torch.nn.Parameter]:

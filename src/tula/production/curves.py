@@ -93,6 +93,7 @@ class Curves:
             ("epoch/test_loss", "test_loss"),
             (f"epoch/train_{self.metric}", "train_acc"),
             (f"epoch/test_{self.metric}", "test_acc"),
+            (f"epoch/test_{self.metric}_ema", "test_acc_ema"),
         ):
             if row.get(key) is not None:  # a user's script may report only some
                 w.add_scalar(tag, row[key], step)

@@ -59,6 +59,8 @@ def final_record(
         "eval_oom_retries": replica.evaluator.retries,
         "train_samples": replica.data.train_size,
         "final_test_acc": rows[-1]["test_acc"],
+        # train.ema_decay: the weights' moving average's, beside the weights'
+        **({"final_test_acc_ema": rows[-1]["test_acc_ema"]} if "test_acc_ema" in rows[-1] else {}),
         # the best by train.metric_goal
         "best_test_acc": (min if settings["metric_goal"] == "min" else max)(
             x["test_acc"] for x in rows

@@ -226,6 +226,8 @@ class Trainer:
         train_loss, train_acc, samples = replica.walk.end_epoch()
         t0 = time.perf_counter()
         test_loss, test_acc = replica.evaluate()
+        # train.ema_decay: the weights' moving average evaluated beside them
+        ema = {"test_acc_ema": replica.evaluate(ema=True)[1]} if replica.update.ema else {}
         self.ledger.spend("eval_time_s", time.perf_counter() - t0)
         epoch_time = self.ledger.epoch_time
         row = {
@@ -242,12 +244,13 @@ class Trainer:
             "workers": self.workers,
             "global_batch": self.global_batch,
             **gradnoise.epoch_noise(replica),
+            **ema,
         }
         self.ledger.close_epoch(row)
         if self.curves:
             self.curves.epoch(row)
         if self.rank == 0:
-            rows = pd.DataFrame(self.ledger.rows, columns=METRIC_COLUMNS)
+            rows = pd.DataFrame(self.ledger.rows, columns=METRIC_COLUMNS + list(ema))
             write_csv(self.out / "metrics.csv", rows)
             progress.update(
                 row["epoch"],
@@ -297,6 +300,9 @@ class Trainer:
                 self.settings, self.ledger, replica, self.backend, self.monitor, hosts
             )
             write_bytes(self.out / "model.pt", checkpoint.to_bytes(replica.ddp.module.state_dict()))
+            if replica.update.ema is not None:
+                ema_weights = replica.update.ema.module.state_dict()
+                write_bytes(self.out / "model_ema.pt", checkpoint.to_bytes(ema_weights))
             write_json(self.out / "final.json", final)
             if self.ckpt:
                 jobdir.add_segment(

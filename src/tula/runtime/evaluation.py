@@ -57,8 +57,11 @@ class Evaluator:
         self.batch = min(self.batch, state.get("eval_batch", self.batch))
         self.retries, self._loader = list(state.get("eval_retries", [])), None
 
-    def evaluate(self, model: Evaluated, step: int) -> tuple[float, float]:
-        """(test loss, test accuracy) over the whole test set, sharded over the ranks.
+    def evaluate(
+        self, model: Evaluated, step: int, net: torch.nn.Module | None = None
+    ) -> tuple[float, float]:
+        """(test loss, test metric) over the whole test set, sharded over the ranks, of the
+        model's weights or of ``net`` (the weights' moving average).
 
         Out of memory on any rank: the ranks learn it from the one all-reduce of the sums
         (a flag per rank rides along) and evaluate again at half the evaluation batch, down
@@ -67,7 +70,7 @@ class Evaluator:
             if self._loader is None:
                 self._loader = self._loader_at(self.batch)
             t0 = time.perf_counter()
-            sums, oom = self._test_sums(model)
+            sums, oom = self._test_sums(model, net)
             if oom:
                 model.free_cached_memory()
             sums, failed = agree(bool(oom), sums)
@@ -96,7 +99,7 @@ class Evaluator:
                 )
             self.batch, self._loader = smaller, None
 
-    def _test_sums(self, model: Evaluated) -> tuple[torch.Tensor, str]:
+    def _test_sums(self, model: Evaluated, net: torch.nn.Module | None) -> tuple[torch.Tensor, str]:
         """This rank's (loss sum, correct, count) over its shard of the test set, and the
         out-of-memory message if it ran out ("" if not)."""
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
@@ -109,7 +112,7 @@ class Evaluator:
                 for x, y in self._loader:
                     x, y = model.to_device(x, y)
                     with model.autocast():
-                        logits = model.ddp.module(x)
+                        logits = (model.ddp.module if net is None else net)(x)
                     logits = logits.float()
                     sums[0] += model.loss_fn(logits, y).double() * len(y)
                     sums[1] += model.eval_metric(logits, y)

@@ -254,6 +254,37 @@ def build_loss(t: TrainSettings) -> Callable[[torch.Tensor, torch.Tensor], torch
     return import_callable(t.loss, "train.loss")
 
 
+class WeightsEMA:
+    """``train.ema_decay``: an exponential moving average of the model's weights and buffers
+    (torch's ``AveragedModel`` with ``get_ema_multi_avg_fn``: ema <- d * ema + (1 - d) * w),
+    updated after every optimizer step, evaluated beside the raw weights and checkpointed."""
+
+    def __init__(self, live: torch.nn.Module, decay: float):
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        self.live = live
+        avg = get_ema_multi_avg_fn(decay)
+        self.averaged = AveragedModel(live, multi_avg_fn=avg, use_buffers=True).eval()
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The averaged model itself (evaluation's forward; the weights saved at the end)."""
+        return self.averaged.module
+
+    def update(self) -> None:
+        self.averaged.update_parameters(self.live)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.averaged.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.averaged.load_state_dict(state)
+
+
+def build_ema(t: TrainSettings, live: torch.nn.Module) -> WeightsEMA | None:
+    return WeightsEMA(live, t.ema_decay) if t.ema_decay is not None else None
+
+
 class EpochMetric:
     """``train.metric`` given as a torchmetrics ``Metric`` class (``train.metric_args`` its
     arguments): updated with every batch's outputs where they are (no host read in the step),

@@ -100,6 +100,7 @@ class Replica:
             t.precision == "fp16",
             device,
             t.grad_clip_norm,
+            recipe.build_ema(t, self.ddp.module),
         )
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
         self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t, device)
@@ -311,10 +312,12 @@ class Replica:
         """Steps without the gradient all-reduce (compute-only: DDP's ``no_sync``)."""
         return self.ddp.no_sync()
 
-    def evaluate(self) -> tuple[float, float]:
-        """(test loss, test accuracy) over the whole test set, sharded over the ranks
-        (:class:`tula.runtime.evaluation.Evaluator`: an OOM anywhere halves the batch)."""
-        return self.evaluator.evaluate(self, self.steps_done)
+    def evaluate(self, ema: bool = False) -> tuple[float, float]:
+        """(test loss, test metric) over the whole test set, sharded over the ranks
+        (:class:`tula.runtime.evaluation.Evaluator`: an OOM anywhere halves the batch), of
+        the weights or (``ema``) of their moving average."""
+        net = self.update.ema.module if ema and self.update.ema else None
+        return self.evaluator.evaluate(self, self.steps_done, net)
 
     # -- state changed from outside only through these ----------------------------------
     def refresh_next(self, due: bool = True) -> None:

@@ -1,7 +1,7 @@
 """The step's update: what a training step changes besides the weights and where its walk
 stands. That is the ``train.method`` optimizer (AGS, static scaling, the plain optimizer, LARS
 or post-local SGD), its LR schedule at the global batch (:class:`tula.runtime.recipe.Schedule`),
-the GradScaler of fp16, and this epoch's AGS noise pairs.
+the GradScaler of fp16, this epoch's AGS noise pairs and the weights' moving average.
 
 :class:`Update` is a part of :class:`tula.runtime.replica.Replica` (``replica.update``) and
 owns them. The replica's step drives it (:meth:`Update.clear_gradients`, :meth:`Update.backward`,
@@ -38,8 +38,10 @@ class Update:
         fp16: bool,
         device: torch.device,
         clip: float | None = None,
+        ema: recipe.WeightsEMA | None = None,
     ):
         self.opt, self.lr_plan, self.epochs = opt, lr_plan, epochs
+        self.ema = ema  # train.ema_decay: the weights' average, updated after every step
         # train.grad_clip_norm: AGS's optimizer clips inside its step (after its Delta(G) read
         # the unclipped norm, before its factors: tula.runtime.methods gives it the norm); any
         # other is clipped here, before its step
@@ -109,6 +111,8 @@ class Update:
         self.scaler.step(self.opt)
         self.scaler.update()
         self.sched.step()
+        if self.ema is not None:
+            self.ema.update()
 
     def clear_gradients(self) -> None:
         """The gradients dropped (a step's start; a measurement's backward, after it)."""
@@ -121,13 +125,15 @@ class Update:
 
     # -- what a checkpoint holds of it, and putting that back ------------------------------
     def state(self) -> dict[str, Any]:
-        """A checkpoint's optimizer parts ("optimizer", "ags"), "scheduler", "scaler" and
-        "noise_pairs"."""
+        """A checkpoint's optimizer parts ("optimizer", "ags"), "scheduler", "scaler",
+        "noise_pairs" and the weights' average ("ema", train.ema_decay)."""
+        ema = {"ema": self.ema.state_dict()} if self.ema is not None else {}
         return {
             **optimizer_parts(self.opt),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
             "noise_pairs": list(self.noise_pairs),
+            **ema,
         }
 
     def load(self, state: dict[str, Any], same_batch: bool) -> None:
@@ -139,6 +145,8 @@ class Update:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.noise_pairs = [tuple(p) for p in state.get("noise_pairs", [])]
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
 
     def load_own(self, own: dict[str, Any]) -> None:
         """This rank's own optimizer parts (post-local SGD between two averages)."""
@@ -162,11 +170,15 @@ class Update:
     def saved(self) -> list[Any]:
         """A copy of everything a step changes here (:meth:`put_back` restores it)."""
         opt = copy.deepcopy(self.opt.state_dict())
-        return [opt, self.sched.state_dict(), self.scaler.state_dict(), list(self.noise_pairs)]
+        ema = copy.deepcopy(self.ema.state_dict()) if self.ema is not None else None
+        return [opt, self.sched.state_dict(), self.scaler.state_dict(), list(self.noise_pairs), ema]
 
     def put_back(self, saved: list[Any]) -> None:
-        """The optimizer, schedule, scaler and noise pairs as :meth:`saved` copied them."""
+        """The optimizer, schedule, scaler, noise pairs and weights' average as :meth:`saved`
+        copied them."""
         load_optimizer_state(self.opt, saved[0])
         self.sched.load_state_dict(saved[1])
         self.scaler.load_state_dict(saved[2])
         self.noise_pairs = list(saved[3])
+        if self.ema is not None:
+            self.ema.load_state_dict(saved[4])
