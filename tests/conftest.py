@@ -244,6 +244,9 @@ RECIPE = {
     "label_smoothing": 0.1,
     "grad_clip_norm": 1.0,
     "no_weight_decay": ["norm", "bias"],
+    "ema_decay": 0.9,
+    "metric": "torchmetrics.classification:MulticlassF1Score",
+    "metric_args": {"num_classes": 10, "average": "macro"},
 }
 
 

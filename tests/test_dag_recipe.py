@@ -1,6 +1,7 @@
 """The whole DAG trained the way most users train (conftest's RECIPE: AdamW with its betas, a
 cosine schedule after a one-epoch warm-up, label smoothing, the gradient clipped, norms and
-biases exempt from weight decay), once per session
+biases exempt from weight decay, an EMA of the weights, a macro-F1 over the epoch, and
+train.method left to auto, which picks plain large batch for AdamW), once per session
 (``recipe_run``): first `snakemake plan`, which trains nothing and leaves the answer to take
 away, then `snakemake`, whose probes time that step and whose production job confirms its
 prediction as the default's does."""
@@ -30,7 +31,10 @@ def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(r
     final = json.loads((res / "train" / "final.json").read_text())
     for key in RECIPE:
         assert final[key] == RECIPE[key], key
-    assert final["ags"]["scaled"] > 0  # AGS scaled AdamW's update
+    # method auto with AdamW: plain large batch, and why, in the check's record and final.json
+    assert final["method"] == w["training"]["method"] == "lbt" and final["ags"] is None
+    assert final["method_reason"].startswith("train.method auto: plain large batch with adamw")
+    assert 0 < final["final_test_acc_ema"] <= 1 and (res / "train" / "model_ema.pt").exists()
     interval = final["predicted_step_time_interval_s"]
     m = interval_multiple(final["mean_step_time_s"], *interval)
     assert m <= INTERVAL_MULTIPLE, (final["mean_step_time_s"], interval, m)
@@ -63,6 +67,8 @@ def test_the_plan_alone_trains_nothing_and_leaves_the_answer_to_take_away(recipe
     sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]
     assert (p["workers"], p["global_batch"]) == (sel["workers"], sel["global_batch"])
     assert p["schedule"] == "cosine" and p["warmup_epochs"] == 1 and p["trained"] is False
+    assert p["method"] == "lbt" and p["method_reason"].startswith("train.method auto")
+    assert "Trained with <b>lbt</b>: train.method auto" in plan["report"]
     assert p["warmup_steps"] == p["steps_per_epoch"] and p["lr"] > 0
     lo, hi = p["predicted_step_time_interval_s"]
     assert lo <= p["predicted_step_time_s"] <= hi and p["predicted_cost"] > 0

@@ -171,11 +171,15 @@ class TrainSettings:
     metric_goal: str = "max"
     grad_clip_norm: float | None = None
     ema_decay: float | None = None
+    # train.method was `auto` and `method` is what it resolved to (config_rules.auto_method)
+    method_auto: bool = False
     no_weight_decay: tuple[str, ...] | str = ()
 
     def recipe(self) -> dict[str, Any]:
         """The way of training as the results record it (final.json, workload.json)."""
         return {
+            "method": self.method,
+            "method_reason": self.method_reason,
             "optimizer": self.optimizer,
             "optimizer_args": dict(self.optimizer_args),
             "schedule": self.schedule,
@@ -189,6 +193,13 @@ class TrainSettings:
             "ema_decay": self.ema_decay,
             "no_weight_decay": self.no_weight_decay,
         }
+
+    @property
+    def method_reason(self) -> str:
+        """Why the run trains with ``method``: the config named it, or ``auto``'s rule."""
+        if not self.method_auto:
+            return f"train.method: {self.method}, as the config names it"
+        return config_rules.auto_method(self.optimizer)[1]
 
     @property
     def warmup(self) -> float:
@@ -256,8 +267,12 @@ class Config:
     knee_gain: float = 0.1
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (lists, not tuples) that validates against the schema."""
-        return json.loads(json.dumps(asdict(self)))
+        """Plain dict (lists, not tuples) that validates against the schema (and reads back as
+        this config: a resolved ``train.method: auto`` is written as ``auto``)."""
+        d = json.loads(json.dumps(asdict(self)))
+        if d["train"].pop("method_auto"):
+            d["train"]["method"] = "auto"
+        return d
 
 
 @lru_cache(maxsize=1)
@@ -344,6 +359,10 @@ def _train_settings(t: dict[str, Any], model: str) -> TrainSettings:
     return TrainSettings(
         **{
             **t,
+            "method": config_rules.auto_method(t["optimizer"])[0]
+            if t["method"] == "auto"
+            else t["method"],
+            "method_auto": t["method"] == "auto",
             "lr": t["lr"] if t["lr"] is not None else lr,
             "weight_decay": t["weight_decay"] if t["weight_decay"] is not None else wd,
             "lr_decay_epochs": tuple(t["lr_decay_epochs"]),

@@ -112,6 +112,7 @@ def test_bf16_adamw_onecycle_trains_and_resumes_bitwise(tmp_path, tiny_raw, venv
     Its TensorBoard curves, read back with tensorboard's own reader, have every step once,
     the resumed attempt's replacing what the stopped one logged after its checkpoint."""
     tiny_raw["train"].update(precision="bf16", optimizer="adamw", schedule="onecycle", lr=0.01)
+    tiny_raw["train"].update(method="ags")  # named: auto would train AdamW plainly
     tiny_raw["train"].update(metric=F1, metric_args={"num_classes": 10, "average": "macro"})
     tiny_raw["train"].update(ema_decay=0.9)
     d = _run_dir(tmp_path, tiny_raw, batch=64)

@@ -68,6 +68,7 @@ def plan_record(
         "epochs": cfg.workload.epochs,
         "steps_per_epoch": spe,
         "method": t.method,
+        "method_reason": t.method_reason,
         "optimizer": t.optimizer,
         "optimizer_args": dict(t.optimizer_args),
         "lr": lr.peak(b),

@@ -172,7 +172,7 @@ def describe_training(t: dict[str, Any]) -> str:
     return (
         f"training: {t['optimizer']}({args}), {warm}{t['schedule']} LR schedule, loss "
         f"{t['loss']}{smooth}, metric {t['metric']} ({t['metric_goal']}); built and run on "
-        "real samples"
+        f"real samples; method {t['method']} ({t['method_reason']})"
     )
 
 

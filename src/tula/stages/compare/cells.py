@@ -11,7 +11,7 @@ import pandas as pd
 
 from tula.config import TrainSettings, metric_name
 
-METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags"]
+METHOD_ORDER = ["lbt", "lars", "polo", "lrs", "static", "ags", "auto"]
 
 
 @dataclass(frozen=True)

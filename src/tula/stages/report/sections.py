@@ -300,7 +300,13 @@ def device_line(workload: dict | None) -> str:
         if d.get("memory_budget")
         else ""
     )
+    t = (workload or {}).get("training") or {}
+    method = (
+        f" Trained with <b>{html.escape(t['method'])}</b>: {html.escape(t['method_reason'])}."
+        if t.get("method_reason")
+        else ""
+    )
     return (
         f"<p class=sub>Ran on <b>{html.escape(d['device'].upper())}</b> with "
-        f"{html.escape(d['backend'])}: {html.escape(d['why'])}.{budget}</p>"
+        f"{html.escape(d['backend'])}: {html.escape(d['why'])}.{budget}{method}</p>"
     )
