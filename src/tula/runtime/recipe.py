@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 from torch.optim import lr_scheduler
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from tula import model_inputs
 from tula.config import ConfigError, TrainSettings
@@ -260,8 +261,6 @@ class WeightsEMA:
     updated after every optimizer step, evaluated beside the raw weights and checkpointed."""
 
     def __init__(self, live: torch.nn.Module, decay: float):
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
         self.live = live
         avg = get_ema_multi_avg_fn(decay)
         self.averaged = AveragedModel(live, multi_avg_fn=avg, use_buffers=True).eval()
