@@ -25,6 +25,7 @@ def grid_spec(cfg: Config) -> GridSpec:
         cfg.grid.batch_max,
         cfg.cluster.workers_per_node,
         cfg.search,
+        swept=not cfg.workload.script,  # a script runs its one batch: no sweep between points
     )
 
 

@@ -28,6 +28,25 @@ def test_partial_search_is_the_four_corners():
     ]
 
 
+def test_a_scripts_partial_search_probes_every_fitting_b_at_the_corner_ns(tmp_path):
+    """A user's script cannot sweep the compute curve between its points (it runs the one
+    batch it was started with): at the N's a partial search probes, every B that fits is a
+    point; the N's between are still left to the model."""
+    raw = {"grid": {"workers": [4, 1, 2], "batch_min": 32, "batch_max": 256}}
+    (tmp_path / "train.py").write_text("")
+    own = {"script": str(tmp_path / "train.py")}
+    script = config.from_dict({**raw, "workload": own})
+    g = model_inputs.grid_spec(script)
+    assert not g.swept and model_inputs.grid_spec(config.from_dict(raw)).swept
+    assert search_set(g, max_local_batch=32) == [
+        Point(1, 32),
+        *(Point(4, b) for b in (32, 64, 128)),
+    ]
+    assert [p for p in search_set(g) if p.workers == 2] == []
+    full = config.from_dict({**raw, "workload": own, "search": "full"})
+    assert search_set(model_inputs.grid_spec(full)) == grid(g)
+
+
 def test_partial_with_one_n_and_one_b_is_one_point():
     cfg = config.from_dict({"grid": {"workers": [2], "batch_min": 64, "batch_max": 64}})
     assert search_set(model_inputs.grid_spec(cfg)) == [Point(2, 64)]

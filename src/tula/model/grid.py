@@ -63,7 +63,12 @@ def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
     ``full``: every grid point that fits. ``partial`` (§III-A.2): min and max N, each at the
     smallest B and at the largest B that fits there (grid.batch_max when memory allows); when
     the grid crosses a node boundary (:func:`boundary_workers`), also the largest one-node N
-    and the smallest multi-node N, alike, so the sync model sees both sides of it.
+    and the smallest multi-node N, alike, so the sync model sees both sides of it. Where a
+    probe job cannot sweep the compute curve between its points (``g.swept`` false: a user's
+    script), a partial search probes every B that fits at those N: the points between are the
+    sweep (without them the compute curve between the corners is a guess; the plain script's
+    production ran x1.12 and x1.18 of a prediction at a B between them, BENCHMARKS.md, "Your
+    own training script").
     """
 
     def fits(p: Point) -> bool:
@@ -77,7 +82,8 @@ def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
     for n in {min(ns), max(ns), *boundary_workers(g)}:
         at_n = sorted(p.global_batch for p in points if p.workers == n)
         if at_n:
-            corners |= {Point(n, at_n[0]), Point(n, at_n[-1])}
+            kept = at_n if not g.swept else (at_n[0], at_n[-1])
+            corners |= {Point(n, b) for b in kept}
     return sorted(corners)
 
 

@@ -12,13 +12,17 @@ from typing import Any
 class GridSpec:
     """The candidate grid (§III-A.2): the worker counts N, the global batches B from
     ``batch_min`` doubling to ``batch_max``, the workers one node runs, and which points get
-    probed (``search``: partial, the corners; full, every point that fits)."""
+    probed (``search``: partial, the corners; full, every point that fits). ``swept``: a probe
+    job times the compute curve between its points (Tula's own worker's sweep); a user's script
+    cannot, as it runs at the one batch it was started with (:func:`tula.model.grid.search_set`
+    probes the points between instead)."""
 
     workers: tuple[int, ...]
     batch_min: int
     batch_max: int
     workers_per_node: int = 1
     search: str = "partial"
+    swept: bool = True
 
 
 @dataclass(frozen=True)
