@@ -36,7 +36,8 @@ def auto_method(optimizer: str) -> tuple[str, str]:
     return "lbt", (
         f"train.method auto: plain large batch with {optimizer}, not SGD: with an adaptive "
         "optimizer plain large batch left AGS no gap to close on Tula's generalization suite "
-        "(AdamW, cosine: AGS 0.5 and 1.1 points below it); name ags to use it anyway"
+        "(AdamW, cosine: AGS within the seeds' spread of it, or below it); name ags to use it "
+        "anyway"
     )
 
 

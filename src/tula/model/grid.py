@@ -67,8 +67,8 @@ def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
     probe job cannot sweep the compute curve between its points (``g.swept`` false: a user's
     script), a partial search probes every B that fits at those N: the points between are the
     sweep (without them the compute curve between the corners is a guess; the plain script's
-    production ran x1.12 and x1.18 of a prediction at a B between them, BENCHMARKS.md, "Your
-    own training script").
+    production ran x1.12 and x1.18 of a prediction at a B between them: BENCHMARKS.md,
+    "Your own training script").
     """
 
     def fits(p: Point) -> bool:
