@@ -247,6 +247,7 @@ RECIPE = {
     "ema_decay": 0.9,
     "metric": "torchmetrics.classification:MulticlassF1Score",
     "metric_args": {"num_classes": 10, "average": "macro"},
+    "accumulate": 2,  # every step as two micro-batches: probed, priced and trained so
 }
 
 

@@ -250,6 +250,11 @@ SCRIPT = "examples/ddp_train/train.py"
             {"objective": "time_to_accuracy"},
             "'objective': time_to_accuracy needs the gradient noise scale",
         ),
+        (
+            {"script": SCRIPT},
+            {"train": {"accumulate": 4}},
+            "'train.accumulate': 4 micro-batches are your script's to make",
+        ),
     ],
 )
 def test_a_script_workload_is_checked_before_anything_runs(monkeypatch, workload, extra, says):
@@ -266,3 +271,11 @@ def test_a_script_workload_loads_with_its_arguments(monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = config.from_dict({"workload": {"script": SCRIPT, "args": ["--bs", "{local_batch}"]}})
     assert cfg.workload.script == SCRIPT and cfg.workload.args == ("--bs", "{local_batch}")
+
+
+def test_train_accumulate_is_auto_or_a_whole_number_of_micro_batches():
+    assert config.from_dict({}).train.accumulate == "auto"
+    assert config.from_dict({"train": {"accumulate": 4}}).train.accumulate == 4
+    for bad in (0, 2.5, "some"):
+        with pytest.raises(ConfigError, match=r"'train.accumulate': .* is not auto or a whole"):
+            config.from_dict({"train": {"accumulate": bad}})

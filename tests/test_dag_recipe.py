@@ -1,7 +1,8 @@
 """The whole DAG trained the way most users train (conftest's RECIPE: AdamW with its betas, a
 cosine schedule after a one-epoch warm-up, label smoothing, the gradient clipped, norms and
-biases exempt from weight decay, an EMA of the weights, a macro-F1 over the epoch, and
-train.method left to auto, which picks plain large batch for AdamW), once per session
+biases exempt from weight decay, an EMA of the weights, a macro-F1 over the epoch, every step
+accumulated over two micro-batches, and train.method left to auto, which picks plain large
+batch for AdamW), once per session
 (``recipe_run``): first `snakemake plan`, which trains nothing and leaves the answer to take
 away, then `snakemake`, whose probes time that step and whose production job confirms its
 prediction as the default's does."""
@@ -35,6 +36,13 @@ def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(r
     assert final["method"] == w["training"]["method"] == "lbt" and final["ags"] is None
     assert final["method_reason"].startswith("train.method auto: plain large batch with adamw")
     assert 0 < final["final_test_acc_ema"] <= 1 and (res / "train" / "model_ema.pt").exists()
+    # train.accumulate: 2: every probe ran its steps so, and the prediction priced them so
+    probes = pd.read_csv(res / "measurements.csv").query("source == 'probe'")
+    assert (probes["accumulate"] == 2).all()
+    pred = pd.read_csv(res / "predictions.csv")
+    assert (pred["accumulate"] == 2).all() and (
+        pred["micro_batch"] == pred["local_batch"] // 2
+    ).all()
     interval = final["predicted_step_time_interval_s"]
     m = interval_multiple(final["mean_step_time_s"], *interval)
     assert m <= INTERVAL_MULTIPLE, (final["mean_step_time_s"], interval, m)
@@ -68,6 +76,7 @@ def test_the_plan_alone_trains_nothing_and_leaves_the_answer_to_take_away(recipe
     assert (p["workers"], p["global_batch"]) == (sel["workers"], sel["global_batch"])
     assert p["schedule"] == "cosine" and p["warmup_epochs"] == 1 and p["trained"] is False
     assert p["method"] == "lbt" and p["method_reason"].startswith("train.method auto")
+    assert (p["accumulate"], p["micro_batch"]) == (2, -(-p["local_batch"] // 2))
     assert "Trained with <b>lbt</b>: train.method auto" in plan["report"]
     assert p["warmup_steps"] == p["steps_per_epoch"] and p["lr"] > 0
     lo, hi = p["predicted_step_time_interval_s"]
@@ -75,3 +84,4 @@ def test_the_plan_alone_trains_nothing_and_leaves_the_answer_to_take_away(recipe
     script = (wd / "results" / "plan" / "train.sbatch").read_text()
     assert f"#SBATCH --nodes={p['nodes']}" in script and "srun torchrun" in script
     assert f"--batch-size {p['local_batch']}" in script and "YOUR_TRAIN_SCRIPT" in script
+    assert f"as 2 micro-batches of {p['micro_batch']} a step" in script

@@ -171,8 +171,8 @@ class TrainSettings:
     metric_goal: str = "max"
     grad_clip_norm: float | None = None
     ema_decay: float | None = None
-    # train.method was `auto` and `method` is what it resolved to (config_rules.auto_method)
-    method_auto: bool = False
+    accumulate: str | int = "auto"  # micro-batches a step takes (tula.model.grid.micro_steps)
+    method_auto: bool = False  # train.method: auto, `method` its rule's (auto_method)
     no_weight_decay: tuple[str, ...] | str = ()
 
     def recipe(self) -> dict[str, Any]:

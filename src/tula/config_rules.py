@@ -77,7 +77,7 @@ def problems(d: dict[str, Any]) -> list[str]:
         _grid_problems(d)
         + _other_problems(d)
         + _train_problems(d["train"])
-        + _script_problems(d["workload"], d["objective"])
+        + _script_problems(d["workload"], d["objective"], d["train"]["accumulate"])
     )
 
 
@@ -109,9 +109,9 @@ def bad_placeholders(args: list[str]) -> list[str]:
 SCRIPT_OBJECTIVES_OUT = ("time_to_accuracy", "cost_to_accuracy")
 
 
-def _script_problems(w: dict[str, Any], objective: str) -> list[str]:
-    """workload.script: a file that is there, arguments whose placeholders Tula fills, and an
-    objective its probes measure what for."""
+def _script_problems(w: dict[str, Any], objective: str, accumulate: Any) -> list[str]:
+    """workload.script: a file that is there, arguments whose placeholders Tula fills, an
+    objective its probes measure what for, and no micro-batches Tula cannot make."""
     if w["script"] is None:
         said = (
             "config key 'workload.args': arguments without workload.script, the script they are for"
@@ -126,6 +126,12 @@ def _script_problems(w: dict[str, Any], objective: str) -> list[str]:
         problems.append(
             f"config key 'objective': {objective} needs the gradient noise scale, which Tula's "
             "own loop measures and a workload.script's probes do not; choose time, cost or knee"
+        )
+    if accumulate not in ("auto", 1):
+        problems.append(
+            f"config key 'train.accumulate': {accumulate} micro-batches are your script's to "
+            "make (Tula runs it at the batch it gives it); leave it auto: a script's grid has "
+            "no point past b_max"
         )
     return problems
 

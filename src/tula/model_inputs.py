@@ -26,6 +26,8 @@ def grid_spec(cfg: Config) -> GridSpec:
         cfg.cluster.workers_per_node,
         cfg.search,
         swept=not cfg.workload.script,  # a script runs its one batch: no sweep between points
+        # a user's script accumulates (or not) on its own
+        accumulate=1 if cfg.workload.script else cfg.train.accumulate,
     )
 
 

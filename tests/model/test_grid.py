@@ -1,5 +1,9 @@
+from dataclasses import replace
+
+import numpy as np
+
 from tula import config, model_inputs
-from tula.model.grid import Point, batch_sizes, grid, search_set, sweep_local_batches
+from tula.model.grid import Point, batch_sizes, grid, micro_steps, search_set, sweep_local_batches
 
 
 def test_batches_are_powers_of_two_between_bounds():
@@ -59,23 +63,41 @@ def test_point_names_and_local_batch():
 
 def test_partial_search_never_probes_beyond_b_max():
     # b_max = 64 per worker: N=1 fits B <= 64, N=4 fits B <= 256 (paper §III-A.2: b_max first)
-    cfg = config.from_dict(
-        {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"}
-    )
+    raw = {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"}
+    cfg = config.from_dict({**raw, "train": {"accumulate": 1}})
     pts = search_set(model_inputs.grid_spec(cfg), max_local_batch=64)
     assert pts == [Point(1, 32), Point(1, 64), Point(4, 32), Point(4, 256)]
     assert all(p.local_batch <= 64 for p in pts)
+    # accumulate: auto (the default) reaches past b_max as micro-batches; the partial search
+    # keeps its single-batch corners and adds the largest accumulated point, N = 4, B = 512
+    auto = model_inputs.grid_spec(config.from_dict(raw))
+    assert search_set(auto, max_local_batch=64) == [*pts, Point(4, 512)]
+    assert search_set(replace(auto, search="full"), max_local_batch=64) == grid(auto)
+
+
+def test_micro_steps_are_the_fewest_that_fit_or_the_fixed_k():
+    assert micro_steps(64, "auto", 64) == 1 and micro_steps(65, "auto", 64) == 2
+    assert micro_steps(512, "auto", 64) == 8 and micro_steps(512, "auto", None) == 1
+    assert micro_steps(512, 4, 64) == 4 and micro_steps(32, 2, None) == 2
+    assert micro_steps(np.array([32, 128, 96]), "auto", 64).tolist() == [1, 2, 2]
 
 
 def test_full_search_drops_what_does_not_fit_and_a_node_count_where_nothing_fits():
+    one = {"accumulate": 1}  # one batch a step: no micro-batches past b_max
     cfg = config.from_dict(
-        {"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}, "search": "full"}
+        {
+            "grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256},
+            "search": "full",
+            "train": one,
+        }
     )
     assert search_set(model_inputs.grid_spec(cfg), max_local_batch=32) == [
         Point(4, 64),
         Point(4, 128),
     ]
-    partial = config.from_dict({"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}})
+    partial = config.from_dict(
+        {"grid": {"workers": [1, 4], "batch_min": 64, "batch_max": 256}, "train": one}
+    )
     assert search_set(model_inputs.grid_spec(partial), max_local_batch=32) == [
         Point(4, 64),
         Point(4, 128),
@@ -124,6 +146,7 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
         {
             "grid": {"workers": [1, 2, 4, 8, 16, 32], "batch_min": 32, "batch_max": 1024},
             "cluster": {"workers_per_node": 8},
+            "train": {"accumulate": 1},  # one batch a step: the corners alone
         }
     )
     assert boundary_workers(model_inputs.grid_spec(cfg)) == (8, 16)

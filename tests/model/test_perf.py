@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from conftest import synthetic
+from tula.model import measurements
 from tula.model import perf as perfmodel
 
 
@@ -274,3 +275,42 @@ def test_the_input_floor_is_fitted_with_node_sharing_and_bounds_the_step_from_be
     assert any(r["input_bound"] for r in model.residuals) and not all(
         r["input_bound"] for r in model.residuals
     )
+
+
+def test_an_accumulated_step_is_priced_from_one_batch_steps_and_fitted_as_them():
+    """train.accumulate: a step of b as k micro-batches is (k - 1) compute-only micro-steps and
+    one synced step at b / k; a probe measured so enters the fit as the one-batch step at b / k
+    it is made of (its compute c / k, its step s - (k - 1) c / k); k = 1 is the plain step, its
+    interval too."""
+    df, comp, step = gpu_like([1, 2, 4], [64, 256, 1024], np.random.default_rng(0))
+    perf = perfmodel.fit(df, "ring")
+    acc_row = dict(
+        workers=2,
+        global_batch=1024,
+        local_batch=512,
+        accumulate=4,
+        compute_time_s=4 * comp(2, 128),
+        step_time_s=3 * comp(2, 128) + step(2, 128),
+        status="ok",
+        source="probe",
+        peak_mem_bytes=1.0,
+    )
+    one = measurements.as_micro_batches(pd.DataFrame([acc_row]))
+    assert one[["local_batch", "compute_time_s"]].iloc[0].tolist() == [128, comp(2, 128)]
+    assert one["step_time_s"].item() == pytest.approx(step(2, 128), rel=1e-12)
+    both = perfmodel.fit(pd.concat([df, pd.DataFrame([acc_row])], ignore_index=True), "ring")
+    n, b = np.array([1.0, 2.0, 4.0]), np.array([512.0, 512.0, 256.0])
+    k, m = np.array([4, 4, 2]), np.array([128.0, 128.0, 128.0])
+    for model in (perf, both):
+        acc = model.accumulated(n, b, k)
+        want = (k - 1) * model.compute_time_s(n, m) + model.step_time_s(n, m)
+        assert acc["step_time_s"] == pytest.approx(want, rel=1e-12)
+        truth = [(kk - 1) * comp(nn, 128) + step(nn, 128) for nn, kk in zip(n, k)]
+        assert acc["step_time_s"] == pytest.approx(truth, rel=0.02)
+        assert (acc["step_time_lo_s"] <= acc["step_time_s"]).all()
+        assert (acc["step_time_s"] <= acc["step_time_hi_s"]).all()
+    plain = perf.accumulated(n, b, np.ones(3))
+    lo, hi = perf.step_time_interval_s(n, b)
+    assert plain["step_time_s"].tolist() == perf.step_time_s(n, b).tolist()
+    assert plain["step_time_lo_s"].tolist() == lo.tolist()
+    assert plain["step_time_hi_s"].tolist() == hi.tolist()

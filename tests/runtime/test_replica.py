@@ -237,3 +237,66 @@ def test_the_replica_keeps_no_config_section(one_process_group):
     # AGS: the base LR, no warm-up
     u = r.update
     assert u.lr_plan.peak(64) == u.opt.param_groups[0]["lr"] == u.lr == 0.05 and u.sched.warm == 0
+
+
+def plain_net(in_shape, num_classes):
+    """No batch norm, no dropout: a batch's gradient is its micro-batches' weighted sum."""
+    size = int(torch.tensor(in_shape).prod())
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(size, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
+
+
+def _accumulating(accumulate, method="lbt", max_micro_batch=None):
+    cfg = config.from_dict(
+        {
+            "workload": {"model": "test_replica:plain_net"},
+            "train": {"method": method, "accumulate": accumulate, "ags_small_batch": 8},
+        }
+    )
+    r = Replica(cfg, torch.device("cpu"), 64, 0, 1, max_micro_batch=max_micro_batch)
+    calls = []
+
+    def counted(state, bucket):  # DDP's gradient all-reduce, counted
+        calls.append(bucket.index())
+        return (
+            torch_dist.all_reduce(bucket.buffer(), async_op=True)
+            .get_future()
+            .then(lambda f: f.value()[0])
+        )
+
+    r.ddp.register_comm_hook(None, counted)
+    return r, calls
+
+
+@pytest.mark.parametrize("method", ["lbt", "ags"])
+def test_an_accumulated_step_is_the_whole_batchs_step_with_one_all_reduce(
+    one_process_group, method
+):
+    """train.accumulate: the batch of 64 as 4 micro-batches of 16 (fixed, or auto under a
+    b_max of 16) moves the weights as the whole batch does, to float rounding (the sums are
+    added in another order), with the gradient all-reduced once, in the last micro-batch;
+    the epoch's loss sum is the whole batch's; under AGS the refresh reads the same pair of
+    squared norms (its reference sub-batch, the batch's first 8 samples, and the whole
+    batch's gradient)."""
+    whole, whole_calls = _accumulating(1, method)
+    fixed, fixed_calls = _accumulating(4, method)
+    auto, auto_calls = _accumulating("auto", method, max_micro_batch=16)
+    batch = next(whole.walk.epoch_batches())
+    for r in (whole, fixed, auto):
+        r.step(*batch)  # an epoch's first step: AGS refreshes its factors
+    for r, calls in ((fixed, fixed_calls), (auto, auto_calls)):
+        assert calls == whole_calls and len(set(calls)) == len(calls) > 0
+        for p, q in zip(whole.ddp.module.parameters(), r.ddp.module.parameters()):
+            assert torch.allclose(p, q, rtol=1e-5, atol=1e-7)
+        assert r.walk.stats[0].item() == pytest.approx(whole.walk.stats[0].item(), rel=1e-6)
+        if method == "ags":
+            (small, large), (small_k, large_k) = (
+                whole.update.noise_pairs[0],
+                r.update.noise_pairs[0],
+            )
+            assert (small_k, large_k) == pytest.approx((small, large), rel=1e-5)
+    moved = [p.detach() for p in whole.ddp.module.parameters()]
+    assert not all(
+        torch.equal(a, b) for a, b in zip(moved, _accumulating(1)[0].ddp.module.parameters())
+    )

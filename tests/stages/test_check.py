@@ -146,10 +146,11 @@ def test_the_probe_campaign_is_priced_before_it_runs():
         "node-jobs of at most 115 min (whole nodes: probe.exclusive), at most 8.7 node-hours "
         "(every job at its time limit)"
     )
-    # b_max known: only the points that fit (N = 1 has none at b <= 16)
+    # b_max known: the corners that fit in one batch (N = 1 has none at b <= 16), and the
+    # largest point at the largest N as micro-batches (train.accumulate: auto; k = 2 there)
     assert [(j["job"], j["batches"]) for j in campaign(cfg, max_local_batch=16)["jobs"][1:]] == [
         ("N4", [32, 64]),
-        ("N8", [32, 128]),
+        ("N8", [32, 128, 256]),
     ]
 
 
@@ -195,6 +196,10 @@ def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_pa
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(tiny_raw))
+    check.run(path, tmp_path / "workload.json")  # train.accumulate: auto, the default
+    assert "train.accumulate: auto runs them as micro-batches that fit" in capsys.readouterr().out
+    tiny_raw["train"]["accumulate"] = 1  # one batch a step: what does not fit is not probed
+    path.write_text(yaml.safe_dump(tiny_raw))
     check.run(path, tmp_path / "workload.json")
     said = capsys.readouterr().out
     est = read_json(tmp_path / "workload.json")["estimate"]
@@ -202,7 +207,7 @@ def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_pa
     assert est["device"] == "cuda" and cfg.hardware.device_memory_gb == 0.015
     bmax = plan.max_local_batch(est, cfg.hardware.memory_budget_bytes)
     assert f"b_max = {bmax} per worker, so N=1: B <= {bmax}, N=2: B <= {2 * bmax}" in said
-    out = re.search(r"ruled out by the estimate .*?: (.*)", said).group(1)
+    out = re.search(r"in one batch by the estimate \(not probed\): (.*)", said).group(1)
     ruled = [
         f"N={n} B={b}"
         for n in (1, 2)

@@ -10,7 +10,9 @@ from tula import model_inputs
 def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tmp_path, venv_path):
     """One real worker at a few local batches; with a 9 MB device (8.1 MB after the 10 % margin)
     small_cnn fits b=64 (7.1 MiB measured, AGS's per-parameter factors included) but not b=128
-    (12.2 MiB): partial search then probes N=1 at B=64 instead of B=128."""
+    (12.2 MiB): a partial search of one batch a step then probes N=1 at B=64 instead of
+    B=128; under train.accumulate: auto it probes B=128 too, as two micro-batches."""
+    import dataclasses
     import json
 
     import yaml
@@ -42,12 +44,11 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
     assert 64 <= bmax < 128
     assert model.predict_bytes(bmax) <= 0.009e9 * 0.9 < model.predict_bytes(bmax + 1)
     cfg = config.load(cfg_file)
-    assert search_set(model_inputs.grid_spec(cfg), bmax) == [
-        Point(1, 32),
-        Point(1, 64),
-        Point(2, 32),
-        Point(2, 128),
-    ]
+    one_batch = [Point(1, 32), Point(1, 64), Point(2, 32), Point(2, 128)]
+    one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accumulate=1))
+    assert search_set(model_inputs.grid_spec(one), bmax) == one_batch
+    # train.accumulate: auto (the default): N = 1 at B = 128 too, as two micro-batches
+    assert search_set(model_inputs.grid_spec(cfg), bmax) == sorted([*one_batch, Point(1, 128)])
     assert not list(tmp_path.glob(".*ranks"))
 
 

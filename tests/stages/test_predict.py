@@ -307,3 +307,20 @@ def test_a_probe_that_found_its_process_warm_gives_no_first_step_extra():
     # as measurements.csv gives the column back
     as_read = probes.assign(fresh_process=["True", "False", float("nan")])
     assert pd.isna(one_off_extras(as_read, 480)[0].tolist()[1])
+
+
+def test_a_batch_past_b_max_is_feasible_as_micro_batches_with_its_memory_and_price():
+    """train.accumulate: auto with b_max = 64 (a memory budget): B = 256 on N = 1 runs as 4
+    micro-batches of 64, feasible, its memory a micro-batch's, its step 4 micro-steps of a
+    flat step (a flat compute: the sync is 0); with accumulate 1 it is infeasible as before."""
+    raw = {"grid": {"workers": [1], "batch_min": 64, "batch_max": 256}}
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), 64.5e6)  # 1 MB a sample
+    cases = (("auto", [1, 2, 4], [True] * 3), (1, [1, 1, 1], [True, False, False]))
+    for accumulate, k, feasible in cases:
+        cfg = config.from_dict({**raw, "train": {"accumulate": accumulate}})
+        pred = predict_mod.predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1024)
+        micro = [b // kk for b, kk in zip((64, 128, 256), k)]
+        assert pred["accumulate"].tolist() == k and pred["feasible"].tolist() == feasible
+        assert pred["micro_batch"].tolist() == micro
+        assert pred["step_time_s"].tolist() == pytest.approx([0.1 * kk for kk in k], rel=1e-6)
+        assert pred["mem_bytes"].tolist() == pytest.approx([1e6 * m for m in micro], rel=1e-6)

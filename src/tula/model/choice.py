@@ -107,6 +107,8 @@ def summary(row: pd.Series, currency: str) -> dict[str, Any]:
         "currency": currency,
         "mem_bytes": float(row["mem_bytes"]),
         "probed": bool(row.get("probe_status", "") == "ok"),
+        # train.accumulate's micro-batches, where a step runs as several
+        **({"accumulate": int(row["accumulate"])} if row.get("accumulate", 1) > 1 else {}),
         **({WAIT: float(row[WAIT])} if WAIT in row and pd.notna(row[WAIT]) else {}),
     }
 

@@ -27,6 +27,21 @@ class Point:
         return f"N{self.workers}_B{self.global_batch}"
 
 
+def micro_steps(local_batch, accumulate="auto", max_local_batch=None):
+    """k, the micro-batches a step of ``local_batch`` samples per worker runs as
+    (``train.accumulate``): an integer fixes it; ``auto``: 1 where the local batch fits
+    (b <= b_max, or b_max unknown), else the smallest k whose micro-batch ceil(b / k) fits.
+    An int for one local batch, an int array for arrays."""
+    b = np.asarray(local_batch)
+    if accumulate != "auto":
+        k = np.full(b.shape, int(accumulate))
+    elif max_local_batch is None:
+        k = np.ones(b.shape, dtype=int)
+    else:
+        k = np.maximum(np.ceil(b / max(int(max_local_batch), 1)), 1).astype(int)
+    return int(k) if k.ndim == 0 else k
+
+
 def batch_sizes(g: GridSpec) -> list[int]:
     """Global batches from grid.batch_min to grid.batch_max, doubling."""
     out, b = [], g.batch_min
@@ -57,26 +72,35 @@ def boundary_workers(g: GridSpec) -> tuple[int, ...]:
 
 
 def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
-    """The points to probe, never one the memory model rules out (local batch above
-    ``max_local_batch``, b_max of the memory probe; None = unbounded).
+    """The points to probe, never one the memory model rules out (a local batch, or under
+    ``train.accumulate`` its micro-batch, above ``max_local_batch``, b_max of the memory probe;
+    None = unbounded).
 
     ``full``: every grid point that fits. ``partial`` (§III-A.2): min and max N, each at the
-    smallest B and at the largest B that fits there (grid.batch_max when memory allows); when
-    the grid crosses a node boundary (:func:`boundary_workers`), also the largest one-node N
-    and the smallest multi-node N, alike, so the sync model sees both sides of it. Where a
-    probe job cannot sweep the compute curve between its points (``g.swept`` false: a user's
-    script), a partial search probes every B that fits at those N: the points between are the
-    sweep (without them the compute curve between the corners is a guess; the plain script's
-    production ran x1.12 and x1.18 of a prediction at a B between them: BENCHMARKS.md,
-    "Your own training script").
+    smallest B and at the largest B that fits there in one batch (grid.batch_max when memory
+    allows); when the grid crosses a node boundary (:func:`boundary_workers`), also the largest
+    one-node N and the smallest multi-node N, alike, so the sync model sees both sides of it.
+    Where a probe job cannot sweep the compute curve between its points (``g.swept`` false: a
+    user's script), a partial search probes every B that fits at those N: the points between
+    are the sweep (without them the compute curve between the corners is a guess; the plain
+    script's production ran x1.12 and x1.18 of a prediction at a B between them: BENCHMARKS.md,
+    "Your own training script"). Where points fit only as micro-batches, a partial search also
+    probes the largest B at the largest N so: the step model, fitted on single batches,
+    predicts it, and its own probe checks that (held out of the fit).
     """
 
-    def fits(p: Point) -> bool:
-        return max_local_batch is None or p.local_batch <= max_local_batch
+    def fits(p: Point, k: int = 1) -> bool:  # at k micro-batches a step
+        return max_local_batch is None or -(-p.local_batch // k) <= max_local_batch
 
-    points = [p for p in grid(g) if fits(p)]
+    every = grid(g)
+    accumulated = [
+        p
+        for p in every
+        if not fits(p) and fits(p, micro_steps(p.local_batch, g.accumulate, max_local_batch))
+    ]
     if g.search == "full":
-        return points
+        return sorted([p for p in every if fits(p)] + accumulated)
+    points = [p for p in every if fits(p)]
     ns = g.workers
     corners: set[Point] = set()
     for n in {min(ns), max(ns), *boundary_workers(g)}:
@@ -84,6 +108,8 @@ def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
         if at_n:
             kept = at_n if not g.swept else (at_n[0], at_n[-1])
             corners |= {Point(n, b) for b in kept}
+    if accumulated:
+        corners.add(max(accumulated))  # order: the largest N, then the largest B
     return sorted(corners)
 
 

@@ -23,6 +23,8 @@ class GridSpec:
     workers_per_node: int = 1
     search: str = "partial"
     swept: bool = True
+    # train.accumulate: "auto" (a point past b_max runs as micro-batches), or a fixed k
+    accumulate: str | int = 1
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,7 @@ OPTIONAL = [
     "probe_efficiency",
     "job_wall_s",
     "fresh_process",
+    "accumulate",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")
@@ -274,6 +275,38 @@ def load(path: str | Path) -> pd.DataFrame:
 def probes(df: pd.DataFrame) -> pd.DataFrame:
     """The timed DDP probe rows (not the sweep or memory rows)."""
     return df[df["source"] == "probe"] if "source" in df.columns else df
+
+
+def accumulated(df: pd.DataFrame) -> pd.Series:
+    """k, the micro-batches each row's step ran as (``train.accumulate``; 1: one batch)."""
+    if "accumulate" not in df.columns:
+        return pd.Series(1, index=df.index)
+    return pd.to_numeric(df["accumulate"], errors="coerce").fillna(1).astype(int)
+
+
+def as_micro_batches(df: pd.DataFrame) -> pd.DataFrame:
+    """Each row as the one-batch step the step model fits: a step measured as k micro-batches
+    of b / k (compute-only: k micro-steps; synced: k - 1 compute-only micro-steps and one
+    synced, :meth:`tula.model.perf.PerfModel.accumulated`) becomes a step at b / k, its compute
+    c / k, its step s - (k - 1) c / k (the same sync), its input i / k."""
+    k = accumulated(df)
+    if (k == 1).all():
+        return df
+    out = df.copy()
+    kf = k.astype(float)
+    c = pd.to_numeric(out["compute_time_s"], errors="coerce")
+    out["local_batch"] = out["local_batch"] / kf
+    out["compute_time_s"] = c / kf
+    out["step_time_s"] = pd.to_numeric(out["step_time_s"], errors="coerce") - (kf - 1) * c / kf
+    if "input_time_s" in out.columns:
+        out["input_time_s"] = pd.to_numeric(out["input_time_s"], errors="coerce") / kf
+    return out
+
+
+def memory_batch(df: pd.DataFrame) -> pd.Series:
+    """The batch each row's memory peak was measured at: its local batch, or an accumulated
+    row's micro-batch, ceil(b / k)."""
+    return -(-df["local_batch"].astype(int) // accumulated(df))
 
 
 def comm_env_text(env: dict) -> str:

@@ -18,6 +18,7 @@ from tula.io import read_json
 from tula.model.grid import batch_sizes
 from tula.model.inputs import GridSpec
 from tula.model.linfit import LinearFit, fit_linear
+from tula.model.measurements import memory_batch
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def fit(measurements: pd.DataFrame, budget_bytes: float | None) -> MemoryModel:
     ]
     return MemoryModel(
         fit=fit_linear(
-            ok["local_batch"],
+            memory_batch(ok),
             ok["peak_mem_bytes"],
             what="memory model (peak_mem_bytes vs local_batch)",
         ),
@@ -117,8 +118,8 @@ def oom_bound(measurements: pd.DataFrame) -> int | None:
     nothing in general (memory per worker also grows with N: DDP's buckets, a collective's
     buffers); predict marks that one point infeasible instead."""
     status = measurements["status"]
-    oom = measurements.loc[status == "oom", "local_batch"]
-    ran = measurements.loc[status == "ok", "local_batch"]
+    b = memory_batch(measurements)  # an accumulated row's micro-batch
+    oom, ran = b[status == "oom"], b[status == "ok"]
     above = oom[oom > ran.max()] if len(ran) else oom
     return int(above.min()) if len(above) else None
 

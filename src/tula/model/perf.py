@@ -36,7 +36,7 @@ from tula.model.forms import (
     two_level_forms,
 )
 from tula.model.grid import nodes_of
-from tula.model.measurements import INPUT_BOUND
+from tula.model.measurements import INPUT_BOUND, as_micro_batches
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,31 @@ class PerfModel:
         floor = self.input_time_s(workers, local_batch)
         return np.maximum(np.maximum(t - half, 0.0), floor), np.maximum(t + half, floor)
 
+    def accumulated(self, workers, local_batch, k) -> dict[str, np.ndarray]:
+        """A step of ``local_batch`` samples per worker as ``k`` micro-batches
+        (``train.accumulate``): k - 1 compute-only micro-steps of b / k, then one with the
+        sync, no faster than the k micro-batches' input: max((k - 1) c(b / k) + step(b / k),
+        k input(b / k)). Its compute, sync, input and step, and the step's 95 % interval: the
+        micro-step's, widened by k - 1 times the compute's half-width (the same fit: its
+        errors add). k = 1 is :meth:`step_time_s` and its parts."""
+        k = np.asarray(k, dtype=float)
+        m = np.asarray(local_batch, dtype=float) / k
+        c = self.compute_time_s(workers, m)
+        t_in = k * self.input_time_s(workers, m)
+        more = (k - 1) * c  # the micro-batches before the synced one
+        step = np.maximum(self.model_step_time_s(workers, m) + more, t_in)
+        lo, hi = self.step_time_interval_s(workers, m)
+        half = (k - 1) * self.compute.half_width(self._cx(workers, m))
+        return {
+            "compute_time_s": k * c,
+            "sync_time_s": self.sync_time_s(workers, m),
+            "input_time_s": t_in,
+            "input_bound": (t_in > 0) & (t_in >= INPUT_BOUND * step),
+            "step_time_s": step,
+            "step_time_lo_s": np.maximum(np.maximum(lo + more - half, 0.0), t_in),
+            "step_time_hi_s": np.maximum(hi + more + half, t_in),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "equation": "step_time_s = max(compute(b, N) (+) sync(N), input(b, g)), "
@@ -204,7 +229,8 @@ def fit(
     anew: the choice's resamples (:mod:`tula.model.robust`)."""
     if collective not in COLLECTIVE_TERMS:
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
-    ok = measurements[measurements["status"] == "ok"]
+    # a step measured as micro-batches (train.accumulate), as the one-batch steps it is made of
+    ok = as_micro_batches(measurements[measurements["status"] == "ok"])
     comp = ok[
         np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce"))
         & (ok["compute_time_s"] > 0)

@@ -13,7 +13,7 @@ import pandas as pd
 from tula.model import measurements as measurements_mod
 from tula.model import noise
 from tula.model import pricing as pricing_mod
-from tula.model.grid import grid, nodes_of, short_last_batch, steps_per_epoch
+from tula.model.grid import grid, micro_steps, nodes_of, short_last_batch, steps_per_epoch
 from tula.model.inputs import JobExtras, Planning, Price
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel, evaluation_time
@@ -66,12 +66,17 @@ def _probed(df: pd.DataFrame, measured: pd.DataFrame | None) -> pd.DataFrame:
 
 def _steps(plan: Planning, perf: PerfModel, mem: MemoryModel, train_samples: int) -> pd.DataFrame:
     """The grid's points with their predicted step (Eq. 2, with its 95 % interval), T (Eq. 4a)
-    and memory (Eq. 3)."""
+    and memory (Eq. 3); ``accumulate``: the micro-batches k a step runs as
+    (``train.accumulate``, :func:`tula.model.grid.micro_steps` at the memory model's b_max),
+    priced by :meth:`PerfModel.accumulated`, its memory its micro-batch's."""
     pts = grid(plan.grid)
     workers = np.array([p.workers for p in pts], dtype=int)
     batch = np.array([p.global_batch for p in pts], dtype=int)
     n, b = workers.astype(float), (batch // workers).astype(float)
-    lo, hi = perf.step_time_interval_s(n, b)
+    k = micro_steps(batch // workers, plan.grid.accumulate, mem.max_local_batch())
+    step = perf.accumulated(n, b, k)
+    if perf.input is None:
+        step["input_time_s"] = math.nan
     spe = steps_per_epoch(train_samples, batch, workers)
     df = pd.DataFrame(
         {
@@ -79,13 +84,12 @@ def _steps(plan: Planning, perf: PerfModel, mem: MemoryModel, train_samples: int
             "nodes": nodes_of(workers, plan.grid.workers_per_node).astype(int),
             "global_batch": batch,
             "local_batch": batch // workers,
-            "compute_time_s": perf.compute_time_s(n, b),
-            "step_time_s": perf.step_time_s(n, b),
-            "sync_time_s": perf.sync_time_s(n, b),
-            "input_time_s": perf.input_time_s(n, b) if perf.input is not None else math.nan,
-            "input_bound": perf.input_bound(n, b),
-            "step_time_lo_s": lo,
-            "step_time_hi_s": hi,
+            "accumulate": k,
+            "micro_batch": -(-(batch // workers) // k),
+            **{c: step[c] for c in ("compute_time_s", "step_time_s", "sync_time_s")},
+            **{c: step[c] for c in ("input_time_s", "input_bound")},
+            "step_time_lo_s": step["step_time_lo_s"],
+            "step_time_hi_s": step["step_time_hi_s"],
             "steps_per_epoch": spe,
             "epochs": plan.goal.epochs,
         }
@@ -95,7 +99,7 @@ def _steps(plan: Planning, perf: PerfModel, mem: MemoryModel, train_samples: int
         train_time_s=steps * df["step_time_s"],
         train_time_lo_s=steps * df["step_time_lo_s"],
         train_time_hi_s=steps * df["step_time_hi_s"],
-        mem_bytes=mem.predict_bytes(df["local_batch"]),
+        mem_bytes=mem.predict_bytes(df["micro_batch"]),
     )
 
 
@@ -116,7 +120,7 @@ def predict(
     sync_measured = (df["workers"] == 1) | (perf.step is not None)
     probed = _probed(df, measured)
     df = df.assign(
-        feasible=np.asarray(mem.feasible(df["local_batch"]), dtype=bool)
+        feasible=np.asarray(mem.feasible(df["micro_batch"]), dtype=bool)
         & sync_measured.to_numpy()
         & ~probed["oom"].to_numpy(bool),
         sync_measured=sync_measured,

@@ -48,6 +48,7 @@ class Probed:
     dataset: str | None = None
     warmup_steps: int | None = None  # probe.warmup_steps
     timed_steps: int | None = None  # probe.timed_steps: the judged steps each arm needs
+    accumulate: int | None = None  # train.accumulate's k micro-batches a step (None: one)
     schema: str = SCHEMA
 
 
@@ -233,6 +234,8 @@ class ProbeRecord:
         p = self.probed
         out: dict[str, Any] = {"schema": p.schema}
         out |= {k: getattr(p, k) for k in keys(Probed) if k != "schema"}
+        if p.accumulate is None:  # a step of one batch: the record as before accumulation
+            del out["accumulate"]
         out["status"] = self.status
         out |= {k: getattr(self, k) for k in ("error", "traceback") if getattr(self, k)}
         out |= self.result.parts_json() if self.result and self.ok else {}

@@ -36,6 +36,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         ckpt: checkpoint.Checkpointing,
         band: dict[str, float] | None = None,
         lr: float | None = None,
+        micro_batch: int | None = None,
     ):
         self.config, self.workers, self.global_batch, self.out_dir, self.ckpt = (
             config,
@@ -47,6 +48,7 @@ class ProductionJob(submitit.helpers.Checkpointable):
         # the predicted sync at (N, B) for the drift detector (tula.model.drift.Band)
         self.band = band
         self.lr = lr  # a user's script's {lr} at this B (tula.model_inputs.lr_at)
+        self.micro_batch = micro_batch  # train.accumulate's largest micro-batch, as planned
 
     def __call__(self) -> dict[str, Any]:
         cfg = self.config  # with tula launch's device decision in it (tula.devices.apply)
@@ -67,7 +69,13 @@ class ProductionJob(submitit.helpers.Checkpointable):
         from tula.production.trainer import Trainer
 
         return Trainer(
-            cfg, self.workers, self.global_batch, Path(self.out_dir), self.ckpt, self.band
+            cfg,
+            self.workers,
+            self.global_batch,
+            Path(self.out_dir),
+            self.ckpt,
+            self.band,
+            getattr(self, "micro_batch", None),  # a job pickled before it had one
         ).run()
 
     def run_script(self) -> dict[str, Any]:

@@ -195,7 +195,10 @@ class Launch:
         )
         # the job first, then the executor that submits it (self.cfg has the device decision)
         lr = model_inputs.lr_at(self.cfg, batch)  # a user's script's {lr} at this B
-        job_fn = ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band, lr)
+        # train.accumulate: the micro-batch the plan priced at this point (None: not planned)
+        m = (row or {}).get("micro_batch")
+        micro = int(m) if m is not None and m == m else None  # NaN: none
+        job_fn = ProductionJob(self.cfg, self.workers, batch, str(self.out), ckpt, band, lr, micro)
         executor = submission.make_executor(
             self.cfg,
             self.kind,

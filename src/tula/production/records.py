@@ -11,6 +11,7 @@ import torch.distributed as torch_dist
 
 from tula.config import Config
 from tula.io import write_json
+from tula.model.grid import micro_steps
 from tula.production import jobdir
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
@@ -49,6 +50,10 @@ def final_record(
         "workers": replica.world,
         "global_batch": replica.global_batch,
         "local_batch": replica.global_batch // replica.world,
+        # train.accumulate: the micro-batches each step ran as
+        "accumulate": micro_steps(
+            replica.global_batch // replica.world, replica.accumulate, replica.max_micro_batch
+        ),
         **settings,
         "channels_last": replica.channels_last,
         "data_workers": replica.loader_workers,

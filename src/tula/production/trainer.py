@@ -66,6 +66,7 @@ class Trainer:
         out_dir: Path,
         ckpt: Checkpointing | None = None,
         band: dict[str, float] | None = None,
+        micro_batch: int | None = None,
     ):
         self.wenv, self.device, self.backend = dist.init(cfg.hardware, cluster=cfg.cluster)
         if self.wenv.world_size != workers:
@@ -83,7 +84,9 @@ class Trainer:
         self.rank, self.attempt = self.wenv.rank, ckpt.attempt if ckpt else 1
         self.faults = tula_faults.from_env()
         self.stops = stops.StopSignals() if ckpt else None
-        self.replica = Replica(cfg, self.device, global_batch, self.rank, workers, self._hooks())
+        self.replica = Replica(  # micro_batch: train.accumulate's largest, as planned
+            cfg, self.device, global_batch, self.rank, workers, self._hooks(), None, micro_batch
+        )
         self.label = f"train N={workers} B={global_batch}"
         self.ledger = Ledger(
             out_dir, self.rank, self.attempt, self.label, self.replica.timer, process_started()
@@ -268,11 +271,8 @@ class Trainer:
         t0 = time.perf_counter()
         if self.curves:
             self.curves.writer.flush()
-        hook = (
-            checkpoint.truncate
-            if tula_faults.truncate_due(self.faults, self.replica.steps_done)
-            else None
-        )
+        due = tula_faults.truncate_due(self.faults, self.replica.steps_done)
+        hook = checkpoint.truncate if due else None
         write_checkpoint(
             self.replica,
             self.ckpt.directory,

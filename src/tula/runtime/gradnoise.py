@@ -10,6 +10,7 @@ import torch
 import torch.distributed as torch_dist
 
 from tula.model import noise
+from tula.model.grid import micro_steps
 from tula.model.probe_measured import Noise
 from tula.runtime.replica import Replica
 
@@ -58,13 +59,15 @@ def measure(replica, steps: int) -> Noise:
 def gradient_norms(replica: Replica, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """(|G_b|^2 averaged over the workers, |G_B|^2 of their all-reduced mean) on this rank's
     share of one global batch, at the replica's current weights: forward and backward under
-    ``no_sync`` (each worker's own gradient), then one all-reduce of the gradient with the
-    worker's squared norm riding along. No optimizer step; the gradients are cleared."""
-    x, y = replica.to_device(x, y)
+    ``no_sync`` (each worker's own gradient; as the step's micro-batches where
+    train.accumulate splits it), then one all-reduce of the gradient with the worker's squared
+    norm riding along. No optimizer step; the gradients are cleared."""
     replica.update.clear_gradients()
+    k = min(micro_steps(len(y), replica.accumulate, replica.max_micro_batch), len(y))
     with replica.no_sync():
-        _, loss = replica.forward_loss(x, y)
-        loss.float().backward()
+        for xi, yi in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
+            _, loss = replica.forward_loss(*replica.to_device(xi, yi))
+            (loss.float() * (len(yi) / len(y))).backward()
     params = replica.ddp.parameters()
     flat = torch.cat([p.grad.reshape(-1).float() for p in params if p.grad is not None])
     buf = torch.cat([flat, flat.pow(2).sum().view(1)])

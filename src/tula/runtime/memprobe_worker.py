@@ -6,6 +6,7 @@ It writes ``<result-dir>/rank0.json``, also when it fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import traceback
@@ -36,7 +37,9 @@ def run_worker(cfg: config_mod.Config, batches: list[int], result_dir: Path) -> 
         wenv, device, backend = dist.init(
             cfg.hardware, timeout_s=cfg.probe.timeout_s, cluster=cfg.cluster
         )
-        replica = Replica(cfg, device, batches[0], 0, 1)
+        # one batch a step, whatever train.accumulate says: b_max is the largest that fits so
+        one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accumulate=1))
+        replica = Replica(one, device, batches[0], 0, 1)
         out["env"] = {
             "device": device.type,
             "backend": backend,

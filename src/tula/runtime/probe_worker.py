@@ -22,7 +22,7 @@ import torch.distributed as torch_dist
 
 from tula import config as config_mod
 from tula import faults as tula_faults
-from tula.model.grid import Point
+from tula.model.grid import Point, micro_steps
 from tula.model.memory import max_local_batch
 from tula.model.probe_measured import Overheads
 from tula.model.probe_record import AFTER_MEASUREMENT, Failure, RankResult
@@ -144,10 +144,12 @@ def _start(
     rank: int,
     phases: Phases,
     job: JobState,
+    bmax: int | None = None,
 ) -> tuple[dist.WorkerEnv, torch.device, str, Replica, float]:
     """The process group (joined at the first point), then this point's replica (model,
-    optimizer, data); with this process's start-up, to the first point's first step, as the
-    production job counts it."""
+    optimizer, data; its steps as micro-batches of at most ``bmax`` under train.accumulate);
+    with this process's start-up, to the first point's first step, as the production job
+    counts it."""
     if job.group is None:
         phases.enter("process group")
         wenv, device, backend = dist.init(
@@ -161,7 +163,9 @@ def _start(
     wenv, device, backend = job.group
     phases.enter("model and data")
     # the sets are loaded (and a resident set copied to the device) once for the job's points
-    replica = Replica(cfg, device, point.global_batch, rank, wenv.world_size, data=job.data)
+    replica = Replica(
+        cfg, device, point.global_batch, rank, wenv.world_size, data=job.data, max_micro_batch=bmax
+    )
     job.started(replica.data, time.time() - process_started())
     return wenv, device, backend, replica, job.startup_s
 
@@ -173,11 +177,12 @@ def _measure_point(
     rank: int,
     phases: Phases,
     job: JobState,
+    bmax: int | None = None,
 ) -> tuple[Replica, float, dict[str, Any] | None]:
     """The probe's own measurement at its (N, B): memory of one step, then the timed steps of
     every rank, combined on rank 0. Returns the replica, this process's start-up (to its first
     step, as the production job counts it) and rank 0's measurement (None on the others)."""
-    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, phases, job)
+    wenv, device, backend, replica, startup_s = _start(cfg, point, rank, phases, job, bmax)
     phases.enter("first steps")
     # the replica's first training steps, before anything else has run a forward pass on it:
     # what the production job pays at its start and at its first short batch
@@ -219,13 +224,16 @@ def _measure_point(
 
 
 def _memory_step(replica: Replica):
-    """One step's memory, counted (Eq. 3's terms); it took a batch but no position, so the
-    epoch's iterator starts over."""
+    """One step's memory, counted (Eq. 3's terms), at the step's micro-batch where
+    train.accumulate splits it; it took a batch but no position, so the epoch's iterator starts
+    over."""
+    x, y = next(replica.walk.epoch_batches())
+    m = -(-len(y) // micro_steps(len(y), replica.accumulate, replica.max_micro_batch))
     mem = measure_step(
         replica.ddp,
         replica.update.opt,
         functools.partial(replica.forward_loss, eager=True),
-        *replica.to_device(*next(replica.walk.epoch_batches())),
+        *replica.to_device(x[:m], y[:m]),
     )
     replica.forget_feed()
     return mem
@@ -248,7 +256,9 @@ def _probe(
     sweeps the same local batches, the grid's, less the job's own, so one sweep serves the
     job)."""
     rank = now.result.rank
-    replica, startup_s, measured = _measure_point(cfg, point, attempt, rank, phases, job)
+    replica, startup_s, measured = _measure_point(
+        cfg, point, attempt, rank, phases, job, max_local_batch
+    )
     now.stands(now.result.measured_as(measured))
     phases.enter("overheads")
     overheads = job.overheads_of(lambda: _overheads(replica, result_dir, startup_s))

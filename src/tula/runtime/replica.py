@@ -7,18 +7,17 @@ step's state: the ``train.method`` optimizer, its LR schedule, the GradScaler an
 pairs (``update``, :class:`tula.runtime.update.Update`); where training stands, the epoch's
 sums and the kind of the next step (``walk``, :class:`tula.runtime.epoch_walk.EpochWalk`);
 the batches (``stream``) and evaluation (``evaluator``). Other modules change that state only
-through its methods and its parts'. :meth:`Replica.step`:
-    forward under autocast -> one all-reduce of (OOM, stop) flags that every rank agrees on
-    -> backward (DDP's bucketed gradient all-reduce) -> unscale -> AGS refresh when due
-    -> optimizer step through the GradScaler -> LR schedule -> loss/accuracy sums on device.
+through its methods and its parts'. :meth:`Replica.step`: (k - 1 accumulated micro-batches'
+forward and backward under ``no_sync``) -> forward under autocast -> one all-reduce of (OOM,
+stop) flags every rank agrees on -> backward (DDP's bucketed gradient all-reduce) -> unscale
+-> AGS refresh when due -> optimizer step through the GradScaler -> LR schedule -> sums.
 
 Out of memory is agreed on wherever a collective follows that every rank makes anyway (the
-step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a
-checkpoint) and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in
-backward, where the peers wait inside DDP's all-reduce, the failing rank leaves a record
-(``oom/``) instead (:mod:`tula.production.trainer`). The timer (:mod:`tula.runtime.timing`)
-times around the walk's steps (:meth:`tula.runtime.epoch_walk.EpochWalk.next_steps`);
-compute-only steps are them under ``DDP.no_sync()``.
+step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a checkpoint)
+and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in backward, where the
+peers wait inside DDP's all-reduce, the failing rank leaves a record (``oom/``) instead
+(:mod:`tula.production.trainer`). The timer times around the walk's steps; compute-only steps
+are them under ``DDP.no_sync()``.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula import checkpoint, model_inputs
 from tula import config as config_mod
-from tula.model.grid import steps_per_epoch
+from tula.model.grid import micro_steps, steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader, recipe
 from tula.runtime.agreement import StepOOM, agree_host
@@ -43,7 +42,6 @@ from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import Cadence, build_method, set_post_local_iter
 from tula.runtime.nets import build_model, compiled
-from tula.runtime.refresh import refresh_scales
 from tula.runtime.stepstate import Position, StepHooks
 from tula.runtime.stream import Stream
 from tula.runtime.timing import StepTimer
@@ -70,6 +68,7 @@ class Replica:
         world: int,
         hooks: StepHooks | None = None,
         data: data_mod.WorkloadData | None = None,
+        max_micro_batch: int | None = None,
     ):
         t = cfg.train
         self.device, self.rank, self.world = device, rank, world
@@ -106,8 +105,8 @@ class Replica:
         self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t, device)
         self.eval_metric = recipe.build_metric(t, device)  # evaluation's own (torchmetrics)
         self.small_local = max(1, t.ags_small_batch // world)
-        # where in the step (or evaluation) this rank is: forward, backward, refresh, eval
-        self.phase = "forward"
+        self.accumulate, self.max_micro_batch = t.accumulate, max_micro_batch  # micro_steps
+        self.phase = "forward"  # where in the step (or evaluation): forward, backward, refresh
         self.hooks = dataclasses.replace(hooks or StepHooks(), injector=None)
         self.inject_faults((hooks or StepHooks()).injector)
         loaders = loader.Loaders(cfg, self.data, rank, world, device)  # data.*, decided once
@@ -231,12 +230,21 @@ class Replica:
         code every rank agreed on (0: go on); raises :class:`StepOOM` on every rank together
         when any rank ran out of memory moving the batch to the device, in the forward pass or
         in AGS's refresh. An out-of-memory error in backward cannot be agreed on (the peers
-        are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it."""
+        are inside DDP's gradient all-reduce): it propagates, and :class:`Trainer` records it.
+        Accumulated (train.accumulate: k > 1 micro-batches, :func:`micro_steps`), the first k - 1
+        each run their forward and backward under ``no_sync`` first (an OOM there is agreed on
+        too)."""
         chunk = self.walk.next_chunk()
         self.update.clear_gradients()
-        oom, self.phase = "", "forward"
+        oom, self.phase, n, whole, parts = "", "forward", len(y), (x, y), []
+        k = min(micro_steps(n, self.accumulate, self.max_micro_batch), n)
+        xs, ys = torch.tensor_split(x, k), torch.tensor_split(y, k)
         try:
-            x, y = self.to_device(x, y)
+            # each micro-batch's loss weighted by its share of the batch: their gradients sum
+            # to the batch's mean gradient; the last backward is the step's synced one
+            with self.no_sync() if len(xs) > 1 else contextlib.nullcontext():
+                parts = [self._micro_step(*b, len(b[1]) / n) for b in zip(xs[:-1], ys[:-1])]
+            x, y = self.to_device(xs[-1], ys[-1])
             logits, loss = self.forward_loss(x, y)
         except torch.OutOfMemoryError as exc:
             # drop what was allocated
@@ -251,7 +259,7 @@ class Replica:
         self.phase = "backward"
         if self.hooks.injector is not None:  # backward's start: the peers go on into the all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
-        self.update.backward(loss)
+        self.update.backward(loss * (len(y) / n) if len(xs) > 1 else loss)
         # fault injection: a slower network
         if self.hooks.sync_delay is not None and self.ddp.require_backward_grad_sync:
             time.sleep(self.hooks.sync_delay(self.steps_done))
@@ -259,38 +267,31 @@ class Replica:
         self.update.unscale()
         refresh = self.walk.refreshes_next
         self.walk.refreshing(refresh)
-        if refresh:
-            self._refresh(x, y)
+        if refresh:  # at AGS's reference sub-batch: the first samples of this rank's batch
+            k, self.phase = self.small_local, "refresh"
+            small = (x[:k], y[:k]) if len(xs) == 1 else self.to_device(whole[0][:k], whole[1][:k])
+            try:
+                done = self.update.refresh(self.ddp, self.loss_fn, *small, self.autocast)
+            except StepOOM:
+                self.free_cached_memory()
+                raise
+            self.walk.refresh_next(not done)  # a non-finite gradient: again at the next step
         self.phase = "forward"
         self.update.apply()  # the optimizer's step, then the LR schedule's
-        n = len(y)
-        sums = torch.stack([loss.detach().double() * n, self.metric_sum(logits.detach(), y)])
-        self.walk.stepped(chunk, loss.detach(), sums, n)
+        sums = sum(parts, self._sums(loss, logits, y))
+        self.walk.stepped(chunk, loss.detach() if len(xs) == 1 else sums[0] / n, sums, n)
         return stop
 
-    def _refresh(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """AGS's refresh inside the step: the scale factors measured again at the reference
-        sub-batch (:func:`tula.runtime.refresh.refresh_scales`), and the pair of squared norms
-        kept for the epoch's gradient noise scale."""
-        scale = self.update.loss_scale()
-        self.phase = "refresh"
-        try:
-            done = refresh_scales(
-                self.ddp,
-                self.update.opt,
-                self.loss_fn,
-                x[: self.small_local],
-                y[: self.small_local],
-                autocast=self.autocast,
-                loss_scale=scale,
-            )
-        except StepOOM:
-            self.free_cached_memory()
-            raise
-        self.walk.refresh_next(not done)  # a non-finite gradient: try again at the next step
-        # |G_small|^2 at AGS's reference sub-batch and |G_B|^2: the epoch's noise scale
-        if done:
-            self.update.refreshed()
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, share: float) -> torch.Tensor:
+        """An accumulated step's micro-batch but its last (under ``no_sync``): its loss's
+        gradient times ``share``, its part of the batch; returns its (loss, metric) sums."""
+        x, y = self.to_device(x, y)
+        logits, loss = self.forward_loss(x, y)
+        self.update.backward(loss * share)
+        return self._sums(loss, logits, y)
+
+    def _sums(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.stack([loss.detach().double() * len(y), self.metric_sum(logits.detach(), y)])
 
     def set_global_batch(self, global_batch: int, park: bool = False, back: bool = False) -> None:
         """Run the next steps at another global batch (the same model, optimizer and step), from

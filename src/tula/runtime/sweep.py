@@ -12,7 +12,7 @@ import torch.distributed as torch_dist
 
 from tula import config as config_mod
 from tula import model_inputs
-from tula.model.grid import Point, steps_per_epoch, sweep_local_batches
+from tula.model.grid import Point, micro_steps, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
 from tula.runtime.measure import step_peak_bytes, timing_stats
 from tula.runtime.precision import Series
@@ -43,7 +43,13 @@ def run_sweep(
     rows = _sweep(replica, cfg, point, max_local_batch, float(start_extra[0]), probed)
     swept: list[Any] = [None] * replica.world
     torch_dist.all_gather_object(swept, rows)
-    return _sweep_rows(swept) if replica.rank == 0 else None
+    if replica.rank != 0:
+        return None
+    out = _sweep_rows(swept)
+    for row in out:  # a fixed train.accumulate splits the sweep's steps too
+        k = micro_steps(row["local_batch"], replica.accumulate, replica.max_micro_batch)
+        row.update({"accumulate": k} if k > 1 else {})
+    return out
 
 
 def _sweep(

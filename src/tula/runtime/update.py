@@ -14,7 +14,7 @@ owns them. The replica's step drives it (:meth:`Update.clear_gradients`, :meth:`
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,6 +23,7 @@ from tula.runtime import recipe
 from tula.runtime.methods import follow_new_batch
 from tula.runtime.optim import TulaOptimizer
 from tula.runtime.optim_state import load_optimizer_parts, load_optimizer_state, optimizer_parts
+from tula.runtime.refresh import refresh_scales
 
 
 class Update:
@@ -96,10 +97,26 @@ class Update:
         asked only when a refresh needs it)."""
         return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
-    def refreshed(self) -> None:
-        """AGS refreshed its factors: its pair of squared norms kept for the epoch's gradient
-        noise scale."""
-        self.noise_pairs.append(self.opt.last_sq_norms)
+    def refresh(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        x_small: torch.Tensor,
+        y_small: torch.Tensor,
+        autocast: Callable[[], Any],
+    ) -> bool:
+        """AGS's refresh inside the step, after the step's gradient is complete and unscaled:
+        the scale factors measured again at the reference sub-batch (this rank's share, x_small,
+        y_small; :func:`tula.runtime.refresh.refresh_scales`), and their pair of squared norms
+        kept for the epoch's gradient noise scale. False: a non-finite gradient, nothing
+        refreshed. Raises :class:`tula.runtime.agreement.StepOOM` on every rank together."""
+        scale = self.loss_scale()
+        done = refresh_scales(
+            model, self.opt, loss_fn, x_small, y_small, autocast=autocast, loss_scale=scale
+        )
+        if done:
+            self.noise_pairs.append(self.opt.last_sq_norms)
+        return done
 
     def apply(self) -> None:
         """The optimizer's step through the GradScaler (skipped when fp16 gradients

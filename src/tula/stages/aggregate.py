@@ -54,6 +54,7 @@ def _rows(rec: ProbeRecord, probe_file: str) -> list[dict]:
                 "nodes": rec.probed.nodes,
                 "global_batch": rec.probed.global_batch,
                 "local_batch": sw["local_batch"],
+                "accumulate": sw.get("accumulate"),  # a fixed train.accumulate's k
                 "compute_time_s": sw.get("compute_time_s"),
                 "compute_time_cv": sw.get("compute_time_cv"),
                 "compute_time_halfwidth_rel": sw.get("compute_time_halfwidth_rel"),

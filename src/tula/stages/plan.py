@@ -53,13 +53,15 @@ def plan_record(
     r = row.iloc[0].to_dict() if len(row) else {}
     shape = shapes.job_shape(cfg, n)
     t, lr = cfg.train, model_inputs.lr_plan(cfg.train)
-    spe = steps_per_epoch(train_samples, b, n)
-
+    spe, k = steps_per_epoch(train_samples, b, n), int(s.get("accumulate", 1))
     wall = r.get("wall_time_s")
     return {
         "workers": n,
         "global_batch": b,
         "local_batch": s["local_batch"],
+        # train.accumulate: the micro-batches a step runs as, and the largest of them
+        "accumulate": k,
+        "micro_batch": -(-s["local_batch"] // k),
         "nodes": shape.nodes,
         "workers_per_node": shape.tasks_per_node,
         "gpus_per_node": shape.gpus_per_node,
@@ -144,7 +146,13 @@ def _header(p: dict[str, Any], cfg: config_mod.Config, slurm: dict[str, Any]) ->
     lines = [
         "#!/bin/bash",
         f"# Tula's plan: N={p['workers']} workers, global batch B={p['global_batch']} "
-        f"({p['local_batch']} per worker), objective {p['objective']}.",
+        f"({p['local_batch']} per worker"
+        + (
+            f", as {p['accumulate']} micro-batches of {p['micro_batch']} a step"
+            if p["accumulate"] > 1
+            else ""
+        )
+        + f"), objective {p['objective']}.",
         f"# Predicted: step {p['predicted_step_time_s']:.4g} s, training "
         f"{p['predicted_train_time_s']:.4g} s, cost {p['predicted_cost']:.4g} {p['currency']} "
         "(results/plan/plan.json, which says what carries over of Tula's guarantees).",
@@ -251,6 +259,15 @@ def sbatch_script(p: dict[str, Any], cfg: config_mod.Config, slurm: dict[str, An
         "# it, and its step is what the probes timed). Pass it the batch per worker and the LR",
         "# above. Tula's method (AGS, static, lars, polo) is not in your script: it runs only",
         "# where Tula trains (snakemake without the plan target).",
+        *(
+            [
+                f"# Tula priced each step as {p['accumulate']} micro-batches of at most "
+                f"{p['micro_batch']} (train.accumulate: the batch per worker is past what fits):",
+                "# accumulate their gradients in your script (DDP's no_sync for all but the last).",
+            ]
+            if p["accumulate"] > 1
+            else []
+        ),
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "srun torchrun \\",
         '  --nnodes="$SLURM_JOB_NUM_NODES" \\',

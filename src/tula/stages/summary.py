@@ -124,7 +124,9 @@ def success_lines(results: str | Path, cfg: Config) -> list[str]:
     s = sel["selected"]
     lines = [
         f"tula: use N={s['workers']} workers, global batch B={s['global_batch']} "
-        f"({s['local_batch']} per worker)"
+        f"({s['local_batch']} per worker"
+        + (f", {s['accumulate']} micro-batches a step" if s.get("accumulate", 1) > 1 else "")
+        + ")"
         + (f" on partition {sel['partition']}" if sel.get("partition") else "")
         + f", objective {sel['objective']}: "
         + _first_sentence(sel["reason"])

@@ -242,8 +242,12 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
     out = [r for r in rows if r["ruled_out"]]
     if out:
         print(
-            f"ruled out by the estimate (over the budget by more than {plan.CLEAR_MARGIN:.0%}; "
-            "not probed): "
+            f"over the budget by more than {plan.CLEAR_MARGIN:.0%} in one batch by the estimate ("
+            + (
+                "train.accumulate: auto runs them as micro-batches that fit): "
+                if g.accumulate == "auto"
+                else "not probed): "
+            )
             + ", ".join(
                 f"N={r['workers']} B={r['global_batch']} ({r['estimate_bytes'] / 1e9:.1f} GB)"
                 for r in out

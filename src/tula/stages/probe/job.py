@@ -14,7 +14,8 @@ from pathlib import Path
 from tula import config as config_mod
 from tula import model_inputs
 from tula.io import read_json
-from tula.model.grid import Point
+from tula.model.grid import Point, micro_steps
+from tula.model.memory import max_local_batch
 from tula.model.probe_measured import Measurement
 from tula.model.probe_record import Failure, Probed, ProbeRecord, RankResult
 from tula.slurm import shapes
@@ -29,11 +30,12 @@ def combine(
     cfg: config_mod.Config,
     reached: list[dict] | None = None,
     timed_out: bool | None = None,
+    accumulate: int = 1,
 ) -> ProbeRecord:
     """Merge the per-rank files (and how the launch ended) into one probe record; ``reached``:
     the phase each rank had reached (:func:`tula.workers.phases.phases_reached`), kept for a probe
     that did not end well; ``timed_out``: this point was the one stopped by its limit (the
-    launch's own timeout where not given)."""
+    launch's own timeout where not given); ``accumulate``: the micro-batches a step ran as."""
     if timed_out is None:
         timed_out = launch is not None and launch.timed_out
     ranks = [RankResult.from_json(r) for r in rank_results]
@@ -49,6 +51,7 @@ def combine(
         dataset="(the script's own)" if cfg.workload.script else cfg.workload.dataset,
         warmup_steps=cfg.probe.warmup_steps,
         timed_steps=cfg.probe.timed_steps,
+        accumulate=accumulate if accumulate > 1 else None,
     )
     wall = launch.wall_s if launch is not None else None
     return ProbeRecord(
@@ -162,10 +165,15 @@ def _launch(
     work.mkdir(parents=True)
     n = points[0].workers
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # train.accumulate at the memory probe's b_max: each point's micro-batches, as its workers
+    # (tula.runtime.probe_worker) split its steps
+    bmax = max_local_batch(memory_probe) if memory_probe else None
+    acc = model_inputs.grid_spec(cfg).accumulate
+    k = {p: micro_steps(p.local_batch, acc, bmax) for p in points}
     for point in points:
         print(
             f"[probe {point.name}] N={n} B={point.global_batch} (b={point.local_batch} per "
-            f"worker), "
+            f"worker{f', {k[point]} micro-batches' if k[point] > 1 else ''}), "
             + (
                 f"script {cfg.workload.script}"
                 if cfg.workload.script
@@ -182,7 +190,8 @@ def _launch(
         ranks = _rank_results(dirs[point], n)
         reached = phases.phases_reached(dirs[point], n)
         last = point is begun[-1] and ended_badly
-        record = combine(point, ranks, launch, cfg, reached, timed_out=last and launch.timed_out)
+        timed_out = last and launch.timed_out
+        record = combine(point, ranks, launch, cfg, reached, timed_out, k[point])
         lost = sorted(set(range(n)) - {r.get("rank") for r in ranks})
         if lost and not (last and launch.timed_out):
             record = record.with_lost(lost)

@@ -39,13 +39,14 @@ PAGE = jinja2.Environment(
 ).get_template("page.html")
 
 PREDICTION_COLUMNS = (
-    "workers", "nodes", "global_batch", "local_batch", "step_time_s", "input_time_s",
-    "input_bound", "train_time_s", "cost", "mem_bytes", "feasible", "probe_status",
-    "measured_step_time_s",
+    "workers", "nodes", "global_batch", "local_batch", "accumulate", "step_time_s",
+    "input_time_s", "input_bound", "train_time_s", "cost", "mem_bytes", "feasible",
+    "probe_status", "measured_step_time_s",
 )  # fmt: skip
 MEASUREMENT_COLUMNS = (
-    "source", "workers", "nodes", "global_batch", "local_batch", "status", "step_time_s",
-    "compute_time_s", "sync_time_s", "input_time_s", "step_time_cv", "peak_mem_bytes", "error",
+    "source", "workers", "nodes", "global_batch", "local_batch", "accumulate", "status",
+    "step_time_s", "compute_time_s", "sync_time_s", "input_time_s", "step_time_cv",
+    "peak_mem_bytes", "error",
 )  # fmt: skip
 
 
