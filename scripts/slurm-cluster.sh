@@ -322,6 +322,12 @@ up() {  # up [--nodes K] [--rate RATE] [--slots S] [--partitions P] [--slow PART
     slurmdbd
     wait_for 30 slurmdbd sacctmgr -n show cluster
     sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
+    # Job IDs after every one the accounting database holds: a controller started without its
+    # saved state counts from 1 again, and sacct -j would then also list an earlier run's job of
+    # the same ID (read first, its state is a finished job's)
+    local first
+    first=$(mariadb -N -e "SELECT COALESCE(MAX(id_job), 0) + 1 FROM slurm_acct_db.${CLUSTER}_job_table" 2>/dev/null || echo 1)
+    grep -q '^FirstJobId=' /etc/slurm/slurm.conf || echo "FirstJobId=${first:-1}" >> /etc/slurm/slurm.conf
     slurmctld
     wait_for 30 slurmctld scontrol ping
     cancel_leftovers
