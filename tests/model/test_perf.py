@@ -314,3 +314,47 @@ def test_an_accumulated_step_is_priced_from_one_batch_steps_and_fitted_as_them()
     assert plain["step_time_s"].tolist() == perf.step_time_s(n, b).tolist()
     assert plain["step_time_lo_s"].tolist() == lo.tolist()
     assert plain["step_time_hi_s"].tolist() == hi.tolist()
+
+
+def test_what_a_step_pays_once_is_not_paid_again_by_each_micro_batch():
+    """Probes that timed their micro-batches' part (micro_time_s): what a compute-only step pays
+    once (the optimizer's step, the flags' all-reduce; here 4 ms at N = 1, 6 ms at N = 2 and 4)
+    is fitted per N, and an accumulated step is (k - 1) micro-batches without it and one synced
+    step; a probe measured so converts back to its one-batch step, and perf.json keeps it."""
+    df, comp, step = gpu_like([1, 2, 4], [64, 256, 1024], np.random.default_rng(0))
+
+    def once(n):
+        return 0.004 if n == 1 else 0.006
+
+    df["micro_time_s"] = [c - once(n) for c, n in zip(df["compute_time_s"], df["workers"])]
+    perf = perfmodel.fit(df, "ring")
+    assert [n for n, _ in perf.once] == [1.0, 2.0, 4.0]
+    assert [s for _, s in perf.once] == pytest.approx([0.004, 0.006, 0.006], rel=1e-9)
+    n, b, k = np.array([1.0, 2.0, 4.0, 3.0]), np.array([512.0, 512.0, 256.0, 256.0]), 4
+    truth = [(k - 1) * (comp(nn, bb / k) - once(nn)) + step(nn, bb / k) for nn, bb in zip(n, b)]
+    acc = perf.accumulated(n, b, np.full(4, k))
+    assert acc["step_time_s"] == pytest.approx(truth, rel=0.02)
+    # paid once: its compute is k micro-batches and the once part, not k whole steps
+    c = perf.compute_time_s(n, b / k)
+    assert acc["compute_time_s"] == pytest.approx(k * c - (k - 1) * perf.once_s(n), rel=1e-12)
+    assert perf.once_s(3.0) == pytest.approx(0.006)  # between measured N
+    again = perfmodel.PerfModel.from_dict(perf.to_dict())
+    assert again.accumulated(n, b, np.full(4, k))["step_time_s"] == pytest.approx(
+        acc["step_time_s"], rel=1e-12
+    )
+    # an accumulated probe with its micro-batches timed: back to the one-batch step at b / k
+    row = dict(
+        workers=2,
+        global_batch=1024,
+        local_batch=512,
+        accumulate=4,
+        compute_time_s=4 * (comp(2, 128) - once(2)) + once(2),
+        micro_time_s=4 * (comp(2, 128) - once(2)),
+        step_time_s=3 * (comp(2, 128) - once(2)) + step(2, 128),
+        status="ok",
+        source="probe",
+        peak_mem_bytes=1.0,
+    )
+    one = measurements.as_micro_batches(pd.DataFrame([row]))
+    assert one["compute_time_s"].item() == pytest.approx(comp(2, 128), rel=1e-12)
+    assert one["step_time_s"].item() == pytest.approx(step(2, 128), rel=1e-12)

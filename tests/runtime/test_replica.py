@@ -283,8 +283,12 @@ def test_an_accumulated_step_is_the_whole_batchs_step_with_one_all_reduce(
     fixed, fixed_calls = _accumulating(4, method)
     auto, auto_calls = _accumulating("auto", method, max_micro_batch=16)
     batch = next(whole.walk.epoch_batches())
+    fixed.spans.on = True  # the probe's compute-only arm times each micro-batch's part
     for r in (whole, fixed, auto):
         r.step(*batch)  # an epoch's first step: AGS refreshes its factors
+    # 3 micro-batches before the synced one, then its forward and its backward, apart
+    assert len(fixed.spans.handles) == 5 and fixed.spans.take() > 0 and not fixed.spans.handles
+    assert not auto.spans.handles  # off: nothing timed
     for r, calls in ((fixed, fixed_calls), (auto, auto_calls)):
         assert calls == whole_calls and len(set(calls)) == len(calls) > 0
         for p, q in zip(whole.ddp.module.parameters(), r.ddp.module.parameters()):

@@ -25,6 +25,9 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     )
     assert len(rec["env"]["hostnames"]) == 2
     assert 0 < rec["compute_time_s"] and 0 < rec["step_time_s"] and rec["sync_time_s"] >= 0
+    # of the compute-only step, the micro-batch's move, forward and backward (not its fetch,
+    # the flags' all-reduce nor the optimizer's step: what an accumulated step pays once)
+    assert 0 < rec["micro_time_s"] < rec["compute_time_s"]
     # on CPU (no queue) every timed step is timed alone, synced and compute-only alternating, at
     # least probe.timed_steps = 3 of each, until both means are within probe.precision or the
     # budget (0.5 s here) is spent; the record says which

@@ -27,7 +27,9 @@ Optional ``source`` says what a row is (absent: every row is a probe):
 
 Other optional columns written by ``tula aggregate``: nodes (the nodes that job ran on: N /
 cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_time_iqr_s,
-compute_time_iqr_s, step_time_cv, compute_time_cv, epoch_start_extra_s, partial_extra_s (the epoch's
+compute_time_iqr_s, step_time_cv, compute_time_cv, micro_time_s (on probe rows: the part of the
+compute-only step its micro-batches took, their move to the device, forward and backward; the rest
+is what a step pays once, accumulated or not), epoch_start_extra_s, partial_extra_s (the epoch's
 short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes,
 grad_bytes_per_step, param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples,
 wall_s, device, backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``),
@@ -158,6 +160,7 @@ OPTIONAL = [
     "job_wall_s",
     "fresh_process",
     "accumulate",
+    "micro_time_s",
 ]
 NUMERIC = [c for c in REQUIRED if c != "status"]
 SOURCES = ("probe", "sweep", "memory")
@@ -284,20 +287,44 @@ def accumulated(df: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(df["accumulate"], errors="coerce").fillna(1).astype(int)
 
 
+def _micro(df: pd.DataFrame) -> pd.Series:
+    """Each row's micro-batches' part of its compute-only step (micro_time_s), its whole
+    compute-only step where not measured (as if it paid nothing once)."""
+    c = pd.to_numeric(df["compute_time_s"], errors="coerce")
+    if "micro_time_s" not in df.columns:
+        return c
+    return pd.to_numeric(df["micro_time_s"], errors="coerce").clip(upper=c).fillna(c)
+
+
+def once_per_step(df: pd.DataFrame) -> tuple[tuple[float, float], ...]:
+    """(N, seconds) pairs, by N: what a compute-only step pays once whatever its micro-batches
+    (compute_time_s less micro_time_s, the median of the probe rows that measured both)."""
+    if "micro_time_s" not in df.columns:
+        return ()
+    rows = probes(df)
+    once = pd.to_numeric(rows["compute_time_s"], errors="coerce") - pd.to_numeric(
+        rows["micro_time_s"], errors="coerce"
+    )
+    by_n = once[np.isfinite(once)].clip(lower=0.0).groupby(rows["workers"]).median()
+    return tuple((float(n), float(s)) for n, s in sorted(by_n.items()))
+
+
 def as_micro_batches(df: pd.DataFrame) -> pd.DataFrame:
     """Each row as the one-batch step the step model fits: a step measured as k micro-batches
-    of b / k (compute-only: k micro-steps; synced: k - 1 compute-only micro-steps and one
-    synced, :meth:`tula.model.perf.PerfModel.accumulated`) becomes a step at b / k, its compute
-    c / k, its step s - (k - 1) c / k (the same sync), its input i / k."""
+    of b / k (compute-only: k micro-batches and what a step pays once; synced: k - 1 of them
+    and a synced step, :meth:`tula.model.perf.PerfModel.accumulated`) becomes a step at b / k,
+    its compute c - (k - 1) u / k (u: its micro-batches' part, micro_time_s; c where not
+    measured), its step s - (k - 1) u / k (the same sync), its input i / k."""
     k = accumulated(df)
     if (k == 1).all():
         return df
     out = df.copy()
     kf = k.astype(float)
     c = pd.to_numeric(out["compute_time_s"], errors="coerce")
+    fewer = (kf - 1) * _micro(out) / kf  # the micro-batches a one-batch step does not run
     out["local_batch"] = out["local_batch"] / kf
-    out["compute_time_s"] = c / kf
-    out["step_time_s"] = pd.to_numeric(out["step_time_s"], errors="coerce") - (kf - 1) * c / kf
+    out["compute_time_s"] = c - fewer
+    out["step_time_s"] = pd.to_numeric(out["step_time_s"], errors="coerce") - fewer
     if "input_time_s" in out.columns:
         out["input_time_s"] = pd.to_numeric(out["input_time_s"], errors="coerce") / kf
     return out

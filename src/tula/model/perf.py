@@ -36,7 +36,7 @@ from tula.model.forms import (
     two_level_forms,
 )
 from tula.model.grid import nodes_of
-from tula.model.measurements import INPUT_BOUND, as_micro_batches
+from tula.model.measurements import INPUT_BOUND, as_micro_batches, once_per_step
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,18 @@ class PerfModel:
     workers_per_node: int = 1  # cluster.workers_per_node: k = ceil(N / it) nodes, g = N / k on each
     # input_time_s vs (local batch, workers per node); None: not measured
     input: Fitted | None = None
+    # (N, seconds): what a compute-only step pays once, whatever its micro-batches (the
+    # probes' compute_time_s less micro_time_s, median at each N); empty: not measured
+    once: tuple[tuple[float, float], ...] = ()
+
+    def once_s(self, workers) -> np.ndarray:
+        """What a step pays once at N (the nearest measured N's, interpolated between): the
+        optimizer's step, the flags' all-reduce, the batch's fetch; 0 where not measured."""
+        n = np.asarray(workers, dtype=float)
+        if not self.once:
+            return np.zeros_like(n)
+        at, s = zip(*self.once)
+        return np.interp(n, at, s)
 
     def _cx(self, workers, local_batch) -> Inputs:
         b = np.asarray(local_batch, dtype=float)
@@ -125,21 +137,23 @@ class PerfModel:
 
     def accumulated(self, workers, local_batch, k) -> dict[str, np.ndarray]:
         """A step of ``local_batch`` samples per worker as ``k`` micro-batches
-        (``train.accumulate``): k - 1 compute-only micro-steps of b / k, then one with the
-        sync, no faster than the k micro-batches' input: max((k - 1) c(b / k) + step(b / k),
-        k input(b / k)). Its compute, sync, input and step, and the step's 95 % interval: the
-        micro-step's, widened by k - 1 times the compute's half-width (the same fit: its
-        errors add). k = 1 is :meth:`step_time_s` and its parts."""
+        (``train.accumulate``): k - 1 micro-batches of b / k (a compute-only step less what a
+        step pays once, :meth:`once_s`), then a whole step with the sync, no faster than the k
+        micro-batches' input: max((k - 1) (c(b / k) - once) + step(b / k), k input(b / k)).
+        Its compute, sync, input and step, and the step's 95 % interval: the micro-step's,
+        widened by k - 1 times the compute's half-width (the same fit: its errors add). k = 1
+        is :meth:`step_time_s` and its parts."""
         k = np.asarray(k, dtype=float)
         m = np.asarray(local_batch, dtype=float) / k
         c = self.compute_time_s(workers, m)
         t_in = k * self.input_time_s(workers, m)
-        more = (k - 1) * c  # the micro-batches before the synced one
+        # the micro-batches before the synced step
+        more = (k - 1) * np.maximum(c - self.once_s(workers), 0.0)
         step = np.maximum(self.model_step_time_s(workers, m) + more, t_in)
         lo, hi = self.step_time_interval_s(workers, m)
         half = (k - 1) * self.compute.half_width(self._cx(workers, m))
         return {
-            "compute_time_s": k * c,
+            "compute_time_s": c + more,
             "sync_time_s": self.sync_time_s(workers, m),
             "input_time_s": t_in,
             "input_bound": (t_in > 0) & (t_in >= INPUT_BOUND * step),
@@ -159,6 +173,7 @@ class PerfModel:
             "step": self.step.to_dict() if self.step is not None else None,
             "input": self.input.to_dict() if self.input is not None else None,
             "residuals": list(self.residuals),
+            "once_s": [list(p) for p in self.once],
         }
 
     @classmethod
@@ -173,6 +188,7 @@ class PerfModel:
                 tuple(d.get("residuals", ())),
                 int(d.get("workers_per_node", 1)),
                 _fitted(d["input"], INPUT_FORMS[d["input"]["form"]]) if d.get("input") else None,
+                tuple(tuple(p) for p in d.get("once_s", ())),
             )
         except KeyError as exc:
             raise ValueError(f"perf.json: missing {exc}; re-run `tula fit`") from None
@@ -230,6 +246,7 @@ def fit(
     if collective not in COLLECTIVE_TERMS:
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
     # a step measured as micro-batches (train.accumulate), as the one-batch steps it is made of
+    once = once_per_step(measurements[measurements["status"] == "ok"])
     ok = as_micro_batches(measurements[measurements["status"] == "ok"])
     comp = ok[
         np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce"))
@@ -264,9 +281,15 @@ def fit(
         step = _fit_step(model, probes, multi, collective, keep)
         model = PerfModel(collective, compute, step, workers_per_node=workers_per_node, input=floor)
     if keep is not None:
-        return model
+        return replace(model, once=once)
     return PerfModel(
-        collective, compute, model.step, tuple(residuals(model, probes)), workers_per_node, floor
+        collective,
+        compute,
+        model.step,
+        tuple(residuals(model, probes)),
+        workers_per_node,
+        floor,
+        once,
     )
 
 

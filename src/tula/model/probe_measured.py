@@ -78,6 +78,8 @@ class Measurement:
 
     step_time_s: float | None = None  # mean synced step, at training's rate of extras
     compute_time_s: float | None = None  # the same under no_sync()
+    # of it, its micro-batches' move to the device, forward and backward (the rest: paid once)
+    micro_time_s: float | None = None
     sync_time_s: float | None = None  # step - compute, >= 0
     epoch_start_extra_s: float | None = None
     refresh_extra_s: float | None = None

@@ -9,14 +9,18 @@
 A queued clock also lets the timer see the host's own time to queue a block (``queued``): where,
 on a drained device, it is as long as the block's time between the events, the device waited for
 the host (:mod:`tula.runtime.timing`).
+
+:class:`Spans` times parts of a step on the step's clock, while switched on (the probe's
+compute-only arm times the part of each step an accumulated step pays once per micro-batch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # a block's one synchronisation may cost at most this share of the block (queued devices)
 SYNC_SHARE = 0.01
@@ -98,3 +102,37 @@ def block_for(step_s: float, sync_cost_s: float, share: float = SYNC_SHARE) -> i
     if step_s <= 0 or sync_cost_s <= 0:
         return 1
     return max(1, min(MAX_BLOCK, math.ceil(sync_cost_s / (share * step_s))))
+
+
+class Spans:
+    """Parts of steps timed on the step's own clock (events on CUDA, read later: no wait inside
+    the step), only while ``on``: the probe's compute-only arm times each step's micro-batches
+    (their move to the device, forward and backward), so that what a step pays once (the
+    optimizer's step, the flags' all-reduce, the batch's fetch) is its time less theirs."""
+
+    def __init__(self, clock: HostClock | EventClock):
+        self.clock, self.on, self.handles = clock, False, []
+
+    @contextlib.contextmanager
+    def span(self) -> Iterator[None]:
+        if not self.on:
+            yield
+            return
+        mark = self.clock.begin()
+        yield
+        self.handles.append(self.clock.end(mark))
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """Time the spans inside this block (and only there)."""
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+    def take(self) -> float:
+        """Seconds of every span since the last take (which it forgets)."""
+        total = sum(self.clock.read(h) for h in self.handles)
+        self.handles = []
+        return total

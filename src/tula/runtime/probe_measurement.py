@@ -52,7 +52,7 @@ def measurement(
     stepped: Stepped,
     gathered: list[dict],
     timing: Timing,
-    extras: dict[str, list[float]],
+    extras: dict[str, Any],
     **more: Any,
 ) -> Measurement:
     """Rank 0: the probe's step, compute and sync times (per step, the slowest rank's), with an
@@ -74,6 +74,7 @@ def measurement(
     return Measurement(
         step_time_s=s["mean"] + extra,
         compute_time_s=c["mean"] + extra,
+        micro_time_s=extras.get("micro"),
         sync_time_s=max(s["mean"] - c["mean"], 0.0),
         epoch_start_extra_s=start_extra,
         refresh_extra_s=refresh_extra,

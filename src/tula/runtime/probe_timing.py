@@ -40,15 +40,31 @@ def step_timer(
     )
 
 
-def compute_only(replica: Replica) -> Run:
+def compute_only(replica: Replica, counted: dict[str, int] | None = None) -> Run:
     """Run the next steps as :meth:`EpochWalk.next_steps` does, under ``DDP.no_sync()``: the
-    compute-only arm of the probe and its sweep."""
+    compute-only arm of the probe and its sweep. ``counted``: the probe's arm, its steps
+    counted ("steps") and their micro-batches' part timed (the replica's ``spans``)."""
 
     def run(steps: int) -> tuple[int, str]:
         with replica.no_sync():
-            return replica.walk.next_steps(steps)
+            if counted is None:
+                return replica.walk.next_steps(steps)
+            with replica.spans.timing():
+                n, kind = replica.walk.next_steps(steps)
+            counted["steps"] = counted.get("steps", 0) + n
+            return n, kind
 
     return run
+
+
+def micro_time(replica: Replica, counted: dict[str, int]) -> float | None:
+    """Seconds of a compute-only step's micro-batches (their move to the device, forward and
+    backward; every micro-batch of an accumulated step), the mean over the ``counted`` steps,
+    the slowest rank's; the rest of the compute-only step is what an accumulated step pays once
+    (:meth:`tula.model.perf.PerfModel.accumulated`). None where no step was counted."""
+    steps = counted.get("steps", 0)
+    mean = max_over_ranks([replica.spans.take() / max(steps, 1)])[0]  # every rank calls it
+    return mean if steps else None
 
 
 def synced_lead_in(
@@ -139,11 +155,13 @@ def time_steps(
 
     shown = progress_shown(progress, cfg.probe.precision, cfg.probe.time_budget_s)
 
-    arms = {"step": replica.walk.next_steps, "compute": compute}
+    counted: dict[str, int] = {}  # the compute-only arm's steps, their micro-batches timed
+    arms = {"step": replica.walk.next_steps, "compute": compute_only(replica, counted)}
     led: dict[str, int] = {}  # the rounds' untimed synced lead-in steps, by kind
     timing = timer.run(arms, on_check=shown, lead_in=synced_lead_in(replica.walk, led, rotate=True))
     starts_alike(replica, timing, arms)
-    return timing, {**extra_kinds(replica, timing), "lead_in": led}
+    micro = micro_time(replica, counted)
+    return timing, {**extra_kinds(replica, timing), "lead_in": led, "micro": micro}
 
 
 def starts_alike(replica: Replica, timing: Timing, arms: dict[str, Run]) -> None:

@@ -6,18 +6,17 @@ autocast, and the :class:`StepHooks` the job gives it, with parts that own the r
 step's state: the ``train.method`` optimizer, its LR schedule, the GradScaler and AGS's noise
 pairs (``update``, :class:`tula.runtime.update.Update`); where training stands, the epoch's
 sums and the kind of the next step (``walk``, :class:`tula.runtime.epoch_walk.EpochWalk`);
-the batches (``stream``) and evaluation (``evaluator``). Other modules change that state only
-through its methods and its parts'. :meth:`Replica.step`: (k - 1 accumulated micro-batches'
-forward and backward under ``no_sync``) -> forward under autocast -> one all-reduce of (OOM,
-stop) flags every rank agrees on -> backward (DDP's bucketed gradient all-reduce) -> unscale
--> AGS refresh when due -> optimizer step through the GradScaler -> LR schedule -> sums.
+the batches (``stream``) and evaluation (``evaluator``); others change it only through them.
+:meth:`Replica.step`: (k - 1 accumulated micro-batches' forward and backward under ``no_sync``)
+-> forward under autocast -> one all-reduce of (OOM, stop) flags -> backward (DDP's bucketed
+all-reduce) -> unscale -> AGS refresh when due -> optimizer step, LR schedule -> sums.
 
 Out of memory is agreed on wherever a collective follows that every rank makes anyway (the
 step's flags, AGS's refresh all-reduce, evaluation's sums, one all-reduce after a checkpoint)
 and raised on every rank as :class:`tula.runtime.agreement.StepOOM`; in backward, where the
 peers wait inside DDP's all-reduce, the failing rank leaves a record (``oom/``) instead
-(:mod:`tula.production.trainer`). The timer times around the walk's steps; compute-only steps
-are them under ``DDP.no_sync()``.
+(:mod:`tula.production.trainer`). The timer times around the walk's steps (compute-only: under
+``DDP.no_sync()``); ``spans`` the micro-batches' part of each, while the probe asks.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from tula.model.grid import micro_steps, steps_per_epoch
 from tula.runtime import data as data_mod
 from tula.runtime import loader, recipe
 from tula.runtime.agreement import StepOOM, agree_host
-from tula.runtime.clocks import clock_for
+from tula.runtime.clocks import Spans, clock_for
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
 from tula.runtime.methods import Cadence, build_method, set_post_local_iter
@@ -52,12 +51,9 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Replica:
     """One worker's model and data, and the training step, of parts that each own their
-    state: the optimizer, its schedule, the scaler and AGS's noise pairs (``update``,
-    :class:`Update`), where it stands in its epoch and the kind of its next step (``walk``,
-    :class:`EpochWalk`), the batches (``stream``) and evaluation (``evaluator``). What a
-    checkpoint holds of it is theirs put together (:meth:`state`, :meth:`load`,
-    :meth:`undone`). ``data``: the workload's sets loaded already in this process (a probe
-    job's later points)."""
+    state (the module's text). What a checkpoint holds of it is theirs put together
+    (:meth:`state`, :meth:`load`, :meth:`undone`). ``data``: the workload's sets loaded
+    already in this process (a probe job's later points)."""
 
     def __init__(
         self,
@@ -76,9 +72,8 @@ class Replica:
         torch.manual_seed(cfg.workload.seed)  # same initial weights on every rank
         model = build_model(cfg.workload.model, self.data.input_shape, self.data.num_classes)
         self.channels_last = t.channels_last and len(self.data.input_shape) == 3
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        model = model.to(device)
+        layout = torch.channels_last if self.channels_last else torch.preserve_format
+        model = model.to(device, memory_format=layout)
         self.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         # what the step's forward calls (train.compile, as the probe's record says it)
         self.net, self.compile = compiled(self.ddp) if t.compile == "on" else self.ddp, t.compile
@@ -114,6 +109,7 @@ class Replica:
         self.stream = Stream(loaders, global_batch, self.channels_last)
         # the device's clock (events on CUDA, the host's elsewhere): one-off steps timed alone
         self.timer = StepTimer(clock_for(device, self.sync_device))
+        self.spans = Spans(self.timer.clock)  # each micro-batch's part, while the probe asks
         batches = (global_batch, world)
         over_epoch = self.metric_sum if isinstance(self.metric_sum, recipe.EpochMetric) else None
         self.walk = EpochWalk(
@@ -244,8 +240,9 @@ class Replica:
             # to the batch's mean gradient; the last backward is the step's synced one
             with self.no_sync() if len(xs) > 1 else contextlib.nullcontext():
                 parts = [self._micro_step(*b, len(b[1]) / n) for b in zip(xs[:-1], ys[:-1])]
-            x, y = self.to_device(xs[-1], ys[-1])
-            logits, loss = self.forward_loss(x, y)
+            with self.spans.span():
+                x, y = self.to_device(xs[-1], ys[-1])
+                logits, loss = self.forward_loss(x, y)
         except torch.OutOfMemoryError as exc:
             # drop what was allocated
             oom, logits, loss = str(exc) or "CUDA out of memory", None, None
@@ -259,7 +256,8 @@ class Replica:
         self.phase = "backward"
         if self.hooks.injector is not None:  # backward's start: the peers go on into the all-reduce
             logits.register_hook(lambda grad: self.inject("backward"))
-        self.update.backward(loss * (len(y) / n) if len(xs) > 1 else loss)
+        with self.spans.span():
+            self.update.backward(loss * (len(y) / n) if len(xs) > 1 else loss)
         # fault injection: a slower network
         if self.hooks.sync_delay is not None and self.ddp.require_backward_grad_sync:
             time.sleep(self.hooks.sync_delay(self.steps_done))
@@ -285,9 +283,10 @@ class Replica:
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor, share: float) -> torch.Tensor:
         """An accumulated step's micro-batch but its last (under ``no_sync``): its loss's
         gradient times ``share``, its part of the batch; returns its (loss, metric) sums."""
-        x, y = self.to_device(x, y)
-        logits, loss = self.forward_loss(x, y)
-        self.update.backward(loss * share)
+        with self.spans.span():
+            x, y = self.to_device(x, y)
+            logits, loss = self.forward_loss(x, y)
+            self.update.backward(loss * share)
         return self._sums(loss, logits, y)
 
     def _sums(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
