@@ -16,7 +16,7 @@ b_max at 64 samples per worker, so that every B past 64 N runs as micro-batches 
     .venv/bin/python bench/accumulate.py [REPEATS]      # default 3; ~4 min a run on 2 cores
 
 Prints a Markdown table per part (BENCHMARKS.md, "Accuracy: AGS and the baselines": the recipe
-rows) and writes results/accumulate/accumulate.json.
+rows) and writes results/accumulate/accumulate.json, and each run's measurements.csv beside it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from tula.model.linfit import fit_linear
 from tula.model.measurements import accumulated
 
 B_MAX = 64
+OUT = ROOT / "results" / "accumulate"  # accumulate.json and each run's measurements_<i>.csv
 
 
 def budget_gb(workdir: Path, cfg: dict) -> float:
@@ -80,12 +81,15 @@ def held_out(measurements: pd.DataFrame, collective: str) -> list[dict]:
     return rows
 
 
-def one_run(workdir: Path, cfg: dict) -> dict:
+def one_run(workdir: Path, cfg: dict, keep: Path) -> dict:
+    """One run of the whole DAG; its measurements.csv kept as ``keep``."""
     (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
     wall = snakemake(workdir, "--quiet", fresh=True)
     res = workdir / "results"
     final = json.loads((res / "train" / "final.json").read_text())
     m = pd.read_csv(res / "measurements.csv")
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    m.to_csv(keep, index=False)
     probes = m[(m["source"] == "probe") & (m["status"] == "ok")]
     mp = json.loads((res / "memory_probe.json").read_text())
     n, b = final["workers"], final["global_batch"]
@@ -132,7 +136,7 @@ def main() -> None:
         print(f"hardware.device_memory_gb {gb:.6f} (b_max {B_MAX} by the memory probe's line)")
         runs = []
         for i in range(args.repeats):
-            r = one_run(wd, cfg)
+            r = one_run(wd, cfg, OUT / f"measurements_{i + 1}.csv")
             runs.append(r)
             errs = [h["error_pct"] for h in r["held_out"]]
             print(
@@ -168,7 +172,7 @@ def main() -> None:
             )
     within = sum(abs(r["ratio"] - 1) <= 0.10 for r in runs)
     print(f"\nproduction within +-10 % of its prediction in {within} of {len(runs)} runs")
-    out = ROOT / "results" / "accumulate" / "accumulate.json"
+    out = OUT / "accumulate.json"
     write_json(out, {"device_memory_gb": gb, "runs": runs})
     print(f"wrote {out}", file=sys.stderr)
 

@@ -355,6 +355,18 @@ def test_what_a_step_pays_once_is_not_paid_again_by_each_micro_batch():
         source="probe",
         peak_mem_bytes=1.0,
     )
-    one = measurements.as_micro_batches(pd.DataFrame([row]))
+    one = measurements.as_micro_batches(pd.DataFrame([row]), perf.once)
     assert one["compute_time_s"].item() == pytest.approx(comp(2, 128), rel=1e-12)
     assert one["step_time_s"].item() == pytest.approx(step(2, 128), rel=1e-12)
+    # one that paid more once than the one-batch steps (9 ms, not 6): converted so that the
+    # price of its own point is what it measured (its compute and its step), not 3 x 3 ms more
+    row.update(compute_time_s=row["micro_time_s"] + 0.009, step_time_s=row["step_time_s"] + 0.003)
+    one = measurements.as_micro_batches(pd.DataFrame([row]), perf.once)
+    c1, o = one["compute_time_s"].item(), float(perf.once_s(2.0))
+    assert c1 + (k - 1) * (c1 - o) == pytest.approx(row["compute_time_s"], rel=1e-12)
+    assert one["step_time_s"].item() + (k - 1) * (c1 - o) == pytest.approx(
+        row["step_time_s"], rel=1e-12
+    )
+    # the one-batch probes set what a step pays once where an N has them, not the accumulated
+    with_acc = perfmodel.fit(pd.concat([df, pd.DataFrame([row])], ignore_index=True), "ring")
+    assert with_acc.once == perf.once

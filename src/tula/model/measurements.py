@@ -287,41 +287,49 @@ def accumulated(df: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(df["accumulate"], errors="coerce").fillna(1).astype(int)
 
 
-def _micro(df: pd.DataFrame) -> pd.Series:
-    """Each row's micro-batches' part of its compute-only step (micro_time_s), its whole
-    compute-only step where not measured (as if it paid nothing once)."""
-    c = pd.to_numeric(df["compute_time_s"], errors="coerce")
-    if "micro_time_s" not in df.columns:
-        return c
-    return pd.to_numeric(df["micro_time_s"], errors="coerce").clip(upper=c).fillna(c)
-
-
 def once_per_step(df: pd.DataFrame) -> tuple[tuple[float, float], ...]:
-    """(N, seconds) pairs, by N: what a compute-only step pays once whatever its micro-batches
-    (compute_time_s less micro_time_s, the median of the probe rows that measured both)."""
+    """(N, seconds) pairs, by N: what a one-batch compute-only step pays once whatever its
+    micro-batches (compute_time_s less micro_time_s, the median of the one-batch probe rows
+    that measured both; of every probe row at an N that has none)."""
     if "micro_time_s" not in df.columns:
         return ()
     rows = probes(df)
     once = pd.to_numeric(rows["compute_time_s"], errors="coerce") - pd.to_numeric(
         rows["micro_time_s"], errors="coerce"
     )
-    by_n = once[np.isfinite(once)].clip(lower=0.0).groupby(rows["workers"]).median()
+    ok = np.isfinite(once)
+    one = ok & (accumulated(rows) == 1)
+    at_n = rows["workers"].where(ok)
+    ok &= one | ~at_n.isin(rows["workers"][one])  # one-batch rows where an N has them
+    by_n = once[ok].clip(lower=0.0).groupby(rows["workers"][ok]).median()
     return tuple((float(n), float(s)) for n, s in sorted(by_n.items()))
 
 
-def as_micro_batches(df: pd.DataFrame) -> pd.DataFrame:
+def once_at(once: tuple[tuple[float, float], ...], workers) -> np.ndarray:
+    """What a step pays once at each N (:func:`once_per_step`'s pairs; the nearest measured N's,
+    interpolated between); 0 where not measured."""
+    n = np.asarray(workers, dtype=float)
+    if not once:
+        return np.zeros_like(n)
+    at, s = zip(*once)
+    return np.interp(n, at, s)
+
+
+def as_micro_batches(df: pd.DataFrame, once: tuple[tuple[float, float], ...] = ()) -> pd.DataFrame:
     """Each row as the one-batch step the step model fits: a step measured as k micro-batches
-    of b / k (compute-only: k micro-batches and what a step pays once; synced: k - 1 of them
-    and a synced step, :meth:`tula.model.perf.PerfModel.accumulated`) becomes a step at b / k,
-    its compute c - (k - 1) u / k (u: its micro-batches' part, micro_time_s; c where not
-    measured), its step s - (k - 1) u / k (the same sync), its input i / k."""
+    of b / k becomes a step at b / k that pays ``once`` (:func:`once_per_step`) and one k-th of
+    the rest of its compute c, c' = o + (c - o) / k; its step s - (c - c') (the same sync), its
+    input i / k. So the step model's price of the row,
+    :meth:`tula.model.perf.PerfModel.accumulated`'s c' + (k - 1) (c' - o) and the sync, is
+    what the row measured. Without ``once`` (micro-batches not timed): c / k."""
     k = accumulated(df)
     if (k == 1).all():
         return df
     out = df.copy()
     kf = k.astype(float)
     c = pd.to_numeric(out["compute_time_s"], errors="coerce")
-    fewer = (kf - 1) * _micro(out) / kf  # the micro-batches a one-batch step does not run
+    o = np.minimum(once_at(once, out["workers"]), c)
+    fewer = (kf - 1) * (c - o) / kf  # the micro-batches a one-batch step does not run
     out["local_batch"] = out["local_batch"] / kf
     out["compute_time_s"] = c - fewer
     out["step_time_s"] = pd.to_numeric(out["step_time_s"], errors="coerce") - fewer

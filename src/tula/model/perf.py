@@ -36,7 +36,7 @@ from tula.model.forms import (
     two_level_forms,
 )
 from tula.model.grid import nodes_of
-from tula.model.measurements import INPUT_BOUND, as_micro_batches, once_per_step
+from tula.model.measurements import INPUT_BOUND, as_micro_batches, once_at, once_per_step
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,7 @@ class PerfModel:
     def once_s(self, workers) -> np.ndarray:
         """What a step pays once at N (the nearest measured N's, interpolated between): the
         optimizer's step, the flags' all-reduce, the batch's fetch; 0 where not measured."""
-        n = np.asarray(workers, dtype=float)
-        if not self.once:
-            return np.zeros_like(n)
-        at, s = zip(*self.once)
-        return np.interp(n, at, s)
+        return once_at(self.once, workers)
 
     def _cx(self, workers, local_batch) -> Inputs:
         b = np.asarray(local_batch, dtype=float)
@@ -247,7 +243,7 @@ def fit(
         raise ValueError(f"config key 'hardware.collective': unknown collective {collective!r}")
     # a step measured as micro-batches (train.accumulate), as the one-batch steps it is made of
     once = once_per_step(measurements[measurements["status"] == "ok"])
-    ok = as_micro_batches(measurements[measurements["status"] == "ok"])
+    ok = as_micro_batches(measurements[measurements["status"] == "ok"], once)
     comp = ok[
         np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce"))
         & (ok["compute_time_s"] > 0)
