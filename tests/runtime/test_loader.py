@@ -145,3 +145,31 @@ def test_a_ranks_loaders_are_decided_once_and_what_reads_them_keeps_no_config():
     x, y = next(stream.batches(1))
     order = loader.epoch_permutation(data.train_size, 5, 1)[1:64:2]
     assert torch.equal(y, data.train.y[order])
+
+
+def test_the_loaders_workers_are_stopped_while_the_process_still_runs():
+    """Persistent loader workers (started as training starts them: a forkserver on this
+    CPython) live until their loader is collected; left to the interpreter's exit, each join
+    waited out its 5 s timeout (a tula launch on an image folder idled 22 s after training).
+    close_loaders, which every worker's exit hook calls first (tula.runtime.dist), stops them:
+    none is alive after it, mid-epoch or not."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tula.runtime import dist
+
+    ds = TensorDataset(torch.arange(64.0))
+    opts = dict(
+        num_workers=2, persistent_workers=True, multiprocessing_context=loader.worker_start()
+    )
+    loaders = [loader._made(DataLoader(ds, batch_size=8, **opts)) for _ in range(2)]
+    procs = []
+    for dl in loaders:
+        it = iter(dl)
+        next(it)  # mid-epoch
+        procs += list(it._workers)
+    assert len(procs) == 4 and all(p.is_alive() for p in procs)
+    assert set(loaders) <= set(loader._WITH_WORKERS)
+    dist._collect_groups()  # the exit hook, as atexit runs it
+    assert not any(p.is_alive() for p in procs)
+    assert not list(loader._WITH_WORKERS)

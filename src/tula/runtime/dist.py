@@ -221,6 +221,9 @@ def release_at_exit() -> None:
 
 
 def _collect_groups() -> None:
+    loaders = sys.modules.get("tula.runtime.loader")  # imported by whoever made loaders
+    if loaders is not None:
+        loaders.close_loaders()
     agreement.HOST_GROUP[0] = None
     gc.collect()
 

@@ -19,6 +19,7 @@ import math
 import multiprocessing
 import os
 import sys
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -228,6 +229,27 @@ def resident_by_rule(
     return nbytes <= RESIDENT_SHARE * budget
 
 
+# every DataLoader with worker processes this process made: shut down while it still runs
+_WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def _made(loader: DataLoader) -> DataLoader:
+    if loader.num_workers > 0:
+        _WITH_WORKERS.add(loader)
+    return loader
+
+
+def close_loaders() -> None:
+    """Stop every loader's worker processes now, at the process's end (persistent workers live
+    until their loader is collected: left to the interpreter's exit, on a forkserver each join
+    waited out its 5 s timeout). The loaders cannot be iterated again."""
+    for loader in list(_WITH_WORKERS):
+        it = getattr(loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+    _WITH_WORKERS.clear()
+
+
 class Loaders:
     """One rank's DataLoaders as ``data.*`` asks for them, decided here once: the loader
     workers and their options, the seed, the evaluation batch, whether the training set stays
@@ -259,7 +281,7 @@ class Loaders:
         )
         encoded = self.encoded if decode is None else decode == "gpu"
         seeded = Seeded(self.data.train, self.seed, encoded)
-        return DataLoader(seeded, batch_sampler=sampler, **self.options), sampler
+        return _made(DataLoader(seeded, batch_sampler=sampler, **self.options)), sampler
 
     def eval(self, batch_size: int | None = None) -> DataLoader:
         """The test set sharded over the ranks, ``batch_size`` (default
@@ -267,4 +289,6 @@ class Loaders:
         sampler = ShardSampler(
             self.data.test_size, batch_size or self.eval_batch, self.rank, self.world
         )
-        return DataLoader(Seeded(self.data.test, self.seed), batch_sampler=sampler, **self.options)
+        return _made(
+            DataLoader(Seeded(self.data.test, self.seed), batch_sampler=sampler, **self.options)
+        )
