@@ -2,6 +2,9 @@
 says each step's kind and a resumed epoch draws the same batches; the spec Tula hands the
 script round-trips through the environment; the script's arguments get their placeholders."""
 
+import gc
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -10,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tula.script
 from tula import checkpoint
 from tula.script.walk import Walk, batch_length
-from tula.workers.script_run import ENV, ProbeAsk, ScriptRun, TrainAsk, script_argv
+from tula.workers.script_run import ENV, ProbeAsk, ScriptRun, TrainAsk, run_script, script_argv
 
 
 @pytest.fixture
@@ -162,3 +165,26 @@ def test_the_scripts_arguments_get_the_point_put_in(tmp_path):
         "0.05",
         "--epochs=3",
     ]
+
+
+def test_once_the_script_returns_nothing_of_tulas_holds_its_parts(no_tula, tmp_path, monkeypatch):
+    """What the run keeps (a DDP model holds the process group) is collectable at the exit,
+    while the interpreter still runs: left to its finalization, a gloo thread dropping its
+    last work aborted a rank that had trained to the end (the job FAILED in sacct)."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, types, weakref, torch, tula.script\n"
+        "run = tula.script.attach(local_batch=4, epochs=1)\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "run.keep(model=model)\n"
+        "sys.modules['tula_test_box'] = types.SimpleNamespace(model=weakref.ref(model))\n"
+        "for _ in run.epochs():\n"
+        "    run.epoch_end(loss=1.0, metric=0.5)\n"
+    )
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "tula_test_box", raising=False)
+    run_script([str(script)])
+    tula.script.run._CURRENT.clear()  # what the exit does first (Run.__init__)
+    gc.collect()
+    assert sys.modules["tula_test_box"].model() is None

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -49,7 +50,9 @@ class Check(Plain):
         self.batches_used = False
         self.error: str | None = None
         self.t0 = 0.0
-        atexit.register(self.at_exit)  # the script ended before its steps: say what it did
+        # the script ended before its steps: say what it did (held weakly: the run's parts
+        # must not outlive the exit's collection, tula.runtime.dist.release_at_exit)
+        atexit.register(_at_exit, weakref.ref(self))
 
     def epoch_starts(self) -> None:
         self.batches_used = True
@@ -100,6 +103,12 @@ class Check(Plain):
         path = result_path(self.run.spec.result_dir, self.run.rank)
         if not path.exists():
             self.record("ended")
+
+
+def _at_exit(check: weakref.ref[Check]) -> None:
+    alive = check()
+    if alive is not None:
+        alive.at_exit()
 
 
 class Memory(Plain):

@@ -148,8 +148,14 @@ def run_script(argv: list[str]) -> Any:
     AFTER_SCRIPT.clear()
     runpy.run_path(str(script), run_name="__main__")
     value = None
-    for after in AFTER_SCRIPT:
-        value = after()
+    try:
+        for after in AFTER_SCRIPT:
+            value = after()
+    finally:
+        # let go of the run (its DDP model holds the process group): collected at the exit
+        # while the interpreter still runs, not torn down in its finalization, where a gloo
+        # thread dropping its last work aborted the rank (tula.runtime.dist.release_at_exit)
+        AFTER_SCRIPT.clear()
     return value
 
 
