@@ -12,18 +12,18 @@ import json
 import pandas as pd
 import pytest
 
-from bounds import ACCURACY_FLOOR, INTERVAL_MULTIPLE, interval_multiple
+from bounds import PRODUCTION_BOUND, check_accuracy, log_error
 from conftest import RECIPE
 
 
 def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(recipe_run):
     """The check names the way of training; every probe and the production job ran it; the
-    production step lies inside its predicted interval widened as the default run's is
-    (tests/bounds.py: three standard deviations of the machine's drift). Its wall time is not
-    bounded here: the bound's spread was measured on the default's runs, and this run's start-up
-    (process start to first step) spread further. Measured (bench/suite_bounds.py --recipe,
-    BENCHMARKS.md "Production confirms the prediction"): wall inside x1.08 of its interval in 3
-    quiet runs, x1.35 in one clean-clone CI run, its start-up 1.52x the prediction there."""
+    production step lies within PRODUCTION_BOUND of the prediction's point estimate, as the
+    default run's (tests/bounds.py: fixed, from the machine's measured noise); the accuracy at
+    its point is its recorded one's (tests/accuracy.json). Its wall time is not bounded here:
+    this run's start-up (process start to first step) spread further than the default's
+    (bench/suite_bounds.py --recipe: x1.35 of its interval in one clean-clone CI run, its
+    start-up 1.52x the prediction there)."""
     wd, _, _ = recipe_run
     res = wd / "results"
     w = json.loads((res / "workload.json").read_text())
@@ -35,7 +35,7 @@ def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(r
     # method auto with AdamW: plain large batch, and why, in the check's record and final.json
     assert final["method"] == w["training"]["method"] == "lbt" and final["ags"] is None
     assert final["method_reason"].startswith("train.method auto: plain large batch with adamw")
-    assert 0 < final["final_test_acc_ema"] <= 1 and (res / "train" / "model_ema.pt").exists()
+    assert final["final_test_acc_ema"] <= 1 and (res / "train" / "model_ema.pt").exists()
     # train.accumulate: 2: every probe ran its steps so, and the prediction priced them so
     probes = pd.read_csv(res / "measurements.csv").query("source == 'probe'")
     assert (probes["accumulate"] == 2).all()
@@ -43,10 +43,11 @@ def test_the_users_way_of_training_runs_end_to_end_and_confirms_its_prediction(r
     assert (pred["accumulate"] == 2).all() and (
         pred["micro_batch"] == pred["local_batch"] // 2
     ).all()
-    interval = final["predicted_step_time_interval_s"]
-    m = interval_multiple(final["mean_step_time_s"], *interval)
-    assert m <= INTERVAL_MULTIPLE, (final["mean_step_time_s"], interval, m)
-    assert final["final_test_acc"] >= ACCURACY_FLOOR, final["final_test_acc"]
+    e = log_error(final["mean_step_time_s"], final["predicted_step_time_s"])
+    assert e <= PRODUCTION_BOUND, (final["mean_step_time_s"], final["predicted_step_time_s"])
+    n, b = final["workers"], final["global_batch"]
+    check_accuracy(f"recipe digits N{n} B{b}", final["final_test_acc"])
+    check_accuracy(f"recipe digits N{n} B{b}, its EMA", final["final_test_acc_ema"])
 
 
 def test_the_lr_follows_the_warm_up_then_the_cosine(recipe_run):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bounds import lab_step_bound
+from bounds import LAB_BOUND
 from conftest import LAB_NODES as NODES
 from conftest import TINY, cluster, lab_launch_command, lab_workdir, venv_env
 
@@ -170,15 +170,11 @@ def test_the_whole_workflow_runs_across_the_two_nodes(lab_run):
     assert {(p["workers"], p["status"]) for p in perf["multi_worker_probes"]} >= {(4, "ok")}
     final = json.loads((res / "train" / "final.json").read_text())
     assert final["workers"] == 4
-    # the production job's step against its prediction, within the lab's noise: the N = 4
-    # probes' own half-width and the lab's drift between probe jobs and the production job, in
-    # quadrature, three standard deviations (tests/bounds.py). A prediction scaled x2 is off by
-    # log 2 = 0.69, past the bound at the lab's noise (about 0.5)
-    halfwidths = [json.loads(p.read_text()) for p in res.glob("probes/N4/B*.json")]
-    hw = max(r["step_time_halfwidth_rel"] for r in halfwidths if r["status"] == "ok")
-    bound = lab_step_bound(hw)
+    # the production job's step against its prediction's point estimate, within LAB_BOUND
+    # (tests/bounds.py: fixed, from the lab's and the machine's measured drift, x1.68). A
+    # prediction scaled x2 is off by log 2 = 0.69, past it
     error = math.log(final["step_time_ratio"])
-    assert abs(error) <= bound, (final["step_time_ratio"], hw, bound)
+    assert abs(error) <= LAB_BOUND, (final["step_time_ratio"], LAB_BOUND)
     job = json.loads((res / "train" / "attempts.json").read_text())["attempts"][-1]["job_id"]
     steps = run("sacct", "-n", "-P", "-j", job, "-o", "JobID,NTasks,NNodes,NodeList,State")
     assert f"{job}.0|4|2|tula-n[0-1]|COMPLETED" in steps, steps

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from bounds import check_accuracy
 from conftest import TINY, bitwise_equal, load_params, train_from_files, venv_env
 from tula import config, faults
 from tula.io import write_json
@@ -304,7 +305,8 @@ def test_every_baseline_trains_on_two_processes_and_resumes_bitwise(
     # warms up to 1
     expected = {"lars": 2.0, "polo": 1.0}[method]
     assert m["lr"].tolist() == pytest.approx([base_lr * expected] * 2, rel=1e-6)
-    assert final["final_test_acc"] == ref["final_test_acc"] > 0.2  # 10 classes: chance is 0.1
+    assert final["final_test_acc"] == ref["final_test_acc"]
+    check_accuracy(f"launcher baseline {method}", final["final_test_acc"])  # chance 0.1
     assert m["grad_noise_scale"].isna().all()  # no AGS refresh, no per-epoch noise scale
 
 
@@ -465,7 +467,7 @@ def test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoi
     # each shape's first step, compiled and timed apart: attempt 1's full batch at B=64, then
     # attempt 2's full and short batches at B=32 (the run's times carry over its attempts)
     assert final["first_steps"] == 3 and final["first_steps_time_s"] > 0
-    assert final["final_test_acc"] > 0.5
+    check_accuracy("launcher compiled, relaunched after an OOM", final["final_test_acc"])
 
 
 def test_a_job_whose_every_step_is_timed_apart_has_no_training_ratio(tmp_path):

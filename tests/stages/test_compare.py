@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from bounds import check_accuracy
 from conftest import copy_workflow
 from tula import config
 from tula.io import write_json
@@ -227,9 +228,8 @@ def test_compare_run_trains_one_run_and_records_an_oom_without_relaunching(tmp_p
         and (final["workers"], final["global_batch"]) == (2, 128)
     )
     assert res["test_acc"] == final["final_test_acc"] and len(res["epochs"]) == 1
-    # one epoch of 12 steps learns well past chance: 0.1 +- 0.016 over the 360 test samples;
-    # measured 0.4
-    assert res["test_acc"] > 0.3
+    # one epoch of 12 steps learns past chance (0.1 over the 360 test samples): as recorded
+    check_accuracy("compare one run, ags N2 B128 seed 0", res["test_acc"])
     # an OOM is the cell's result: recorded, the job not relaunched at a smaller B
     out2 = tmp_path / "oom" / run / "result.json"
     env = dict(os.environ, TULA_INJECT_FAULT="oom:step=3,rank=1,batch=128")

@@ -34,6 +34,13 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     assert rec["timing_mode"] == "steps" and rec["block_steps"] == 1
     assert rec["step_timed_steps"] >= 3 and rec["compute_timed_steps"] >= 3
     assert len(rec["step_times_s"]) == rec["step_timed_steps"] and rec["step_time_iqr_s"] >= 0
+    # the step and the compute are what their timed steps took, each with the same extras
+    # (an epoch's start, its short last batch, a refresh): they differ by the synced steps'
+    # mean less the compute-only ones', and that is the sync
+    mean = {a: sum(rec[f"{a}_times_s"]) / len(rec[f"{a}_times_s"]) for a in ("step", "compute")}
+    apart = mean["step"] - mean["compute"]
+    assert rec["step_time_s"] - rec["compute_time_s"] == pytest.approx(apart, rel=1e-6, abs=1e-12)
+    assert rec["sync_time_s"] == pytest.approx(max(apart, 0.0), rel=1e-6, abs=1e-12)
     reached = max(rec["step_time_halfwidth_rel"], rec["compute_time_halfwidth_rel"]) <= 0.02
     assert rec["precision_target"] == 0.02 and rec["precision_reached"] is reached
     assert rec["timing_stopped_by"] == ("precision" if reached else "budget")
