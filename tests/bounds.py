@@ -142,8 +142,9 @@ def check_accuracy(key: str, accuracy: float) -> None:
         with open(out, "a") as f:
             f.write(json.dumps({key: accuracy}) + "\n")
         return
-    floor = ACCURACY_SHARE * recorded_accuracy(key)
+    figure = recorded_accuracy(key)
+    floor = ACCURACY_SHARE * figure
     assert accuracy >= floor, (
         f"{key}: final test accuracy {accuracy:.4f} below {ACCURACY_SHARE} of its recorded "
-        f"{recorded_accuracy(key):.4f} ({floor:.4f})"
+        f"{figure:.4f} ({floor:.4f})"
     )
