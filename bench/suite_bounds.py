@@ -104,6 +104,7 @@ FIXED_POINT_TESTS = [
     "tests/production/test_trainer.py::test_image_folder_trains_with_two_gloo_and_two_loader_workers",
     "tests/production/test_trainer.py::test_bf16_adamw_onecycle_trains_and_resumes_bitwise",
     "tests/production/test_trainer.py::test_two_process_training",
+    "tests/production/test_trainer.py::test_a_users_loss_and_metric_run_end_to_end",
     "tests/production/test_launcher.py::test_every_baseline_trains_on_two_processes_and_resumes_bitwise",
     "tests/production/test_launcher.py::test_compiled_training_relaunches_after_an_oom_and_resumes_from_the_checkpoint",
     "tests/stages/test_compare.py::test_compare_run_trains_one_run_and_records_an_oom_without_relaunching",

@@ -39,7 +39,7 @@ def test_the_recorded_accuracies_say_how_they_were_made():
     assert set(doc["made"]) == {"when", "commit", "cpu", "command"}
     assert "bench/suite_bounds.py --accuracy" in doc["made"]["command"]
     # every figure a test accuracy above chance (10 classes everywhere here: 0.1)
-    assert doc["figures"] and all(0.1 < v <= 1.0 for v in doc["figures"].values())
+    assert doc["figures"] and all(bounds.CHANCE < v <= 1.0 for v in doc["figures"].values())
     # every point a shared DAG's choice can land on has its figure
     for kind in ("tiny", "recipe", "uint8"):
         for n in (1, 2):
@@ -56,7 +56,10 @@ def test_the_fit_error_is_the_median_over_the_probed_points_only():
         }
     )
     assert bounds.fit_error(p) == pytest.approx(math.log(1.1))
-    assert bounds.fit_error(p.assign(step_time_s=p["step_time_s"] * 1.3)) > bounds.FIT_BOUND
+    assert (
+        bounds.fit_error(p.assign(step_time_s=p["step_time_s"] * bounds.BREAK_UP))
+        > bounds.FIT_BOUND
+    )
 
 
 def test_each_bound_is_what_its_noise_gives_and_catches_a_prediction_x2():
@@ -67,4 +70,5 @@ def test_each_bound_is_what_its_noise_gives_and_catches_a_prediction_x2():
     assert bounds.LAB_BOUND == bounds.PRODUCTION_BOUND
     for bound in (bounds.PRODUCTION_BOUND, bounds.WALL_BOUND, bounds.HELD_OUT_BOUND):
         assert bound < math.log(2)
-    assert bounds.FIT_BOUND < math.log(1.3) and bounds.FIT_BOUND < -math.log(0.77)
+    assert bounds.FIT_BOUND < math.log(bounds.BREAK_UP)
+    assert bounds.FIT_BOUND < -math.log(bounds.BREAK_DOWN)

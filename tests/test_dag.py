@@ -520,7 +520,8 @@ def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_
     data.train = type("Set", (), {"__getitems__": None})()
     data.train.x = torch.empty(5 * 10**9, dtype=torch.uint8, device="meta")
     data.train.y = torch.empty(0, dtype=torch.int64, device="meta")
-    assert 5e9 <= RESIDENT_SHARE * 72e9 and 5e9 > RESIDENT_SHARE * 14.4e9
+    size, budget, old = 5e9, 72e9, 14.4e9
+    assert size <= RESIDENT_SHARE * budget and size > RESIDENT_SHARE * old
     assert keep_on_device(snap, data, torch.device("cuda"))
     default = config.from_dict({**TINY, "data": {"on_device": "auto"}})
     assert not keep_on_device(default, data, torch.device("cuda"))

@@ -12,7 +12,7 @@ import json
 import pandas as pd
 import pytest
 
-from bounds import PRODUCTION_BOUND, check_accuracy, log_error
+from bounds import COSINE_END, PRODUCTION_BOUND, check_accuracy, log_error
 from conftest import RECIPE
 
 
@@ -58,7 +58,7 @@ def test_the_lr_follows_the_warm_up_then_the_cosine(recipe_run):
     lr = pd.read_csv(wd / "results" / "train" / "metrics.csv")["lr"].tolist()
     peak = json.loads((wd / ".snakemake" / "tula" / "config.json").read_text())["train"]["lr"]
     assert len(lr) == final["epochs"] == 2
-    assert lr[0] == pytest.approx(peak) and lr[-1] < 0.05 * peak
+    assert lr[0] == pytest.approx(peak) and lr[-1] < COSINE_END * peak
 
 
 def test_the_plan_alone_trains_nothing_and_leaves_the_answer_to_take_away(recipe_run):

@@ -105,3 +105,13 @@ def test_at_submission_a_grown_wait_puts_the_runner_up_first_only_in_time():
         "cost",
     )["across_partitions"]
     assert not across.after_wait(cost, {"slow": 1e6})["runner_first"]
+
+
+def test_a_partitions_point_is_read_at_its_own_n_and_b_whatever_the_rows_order():
+    """The chosen point's row, read at its N and B exactly: a larger batch listed first at the
+    same N is another point; a point the partition never predicted is an error naming it."""
+    pred = table({(2, 256): 50.0, (2, 64): 300.0, (1, 64): 400.0})
+    assert across._row(pred, {"workers": 2, "global_batch": 64})["train_time_s"] == 300.0
+    assert across._row(pred, {"workers": 1, "global_batch": 64})["train_time_s"] == 400.0
+    with pytest.raises(ValueError, match="N=4 B=64 is not in its partition's predictions"):
+        across._row(pred, {"workers": 4, "global_batch": 64})

@@ -26,7 +26,7 @@ def test_knee_of_paper_shaped_curve_is_where_it_flattens():
     t = np.array([CURVE[x] for x in b])
     bn, tn = (b - b.min()) / (b.max() - b.min()), (t - t.min()) / (t.max() - t.min())
     difference = (1 - bn) - tn
-    assert difference[[3, 4, 5]] == pytest.approx([0.851, 0.8824, 0.851], abs=1e-4)
+    assert difference[[3, 4, 5]] == pytest.approx([217 / 255, 15 / 17, 217 / 255], rel=1e-12)
     assert b[np.argmax(difference)] == 512
     assert knee_of(b, t) == 512
 
@@ -62,6 +62,8 @@ def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
     # %
     assert "knee at B=4096: doubling to B=8192 saves 9.8 % of T (< 10 %)" in sel["reason"]
     assert "the doubling from B=2048 saved 16.4 %" in sel["reason"]
+    # T(4096) = 1.244 s over T(8192) = 1.122 s
+    assert "T = 1.244 s, 10.9 % above the lowest point (1.122 s)" in sel["reason"]
     assert f"(Kneedle would pick B={k['kneedle']['global_batch']})" in sel["reason"]
     gains = {e["global_batch"]: e["gain_of_next_doubling"] for e in k["envelope"]}
     assert gains[2048] == pytest.approx(500 / 3048) and gains[8192] is None
@@ -148,6 +150,12 @@ def test_time_and_cost_objectives_differ():
     )
     sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "cost"})))
     assert sel["selected"]["workers"] == 1 and sel["runner_up"]["workers"] == 4
+    fast = select(table(t), model_inputs.planning(config.from_dict({"objective": "time"})))
+    assert fast["reason"] == "minimum training time T: 4 s; runner-up N=1 B=64 at 10 s"
+    alone = select(
+        table({(1, 64): 10.0}), model_inputs.planning(config.from_dict({"objective": "time"}))
+    )
+    assert alone["reason"] == "minimum training time T: 10 s" and alone["runner_up"] is None
 
 
 def test_constraints_and_infeasible_points_are_excluded():

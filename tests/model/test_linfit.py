@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import bounds
 from tula.model.linfit import LinearFit, fit_linear
 
 
@@ -35,7 +36,8 @@ def test_linear_fit_prediction_interval_covers_new_measurements():
         y_new = truth(new_x) * rng.normal(1, 0.05, new_x.size)
         inside += int(((lo <= y_new) & (y_new <= hi)).sum())
         total += new_x.size
-    assert 0.88 <= inside / total <= 0.995
+    lo, hi = bounds.binomial_band(total, 0.95)
+    assert lo <= inside / total <= hi
 
 
 def test_interval_round_trips_through_json():
@@ -44,3 +46,36 @@ def test_interval_round_trips_through_json():
     f = fit_linear([1, 2, 3, 4], [1.1, 1.9, 3.2, 3.9])
     g = LinearFit.from_dict(json.loads(json.dumps(f.to_dict())))
     assert np.allclose(g.predict_interval([2.5]), f.predict_interval([2.5]))
+
+
+def test_two_points_give_the_exact_line_with_no_scatter_to_widen_it():
+    """Two points: the line through them, its intervals the values themselves, no covariance
+    and no residual degrees of freedom, so a prediction interval is the prediction."""
+    f = fit_linear([16, 32], [1.0, 2.0])
+    assert (f.intercept, f.slope) == pytest.approx((0.0, 1 / 16), abs=1e-12)
+    assert f.intercept_ci == pytest.approx((f.intercept,) * 2, abs=1e-12)
+    assert f.slope_ci == pytest.approx((f.slope,) * 2, abs=1e-12)
+    assert (f.r2, f.n_points, f.sigma, f.df_resid) == (1.0, 2, 0.0, 0.0)
+    assert f.cov == ((0.0, 0.0), (0.0, 0.0))
+    lo, hi = f.predict_interval(64.0)
+    assert float(lo) == float(hi) == pytest.approx(4.0, rel=1e-12)
+
+
+def test_a_fit_saved_before_it_kept_its_covariance_reads_back_without_one():
+    """memory_probe.json of an older Tula holds no cov, sigma or df_resid: it reads back as a fit
+    without scatter (its interval the line), as a fit built without them."""
+    old = {
+        "intercept": 1.0,
+        "slope": 2.0,
+        "intercept_ci": [1.0, 1.0],
+        "slope_ci": [2.0, 2.0],
+        "r2": None,
+        "n_points": 2,
+        "distinct_x": 2,
+    }
+    f = LinearFit.from_dict(old)
+    built = LinearFit(1.0, 2.0, (1.0, 1.0), (2.0, 2.0), float("nan"), 2, 2)
+    for fit in (f, built):
+        assert fit.cov == ((0.0, 0.0), (0.0, 0.0)) and fit.sigma == fit.df_resid == 0.0
+        assert [float(v) for v in fit.predict_interval(3.0)] == [7.0, 7.0]
+    assert np.isnan(f.r2)

@@ -61,3 +61,20 @@ def test_one_fallback_policy_for_the_probe_and_the_production_job():
     assert smaller_batches([32, 256, 64, 128, 64, 96], 256, 2, floor=32) == [128, 96, 64, 32]
     assert smaller_batches([8, 4, 2, 1], 16, 4, floor=1) == [8, 4]
     assert smaller_batches([128, 64], 64, 2, floor=1) == []
+
+
+def test_the_next_memory_point_is_the_largest_grid_batch_the_fit_says_fits():
+    """Two points measured (16 and 64, 10 kB a sample over 1 MB): with a budget of 1 MB + 128
+    samples the fit puts b_max at 128, so the next point is the grid's 128 (not 1,024, the
+    grid's largest, nor anything at or below a batch measured); past the probe's extra points,
+    or with fewer than two measured, none."""
+    from tula.model.inputs import GridSpec
+
+    g = GridSpec(workers=(1,), batch_min=16, batch_max=1024)
+    pts = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1e6 + 1e4 * b} for b in (16, 64)]
+    budget = 1e6 + 1e4 * 128
+    assert memory.next_probe_batch(g, None, budget, pts) == 128
+    assert memory.next_probe_batch(g, None, 1e6 + 1e4 * 64, pts) is None  # b_max measured
+    assert memory.next_probe_batch(g, None, budget, pts[:1]) is None
+    more = pts + [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1.0} for b in (2, 4, 8)]
+    assert memory.next_probe_batch(g, None, budget, more) is None

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import bounds
 from conftest import synthetic
 from tula.model import measurements
 from tula.model import perf as perfmodel
@@ -65,14 +66,14 @@ def gpu_like(
 def test_additive_data_recovers_forms_and_coefficients(collective):
     m = perfmodel.fit(synthetic(collective, np.random.default_rng(0)), collective)
     assert m.compute.form.name == "linear"
-    assert m.compute.params() == pytest.approx({"c0": 0.004, "c1": 0.0002}, rel=1e-4)
+    assert m.compute.params() == pytest.approx({"c0": 0.004, "c1": 0.0002}, rel=bounds.SOLVER)
     if collective == "tree":  # latency grows as log2 N like bandwidth: one term
         assert m.step.form.name == "additive" and m.step.params() == pytest.approx(
-            {"s1": 0.05}, rel=1e-3
+            {"s1": 0.05}, rel=bounds.SOLVER
         )
     else:  # four values of N: the latency term is judged, and earns its place
         assert m.step.form.name == "additive_latency"
-        assert m.step.params() == pytest.approx({"s1": 0.05, "a": 0.002}, rel=1e-3)
+        assert m.step.params() == pytest.approx({"s1": 0.05, "a": 0.002}, rel=bounds.SOLVER)
     assert m.sync_time_s([1], [64])[0] == 0.0
 
 
@@ -80,20 +81,22 @@ def test_gpu_like_compute_is_flat_then_linear_and_overlap_is_found():
     df, comp, step = gpu_like((1, 2, 4, 8), (64, 256, 1024, 4096), np.random.default_rng(0))
     m = perfmodel.fit(df, "ring")
     assert m.compute.form.name == "saturating"
-    assert m.compute.params() == pytest.approx({"c0": 0.02, "c1": 0.0003, "b0": 64}, rel=1e-3)
+    assert m.compute.params() == pytest.approx(
+        {"c0": 0.02, "c1": 0.0003, "b0": 64}, rel=bounds.SOLVER
+    )
     assert m.step.form.name.startswith("overlap") and m.step.params()["gamma"] == pytest.approx(
-        2.0, rel=1e-2
+        2.0, rel=bounds.SOLVER_FLAT
     )
     for n, b in ((2, 96), (8, 300), (4, 10)):
-        assert m.step_time_s([n], [b])[0] == pytest.approx(step(n, b), rel=1e-3)
+        assert m.step_time_s([n], [b])[0] == pytest.approx(step(n, b), rel=bounds.SOLVER)
 
 
 def test_shared_machine_slowdown_is_a_form_of_its_own():
     df, comp, _ = gpu_like((1, 2), (32, 512), np.random.default_rng(0), shared_k=0.46)
     m = perfmodel.fit(df, "ring")
     assert m.compute.form.name.endswith("_shared")
-    assert m.compute.params()["k"] == pytest.approx(0.46, rel=1e-2)
-    assert m.compute_time_s([2], [128])[0] == pytest.approx(comp(2, 128), rel=1e-3)
+    assert m.compute.params()["k"] == pytest.approx(0.46, rel=bounds.SOLVER_FLAT)
+    assert m.compute_time_s([2], [128])[0] == pytest.approx(comp(2, 128), rel=bounds.SOLVER)
 
 
 def test_a_simpler_form_wins_when_the_complex_one_does_not_earn_its_place():
@@ -116,7 +119,7 @@ def test_partial_search_with_two_multi_worker_probes_uses_the_measured_noise():
         for n in (1, 2, 4, 8)
         for B in (64, 256, 1024, 4096)
     ]
-    assert np.median(errs) < 0.05
+    assert np.median(errs) < bounds.SEEDED_FIT
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -145,7 +148,8 @@ def test_prediction_interval_covers_new_measurements():
         y_new = np.array([comp(1, x) for x in b]) * rng.normal(1, 0.05, 3)
         inside += int((np.abs(y_new - pred) <= half).sum())
         total += 3
-    assert 0.85 <= inside / total <= 0.995
+    lo, hi = bounds.binomial_band(total, 0.95)
+    assert lo <= inside / total <= hi
 
 
 def test_perf_model_round_trips_through_json():
@@ -165,7 +169,9 @@ def test_failed_probes_are_not_fitted():
     df = synthetic("ring", np.random.default_rng(0))
     df.loc[0, "status"] = "oom"
     df.loc[0, "compute_time_s"] = 99.0
-    assert perfmodel.fit(df, "ring").compute.params()["c1"] == pytest.approx(0.0002, rel=1e-4)
+    assert perfmodel.fit(df, "ring").compute.params()["c1"] == pytest.approx(
+        0.0002, rel=bounds.SOLVER
+    )
 
 
 def two_level_rows(per_node, workers, batches, s_r, s_n, rng, noise=0.01) -> pd.DataFrame:
@@ -208,14 +214,15 @@ def test_two_level_sync_predicts_across_the_node_boundary():
     assert perf.step.form.name.endswith("two_level") or perf.step.form.name.endswith("bottleneck")
     truth = two_level_rows(8, [4, 32], [512], 0.002, 0.040, rng, noise=0.0)
     pred = perf.step_time_s(truth["workers"], truth["local_batch"])
-    assert np.abs(pred / truth["step_time_s"] - 1).max() < 0.05
+    assert np.abs(pred / truth["step_time_s"] - 1).max() < bounds.SEEDED_FIT
     # every N on one node
     one_level = perfmodel.fit(probes.drop(columns="nodes"), "ring", workers_per_node=64)
     err = np.abs(
         one_level.step_time_s(truth["workers"], truth["local_batch"]) / truth["step_time_s"] - 1
     )
-    # one curve through N = 8 and 16 misses the far side (19 % at N = 32 here)
-    assert err.max() > 0.15
+    # one curve through N = 8 and 16 misses the far side (19 % at N = 32 here): by more than
+    # the two-level fit may
+    assert err.max() > bounds.SEEDED_FIT
     assert perfmodel.PerfModel.from_dict(perf.to_dict()).step_time_s(32, 16) == pytest.approx(
         perf.step_time_s(32, 16)
     )
@@ -256,10 +263,11 @@ def test_the_input_floor_is_fitted_with_node_sharing_and_bounds_the_step_from_be
     df["input_time_s"] = [inp(r.workers, r.local_batch) for r in df.itertuples()]
     model = perfmodel.fit(df, "ring", workers_per_node=8)
     assert model.input.form.name == "linear_shared"
-    assert model.input.theta == pytest.approx((0.0, 0.001, 0.2), abs=2e-4)
+    made = (0.0, 0.001, 0.2)  # no intercept, 1 ms a sample, 20 % per other worker
+    assert model.input.theta == pytest.approx(made, abs=bounds.SOLVER * max(made))
     n, b = np.array([1, 2, 4, 8, 8]), np.array([256, 128, 64, 32, 4])
     t_in = model.input_time_s(n, b)
-    assert t_in == pytest.approx(inp(n, b), rel=0.02)
+    assert t_in == pytest.approx(inp(n, b), rel=bounds.SOLVER)
     step = model.step_time_s(n, b)
     assert np.all(step >= t_in) and np.all(step >= model.model_step_time_s(n, b))
     assert list(model.input_bound(n, b)) == list(t_in >= perfmodel.INPUT_BOUND * step)
@@ -306,7 +314,7 @@ def test_an_accumulated_step_is_priced_from_one_batch_steps_and_fitted_as_them()
         want = (k - 1) * model.compute_time_s(n, m) + model.step_time_s(n, m)
         assert acc["step_time_s"] == pytest.approx(want, rel=1e-12)
         truth = [(kk - 1) * comp(nn, 128) + step(nn, 128) for nn, kk in zip(n, k)]
-        assert acc["step_time_s"] == pytest.approx(truth, rel=0.02)
+        assert acc["step_time_s"] == pytest.approx(truth, rel=bounds.SOLVER)
         assert (acc["step_time_lo_s"] <= acc["step_time_s"]).all()
         assert (acc["step_time_s"] <= acc["step_time_hi_s"]).all()
     plain = perf.accumulated(n, b, np.ones(3))
@@ -333,7 +341,7 @@ def test_what_a_step_pays_once_is_not_paid_again_by_each_micro_batch():
     n, b, k = np.array([1.0, 2.0, 4.0, 3.0]), np.array([512.0, 512.0, 256.0, 256.0]), 4
     truth = [(k - 1) * (comp(nn, bb / k) - once(nn)) + step(nn, bb / k) for nn, bb in zip(n, b)]
     acc = perf.accumulated(n, b, np.full(4, k))
-    assert acc["step_time_s"] == pytest.approx(truth, rel=0.02)
+    assert acc["step_time_s"] == pytest.approx(truth, rel=bounds.SOLVER)
     # paid once: its compute is k micro-batches and the once part, not k whole steps
     c = perf.compute_time_s(n, b / k)
     assert acc["compute_time_s"] == pytest.approx(k * c - (k - 1) * perf.once_s(n), rel=1e-12)

@@ -73,3 +73,13 @@ def test_the_remaining_work_rescales_time_costs_and_time_to_accuracy():
     )
     with pytest.raises(ValueError, match="no row for N=3 B=64"):
         refit.refit(p, 3, 64, 0.01)
+
+
+def test_the_current_point_is_read_at_its_own_n_and_b_whatever_the_rows_order():
+    pred = pd.DataFrame(
+        {"workers": [2, 2, 1], "global_batch": [256, 64, 64], "train_time_s": [50.0, 300.0, 400.0]}
+    )
+    assert refit._row(pred, 2, 64)["train_time_s"] == 300.0
+    assert refit._row(pred, 1, 64)["train_time_s"] == 400.0
+    with pytest.raises(ValueError, match="predictions.csv has no row for N=4 B=64"):
+        refit._row(pred, 4, 64)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import bounds
 from bounds import check_accuracy
 from conftest import (
     bitwise_equal,
@@ -176,7 +177,8 @@ def test_a_users_loss_and_metric_run_end_to_end(tmp_path, tiny_raw, venv_path, u
     assert (final["metric"], final["metric_goal"]) == ("user_workload:error_rate", "min")
     errors = pd.read_csv(d / "train" / "metrics.csv")["test_acc"].tolist()
     assert final["best_test_acc"] == min(errors) and final["final_test_acc"] == errors[-1]
-    assert errors[-1] <= 0.34  # three well-apart blobs: a third wrong is chance-level
+    # three well-apart blobs: chance is two in three wrong; the run is judged against its own
+    check_accuracy("trainer user loss and metric, 1 - error", 1 - errors[-1])
     curves = tensorboard_scalars(d / "train" / "tensorboard")
     assert [v for _, v in curves["epoch/test_error_rate"]] == pytest.approx(errors)
     line = summary._metric_line(final)
@@ -239,7 +241,7 @@ def test_two_process_training(tiny_raw, tmp_path, venv_path):
             "startup_time_s",
         )
     )
-    assert parts < final["wall_time_s"] < parts + 5.0
+    assert parts < final["wall_time_s"] < parts + bounds.UNTIMED_S
     # the gradient noise scale of each epoch, from AGS's refresh at its first step (reference
     # sub-batch
     # ags_small_batch against B): one pair an epoch, |G|^2 and tr(Sigma) recorded as measured

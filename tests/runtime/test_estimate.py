@@ -3,6 +3,7 @@ under FakeTensorMode, MemTracker and FlopCounterMode, no data and no device."""
 
 import pytest
 
+import bounds
 from tula import config
 from tula.runtime.estimate import estimate_step
 from user_workload import HIDDEN
@@ -64,7 +65,8 @@ def test_bf16_keeps_activations_in_16_bits():
     f32 = estimate_step(_cfg("resnet_tiny"), (1, 8, 8), K, (16, 64), "cuda")
     b16 = estimate_step(_cfg("resnet_tiny", precision="bf16"), (1, 8, 8), K, (16, 64), "cuda")
     assert b16.parameter_bytes == f32.parameter_bytes
-    assert 0.4 < b16.per_sample_bytes / f32.per_sample_bytes < 0.75
+    share = b16.per_sample_bytes / f32.per_sample_bytes
+    assert abs(share - bounds.BF16_SHARE) < bounds.BF16_SLACK
 
 
 def test_a_model_that_reads_its_values_is_named_not_estimated(user_pythonpath):

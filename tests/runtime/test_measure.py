@@ -4,6 +4,7 @@ Eq. 3's terms and is linear in the local batch; the timing statistics."""
 import pytest
 import torch
 
+import bounds
 from tula.runtime.measure import cpu_step_peak_bytes, measure_step, timing_stats
 from tula.runtime.nets import build_model
 
@@ -36,9 +37,10 @@ def peaks(batches):
 def test_measured_cpu_peak_covers_eq3_and_is_linear_in_batch():
     p = peaks([32, 64, 128])
     for measured, eq3 in p.values():
-        assert eq3 <= measured <= 1.3 * eq3  # Eq. 3 terms plus backward's transient buffers
-    # linear in b: equal steps in b give equal steps in bytes (to allocator granularity, ~512 B)
-    assert p[128][0] - p[64][0] == pytest.approx(2 * (p[64][0] - p[32][0]), rel=1e-3)
+        # Eq. 3 terms plus backward's transient buffers
+        assert eq3 <= measured <= (1 + bounds.TRANSIENT_SHARE) * eq3
+    # linear in b: equal steps in b give equal steps in bytes (each tensor its own size on CPU)
+    assert p[128][0] - p[64][0] == 2 * (p[64][0] - p[32][0])
 
 
 def test_timing_statistics_by_hand():
@@ -69,10 +71,11 @@ def test_cpu_peak_counts_parameters_and_optimizer_state_once():
     x, y = torch.randn(2, 512), torch.randint(0, 512, (2,))
     eq3 = measure_step(model, opt, forward_loss, x, y)
     weights = eq3.param_bytes + eq3.grad_bytes + eq3.opt_bytes
-    assert weights > 0.95 * eq3.total_bytes  # the case this test is for
+    # the case this test is for: all but the transient part is weights
+    assert weights > (1 - bounds.TRANSIENT_SHARE) * eq3.total_bytes
     measured = cpu_step_peak_bytes(model, opt, step)
     # the few kB of activations and batch need not all be live at the peak (the optimizer's)
-    assert 0.99 * eq3.total_bytes <= measured <= 1.1 * eq3.total_bytes
+    assert weights <= measured <= (1 + bounds.TRANSIENT_SHARE) * eq3.total_bytes  # 1.7x if twice
 
 
 def test_cpu_peak_adds_the_parameters_a_step_never_reads():

@@ -2,10 +2,13 @@
 
 import math
 import random
+import statistics
 import time
 
 import pytest
+from scipy import stats
 
+import bounds
 from tula.model.grid import paid_mix
 from tula.runtime.clocks import HostClock, block_for
 from tula.runtime.precision import Series, half_width_rel, mix_half_width_rel, spikes, spread
@@ -31,8 +34,9 @@ class Sleeper:
 
 def test_half_width_is_the_t_interval_of_the_mean():
     xs = [1.0, 1.2, 0.8, 1.1, 0.9]
-    # t(0.975, 4) = 2.776; sd = 0.1581; mean 1.0
-    assert half_width_rel(xs) == pytest.approx(2.776 * 0.1581 / math.sqrt(5), rel=1e-3)
+    # Student's t(0.975, 4) x the sample's sd / sqrt(5), over the mean (1.0)
+    want = stats.t.ppf(0.975, 4) * statistics.stdev(xs) / math.sqrt(5) / statistics.fmean(xs)
+    assert half_width_rel(xs) == pytest.approx(want, rel=1e-12)
     assert half_width_rel([1.0]) == math.inf
 
 
@@ -56,8 +60,9 @@ def test_the_precision_of_the_mean_training_pays_weighs_every_kind_of_step():
         held += abs(mean - truth) <= hw * mean
         mixed.append(hw)
         plain_only.append(half_width_rel(draw["plain"]))
-    assert 0.935 <= held / 2000 <= 0.965
-    assert sorted(plain_only)[1000] > 1.8 * sorted(mixed)[1000]
+    lo, hi = bounds.binomial_band(2000, 0.95)
+    assert lo <= held / 2000 <= hi
+    assert sorted(plain_only)[1000] > 2 * sorted(mixed)[1000]
     # one kind of weight 1 is the plain t interval; a kind with one sample cannot be judged
     xs = [1.0, 1.2, 0.8, 1.1, 0.9]
     assert mix_half_width_rel([(1.0, xs)]) == pytest.approx(half_width_rel(xs))
@@ -121,17 +126,18 @@ def test_a_lead_in_step_runs_untimed_before_each_round_on_a_host_clock():
     """The probe's lead-in (an untimed synced step): each round is lead-in, step, compute, so
     both timed arms follow a synced step as training's steps do; its seconds are in no arm."""
     log: list = []
+    lead_s = 0.02
     arms = {
         "step": Sleeper("step", 0.002, 0.0, log, 0),
         "compute": Sleeper("c", 0.001, 0.0, log, 1),
     }
     t = StepTimer(HostClock(), Target(0.5, 4, 10.0)).run(
-        arms, lead_in=Sleeper("lead", 0.02, 0.0, log, 2)
+        arms, lead_in=Sleeper("lead", lead_s, 0.0, log, 2)
     )
     assert [name for name, _ in log[:9]] == ["lead", "step", "c"] * 3
     assert [name for name, _ in log].count("lead") == t.arms["step"].n_steps
-    # ten times the step's sleep, had it been timed
-    assert t.arms["step"].mean() < 0.01 and t.arms["compute"].mean() < 0.01
+    # the lead-in's 20 ms sleep would double even the slower arm's 2 ms, had it been timed
+    assert t.arms["step"].mean() < lead_s / 2 and t.arms["compute"].mean() < lead_s / 2
 
 
 class ShortEpoch:
@@ -189,13 +195,15 @@ def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     )
     assert t.reached and t.stopped_by == "precision"
     for name, s in t.arms.items():
-        assert s.half_width() <= 0.025 and s.n_steps >= 10
+        assert s.half_width() <= target.precision and s.n_steps >= target.min_steps
         # it took about what the noise asks, not the budget (60 s: some 7,000 steps of each):
         # 256 at 20 % jitter, more where the machine adds its own (1,156 in a clean-clone CI run)
         assert 100 <= s.n_steps <= 3000
-    # time.sleep oversleeps by a little: the mean is at least the asked sleep, and near it
-    assert 0.004 <= t.arms["step"].mean() <= 0.004 * 1.15
-    assert 0.003 <= t.arms["compute"].mean() <= 0.003 * 1.2
+    # time.sleep oversleeps by a little: each mean is its asked sleep and the overshoot, to the
+    # precision the timer stopped at (a 95 % half-width: Z / 1.96 of it)
+    room = 1 + bounds.Z / 1.96 * target.precision
+    for arm, asked in (("step", 0.004), ("compute", 0.003)):
+        assert asked / room <= t.arms[arm].mean() <= (asked + bounds.SLEEP_OVER_S) * room
     rec = t.figures().to_json()
     assert rec["precision_reached"] is True and rec["step_timed_steps"] == t.arms["step"].n_steps
 
@@ -207,9 +215,10 @@ def test_the_budget_ending_first_is_said_in_the_record():
         {"step": Sleeper("step", 0.003, 0.3, log, 4), "compute": Sleeper("c", 0.002, 0.3, log, 5)}
     )
     rec = t.figures().to_json()
-    assert not t.reached and t.stopped_by == "budget" and t.elapsed_s >= 0.3
+    assert not t.reached and t.stopped_by == "budget" and t.elapsed_s >= target.budget_s
     assert rec["precision_reached"] is False and rec["timing_stopped_by"] == "budget"
-    assert rec["step_time_halfwidth_rel"] > 0.0005 and rec["timing_budget_s"] == 0.3
+    assert rec["step_time_halfwidth_rel"] > target.precision
+    assert rec["timing_budget_s"] == target.budget_s
 
 
 def test_the_minimum_of_steps_holds_past_the_budget():
@@ -223,10 +232,11 @@ def test_the_minimum_of_steps_holds_past_the_budget():
 def test_the_slowest_rank_sets_each_sample():
     """combine is the ranks' element-wise maximum: here a peer 1.5x slower on every sample."""
     log: list = []
-    t = StepTimer(HostClock(), Target(0.5, 8, 10.0), combine=lambda v: [x * 1.5 for x in v]).run(
-        {"step": Sleeper("step", 0.002, 0.0, log, 8)}
+    slower, sleep = 1.5, 0.002
+    t = StepTimer(HostClock(), Target(0.5, 8, 10.0), combine=lambda v: [x * slower for x in v]).run(
+        {"step": Sleeper("step", sleep, 0.0, log, 8)}
     )
-    assert t.arms["step"].mean() >= 0.003
+    assert t.arms["step"].mean() >= slower * sleep
 
 
 def test_a_queued_device_gets_blocks_whose_sync_costs_under_one_percent():
@@ -353,12 +363,13 @@ def test_the_minimum_of_steps_counts_every_kind_the_half_width_weighs():
     B = 1,024 probe: 0.4 % on 14 plain steps and 6 starts, recorded "not reached", and timed
     until the budget's 20 steps of any kind)."""
     gpu = SixStepEpoch()
-    timer = StepTimer(gpu, Target(0.02, 20, 4.0), now=gpu.now, block_steps=1, mix={"start": 1 / 6})
+    target = Target(0.02, 20, 4.0)
+    timer = StepTimer(gpu, target, now=gpu.now, block_steps=1, mix={"start": 1 / 6})
     t = timer.run({"step": gpu.synced, "compute": gpu.arm})
     step = t.arms["step"]
     assert t.reached and t.stopped_by == "precision"
     assert step.n_steps < 20 <= step.judged_steps() == 20  # 16 plain + 4 starts
-    assert len(step.other["start"]) == 4 and step.half_width(robust=True) < 0.02
+    assert len(step.other["start"]) == 4 and step.half_width(robust=True) < target.precision
     rec = t.figures().to_json()
     assert rec["step_judged_steps"] == 20 and rec["step_timed_steps"] == 16
     assert rec["compute_judged_steps"] == rec["compute_timed_steps"] == 20  # no mix: plain
@@ -415,6 +426,11 @@ class LaunchQueue:
         return 50e-6
 
 
+# 0.5 ms of Python queuing 5 ms of kernels (10 a step): the host's 0.5 ms over the block's
+# one kernel's launch and the device's 5 ms
+BUSY_SHARE = 5e-4 / (5e-4 / 10 + 5e-3)
+
+
 def _queued_timing(stream: LaunchQueue, block_steps: int | None = 1):
     timer = StepTimer(stream, Target(0.02, 20, 10.0), now=stream.now, block_steps=block_steps)
     return timer.run({"step": stream.arm, "compute": stream.arm})
@@ -426,8 +442,9 @@ def test_a_step_the_host_cannot_queue_fast_enough_is_said_to_be_host_bound():
     kernels keeps it busy (share 0.1). A host clock has no queue to say it of."""
     bound = _queued_timing(LaunchQueue(host_s=2e-3, device_s=1e-4)).figures().to_json()
     busy = _queued_timing(LaunchQueue(host_s=5e-4, device_s=5e-3)).figures().to_json()
-    assert bound["step_host_share"] == pytest.approx(1.0, abs=0.02)
-    assert busy["step_host_share"] == pytest.approx(0.1, rel=0.05)
+    # the fake clock's own arithmetic: the host's time over the block's, whichever waits
+    assert bound["step_host_share"] == pytest.approx(2e-3 / (2e-3 + 1e-4 / 10), rel=1e-12)
+    assert busy["step_host_share"] == pytest.approx(BUSY_SHARE, rel=1e-12)
     assert bound["step_time_halfwidth_rel"] is not None
     on_cpu = StepTimer(HostClock(), Target(0.5, 4, 10.0)).run(
         {"step": Sleeper("step", 0.001, 0.0, [], 1)}
@@ -445,7 +462,7 @@ def test_a_busy_device_reads_busy_though_its_full_queue_holds_the_host_to_its_pa
     stream = LaunchQueue(host_s=5e-4, device_s=5e-3)
     t = _queued_timing(stream)
     arm = t.arms["step"]
-    assert arm.host_share() == pytest.approx(0.1, rel=0.05)
+    assert arm.host_share() == pytest.approx(BUSY_SHARE, rel=1e-12)
     # one block of 1 step after each check (every 4 rounds) but the last; the run's first block
     # follows queued work, not a drain
     assert len(arm.host) == arm.n_steps // 4 - 1
@@ -458,9 +475,9 @@ def test_a_busy_device_reads_busy_though_its_full_queue_holds_the_host_to_its_pa
         t0 = held.t
         held.arm(1)
         per_block.append(held.t - t0)
-    assert per_block[-1] == pytest.approx(5e-3, rel=0.05)
+    assert per_block[-1] == pytest.approx(5e-3, rel=1e-12)  # the device's
     sized = _queued_timing(LaunchQueue(host_s=5e-4, device_s=5e-3), block_steps=None)
-    assert sized.arms["step"].host_share() == pytest.approx(0.1, rel=0.1)
+    assert sized.arms["step"].host_share() == pytest.approx(BUSY_SHARE, rel=1e-12)
 
 
 def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says_so():
@@ -469,15 +486,16 @@ def test_a_few_spiking_steps_are_judged_by_the_robust_spread_and_the_record_says
     does, within the 20 steps asked. The mean keeps the spikes; the record names the spread,
     the spikes, and the half-width both ways."""
     target = Target(0.02, 20, 30.0)
-    t = _fake_timing(FakeGPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
+    spike_s = 0.08
+    t = _fake_timing(FakeGPU(1e-3, 0.05, spike_every=25, spike_s=spike_s), target)
     r = t.figures().to_json()
     assert t.reached and t.stopped_by == "precision"
     assert t.arms["step"].n_steps <= 24  # judged by the sd, it would take about 900
     assert r["step_spread"] == "mad" and r["step_spikes"] >= 1
-    assert r["step_time_halfwidth_judged_rel"] <= 0.02 < r["step_time_halfwidth_rel"]
+    assert r["step_time_halfwidth_judged_rel"] <= target.precision < r["step_time_halfwidth_rel"]
     xs = t.arms["step"].times
     assert t.arms["step"].mean() == pytest.approx(sum(xs) / len(xs))  # the spikes are in it
-    assert max(xs) > 0.12
+    assert max(xs) > spike_s  # a spiked step: its 80 ms extra alone is more than a 50 ms step
     # a host clock (CPU) judges the same steps by their standard deviation, as before
     on_host = _fake_timing(FakeCPU(1e-3, 0.05, spike_every=25, spike_s=0.08), target)
     assert on_host.arms["step"].n_steps > 400 and on_host.figures().to_json()["step_spread"] == "sd"

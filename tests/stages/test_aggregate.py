@@ -135,8 +135,9 @@ def test_each_probe_row_says_what_its_job_spent_timing_and_the_report_sums_it(tm
     aggregate.run([job / "job.json"], out)
     df = pd.read_csv(out)
     ok = df[(df["source"] == "probe") & (df["status"] == "ok")].iloc[0]
-    assert abs(ok["timed_s"] - (0.02 * (40 + 5) + 0.015 * 30 + 0.01 * 6)) < 1e-12
-    assert abs(ok["probe_efficiency"] - ok["timed_s"] / 10.0) < 1e-12
+    timed = 0.02 * (40 + 5) + 0.015 * 30 + 0.01 * 6  # each arm's steps at its mean, the sweep's
+    assert abs(ok["timed_s"] - timed) < 1e-12
+    assert abs(ok["probe_efficiency"] - ok["timed_s"] / timing["wall_s"]) < 1e-12
     failed = df[df["status"] == "error"].iloc[0]
     assert pd.isna(failed["timed_s"]) and pd.isna(failed["probe_efficiency"])
     assert df[df["source"] == "sweep"]["timed_s"].isna().all()

@@ -3,7 +3,7 @@ worker's peaks at a few local batches, b_max, and the measurement at the b_max i
 
 import pytest
 
-from tula import model_inputs
+from tula import config, model_inputs
 
 
 @pytest.mark.probe
@@ -17,7 +17,6 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
 
     import yaml
 
-    from tula import config
     from tula.model.grid import Point, search_set
     from tula.model.memory import MemoryModel, max_local_batch
     from tula.stages import memprobe
@@ -42,7 +41,8 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
     model = MemoryModel.from_dict(rec["memory_model"])
     bmax = rec["max_local_batch"]
     assert 64 <= bmax < 128
-    assert model.predict_bytes(bmax) <= 0.009e9 * 0.9 < model.predict_bytes(bmax + 1)
+    budget = config.load(cfg_file).hardware.memory_budget_bytes
+    assert model.predict_bytes(bmax) <= budget < model.predict_bytes(bmax + 1)
     cfg = config.load(cfg_file)
     one_batch = [Point(1, 32), Point(1, 64), Point(2, 32), Point(2, 128)]
     one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accumulate=1))
@@ -53,7 +53,6 @@ def test_memory_probe_gives_b_max_and_the_search_set_stays_below_it(tiny_raw, tm
 
 
 def test_the_memory_probe_measures_at_the_b_max_it_predicts():
-    from tula import config
     from tula.model.memory import next_probe_batch as next_batch
     from tula.model.memory import probe_batches as default_batches
 
@@ -85,7 +84,6 @@ def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_chec
     from each, and the search set never reaches b=256. measurements.csv carries the errors."""
     import yaml
 
-    from tula import config
     from tula.io import read_json
     from tula.model import plan
     from tula.model.grid import search_set

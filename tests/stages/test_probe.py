@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+import bounds
 from tula.faults import ENV as FAULT_ENV
 from tula.runtime.measure import PROFILER_TRIES
 from tula.stages import probe
@@ -41,10 +42,11 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     apart = mean["step"] - mean["compute"]
     assert rec["step_time_s"] - rec["compute_time_s"] == pytest.approx(apart, rel=1e-6, abs=1e-12)
     assert rec["sync_time_s"] == pytest.approx(max(apart, 0.0), rel=1e-6, abs=1e-12)
-    reached = max(rec["step_time_halfwidth_rel"], rec["compute_time_halfwidth_rel"]) <= 0.02
+    target = rec["precision_target"]
+    reached = max(rec["step_time_halfwidth_rel"], rec["compute_time_halfwidth_rel"]) <= target
     assert rec["precision_target"] == 0.02 and rec["precision_reached"] is reached
     assert rec["timing_stopped_by"] == ("precision" if reached else "budget")
-    assert rec["timing_budget_s"] == 0.5 and (reached or rec["timing_s"] >= 0.5)
+    assert rec["timing_budget_s"] == 0.5 and (reached or rec["timing_s"] >= rec["timing_budget_s"])
     # The probe ran the production step: AGS (the default method) refreshed at the first step of
     # every epoch. Steps of the epoch's iterator: the first pair (a synced and a compute-only step,
     # what a new shape costs once), the first short last batch, 1 warm-up pair, the timed steps of
@@ -144,7 +146,7 @@ def test_two_process_gloo_probe(tiny_config_file, tmp_path, venv_path):
     for s in sweep:
         assert s["compute_timed_steps"] == len(s["compute_times_s"]) >= 6
         assert s["compute_time_cv"] >= 0 and s["precision_reached"] is (
-            s["compute_time_halfwidth_rel"] <= 0.02
+            s["compute_time_halfwidth_rel"] <= target
         )
     peaks = [s["peak_mem_bytes"] for s in sweep]
     assert peaks[0] < rec["plain_peak_bytes"] < peaks[1] < peaks[2]
@@ -169,7 +171,7 @@ def test_activation_memory_grows_linearly_with_batch(tiny_config_file, tmp_path,
     one = probe.run(tiny_config_file, 1, 32, tmp_path / "a.json")
     a = one["memory"]["act_bytes"]
     b = probe.run(tiny_config_file, 1, 64, tmp_path / "b.json")["memory"]["act_bytes"]
-    assert b == pytest.approx(2 * a, rel=0.01)
+    assert 0 <= 2 * a - b <= bounds.FIXED_ACTIVATION_BYTES, (a, b)
     # one worker has no second batch size: no noise scale, and the record says why
     assert one["gradient_noise"] == {
         "b_noise": None,
@@ -356,7 +358,7 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
         # loaded host, where each 4 ms sleep took 6 ms; user_workload.SLOW_SAMPLE_S says why 10 ms)
         assert rec["input_time_s"] >= b * SLOW_SAMPLE_S
         assert rec["input_bound"]
-        assert 0.8 * rec["step_time_s"] <= rec["input_time_s"] <= 1.5 * rec["step_time_s"]
+        assert bounds.log_error(rec["input_time_s"], rec["step_time_s"]) <= bounds.TWO_READS_BOUND
     aggregate.run(files, tmp_path / "measurements.csv")
     df = measurements.load(tmp_path / "measurements.csv")
     model = perf.fit(df, "ring")
@@ -371,7 +373,7 @@ def test_a_slow_input_makes_the_probe_input_bound_and_the_prediction_follow_it(
         # 20 % for the floor's own, read from probe.input_batches (4) batches alone with no CV
         # of its own (a clean clone's loaded host read 47.7 ms a batch alone against steps of
         # 42.0 ms at a CV of 4.3 %); two probes leave the floor's form to the simplest, per sample
-        assert abs(predicted / r.step_time_s - 1) <= max(3 * r.step_time_cv, 0.20)
+        assert bounds.log_error(r.step_time_s, predicted) <= bounds.TWO_READS_BOUND
     # where no input was read, there is no floor, and nothing is called input-bound
     plain = perf.fit(df.drop(columns=["input_time_s"]), "ring")
     assert plain.input is None and not plain.input_bound(1, 16)
