@@ -1,0 +1,215 @@
+"""How much of tula.model's arithmetic do the unit tests pin down? cosmic-ray mutates
+src/tula/model/ in a copy of this tree (one change at a time: + for -, < for <=, 1.0 for 2.0,
+`not` added, ...) and runs tests/model/ against each mutant: a mutant the tests fail on is
+killed, one they pass on survived. The score is killed / (killed + survived).
+
+    .venv/bin/python bench/mutation.py --sample 0.06     # a random 6 % of the mutants, ~50 min
+    .venv/bin/python bench/mutation.py --module pricing  # every mutant of one module
+    .venv/bin/python bench/mutation.py --tally /tmp/mutation_XXXX   # count a stopped run
+    .venv/bin/python bench/mutation.py --recheck /tmp/tula-mutation.json  # survivors again
+
+Operators kept: the arithmetic four among themselves, comparisons, and/or, not, True/False,
+numbers, loops and decorators. Left out: replacing + - * / by a bitwise operator, //, % or **
+(on this float code they raise or are killed on import; they would only raise the score).
+Each mutant runs its own module's test file first (-x: the first failure kills it) and, if that
+passes, the rest of tests/model/ with two workers; survivors are listed with their diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from breaks import copy_tree
+
+LEFT_OUT = [r"core/ReplaceBinaryOperator_.*_(RShift|LShift|BitOr|BitAnd|BitXor|FloorDiv|Mod|Pow)$"]
+
+# the test command: the mutated module is the one that differs from the pristine copy
+RUNNER = """#!/bin/bash
+cd "$(dirname "$0")"
+own=""
+for f in src/tula/model/*.py; do
+  cmp -s "$f" "../pristine/$f" || own="tests/model/test_$(basename "$f")"
+done
+py=(env PYTHONPATH="$PWD/src" .venv/bin/python -m pytest -q -p no:cacheprovider -o addopts=)
+if [ -n "$own" ] && [ -f "$own" ]; then "${py[@]}" -x -n 0 "$own" || exit 1; fi
+exec "${py[@]}" -x -n 2 tests/model
+"""
+
+
+def config(tree: Path, module: str) -> Path:
+    path = tree / "cosmic-ray.toml"
+    path.write_text(
+        "[cosmic-ray]\n"
+        f'module-path = "src/tula/model{"/" + module + ".py" if module else ""}"\n'
+        "timeout = 600.0\nexcluded-modules = []\n"
+        f'test-command = "bash {tree / "run-tests.sh"}"\n'
+        '[cosmic-ray.distributor]\nname = "local"\n'
+        "[cosmic-ray.filters.operators-filter]\n"
+        f"exclude-operators = {json.dumps(LEFT_OUT)}\n"
+    )
+    return path
+
+
+def sample(session: Path, fraction: float, seed: int) -> int:
+    """Mark all but a random ``fraction`` of each module's pending mutants as skipped; the
+    number left to run."""
+    from cosmic_ray.work_db import use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session)) as db:
+        by_module: dict[str, list[str]] = {}
+        for item in db.pending_work_items:
+            by_module.setdefault(str(item.mutations[0].module_path), []).append(item.job_id)
+        rng, keep = random.Random(seed), 0
+        for module, jobs in sorted(by_module.items()):
+            n = max(1, round(fraction * len(jobs))) if fraction < 1 else len(jobs)
+            chosen = set(rng.sample(sorted(jobs), n))
+            keep += n
+            for job in jobs:
+                if job not in chosen:
+                    db.set_result(
+                        job,
+                        WorkResult(
+                            output="not in the sample", worker_outcome=WorkerOutcome.SKIPPED
+                        ),
+                    )
+    return keep
+
+
+def in_annotation(source: str, line: int, col: int) -> bool:
+    """Whether (line, col) lies in a type annotation: with `from __future__ import annotations`
+    (every module of tula.model) an annotation is never evaluated, so a mutant there (``X | None``
+    made ``X * None``) is equivalent: no test can kill it."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        notes = [getattr(node, "returns", None), getattr(node, "annotation", None)]
+        for note in filter(None, notes):
+            start, end = (note.lineno, note.col_offset), (note.end_lineno, note.end_col_offset)
+            if start <= (line, col) < end:
+                return True
+    return False
+
+
+def tally(session: Path, tree: Path) -> dict:
+    """Killed, survived and equivalent (in an annotation) mutants of a session, per module."""
+    from cosmic_ray.work_db import use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    per: dict[str, dict[str, int]] = {}
+    survivors = []
+    with use_db(str(session)) as db:
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            m = item.mutations[0]
+            name = Path(m.module_path).name
+            row = per.setdefault(name, dict(killed=0, survived=0, equivalent=0, other=0))
+            if result.worker_outcome != WorkerOutcome.NORMAL:
+                row["other"] += 1  # the mutant did not run (abnormal): neither side
+            elif result.test_outcome != TestOutcome.SURVIVED:
+                row["killed"] += 1  # failed tests, an error or a timeout
+            elif in_annotation((tree / m.module_path).read_text(), *m.start_pos):
+                row["equivalent"] += 1
+            else:
+                row["survived"] += 1
+                survivors.append(
+                    {
+                        "module": name,
+                        "path": str(m.module_path),
+                        "operator_name": m.operator_name,
+                        "line": m.start_pos[0],
+                        "operator": m.operator_name.split("/")[-1],
+                        "occurrence": m.occurrence,
+                        "diff": "".join(result.diff or ""),
+                    }
+                )
+    k = sum(r["killed"] for r in per.values())
+    s = sum(r["survived"] for r in per.values())
+    p = k / max(k + s, 1)
+    half = 1.96 * math.sqrt(p * (1 - p) / max(k + s, 1))  # the sample's own binomial 95 %
+    return dict(killed=k, survived=s, score=p, ci95=half, per_module=per, survivors=survivors)
+
+
+def report(got: dict) -> None:
+    print(
+        f"[mutation] score {got['score']:.1%} ± {got['ci95']:.1%} "
+        f"({got['killed']} killed, {got['survived']} survived; equivalent ones left out)"
+    )
+    for mod, r in sorted(got["per_module"].items()):
+        print(f"  {mod:22s} " + " ".join(f"{k} {v:3d}" for k, v in r.items()))
+    for s in got["survivors"]:
+        print(f"--- {s['module']}:{s['line']} {s['operator']}\n{s['diff']}")
+
+
+def recheck(survivors_json: Path) -> None:
+    """Each survivor of an earlier run applied again (cosmic-ray apply) in a copy of this tree
+    as it is now, its tests run: killed now, or still surviving."""
+    base = Path(tempfile.mkdtemp(prefix="mutation_recheck_"))
+    tree = copy_tree(base / "tree")
+    copy_tree(base / "pristine")
+    (tree / "run-tests.sh").write_text(RUNNER)
+    cr = Path(sys.executable).parent / "cosmic-ray"
+    still = []
+    survivors = json.loads(survivors_json.read_text())["survivors"]
+    for s in survivors:
+        args = [cr, "apply", s["path"], s["operator_name"], str(s["occurrence"])]
+        subprocess.run(args, cwd=tree, check=True)
+        r = subprocess.run(["bash", tree / "run-tests.sh"], capture_output=True)
+        shutil.copy2(base / "pristine" / s["path"], tree / s["path"])
+        verdict = "killed" if r.returncode else "SURVIVES"
+        print(f"[mutation] {s['module']}:{s['line']} {s['operator']}: {verdict}", flush=True)
+        if not r.returncode:
+            still.append(s)
+    print(f"[mutation] {len(survivors) - len(still)} of {len(survivors)} survivors killed now")
+    shutil.rmtree(base)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--module", default="", help="one module of tula.model (default: all)")
+    ap.add_argument("--sample", type=float, default=1.0, help="fraction of each module's mutants")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tula-mutation.json")
+    ap.add_argument("--tally", type=Path, help="only count a session's directory, run or stopped")
+    ap.add_argument(
+        "--recheck", type=Path, help="a run's --out: its survivors against the tests now"
+    )
+    a = ap.parse_args()
+    if a.recheck:
+        return recheck(a.recheck)
+    if a.tally:  # a run stopped part-way: the mutants it ran are a random sample of its own
+        got = tally(a.tally / "session.sqlite", a.tally / "pristine")
+        a.out.write_text(json.dumps(got, indent=1))
+        return report(got)
+    base = Path(tempfile.mkdtemp(prefix="mutation_"))
+    tree = copy_tree(base / "tree")
+    copy_tree(base / "pristine")
+    (tree / "run-tests.sh").write_text(RUNNER)
+    cfg, session = config(tree, a.module), base / "session.sqlite"
+    cr = Path(sys.executable).parent
+    t0 = time.time()
+    subprocess.run([cr / "cosmic-ray", "init", cfg, session], cwd=tree, check=True)
+    subprocess.run([cr / "cr-filter-operators", session, cfg], cwd=tree, check=True)
+    n = sample(session, a.sample, a.seed)
+    print(f"[mutation] {time.strftime('%Y-%m-%d %H:%M')}: {n} mutants to run in {base}", flush=True)
+    subprocess.run([cr / "cosmic-ray", "exec", cfg, session], cwd=tree, check=True)
+    got = tally(session, base / "pristine")
+    got.update(when=time.strftime("%Y-%m-%d %H:%M"), seconds=round(time.time() - t0))
+    got["sample"] = a.sample
+    a.out.write_text(json.dumps(got, indent=1))
+    report(got)
+    shutil.rmtree(base)
+
+
+if __name__ == "__main__":
+    main()

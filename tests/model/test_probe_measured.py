@@ -1,0 +1,40 @@
+"""How a probe's timing is kept in its record (tula.model.probe_measured): flat keys per arm,
+read back whole; a record with no timing reads back none; an older record's arm without
+some keys reads them as None."""
+
+from tula.model.probe_measured import Arm, TimingFigures
+
+STEP = Arm(
+    timed_steps=12,
+    judged_steps=14,
+    other_steps={"start": 2},
+    halfwidth_mix={"start": 0.1},
+    time_halfwidth_rel=0.03,
+    time_halfwidth_judged_rel=0.02,
+    spread="sd",
+    spikes=0,
+    host_share=None,
+)
+
+
+def test_timing_figures_read_back_whole_from_their_flat_keys():
+    t = TimingFigures(step=STEP, precision_target=0.02, precision_reached=True, timing_s=1.5)
+    flat = t.to_json()
+    assert flat["step_timed_steps"] == 12 and flat["step_other_steps"] == {"start": 2}
+    assert "compute_timed_steps" not in flat and flat["precision_target"] == 0.02
+    assert TimingFigures.from_json(flat) == t
+
+
+def test_only_an_arm_or_only_the_rest_still_reads_back():
+    arm_only = {
+        k: v for k, v in TimingFigures(step=STEP).to_json().items() if k.startswith("step_")
+    }
+    assert TimingFigures.from_json(arm_only) == TimingFigures(step=STEP)
+    assert TimingFigures.from_json({"timing_s": 2.0}) == TimingFigures(timing_s=2.0)
+    assert TimingFigures.from_json({"an_unrelated_key": 1}) is None
+
+
+def test_an_older_records_arm_reads_its_missing_keys_as_none():
+    old = {"compute_timed_steps": 6, "compute_spread": "sd"}
+    got = TimingFigures.from_json(old).compute
+    assert (got.timed_steps, got.spread, got.spikes, got.host_share) == (6, "sd", None, None)
