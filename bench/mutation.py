@@ -3,6 +3,7 @@ src/tula/model/ in a copy of this tree (one change at a time: + for -, < for <=,
 `not` added, ...) and runs tests/model/ against each mutant: a mutant the tests fail on is
 killed, one they pass on survived. The score is killed / (killed + survived).
 
+    .venv/bin/pip install -e '.[bench]'                   # cosmic-ray
     .venv/bin/python bench/mutation.py --sample 0.06     # a random 6 % of the mutants, ~50 min
     .venv/bin/python bench/mutation.py --module pricing  # every mutant of one module
     .venv/bin/python bench/mutation.py --tally /tmp/mutation_XXXX   # count a stopped run
