@@ -38,3 +38,14 @@ def test_an_older_records_arm_reads_its_missing_keys_as_none():
     old = {"compute_timed_steps": 6, "compute_spread": "sd"}
     got = TimingFigures.from_json(old).compute
     assert (got.timed_steps, got.spread, got.spikes, got.host_share) == (6, "sd", None, None)
+
+
+def test_a_rank_result_without_its_rank_reads_as_rank_minus_one():
+    """A record written by the launcher (a timeout, a silent exit) names no rank: -1, never a
+    real rank 0, ok or failed."""
+    from tula.model.probe_record import RankResult
+
+    assert RankResult.from_json({"status": "ok", "step_time_s": 0.1}).rank == -1
+    failed = RankResult.from_json({"status": "timeout", "error": "no word in 60 s"})
+    assert failed.rank == -1 and failed.failure.status == "timeout" and failed.failed
+    assert RankResult.from_json({"rank": 0, "status": "ok"}).rank == 0
