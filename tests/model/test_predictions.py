@@ -1,12 +1,18 @@
-"""What a probe's first steps paid beyond the same steps later (tula.model.predictions'
-one-off extras), by hand: the first step's extra less the short batch's first step, the short
-batch's own extra, and where there is none."""
+"""The predictions at every grid point (tula.model.predictions): Eq. 4's T and C, feasibility
+from measured out-of-memory points, time to accuracy from the gradient noise scale, the wall
+time's start-up, evaluation and checkpoints, a probe's one-off first-step extras by hand, and
+a batch past b_max as micro-batches. (The predict stage's own reading of D is in
+tests/stages/test_predict.py.)"""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tula.model.predictions import one_off_extras
+from tula import config, model_inputs
+from tula.model import memory
+from tula.model import perf as perfmodel
+from tula.model.linfit import fit_linear
+from tula.model.predictions import checkpoints_written, one_off_extras, predict
 
 
 def test_the_first_steps_extras_by_hand():
@@ -39,3 +45,298 @@ def test_an_extra_is_never_below_zero():
     )
     first, short = one_off_extras(ok, train_samples=None)
     assert first.tolist() == [0.0] and short.tolist() == [0.0]
+
+
+def _flat_perf(step_s: float) -> perfmodel.PerfModel:
+    """A perf model whose every step takes ``step_s`` (fitted on exact flat data)."""
+    df = pd.DataFrame(
+        dict(
+            workers=[1, 1, 1],
+            global_batch=[1, 2, 4],
+            local_batch=[1, 2, 4],
+            status="ok",
+            compute_time_s=step_s,
+            step_time_s=step_s,
+            sync_time_s=0.0,
+            peak_mem_bytes=1.0,
+            source="probe",
+        )
+    )
+    return perfmodel.fit(df, "ring")
+
+
+def test_predict_eq4_arithmetic():
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [2], "batch_min": 64, "batch_max": 64},
+            "workload": {"epochs": 3},
+            "pricing": {"per_worker_hour": 3.6},
+        }
+    )
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
+    row = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, train_samples=1000).iloc[0]
+    assert row["steps_per_epoch"] == 16  # ceil(1000 / 64)
+    assert row["train_time_s"] == pytest.approx(3 * 16 * 0.1, rel=1e-6)
+    assert row["cost_worker_hour"] == pytest.approx(4.8 / 3600 * 2 * 3.6, rel=1e-6)
+    assert row["cost_memory"] == pytest.approx(4.8 / 3600 * 2 * 1.0 * 0.15, rel=1e-6)
+
+
+def test_measured_oom_marks_point_infeasible_and_sweep_rows_are_not_probes():
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 64}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    measured = pd.DataFrame(
+        [
+            dict(
+                workers=1,
+                global_batch=64,
+                local_batch=64,
+                status="oom",
+                step_time_s=np.nan,
+                source="probe",
+            ),
+            dict(
+                workers=1,
+                global_batch=64,
+                local_batch=32,
+                status="ok",
+                step_time_s=np.nan,
+                compute_time_s=0.1,
+                source="sweep",
+            ),
+        ]
+    )
+    pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured)
+    assert list(pred["feasible"]) == [True, False] and list(pred["probe_status"]) == ["", "oom"]
+
+
+def test_time_to_accuracy_scales_the_epochs_with_the_gradient_noise_scale():
+    """B_noise = 100 pooled from two probes; workload.epochs = 3 reach the target at base_batch 128,
+    so B needs 3 (1 + B/100)/(1 + 128/100) epochs (McCandlish et al.)."""
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [2], "batch_min": 64, "batch_max": 256},
+            "workload": {"epochs": 3},
+            "train": {"base_batch": 128},
+        }
+    )
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e9, 1e9]), None)
+    measured = pd.DataFrame(
+        [
+            dict(
+                workers=2,
+                global_batch=b,
+                local_batch=b // 2,
+                status="ok",
+                step_time_s=0.1,
+                source="probe",
+                grad_sq=1.0,
+                grad_sq_se=0.1,
+                grad_trace=100.0,
+                grad_trace_se=5.0,
+            )
+            for b in (64, 256)
+        ]
+    )
+    pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, measured)
+    assert pred["b_noise"].tolist() == pytest.approx([100.0] * 3)
+    epochs = [3 * (1 + b / 100) / 2.28 for b in (64, 128, 256)]
+    assert pred["epochs_to_accuracy"].tolist() == pytest.approx(epochs)
+    # at base_batch: the configured epochs
+    assert pred.loc[1, "epochs_to_accuracy"] == pytest.approx(3.0)
+    assert pred["time_to_accuracy_s"].tolist() == pytest.approx(
+        [e * s * 0.1 for e, s in zip(epochs, (16, 8, 4))]
+    )
+    assert pred["cost_to_accuracy"].tolist() == pytest.approx(
+        (pred["time_to_accuracy_s"] / 3600 * 2 * cfg.pricing.per_worker_hour).tolist()
+    )
+    no_noise = predict(
+        model_inputs.planning(cfg),
+        _flat_perf(0.1),
+        mem,
+        1000,
+        measured.drop(columns=["grad_sq", "grad_trace"]),
+    )
+    assert no_noise["time_to_accuracy_s"].isna().all()
+
+
+def test_checkpoints_written_counts_the_trainers_writes():
+    # every 2nd epoch but the last of 5 (2, 4) + the final one; steps every 10 of 5 x 7 = 35 (10,
+    # 20, 30)
+    assert checkpoints_written(5, 7, None, 2) == 3
+    assert checkpoints_written(5, 7, 10, 2) == 6
+    assert checkpoints_written(1, 7, None, 1) == 1
+
+
+def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measured_them():
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1, 2, 4], "batch_min": 64, "batch_max": 64},
+            "workload": {"epochs": 3},
+            "launch": {"checkpoint_every_epochs": 1},
+        }
+    )
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    probe = dict(global_batch=64, status="ok", step_time_s=0.1, compute_time_s=0.1, source="probe")
+    measured = pd.DataFrame(
+        [
+            dict(
+                probe,
+                workers=1,
+                local_batch=64,
+                startup_time_s=4.0,
+                eval_first_time_s=1.2,
+                eval_time_s=0.8,
+                checkpoint_time_s=0.2,
+            ),
+            dict(
+                probe,
+                workers=2,
+                local_batch=32,
+                startup_time_s=5.0,
+                eval_first_time_s=0.9,
+                eval_time_s=0.5,
+                checkpoint_time_s=0.3,
+            ),
+            dict(
+                probe,
+                workers=2,
+                local_batch=32,
+                startup_time_s=7.0,
+                eval_first_time_s=0.7,
+                eval_time_s=0.3,
+                checkpoint_time_s=0.1,
+            ),
+        ]
+    )
+    pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, measured).set_index(
+        "workers"
+    )
+    # N=2: the median of its two probes; N=4 was not probed: N=2's, evaluation halved (sharded)
+    cols = ["startup_time_s", "eval_first_time_s", "eval_time_s", "checkpoint_time_s"]
+    assert pred.loc[2, cols].tolist() == pytest.approx([6.0, 0.8, 0.4, 0.2])
+    assert pred.loc[4, cols].tolist() == pytest.approx([6.0, 0.4, 0.2, 0.2])
+    assert (pred["checkpoints"] == 3).all()  # end of epochs 1 and 2, and the final one
+    T = 3 * 16 * 0.1
+    # the first evaluation pass (cold) once, a later pass for each further epoch
+    assert pred.loc[1, "wall_time_s"] == pytest.approx(4.0 + T + 1.2 + 2 * 0.8 + 3 * 0.2)
+    assert pred.loc[4, "wall_time_s"] == pytest.approx(6.0 + T + 0.4 + 2 * 0.2 + 3 * 0.2)
+    assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(
+        6.0 + 0.8 + 0.6
+    )
+    # probes from before these were measured: no wall time, said as NaN rather than guessed
+    old = measured.drop(columns=["eval_first_time_s"])
+    assert (
+        predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, old)["wall_time_s"]
+        .isna()
+        .all()
+    )
+
+
+def test_first_steps_are_the_points_own_steps_plus_the_probes_one_off_extras_at_its_batch():
+    """A point pays its first step at each batch shape (the full batch's, and the short last
+    batch's where its epoch ends in one) as its own predicted step, plus once what the probes
+    at its N paid beyond their first step and, for the short batch, beyond that batch's own
+    step; each read at the point's B between the probes' (linear in log B). Never below zero;
+    records without the short batch's split fall back to the median at that N."""
+    from tula.model.predictions import first_steps
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2, 2, 4],
+            global_batch=[32, 128, 128],
+            status="ok",
+            train_samples=480,
+            step_time_s=[0.10, 0.40, 0.50],
+            first_steps_time_s=[0.30, 1.30, 0.80],  # full + short
+            first_short_step_s=[0.0, 0.50, 0.60],  # 480 % 32 == 0: no short batch at B=32
+            partial_extra_s=[0.0, -0.10, None],  # the short batch's step less a full one
+        )
+    )
+    points = pd.DataFrame(
+        dict(
+            workers=[2, 2, 2, 4],
+            global_batch=[32, 64, 128, 256],
+            step_time_s=[0.11, 0.2, 0.38, 0.9],
+        )
+    )
+    got, shapes = first_steps(points, probes, n0=[2, 2, 2, 4])
+    # first step's extra: B=32 0.30 - 0.10 = 0.20; B=128 1.30 - 0.50 - 0.40 = 0.40; N=4 below
+    # zero, so 0. The short batch's: B=128 0.50 - (0.40 - 0.10) = 0.20; N=4 0.60 - 0.50 = 0.10.
+    # B=64 lies halfway between 32 and 128 in log B: 0.30; only B=128 measured a short batch
+    assert shapes == [1, 2, 2, 2]
+    assert got == pytest.approx(
+        [0.11 + 0.20, 2 * 0.2 + 0.30 + 0.20, 2 * 0.38 + 0.40 + 0.20, 2 * 0.9 + 0.0 + 0.10]
+    )
+    # No probe had a short batch of its own (B=32 has none, B >= D is one batch): on a CPU in
+    # eager mode a new shape builds nothing, so the point pays its first step's extra once, not
+    # once per shape; where each shape builds its own kernels it pays it at each
+    big = dict(
+        global_batch=512, step_time_s=0.476, first_steps_time_s=1.119, first_short_step_s=0.43
+    )
+    no_short = pd.DataFrame([dict(probes.iloc[0]), dict(probes.iloc[0]) | big])
+    at_128 = pd.DataFrame(dict(workers=[2], global_batch=[128], step_time_s=[0.38]))
+    # the first step's extra at 128: between 0.20 (B=32) and 1.119 - 2 x 0.476 (B=512, whose
+    # two steps are one shape's), halfway in log B
+    mid = (0.20 + (1.119 - 2 * 0.476)) / 2
+    assert first_steps(at_128, no_short, n0=[2])[0] == pytest.approx([2 * 0.38 + mid])
+    built = first_steps(at_128, no_short, n0=[2], builds_per_shape=True)[0]
+    assert built == pytest.approx([2 * 0.38 + 2 * mid])
+    # B >= D: the epoch is one batch, one shape, one step apart
+    one, k = first_steps(
+        pd.DataFrame(dict(workers=[2], global_batch=[512], step_time_s=[0.5])), no_short, n0=[2]
+    )
+    assert k == [1] and one == pytest.approx([0.5 + (1.119 - 2 * 0.476)])
+    old = probes.drop(columns=["first_short_step_s"])
+    assert first_steps(points, old, n0=[2, 2, 2, 4])[0] == pytest.approx([0.8, 0.8, 0.8, 0.8])
+    # nothing measured: nothing predicted, and no step taken out of T
+    none = probes.drop(columns=["first_steps_time_s", "first_short_step_s"])
+    assert first_steps(points, none, n0=[2, 2, 2, 4]) == ([0.0] * 4, [0] * 4)
+
+
+def test_a_probe_that_found_its_process_warm_gives_no_first_step_extra():
+    """One probe job measures its N's batches in one process: only its first point's first
+    steps were the process's own (``fresh_process``), as a production job pays them. A later
+    point's first step found the process warm, so its extra says nothing of a job's start: the
+    first step's extra comes from the fresh ones alone, while a new shape's (the short batch's)
+    comes from every probe. A record from before the column (NaN) counts as fresh."""
+    from tula.model.predictions import one_off_extras
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2, 2, 2],
+            global_batch=[32, 128, 256],
+            status="ok",
+            step_time_s=[0.10, 0.40, 0.80],
+            first_steps_time_s=[0.30, 1.00, 1.50],
+            first_short_step_s=[0.0, 0.50, 0.90],
+            partial_extra_s=[0.0, -0.10, -0.20],
+            fresh_process=[True, False, None],
+        )
+    )
+    first, short = one_off_extras(probes, 480)
+    # fresh: 0.30 - 0.10 = 0.20; warm: NaN (not 1.00 - 0.50 - 0.40); no column value: 1.50 - 0.90
+    # - 0.80 < 0, so 0
+    assert first.tolist()[0] == pytest.approx(0.20) and pd.isna(first.tolist()[1])
+    assert first.tolist()[2] == 0.0
+    # the short batch's extra from the warm probe too: 0.50 - (0.40 - 0.10)
+    assert short.tolist()[1] == pytest.approx(0.20)
+    # as measurements.csv gives the column back
+    as_read = probes.assign(fresh_process=["True", "False", float("nan")])
+    assert pd.isna(one_off_extras(as_read, 480)[0].tolist()[1])
+
+
+def test_a_batch_past_b_max_is_feasible_as_micro_batches_with_its_memory_and_price():
+    """train.accumulate: auto with b_max = 64 (a memory budget): B = 256 on N = 1 runs as 4
+    micro-batches of 64, feasible, its memory a micro-batch's, its step 4 micro-steps of a
+    flat step (a flat compute: the sync is 0); with accumulate 1 it is infeasible as before."""
+    raw = {"grid": {"workers": [1], "batch_min": 64, "batch_max": 256}}
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), 64.5e6)  # 1 MB a sample
+    cases = (("auto", [1, 2, 4], [True] * 3), (1, [1, 1, 1], [True, False, False]))
+    for accumulate, k, feasible in cases:
+        cfg = config.from_dict({**raw, "train": {"accumulate": accumulate}})
+        pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1024)
+        micro = [b // kk for b, kk in zip((64, 128, 256), k)]
+        assert pred["accumulate"].tolist() == k and pred["feasible"].tolist() == feasible
+        assert pred["micro_batch"].tolist() == micro
+        assert pred["step_time_s"].tolist() == pytest.approx([0.1 * kk for kk in k], rel=1e-6)
+        assert pred["mem_bytes"].tolist() == pytest.approx([1e6 * m for m in micro], rel=1e-6)
