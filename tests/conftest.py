@@ -526,3 +526,59 @@ def holding(partition: str, minutes: int = 20):
         yield holder
     finally:
         subprocess.run(["scancel", holder], check=False)
+
+
+REPLAN_D, REPLAN_B = 1437, 64
+
+
+def replan_table(compute2=0.040, sync2=0.005, compute1=0.060):
+    """launch.replan's tests (tests/model/test_refit.py, tests/production/test_replan.py): two
+    points of a one-node grid: N = 2 (with a little sync) and N = 1, at B = 64."""
+    spe = -(-REPLAN_D // REPLAN_B)  # steps per epoch, the last one short
+    rows = []
+    for n, comp, sync in ((1, compute1, 0.0), (2, compute2, sync2)):
+        step = comp + sync
+        rows.append(
+            {
+                "workers": n,
+                "nodes": 1,
+                "global_batch": REPLAN_B,
+                "local_batch": REPLAN_B // n,
+                "compute_time_s": comp,
+                "sync_time_s": sync,
+                "step_time_s": step,
+                "step_time_lo_s": step - 0.002,
+                "step_time_hi_s": step + 0.005,
+                "steps_per_epoch": spe,
+                "epochs": 20,
+                "train_time_s": 20 * spe * step,
+                "train_time_lo_s": 20 * spe * (step - 0.002),
+                "train_time_hi_s": 20 * spe * (step + 0.005),
+                "cost": 20 * spe * step * n,
+                "mem_bytes": 1e6,
+                "feasible": True,
+                "probe_status": "ok",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def replan_config(objective="time"):
+    from tula import config
+
+    return config.from_dict(
+        {
+            "workload": {"epochs": 20},
+            "grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64},
+            "objective": objective,
+            "cluster": {"workers_per_node": 2},
+        }
+    )
+
+
+def drift_entry(observed, epochs_done=2.0):
+    return {
+        "observed_s": observed,
+        "epochs_done": epochs_done,
+        "reason": f"sync {1e3 * observed:.1f} ms vs predicted 5.0 ms",
+    }
