@@ -79,3 +79,57 @@ def test_source_rows_are_checked_for_what_they_must_carry(tmp_path):
         ValueError, match="column source: 'guess' is not one of probe, sweep, memory"
     ):
         measurements.load(p)
+
+
+def test_a_rows_judged_half_widths_and_steps():
+    """The half-widths the precision rule judged: the robust ones where the steps spiked (mad),
+    else the plain ones; a sweep row has no step. Steps judged: every kind, else the plain ones
+    of an older row; a row judged over fewer than probe.timed_steps is short of them."""
+    probe = pd.Series(
+        {
+            "source": "probe",
+            "step_spread": "mad",
+            "step_time_halfwidth_rel": 0.3,
+            "step_time_halfwidth_judged_rel": 0.02,
+            "compute_time_halfwidth_rel": 0.05,
+            "compute_time_halfwidth_judged_rel": 0.01,
+            "step_judged_steps": 12,
+            "step_timed_steps": 10,
+            "precision_min_steps": 20,
+        }
+    )
+    assert measurements.judged_halfwidths(probe) == ([0.02, 0.01], True)
+    plain = probe.copy()
+    plain["step_spread"] = "sd"
+    assert measurements.judged_halfwidths(plain) == ([0.3, 0.05], False)
+    sweep = pd.Series({"source": "sweep", "compute_time_halfwidth_rel": float("nan")})
+    assert measurements.judged_halfwidths(sweep) == ([None, None], False)
+    assert measurements.judged_steps(probe) == 12
+    older = probe.drop("step_judged_steps")
+    assert measurements.judged_steps(older) == 10
+    assert measurements.short_of_steps(probe) == 20
+    assert measurements.short_of_steps(probe.drop("precision_min_steps")) is None
+    enough = probe.copy()
+    enough["step_judged_steps"] = 20
+    assert measurements.short_of_steps(enough) is None
+
+
+def test_a_run_at_chance_is_said_so_and_only_for_accuracy():
+    final = {"final_test_acc": 0.11, "best_test_acc": 0.14, "final_train_loss": 2.3}
+    said = measurements.at_chance(final, 10)
+    assert said.startswith("The final test accuracy, 11.00 %, is at chance for 10 classes (10 %")
+    assert "best 14.00 %" in said and "training loss at 2.3" in said
+    # at most AT_CHANCE / classes: 15 % of 10 classes is at chance, 16 % is not
+    assert measurements.at_chance({"final_test_acc": 0.15}, 10) is not None
+    assert measurements.at_chance({"final_test_acc": 0.16}, 10) is None
+    assert measurements.at_chance({**final, "metric": "user:f1"}, 10) is None
+    assert measurements.at_chance(final, 1) is None and measurements.at_chance(final, None) is None
+    assert measurements.at_chance({}, 10) is None
+
+
+def test_a_missing_or_empty_measurements_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="m.csv: measurements file not found"):
+        measurements.load(tmp_path / "m.csv")
+    (tmp_path / "e.csv").write_text("")
+    with pytest.raises(ValueError, match="e.csv: empty file; expected columns workers"):
+        measurements.load(tmp_path / "e.csv")
