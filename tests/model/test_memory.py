@@ -78,3 +78,26 @@ def test_the_next_memory_point_is_the_largest_grid_batch_the_fit_says_fits():
     assert memory.next_probe_batch(g, None, budget, pts[:1]) is None
     more = pts + [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1.0} for b in (2, 4, 8)]
     assert memory.next_probe_batch(g, None, budget, more) is None
+
+
+def test_the_memory_probe_measures_the_smallest_local_batch_x4_and_x16_capped():
+    from tula.model.inputs import GridSpec
+
+    assert memory.probe_batches(GridSpec(workers=(1,), batch_min=16, batch_max=1024)) == [
+        16,
+        64,
+        256,
+    ]
+    # local batches: B / N, the smallest at the most workers, the largest at the fewest
+    assert memory.probe_batches(GridSpec(workers=(2, 4), batch_min=64, batch_max=512)) == [
+        16,
+        64,
+        256,
+    ]
+    assert memory.probe_batches(GridSpec(workers=(1,), batch_min=16, batch_max=128)) == [
+        16,
+        64,
+        128,
+    ]
+    assert memory.probe_batches(GridSpec(workers=(1,), batch_min=16, batch_max=32)) == [16, 32]
+    assert memory.probe_batches(GridSpec((1,), 16, 1024), memory_batches=(8, 2, 8)) == [2, 8]
