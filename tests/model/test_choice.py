@@ -224,3 +224,17 @@ def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
         match="objective.: time_to_accuracy needs the gradient noise scale.*probe.noise_steps",
     ):
         select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+
+
+def test_the_constraints_bounds_are_inclusive():
+    """constraints.max_batch, min_batch, max_workers, min_workers: a point on the bound is in."""
+    on_b = {"min_batch": 128, "max_batch": 128}
+    t = {(2, 64): 10.0, (2, 128): 6.0, (2, 256): 4.0}
+    sel = select(table(t), model_inputs.planning(config.from_dict({"constraints": on_b})))
+    assert sel["selected"]["global_batch"] == 128
+    assert sel["excluded"]["above_max_batch"] == 1 and sel["excluded"]["below_min_batch"] == 1
+    on_n = {"min_workers": 2, "max_workers": 2}
+    t = {(1, 128): 10.0, (2, 128): 6.0, (4, 128): 4.0}
+    sel = select(table(t), model_inputs.planning(config.from_dict({"constraints": on_n})))
+    assert sel["selected"]["workers"] == 2
+    assert sel["excluded"]["above_max_workers"] == 1 and sel["excluded"]["below_min_workers"] == 1

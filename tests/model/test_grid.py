@@ -1,6 +1,7 @@
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from tula import config, model_inputs
 from tula.model.grid import Point, batch_sizes, grid, micro_steps, search_set, sweep_local_batches
@@ -177,3 +178,16 @@ def test_partial_search_probes_both_sides_of_a_node_boundary():
         boundary_workers(model_inputs.grid_spec(paper)) == ()
         and len(search_set(model_inputs.grid_spec(paper))) == 4
     )
+
+
+def test_the_mean_step_training_pays_weighs_its_kinds():
+    """An epoch of 1,437 samples at B = 512 on 2 workers: 3 steps, its first and its short last
+    batch a third each; AGS's mid-epoch refresh at its own share; an epoch of one step has no
+    plain step for the mix."""
+    from tula.model.grid import paid_mix
+
+    assert paid_mix(1437, 512, 2, 0.0) == pytest.approx({"start": 1 / 3, "partial": 1 / 3})
+    with_refresh = paid_mix(1437, 512, 2, 0.05)
+    assert with_refresh == pytest.approx({"start": 1 / 3, "partial": 1 / 3, "refresh": 0.05})
+    assert paid_mix(1024, 256, 1, 0.0) == pytest.approx({"start": 1 / 4})  # no short batch
+    assert paid_mix(512, 512, 1, 0.0) is None
