@@ -88,6 +88,7 @@ def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
     # 500/(1000+1024)
     assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]
     assert "raise grid.batch_max" in sel["reason"]
+    assert sel["runner_up"]["global_batch"] == 1024  # the knee is the last point: the one before
 
 
 def test_knee_gain_is_the_threshold():

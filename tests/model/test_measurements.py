@@ -119,6 +119,7 @@ def test_a_run_at_chance_is_said_so_and_only_for_accuracy():
     said = measurements.at_chance(final, 10)
     assert said.startswith("The final test accuracy, 11.00 %, is at chance for 10 classes (10 %")
     assert "best 14.00 %" in said and "training loss at 2.3" in said
+    assert "at chance for 6 classes (17 %" in measurements.at_chance({"final_test_acc": 0.2}, 6)
     # at most AT_CHANCE / classes: 15 % of 10 classes is at chance, 16 % is not
     assert measurements.at_chance({"final_test_acc": 0.15}, 10) is not None
     assert measurements.at_chance({"final_test_acc": 0.16}, 10) is None

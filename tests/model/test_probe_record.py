@@ -50,6 +50,9 @@ def test_a_failed_record_holds_its_failure_and_no_measurement():
     back = ProbeRecord.from_json(flat)
     assert not back.ok and back.result is None and back.measured == Measurement()
     assert back.sweep == [] and back.sweep_in is None
+    # a point that failed after rank 0 measured holds its failure alone, not half a measurement
+    half = ProbeRecord(POINT, "error", error="x", result=RankResult(0, Measurement(0.1)))
+    assert "step_time_s" not in half.to_json()
 
 
 def test_ranks_lost_are_said_where_they_matter():
