@@ -129,3 +129,19 @@ def test_finite_population_correction_for_samples_drawn_without_replacement():
     assert naive.grad_sq < true_g2 - 3 * naive.grad_sq_se  # biased low, by about tr(Sigma)/D = 0.1
     with pytest.raises(ValueError, match="cannot be drawn from 32"):
         noise.estimate(small, big, b, workers * b, population=32)
+
+
+def test_the_noise_scale_by_hand_whatever_the_gradients_scale():
+    """Two steps of |G_b|^2 and |G_B|^2 (b = 16, B = 64): tr(Sigma) = (s - g) / (1/b - 1/B),
+    |G|^2 = g - tr / B, their means' ratio; the same at a millionth of the scale (small
+    gradients: a trace under 1 is still a trace)."""
+    small, big = [0.5, 0.7], [0.2, 0.3]
+    for scale in (1.0, 1e-6):
+        s, g = [x * scale for x in small], [x * scale for x in big]
+        est = noise.estimate(s, g, 16, 64)
+        trace = [(a - c) / (1 / 16 - 1 / 64) for a, c in zip(s, g)]
+        grad = [c - t / 64 for c, t in zip(g, trace)]
+        assert est.trace == pytest.approx(np.mean(trace), rel=1e-12)
+        assert est.grad_sq == pytest.approx(np.mean(grad), rel=1e-12)
+        assert est.b_noise == pytest.approx(np.mean(trace) / np.mean(grad), rel=1e-12)
+        assert (est.steps, est.small_batch, est.big_batch) == (2, 16, 64)

@@ -223,3 +223,12 @@ def test_a_node_lost_for_good_replans_onto_the_worker_counts_left():
     # where both can run, the objective's own choice (N = 2 is faster) and nothing dropped
     d = refit.onto(model_inputs.planning(cfg), replan_table(), 2, B, allowed=[1, 2])
     assert d.workers == 2 and "dropped" not in d.reason
+
+
+def test_a_drift_that_leaves_the_choice_where_it_is_stays_and_says_so():
+    """Sync 6 ms against a predicted 5: N = 2 is still the fastest point; nothing to weigh."""
+    d = refit.decide(
+        model_inputs.planning(replan_config()), replan_table(), 2, B, drift_entry(0.006), 8.0
+    )
+    assert (d.move, d.workers, d.global_batch, d.saving) == (False, 2, B, 0.0)
+    assert d.reason.endswith("N=2 B=64 is still the time choice; stayed"), d.reason
