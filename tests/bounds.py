@@ -71,7 +71,7 @@ HELD_OUT_BOUND = Z * _sd(PROBE_HALFWIDTH, PROBE_HALFWIDTH, DRIFT)
 # least 0.26 - FIT_NOISE = 0.21. The bound sits midway between the two: 0.157, three times the
 # largest misfit seen and 0.05 short of the smallest break it must catch.
 FIT_NOISE = 0.052
-BREAK_UP, BREAK_DOWN = 1.3, 0.77  # the breaks the suite must catch (issue 83)
+BREAK_UP, BREAK_DOWN = 1.3, 0.77  # the breaks the suite must catch (bench/breaks.py)
 FIT_BOUND = (FIT_NOISE + math.log(BREAK_UP)) / 2
 # the two-node lab (tests/test_slurm_lab.py): its "nodes" share this machine's two cores with
 # the probe jobs' Snakemake, srun and SLURM's daemons: the production step came at 0.77-0.92 of

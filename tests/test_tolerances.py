@@ -1,5 +1,5 @@
 """A test of the tests: no test writes a numeric tolerance of its own. Every tolerance lives in
-tests/bounds.py with where its width comes from (issue 83); a test states an exact relation
+tests/bounds.py with where its width comes from; a test states an exact relation
 or reads its width from there.
 
 A tolerance, as read here: a float literal inside an assert's ordering comparison (<, <=, >,
