@@ -90,3 +90,8 @@ def test_the_probe_wins_where_the_estimate_is_off_at_the_largest_batch():
     measured[1]["peak_mem_bytes"] = (1024 + 6400) * MIB / 0.8  # the estimate 20 % low
     check = plan.against_probe(EST, measured, fit)
     assert check["error_at_largest"] == pytest.approx(-0.2) and check["disagrees"]
+    # the two terms against the probe's fit: the estimate's per sample and fixed bytes, each
+    # over the fit's, less one; none where the fit has no such term
+    off = plan.against_probe(EST, measured, {"intercept": 512 * MIB, "slope": 125 * MIB})
+    assert off["per_sample_error"] == pytest.approx(-0.2) and off["fixed_error"] == pytest.approx(1)
+    assert plan.against_probe(EST, measured, {"intercept": 0.0})["fixed_error"] is None
