@@ -163,3 +163,22 @@ def test_weights_floor_the_error_and_fill_the_unknown():
     expect = (1 / se) / np.sqrt(np.mean((1 / se) ** 2))
     assert w == pytest.approx(expect)
     assert curvefit.weights_from(np.array([np.nan, np.nan])) is None
+
+
+def test_few_degrees_of_freedom_take_the_measured_noise_and_many_their_scatter():
+    """Under FEW_DOF residual degrees of freedom a scatter estimated from so few residuals is
+    itself unknown: the probes' measured noise (its RMS) sets the scale, with normal quantiles,
+    unless the scatter is larger; with enough residuals the scatter alone, as without noise."""
+    rng = np.random.default_rng(5)
+    few = _b(1, 2, 4, 8)  # 2 degrees of freedom for a line
+    y = (0.004 + 0.0002 * few["b"]) * (1 + 0.001 * rng.standard_normal(4))
+    noise = np.full(4, 0.05)
+    f = curvefit.fit(FORMS["linear"], few, y, noise=noise)
+    assert f.sigma == pytest.approx(0.05, rel=1e-12) and f.dof == curvefit.NOISE_DOF
+    assert f.extra["interval_from"].startswith("the probes' measured noise (5.0 %): 2 residual")
+    many = _b(*range(1, 13))  # 10 degrees of freedom: the scatter's own
+    y = (0.004 + 0.0002 * many["b"]) * (1 + 0.02 * rng.standard_normal(12))
+    plain = curvefit.fit(FORMS["linear"], many, y)
+    f = curvefit.fit(FORMS["linear"], many, y, noise=np.full(12, 0.05))
+    assert (f.sigma, f.dof) == (plain.sigma, plain.dof) == (plain.sigma, 10)
+    assert "interval_from" not in f.extra
