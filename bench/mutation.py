@@ -155,13 +155,20 @@ def report(got: dict) -> None:
         print(f"--- {s['module']}:{s['line']} {s['operator']}\n{s['diff']}")
 
 
-def recheck(survivors_json: Path) -> None:
-    """Each survivor of an earlier run applied again (cosmic-ray apply) in a copy of this tree
-    as it is now, its tests run: killed now, or still surviving."""
-    base = Path(tempfile.mkdtemp(prefix="mutation_recheck_"))
+def workspace(prefix: str) -> tuple[Path, Path]:
+    """A scratch directory with two copies of this tree: ``tree``, where mutants are made and
+    the tests run (RUNNER in it), and ``pristine``, what RUNNER compares with."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     tree = copy_tree(base / "tree")
     copy_tree(base / "pristine")
     (tree / "run-tests.sh").write_text(RUNNER)
+    return base, tree
+
+
+def recheck(survivors_json: Path) -> None:
+    """Each survivor of an earlier run applied again (cosmic-ray apply) in a copy of this tree
+    as it is now, its tests run: killed now, or still surviving."""
+    base, tree = workspace("mutation_recheck_")
     cr = Path(sys.executable).parent / "cosmic-ray"
     still = []
     survivors = json.loads(survivors_json.read_text())["survivors"]
@@ -195,10 +202,7 @@ def main() -> None:
         got = tally(a.tally / "session.sqlite", a.tally / "pristine")
         a.out.write_text(json.dumps(got, indent=1))
         return report(got)
-    base = Path(tempfile.mkdtemp(prefix="mutation_"))
-    tree = copy_tree(base / "tree")
-    copy_tree(base / "pristine")
-    (tree / "run-tests.sh").write_text(RUNNER)
+    base, tree = workspace("mutation_")
     cfg, session = config(tree, a.module), base / "session.sqlite"
     cr = Path(sys.executable).parent
     t0 = time.time()
