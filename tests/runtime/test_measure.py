@@ -25,7 +25,7 @@ def peaks(batches):
         forward_loss(x, y)[1].backward()
         opt.step()
 
-    out = {}
+    out = {"late": sum(p.nbytes for p in model.parameters() if p.dim() == 1)}
     for b in batches:
         x, y = torch.randn(b, 1, 8, 8), torch.randint(0, 10, (b,))
         # also creates the momentum buffers
@@ -36,11 +36,16 @@ def peaks(batches):
 
 def test_measured_cpu_peak_covers_eq3_and_is_linear_in_batch():
     p = peaks([32, 64, 128])
+    late = p.pop("late")
     for measured, eq3 in p.values():
         # Eq. 3 terms plus backward's transient buffers
         assert eq3 <= measured <= (1 + bounds.TRANSIENT_SHARE) * eq3
-    # linear in b: equal steps in b give equal steps in bytes (each tensor its own size on CPU)
-    assert p[128][0] - p[64][0] == 2 * (p[64][0] - p[32][0])
+    # linear in b: equal steps in b give equal steps in bytes (each tensor its own size on CPU),
+    # but for when autograd allocates the small gradients (biases, norm weights): a timeline's
+    # peak holds them or not (512-1,536 B in 3 of 12 triples, 2026-12-06; CI failed on one),
+    # so each of the three peaks may lack at most all of them: |p128 - 3 p64 + 2 p32| <= 6 late
+    second = p[128][0] - 3 * p[64][0] + 2 * p[32][0]
+    assert abs(second) <= 6 * late
 
 
 def test_timing_statistics_by_hand():
