@@ -8,7 +8,8 @@ group (xdist_groups): every test of the SLURM clusters (the lab replaces the one
 while it is up), every reader of a shared session run (finished_run), every test of a module
 whose module-scoped run it shares. A test marked `alone` (it asserts on measured times) runs
 with no other test beside it (beside_others), and so does the test that makes a shared run
-whose times other tests bound (TIMED_RUNS)."""
+whose times other tests bound (TIMED_RUNS); a module's `alone` tests are one group, run one
+after another in one hold of the room."""
 
 import contextlib
 import os
@@ -23,7 +24,8 @@ SLURM_FIXTURES = {"slurm_cluster", "lab_cluster"}
 
 
 def _shared(item) -> set[str]:
-    """What ``item`` shares with other tests: "slurm", its session-scoped runs, its module's."""
+    """What ``item`` shares with other tests: "slurm", its session-scoped runs, its module's,
+    and, marked `alone`, its module's other `alone` tests."""
     keys = set()
     if set(item.fixturenames) & SLURM_FIXTURES or item.get_closest_marker("slurm"):
         keys.add("slurm")
@@ -36,6 +38,8 @@ def _shared(item) -> set[str]:
             keys.add(name)
         elif d.scope == "module":
             keys.add(f"module {item.module.__name__}")
+    if item.get_closest_marker("alone"):
+        keys.add(f"alone {item.module.__name__}")  # one after another, in one hold of the room
     return keys
 
 
@@ -136,13 +140,26 @@ def runs_alone(item) -> bool:
     )
 
 
+# The room this worker holds from one `alone` test to the next (none or one ExitStack).
+_held: list[contextlib.ExitStack] = []
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with beside_others(alone=runs_alone(item)):
-        try:
-            return (yield)
-        finally:
-            _made.update(TIMED_RUNS.intersection(item.fixturenames))
+    """Each test in the room (`beside_others`). A run of `alone` tests on one worker keeps it
+    from the first to the last: let go between them, the other worker's next test would take
+    it, and each of them would wait for a test of its own to end (18 in a module, once)."""
+    alone = runs_alone(item)
+    if not _held:
+        stack = contextlib.ExitStack()
+        stack.enter_context(beside_others(alone=alone))
+        _held.append(stack)
+    try:
+        return (yield)
+    finally:
+        _made.update(TIMED_RUNS.intersection(item.fixturenames))
+        if not (alone and nextitem is not None and runs_alone(nextitem)):
+            _held.pop().close()
 
 
 def pytest_sessionfinish(session):

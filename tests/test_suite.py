@@ -71,12 +71,27 @@ def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_work
     assert lab and lab == list(range(len(order) - len(lab), len(order)))
     # what is marked alone (the network lab's comparisons of measured sync, among others)
     assert all(r["alone"] for k, r in collected.items() if k.startswith("tests/test_netlab.py"))
+    # a module's alone tests one group, so that they run one after another on one worker
+    timing = {r["group"] for k, r in collected.items() if k.startswith("tests/runtime/test_timing")}
+    assert len(timing) == 1 and None not in timing
+
+
+def held(path) -> bool:
+    """Someone holds the lock of ``path`` (a try of an exclusive lock fails at once)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypatch):
     """Three threads as three workers' tests: A (shared) runs; B (alone) asks and waits for it;
     C (shared), asked for while B waits, starts only once B has ended, not beside A or B."""
-    import fcntl
 
     run = f"locktest{os.getpid()}"
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
@@ -90,16 +105,6 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
             if name == "a":
                 release_a.wait(10)
             spans[name] = (t0, time.monotonic())
-
-    def held(path) -> bool:
-        """Someone holds the lock of ``path`` (a try of an exclusive lock fails at once)."""
-        with open(path, "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
 
     def until(what, timeout=10):
         deadline = time.monotonic() + timeout
@@ -121,6 +126,35 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_off_the_next(monkeypa
     assert spans["c"][0] >= spans["b"][1]  # C waited for B: no test beside an alone one
     gate.unlink()
     room.unlink()
+
+
+def test_a_run_of_alone_tests_holds_the_room_from_the_first_to_the_last(monkeypatch):
+    """The hook as pytest calls it, on two `alone` tests and a shared one after them: the room
+    is held from the first alone test's start through the second's end, not let go between
+    them, and the shared test takes it again and gives it back."""
+
+    run = f"holdtest{os.getpid()}"
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    monkeypatch.setattr(sharing, "_made", set())
+    monkeypatch.setattr(sharing, "_held", [])  # not this test's own hold, which pytest made
+    _, room = lock_files(run)
+
+    def item(alone):
+        return SimpleNamespace(fixturenames=[], get_closest_marker=lambda m: alone or None)
+
+    first, second, shared = item(True), item(True), item(False)
+    seen = []
+    for it, nxt in ((first, second), (second, shared), (shared, None)):
+        hook = sharing.pytest_runtest_protocol(it, nxt)
+        next(hook)  # in the room: the test runs
+        seen.append(held(room))
+        with pytest.raises(StopIteration):
+            hook.send(None)
+        seen.append(held(room))  # between this test and the next
+    assert seen == [True, True, True, False, True, False]
+    assert sharing._held == []
+    for f in lock_files(run):
+        f.unlink(missing_ok=True)
 
 
 def test_without_xdist_nothing_waits(monkeypatch, tmp_path):
