@@ -28,24 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from _harness import ROOT, copy_workflow, env
-
-
-def _profile(wd: Path) -> str:
-    """profiles/slurm with the test cluster's account and memory (as tests/test_dag_slurm.py)."""
-    prof = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    prof["default-resources"] = {
-        **prof["default-resources"],
-        "slurm_account": "root",
-        "mem_mb": 1000,
-    }
-    prof["set-resources"]["launch"]["runtime"] = 30
-    prof.update(
-        {"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "retries": 0, "jobs": 4}
-    )
-    (wd / "prof").mkdir()
-    (wd / "prof" / "config.yaml").write_text(yaml.safe_dump(prof))
-    return "prof"
+from _harness import ROOT, copy_workflow, env, tests_helper
 
 
 def _snakemake(wd: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -88,7 +71,7 @@ def main() -> None:
         # 45 steps an epoch: the job trains for a minute or more
         cfg["constraints"] = {"max_batch": 32}
         (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
-        prof = _profile(wd)
+        prof = tests_helper("slurm_test_profile")(wd, launch_minutes=30)
         log = open(wd / "session.log", "w")
         t0 = time.time()
         # a login shell's job: SIGHUP at its default (under nohup it would be inherited as ignored)

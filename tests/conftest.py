@@ -105,6 +105,27 @@ def copy_workflow(dest: Path) -> None:
     shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
 
 
+def slurm_test_profile(wd: Path, launch_minutes: int = 10, **changes) -> str:
+    """profiles/test in ``wd``: profiles/slurm with the test cluster's account and memory and
+    short waits (its jobs take seconds), the launch's time limit ``launch_minutes``,
+    ``changes`` (profile keys) updated. Returns the profile's path in ``wd``
+    (bench/lost_login_session.py uses it too)."""
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"] = {
+        **profile["default-resources"],
+        "slurm_account": "root",
+        "mem_mb": 1000,
+    }
+    profile["set-resources"]["launch"]["runtime"] = launch_minutes
+    profile.update(
+        {"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "retries": 0, "jobs": 4}
+    )
+    profile.update(changes)
+    (wd / "profiles" / "test").mkdir(parents=True)
+    (wd / "profiles" / "test" / "config.yaml").write_text(yaml.safe_dump(profile))
+    return "profiles/test"
+
+
 def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]]:
     """The workflow and the shipped lab profile and config (profiles/lab: grid.workers 1, 2,
     4; two workers a node; the partition `lab` of `scripts/slurm-cluster.sh up --nodes 2`;

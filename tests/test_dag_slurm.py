@@ -18,8 +18,17 @@ import pytest
 import yaml
 
 from bounds import check_accuracy
-from conftest import ROOT, TINY, copy_workflow, digits_uint8, train_from_files, venv_env
+from conftest import (
+    ROOT,
+    TINY,
+    copy_workflow,
+    digits_uint8,
+    slurm_test_profile,
+    train_from_files,
+    venv_env,
+)
 from tula import config
+from tula.checkpoint import load_latest
 from tula.faults import ENV as FAULT_ENV
 
 pytestmark = pytest.mark.slurm
@@ -181,22 +190,6 @@ def test_the_shipped_lab_profile_is_the_slurm_profile_with_the_labs_keys():
     assert cfg.hardware.device == "cpu"
 
 
-def _test_profile(wd: Path) -> None:
-    """profiles/test: profiles/slurm with the test cluster's account and memory."""
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    profile["default-resources"] = {
-        **profile["default-resources"],
-        "slurm_account": "root",
-        "mem_mb": 1000,
-    }
-    profile["set-resources"]["launch"]["runtime"] = 10
-    profile.update(
-        {"slurm-init-seconds-before-status-checks": 2, "latency-wait": 5, "retries": 0, "jobs": 4}
-    )
-    (wd / "profiles" / "test").mkdir(parents=True)
-    (wd / "profiles" / "test" / "config.yaml").write_text(yaml.safe_dump(profile))
-
-
 @pytest.fixture(scope="module")
 def dag_on_slurm(tmp_path_factory, slurm_cluster):
     """The whole DAG via `snakemake --profile <test profile derived from profiles/slurm>`."""
@@ -211,7 +204,7 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
         "cluster": {"workers_per_node": 2},
     }
     (wd / "tiny.yaml").write_text(yaml.safe_dump(tiny))
-    _test_profile(wd)
+    slurm_test_profile(wd)
     env = venv_env()
     env[FAULT_ENV] = "oom:point=N2_B128,rank=1"  # sbatch --export=ALL carries it into the job
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
@@ -322,10 +315,12 @@ def test_multi_task_probe_in_the_dag_used_srun(dag_on_slurm):
     assert re.search(rf"^{job_id}\.\d+\|2\|COMPLETED$", steps, re.M), steps
 
 
-def _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, interrupt: list[str]) -> str:
-    """`tula launch` on the cluster (12 epochs, N=2 on the one node); once two epochs are done,
-    run ``interrupt + [job id]``; wait for launch to finish. Returns the job id."""
+def _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, interrupt: list[str], **train) -> str:
+    """`tula launch` on the cluster (12 epochs, N=2 on the one node; ``train``'s keys set);
+    once two epochs are done, run ``interrupt + [job id]``; wait for launch to finish. Returns
+    the job id."""
     tiny_raw["workload"]["epochs"] = 12
+    tiny_raw["train"].update(train)
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 2
     tiny_raw["launch"] = {
         "executor": "slurm",
@@ -393,13 +388,28 @@ def _check_resumed_and_completed(tmp_path, job: str, outcome: str, signal_name: 
 
 @pytest.mark.training
 def test_scontrol_requeue_resumes_the_training_job_from_its_checkpoint(
-    slurm_cluster, tiny_raw, tmp_path, venv_path
+    slurm_cluster, tiny_raw, tmp_path, venv_path, user_pythonpath
 ):
     """`scontrol requeue` of the running training job: SLURM sends TERM, every rank checkpoints at
     the next step boundary, SLURM runs the job again, it resumes from that checkpoint and
-    completes."""
-    job = _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, ["scontrol", "requeue"])
+    completes. The job trains with the user's optimizer and schedule given as import paths
+    (tests/user_workload.py, imported in the job): both resume where they stopped."""
+    user = {"optimizer": "user_workload:nesterov_sgd", "schedule": "user_workload:quarters"}
+    job = _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, ["scontrol", "requeue"], **user)
     _check_resumed_and_completed(tmp_path, job, "stopped", "SIGTERM")
+    steps, per_epoch = 12 * 23, 23
+    loaded, _ = load_latest(tmp_path / "train" / "checkpoints")
+    state = loaded.state
+    assert all(g["nesterov"] for g in state["optimizer"]["param_groups"])  # the user's optimizer
+    # the user's StepLR over the whole run, stepped once a step across the requeue
+    schedule = state["scheduler"]  # the run's steps, and the user's scheduler's own state
+    assert schedule["steps"] == steps and schedule["scheduler"]["step_size"] == steps // 4
+    assert schedule["scheduler"]["last_epoch"] == loaded.step == steps
+    # each epoch's LR: halved after each quarter of the run, never back at its start after
+    # the resume (a schedule built anew there would be)
+    lr = pd.read_csv(tmp_path / "train" / "metrics.csv")["lr"].tolist()
+    halvings = [e * per_epoch // (steps // 4) for e in range(1, 13)]
+    assert lr == [lr[0] * 0.5**h for h in halvings], lr
 
 
 @pytest.mark.training
@@ -511,7 +521,7 @@ def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, t
     own."""
     copy_workflow(tmp_path)
     (tmp_path / "workflow" / "config.yaml").write_text("{}\n")
-    _test_profile(tmp_path)
+    slurm_test_profile(tmp_path)
     suite = {
         "compare": {
             "workloads": [{"model": "small_cnn", "dataset": "digits", "target_accuracy": 0.5}],

@@ -7,6 +7,8 @@ tests/ on PYTHONPATH):
     train:
       loss: user_workload:margin_loss        # (outputs, targets) -> scalar loss
       metric: user_workload:error_rate       # (outputs, targets) -> float; metric_goal: min
+      optimizer: user_workload:nesterov_sgd  # (params, lr) -> torch.optim.Optimizer
+      schedule: user_workload:quarters       # (optimizer, total_steps) -> LR scheduler
 
 The dataset is map-style and built lazily per item, like a real on-disk dataset would be.
 """
@@ -90,6 +92,19 @@ def error_rate(outputs, targets):
     """A metric of the user's where smaller is better (train.metric_goal: min): the share of
     the batch misclassified, as a 0-d tensor (no host read in the step)."""
     return (outputs.argmax(1) != targets).double().mean()
+
+
+# -- a user's own optimizer and schedule (train.optimizer, train.schedule) --------------------
+
+
+def nesterov_sgd(params, lr):
+    """An optimizer of the user's: SGD with Nesterov momentum (its state: a momentum buffer)."""
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
+
+
+def quarters(optimizer, total_steps):
+    """A schedule of the user's: the LR halved after each quarter of the run's steps."""
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(total_steps // 4, 1), gamma=0.5)
 
 
 # -- broken specs, for the error messages --------------------------------------------------
