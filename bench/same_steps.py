@@ -42,7 +42,7 @@ def feed(h, obj):
 
 def digest(r):
     h = hashlib.sha256()
-    st = r.state()
+    st = r.state_dict()
     for part in ("model", "optimizer", "ags", "scheduler", "position", "noise_pairs"):
         feed(h, st[part])
     return h.hexdigest()[:16]
@@ -61,10 +61,10 @@ out["after_walk"] = digest(r)
 with r.undone():
     walk(r, 1)
 out["after_undone"] = digest(r)
-state = {**r.state(), "global_batch": 256}
+state = {**r.state_dict(), "global_batch": 256}
 stats = r.walk.stats.clone()
 r2 = Replica(cfg, torch.device("cpu"), 128, 0, 1)
-r2.load(state, stats)
+r2.load_state_dict(state, stats)
 out["relaunch_losses"] = walk(r2, 10)
 out["after_relaunch"] = digest(r2)
 out["steps"] = r2.steps_done

@@ -430,7 +430,7 @@ def method_mutations(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_no_module_changes_another_objects_fields_through_their_methods():
     """The replica's model, optimizer, scheduler, scaler, evaluator and feed change only through
-    the replica's own methods and its parts' (:meth:`Replica.load`, :meth:`Update.apply`,
+    the replica's own methods and its parts' (:meth:`Replica.load_state_dict`, :meth:`Update.apply`,
     :meth:`Replica.no_sync` ...), and a job's attempts only through its History."""
     outside = [
         f"{rel}:{line}: {call}"

@@ -42,7 +42,7 @@ def test_its_checkpoint_comes_back_whole():
     a, b = _update(128, 10), _update(128, 10)
     _steps(a, 25)  # past the decay at epoch 2 (step 20)
     a.noise_pairs.append((2.0, 1.0))
-    b.load(a.state(), same_batch=True)
+    b.load_state_dict(a.state_dict())
     assert b.sched.steps == a.sched.steps == 25 and b.lr == a.lr < a.lr_plan.peak(128)
     assert b.noise_pairs == [(2.0, 1.0)] and torch.equal(_momentum(b), _momentum(a))
 
@@ -54,7 +54,7 @@ def test_a_checkpoint_of_another_batch_is_followed_where_the_epochs_stand():
     big, small = _update(256, 10), _update(128, 20)
     _steps(big, 25)
     big.noise_pairs.append((2.0, 1.0))
-    small.load(big.state(), same_batch=False)
+    small.load_state_dict(big.state_dict(), same_batch=False)
     assert small.sched.steps == 0  # the schedule is the new batch's, not yet followed
     small.follow(256, (128, 20), epochs_done=2.5, rank=1)
     assert small.noise_pairs == [] and small.sched.steps == 50
@@ -88,7 +88,7 @@ def test_the_ema_follows_each_step_by_its_decay_and_comes_back_from_a_checkpoint
     torch.testing.assert_close(u.ema.module.w.detach(), want)
     assert not torch.equal(u.ema.module.w, w)
     back = _update(128, 10, ema=0.9)
-    back.load(u.state(), same_batch=True)
+    back.load_state_dict(u.state_dict())
     assert torch.equal(back.ema.module.w, u.ema.module.w)
 
 

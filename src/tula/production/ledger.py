@@ -75,8 +75,8 @@ class Ledger:
         """This attempt's segment with how it ended (attempts.json)."""
         return {**self.seg, **end}
 
-    def restore(self, state: dict[str, Any], step: int) -> None:
-        """From the checkpoint resumed from, at ``step``: its ledger part (:meth:`checkpointed`):
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        """From the checkpoint resumed from, at ``step``: its ledger part (:meth:`state_dict`):
         the rows, the epoch's time so far, the accounts and the wall time of the attempts
         before."""
         self.rows, self.epoch_time = state["rows"], state["epoch_time_s"]
@@ -84,7 +84,7 @@ class Ledger:
         self.wall_before = state.get("wall_time_s", 0.0)
         self.resumed_from = step
 
-    def checkpointed(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of it."""
         return {
             "rows": self.rows,

@@ -136,8 +136,8 @@ class Trainer:
             metrics = metrics if self.rank == 0 else []
         # post-local SGD between two averages: this rank's own model and momentum
         own = ranks[self.rank].get("replica") if len(ranks) == self.workers else None
-        replica.load(state, stats, own, metrics)
-        self.ledger.restore(state["ledger"], state["step"])
+        replica.load_state_dict(state, stats, own, metrics)
+        self.ledger.load_state_dict(state["ledger"], step=state["step"])
         if self.rank == 0:
             print(
                 f"[{self.label}] resumed from the checkpoint of step {replica.steps_done} (epoch "
@@ -282,7 +282,7 @@ class Trainer:
                 "global_batch": self.global_batch,
                 "workers": self.workers,
                 "complete": complete,
-                "ledger": self.ledger.checkpointed(),
+                "ledger": self.ledger.state_dict(),
                 "method": self.settings["method"],
                 "attempt": self.attempt,
             },

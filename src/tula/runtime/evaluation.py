@@ -48,11 +48,11 @@ class Evaluator:
         self.retries: list[dict[str, Any]] = []
         self._loader = None
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of it."""
         return {"eval_batch": self.batch, "eval_retries": list(self.retries)}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """From a checkpoint: a batch found too large stays smaller; its retries are kept."""
         self.batch = min(self.batch, state.get("eval_batch", self.batch))
         self.retries, self._loader = list(state.get("eval_retries", [])), None

@@ -52,8 +52,8 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Replica:
     """One worker's model and data, and the training step, of parts that each own their
     state (the module's text). What a checkpoint holds of it is theirs put together
-    (:meth:`state`, :meth:`load`, :meth:`undone`). ``data``: the workload's sets loaded
-    already in this process (a probe job's later points)."""
+    (:meth:`state_dict`, :meth:`load_state_dict`, :meth:`undone`). ``data``: the workload's
+    sets loaded already in this process (a probe job's later points)."""
 
     def __init__(
         self,
@@ -325,16 +325,16 @@ class Replica:
         self.walk.refresh_next(due)
 
     # -- what a checkpoint holds of it: its parts' own states ----------------------------
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds of this replica (besides each rank's RNG state and sums)."""
         return {
             "model": self.ddp.module.state_dict(),
-            **self.update.state(),  # "optimizer", "ags", "scheduler", "scaler", "noise_pairs"
+            **self.update.state_dict(),  # "optimizer", "ags", "scheduler", "scaler", "noise_pairs"
             "position": self.walk.pos.state_dict(),
-            "evaluation": self.evaluator.state(),
+            "evaluation": self.evaluator.state_dict(),
         }
 
-    def load(
+    def load_state_dict(
         self,
         state: dict[str, Any],
         stats: torch.Tensor,
@@ -348,8 +348,8 @@ class Replica:
         (:meth:`Update.follow`)."""
         self.ddp.module.load_state_dict(state["model"])
         written_at = state.get("global_batch", self.global_batch)
-        self.update.load(state, same_batch=written_at == self.global_batch)
-        self.evaluator.restore(state["evaluation"])
+        self.update.load_state_dict(state, same_batch=written_at == self.global_batch)
+        self.evaluator.load_state_dict(state["evaluation"])
         self.walk.moved_to(Position.from_state_dict(state["position"]), stats, metric)
         set_post_local_iter(self.ddp, self.steps_done)
         if own is not None:

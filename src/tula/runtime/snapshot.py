@@ -46,7 +46,7 @@ def write_checkpoint(
     torch_dist.all_gather_object(per_rank, mine)
     if rank == 0 and all(p is not None for p in per_rank):
         try:
-            state = {**replica.state(), **extra, "ranks": per_rank}
+            state = {**replica.state_dict(), **extra, "ranks": per_rank}
             checkpoint.save(
                 directory, state, replica.steps_done, keep=keep, after_write=after_write
             )

@@ -141,7 +141,7 @@ class Update:
         return pairs
 
     # -- what a checkpoint holds of it, and putting that back ------------------------------
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """A checkpoint's optimizer parts ("optimizer", "ags"), "scheduler", "scaler",
         "noise_pairs" and the weights' average ("ema", train.ema_decay)."""
         ema = {"ema": self.ema.state_dict()} if self.ema is not None else {}
@@ -153,8 +153,8 @@ class Update:
             **ema,
         }
 
-    def load(self, state: dict[str, Any], same_batch: bool) -> None:
-        """:meth:`state` put back, each part by its owner; the schedule only if ``state`` was
+    def load_state_dict(self, state: dict[str, Any], same_batch: bool = True) -> None:
+        """:meth:`state_dict` put back, each part by its owner; the schedule only if ``state`` was
         written at this global batch (:meth:`follow` builds it at another)."""
         load_optimizer_parts(self.opt, state)
         if same_batch:

@@ -118,7 +118,7 @@ class Production(Plain):
 
     def restore(self, state: dict[str, Any]) -> None:
         snapshot.restore(state, self.parts, self.walk, self.rank, self.run.global_batch)
-        self.ledger.restore(state["ledger"], state["step"])
+        self.ledger.load_state_dict(state["ledger"], step=state["step"])
         if self.rank == 0:
             print(
                 f"[{self.label}] resumed from the checkpoint of step {state['step']} (epoch "
@@ -287,7 +287,7 @@ class Production(Plain):
             (self.run.global_batch, self.run.world),
             self.ask.keep,
             {
-                "ledger": self.ledger.checkpointed(),
+                "ledger": self.ledger.state_dict(),
                 "fingerprint": self.ask.fingerprint,
                 "complete": complete,
                 "attempt": self.ask.attempt,
