@@ -106,3 +106,54 @@ def test_a_worker_checks_its_device_against_the_gpus_it_sees(monkeypatch):
         torch.device("cuda", 0),
         "nccl",
     )
+
+
+def test_without_a_gpu_driver_no_torch_is_imported_to_count_none(monkeypatch, tmp_path):
+    """No driver file (tula.devices.GPU_DRIVER_FILES): 0 GPUs, said without importing torch,
+    which a `snakemake` parse would otherwise pay on every run; with one, torch is asked."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(devices, "GPU_DRIVER_FILES", (str(tmp_path / "none"),))
+    assert devices.local_gpus() == 0
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(devices, "GPU_DRIVER_FILES", (str(tmp_path / "nvidiactl"),))
+    assert devices.local_gpus() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    # and for real, in a fresh process: torch imported only where a driver file is there
+    code = (
+        "import sys, os; from tula import devices;"
+        "n = devices.local_gpus();"
+        "driver = any(os.path.exists(f) for f in devices.GPU_DRIVER_FILES);"
+        "print(n, driver, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    n, driver, imported = int(out[0]), out[1] == "True", out[2] == "True"
+    assert imported == driver and (driver or n == 0), out
+
+
+@pytest.mark.dag
+def test_the_workflows_parse_imports_neither_torch_without_a_gpu_nor_kneed(tmp_path):
+    """`snakemake -n`, as a user runs it on a login node (and every SLURM job's own Snakemake):
+    the parse decides the device without torch where no GPU driver is, and leaves kneed (scipy,
+    matplotlib) to the stages that find a knee. Together they were 5 of its 7 CPU seconds."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from conftest import ROOT, copy_workflow, venv_env
+
+    copy_workflow(tmp_path)
+    (tmp_path / "workflow" / "config.yaml").write_text(
+        (ROOT / "workflow" / "config.yaml").read_text()
+    )
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    cmd = ["python", "-X", "importtime", "-m", "snakemake", "-n", "--configfile", "tiny.yaml"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=venv_env())
+    assert r.returncode == 0 and "probe" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    assert "tula.devices" in imported and "kneed" not in imported
+    driver = any(os.path.exists(f) for f in devices.GPU_DRIVER_FILES)
+    assert ("torch" in imported) == driver, driver

@@ -19,6 +19,7 @@ than the grid needs is refused before anything runs, naming ``grid.workers``. Th
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from tula.config import Config
@@ -38,8 +39,16 @@ class Decision:
     why: str  # one sentence, said in tula check's output, the workflow's log and the report
 
 
+# The device files a GPU driver gives a machine (NVIDIA's, AMD's ROCm for torch's HIP build,
+# WSL's): where none is present, torch can see no CUDA device, and the 2-3 s of importing torch
+# (in every `snakemake` run's parse, on a login node) are not spent to hear so.
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
 def local_gpus() -> int:
-    """CUDA devices this process can see (0 without torch's CUDA)."""
+    """CUDA devices this process can see (0 without torch's CUDA, or without a GPU driver)."""
+    if not any(os.path.exists(f) for f in GPU_DRIVER_FILES):
+        return 0
     import torch  # only when a local decision is needed: the SLURM path reads the partition instead
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kneed import KneeLocator
 
 from tula.model import noise
 from tula.model.inputs import Goal, Planning
@@ -61,6 +60,10 @@ def knee_of(batches: np.ndarray, times: np.ndarray) -> int | None:
     """Global batch at the Kneedle knee of T(B), or None when there is none."""
     if len(batches) < 3 or np.allclose(times, times[0]):
         return None
+    # imported here: kneed brings scipy.signal and matplotlib (about 2 s), which every
+    # `snakemake` parse (and each SLURM job's) would pay through the workflow's imports
+    from kneed import KneeLocator
+
     kl = KneeLocator(batches.astype(float), times, curve="convex", direction="decreasing")
     if kl.knee is None:
         return None
