@@ -121,9 +121,9 @@ def test_without_a_gpu_driver_no_torch_is_imported_to_count_none(monkeypatch, tm
     assert devices.local_gpus() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     # and for real, in a fresh process: torch imported only where a driver file is there
     code = (
-        "import sys, os; from tula import devices;"
+        "import sys; from tula import devices;"
         "n = devices.local_gpus();"
-        "driver = any(os.path.exists(f) for f in devices.GPU_DRIVER_FILES);"
+        "driver = devices.gpu_driver_present();"
         "print(n, driver, 'torch' in sys.modules)"
     )
     out = subprocess.run(
@@ -138,7 +138,6 @@ def test_the_workflows_parse_imports_neither_torch_without_a_gpu_nor_kneed(tmp_p
     """`snakemake -n`, as a user runs it on a login node (and every SLURM job's own Snakemake):
     the parse decides the device without torch where no GPU driver is, and leaves kneed (scipy,
     matplotlib) to the stages that find a knee. Together they were 5 of its 7 CPU seconds."""
-    import os
     import subprocess
 
     import yaml
@@ -155,5 +154,5 @@ def test_the_workflows_parse_imports_neither_torch_without_a_gpu_nor_kneed(tmp_p
     assert r.returncode == 0 and "probe" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
     assert "tula.devices" in imported and "kneed" not in imported
-    driver = any(os.path.exists(f) for f in devices.GPU_DRIVER_FILES)
+    driver = devices.gpu_driver_present()
     assert ("torch" in imported) == driver, driver

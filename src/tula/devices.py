@@ -45,9 +45,14 @@ class Decision:
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
 
 
+def gpu_driver_present() -> bool:
+    """A GPU driver's file is on this machine (GPU_DRIVER_FILES): only then can torch see one."""
+    return any(os.path.exists(f) for f in GPU_DRIVER_FILES)
+
+
 def local_gpus() -> int:
     """CUDA devices this process can see (0 without torch's CUDA, or without a GPU driver)."""
-    if not any(os.path.exists(f) for f in GPU_DRIVER_FILES):
+    if not gpu_driver_present():
         return 0
     import torch  # only when a local decision is needed: the SLURM path reads the partition instead
 
