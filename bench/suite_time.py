@@ -32,6 +32,13 @@ def read(path: Path) -> dict[str, float]:
     return seconds
 
 
+def cpu(path: Path) -> dict[str, float]:
+    """nodeid -> CPU seconds, where the run recorded them (a JSON from 2026-12-07 on)."""
+    if path.suffix != ".json":
+        return {}
+    return {k: v["cpu"] for k, v in json.loads(path.read_text())["tests"].items() if "cpu" in v}
+
+
 def main(paths: list[str]) -> None:
     runs = [read(Path(p)) for p in paths]
     mods = [{m: (n, s) for m, n, s in by_module(r)} for r in runs]
@@ -52,6 +59,15 @@ def main(paths: list[str]) -> None:
     print("\nslowest tests of the last run:")
     for k, v in sorted(runs[-1].items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {v:7.1f} s  {k}")
+    used = cpu(Path(paths[-1]))
+    if used:
+        print(f"\nCPU seconds of the last run: {sum(used.values()):.0f} in all; by module:")
+        mods = by_module(used)
+        for m, n, s in mods[:15]:
+            print(f"  {s:7.0f} CPU s  {n:4d} tests  {m}")
+        print("the most CPU:")
+        for k, v in sorted(used.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {v:7.0f} CPU s  {k}")
 
 
 if __name__ == "__main__":

@@ -193,3 +193,31 @@ def test_the_test_that_makes_a_timed_run_runs_alone_and_its_readers_do_not(monke
     sharing._made.update({"finished_run"})  # as pytest_runtest_protocol does after it
     assert not sharing.runs_alone(second) and sharing.runs_alone(item("finished_run", "lab_run"))
     assert not sharing.runs_alone(item("tmp_path")) and sharing.runs_alone(item(alone=True))
+
+
+BURN = """
+import resource, subprocess, sys
+
+
+def test_burns_in_a_child():
+    code = "import resource\\nx = 0\\nfor i in range(3_000_000): x += i\\n"
+    code += "r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    with open("child_cpu.txt", "w") as f:
+        f.write(out.stdout)
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_each_tests_cpu_seconds_count_the_processes_it_waited_for(tmp_path, workers):
+    """suite_time's JSON holds each test's CPU seconds, with those of a child it ran (what a
+    test's training, probe and snakemake processes cost), on one process and under xdist."""
+    (tmp_path / "test_burn.py").write_text(BURN)
+    out = tmp_path / "times.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "suite_time", "-p", "no:cacheprovider"]
+    cmd += [*workers, "--suite-time-json", str(out), "test_burn.py"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    row = json.loads(out.read_text())["tests"]["test_burn.py::test_burns_in_a_child"]
+    assert row["cpu"] >= float((tmp_path / "child_cpu.txt").read_text()) > 0
