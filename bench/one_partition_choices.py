@@ -33,6 +33,7 @@ PREDICTION_CODE = (
     "src/tula/model/perf.py",
     "src/tula/model/forms.py",
     "src/tula/model/curvefit.py",
+    "src/tula/model/formchoice.py",
     "src/tula/stages/predict.py",
     "src/tula/stages/fit.py",
 )

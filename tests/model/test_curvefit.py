@@ -1,7 +1,7 @@
-"""Bounded fits with intervals and the choice among forms (tula.model.curvefit): known
-answers on data made from a known form, intervals that cover at their stated rate, bounds
-that keep predictions physical, and a more complex form chosen only when it predicts held-out
-points clearly better."""
+"""Bounded fits with intervals (tula.model.curvefit) and the choice among forms
+(tula.model.formchoice): known answers on data made from a known form, intervals that cover
+at their stated rate, bounds that keep predictions physical, and a more complex form chosen
+only when it predicts held-out points clearly better."""
 
 import math
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bounds
-from tula.model import curvefit
+from tula.model import curvefit, formchoice
 from tula.model import forms as forms_mod
 
 FORMS = {f.name: f for f in forms_mod.compute_forms(max_b=128.0)}  # as perf.fit builds them
@@ -79,24 +79,24 @@ def test_95_percent_intervals_cover_the_truth_at_their_rate():
 
 def test_held_out_errors_leave_one_out_and_ten_fold_above_forty_points():
     X = _b(*range(1, 11))
-    err, how = curvefit.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])
+    err, how = formchoice.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])
     assert how == "leave-one-out" and err.shape == (10,) and np.abs(err).max() < 1e-6
     X = _b(*range(1, 42))
-    assert curvefit.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])[1] == "10-fold"
+    assert formchoice.held_out_errors(FORMS["linear"], X, 0.5 + 0.1 * X["b"])[1] == "10-fold"
 
 
 def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
     X = _b(1, 2, 4, 8, 16, 32, 64, 128)
     flat_then_linear = 0.01 + 0.001 * np.maximum(X["b"] - 16, 0)  # a GPU under-used below b = 16
     forms = [FORMS["linear"], FORMS["saturating"]]
-    chosen = curvefit.choose(forms, X, flat_then_linear, "compute")
+    chosen = formchoice.choose(forms, X, flat_then_linear, "compute")
     assert chosen.form.name == "saturating" and chosen.params()["b0"] == pytest.approx(
         16, rel=bounds.SOLVER
     )
     assert chosen.extra["criterion"] == "held_out" and "linear:" in chosen.extra["why"]
     straight = 0.004 + 0.0002 * X["b"]
     # parsimony: no gain, no extra parameter
-    assert curvefit.choose(forms, X, straight, "compute").form.name == "linear"
+    assert formchoice.choose(forms, X, straight, "compute").form.name == "linear"
 
 
 def test_too_few_points_choose_by_aic_with_the_measured_noise():
@@ -110,7 +110,7 @@ def test_too_few_points_choose_by_aic_with_the_measured_noise():
     }
     y = X["c"] + 0.02 * X["x"]
     forms = forms_mod.step_forms("ring", latency=False)
-    chosen = curvefit.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
+    chosen = formchoice.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
     assert chosen.form.name == "additive" and chosen.extra["criterion"] == "aic_known_noise"
     assert chosen.params()["s1"] == pytest.approx(0.02, rel=1e-6)
     assert "AIC with the probes' measured noise (2.0 % median)" in chosen.extra["why"]
@@ -121,13 +121,15 @@ def test_aicc_by_hand():
     y = np.array([1.0, 2.1, 2.9, 4.2, 4.9])
     f = curvefit.fit(FORMS["linear"], X, y)
     rss = float(np.sum(((f.predict(X) - y) / y) ** 2))
-    assert curvefit.aicc(f) == pytest.approx(5 * math.log(rss / 5) + 4 + 12 / 2)
-    assert math.isnan(curvefit.aicc(curvefit.fit(FORMS["linear"], _b(1, 2), np.array([1.0, 2.0]))))
+    assert formchoice.aicc(f) == pytest.approx(5 * math.log(rss / 5) + 4 + 12 / 2)
+    assert math.isnan(
+        formchoice.aicc(curvefit.fit(FORMS["linear"], _b(1, 2), np.array([1.0, 2.0])))
+    )
     # the fewest points it is defined on: n = p + 2, its correction 2p(p + 1) / 1
     X4, y4 = _b(1, 2, 3, 4), np.array([1.0, 2.1, 2.9, 4.2])
     f4 = curvefit.fit(FORMS["linear"], X4, y4)
     rss4 = float(np.sum(((f4.predict(X4) - y4) / y4) ** 2))
-    assert curvefit.aicc(f4) == pytest.approx(4 * math.log(rss4 / 4) + 4 + 12 / 1)
+    assert formchoice.aicc(f4) == pytest.approx(4 * math.log(rss4 / 4) + 4 + 12 / 1)
 
 
 def test_weighting_by_measured_precision_recovers_a_known_model_better():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tula.model import curvefit
+from tula.model import formchoice
 from tula.model.curvefit import Fitted, Form
 from tula.model.grid import nodes_of
 
@@ -80,6 +80,6 @@ def fit_input(probes: pd.DataFrame, workers_per_node: int) -> Fitted | None:
     forms = [
         f for f in input_forms() if len(np.unique(X["n"])) > 1 or not f.name.endswith("_shared")
     ]
-    return curvefit.choose(
+    return formchoice.choose(
         forms, X, pd.to_numeric(rows["input_time_s"]).to_numpy(float), "input floor"
     )

@@ -3,7 +3,7 @@
     t_step(N, b) = t_compute(b, N) (+) t_sync(N)
     T            = E * ceil(D / B) * t_step    (Eq. 4a with whole steps per epoch)
 
-Each part is a choice among candidate forms (:mod:`tula.model.forms`; :mod:`tula.model.curvefit`
+Each part is a choice among candidate forms (:mod:`tula.model.forms`; :mod:`tula.model.formchoice`
 chooses by held-out error on what was measured, simplest first).
 
 Each point is weighted by its measured precision (the 95 % half-width of its mean, from the
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tula.model import curvefit
+from tula.model import curvefit, formchoice
 from tula.model.curvefit import Fitted, Form, Inputs
 from tula.model.floor import INPUT_FORMS, fit_input
 from tula.model.forms import (
@@ -225,7 +225,7 @@ def _choose(
             return replace(curvefit.fit(near, X, y, noise, weights), form=kept.form)
         except ValueError:  # no convergence from there: the form's own starts
             return curvefit.fit(kept.form, X, y, noise, weights)
-    return curvefit.choose(forms, X, y, what, noise, weights)
+    return formchoice.choose(forms, X, y, what, noise, weights)
 
 
 def fit(
