@@ -1,4 +1,4 @@
-"""train.metric as a torchmetrics metric (tula.runtime.recipe.EpochMetric): computed over the
+"""train.metric as a torchmetrics metric (tula.runtime.loss_metric.EpochMetric): computed over the
 whole test set and synced across two real gloo ranks, a macro-F1 is scikit-learn's macro-F1 of
 the same predictions, where the per-batch mean Tula used to take is not; a checkpoint keeps its
 states and a run at another N merges them; the step a monitor undoes leaves them as they were."""
@@ -14,7 +14,7 @@ from sklearn.metrics import f1_score
 
 import bounds
 from tula import config
-from tula.runtime import recipe
+from tula.runtime import loss_metric
 from tula.runtime.replica import Replica
 
 F1 = "torchmetrics.classification:MulticlassF1Score"
@@ -92,12 +92,15 @@ def test_the_states_are_checkpointed_merged_at_another_n_and_put_back(tmp_path):
     t = _cfg(str(tmp_path / "none.npz")).train
     g = torch.Generator().manual_seed(1)
     out, y = torch.randn(64, 10, generator=g), torch.randint(0, 3, (64,), generator=g)
-    whole, halves = recipe.build_metric(t), [recipe.build_metric(t), recipe.build_metric(t)]
-    assert isinstance(whole, recipe.EpochMetric)
+    whole, halves = (
+        loss_metric.build_metric(t),
+        [loss_metric.build_metric(t), loss_metric.build_metric(t)],
+    )
+    assert isinstance(whole, loss_metric.EpochMetric)
     whole(out, y)
     for k, half in enumerate(halves):
         assert half(out[k::2], y[k::2]).item() == 0.0  # nothing in the epoch's sums
-    resumed = recipe.build_metric(t)
+    resumed = loss_metric.build_metric(t)
     resumed.load_state_dict([h.state_dict() for h in halves])
     want = f1_score(y, out.argmax(1), average="macro", labels=list(range(10)), zero_division=0)
     assert resumed.compute() == pytest.approx(whole.compute(), abs=1e-7)
@@ -109,6 +112,6 @@ def test_the_states_are_checkpointed_merged_at_another_n_and_put_back(tmp_path):
         k: v.tolist() for k, v in saved.items()
     }
     with pytest.raises(config.ConfigError, match="train.metric_args"):
-        recipe.build_metric(_cfg("x.npz", args={"num_klasses": 3}).train)
+        loss_metric.build_metric(_cfg("x.npz", args={"num_klasses": 3}).train)
     with pytest.raises(config.ConfigError, match="train.metric_args"):
-        recipe.build_metric(_cfg("x.npz", metric="tula.runtime.recipe:build_loss").train)
+        loss_metric.build_metric(_cfg("x.npz", metric="tula.runtime.loss_metric:build_loss").train)

@@ -11,7 +11,7 @@ import torch
 import bounds
 from tula import config, model_inputs
 from tula.config import ConfigError
-from tula.runtime import recipe
+from tula.runtime import loss_metric, recipe
 from tula.runtime.optim import TulaOptimizer
 
 # the schedules are stepped here with no training step between
@@ -134,13 +134,13 @@ def test_the_config_refuses_what_cannot_go_together(train, says):
 
 def test_the_loss_smooths_labels_and_the_metric_is_summed_over_the_batch():
     out, y = torch.tensor([[4.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), torch.tensor([0, 1, 1])
-    plain = recipe.build_loss(_train())(out, y)
-    smooth = recipe.build_loss(_train(label_smoothing=0.2))(out, y)
+    plain = loss_metric.build_loss(_train())(out, y)
+    smooth = loss_metric.build_loss(_train(label_smoothing=0.2))(out, y)
     want = torch.nn.functional.cross_entropy(out, y, label_smoothing=0.2)
     assert (
         float(smooth) == pytest.approx(float(want)) and abs(float(smooth - plain)) > bounds.ROUNDING
     )
-    assert float(recipe.build_metric(_train())(out, y)) == 2.0  # two of three right
+    assert float(loss_metric.build_metric(_train())(out, y)) == 2.0  # two of three right
 
 
 def _pair(scale_update: bool):

@@ -25,8 +25,8 @@ from tula.runtime.stepstate import Position
 
 if TYPE_CHECKING:  # what the replica gives its walk (types only)
     from tula.runtime.data import WorkloadData
+    from tula.runtime.loss_metric import EpochMetric
     from tula.runtime.methods import Cadence
-    from tula.runtime.recipe import EpochMetric
     from tula.runtime.stream import Stream
     from tula.runtime.timing import StepTimer
 

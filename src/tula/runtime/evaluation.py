@@ -17,7 +17,7 @@ import torch
 
 from tula.runtime.agreement import StepOOM, agree
 from tula.runtime.loader import Loaders
-from tula.runtime.recipe import EpochMetric
+from tula.runtime.loss_metric import EpochMetric
 
 
 class Evaluated(Protocol):

@@ -1,9 +1,10 @@
 """The user's way of training, built from torch's own parts: ``train.optimizer`` (any class of
 ``torch.optim`` by name, or an import path), its LR schedule (a linear warm-up, then ``step``,
 ``cosine``, ``onecycle``, ``constant`` or an import path: ``torch.optim.lr_scheduler``'s classes,
-stepped every optimizer step), and the loss and metric the step, the evaluation and the report
-use. The probe, the production job and the generalization suite build them here, from the
-same ``train`` section: one step, whichever way it trains.
+stepped every optimizer step), the EMA of the weights, and the config check's look at them
+with the loss and the metric (:mod:`tula.runtime.loss_metric`). The probe, the production job
+and the generalization suite build them here, from the same ``train`` section: one step,
+whichever way it trains.
 
 The methods (``train.method``) act on top: lrs and lars multiply the peak LR by
 k = B / base_batch, reached by the warm-up from train.lr; AGS and static scaling wrap whichever
@@ -14,8 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.optim import lr_scheduler
@@ -25,6 +25,7 @@ from tula import model_inputs
 from tula.config import ConfigError, TrainSettings
 from tula.model.lrplan import LRPlan
 from tula.runtime.data import import_callable
+from tula.runtime.loss_metric import EpochMetric, build_loss, build_metric
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -248,13 +249,6 @@ def _main_schedule(
     return sched
 
 
-def build_loss(t: TrainSettings) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``train.loss``: cross-entropy with ``train.label_smoothing``, or the user's callable."""
-    if t.loss == "cross_entropy":
-        return torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
-    return import_callable(t.loss, "train.loss")
-
-
 class WeightsEMA:
     """``train.ema_decay``: an exponential moving average of the model's weights and buffers
     (torch's ``AveragedModel`` with ``get_ema_multi_avg_fn``: ema <- d * ema + (1 - d) * w),
@@ -282,77 +276,6 @@ class WeightsEMA:
 
 def build_ema(t: TrainSettings, live: torch.nn.Module) -> WeightsEMA | None:
     return WeightsEMA(live, t.ema_decay) if t.ema_decay is not None else None
-
-
-class EpochMetric:
-    """``train.metric`` given as a torchmetrics ``Metric`` class (``train.metric_args`` its
-    arguments): updated with every batch's outputs where they are (no host read in the step),
-    computed over the whole epoch at its end and synced across the ranks by torchmetrics itself
-    (its states gathered on the default process group), then reset. Called like a batch-sum
-    metric, it updates and adds nothing to the epoch's sums; a checkpoint keeps its states."""
-
-    def __init__(self, metric, device: torch.device):
-        self.metric = metric.to(device)
-        self.metric.persistent(True)  # its states in state_dict(): a checkpoint mid-epoch
-
-    def __call__(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.metric.update(out, y)
-        return torch.zeros((), dtype=torch.float64, device=out.device)
-
-    def compute(self) -> float:
-        """The epoch's value over every rank's batches (a collective: every rank calls it);
-        the states start over."""
-        value = float(self.metric.compute())
-        self.metric.reset()
-        return value
-
-    def reset(self) -> None:
-        self.metric.reset()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.metric.state_dict().items()}
-
-    def load_state_dict(self, states: list[dict[str, torch.Tensor]]) -> None:
-        """This rank's states from a checkpoint: its own (``[own]``), or every rank's of a run
-        at another N merged into one (rank 0; the others pass ``[]`` and start empty)."""
-        self.metric.reset()
-        for state in states:
-            self.metric.merge_state({k: v.to(self.metric.device) for k, v in state.items()})
-
-
-def build_metric(t: TrainSettings, device: torch.device = torch.device("cpu")):
-    """``train.metric`` as a batch's *sum* over its samples (a 0-d float64 tensor on the
-    outputs' device: no host read in the step): top-1 hits, or the user's callable (a batch
-    mean, a float or a tensor) times the batch's size; or, for a torchmetrics class, an
-    :class:`EpochMetric` on ``device`` (a new one each call: training's and evaluation's
-    apart)."""
-    if t.metric == "accuracy":
-        return lambda out, y: (out.argmax(1) == y).sum().double()
-    fn = import_callable(t.metric, "train.metric")
-    if _is_torchmetric(fn):
-        try:
-            return EpochMetric(fn(**t.metric_args), device)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"config key 'train.metric_args': {fn.__name__} refused {t.metric_args}: {exc}"
-            ) from None
-    if t.metric_args:
-        raise ConfigError(
-            f"config key 'train.metric_args': only a torchmetrics metric class takes arguments; "
-            f"{t.metric} is a plain callable"
-        )
-
-    def summed(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        value = fn(out, y)
-        return torch.as_tensor(value, dtype=torch.float64, device=out.device).detach() * len(y)
-
-    return summed
-
-
-def _is_torchmetric(fn) -> bool:
-    """A torchmetrics Metric class (its module imported torchmetrics: nothing to import here)."""
-    tm = sys.modules.get("torchmetrics")
-    return tm is not None and isinstance(fn, type) and issubclass(fn, tm.Metric)
 
 
 def check(t: TrainSettings, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:

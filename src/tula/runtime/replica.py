@@ -39,6 +39,7 @@ from tula.runtime.agreement import StepOOM, agree_host
 from tula.runtime.clocks import Spans, clock_for
 from tula.runtime.epoch_walk import EpochWalk
 from tula.runtime.evaluation import Evaluator
+from tula.runtime.loss_metric import EpochMetric, build_loss, build_metric
 from tula.runtime.methods import Cadence, build_method, set_post_local_iter
 from tula.runtime.nets import build_model, compiled
 from tula.runtime.stepstate import Position, StepHooks
@@ -97,8 +98,8 @@ class Replica:
             recipe.build_ema(t, self.ddp.module),
         )
         self.autocast_dtype = AUTOCAST_DTYPES[t.precision]
-        self.loss_fn, self.metric_sum = recipe.build_loss(t), recipe.build_metric(t, device)
-        self.eval_metric = recipe.build_metric(t, device)  # evaluation's own (torchmetrics)
+        self.loss_fn, self.metric_sum = build_loss(t), build_metric(t, device)
+        self.eval_metric = build_metric(t, device)  # evaluation's own (torchmetrics)
         self.small_local = max(1, t.ags_small_batch // world)
         self.accumulate, self.max_micro_batch = t.accumulate, max_micro_batch  # micro_steps
         self.phase = "forward"  # where in the step (or evaluation): forward, backward, refresh
@@ -111,7 +112,7 @@ class Replica:
         self.timer = StepTimer(clock_for(device, self.sync_device))
         self.spans = Spans(self.timer.clock)  # each micro-batch's part, while the probe asks
         batches = (global_batch, world)
-        over_epoch = self.metric_sum if isinstance(self.metric_sum, recipe.EpochMetric) else None
+        over_epoch = self.metric_sum if isinstance(self.metric_sum, EpochMetric) else None
         self.walk = EpochWalk(
             self.data, self.stream, self.timer, self.cadence, batches, self.step, device, over_epoch
         )
