@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 
 from conftest import holding
-from tula import queue
+from tula.slurm import queue
 
 
 def test_parse_reads_the_start_and_a_past_start_is_no_wait():

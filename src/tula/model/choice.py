@@ -32,7 +32,7 @@ from tula.model import noise
 from tula.model.inputs import Goal, Planning
 from tula.model.pricing import UNITS
 
-# objective time_to_result: the queue's expected wait (tula.queue) plus T, per candidate
+# objective time_to_result: the queue's expected wait (tula.slurm.queue) plus T, per candidate
 WAIT, TO_RESULT = "queue_wait_s", "time_to_result_s"
 
 

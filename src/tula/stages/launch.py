@@ -9,11 +9,11 @@ from typing import Any
 
 from tula import config as config_mod
 from tula import partitions
-from tula import queue as slurm_queue
 from tula.io import read_json, write_json
 from tula.model import across
 from tula.production.launcher import train
 from tula.production.submission import resolve_executor
+from tula.slurm import queue as slurm_queue
 
 
 def selected_point(path) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """``tula queue``: the queue's expected wait in front of each job shape of one partition's
-grid, as SLURM estimates it now (:mod:`tula.queue`), for objective ``time_to_result``.
+grid, as SLURM estimates it now (:mod:`tula.slurm.queue`), for objective ``time_to_result``.
 
 Writes results/partitions/<name>/queue.json: the partition, each shape's wait and start, the
 source, when it was asked, and what the figure is (the scheduler's estimate; backfill can move
@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tula import config as config_mod
-from tula import queue as slurm_queue
 from tula.io import write_json
+from tula.slurm import queue as slurm_queue
 
 
 def ask(cfg, partition: str, time_min: int) -> dict[str, Any]:

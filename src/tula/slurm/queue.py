@@ -5,7 +5,7 @@ submitting anything: "sbatch: Job 123 to start at 2026-12-02T12:40:00 using 2 pr
 nodes lab0 in partition lab0". That start minus the moment of asking is the wait this module
 returns, with its source and the time it was asked: it is the scheduler's estimate from the
 jobs it knows now (their time limits, priorities), and backfill can move it either way.
-Part of the SLURM room (beside :mod:`tula.slurm`); the choice that adds the wait to the
+Part of the SLURM room; the choice that adds the wait to the
 predicted time is :mod:`tula.model.across`.
 """
 
