@@ -187,7 +187,7 @@ def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_pa
 
     from tula import config
     from tula.io import read_json
-    from tula.model import plan
+    from tula.model import estimated
 
     tiny_raw["grid"]["batch_max"] = 256
     # a GPU small enough that the largest local batches cannot fit
@@ -205,14 +205,14 @@ def test_check_plans_on_the_named_gpu_before_anything_is_queued(tiny_raw, tmp_pa
     est = read_json(tmp_path / "workload.json")["estimate"]
     cfg = config.load(path)
     assert est["device"] == "cuda" and cfg.hardware.device_memory_gb == 0.015
-    bmax = plan.max_local_batch(est, cfg.hardware.memory_budget_bytes)
+    bmax = estimated.max_local_batch(est, cfg.hardware.memory_budget_bytes)
     assert f"b_max = {bmax} per worker, so N=1: B <= {bmax}, N=2: B <= {2 * bmax}" in said
     out = re.search(r"in one batch by the estimate \(not probed\): (.*)", said).group(1)
     ruled = [
         f"N={n} B={b}"
         for n in (1, 2)
         for b in (32, 64, 128, 256)
-        if plan.clearly_out(est, cfg.hardware.memory_budget_bytes, b // n)
+        if estimated.clearly_out(est, cfg.hardware.memory_budget_bytes, b // n)
     ]
     assert ruled and [x.split(" (")[0] for x in out.split(", ")] == ruled
     campaign = re.search(r"so the campaign probes at most \d+: (.*)", said).group(1)

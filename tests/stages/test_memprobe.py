@@ -85,7 +85,7 @@ def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_chec
     import yaml
 
     from tula.io import read_json
-    from tula.model import plan
+    from tula.model import estimated
     from tula.model.grid import search_set
     from tula.stages import aggregate, check, memprobe
 
@@ -96,10 +96,10 @@ def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_chec
     check.run(cfg_file, workload)
     est = read_json(workload)["estimate"]
     assert est["device"] == "cpu" and est["batches"] == [16, 256]
-    budget = plan.predict_bytes(est, 100)
+    budget = estimated.predict_bytes(est, 100)
     tiny_raw["hardware"] = {"device_memory_gb": budget / 0.9 / 1e9}
     cfg_file.write_text(yaml.safe_dump(tiny_raw))
-    assert plan.clearly_out(est, budget, 256) and not plan.clearly_out(est, budget, 64)
+    assert estimated.clearly_out(est, budget, 256) and not estimated.clearly_out(est, budget, 64)
 
     out = tmp_path / "memory_probe.json"
     rec = memprobe.run(cfg_file, out, workload=workload)
@@ -109,7 +109,7 @@ def test_a_batch_the_estimate_rules_out_is_not_measured_and_the_estimate_is_chec
     for r, p in zip(check_["points"], rec["points"]):
         assert r["measured_bytes"] == p["peak_mem_bytes"]
         assert r["error"] == pytest.approx(
-            plan.predict_bytes(est, p["local_batch"]) / r["measured_bytes"] - 1
+            estimated.predict_bytes(est, p["local_batch"]) / r["measured_bytes"] - 1
         )
     assert check_["error_at_largest"] == check_["points"][-1]["error"]
     bmax = rec["max_local_batch"]

@@ -468,7 +468,7 @@ def test_a_lost_node_is_said_in_the_attempts_table():
 
 
 def _memory_probe(measured_at_64: float) -> dict:
-    from tula.model import plan
+    from tula.model import estimated
 
     mib = 2**20
     est = {"fixed_bytes": 10 * mib, "per_sample_bytes": mib, "flops_per_sample": 2e9}
@@ -482,8 +482,10 @@ def _memory_probe(measured_at_64: float) -> dict:
         "estimate": {
             **est,
             "device": "cuda",
-            "ruled_out": [{"local_batch": 4096, "estimate_bytes": plan.predict_bytes(est, 4096)}],
-            "against_probe": plan.against_probe(est, pts, fit),
+            "ruled_out": [
+                {"local_batch": 4096, "estimate_bytes": estimated.predict_bytes(est, 4096)}
+            ],
+            "against_probe": estimated.against_probe(est, pts, fit),
         },
     }
 

@@ -56,7 +56,7 @@ a drained device (a full launch queue holds a host to its device's pace:
 Python). Where data.decode auto had two decoders to choose from (JPEGs on CUDA,
 :mod:`tula.runtime.decoding`): decode, the one the probe measured faster and read with (cpu | gpu),
 and decode_faster_by. On memory rows, where tula check estimated the step from the model alone
-(:mod:`tula.model.plan`): estimate_mem_bytes, the estimate's peak at that local batch, and
+(:mod:`tula.model.estimated`): estimate_mem_bytes, the estimate's peak at that local batch, and
 estimate_mem_error, its relative error against the measured peak ((estimate - measured) / measured).
 On probe rows, what the probe job spent timing: timed_s, the seconds of its timed steps (synced,
 compute-only, with the epoch starts and short last batches each arm timed, and its sweep's, each a

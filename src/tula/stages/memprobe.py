@@ -19,7 +19,7 @@ from pathlib import Path
 from tula import config as config_mod
 from tula import model_inputs
 from tula.io import read_json, write_json
-from tula.model import memory, plan
+from tula.model import estimated, memory
 from tula.model.memory import probe_batches
 from tula.workers import processes, script_launch
 from tula.workers.script_run import ScriptRun
@@ -106,11 +106,11 @@ def _measure_script(cfg: config_mod.Config, batches: list[int], work: Path) -> t
 def _unless_ruled_out(batches: list[int], est: dict | None, budget) -> tuple[list, list]:
     """The batches to measure, and those the estimate rules out (the two smallest never: the
     memory model needs two points)."""
-    skipped = [b for b in batches[2:] if plan.clearly_out(est, budget, b)]
+    skipped = [b for b in batches[2:] if estimated.clearly_out(est, budget, b)]
     if skipped:
         print(
             f"[memprobe] not measured, ruled out by the estimate (over the budget by more than "
-            f"{plan.CLEAR_MARGIN:.0%}): local batches {skipped}",
+            f"{estimated.CLEAR_MARGIN:.0%}): local batches {skipped}",
             flush=True,
         )
     return [b for b in batches if b not in skipped], skipped
@@ -120,8 +120,8 @@ def run(cfg_path: str | Path, out: str | Path, workload: str | Path | None = Non
     """Measure memory at a few local batches on one worker, fit the memory model, write ``out``
     (results/memory_probe.json) with b_max. Stops with an error when nothing could be measured.
     ``workload`` (tula check's results/workload.json): the local batches its estimate rules out
-    (:func:`tula.model.plan.clearly_out`) are not measured, the two smallest always are, and the
-    estimate's error against what was measured is written beside the memory model."""
+    (:func:`tula.model.estimated.clearly_out`) are not measured, the two smallest always are,
+    and the estimate's error against what was measured is written beside the memory model."""
     cfg = config_mod.load(cfg_path)
     est = read_json(workload).get("estimate") if workload else None
     budget = cfg.hardware.memory_budget_bytes
@@ -158,9 +158,10 @@ def run(cfg_path: str | Path, out: str | Path, workload: str | Path | None = Non
                 k: est[k] for k in ("device", "fixed_bytes", "per_sample_bytes", "flops_per_sample")
             },
             "ruled_out": [
-                {"local_batch": b, "estimate_bytes": plan.predict_bytes(est, b)} for b in skipped
+                {"local_batch": b, "estimate_bytes": estimated.predict_bytes(est, b)}
+                for b in skipped
             ],
-            "against_probe": plan.against_probe(est, ok, model.fit.to_dict()),
+            "against_probe": estimated.against_probe(est, ok, model.fit.to_dict()),
         },
     }
     write_json(out, record)

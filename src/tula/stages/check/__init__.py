@@ -22,7 +22,7 @@ from tula import config as config_mod
 from tula import devices, model_inputs, partitions, preflight
 from tula.dataset_paths import check_dataset_paths
 from tula.io import write_json
-from tula.model import plan
+from tula.model import estimated
 from tula.model.grid import batches_at, boundary_workers, grid, search_set
 from tula.model.memory import probe_batches
 from tula.pipeline import snapshot
@@ -231,18 +231,19 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
     gpu = cfg.hardware.gpu
     where = (gpu if isinstance(gpu, str) else "the GPU given") if gpu else "the device"
     if budget is not None:
-        bmax = plan.max_local_batch(est, budget)
+        bmax = estimated.max_local_batch(est, budget)
         print(
             f"on {where} ({budget / 1e9:.1f} GB per worker after hardware.memory_margin): "
             f"b_max = {bmax} per worker, so "
             + ", ".join(f"N={n}: B <= {n * bmax}" for n in cfg.grid.workers)
         )
     g, dev = model_inputs.grid_spec(cfg), model_inputs.device(cfg)
-    rows = plan.grid_plan(dev, est, [(p.workers, p.global_batch) for p in grid(g)])
+    rows = estimated.grid_estimate(dev, est, [(p.workers, p.global_batch) for p in grid(g)])
     out = [r for r in rows if r["ruled_out"]]
     if out:
         print(
-            f"over the budget by more than {plan.CLEAR_MARGIN:.0%} in one batch by the estimate ("
+            f"over the budget by more than {estimated.CLEAR_MARGIN:.0%} in one batch by the "
+            "estimate ("
             + (
                 "train.accumulate: auto runs them as micro-batches that fit): "
                 if g.accumulate == "auto"
@@ -264,7 +265,7 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
                     if r["workers"] == n
                 )
             )
-    pts = search_set(g, plan.clear_bound(est, budget))
+    pts = search_set(g, estimated.clear_bound(est, budget))
     if out:
         print(f"so the campaign probes at most {len(pts)}: {', '.join(p.name for p in pts)}")
     if gpu:
@@ -272,10 +273,10 @@ def print_plan(cfg: config_mod.Config, est: dict) -> None:
 
 
 def print_campaign_price(cfg: config_mod.Config, est: dict, pts: list) -> None:
-    """The probe campaign's price range on the named GPU (:func:`plan.campaign_price`)."""
+    """The probe campaign's price range on the named GPU (:func:`estimated.campaign_price`)."""
     jobs = [{"workers": p.workers, "local_batch": p.local_batch} for p in pts]
     steps, rate = model_inputs.probe_steps(cfg), model_inputs.price(cfg)
-    price = plan.campaign_price(model_inputs.device(cfg), steps, rate, est, jobs)
+    price = estimated.campaign_price(model_inputs.device(cfg), steps, rate, est, jobs)
     print(
         f"probe campaign's price: {price['low']:.3g} to {price['high']:.3g} "
         f"{price['currency']} ({len(jobs)} probes in {len({p.workers for p in pts})} jobs: at "

@@ -1,4 +1,4 @@
-"""Planning from the model alone: what the estimate of the step (:mod:`tula.runtime.estimate`,
+"""The grid as the model alone sees it: what the estimate of the step (:mod:`tula.runtime.estimate`,
 a dict here) and the named GPU (:mod:`tula.gpus`) say about the grid before any job runs, and
 how far the memory probe found the estimate off.
 
@@ -64,7 +64,7 @@ def roofline_s(est: dict[str, Any], local_batch: int, gpu, precision: str) -> fl
     return max(flops, traffic)
 
 
-def grid_plan(dev: Device, est: dict[str, Any], points) -> list[dict[str, Any]]:
+def grid_estimate(dev: Device, est: dict[str, Any], points) -> list[dict[str, Any]]:
     """Per grid point (``points``: (workers, global_batch) pairs): its local batch, estimated
     memory, whether it fits the budget, whether it is ruled out, and (with hardware.gpu) its
     roofline compute time per step."""

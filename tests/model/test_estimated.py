@@ -1,11 +1,11 @@
-"""Planning from the model alone (tula.model.plan): b_max, the points ruled out, the roofline,
-the campaign's price, and the estimate checked against the memory probe."""
+"""The grid as the model alone sees it (tula.model.estimated): b_max, the points ruled out,
+the roofline, the campaign's price, and the estimate checked against the memory probe."""
 
 import pytest
 
 from tula import config, model_inputs
 from tula.gpus import GPU, lookup
-from tula.model import plan
+from tula.model import estimated
 
 MIB = 2**20
 # 1 GiB fixed, 100 MiB a sample, 10 GFLOP a sample
@@ -35,9 +35,9 @@ def test_b_max_and_the_points_ruled_out_with_a_clear_margin():
     cfg = _cfg()
     budget = cfg.hardware.memory_budget_bytes
     assert budget == 9e9
-    assert plan.max_local_batch(EST, budget) == int((9e9 - 1024 * MIB) // (100 * MIB)) == 75
-    assert plan.clear_bound(EST, budget) == int((9e9 * 1.25 - 1024 * MIB) // (100 * MIB)) == 97
-    rows = plan.grid_plan(
+    assert estimated.max_local_batch(EST, budget) == int((9e9 - 1024 * MIB) // (100 * MIB)) == 75
+    assert estimated.clear_bound(EST, budget) == int((9e9 * 1.25 - 1024 * MIB) // (100 * MIB)) == 97
+    rows = estimated.grid_estimate(
         model_inputs.device(cfg), EST, [(1, 64), (1, 128), (1, 256), (2, 128), (2, 256)]
     )
     assert [(r["workers"], r["global_batch"]) for r in rows if r["ruled_out"]] == [
@@ -51,9 +51,9 @@ def test_b_max_and_the_points_ruled_out_with_a_clear_margin():
 def test_the_roofline_is_the_slower_of_flops_at_peak_and_bytes_at_full_bandwidth():
     gpu = GPU("mine", **FIGS)
     # b=64 in bf16: 6.4e11 FLOP / 1e14 = 6.4 ms; (1 GiB + 6400 MiB) / 1e12 B/s = 7.8 ms
-    assert plan.roofline_s(EST, 64, gpu, "bf16") == pytest.approx((1024 + 6400) * MIB / 1e12)
+    assert estimated.roofline_s(EST, 64, gpu, "bf16") == pytest.approx((1024 + 6400) * MIB / 1e12)
     # fp32 without TF32 figures: 6.4e11 / 1e13 = 64 ms, compute-bound
-    assert plan.roofline_s(EST, 64, gpu, "fp32") == pytest.approx(0.064)
+    assert estimated.roofline_s(EST, 64, gpu, "fp32") == pytest.approx(0.064)
     h100 = lookup("H100-SXM")
     assert h100.peak_flops("fp32") == 494.7e12  # TF32 tensor cores, as convolutions run
 
@@ -61,16 +61,18 @@ def test_the_roofline_is_the_slower_of_flops_at_peak_and_bytes_at_full_bandwidth
 def test_the_campaign_price_lies_between_the_roofline_and_the_time_limits():
     cfg = _cfg()
     jobs = [{"workers": 1, "local_batch": 32}, {"workers": 2, "local_batch": 64}]
-    price = plan.campaign_price(*_campaign(cfg), EST, jobs)
+    price = estimated.campaign_price(*_campaign(cfg), EST, jobs)
     steps = cfg.probe.warmup_steps + cfg.probe.timed_steps
     gpu = GPU("mine", **FIGS)
     low = sum(
-        2.0 * j["workers"] * steps * plan.roofline_s(EST, j["local_batch"], gpu, "bf16") / 3600
+        2.0 * j["workers"] * steps * estimated.roofline_s(EST, j["local_batch"], gpu, "bf16") / 3600
         for j in jobs
     )
     high = 2.0 * (1 + 2) * (cfg.probe.timeout_s + 300) / 3600
     assert price["low"] == pytest.approx(low) and price["high"] == pytest.approx(high)
-    assert plan.campaign_price(*_campaign(config.from_dict({})), EST, jobs) is None  # no GPU named
+    assert (
+        estimated.campaign_price(*_campaign(config.from_dict({})), EST, jobs) is None
+    )  # no GPU named
 
 
 def test_the_probe_wins_where_the_estimate_is_off_at_the_largest_batch():
@@ -82,16 +84,16 @@ def test_the_probe_wins_where_the_estimate_is_off_at_the_largest_batch():
         {"local_batch": 64, "status": "ok", "peak_mem_bytes": (1024 + 6400) * MIB},
         {"local_batch": 128, "status": "oom"},
     ]
-    check = plan.against_probe(EST, measured, fit)
+    check = estimated.against_probe(EST, measured, fit)
     assert [r["local_batch"] for r in check["points"]] == [2, 64]
     assert check["points"][0]["error"] == pytest.approx(-0.5)
     assert check["error_at_largest"] == pytest.approx(0.0) and not check["disagrees"]
     assert check["worst_error"] == pytest.approx(0.5)
     measured[1]["peak_mem_bytes"] = (1024 + 6400) * MIB / 0.8  # the estimate 20 % low
-    check = plan.against_probe(EST, measured, fit)
+    check = estimated.against_probe(EST, measured, fit)
     assert check["error_at_largest"] == pytest.approx(-0.2) and check["disagrees"]
     # the two terms against the probe's fit: the estimate's per sample and fixed bytes, each
     # over the fit's, less one; none where the fit has no such term
-    off = plan.against_probe(EST, measured, {"intercept": 512 * MIB, "slope": 125 * MIB})
+    off = estimated.against_probe(EST, measured, {"intercept": 512 * MIB, "slope": 125 * MIB})
     assert off["per_sample_error"] == pytest.approx(-0.2) and off["fixed_error"] == pytest.approx(1)
-    assert plan.against_probe(EST, measured, {"intercept": 0.0})["fixed_error"] is None
+    assert estimated.against_probe(EST, measured, {"intercept": 0.0})["fixed_error"] is None
