@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from conftest import TINY, cluster, holding
-from tula import config, partitions, pipeline, queue
+from tula import config, partitions, pipeline
 from tula.io import read_json, write_json
+from tula.slurm import queue
 from tula.stages import launch
 
 SLOW_CG = Path("/sys/fs/cgroup/cpu/tula-slow")
