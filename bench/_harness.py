@@ -24,6 +24,19 @@ def env(python: Path | None = None, **extra: str) -> dict[str, str]:
     return {**os.environ, "PATH": str(bindir) + os.pathsep + os.environ["PATH"], **extra}
 
 
+def python_on(src: str | Path | None, code: str, *args: str) -> str:
+    """What ``python -c code args`` prints with checkout ``src``'s package first on the path
+    (None: this checkout's, as installed); exits naming the checkout where it fails."""
+    extra = {"PYTHONPATH": str(src)} if src else {}
+    r = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, **extra},
+        capture_output=True,
+        text=True,
+    )
+    return _or_exit(r, f"{src or 'this checkout'}").stdout
+
+
 def copy_workflow(dest: Path, root: Path = ROOT) -> Path:
     """The workflow of checkout ``root`` (Snakefile, rules, envs, workflow/; not its results)
     in ``dest``, which is emptied first."""

@@ -10,12 +10,11 @@ model as JSON; the two must agree byte for byte.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, python_on
+
 ONE_SIDE = """
 import json, sys
 sys.path[:0] = [sys.argv[1] + "/tests", sys.argv[1] + "/tests/model"]
@@ -33,17 +32,11 @@ print(json.dumps(out, sort_keys=True, default=str))
 """
 
 
-def side(src: Path) -> str:
-    env = dict(os.environ, PYTHONPATH=str(src))
-    cmd = [sys.executable, "-c", ONE_SIDE, str(ROOT)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the other checkout's src/")
     a = ap.parse_args()
-    now, before = side(ROOT / "src"), side(a.before)
+    now, before = python_on(None, ONE_SIDE, str(ROOT)), python_on(a.before, ONE_SIDE, str(ROOT))
     same = now == before
     print(f"{len(now):,} bytes of fitted models: {'identical' if same else 'DIFFERENT'}")
     sys.exit(0 if same else 1)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
+
+from _harness import python_on
 
 ONE_SIDE = """
 import hashlib, json, tempfile, torch, torch.distributed as dist
@@ -76,16 +76,8 @@ print(json.dumps(out))
 
 
 def one(src: str | None, steps: int) -> dict:
-    env = dict(os.environ)
-    if src:
-        env["PYTHONPATH"] = src
-    code = ONE_SIDE.replace("STEPS", str(steps))
-    run = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
-    if run.returncode:
-        sys.exit(f"{src or 'this checkout'} failed:\n{run.stderr[-3000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = python_on(src, ONE_SIDE.replace("STEPS", str(steps)))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:

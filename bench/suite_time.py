@@ -62,8 +62,7 @@ def main(paths: list[str]) -> None:
     used = cpu(Path(paths[-1]))
     if used:
         print(f"\nCPU seconds of the last run: {sum(used.values()):.0f} in all; by module:")
-        mods = by_module(used)
-        for m, n, s in mods[:15]:
+        for m, n, s in by_module(used)[:15]:
             print(f"  {s:7.0f} CPU s  {n:4d} tests  {m}")
         print("the most CPU:")
         for k, v in sorted(used.items(), key=lambda kv: -kv[1])[:15]:
