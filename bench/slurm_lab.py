@@ -57,6 +57,7 @@ def campaign(where: Path, rate: str) -> dict:
     lab_workdir = tests_helper("lab_workdir")
     cmd, run_env = lab_workdir(
         where,
+        held_polls=False,  # the user's snakemake, its status checks backed off as theirs are
         grid={"batch_max": 256},
         search="full",
         workload={"epochs": 10},

@@ -105,6 +105,11 @@ def copy_workflow(dest: Path) -> None:
     shutil.copy(ROOT / "workflow" / "config.schema.yaml", dest / "workflow" / "config.schema.yaml")
 
 
+# `snakemake` for the suite's runs under the SLURM executor: its status checks every 2 s, not
+# backed off by 10 s a check while the jobs run (tests/held_polls.py says why)
+SLURM_SNAKEMAKE = [sys.executable, str(ROOT / "tests" / "held_polls.py")]
+
+
 def slurm_test_profile(wd: Path, launch_minutes: int = 10, **changes) -> str:
     """profiles/test in ``wd``: profiles/slurm with the test cluster's account and memory and
     short waits (its jobs take seconds), the launch's time limit ``launch_minutes``,
@@ -126,12 +131,14 @@ def slurm_test_profile(wd: Path, launch_minutes: int = 10, **changes) -> str:
     return "profiles/test"
 
 
-def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]]:
+def lab_workdir(
+    where: Path, *, held_polls: bool = True, **changes: dict
+) -> tuple[list[str], dict[str, str]]:
     """The workflow and the shipped lab profile and config (profiles/lab: grid.workers 1, 2,
     4; two workers a node; the partition `lab` of `scripts/slurm-cluster.sh up --nodes 2`;
     ``changes``: sections of the config updated) in ``where``: the snakemake command a user
-    runs there (docs/slurm.md), and its environment (tests/test_slurm_lab.py,
-    bench/slurm_lab.py)."""
+    runs there (docs/slurm.md), its status checks held (SLURM_SNAKEMAKE) unless not
+    ``held_polls``, and its environment (tests/test_slurm_lab.py, bench/slurm_lab.py)."""
     copy_workflow(where)
     (where / "workflow" / "config.yaml").write_text((ROOT / "workflow" / "config.yaml").read_text())
     shutil.copytree(ROOT / "profiles" / "lab", where / "profiles" / "lab")
@@ -140,7 +147,8 @@ def lab_workdir(where: Path, **changes: dict) -> tuple[list[str], dict[str, str]
         lab[section] = {**lab.get(section, {}), **values} if isinstance(values, dict) else values
     (where / "profiles" / "lab" / "tula.yaml").write_text(yaml.safe_dump(lab))
     env = venv_env()
-    cmd = ["timeout", "-s", "INT", "900", "snakemake", "--profile", "profiles/lab"]
+    snakemake = SLURM_SNAKEMAKE if held_polls else ["snakemake"]
+    cmd = ["timeout", "-s", "INT", "900", *snakemake, "--profile", "profiles/lab"]
     return [*cmd, "--configfile", "profiles/lab/tula.yaml"], env
 
 

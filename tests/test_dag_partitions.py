@@ -27,6 +27,7 @@ import yaml
 import bounds
 from conftest import (
     ROOT,
+    SLURM_SNAKEMAKE,
     TESTS,
     TINY,
     cluster,
@@ -45,7 +46,7 @@ QUEUES = ["--forcerun", "lab0_queue", "lab1_queue"]  # ask SLURM for the waits a
 
 def plan(wd, *extra: str) -> str:
     """`snakemake plan` with the test profile; what it printed."""
-    cmd = ["timeout", "-s", "INT", "900", "snakemake", "plan", "--profile", "profiles/test"]
+    cmd = ["timeout", "-s", "INT", "900", *SLURM_SNAKEMAKE, "plan", "--profile", "profiles/test"]
     r = subprocess.run(
         [*cmd, "--configfile", "parts.yaml", *extra],
         cwd=wd,

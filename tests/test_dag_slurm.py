@@ -20,6 +20,7 @@ import yaml
 from bounds import check_accuracy
 from conftest import (
     ROOT,
+    SLURM_SNAKEMAKE,
     TINY,
     copy_workflow,
     digits_uint8,
@@ -214,7 +215,7 @@ def dag_on_slurm(tmp_path_factory, slurm_cluster):
             "-s",
             "INT",
             "900",
-            "snakemake",
+            *SLURM_SNAKEMAKE,
             "--profile",
             "profiles/test",
             "--configfile",
@@ -542,7 +543,7 @@ def test_the_generalization_suite_runs_each_cell_as_a_slurm_job(slurm_cluster, t
             "-s",
             "INT",
             "600",
-            "snakemake",
+            *SLURM_SNAKEMAKE,
             "compare",
             "--profile",
             "profiles/test",
