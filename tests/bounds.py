@@ -193,11 +193,6 @@ def sd_of_sd(draws: int) -> float:
     return Z / math.sqrt(2 * (draws - 1))
 
 
-# time.sleep(d) returns after d and the scheduler's wake-up: 0.09-0.11 ms over 2-5 ms sleeps
-# on this machine under load (300 sleeps each, 2026-12-06 02:47; the worst single one 3 ms):
-# a timed arm of sleeps has a mean within SLEEP_OVER_S of its asked mean and its 95 %
-# half-width, twice the measured overshoot
-SLEEP_OVER_S = 2e-4
 # Seeded noisy fits against the truth that made their data (tests/model/test_perf.py): the
 # data are drawn once from a fixed seed, so each figure is fixed on a machine: 1.6 % (the
 # partial search's median) and 1.1 % (the two-level fit's worst, where the one-level fit

@@ -72,8 +72,15 @@ def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_work
     # what is marked alone (the network lab's comparisons of measured sync, among others)
     assert all(r["alone"] for k, r in collected.items() if k.startswith("tests/test_netlab.py"))
     # a module's alone tests one group, so that they run one after another on one worker
+    replan = {
+        r["group"]
+        for k, r in collected.items()
+        if k.startswith("tests/production/test_replan.py") and r["alone"]
+    }
+    assert len(replan) == 1 and None not in replan
+    # and a module with none, its steps on a virtual clock, free
     timing = {r["group"] for k, r in collected.items() if k.startswith("tests/runtime/test_timing")}
-    assert len(timing) == 1 and None not in timing
+    assert timing == {None}
 
 
 def held(path) -> bool:
