@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing Tula and its dependencies into $(VENV) (torch pinned by constraints.txt) ..."
 	@$(PY) -m pip install -q -c constraints.txt -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+	@# pip compiles what it installs, not an editable install's own modules: compiled once here,
+	@# a process where PYTHONDONTWRITEBYTECODE is set (this CI's) no longer compiles them anew
+	@$(PY) -m compileall -q src
 	@touch $(STAMP)
 
 run: $(STAMP)
