@@ -361,10 +361,22 @@ start_lab_slurmds() {
 # The node-loss drill: a lab node dies (every process in its namespace: its slurmd, the job
 # steps and workers it started) and SLURM is told at once, as its controller would be once the
 # node stopped answering; then it comes back (a fresh slurmd; ReturnToService=2 returns it).
+kill_all_in() {  # kill_all_in NODE: SIGKILL to each process of NODE's namespace; true if none was left
+    local pids
+    pids=$(ip netns pids "$1")
+    [ -z "$pids" ] && return 0
+    # shellcheck disable=SC2086  # one word per pid
+    kill -9 $pids 2>/dev/null || true
+    return 1
+}
+
 kill_node() {  # kill_node NODE [REASON]
     local node=${1:?kill-node NODE [REASON]} reason=${2:-tula node-loss drill}
     [ -e "/var/run/netns/$node" ] || die "no lab node $node (up --nodes K first)"
-    ip netns pids "$node" | xargs -r kill -9
+    # every process in the node's namespace, listed again until none is left: one that ends by
+    # itself between the listing and its kill is not an error (a drill once failed on one),
+    # and one forked meanwhile is killed on the next pass
+    wait_for 10 "the processes of node $node to end" kill_all_in "$node"
     scontrol update nodename="$node" state=down reason="$reason"
     log "node $node killed and marked down ($reason)"
 }

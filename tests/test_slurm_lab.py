@@ -8,6 +8,8 @@ these tests and tests/test_netlab.py, after every other test."""
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +114,20 @@ def test_a_four_worker_probe_spans_both_nodes_through_srun(lab_cluster, tmp_path
     assert sent >= synced * rec["grad_bytes_per_step"] / 2, (sent, synced)
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A `timeout ... snakemake` run left running (its fixture failed): SIGTERM, which timeout
+    passes to its process group, so that snakemake cancels its SLURM jobs and ends; SIGKILL to
+    the group if it has not ended in 60 s. (Killing only timeout left snakemake running, and
+    its jobs holding the lab's nodes for the tests after it.)"""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # timeout leads its own process group
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def lab_run(lab_cluster, tmp_path_factory):
     """The whole workflow, once, as a user runs it on the lab cluster, with a node lost
@@ -144,8 +160,7 @@ def lab_run(lab_cluster, tmp_path_factory):
             cluster("revive-node", "tula-n1")
         proc.wait(timeout=1200)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     r = subprocess.CompletedProcess(cmd, proc.returncode, out.read_text(), err.read_text())
     return where, r, victim and victim.split("|")[0]
 
