@@ -208,7 +208,7 @@ def test_rounds_as_long_as_the_epoch_are_rotated_so_that_each_arm_meets_every_ki
 
 
 def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
-    """Steps of 4 ms with 20 % jitter: 2.5 % precision needs about (2 x 0.2 / 0.025)^2 = 256
+    """Steps of 4 ms with 20 % jitter: 2.5 % precision needs about (1.96 x 0.2 / 0.025)^2 = 246
     steps; the timer stops once both arms are within it, and the means are that close."""
     log: list = []
     target, v = Target(precision=0.025, min_steps=10, budget_s=60.0), Virtual()
@@ -221,9 +221,9 @@ def test_the_timer_stops_at_the_precision_with_a_mean_it_can_vouch_for():
     assert t.reached and t.stopped_by == "precision"
     for name, s in t.arms.items():
         assert s.half_width() <= target.precision and s.n_steps >= target.min_steps
-        # it took what the noise asks, not the budget (60 s: some 7,000 steps of each):
-        # (2 x 0.2 / 0.025)^2 = 256 at 20 % jitter, to within the checks' stride (4 rounds) and
-        # the sample's own spread of its standard deviation (sd_of_sd)
+        # it took what the noise asks, not the budget (60 s: some 7,000 steps of each): ``need``
+        # at 20 % jitter, to within the checks' stride (4 rounds) and the sample's own spread of
+        # its standard deviation (sd_of_sd, at about 256 draws)
         need = (1.96 * 0.2 / target.precision) ** 2
         assert need / (1 + bounds.sd_of_sd(256)) ** 2 <= s.n_steps
         assert s.n_steps <= need * (1 + bounds.sd_of_sd(256)) ** 2 + 4
