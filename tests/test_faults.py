@@ -59,8 +59,18 @@ def test_probe_faults_are_for_their_probe_and_production_faults_never_reach_a_pr
         match=r"injected by TULA_INJECT_FAULT: error in start at step 0 on rank 0 .*probe N4_B32",
     ):
         faults.Injector(fs, rank=0, point="N4_B32")("start", 0, 32)
+    profiler = faults.Injector(fs, rank=0, point="N2_B64")
     with pytest.raises(AssertionError, match="version mismatch"):
-        faults.Injector(fs, rank=0, point="N2_B64")("profiler", 5, 64)
+        profiler("profiler", 5, 64)
+    profiler("profiler", 6, 64)  # once
+    # tries=T: the first T timelines fail
+    twice = faults.Injector(faults.parse("profiler:point=P,tries=2"), rank=0, point="P")
+    for step in (1, 2):
+        with pytest.raises(AssertionError, match="version mismatch"):
+            twice("profiler", step, 64)
+    twice("profiler", 3, 64)
+    with pytest.raises(ValueError, match="must be integers"):
+        faults.parse("profiler:point=P,tries=all")
 
 
 def test_a_crash_is_for_the_probes_first_attempts_only():

@@ -74,6 +74,15 @@ def test_source_rows_are_checked_for_what_they_must_carry(tmp_path):
         measurements.load(p)
     pd.DataFrame([row | {"source": "memory"}]).to_csv(p, index=False)
     assert measurements.load(p).loc[0, "peak_mem_bytes"] == 600  # a memory row needs no time
+    # a probe row's peak may be missing only where peak_error says why (its timing stands)
+    times = {"step_time_s": 0.3, "compute_time_s": 0.2, "sync_time_s": 0.1, "local_batch": 32}
+    timed = row | {"source": "probe", **times}
+    pd.DataFrame([timed | {"peak_mem_bytes": None}]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2, column peak_mem_bytes"):
+        measurements.load(p)
+    why = "torch's profiler could not build a step's memory timeline in 6 tries"
+    pd.DataFrame([timed | {"peak_mem_bytes": None, "peak_error": why}]).to_csv(p, index=False)
+    assert measurements.load(p).loc[0, "step_time_s"] == 0.3
     pd.DataFrame([row | {"source": "guess"}]).to_csv(p, index=False)
     with pytest.raises(
         ValueError, match="column source: 'guess' is not one of probe, sweep, memory"

@@ -6,10 +6,11 @@ import pytest
 import torch
 from test_replica import _replica, one_process_group  # noqa: F401 - the fixture, and a real replica in it
 
-from tula import config
+from tula import config, faults
 from tula.model.probe_measured import Measurement, Noise, Overheads
 from tula.model.probe_record import Probed, ProbeRecord, RankResult
 from tula.runtime import probe_measurement, probe_timing, probe_worker
+from tula.runtime.measure import PROFILER_TRIES
 from tula.runtime.precision import Series
 from tula.runtime.probe_state import JobState
 from tula.runtime.replica import Replica
@@ -178,3 +179,39 @@ def test_a_probe_jobs_points_load_the_sets_once_and_share_the_resident_copy(
     assert feeds[1].x is feeds[0].x and feeds[1].y is feeds[0].y
     x, _ = next(iter(second.walk.epoch_batches()))
     assert x.shape[0] == 128
+
+
+@pytest.mark.parametrize("fails", [PROFILER_TRIES - 1, PROFILER_TRIES])
+def test_a_point_whose_memory_timeline_fails_every_try_keeps_its_timing_without_the_peak(
+    one_process_group,  # noqa: F811
+    fails,
+):
+    """torch's CPU profiler once failed all six tries of a CI probe's rank ("duplicate outputs:
+    aten::abs/where"), and the point's timing was lost with its peak. Five failures still end
+    in a peak; six leave the point's timing standing, with no peak and the reason beside it."""
+    cfg = config.from_dict({"probe": {"input_batches": 0}, "train": {"method": "static"}})
+    replica = Replica(cfg, torch.device("cpu"), 64, 0, 1)
+    injected = faults.parse(f"profiler:point=P,tries={fails}")
+    replica.inject_faults(faults.Injector(injected, 0, point="P"))
+    retried: dict[str, int] = {}
+    mine = probe_worker._this_rank(replica, cfg, (0.5, 0.1), retried)
+    if fails < PROFILER_TRIES:
+        assert mine["peak"] > 0 and mine["peak_error"] is None and retried == {"plain": fails}
+        return
+    assert mine["peak"] is None and mine["peaks"] == {}
+    assert f"in {PROFILER_TRIES} tries" in mine["peak_error"]
+    timing = Timing(
+        {"step": Series([0.1], [1]), "compute": Series([0.08], [1])},
+        Target(0.02, 1, 1.0),
+        False,
+        "budget",
+        1.0,
+        1,
+        "steps",
+    )
+    extras = {"start": [], "refresh": [], "partial": []}
+    m = probe_measurement.measurement(
+        probe_measurement.Stepped.of(replica), [{**mine, "rss": 1}], timing, extras
+    ).to_json()
+    assert m["step_time_s"] == pytest.approx(0.1) and m["peak_error"] == mine["peak_error"]
+    assert m["peak_mem_bytes"] is None and m["plain_peak_bytes"] is None and m["rss_peak_bytes"]

@@ -17,7 +17,8 @@ status             ok | oom | error | timeout; only ok rows are fitted
 
 Optional ``source`` says what a row is (absent: every row is a probe):
 
-- ``probe``: a timed DDP probe at (N, B); every column above is filled.
+- ``probe``: a timed DDP probe at (N, B); every column above is filled (peak_mem_bytes
+  but where peak_error says why not).
 - ``sweep``: compute-only steps at another local batch, timed inside the probe job of
   (N, B) after its own measurement (the compute curve). local_batch is the swept one,
   global_batch the job's; step_time_s and sync_time_s are empty; compute_time_s and
@@ -30,7 +31,9 @@ cluster.workers_per_node, at least 1; absent, ``tula fit`` derives it so), step_
 compute_time_iqr_s, step_time_cv, compute_time_cv, micro_time_s (on probe rows: the part of the
 compute-only step its micro-batches took, their move to the device, forward and backward; the rest
 is what a step pays once, accumulated or not), epoch_start_extra_s, partial_extra_s (the epoch's
-short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes,
+short last batch's step less a full one; negative, it is cheaper), rss_peak_bytes, peak_error
+(why a probe row's peak_mem_bytes is empty: torch's CPU profiler built no memory timeline in
+PROFILER_TRIES tries; its timing stands, and the memory model fits the other rows),
 grad_bytes_per_step, param_bytes, grad_bytes, opt_bytes, act_bytes, batch_bytes, train_samples,
 wall_s, device, backend, comm_env (the NCCL_*/GLOO_* variables its workers ran with, ``K=V;K=V``),
 error, probe_file; and on multi-worker probe rows the gradient noise scale (tula.model.noise):
@@ -115,6 +118,7 @@ OPTIONAL = [
     "compute_time_cv",
     "epoch_start_extra_s",
     "rss_peak_bytes",
+    "peak_error",
     "grad_bytes_per_step",
     "param_bytes",
     "grad_bytes",
@@ -259,6 +263,8 @@ def load(path: str | Path) -> pd.DataFrame:
         for src, cols in FILLED.items():
             if c in cols:
                 needed |= (df["source"] == src).to_numpy()
+        if c == "peak_mem_bytes" and "peak_error" in df.columns:  # why a probe has none
+            needed &= df["peak_error"].isna().to_numpy()
         bad = ok & ((vals.isna() & needed) | (vals < 0))
         if bad.any():
             i = int(bad.idxmax())

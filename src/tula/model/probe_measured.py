@@ -102,6 +102,8 @@ class Measurement:
     plain_peak_bytes: int | None = None
     refresh_peak_bytes: int | None = None
     rss_peak_bytes: int | None = None
+    # why the peaks are missing (torch's CPU profiler failed every try); the timing stands
+    peak_error: str | None = None
     train_samples: int | None = None
     first_steps_time_s: float | None = None
     first_short_step_s: float | None = None

@@ -37,6 +37,12 @@ PROFILER_TRIES = 6
 PERSISTENT = (Category.PARAMETER, Category.OPTIMIZER_STATE)
 
 
+class NoTimeline(RuntimeError):
+    """torch's profiler built no memory timeline of a step in :data:`PROFILER_TRIES` tries on
+    some rank (every rank raises it, together). A probe keeps its point's timing without the
+    peak; the memory probe, which measures nothing else, fails its point."""
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes of each term of Eq. 3 for one training step at one local batch."""
@@ -216,7 +222,7 @@ def step_peak_bytes(
             if retries is not None:
                 retries["refresh" if refresh else "plain"] = PROFILER_TRIES - 1
             return own
-        raise RuntimeError(
+        raise NoTimeline(
             f"torch's profiler could not build a step's memory timeline in {PROFILER_TRIES} tries "
             f"(on this rank: {errors or 'fine; another rank failed'})"
         )

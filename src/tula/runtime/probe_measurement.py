@@ -132,14 +132,19 @@ def _host_bound(timing: Timing) -> bool | None:
     return None if share is None else bool(share >= HOST_BOUND)
 
 
-def _peaks(gathered: list[dict]) -> dict[str, int | None]:
-    """The probe's memory peaks, each the largest rank's."""
+def _peaks(gathered: list[dict]) -> dict[str, Any]:
+    """The probe's memory peaks, each the largest rank's; none where torch's profiler failed
+    every try (the ranks agree on it), and why (``peak_error``)."""
+    rss = int(max(g["rss"] for g in gathered))
+    why = next((g["peak_error"] for g in gathered if g.get("peak_error")), None)
+    if why or any(g["peak"] is None for g in gathered):
+        return {"rss_peak_bytes": rss, "peak_error": why or "no memory peak measured"}
     refresh = [g["peaks"]["refresh"] for g in gathered if "refresh" in g["peaks"]]
     return {
         "peak_mem_bytes": int(max(g["peak"] for g in gathered)),
         "plain_peak_bytes": int(max(g["peaks"]["plain"] for g in gathered)),
         "refresh_peak_bytes": int(max(refresh)) if refresh else None,
-        "rss_peak_bytes": int(max(g["rss"] for g in gathered)),
+        "rss_peak_bytes": rss,
     }
 
 

@@ -29,6 +29,7 @@ from tula.model.probe_record import AFTER_MEASUREMENT, Failure, RankResult
 from tula.runtime import dist, gradnoise, probe_measurement, probe_timing, sweep
 from tula.runtime.agreement import StepOOM
 from tula.runtime.measure import (
+    NoTimeline,
     input_time_s,
     measure_step,
     process_started,
@@ -286,8 +287,12 @@ def _this_rank(
     retried: dict[str, int],
 ) -> dict[str, Any]:
     """What this rank measured, for rank 0 to gather: its first steps, its memory peaks (a
-    plain step and an AGS refresh step, each measured alone) and its input pipeline alone."""
-    peaks = step_peak_bytes(replica, retries=retried)
+    plain step and an AGS refresh step, each measured alone; none, and why, where torch's
+    profiler failed every try: the timing stands without them) and its input pipeline alone."""
+    try:
+        peaks, peak_error = step_peak_bytes(replica, retries=retried), None
+    except NoTimeline as exc:  # every rank, together
+        peaks, peak_error = {}, str(exc)
     reads = (
         max(cfg.probe.input_batches, 3 * replica.stream.loader.num_workers)
         if cfg.probe.input_batches
@@ -297,8 +302,9 @@ def _this_rank(
         "host": dist.hostname(),
         "first_steps": sum(first_steps),
         "first_short_step": first_steps[1],
-        "peak": max(peaks.values()),
+        "peak": max(peaks.values(), default=None),
         "peaks": peaks,
+        "peak_error": peak_error,
         "input": input_time_s(replica, reads)
         if reads
         else None,  # all ranks at once: they share the node

@@ -14,7 +14,7 @@ from tula import config as config_mod
 from tula import model_inputs
 from tula.model.grid import Point, micro_steps, steps_per_epoch, sweep_local_batches
 from tula.runtime.agreement import StepOOM, max_over_ranks
-from tula.runtime.measure import step_peak_bytes, timing_stats
+from tula.runtime.measure import NoTimeline, step_peak_bytes, timing_stats
 from tula.runtime.precision import Series
 from tula.runtime.probe_timing import compute_only, step_timer, synced_lead_in
 from tula.runtime.replica import Replica
@@ -121,6 +121,8 @@ def _first_round(
             with replica.no_sync():
                 warm.append(replica.walk.next_timed_step()[0])
                 rows[lb]["peak"] = step_peak_bytes(replica, refresh=False)["plain"]
+        except NoTimeline:  # every rank: this batch's compute is timed without its peak
+            rows[lb]["peak"] = None
         except StepOOM as exc:
             rows[lb].update(status="oom", error=f"out of memory on rank(s) {exc.ranks}")
             break

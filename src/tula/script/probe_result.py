@@ -68,6 +68,7 @@ def rank_result(run: Loop, result: dict[str, Any], first_s: float, paid: Overhea
         "first_short_step": 0.0,
         "peak": result["peak_bytes"],
         "peaks": {"plain": result["peak_bytes"]},
+        "peak_error": result.get("peak_error"),
         "input": None,
         "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
