@@ -136,12 +136,17 @@ def test_compute_is_never_negative_nor_decreasing_in_b(seed):
 
 
 def test_prediction_interval_covers_new_measurements():
-    """95 % prediction intervals of the compute model cover ~95 % of fresh noisy measurements."""
+    """95 % prediction intervals of the compute model cover ~95 % of fresh noisy measurements.
+    The first fit chooses the form; the other 39 refit it (``keep``, as the choice's resamples
+    do, tula.model.robust): the interval is what is checked here, and a choice of the form
+    costs 160 times a refit (0.55 s against 3.4 ms here)."""
     rng = np.random.default_rng(7)
     inside = total = 0
+    first = None
     for _ in range(40):
         df, comp, _ = gpu_like((1,), (64, 512), rng, noise=0.05)
-        m = perfmodel.fit(df, "ring")
+        m = perfmodel.fit(df, "ring", keep=first)
+        first = first or m
         b = np.array([24.0, 96.0, 384.0])
         half = m.compute.half_width({"b": b, "n": np.ones(3)})
         pred = m.compute_time_s(np.ones(3), b)

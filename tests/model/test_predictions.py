@@ -223,6 +223,10 @@ def test_wall_time_adds_start_up_evaluation_and_checkpoints_as_the_probes_measur
     assert pred.loc[4, "wall_time_hi_s"] - pred.loc[4, "train_time_hi_s"] == pytest.approx(
         6.0 + 0.8 + 0.6
     )
+    # without it (the choice's resamples: no objective reads it), the rest is the same
+    brief = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1000, measured, wall=False)
+    assert "wall_time_s" not in brief and "checkpoints" not in brief
+    pd.testing.assert_frame_equal(brief.set_index("workers"), pred[brief.columns[1:]])
     # probes from before these were measured: no wall time, said as NaN rather than guessed
     old = measured.drop(columns=["eval_first_time_s"])
     assert (

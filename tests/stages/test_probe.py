@@ -565,7 +565,6 @@ def test_a_compiled_probe_counts_compilation_as_a_first_step_cost(
 
 
 @pytest.mark.probe
-@pytest.mark.alone  # bounds the job's wall clock
 def test_a_probe_job_gives_each_point_its_own_limit_and_launches_the_rest_again(
     tiny_raw, tmp_path, venv_path, monkeypatch
 ):

@@ -109,10 +109,13 @@ def predict(
     mem: MemoryModel,
     train_samples: int,
     measured: pd.DataFrame | None = None,
+    wall: bool = True,
 ) -> pd.DataFrame:
     """One row per grid point: predicted step time (with its 95 % interval), T, C, memory,
     feasibility, and the probe's measurement where there was one. Each group of columns is
-    built from the ones before it; none is filled in place."""
+    built from the ones before it; none is filled in place. ``wall``: with the job's wall
+    time besides its steps (:func:`_wall_time`), which no objective reads: the choice's
+    resamples (:mod:`tula.model.robust`) leave it out."""
     df = _steps(plan, perf, mem, train_samples)
     df = df.assign(**_costs(df, plan.price))
     # N > 1 without any measured sync (probe.no_sync_fallback): not a candidate, never "free"
@@ -126,7 +129,8 @@ def predict(
         sync_measured=sync_measured,
         **probed.drop(columns="oom"),
     )
-    df = df.assign(**_wall_time(df, plan.extras, measured))
+    if wall:
+        df = df.assign(**_wall_time(df, plan.extras, measured))
     nz = noise.pool(measured) if measured is not None else None
     return df.assign(**_time_to_accuracy(df, plan, nz))
 

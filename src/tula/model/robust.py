@@ -114,7 +114,7 @@ def choice_shares(
         m = resample(measured, rng, inflate)
         p = perf_mod.fit(m, perf.collective, perf.workers_per_node, keep=perf)
         try:
-            pred = predict(plan, p, mem, train_samples, m)
+            pred = predict(plan, p, mem, train_samples, m, wall=False)
             pred = across.with_waits(pred, waits) if waits else pred
             s = choice.select(pred, plan)["selected"]
         except ValueError:  # no feasible point in this resample
