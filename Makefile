@@ -7,9 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
 # make test's pytest-xdist workers (tests/sharing.py: what they must not share, and the tests
-# that run alone); TEST_WORKERS=0 runs the suite in one process
+# that run alone); TEST_WORKERS=0 runs them in one process. Beside them, where a cgroup can be
+# made (root, cgroup v1), the light tests run at idle CPU priority (tests/beside.py).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(PY) tests/beside.py -n $(TEST_WORKERS) --dist loadgroup
 STAMP := $(VENV)/.tula-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 

@@ -62,9 +62,36 @@ def xdist_groups(items) -> dict:
     return {item: find(keys[0]) if keys else None for item, keys in shared.items()}
 
 
+# What no test of the idle session (tests/beside.py) may be: it runs a workflow, a probe, a
+# training job or the network lab, it is slow, it asserts on measured times, or it bounds a
+# wall-clock time (a deadline): the idle session gets only the CPU the rest leaves idle.
+HEAVY_MARKS = ("dag", "training", "probe", "netlab", "slurm", "slow", "alone", "wallclock")
+
+
+def light(item) -> bool:
+    """A test the idle session can run: none of HEAVY_MARKS, and nothing shared with another
+    test (a SLURM cluster, a session's or a module's run)."""
+    return not any(item.get_closest_marker(m) for m in HEAVY_MARKS) and not _shared(item)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--part",
+        choices=("all", "light", "heavy"),
+        default="all",
+        help="light: only the tests sharing.light() names (tests/beside.py runs them at idle CPU "
+        "priority beside the rest); heavy: the rest; all (default): every test",
+    )
+
+
 # first: xdist's worker writes the xdist_group markers into the test ids in its own hook
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    part = config.getoption("part")
+    if part != "all":
+        mine = {it: light(it) == (part == "light") for it in items}
+        config.hook.pytest_deselected(items=[it for it, m in mine.items() if not m])
+        items[:] = [it for it, m in mine.items() if m]
     for item, group in xdist_groups(items).items():
         if group:
             item.add_marker(pytest.mark.xdist_group(group))

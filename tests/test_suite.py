@@ -17,6 +17,9 @@ import sharing
 from conftest import ROOT
 from sharing import beside_others, lock_files
 
+# its threads wait on each other with deadlines of seconds: never at idle CPU priority
+pytestmark = pytest.mark.wallclock
+
 REPORT = """
 import json, os, pytest
 
@@ -26,7 +29,9 @@ def pytest_collection_modifyitems(config, items):
     for it in items:  # as an xdist worker sees them: the group at the end of the id
         nodeid, _, group = it.nodeid.partition("@")
         rows[nodeid] = {"group": group or None, "fixtures": list(it.fixturenames),
-                        "alone": it.get_closest_marker("alone") is not None}
+                        "alone": it.get_closest_marker("alone") is not None,
+                        "light": __import__("sharing").light(it),
+                        "grouped": it.get_closest_marker("xdist_group") is not None}
     with open(os.environ["GROUPS_OUT"] + os.environ.get("PYTEST_XDIST_WORKER", ""), "w") as f:
         json.dump(rows, f)
     config.hook.pytest_deselected(items=items[:])  # seen, not run
@@ -81,6 +86,24 @@ def test_the_slurm_tests_the_shared_runs_and_a_modules_run_each_stay_on_one_work
     # and a module with none, its steps on a virtual clock, free
     timing = {r["group"] for k, r in collected.items() if k.startswith("tests/runtime/test_timing")}
     assert timing == {None}
+
+
+def test_the_light_tests_share_nothing_and_time_nothing(collected):
+    """What make test runs at idle CPU priority (tests/beside.py): most of the suite by count,
+    in no xdist group, none marked as a workflow, a probe, training, the lab, slow, alone or
+    bounding a wall clock."""
+    light = {k for k, r in collected.items() if r["light"]}
+    assert 2 * len(light) > len(collected)
+    assert "tests/model/test_choice.py::test_knee_of_l_shaped_curve_is_the_corner" in light
+    assert not [k for k in light if collected[k]["grouped"]]
+    heavy = ("tests/test_netlab.py", "tests/test_dag_slurm.py", "tests/test_suite.py")
+    assert not [k for k in light if k.startswith(heavy)]
+    stream = "test_a_stream_measures_both_decoders_and_decodes_with_the_faster"  # wallclock
+    assert f"tests/runtime/test_decoding.py::{stream}" not in light
+    assert (
+        "tests/runtime/test_decoding.py::test_the_faster_decoder_is_kept_and_the_record_says_by_how_much"
+        in light
+    )
 
 
 def held(path) -> bool:

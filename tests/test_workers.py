@@ -33,6 +33,7 @@ print("measured")
 """
 
 
+@pytest.mark.wallclock  # the worker within its subprocess timeout
 def test_the_memory_profiler_writes_nothing_into_a_workers_log():
     """The CPU memory measurement runs torch's profiler on every measured step; in the worker
     environment kineto adds nothing to the probe's log, outside it (level 5) it wrote a

@@ -50,6 +50,7 @@ def test_only_auto_on_cuda_with_every_file_a_jpeg_is_measured(tmp_path):
     assert not decoding.contested(_cfg(pngs).data, "cuda", p.train)  # nvJPEG reads no PNG
 
 
+@pytest.mark.wallclock  # each decoder's seconds per batch under 10
 def test_a_stream_measures_both_decoders_and_decodes_with_the_faster(tmp_path, monkeypatch):
     """Both of a JPEG folder's input paths read for real (loader workers decoding, or bytes
     decoded in the training process), each stream keeps the faster of its measurement."""

@@ -63,6 +63,7 @@ def faults_per_step(mode: str, config_path: str, port: int) -> float:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+@pytest.mark.wallclock  # each worker within its subprocess timeout
 def test_a_fresh_worker_steps_without_fresh_pages():
     """The default's step at B = 64 in a fresh process: with glibc's own start (a 128 KiB mmap
     threshold that moves, and trims the heap's top past twice it) the step's activations come

@@ -12,6 +12,9 @@ import yaml
 from tula import config
 from tula.stages import check
 
+# each script must reach its steps within probe.timeout_s: never at idle CPU priority
+pytestmark = pytest.mark.wallclock
+
 SCRIPT = """\
 import sys
 
