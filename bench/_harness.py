@@ -10,7 +10,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +102,19 @@ def tests_helper(name: str, module: str = "conftest") -> Any:
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return getattr(loaded, name)
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    """A git worktree of this checkout at ``rev`` (the code before, for a side-by-side run),
+    removed after."""
+    with tempfile.TemporaryDirectory(prefix="before-") as tmp:
+        tree = Path(tmp) / "before"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), rev],
+            check=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)])

@@ -489,7 +489,7 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
         feas = tt[tt["feasible"]]
         t_min = float(feas["train_time_s"].min())
         best_t = feas.groupby("global_batch")["train_time_s"].min()
-        true_sel = select(tt, model_inputs.planning(cfg))["knee"]
+        true_sel = select(tt, model_inputs.planning(cfg)).knee
         out["true_curve"][bm] = {
             "marginal": true_sel["marginal"]["global_batch"],
             "kneedle": true_sel["kneedle"]["global_batch"],
@@ -503,7 +503,7 @@ def knee_runs(cl: Cluster, seeds: int) -> dict:
             perf = syn_fit(rows)
             mem = memory.fit(pd.DataFrame(rows), cfg.hardware.memory_budget_bytes)
             pred = predict(model_inputs.planning(cfg), perf, mem, D_SYN)
-            k = select(pred, model_inputs.planning(cfg))["knee"]
+            k = select(pred, model_inputs.planning(cfg)).knee
             for rule in ("marginal", "kneedle"):
                 b = k[rule]["global_batch"]
                 if b is None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from _harness import ROOT, env
+from _harness import ROOT, env, worktree
 
 OBJECTIVES = ("time", "cost", "knee", "time_to_accuracy", "cost_to_accuracy")
 PREDICTION_CODE = (
@@ -78,11 +78,7 @@ def main() -> None:
     ).stdout.strip()
     print(f"prediction code changed since {a.before}: {changed or 'nothing'}")
     tmp = Path(tempfile.mkdtemp(prefix="one-partition-"))
-    old = tmp / "before"
-    subprocess.run(
-        ["git", "worktree", "add", "-q", "--detach", str(old), a.before], cwd=ROOT, check=True
-    )
-    try:
+    with worktree(a.before) as old:
         print("\n| objective | before | now | runner-up same | reason same |")
         print("|---|---|---|---|---|")
         base = yaml.safe_load(a.config.read_text())
@@ -112,8 +108,6 @@ def main() -> None:
             whole = f" (whole selection.json: {was == now})" if a.predict else ""
             print(f"| {objective} | {pt(was)} | {pt(now)} | {runner} | {reason}{whole} |")
         print(f"\n{same} of {len(OBJECTIVES)} objectives: the same choice, runner-up and reason")
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT)
 
 
 def same_frames(a: Path, b: Path) -> str:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import ROOT, env
+from _harness import ROOT, env, worktree
 
 
 def aggregate(src: Path, res: Path, out: Path) -> None:
@@ -57,28 +57,20 @@ def main() -> int:
     ap.add_argument("--before", default="c1f3895")
     a = ap.parse_args()
     bad = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "before"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(old), a.before],
-            check=True,
-        )
-        try:
-            for res in a.results:
-                n, changed, added = round_trips(res)
-                aggregate(old / "src", res, Path(tmp) / "old.csv")
-                aggregate(ROOT / "src", res, Path(tmp) / "new.csv")
-                same = (Path(tmp) / "old.csv").read_bytes() == (Path(tmp) / "new.csv").read_bytes()
-                rows = len((Path(tmp) / "new.csv").read_text().splitlines()) - 1
-                print(
-                    f"{res}: {n} records, {n - len(changed)} read back unchanged"
-                    f"{' (changed: ' + ', '.join(changed) + ')' if changed else ''}"
-                    f"{' (null, older: ' + ', '.join(sorted(added)) + ')' if added else ''}; "
-                    f"measurements.csv {'identical' if same else 'DIFFERS'} ({rows} rows)"
-                )
-                bad += bool(changed) + (not same)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)])
+    with tempfile.TemporaryDirectory() as tmp, worktree(a.before) as old:
+        for res in a.results:
+            n, changed, added = round_trips(res)
+            aggregate(old / "src", res, Path(tmp) / "old.csv")
+            aggregate(ROOT / "src", res, Path(tmp) / "new.csv")
+            same = (Path(tmp) / "old.csv").read_bytes() == (Path(tmp) / "new.csv").read_bytes()
+            rows = len((Path(tmp) / "new.csv").read_text().splitlines()) - 1
+            print(
+                f"{res}: {n} records, {n - len(changed)} read back unchanged"
+                f"{' (changed: ' + ', '.join(changed) + ')' if changed else ''}"
+                f"{' (null, older: ' + ', '.join(sorted(added)) + ')' if added else ''}; "
+                f"measurements.csv {'identical' if same else 'DIFFERS'} ({rows} rows)"
+            )
+            bad += bool(changed) + (not same)
     return 1 if bad else 0
 
 

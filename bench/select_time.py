@@ -37,7 +37,8 @@ mem = MemoryModel.from_dict(read_json(models + "/memory.json"))
 d = int(measured["train_samples"].dropna().iloc[0])
 t = time.perf_counter()
 shares = robust.choice_shares(model_inputs.planning(cfg), measured, perf, mem, d)
-print(json.dumps({"s": time.perf_counter() - t, "shares": shares[:2]}))
+shares = [getattr(s, "to_json", lambda s=s: s)() for s in shares[:2]]  # a Share, or a dict
+print(json.dumps({"s": time.perf_counter() - t, "shares": shares}))
 """
 
 

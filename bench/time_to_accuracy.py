@@ -92,7 +92,7 @@ def run_dataset(ds: str, args, work: Path) -> dict:
         sel = select(
             pred, model_inputs.planning(config_mod.from_dict({**cfg.to_dict(), "objective": obj}))
         )
-        choices[obj] = int(sel["selected"]["global_batch"])
+        choices[obj] = sel.selected.global_batch
     acc = pd.read_csv(res / "compare" / "accuracy.csv")
     p2 = pred[pred["workers"] == 2].set_index("global_batch")
     rows = []

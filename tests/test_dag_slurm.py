@@ -28,6 +28,7 @@ from conftest import (
     train_from_files,
     venv_env,
 )
+from selections import selection_json
 from tula import config
 from tula.checkpoint import load_latest
 from tula.faults import ENV as FAULT_ENV
@@ -331,9 +332,7 @@ def _launch_on_slurm_and_interrupt(tiny_raw, tmp_path, interrupt: list[str], **t
         "checkpoint_every_steps": 5,
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(
-        json.dumps({"selected": {"workers": 2, "global_batch": 64}})
-    )
+    (tmp_path / "selection.json").write_text(json.dumps(selection_json(2, 64)))
     log = open(tmp_path / "launch.log", "w")
     proc = subprocess.Popen(
         [
@@ -439,9 +438,7 @@ def test_a_partition_or_feature_the_cluster_lacks_is_a_clear_error(
         "slurm_account": "root",
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(
-        json.dumps({"selected": {"workers": 2, "global_batch": 64}})
-    )
+    (tmp_path / "selection.json").write_text(json.dumps(selection_json(2, 64)))
     # the preflight knows the cluster's partitions before sbatch is asked
     with pytest.raises(
         RuntimeError,
@@ -478,9 +475,7 @@ def test_a_rerun_after_the_launcher_died_reattaches_to_the_running_job(
         "poll_s": 1,
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    (tmp_path / "selection.json").write_text(
-        json.dumps({"selected": {"workers": 2, "global_batch": 64}})
-    )
+    (tmp_path / "selection.json").write_text(json.dumps(selection_json(2, 64)))
     cmd = [
         "tula",
         "launch",

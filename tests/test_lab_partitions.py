@@ -7,11 +7,14 @@ probes' compute step is measured, not bounded here (bench/lab_partitions.py, BEN
 
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from conftest import TINY, cluster, holding
+from selections import point, selection
 from tula import config, partitions, pipeline
 from tula.io import read_json, write_json
+from tula.model.selection import Across, Standing
 from tula.slurm import queue
 from tula.stages import launch
 
@@ -82,18 +85,25 @@ def _planned_across(tmp_path) -> tuple[dict, Path]:
     own = partitions.all_configs(raw)
     pipeline.snapshot(config.from_dict(own["lab1"]), tmp_path / partitions.snapshot_path("lab1"))
 
-    def point(name, t):
-        return {"partition": name, "workers": 2, "global_batch": 64, "train_time_s": t, "value": t}
+    def standing(name, t, ratio=None):
+        return Standing(name, t, point(2, 64, train_time_s=t), ratio)
 
-    block = {
-        "measure": "train_time_s",
-        "unit": "s",
-        "chosen": "lab0",
-        "partitions": [point("lab0", 100.0), point("lab1", 150.0)],
-        "runner_up": {**point("lab1", 150.0), "ratio": 1.5},
-    }
+    block = Across(
+        measure="train_time_s",
+        what="training time T",
+        unit="s",
+        partitions=(standing("lab0", 100.0), standing("lab1", 150.0)),
+        chosen="lab0",
+        runner_up=standing("lab1", 150.0, 1.5),
+    )
+    chosen = selection(2, 64, train_time_s=100.0)
     sel = tmp_path / "results" / "selection.json"
-    write_json(sel, {"selected": point("lab0", 100.0), "across_partitions": block})
+    write_json(
+        sel,
+        replace(
+            chosen, selected=chosen.selected.on("lab0"), partition="lab0", across_partitions=block
+        ).to_json(),
+    )
     return own["lab0"], sel
 
 

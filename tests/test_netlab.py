@@ -20,6 +20,7 @@ import yaml
 
 import bounds
 from conftest import LAB_RATE, ROOT, train_from_files, venv_env, when_step_reached
+from selections import selection_json
 from tula.stages import probe
 from tula.stages.aggregate import rows_from_probe
 
@@ -213,7 +214,7 @@ def _production(d: Path, name: str, recs, slow_at: float | None, epochs: int = 5
     raw["workload"]["epochs"], raw["objective"] = epochs, "time"
     raw["launch"] = {"executor": "local", "poll_s": 0.5, "monitor_every_steps": 2, "replan": "move"}
     (run / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(run / "selection.json", {"selected": {"workers": 4, "global_batch": 128}})
+    write_json(run / "selection.json", selection_json(4, 128))
     pred = _predictions(
         perfmodel.fit(_table(recs.values()), "ring", workers_per_node=2),
         epochs,

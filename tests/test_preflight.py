@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import GPU_NODES, GPU_PARTITION, ROOT, TINY, copy_workflow, train_from_files, venv_env
+from selections import selection_json
 from tula import config, devices, preflight
 from tula.io import write_json
 from tula.slurm import controller, partition_info, shapes
@@ -356,7 +357,7 @@ def test_tula_launch_refuses_a_training_job_the_partition_cannot_run(
     tiny_raw.setdefault("cluster", {})["workers_per_node"] = 1
     tiny_raw["launch"] = {"executor": "slurm", "slurm_account": "root", "timeout_min": 10}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
+    write_json(tmp_path / "selection.json", selection_json(2, 64))
     with pytest.raises(
         RuntimeError, match=r"training at N=2 needs 2 node\(s\).*cluster.workers_per_node=1"
     ):

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from conftest import prediction_table as table
+from selections import point
 from tula import config, model_inputs
 from tula.model import across
-from tula.model.choice import WAIT, select
+from tula.model.choice import select
 
 TIMES = {(1, 64): 400.0, (2, 64): 300.0, (2, 128): 200.0, (4, 128): 120.0}
 
@@ -32,15 +33,15 @@ def choose(parts, objective, knee_on="time"):
 def test_time_chooses_the_faster_partition_and_cost_the_cheaper():
     fast, slow = planned(1.0, 4.0), planned(2.0, 1.0)
     by_time = choose({"fast": fast, "slow": slow}, "time")
-    assert by_time["partition"] == "fast" == by_time["selected"]["partition"]
-    run = by_time["across_partitions"]["runner_up"]
-    assert run["partition"] == "slow" and run["ratio"] == pytest.approx(2.0)
-    assert "runner-up slow N=4 B=128" in by_time["reason"] and "2.00x" in by_time["reason"]
+    assert by_time.partition == "fast" == by_time.selected.partition
+    run = by_time.across_partitions.runner_up
+    assert run.partition == "slow" and run.ratio == pytest.approx(2.0)
+    assert "runner-up slow N=4 B=128" in by_time.reason and "2.00x" in by_time.reason
     # slow takes twice the time at a quarter of the price: half the cost
     fast_c, slow_c = planned(1.0, 4.0, objective="cost"), planned(2.0, 1.0, objective="cost")
     by_cost = choose({"fast": fast_c, "slow": slow_c}, "cost")
-    assert by_cost["partition"] == "slow"
-    assert by_cost["across_partitions"]["runner_up"]["ratio"] == pytest.approx(2.0)
+    assert by_cost.partition == "slow"
+    assert by_cost.across_partitions.runner_up.ratio == pytest.approx(2.0)
 
 
 def test_time_to_result_adds_the_queue_and_moves_when_the_fast_one_is_blocked():
@@ -49,30 +50,30 @@ def test_time_to_result_adds_the_queue_and_moves_when_the_fast_one_is_blocked():
         "fast": planned(1.0, 1.0, free, "time_to_result"),
         "slow": planned(2.0, 1.0, free, "time_to_result"),
     }
-    assert choose(parts, "time_to_result")["partition"] == "fast"
+    assert choose(parts, "time_to_result").partition == "fast"
     # fast's advantage is 120 s; a 500-s wait on it is longer than that
     blocked = {1: 500.0, 2: 500.0, 4: 500.0}
     parts["fast"] = planned(1.0, 1.0, blocked, "time_to_result")
     sel = choose(parts, "time_to_result")
-    assert sel["partition"] == "slow"
-    assert sel["across_partitions"]["partitions"][1]["value"] == pytest.approx(620.0)
-    assert "queue wait 500 s" in sel["reason"]
+    assert sel.partition == "slow"
+    assert sel.across_partitions.partitions[1].value == pytest.approx(620.0)
+    assert "queue wait 500 s" in sel.reason
 
 
 def test_within_a_partition_a_shorter_wait_can_beat_a_faster_shape():
     # N=4 is fastest (120 s) but waits 1000 s; N=2 B=128 takes 200 s and starts now
     pred, sel = planned(1.0, 1.0, {1: 0.0, 2: 0.0, 4: 1000.0}, "time_to_result")
-    assert (sel["selected"]["workers"], sel["selected"]["global_batch"]) == (2, 128)
-    assert sel["selected"][WAIT] == 0.0 and "queue wait + training time" in sel["reason"]
+    assert (sel.selected.workers, sel.selected.global_batch) == (2, 128)
+    assert sel.selected.queue_wait_s == 0.0 and "queue wait + training time" in sel.reason
     # no wait known: time alone, and the reason says so
     pred, sel = planned(1.0, 1.0, None, "time_to_result")
-    assert sel["selected"]["workers"] == 4 and "no queue wait known" in sel["reason"]
+    assert sel.selected.workers == 4 and "no queue wait known" in sel.reason
 
 
 def test_knee_compares_the_partitions_knees_by_their_time():
     parts = {"a": planned(1.5, 1.0, objective="knee"), "b": planned(1.0, 1.0, objective="knee")}
     sel = choose(parts, "knee")
-    assert sel["partition"] == "b" and sel["across_partitions"]["what"] == "training time T"
+    assert sel.partition == "b" and sel.across_partitions.what == "training time T"
 
 
 def test_compute_ratios_and_shared_gpus():
@@ -95,7 +96,7 @@ def test_compute_ratios_and_shared_gpus():
 
 def test_at_submission_a_grown_wait_puts_the_runner_up_first_only_in_time():
     parts = {"fast": planned(1.0, 1.0), "slow": planned(2.0, 1.0)}
-    block = choose(parts, "time")["across_partitions"]  # fast: 120 s, slow: 240 s
+    block = choose(parts, "time").across_partitions  # fast: 120 s, slow: 240 s
     assert not across.after_wait(block, {"fast": 100.0, "slow": 0.0})["runner_first"]
     grown = across.after_wait(block, {"fast": 200.0, "slow": 0.0})
     assert grown["runner_first"] and grown["finish_s"] == {"fast": 320.0, "slow": 240.0}
@@ -103,7 +104,7 @@ def test_at_submission_a_grown_wait_puts_the_runner_up_first_only_in_time():
     cost = choose(
         {"fast": planned(1.0, 4.0, objective="cost"), "slow": planned(2.0, 1.0, objective="cost")},
         "cost",
-    )["across_partitions"]
+    ).across_partitions
     assert not across.after_wait(cost, {"slow": 1e6})["runner_first"]
 
 
@@ -111,7 +112,7 @@ def test_a_partitions_point_is_read_at_its_own_n_and_b_whatever_the_rows_order()
     """The chosen point's row, read at its N and B exactly: a larger batch listed first at the
     same N is another point; a point the partition never predicted is an error naming it."""
     pred = table({(2, 256): 50.0, (2, 64): 300.0, (1, 64): 400.0})
-    assert across._row(pred, {"workers": 2, "global_batch": 64})["train_time_s"] == 300.0
-    assert across._row(pred, {"workers": 1, "global_batch": 64})["train_time_s"] == 400.0
+    assert across._row(pred, point(2, 64))["train_time_s"] == 300.0
+    assert across._row(pred, point(1, 64))["train_time_s"] == 400.0
     with pytest.raises(ValueError, match="N=4 B=64 is not in its partition's predictions"):
-        across._row(pred, {"workers": 4, "global_batch": 64})
+        across._row(pred, point(4, 64))

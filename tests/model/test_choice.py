@@ -46,25 +46,25 @@ def hyperbola(lo=32, hi=8192, workers=2):
 
 def test_marginal_knee_is_where_doubling_stops_paying_and_says_so():
     sel = select(table(hyperbola()), model_inputs.planning(config.from_dict({"objective": "knee"})))
-    k = sel["knee"]
+    k = sel.knee
     assert (
         k["rule"] == "marginal"
         and k["found"]
-        and k["global_batch"] == 4096 == sel["selected"]["global_batch"]
+        and k["global_batch"] == 4096 == sel.selected.global_batch
     )
     assert (
         k["marginal"]["global_batch"] == 4096
         and k["marginal"]["flattened"]
         and k["kneedle"]["found"]
     )
-    assert sel["runner_up"]["global_batch"] == 8192
+    assert sel.runner_up.global_batch == 8192
     # the sentence is true: 4096 -> 8192 saves 500/5096 = 9.8 %, 2048 -> 4096 saved 500/3048 = 16.4
     # %
-    assert "knee at B=4096: doubling to B=8192 saves 9.8 % of T (< 10 %)" in sel["reason"]
-    assert "the doubling from B=2048 saved 16.4 %" in sel["reason"]
+    assert "knee at B=4096: doubling to B=8192 saves 9.8 % of T (< 10 %)" in sel.reason
+    assert "the doubling from B=2048 saved 16.4 %" in sel.reason
     # T(4096) = 1.244 s over T(8192) = 1.122 s
-    assert "T = 1.244 s, 10.9 % above the lowest point (1.122 s)" in sel["reason"]
-    assert f"(Kneedle would pick B={k['kneedle']['global_batch']})" in sel["reason"]
+    assert "T = 1.244 s, 10.9 % above the lowest point (1.122 s)" in sel.reason
+    assert f"(Kneedle would pick B={k['kneedle']['global_batch']})" in sel.reason
     gains = {e["global_batch"]: e["gain_of_next_doubling"] for e in k["envelope"]}
     assert gains[2048] == pytest.approx(500 / 3048) and gains[8192] is None
 
@@ -74,7 +74,7 @@ def test_marginal_knee_does_not_move_with_the_batch_range_but_kneedle_does():
     for hi in (8192, 16384, 65536):
         k = select(
             table(hyperbola(hi=hi)), model_inputs.planning(config.from_dict({"objective": "knee"}))
-        )["knee"]
+        ).knee
         knees[hi] = (k["marginal"]["global_batch"], k["kneedle"]["global_batch"])
     assert {m for m, _ in knees.values()} == {4096}
     assert len({kn for _, kn in knees.values()}) == 3  # kneed #170: the knee follows the range
@@ -84,11 +84,11 @@ def test_marginal_knee_cut_by_the_grid_takes_the_largest_batch_and_says_why():
     sel = select(
         table(hyperbola(hi=2048)), model_inputs.planning(config.from_dict({"objective": "knee"}))
     )
-    assert sel["selected"]["global_batch"] == 2048 and not sel["knee"]["marginal"]["flattened"]
+    assert sel.selected.global_batch == 2048 and not sel.knee["marginal"]["flattened"]
     # 500/(1000+1024)
-    assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel["reason"]
-    assert "raise grid.batch_max" in sel["reason"]
-    assert sel["runner_up"]["global_batch"] == 1024  # the knee is the last point: the one before
+    assert "still falls by 24.7 % (>= 10 %) on the last doubling" in sel.reason
+    assert "raise grid.batch_max" in sel.reason
+    assert sel.runner_up.global_batch == 1024  # the knee is the last point: the one before
 
 
 def test_knee_gain_is_the_threshold():
@@ -97,18 +97,18 @@ def test_knee_gain_is_the_threshold():
         model_inputs.planning(config.from_dict({"objective": "knee", "knee_gain": 0.2})),
     )
     # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
-    assert sel["selected"]["global_batch"] == 2048
+    assert sel.selected.global_batch == 2048
 
 
 def test_kneedle_rule_is_the_papers_knee():
     cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
     sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
-    knee = sel["knee"]["global_batch"]
-    assert sel["knee"]["rule"] == "kneedle" and knee == sel["knee"]["kneedle"][
-        "global_batch"
-    ] == knee_of(np.array(sorted(CURVE)), np.array([CURVE[b] for b in sorted(CURVE)]))
-    assert sel["selected"]["global_batch"] == knee and sel["runner_up"]["global_batch"] == 2 * knee
-    assert f"Kneedle knee of T vs B at B={knee}" in sel["reason"] and "would save" in sel["reason"]
+    knee = sel.knee["global_batch"]
+    assert sel.knee["rule"] == "kneedle" and knee == sel.knee["kneedle"]["global_batch"] == knee_of(
+        np.array(sorted(CURVE)), np.array([CURVE[b] for b in sorted(CURVE)])
+    )
+    assert sel.selected.global_batch == knee and sel.runner_up.global_batch == 2 * knee
+    assert f"Kneedle knee of T vs B at B={knee}" in sel.reason and "would save" in sel.reason
 
 
 def test_knee_on_cost_uses_the_cost_curve():
@@ -119,56 +119,56 @@ def test_knee_on_cost_uses_the_cost_curve():
     sel = select(
         df, model_inputs.planning(config.from_dict({"objective": "knee", "knee_on": "cost"}))
     )
-    assert sel["knee"]["on"].startswith("cost") and "of C" in sel["reason"]
-    assert sel["selected"]["global_batch"] <= 512
+    assert sel.knee["on"].startswith("cost") and "of C" in sel.reason
+    assert sel.selected.global_batch <= 512
 
 
 def test_flat_curve_knee_is_the_smallest_batch_or_no_kneedle_knee():
     flat = table({(1, 32): 5.0, (1, 64): 5.0, (1, 128): 5.0})
     sel = select(flat, model_inputs.planning(config.from_dict({"objective": "knee"})))
     # more batch never pays
-    assert sel["selected"]["global_batch"] == 32 and "saves 0.0 %" in sel["reason"]
+    assert sel.selected.global_batch == 32 and "saves 0.0 %" in sel.reason
     sel = select(
         flat, model_inputs.planning(config.from_dict({"objective": "knee", "knee_rule": "kneedle"}))
     )
-    assert not sel["knee"]["found"] and "no Kneedle knee" in sel["reason"]
+    assert not sel.knee["found"] and "no Kneedle knee" in sel.reason
 
 
 def test_knee_uses_fastest_n_per_batch():
     times = {(1, b): 2 * t for b, t in CURVE.items()} | {(2, b): t for b, t in CURVE.items()}
     sel = select(table(times), model_inputs.planning(config.from_dict({"objective": "knee"})))
-    assert sel["selected"]["workers"] == 2
-    assert all(p["workers"] == 2 for p in sel["knee"]["envelope"])
+    assert sel.selected.workers == 2
+    assert all(p["workers"] == 2 for p in sel.knee["envelope"])
 
 
 def test_time_and_cost_objectives_differ():
     t = {(1, 64): 10.0, (4, 64): 4.0}  # 4 workers: faster (4 s) but dearer (16 node-s vs 10)
     assert (
-        select(table(t), model_inputs.planning(config.from_dict({"objective": "time"})))[
-            "selected"
-        ]["workers"]
+        select(
+            table(t), model_inputs.planning(config.from_dict({"objective": "time"}))
+        ).selected.workers
         == 4
     )
     sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "cost"})))
-    assert sel["selected"]["workers"] == 1 and sel["runner_up"]["workers"] == 4
+    assert sel.selected.workers == 1 and sel.runner_up.workers == 4
     fast = select(table(t), model_inputs.planning(config.from_dict({"objective": "time"})))
-    assert fast["reason"] == "minimum training time T: 4 s; runner-up N=1 B=64 at 10 s"
+    assert fast.reason == "minimum training time T: 4 s; runner-up N=1 B=64 at 10 s"
     alone = select(
         table({(1, 64): 10.0}), model_inputs.planning(config.from_dict({"objective": "time"}))
     )
-    assert alone["reason"] == "minimum training time T: 10 s" and alone["runner_up"] is None
+    assert alone.reason == "minimum training time T: 10 s" and alone.runner_up is None
 
 
 def test_constraints_and_infeasible_points_are_excluded():
     t = {(1, 64): 10.0, (2, 64): 6.0, (4, 64): 4.0, (4, 128): 2.0}
     cfg = config.from_dict({"objective": "time", "constraints": {"max_workers": 2}})
-    assert select(table(t), model_inputs.planning(cfg))["selected"]["workers"] == 2
+    assert select(table(t), model_inputs.planning(cfg)).selected.workers == 2
     sel = select(
         table(t, feasible={(4, 128): False}),
         model_inputs.planning(config.from_dict({"objective": "time"})),
     )
-    assert (sel["selected"]["workers"], sel["selected"]["global_batch"]) == (4, 64)
-    assert sel["excluded"]["infeasible_memory_or_oom"] == 1
+    assert (sel.selected.workers, sel.selected.global_batch) == (4, 64)
+    assert sel.excluded["infeasible_memory_or_oom"] == 1
 
 
 def test_nothing_feasible_is_a_clear_error():
@@ -199,13 +199,13 @@ def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
     sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
     tta = {int(r.global_batch): r.time_to_accuracy_s for r in pred.itertuples()}
     best = min(tta, key=tta.get)
-    assert sel["selected"]["global_batch"] == best and 128 <= best <= 1024
-    nz = sel["noise"]
+    assert sel.selected.global_batch == best and 128 <= best <= 1024
+    nz = sel.noise
     assert nz["b_noise"] == nz["critical_batch"] == 256 and nz["chosen_over_critical"] == best / 256
     assert nz["statistical_efficiency"] == pytest.approx(1 / (1 + best / 256))
-    time_b = select(pred, model_inputs.planning(config.from_dict({"objective": "time"})))[
-        "selected"
-    ]["global_batch"]
+    time_b = select(
+        pred, model_inputs.planning(config.from_dict({"objective": "time"}))
+    ).selected.global_batch
     assert time_b == 8192 and nz["versus"]["time"]["global_batch"] == 8192
     assert (
         nz["versus"]["time"]["ratio_to_chosen"] == pytest.approx(tta[8192] / tta[best])
@@ -213,9 +213,9 @@ def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
     )
     assert (
         f"objective time would pick N=2 B=8192, {100 * (tta[8192] / tta[best] - 1):.0f} % slower"
-        in sel["reason"]
+        in sel.reason
     )
-    assert "B_noise = 256" in sel["reason"] and "near the start of training" in nz["assumption"]
+    assert "B_noise = 256" in sel.reason and "near the start of training" in nz["assumption"]
 
 
 def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
@@ -232,10 +232,10 @@ def test_the_constraints_bounds_are_inclusive():
     on_b = {"min_batch": 128, "max_batch": 128}
     t = {(2, 64): 10.0, (2, 128): 6.0, (2, 256): 4.0}
     sel = select(table(t), model_inputs.planning(config.from_dict({"constraints": on_b})))
-    assert sel["selected"]["global_batch"] == 128
-    assert sel["excluded"]["above_max_batch"] == 1 and sel["excluded"]["below_min_batch"] == 1
+    assert sel.selected.global_batch == 128
+    assert sel.excluded["above_max_batch"] == 1 and sel.excluded["below_min_batch"] == 1
     on_n = {"min_workers": 2, "max_workers": 2}
     t = {(1, 128): 10.0, (2, 128): 6.0, (4, 128): 4.0}
     sel = select(table(t), model_inputs.planning(config.from_dict({"constraints": on_n})))
-    assert sel["selected"]["workers"] == 2
-    assert sel["excluded"]["above_max_workers"] == 1 and sel["excluded"]["below_min_workers"] == 1
+    assert sel.selected.workers == 2
+    assert sel.excluded["above_max_workers"] == 1 and sel.excluded["below_min_workers"] == 1

@@ -69,10 +69,9 @@ def test_node_hour_pricing_bills_whole_nodes_through_predict_and_select():
             assert pred["cost_node_hour"].tolist() == pytest.approx((T / 3600 * 4.0).tolist())
         assert pred["cost"].tolist() == pred[f"cost_{model}"].tolist()
         sel = select(pred, model_inputs.planning(cfg))
-        picks[model] = sel["selected"]["workers"]
+        picks[model] = sel.selected.workers
         assert (
-            sel["pricing"]["unit"]
-            == {"worker_hour": "worker-hour", "node_hour": "node-hour"}[model]
+            sel.pricing["unit"] == {"worker_hour": "worker-hour", "node_hour": "node-hour"}[model]
         )
     assert picks == {"worker_hour": 1, "node_hour": 4}
 
@@ -118,6 +117,6 @@ def test_memory_pricing_flows_through_predict_and_select(model, expect_batch):
     )
     assert pred["cost"].tolist() == pred[f"cost_{model}"].tolist()
     sel = select(pred, model_inputs.planning(cfg))
-    assert sel["selected"]["global_batch"] == expect_batch
+    assert sel.selected.global_batch == expect_batch
     chosen = pred[pred["global_batch"] == expect_batch].iloc[0]
-    assert sel["selected"]["cost"] == pytest.approx(chosen[f"cost_{model}"])
+    assert sel.selected.cost == pytest.approx(chosen[f"cost_{model}"])

@@ -10,9 +10,15 @@ from tula import config, model_inputs
 from tula.model import memory, robust
 from tula.model import perf as perf_mod
 from tula.model.linfit import fit_linear
+from tula.model.selection import Point, Share
 
 D = 1024 * 100  # every B of the grid divides it: T = E * D / B * t_step exactly
 BATCHES = [32, 64, 128, 256, 512, 1024]
+
+
+def point(workers: int, batch: int) -> Point:
+    """A chosen point as the verdict reads it: its (N, B)."""
+    return Point(workers, 1, batch, batch // workers, 0.0, 0.0, 0.0, "USD", 0.0, True)
 
 
 def _measured(c0: float, c1: float, halfwidth: float) -> pd.DataFrame:
@@ -66,9 +72,10 @@ def test_a_knee_far_from_the_threshold_holds_in_every_resample():
     14 % from 256 to 512, 8.2 % from 512 to 1024, so the marginal knee (10 %) is B = 512, with
     4 points of gain to spare; timed to +-0.4 %, no resample moves it."""
     cfg, shares = _shares(0.01, 1e-4, 0.004)
-    assert shares[0] == {"workers": 1, "global_batch": 512, "share": 1.0}
-    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, RESAMPLES, cfg.probe.precision)
-    assert v["settled"] and v["chosen"]["share"] == 1.0 and "to_settle" not in v
+    assert shares[0] == Share(workers=1, global_batch=512, share=1.0)
+    v = robust.verdict(point(1, 512), shares, RESAMPLES, cfg.probe.precision)
+    assert v.settled and v.chosen.share == 1.0 and v.to_settle is None
+    assert "to_settle" not in v.to_json()
 
 
 def test_a_knee_on_the_threshold_is_a_coin_toss_and_is_said_so():
@@ -77,15 +84,13 @@ def test_a_knee_on_the_threshold_is_a_coin_toss_and_is_said_so():
     about half the time each. Timed to +-5 %, neither holds a clear majority of the resamples,
     and the verdict names both points as what to time more precisely."""
     cfg, shares = _shares(0.0064, 1e-4, 0.05)
-    got = {r["global_batch"]: r["share"] for r in shares}
+    got = {r.global_batch: r.share for r in shares}
     assert set(got) <= {256, 512} and sum(got.values()) == pytest.approx(1.0)
     lo, hi = bounds.binomial_band(RESAMPLES, 0.5)  # a fair coin over the resamples
     assert lo <= got.get(256, 0.0) <= hi and lo <= got.get(512, 0.0) <= hi
-    v = robust.verdict({"workers": 1, "global_batch": 512}, shares, RESAMPLES, cfg.probe.precision)
-    assert not v["settled"] and "B=256" in v["to_settle"] and "B=512" in v["to_settle"]
-    assert v["chosen"]["share"] == max(got.values()) and v["runner_up"]["share"] == min(
-        got.values()
-    )
+    v = robust.verdict(point(1, 512), shares, RESAMPLES, cfg.probe.precision)
+    assert not v.settled and "B=256" in v.to_settle and "B=512" in v.to_settle
+    assert v.chosen.share == max(got.values()) and v.runner_up.share == min(got.values())
 
 
 def test_a_resample_redraws_each_mean_within_its_own_precision():

@@ -14,6 +14,7 @@ import yaml
 
 from bounds import check_accuracy
 from conftest import TINY, bitwise_equal, load_params, train_from_files, venv_env
+from selections import selection, selection_json
 from tula import config, faults
 from tula.io import write_json
 from tula.production import confirm, relaunch
@@ -24,7 +25,7 @@ D = 1437  # digits training samples
 def _run_dir(d, raw):
     raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
     (d / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
+    write_json(d / "selection.json", selection_json(2, 64))
     return d
 
 
@@ -259,7 +260,7 @@ def test_oom_in_evaluation_at_one_sample_per_worker_ends_the_attempt(
     tiny_raw["workload"]["epochs"] = 1
     tiny_raw["launch"] = {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": 64}})
+    write_json(tmp_path / "selection.json", selection_json(2, 64))
     monkeypatch.setenv(faults.ENV, f"oom:step={STEPS1},rank=0,batch=64,where=eval")
     _launch(tmp_path)
     a1, a2 = _attempts(tmp_path)["attempts"]
@@ -486,5 +487,5 @@ def test_a_job_whose_every_step_is_timed_apart_has_no_training_ratio(tmp_path):
     )
     final = confirm.record_prediction(final_path, pred)
     assert final["train_time_ratio"] is None and final["predicted_train_time_s"] == 0.2
-    said = _paid(final, {"selected": {"cost": 0.1, "mem_bytes": 0.0}}, config.from_dict({}))
+    said = _paid(final, selection(1, 512, cost=0.1), config.from_dict({}))
     assert said[0].startswith("training steps predicted") and "(x" not in said[0]

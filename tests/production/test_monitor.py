@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import TINY, bitwise_equal, load_params, train_from_files
+from selections import selection_json
 from tula.io import write_json
 from tula.production.monitor import COLUMNS, COST_SHARE, FIRST_AFTER, next_auto_pair
 
@@ -24,7 +25,7 @@ def _run(tmp_path, tiny_raw, name, predictions=None, **launch_cfg):
     d.mkdir()
     tiny_raw["launch"] = {"poll_s": 0.5, "executor": "local", **launch_cfg}
     (d / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
+    write_json(d / "selection.json", selection_json(2, B))
     final = train_from_files(
         d / "config.yaml", d / "selection.json", d / "train", predictions=predictions
     )

@@ -13,6 +13,7 @@ import yaml
 from conftest import REPLAN_B as B
 from conftest import REPLAN_D as D
 from conftest import replan_table, train_from_files
+from selections import selection_json
 from tula import config, faults
 from tula.io import write_json
 
@@ -118,7 +119,7 @@ def run_dir(tmp_path, tiny_raw):
         "replan": "move",
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
-    write_json(tmp_path / "selection.json", {"selected": {"workers": 2, "global_batch": B}})
+    write_json(tmp_path / "selection.json", selection_json(2, B))
     replan_table().to_csv(tmp_path / "predictions.csv", index=False)
     return tmp_path
 

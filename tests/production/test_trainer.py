@@ -20,6 +20,7 @@ from conftest import (
     train_from_files,
     venv_env,
 )
+from selections import selection_json
 from tula import faults
 from tula.io import write_json
 from tula.model.grid import steps_per_epoch
@@ -31,9 +32,7 @@ F1 = "torchmetrics.classification:MulticlassF1Score"
 def _run_dir(tmp_path, raw, workers=2, batch=32):
     raw.setdefault("launch", {}).update(executor="local", poll_s=0.5, checkpoint_every_steps=4)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(
-        tmp_path / "selection.json", {"selected": {"workers": workers, "global_batch": batch}}
-    )
+    write_json(tmp_path / "selection.json", selection_json(workers, batch))
     return tmp_path
 
 
@@ -209,7 +208,7 @@ def test_two_process_training(tiny_raw, tmp_path, venv_path):
     tiny_raw["workload"]["dataset"] = f"npz:{digits_uint8(tmp_path / 'digits_u8.npz')}"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tiny_raw))
     sel = tmp_path / "selection.json"
-    write_json(sel, {"selected": {"workers": 2, "global_batch": 64}})
+    write_json(sel, selection_json(2, 64))
     final = train_from_files(
         tmp_path / "config.yaml", sel, tmp_path / "train", executor_hint="local"
     )
@@ -259,7 +258,7 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw))
     sel = tmp_path / "selection.json"
-    write_json(sel, {"selected": {"workers": 1, "global_batch": 32}})
+    write_json(sel, selection_json(1, 32))
     previous = tmp_path / "train" / "final.json"
     write_json(previous, {"from": "an earlier good run"})
     with pytest.raises(

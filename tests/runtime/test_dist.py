@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import train_from_files
+from selections import selection_json
 from tula import config
 from tula.runtime import dist
 from tula.slurm import rendezvous
@@ -89,7 +90,7 @@ def test_comm_env_is_set_alike_in_probe_and_production_workers_and_recorded(
     assert rec["env"]["comm_env"] == expect
     # the layout of cluster.workers_per_node=1 (the paper's), whatever machine ran it
     assert rec["nodes"] == 2
-    write_json(tmp_path / "sel.json", {"selected": {"workers": 2, "global_batch": 64}})
+    write_json(tmp_path / "sel.json", selection_json(2, 64))
     final = train_from_files(tmp_path / "c.yaml", tmp_path / "sel.json", tmp_path / "train")
     assert final["comm_env"] == expect
     meas = pd.DataFrame({"source": ["probe"], "comm_env": [comm_env_text(rec["env"])]})

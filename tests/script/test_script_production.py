@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, bitwise_equal, load_params, train_from_files, venv_env
+from selections import selection_json
 from tula import faults
 from tula.io import write_json
 
@@ -28,7 +29,7 @@ def _run_dir(d, script=EXAMPLE, args=ARGS, batch=64):
         "launch": {"checkpoint_every_steps": 5, "poll_s": 0.5, "executor": "local"},
     }
     (d / "config.yaml").write_text(yaml.safe_dump(raw))
-    write_json(d / "selection.json", {"selected": {"workers": 2, "global_batch": batch}})
+    write_json(d / "selection.json", selection_json(2, batch))
     return d
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from selections import selection_json
 from tula.stages import plan
 
 EXAMPLE = ROOT / "examples" / "ddp_train" / "train.py"
@@ -30,14 +31,9 @@ def _plan(tmp_path, workers_per_node: int, epochs: int, partition: str | None = 
         "launch": {"checkpoint_every_steps": 5},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    sel = {
-        "selected": dict(
-            workers=2, global_batch=128, local_batch=64, step_time_s=0.02, train_time_s=5.0
-        )
-        | dict(cost=0.01, currency="USD", mem_bytes=1e8),
-        "objective": "knee",
-        "reason": "the test's",
-    }
+    sel = selection_json(
+        2, 128, objective="knee", step_time_s=0.02, train_time_s=5.0, cost=0.01, mem_bytes=1e8
+    )
     (tmp_path / "selection.json").write_text(json.dumps(sel))
     (tmp_path / "predictions.csv").write_text(
         "workers,global_batch,wall_time_s,wall_time_lo_s,wall_time_hi_s\n2,128,60,50,70\n"

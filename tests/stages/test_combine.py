@@ -27,7 +27,10 @@ def partition(root, name, scale, waits, cfg):
     queue = {"partition": name, "waits": [{"workers": n, "wait_s": w} for n, w in waits.items()]}
     write_json(
         d / "selection.json",
-        {**select(across.with_waits(pred, waits), model_inputs.planning(cfg)), "queue": queue},
+        {
+            **select(across.with_waits(pred, waits), model_inputs.planning(cfg)).to_json(),
+            "queue": queue,
+        },
     )
     probes = pred.assign(
         compute_time_s=pred["step_time_s"], sync_time_s=0.0, peak_mem_bytes=1e6, status="ok"
@@ -50,8 +53,8 @@ def test_time_to_result_counts_the_waits_and_the_chosen_files_take_the_plain_pla
         partition(res, "b", 2.0, {1: 0.0, 2: 0.0}, cfg),
     ]
     sel = combine.run(tmp_path / "c.yaml", parts, str(res / "snapshots"), str(res))
-    assert sel["partition"] == "b" and sel["across_partitions"]["runner_up"]["partition"] == "a"
-    assert sel["across_partitions"]["partitions"][1]["value"] == 1200.0  # a: 1000 s + 200 s
+    assert sel.partition == "b" and sel.across_partitions.runner_up.partition == "a"
+    assert sel.across_partitions.partitions[1].value == 1200.0  # a: 1000 s + 200 s
     spanning = pd.read_csv(res / "partitions" / "predictions.csv")
     assert set(spanning["partition"]) == {"a", "b"} and spanning["queue_wait_s"].notna().all()
     assert json.loads((res / "workload.json").read_text()) == {"partition": "b"}

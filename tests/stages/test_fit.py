@@ -110,7 +110,7 @@ def test_the_fallback_predicts_one_worker_only_and_the_report_says_so(tmp_path, 
         pred.loc[pred["workers"] == 1, "sync_measured"].all()
         and not pred.loc[pred["workers"] == 2, "sync_measured"].any()
     )
-    assert select.select(pred, model_inputs.planning(cfg))["selected"]["workers"] == 1
+    assert select.select(pred, model_inputs.planning(cfg)).selected.workers == 1
     assert "No multi-worker probe succeeded: communication was not measured" in model_section(perf)
 
 

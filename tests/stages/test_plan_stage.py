@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from selections import selection_json
 from tula.stages import plan
 
 
@@ -21,10 +22,8 @@ def _inputs(tmp_path, train=None, cluster=None, hardware=None, n=4, b=1024):
         "hardware": hardware or {},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    selected = dict(workers=n, global_batch=b, local_batch=b // n, step_time_s=0.05)
-    selected.update(train_time_s=42.0, cost=0.12, currency="USD", mem_bytes=2e9)
-    sel = {"selected": selected, "objective": "time", "reason": "the least predicted T"}
-    (tmp_path / "selection.json").write_text(json.dumps(sel))
+    sel = selection_json(n, b, step_time_s=0.05, train_time_s=42.0, cost=0.12, mem_bytes=2e9)
+    (tmp_path / "selection.json").write_text(json.dumps({**sel, "reason": "the least predicted T"}))
     row = dict(workers=n, global_batch=b, step_time_lo_s=0.04, step_time_hi_s=0.06)
     row.update(wall_time_s=300.0, wall_time_lo_s=280.0, wall_time_hi_s=320.0)
     pd.DataFrame([row]).to_csv(tmp_path / "predictions.csv", index=False)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from selections import selection
 from tula.stages import plot
 from tula.stages.plot.training import attempt_marks, sync_over_run, training_curve
 
@@ -36,11 +37,7 @@ def _pred():
     return pd.DataFrame(rows)
 
 
-SELECTION = {
-    "objective": "knee",
-    "selected": {"workers": 2, "global_batch": 64, "train_time_s": 6.0, "cost": 0.01},
-    "pricing": {"model": "worker_hour", "currency": "USD"},
-}
+SELECTION = selection(2, 64, objective="knee", train_time_s=6.0, cost=0.01)
 
 
 def _lines(ax):

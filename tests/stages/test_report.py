@@ -1,6 +1,9 @@
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
+from selections import selection
 from tula.stages.report.sections import _cell, _table
 
 
@@ -337,7 +340,7 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     )
     assert "N=1 B=256: &plusmn;8.0 %, about 480 steps" in wide and "probe.timed_steps" not in wide
     m.to_csv(tmp_path / "measurements.csv", index=False)
-    (line,) = _trust(tmp_path, {}, None)
+    (line,) = _trust(tmp_path, selection(1, 64), None)
     assert "1 of 1 probes missed their precision: N1_B256 (±1.4 % on 7 steps of the 20" in line
     # the minimum counts the steps the half-width is over, epoch starts too where it weighs them
     assert short_of_steps(pd.Series({**row, "step_judged_steps": 20})) is None
@@ -345,7 +348,9 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
     lacking = precision_section(pd.DataFrame([{**row, "step_judged_steps": 9}]))
     assert "on 9 steps, under the 20 probe.timed_steps asks" in lacking
     m.assign(precision_min_steps=float("nan")).to_csv(tmp_path / "measurements.csv", index=False)
-    (line,) = _trust(tmp_path, {}, None)  # a table from before the column: the half-width alone
+    (line,) = _trust(
+        tmp_path, selection(1, 64), None
+    )  # a table from before the column: the half-width alone
     assert "N1_B256 (±1.4 %)" in line
     # the summary shows the figure the report shows: the wider arm, as the rule judged it
     spiky = m.assign(
@@ -359,7 +364,7 @@ def test_a_probe_short_of_its_steps_is_told_so_in_the_report_and_the_summary(tmp
         compute_time_halfwidth_judged_rel=0.031,
     )
     spiky.to_csv(tmp_path / "measurements.csv", index=False)
-    (line,) = _trust(tmp_path, {}, None)
+    (line,) = _trust(tmp_path, selection(1, 64), None)
     assert "N1_B256 (±3.1 %)" in line and "<li>N=1 B=256: &plusmn;3.1 %," in precision_section(
         spiky
     )
@@ -392,6 +397,7 @@ def test_the_host_section_says_below_which_batch_the_gpu_waits_for_python():
 
 
 def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():
+    from tula.model.selection import Robustness
     from tula.stages.report.trust import robustness_line
 
     r = {
@@ -403,12 +409,14 @@ def test_an_unsettled_choice_says_so_with_its_rule_and_what_would_settle_it():
         "rule": "the point chosen in most resamples",
         "to_settle": "time N=2 B=256 and N=2 B=512 more precisely",
     }
-    html = robustness_line(r)
+    shares = [r["chosen"], r["runner_up"]]
+    r |= dict(method="", shares=shares, point_estimate=r["chosen"], threshold=0.6)
+    held = Robustness.from_json(r)
+    html = robustness_line(held)
     assert "not settled at this noise" in html and "<b>55 %</b>" in html and "2.5" in html
     assert "N=2 B=512, in 45 %" in html and "time N=2 B=256 and N=2 B=512" in html
-    assert (
-        "not settled" not in robustness_line({**r, "settled": True}) and robustness_line(None) == ""
-    )
+    settled = replace(held, settled=True)
+    assert "not settled" not in robustness_line(settled) and robustness_line(None) == ""
 
 
 def test_nodes_and_links_name_the_hosts_and_each_levels_bus_bandwidth():

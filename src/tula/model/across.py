@@ -12,12 +12,14 @@ its ratio to the chosen one.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tula.model.choice import TO_ACCURACY, WAIT
+from tula.model.choice import TO_ACCURACY
+from tula.model.selection import WAIT, Across, Point, Selection, Standing
 
 PARTITION = "partition"
 
@@ -34,11 +36,11 @@ def measure(objective: str, knee_on: str) -> tuple[str, str]:
     return "train_time_s", "training time T"
 
 
-def _row(pred: pd.DataFrame, point: dict[str, Any]) -> pd.Series:
-    at = (pred["workers"] == point["workers"]) & (pred["global_batch"] == point["global_batch"])
+def _row(pred: pd.DataFrame, point: Point) -> pd.Series:
+    at = (pred["workers"] == point.workers) & (pred["global_batch"] == point.global_batch)
     if not at.any():
         raise ValueError(
-            f"the selection's N={point['workers']} B={point['global_batch']} is not in its "
+            f"the selection's N={point.workers} B={point.global_batch} is not in its "
             "partition's predictions"
         )
     return pred[at].iloc[0]
@@ -58,56 +60,43 @@ def combine(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     )
 
 
-def _line(name: str, sel: dict[str, Any], v: float, col: str, unit: str) -> str:
-    s = sel["selected"]
-    wait = s.get(WAIT)
+def _line(s: Standing, col: str, unit: str) -> str:
+    p, wait = s.point, s.point.queue_wait_s
     waited = f" (queue wait {wait:.0f} s)" if col == "time_to_result_s" and wait is not None else ""
-    return f"{name} N={s['workers']} B={s['global_batch']}: {v:.4g} {unit}{waited}"
+    return f"{s.partition} N={p.workers} B={p.global_batch}: {s.value:.4g} {unit}{waited}"
 
 
 def choose(
     frames: dict[str, pd.DataFrame],
-    selections: dict[str, dict[str, Any]],
+    selections: dict[str, Selection],
     objective: str,
     knee_on: str,
     currency: str,
-) -> dict[str, Any]:
-    """selection.json across partitions: the chosen partition's own selection, with
-    ``partition`` in it and in ``selected``, and an ``across_partitions`` block (each
-    partition's choice and its value, the runner-up on another partition and its ratio)."""
+) -> Selection:
+    """selection.json across partitions: the chosen partition's own selection, with its
+    ``partition`` (in ``selected`` too) and an ``across_partitions`` block (each partition's
+    choice and its value, the runner-up on another partition and its ratio)."""
     col, what = measure(objective, knee_on)
     unit = "s" if col.endswith("_s") else currency
-    rows = []
-    for name, sel in selections.items():
-        row = _row(frames[name], sel["selected"])
-        rows.append({PARTITION: name, "value": value(row, col), **sel["selected"]})
-    rows.sort(key=lambda r: r["value"])  # stable: equal values keep the order listed
+    rows = [
+        Standing(name, value(_row(frames[name], sel.selected), col), sel.selected)
+        for name, sel in selections.items()
+    ]
+    rows.sort(key=lambda r: r.value)  # stable: equal values keep the order listed
     best, runner = rows[0], rows[1] if len(rows) > 1 else None
-    out = dict(selections[best[PARTITION]])
-    out["selected"] = {**out["selected"], PARTITION: best[PARTITION]}
-    out[PARTITION] = best[PARTITION]
-    reason = f"across {len(rows)} partitions by {what}: " + _line(
-        best[PARTITION], selections[best[PARTITION]], best["value"], col, unit
-    )
+    reason = f"across {len(rows)} partitions by {what}: " + _line(best, col, unit)
     if runner is not None:
-        ratio = runner["value"] / best["value"] if best["value"] > 0 else float("inf")
-        reason += (
-            "; runner-up "
-            + _line(runner[PARTITION], selections[runner[PARTITION]], runner["value"], col, unit)
-            + f", {ratio:.2f}x"
-        )
-    out["reason"] = f"{reason}. Within {best[PARTITION]}: {out['reason']}"
-    out["across_partitions"] = {
-        "measure": col,
-        "what": what,
-        "unit": unit,
-        "partitions": rows,
-        "chosen": best[PARTITION],
-        "runner_up": None
-        if runner is None
-        else {**runner, "ratio": runner["value"] / best["value"] if best["value"] else None},
-    }
-    return out
+        ratio = runner.value / best.value if best.value > 0 else float("inf")
+        reason += f"; runner-up {_line(runner, col, unit)}, {ratio:.2f}x"
+        runner = replace(runner, ratio=runner.value / best.value if best.value else None)
+    own = selections[best.partition]
+    return replace(
+        own,
+        selected=own.selected.on(best.partition),
+        partition=best.partition,
+        reason=f"{reason}. Within {best.partition}: {own.reason}",
+        across_partitions=Across(col, what, unit, tuple(rows), best.partition, runner),
+    )
 
 
 def compute_ratios(measured: dict[str, pd.DataFrame]) -> list[dict[str, Any]]:
@@ -159,28 +148,27 @@ def waits_by_workers(queue: dict[str, Any]) -> dict[int, float]:
     return {int(w["workers"]): float(w["wait_s"]) for w in queue.get("waits", [])}
 
 
-def after_wait(block: dict[str, Any], waits: dict[str, float]) -> dict[str, Any]:
+def after_wait(block: Across, waits: dict[str, float]) -> dict[str, Any]:
     """The choice across partitions again at submission, with the queue's waits asked now
     (``waits``: by partition, the chosen one's and the runner-up's): each one's wait plus its
     T, and whether the runner-up now finishes first. Only for a measure in seconds (a wait
     adds nothing to a cost)."""
-    chosen = next(p for p in block["partitions"] if p[PARTITION] == block["chosen"])
-    runner = block.get("runner_up")
+    chosen, runner = block.standing[block.chosen], block.runner_up
     out: dict[str, Any] = {"waits_s": waits, "runner_first": False}
-    if runner is None or block.get("unit") != "s":
+    if runner is None or block.unit != "s":
         return {**out, "reason": "no runner-up on another partition to compare with in time"}
-    name, other = chosen[PARTITION], runner[PARTITION]
+    name, other = chosen.partition, runner.partition
     done = {
-        name: waits.get(name, 0.0) + chosen["train_time_s"],
-        other: waits.get(other, 0.0) + runner["train_time_s"],
+        name: waits.get(name, 0.0) + chosen.point.train_time_s,
+        other: waits.get(other, 0.0) + runner.point.train_time_s,
     }
-    planned = chosen["value"], runner["value"]
+    planned = chosen.value, runner.value
     out.update(finish_s=done, runner_first=done[other] < done[name])
     if out["runner_first"]:
         out["reason"] = (
             f"the queue's wait on {name} is now {waits.get(name, 0.0):.0f} s: its job would end "
-            f"{done[name]:.0f} s from now, and {other}'s (N={runner['workers']} "
-            f"B={runner['global_batch']}, wait {waits.get(other, 0.0):.0f} s) "
+            f"{done[name]:.0f} s from now, and {other}'s (N={runner.point.workers} "
+            f"B={runner.point.global_batch}, wait {waits.get(other, 0.0):.0f} s) "
             f"{done[other]:.0f} s from now, {done[name] - done[other]:.0f} s sooner; at the "
             f"plan {name} was ahead by {planned[1] - planned[0]:.0f} s"
         )

@@ -31,9 +31,10 @@ import pandas as pd
 from tula.model import noise
 from tula.model.inputs import Goal, Planning
 from tula.model.pricing import UNITS
+from tula.model.selection import WAIT, Point, Selection
 
-# objective time_to_result: the queue's expected wait (tula.slurm.queue) plus T, per candidate
-WAIT, TO_RESULT = "queue_wait_s", "time_to_result_s"
+# objective time_to_result: the queue's expected wait (WAIT, tula.slurm.queue) plus T
+TO_RESULT = "time_to_result_s"
 
 
 class NoFeasibleConfiguration(ValueError):
@@ -96,24 +97,6 @@ def _envelope(cand: pd.DataFrame, col: str) -> pd.DataFrame:
     """For each B, the candidate with the smallest ``col`` (T or C)."""
     idx = cand.groupby("global_batch")[col].idxmin()
     return cand.loc[idx].sort_values("global_batch")
-
-
-def summary(row: pd.Series, currency: str) -> dict[str, Any]:
-    return {
-        "workers": int(row["workers"]),
-        "nodes": int(row["nodes"]) if "nodes" in row else None,
-        "global_batch": int(row["global_batch"]),
-        "local_batch": int(row["local_batch"]),
-        "step_time_s": float(row["step_time_s"]),
-        "train_time_s": float(row["train_time_s"]),
-        "cost": float(row["cost"]),
-        "currency": currency,
-        "mem_bytes": float(row["mem_bytes"]),
-        "probed": bool(row.get("probe_status", "") == "ok"),
-        # train.accumulate's micro-batches, where a step runs as several
-        **({"accumulate": int(row["accumulate"])} if row.get("accumulate", 1) > 1 else {}),
-        **({WAIT: float(row[WAIT])} if WAIT in row and pd.notna(row[WAIT]) else {}),
-    }
 
 
 @dataclass
@@ -301,8 +284,8 @@ def _to_accuracy(pred: pd.DataFrame, cand: pd.DataFrame, goal: Goal, currency: s
 
     versus = {}
     for other in ("time", "knee"):
-        sel = OBJECTIVES[other](pred, cand, replace(goal, objective=other), currency).best
-        same = (cand["workers"] == sel["workers"]) & (cand["global_batch"] == sel["global_batch"])
+        pick = OBJECTIVES[other](pred, cand, replace(goal, objective=other), currency).best
+        same = (cand["workers"] == pick["workers"]) & (cand["global_batch"] == pick["global_batch"])
         versus[other] = at(cand[same].iloc[0])
     block = {
         "b_noise": bn,
@@ -342,7 +325,7 @@ OBJECTIVES = {
 BLOCK_NAME = {"knee": "knee", "time_to_accuracy": "noise", "cost_to_accuracy": "noise"}
 
 
-def select(pred: pd.DataFrame, plan: Planning) -> dict[str, Any]:
+def select(pred: pd.DataFrame, plan: Planning) -> Selection:
     """selection.json: the point ``objective`` chooses among the feasible candidates inside
     the constraints, the runner-up, why, the objective's own block and the price."""
     goal, price = plan.goal, plan.price
@@ -356,26 +339,26 @@ def select(pred: pd.DataFrame, plan: Planning) -> dict[str, Any]:
         )
     cur = price.currency
     choice = OBJECTIVES[goal.objective](pred, cand, goal, cur)
-    out: dict[str, Any] = {
-        "objective": goal.objective,
-        "candidates": int(len(cand)),
-        "excluded": excluded,
-    }
-    if goal.objective in BLOCK_NAME:
-        out[BLOCK_NAME[goal.objective]] = choice.block
-    out["selected"] = summary(choice.best, cur)
-    out["runner_up"] = summary(choice.runner, cur) if choice.runner is not None else None
-    out["reason"] = choice.reason
-    out["pricing"] = {
-        "model": price.model,
-        "unit": UNITS[price.model],
-        "per_worker_hour": price.per_worker_hour,
-        "per_node_hour": price.per_node_hour,
-        "per_gb_hour": price.per_gb_hour,
-        "currency": cur,
-        "workers_per_node": price.workers_per_node,
-    }
-    if not math.isfinite(out["selected"]["train_time_s"]):
+    block = {BLOCK_NAME[goal.objective]: choice.block} if goal.objective in BLOCK_NAME else {}
+    out = Selection(
+        objective=goal.objective,
+        candidates=int(len(cand)),
+        excluded=excluded,
+        selected=Point.of_row(choice.best, cur),
+        runner_up=Point.of_row(choice.runner, cur) if choice.runner is not None else None,
+        reason=choice.reason,
+        pricing={
+            "model": price.model,
+            "unit": UNITS[price.model],
+            "per_worker_hour": price.per_worker_hour,
+            "per_node_hour": price.per_node_hour,
+            "per_gb_hour": price.per_gb_hour,
+            "currency": cur,
+            "workers_per_node": price.workers_per_node,
+        },
+        **block,
+    )
+    if not math.isfinite(out.selected.train_time_s):
         raise ValueError(
             "selection: the selected point has no finite predicted time; check "
             "results/model/perf.json"

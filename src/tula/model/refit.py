@@ -105,10 +105,9 @@ def _chosen(plan: Planning, rest: pd.DataFrame, workers: int, batch: int) -> tup
     """The (N, B) the objective chooses for the rest of training (the current one where
     nothing is feasible)."""
     try:
-        chosen = select(rest, plan)["selected"]
+        return select(rest, plan).point
     except NoFeasibleConfiguration:
         return workers, batch
-    return int(chosen["workers"]), int(chosen["global_batch"])
 
 
 def _saving(
@@ -214,8 +213,7 @@ def onto(
     if c.min_workers and not (rest["workers"] >= c.min_workers).any():
         dropped.append(f"constraints.min_workers={c.min_workers}")
         c = replace(c, min_workers=None)
-    sel = select(rest, replace(plan, goal=replace(plan.goal, bounds=c)))["selected"]
-    n2, b2 = int(sel["workers"]), int(sel["global_batch"])
+    n2, b2 = select(rest, replace(plan, goal=replace(plan.goal, bounds=c))).point
     why = (
         f"N={workers} B={batch} cannot run on the nodes left (N <= {max(allowed)} can); "
         f"re-planned to N={n2} B={b2}, the {plan.goal.objective} choice among the predictions there"

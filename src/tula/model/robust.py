@@ -19,7 +19,6 @@ in four), the choice is not settled at this noise, and the record says what woul
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +28,7 @@ from tula.model import perf as perf_mod
 from tula.model.inputs import Planning
 from tula.model.memory import MemoryModel
 from tula.model.predictions import predict
+from tula.model.selection import Point, Robustness, Share
 
 RESAMPLES = 100
 SETTLED = 0.75  # a settled choice wins more than this share of the resamples
@@ -103,7 +103,7 @@ def choice_shares(
     seed: int = SEED,
     inflate: float | None = None,
     waits: dict[int, float] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Share]:
     """Each point chosen in some resample and its share, most chosen first; standard errors
     times ``inflate`` (default: the fit's :func:`scatter_ratio`); ``waits``: the queue's
     expected wait by N, as the choice itself had it (objective time_to_result)."""
@@ -116,62 +116,53 @@ def choice_shares(
         try:
             pred = predict(plan, p, mem, train_samples, m, wall=False)
             pred = across.with_waits(pred, waits) if waits else pred
-            s = choice.select(pred, plan)["selected"]
+            counts[choice.select(pred, plan).point] += 1
         except ValueError:  # no feasible point in this resample
             counts[None] += 1
-            continue
-        counts[(int(s["workers"]), int(s["global_batch"]))] += 1
-    rows = [
-        {"workers": k[0], "global_batch": k[1], "share": v / resamples}
-        for k, v in counts.items()
-        if k is not None
-    ]
-    return sorted(rows, key=lambda r: (-r["share"], r["global_batch"], r["workers"]))
+    rows = [Share(k[0], k[1], v / resamples) for k, v in counts.items() if k is not None]
+    return sorted(rows, key=lambda r: (-r.share, r.global_batch, r.workers))
 
 
 def verdict(
-    selected: dict[str, Any],
-    shares: list[dict[str, Any]],
+    selected: Point,
+    shares: list[Share],
     resamples: int,
     precision: float,
     inflate: float = 1.0,
-) -> dict[str, Any]:
+) -> Robustness:
     """selection.json's ``robustness``: the chosen point's share, the runner-up's, whether the
     choice is settled, the rule used when it is not, and what would settle it."""
-    key = (int(selected["workers"]), int(selected["global_batch"]))
-
-    def share_of(k: tuple[int, int]) -> float:
-        return next((r["share"] for r in shares if (r["workers"], r["global_batch"]) == k), 0.0)
-
-    top = shares[0] if shares else None
-    mode = (top["workers"], top["global_batch"]) if top else key
-    others = [r for r in shares if (r["workers"], r["global_batch"]) != mode]
+    key = selected.key
+    share_of = {r.key: r.share for r in shares}
+    mode = shares[0].key if shares else key
+    others = [r for r in shares if r.key != mode]
     runner = others[0] if others else None
-    settled = bool(top) and top["share"] > SETTLED
-    out: dict[str, Any] = {
-        "resamples": resamples,
-        "method": (
+    settled = bool(shares) and shares[0].share > SETTLED
+    to_settle = None
+    if not settled and runner is not None:
+        to_settle = (
+            f"time N={mode[0]} B={mode[1]} and N={runner.workers} "
+            f"B={runner.global_batch} more precisely: a longer probe.time_budget_s (or a "
+            f"tighter probe.precision than {100 * precision:g} %) for the probes "
+            "that missed their precision, or search: full, which probes both points directly"
+        )
+    return Robustness(
+        resamples=resamples,
+        method=(
             "every measured mean redrawn from its own sampling law (normal, the standard error "
             "its timer measured, times the fit's scatter ratio), the step model's forms "
             "refitted, every point predicted and the objective chosen again"
         ),
-        "scatter_ratio": inflate,
-        "shares": shares,
-        "point_estimate": {"workers": key[0], "global_batch": key[1], "share": share_of(key)},
-        "chosen": {"workers": mode[0], "global_batch": mode[1], "share": share_of(mode)},
-        "runner_up": runner,
-        "settled": settled,
-        "threshold": SETTLED,
-        "rule": (
+        scatter_ratio=inflate,
+        shares=tuple(shares),
+        point_estimate=Share(*key, share_of.get(key, 0.0)),
+        chosen=Share(*mode, share_of.get(mode, 0.0)),
+        runner_up=runner,
+        settled=settled,
+        threshold=SETTLED,
+        rule=(
             f"the point chosen in most resamples (ties: the smaller B); settled when it wins "
             f"more than {100 * SETTLED:.0f} % of them"
         ),
-    }
-    if not settled and runner is not None:
-        out["to_settle"] = (
-            f"time N={mode[0]} B={mode[1]} and N={runner['workers']} "
-            f"B={runner['global_batch']} more precisely: a longer probe.time_budget_s (or a "
-            f"tighter probe.precision than {100 * precision:g} %) for the probes "
-            "that missed their precision, or search: full, which probes both points directly"
-        )
-    return out
+        to_settle=to_settle,
+    )

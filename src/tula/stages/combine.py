@@ -16,14 +16,16 @@ selection.json, measurements.csv, model/, workload.json, memory_probe.json) and 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from tula import config as config_mod
-from tula.io import atomic_write, read_json, write_json
+from tula.io import atomic_write, write_json
 from tula.model import across
 from tula.model import measurements as measurements_mod
+from tula.model.selection import Selection
 
 # the files of one partition that the stages after the choice read, copied for the chosen one
 CHOSEN_FILES = (
@@ -54,37 +56,40 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfileobj(f, fh)
 
 
-def run(config, parts: list[str], snapshots: str, out_dir: str) -> dict:
+def run(config, parts: list[str], snapshots: str, out_dir: str) -> Selection:
     """``tula combine``: see the module's docstring."""
     cfg = config_mod.load(config)
     dirs = parse_parts(parts)
-    sels = {n: read_json(d / "selection.json") for n, d in dirs.items()}
+    sels = {n: Selection.read(d / "selection.json") for n, d in dirs.items()}
     # each partition's predictions with the queue's waits its own choice was made with
     frames = {
         n: across.with_waits(pd.read_csv(d / "predictions.csv"), across.waits_by_workers(q))
-        if (q := sels[n].get("queue"))
+        if (q := sels[n].queue)
         else pd.read_csv(d / "predictions.csv")
         for n, d in dirs.items()
     }
     sel = across.choose(frames, sels, cfg.objective, cfg.knee_on, cfg.pricing.currency)
-    block = sel["across_partitions"]
     measured = {n: measurements_mod.load(d / "measurements.csv") for n, d in dirs.items()}
-    block["compute_ratios"] = across.compute_ratios(measured)
     gpus = {e["name"]: e.get("gpu") for e in cfg.cluster.partitions if e["name"] in dirs}
-    block["same_gpu"] = across.same_gpu(gpus)
-    block["queues"] = {n: s["queue"] for n, s in sels.items() if s.get("queue")}
+    block = replace(
+        sel.across_partitions,
+        compute_ratios=tuple(across.compute_ratios(measured)),
+        same_gpu=tuple(map(tuple, across.same_gpu(gpus))),
+        queues={n: s.queue for n, s in sels.items() if s.queue},
+    )
+    sel = replace(sel, across_partitions=block)
     out = Path(out_dir)
-    chosen = sel["partition"]
+    chosen = sel.partition
     spanning = across.combine(frames)
     with atomic_write(out / "partitions" / "predictions.csv") as fh:
         spanning.to_csv(fh, index=False)
     for name in CHOSEN_FILES:
         _copy(dirs[chosen] / name, out / name)
     _copy(Path(snapshots) / f"{chosen}.json", out / "partitions" / "chosen.json")
-    write_json(out / "selection.json", sel)
-    s = sel["selected"]
+    write_json(out / "selection.json", sel.to_json())
+    s = sel.selected
     print(
-        f"[combine] {len(dirs)} partitions: {chosen} N={s['workers']} B={s['global_batch']} — "
-        f"{sel['reason']} -> {out / 'selection.json'}"
+        f"[combine] {len(dirs)} partitions: {chosen} N={s.workers} B={s.global_batch} — "
+        f"{sel.reason} -> {out / 'selection.json'}"
     )
     return sel

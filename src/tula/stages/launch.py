@@ -9,22 +9,20 @@ from typing import Any
 
 from tula import config as config_mod
 from tula import partitions
-from tula.io import read_json, write_json
+from tula.io import write_json
 from tula.model import across
+from tula.model.selection import Selection
 from tula.production.launcher import train
 from tula.production.submission import resolve_executor
 from tula.slurm import queue as slurm_queue
 
 
 def selected_point(path) -> tuple[int, int]:
-    """(workers, global_batch) of a selection.json; the error names the file."""
-    sel = read_json(path)
+    """(workers, global_batch) of a selection.json; the error names the file and what to do."""
     try:
-        return int(sel["selected"]["workers"]), int(sel["selected"]["global_batch"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(
-            f"{path}: no selected.workers / selected.global_batch; re-run `tula select`"
-        ) from None
+        return Selection.read(path).point
+    except ValueError as err:
+        raise ValueError(f"{err}; re-run `tula select`") from None
 
 
 def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = None):
@@ -34,19 +32,19 @@ def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = N
     the plan under .snakemake/tula/partitions/ and results/partitions/). Written to
     ``out_dir``/queue.json. Returns the config, point and predictions to train with, or None
     to keep the plan's."""
-    sel = read_json(selection)
-    block = sel.get("across_partitions")
-    if not block or cfg.launch.replan == "off" or not block.get("runner_up"):
+    sel = Selection.read(selection)
+    block = sel.across_partitions
+    if not block or cfg.launch.replan == "off" or not block.runner_up:
         return None
-    runner = block["runner_up"]
-    other = runner[across.PARTITION]
+    runner = block.runner_up.point
+    other = block.runner_up.partition
     runner_cfg = config_mod.load(partitions.snapshot_path(other))
     time_min = cfg.launch.timeout_min or timeout_min or slurm_queue.DEFAULT_TIME_MIN
     try:
         waits = {
-            name: slurm_queue.wait_for(c, int(p["workers"]), name, time_min).wait_s
+            name: slurm_queue.wait_for(c, p.workers, name, time_min).wait_s
             for name, c, p in (
-                (block["chosen"], cfg, sel["selected"]),
+                (block.chosen, cfg, sel.selected),
                 (other, runner_cfg, runner),
             )
         }
@@ -71,7 +69,7 @@ def queue_again(cfg, selection: str | Path, out_dir, timeout_min: int | None = N
     if not move:
         return None
     predictions = Path(selection).parent / "partitions" / other / "predictions.csv"
-    return runner_cfg, (int(runner["workers"]), int(runner["global_batch"])), predictions
+    return runner_cfg, runner.key, predictions
 
 
 def run(

@@ -31,6 +31,7 @@ from tula import checkpoint, model_inputs, pipeline
 from tula import config as config_mod
 from tula.io import atomic_write, read_json, write_json
 from tula.model.grid import steps_per_epoch
+from tula.model.selection import Selection
 from tula.slurm import shapes
 from tula.workers import script_launch
 from tula.workers.processes import THREAD_VARIABLES
@@ -41,32 +42,32 @@ RDZV_PORT = 29500  # torchrun's c10d rendezvous on the first node
 
 def plan_record(
     cfg: config_mod.Config,
-    selection: dict[str, Any],
+    selection: Selection,
     predictions: pd.DataFrame,
     train_samples: int,
     timeout_min: int | None,
 ) -> dict[str, Any]:
     """plan.json's content: the chosen point and what it takes to train there."""
-    s = selection["selected"]
-    n, b = s["workers"], s["global_batch"]
+    s = selection.selected
+    n, b = s.key
     row = predictions[(predictions["workers"] == n) & (predictions["global_batch"] == b)]
     r = row.iloc[0].to_dict() if len(row) else {}
     shape = shapes.job_shape(cfg, n)
     t, lr = cfg.train, model_inputs.lr_plan(cfg.train)
-    spe, k = steps_per_epoch(train_samples, b, n), int(s.get("accumulate", 1))
+    spe, k = steps_per_epoch(train_samples, b, n), s.micro_batches
     wall = r.get("wall_time_s")
     return {
         "workers": n,
         "global_batch": b,
-        "local_batch": s["local_batch"],
+        "local_batch": s.local_batch,
         # train.accumulate: the micro-batches a step runs as, and the largest of them
         "accumulate": k,
-        "micro_batch": -(-s["local_batch"] // k),
+        "micro_batch": -(-s.local_batch // k),
         "nodes": shape.nodes,
         "workers_per_node": shape.tasks_per_node,
         "gpus_per_node": shape.gpus_per_node,
-        "objective": selection["objective"],
-        "reason": selection["reason"],
+        "objective": selection.objective,
+        "reason": selection.reason,
         "epochs": cfg.workload.epochs,
         "steps_per_epoch": spe,
         "method": t.method,
@@ -88,14 +89,14 @@ def plan_record(
         "loss": t.loss,
         "label_smoothing": t.label_smoothing,
         "precision": t.precision,
-        "predicted_step_time_s": s["step_time_s"],
+        "predicted_step_time_s": s.step_time_s,
         "predicted_step_time_interval_s": _interval(r, "step_time"),
-        "predicted_train_time_s": s["train_time_s"],
+        "predicted_train_time_s": s.train_time_s,
         "predicted_wall_time_s": float(wall) if wall is not None else None,
         "predicted_wall_time_interval_s": _interval(r, "wall_time"),
-        "predicted_cost": s["cost"],
-        "currency": s["currency"],
-        "mem_bytes_per_worker": s["mem_bytes"],
+        "predicted_cost": s.cost,
+        "currency": s.currency,
+        "mem_bytes_per_worker": s.mem_bytes,
         "time_limit_min": timeout_min,
         "trained": False,
     }
@@ -302,7 +303,7 @@ def run(
     partition, account = L.slurm_partition or slurm_partition, L.slurm_account or slurm_account
     p = plan_record(
         cfg,
-        read_json(selection),
+        Selection.read(selection),
         pd.read_csv(predictions),
         int(read_json(workload)["train_samples"]),
         timeout,

@@ -5,7 +5,7 @@ is :mod:`tula.model.robust`, given the measurements and the fitted models."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 import pandas as pd
 
@@ -14,12 +14,15 @@ from tula import model_inputs
 from tula.io import read_json, write_json
 from tula.model import across, robust
 from tula.model import measurements as measurements_mod
-from tula.model.choice import select, summary
+from tula.model.choice import select
 from tula.model.memory import MemoryModel
 from tula.model.perf import PerfModel
+from tula.model.selection import Point, Selection
 
 
-def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory, waits) -> None:
+def _robustness(
+    sel: Selection, pred: pd.DataFrame, cfg, measurements, perf, memory, waits
+) -> Selection:
     """The choice over resamples of the probes' timings; where most resamples choose another
     point than the measured means do, that point (the rule in :mod:`tula.model.robust`). An
     unsettled choice is said by ``robustness`` (the report's line, the log's bracket)."""
@@ -35,19 +38,22 @@ def _robustness(sel: dict, pred: pd.DataFrame, cfg, measurements, perf, memory, 
         inflate=inflate,
         waits=waits,
     )
-    r = robust.verdict(sel["selected"], shares, robust.RESAMPLES, cfg.probe.precision, inflate)
-    sel["robustness"] = r
-    chosen = (r["chosen"]["workers"], r["chosen"]["global_batch"])
-    estimate = (sel["selected"]["workers"], sel["selected"]["global_batch"])
-    if chosen != estimate:
-        row = pred[(pred["workers"] == chosen[0]) & (pred["global_batch"] == chosen[1])].iloc[0]
-        sel["runner_up"], sel["selected"] = sel["selected"], summary(row, cfg.pricing.currency)
-        sel["reason"] = (
-            f"N={chosen[0]} B={chosen[1]} is chosen in {100 * r['chosen']['share']:.0f} % of "
-            f"{r['resamples']} resamples of the probes' timings, N={estimate[0]} "
-            f"B={estimate[1]} (the measured means' choice: {sel['reason']}) in "
-            f"{100 * r['point_estimate']['share']:.0f} %"
-        )
+    r = robust.verdict(sel.selected, shares, robust.RESAMPLES, cfg.probe.precision, inflate)
+    sel = replace(sel, robustness=r)
+    if r.chosen.key == sel.point:
+        return sel
+    n, b = r.chosen.key
+    row = pred[(pred["workers"] == n) & (pred["global_batch"] == b)].iloc[0]
+    return replace(
+        sel,
+        runner_up=sel.selected,
+        selected=Point.of_row(row, cfg.pricing.currency),
+        reason=(
+            f"N={n} B={b} is chosen in {100 * r.chosen.share:.0f} % of {r.resamples} resamples "
+            f"of the probes' timings, N={sel.point[0]} B={sel.point[1]} (the measured means' "
+            f"choice: {sel.reason}) in {100 * r.point_estimate.share:.0f} %"
+        ),
+    )
 
 
 def _train_samples(measured: pd.DataFrame, pred: pd.DataFrame) -> int:
@@ -60,7 +66,7 @@ def _train_samples(measured: pd.DataFrame, pred: pd.DataFrame) -> int:
 
 def run(
     config, predictions, out, measurements=None, perf=None, memory=None, queue=None
-) -> dict[str, Any]:
+) -> Selection:
     """``tula select``: read the config and predictions.csv, write selection.json; with the
     measurements and the fitted models, also how firmly the probes' noise holds the choice;
     with ``queue`` (queue.json of ``tula queue``), each point's expected wait, which objective
@@ -73,18 +79,17 @@ def run(
         pred = across.with_waits(pred, waits)
     sel = select(pred, model_inputs.planning(cfg))
     if asked:
-        sel["queue"] = asked
+        sel = replace(sel, queue=asked)
     if measurements and perf and memory:
-        _robustness(sel, pred, cfg, measurements, perf, memory, waits)
-    write_json(out, sel)
-    s = sel["selected"]
-    held = sel.get("robustness")
+        sel = _robustness(sel, pred, cfg, measurements, perf, memory, waits)
+    write_json(out, sel.to_json())
+    s, held = sel.selected, sel.robustness
     print(
-        f"[select] objective {sel['objective']}: N={s['workers']} B={s['global_batch']} — "
-        f"{sel['reason']}"
+        f"[select] objective {sel.objective}: N={s.workers} B={s.global_batch} — "
+        f"{sel.reason}"
         + (
-            f" [{100 * held['chosen']['share']:.0f} % of {held['resamples']} resamples"
-            + ("" if held["settled"] else ", not settled")
+            f" [{100 * held.chosen.share:.0f} % of {held.resamples} resamples"
+            + ("" if held.settled else ", not settled")
             + "]"
             if held
             else ""

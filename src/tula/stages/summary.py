@@ -16,6 +16,7 @@ from tula.config import Config, metric_name
 from tula.io import read_json
 from tula.model import pricing
 from tula.model.measurements import at_chance, judged_halfwidths, judged_steps, short_of_steps
+from tula.model.selection import Selection
 from tula.progress import fmt_span
 
 
@@ -24,9 +25,9 @@ def _first_sentence(text: str) -> str:
     return cut if len(cut) < 240 else cut[:237] + "..."
 
 
-def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
+def _paid(final: dict, sel: Selection, cfg: Config) -> list[str]:
     """Training time, wall time and cost: predicted, paid, and their ratio."""
-    s, cur = sel["selected"], cfg.pricing.currency
+    s, cur = sel.selected, cfg.pricing.currency
     out = []
     if final.get("predicted_train_time_s"):
         # T less the steps the job timed apart (its first at each shape), as train_time_s
@@ -46,24 +47,23 @@ def _paid(final: dict, sel: dict, cfg: Config) -> list[str]:
         pricing.cost(
             final["train_time_s"],
             final["workers"],
-            s.get("mem_bytes", 0.0),
+            s.mem_bytes,
             model_inputs.price(cfg),
         )
     )
-    out.append(f"cost predicted {s['cost']:.4g} {cur}, paid {paid:.4g} {cur}")
+    out.append(f"cost predicted {s.cost:.4g} {cur}, paid {paid:.4g} {cur}")
     return out
 
 
-def _trust(results: Path, sel: dict, final: dict | None) -> list[str]:
+def _trust(results: Path, sel: Selection, final: dict | None) -> list[str]:
     """What not to trust: an unsettled choice, probes that missed their precision, a step
     outside its interval."""
     out = []
-    r = sel.get("robustness") or {}
-    if r and not r.get("settled", True):
-        c = r["chosen"]
+    r = sel.robustness
+    if r and not r.settled:
         out.append(
-            f"the choice is not settled at this noise (chosen in {100 * c['share']:.0f} % of "
-            f"{r['resamples']} resamples); to settle it: {r.get('to_settle', '')}"
+            f"the choice is not settled at this noise (chosen in {100 * r.chosen.share:.0f} % "
+            f"of {r.resamples} resamples); to settle it: {r.to_settle or ''}"
         )
     meas = results / "measurements.csv"
     if meas.exists():
@@ -118,21 +118,21 @@ def success_lines(results: str | Path, cfg: Config) -> list[str]:
     results = Path(results)
     if not (results / "selection.json").exists():
         return []
-    sel = read_json(results / "selection.json")
+    sel = Selection.read(results / "selection.json")
     final_path = results / "train" / "final.json"
     final = read_json(final_path) if final_path.exists() else None
-    s = sel["selected"]
+    s = sel.selected
     lines = [
-        f"tula: use N={s['workers']} workers, global batch B={s['global_batch']} "
-        f"({s['local_batch']} per worker"
-        + (f", {s['accumulate']} micro-batches a step" if s.get("accumulate", 1) > 1 else "")
+        f"tula: use N={s.workers} workers, global batch B={s.global_batch} "
+        f"({s.local_batch} per worker"
+        + (f", {s.accumulate} micro-batches a step" if s.micro_batches > 1 else "")
         + ")"
-        + (f" on partition {sel['partition']}" if sel.get("partition") else "")
-        + f", objective {sel['objective']}: "
-        + _first_sentence(sel["reason"])
+        + (f" on partition {sel.partition}" if sel.partition else "")
+        + f", objective {sel.objective}: "
+        + _first_sentence(sel.reason)
     ]
     if final:
-        if (final["workers"], final["global_batch"]) != (s["workers"], s["global_batch"]):
+        if (final["workers"], final["global_batch"]) != s.key:
             lines.append(
                 f"  trained at N={final['workers']} B={final['global_batch']} instead (see the "
                 "report's attempts: an out-of-memory relaunch, a move or a lost node)"

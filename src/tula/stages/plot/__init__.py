@@ -17,6 +17,7 @@ from tula.io import read_json
 from tula.model import measurements as measurements_mod
 from tula.model.perf import PerfModel
 from tula.model.pricing import UNITS
+from tula.model.selection import Selection
 from tula.stages.plot.training import sync_over_run, training_curve
 
 
@@ -40,7 +41,7 @@ def _batch_axis(ax, batches, ylabel: str, title: str) -> None:
 
 def curve_vs_batch(
     pred: pd.DataFrame,
-    selection: dict,
+    selection: Selection,
     y: str,
     measured_y: str | None,
     ylabel: str,
@@ -77,8 +78,8 @@ def curve_vs_batch(
                     ms=8,
                     label=f"N={n} probed",
                 )
-    sel = selection["selected"]
-    row = pred[(pred["workers"] == sel["workers"]) & (pred["global_batch"] == sel["global_batch"])]
+    sel = selection.selected
+    row = pred[(pred["workers"] == sel.workers) & (pred["global_batch"] == sel.global_batch)]
     if len(row):
         ax.plot(
             row["global_batch"],
@@ -87,35 +88,34 @@ def curve_vs_batch(
             color="crimson",
             ms=18,
             zorder=5,
-            label=f"selected ({selection['objective']}): "
-            f"N={sel['workers']}, B={sel['global_batch']}",
+            label=f"selected ({selection.objective}): N={sel.workers}, B={sel.global_batch}",
         )
     _batch_axis(ax, pred["global_batch"].unique(), ylabel, title)
     save_figure(fig, path)
     return fig
 
 
-def time_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
-    sel = selection["selected"]
+def time_vs_batch(pred: pd.DataFrame, selection: Selection, path) -> Figure:
+    sel = selection.selected
     return curve_vs_batch(
         pred,
         selection,
         "train_time_s",
         "measured_train_time_s",
         "training time T (s)",
-        f"Training time vs batch — selected N={sel['workers']}, B={sel['global_batch']}: "
-        f"{_fmt_time(sel['train_time_s'])}",
+        f"Training time vs batch — selected N={sel.workers}, B={sel.global_batch}: "
+        f"{_fmt_time(sel.train_time_s)}",
         path,
     )
 
 
-def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
+def cost_vs_batch(pred: pd.DataFrame, selection: Selection, path) -> Figure:
     pred = pred.copy()
-    pr = selection["pricing"]
+    pr = selection.pricing
     col = f"cost_{pr['model']}"
     scale = (pred[col] / pred["train_time_s"]).where(pred["train_time_s"] > 0, 0.0)
     pred["measured_cost"] = pred["measured_train_time_s"] * scale
-    sel = selection["selected"]
+    sel = selection.selected
     unit = UNITS[pr["model"]]
     return curve_vs_batch(
         pred,
@@ -123,7 +123,7 @@ def cost_vs_batch(pred: pd.DataFrame, selection: dict, path) -> Figure:
         col,
         "measured_cost",
         f"cost C ({pr['currency']}, per {unit} pricing)",
-        f"Training cost vs batch — selected: {sel['cost']:.4g} {pr['currency']}",
+        f"Training cost vs batch — selected: {sel.cost:.4g} {pr['currency']}",
         path,
     )
 
@@ -226,7 +226,7 @@ def run_selection(
     """``tula plot --selection ...``: the selection figures from the results files."""
     pred, sel, meas = (
         pd.read_csv(predictions),
-        read_json(selection),
+        Selection.read(selection),
         measurements_mod.load(measurements),
     )
     time_vs_batch(pred, sel, time_plot)

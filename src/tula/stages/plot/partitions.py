@@ -10,9 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tula.figures import plt, save_figure
-from tula.io import read_json
 from tula.model.across import PARTITION, value
-from tula.model.choice import WAIT
+from tula.model.selection import WAIT, Selection
 
 
 def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
@@ -26,7 +25,7 @@ def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return ranked.loc[keep]
 
 
-def pareto(spanning: pd.DataFrame, selection: dict, path) -> Figure:
+def pareto(spanning: pd.DataFrame, selection: Selection, path) -> Figure:
     """The figure (saved to ``path``); time is the queue's wait + T where a wait is known."""
     feas = spanning[spanning["feasible"].astype(bool)].copy()
     waited = WAIT in feas.columns and feas[WAIT].notna().any()
@@ -39,21 +38,21 @@ def pareto(spanning: pd.DataFrame, selection: dict, path) -> Figure:
         ax.scatter(g[x], g["cost"], s=14, color=c, alpha=0.35)
         front = pareto_front(g, x, "cost")
         ax.plot(front[x], front["cost"], "-o", color=c, ms=4, label=f"{name} (Pareto front)")
-    block = selection.get("across_partitions") or {}
-    for key, marker, label in (("chosen", "*", "chosen"), ("runner_up", "D", "runner-up")):
-        who = block.get(key)
-        name = who if isinstance(who, str) else (who or {}).get(PARTITION)
-        point = selection["selected"] if key == "chosen" else who
-        if not name or not point:
+    block = selection.across_partitions
+    marks = (("*", "chosen", block and block.standing[block.chosen]),)
+    marks += (("D", "runner-up", block and block.runner_up),)
+    for marker, label, who in marks:
+        if not who:
             continue
+        name, point = who.partition, who.point
         at = feas[
             (feas[PARTITION] == name)
-            & (feas["workers"] == point["workers"])
-            & (feas["global_batch"] == point["global_batch"])
+            & (feas["workers"] == point.workers)
+            & (feas["global_batch"] == point.global_batch)
         ]
         if at.empty:
             continue
-        ratio = f", {point['ratio']:.2f}x" if key == "runner_up" and point.get("ratio") else ""
+        ratio = f", {who.ratio:.2f}x" if who.ratio else ""
         ax.scatter(
             at[x],
             at["cost"],
@@ -61,13 +60,13 @@ def pareto(spanning: pd.DataFrame, selection: dict, path) -> Figure:
             s=180,
             color="k",
             zorder=5,
-            label=f"{label}: {name} N={point['workers']} B={point['global_batch']}{ratio}",
+            label=f"{label}: {name} N={point.workers} B={point.global_batch}{ratio}",
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("queue wait + predicted training time (s)" if waited else "predicted T (s)")
-    ax.set_ylabel(f"predicted cost ({selection['selected'].get('currency', '')})")
-    ax.set_title(f"Partitions, objective {selection['objective']}")
+    ax.set_ylabel(f"predicted cost ({selection.selected.currency})")
+    ax.set_title(f"Partitions, objective {selection.objective}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     save_figure(fig, path)
@@ -76,4 +75,4 @@ def pareto(spanning: pd.DataFrame, selection: dict, path) -> Figure:
 
 def run(predictions, selection, out) -> None:
     """Read results/partitions/predictions.csv and results/selection.json; draw ``out``."""
-    pareto(pd.read_csv(predictions), read_json(selection), out)
+    pareto(pd.read_csv(predictions), Selection.read(selection), out)

@@ -14,6 +14,7 @@ import pandas as pd
 from tula.config import metric_name
 from tula.io import atomic_write, read_json
 from tula.model.measurements import at_chance
+from tula.model.selection import Selection
 from tula.progress import fmt_span
 from tula.stages.report.cluster import nodes_section
 from tula.stages.report.pace import decode_line, host_section, input_section
@@ -51,7 +52,7 @@ MEASUREMENT_COLUMNS = (
 
 
 def render(
-    selection: dict,
+    selection: Selection,
     predictions: pd.DataFrame,
     measurements: pd.DataFrame,
     final: dict | None,
@@ -66,21 +67,21 @@ def render(
 ) -> None:
     """The page; ``final`` None: no training ran (``snakemake plan``), and the page says so
     where the training job's sections would be, naming the plan's files."""
-    s = selection["selected"]
-    chosen = (s["workers"], s["global_batch"])
+    s = selection.selected
+    chosen = s.key
     failed = measurements[measurements["status"] != "ok"]
     pred_cols = [c for c in PREDICTION_COLUMNS if c in predictions.columns]
     meas_cols = [c for c in MEASUREMENT_COLUMNS if c in measurements.columns]
     page = PAGE.render(
         title=title,
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
-        objective=selection["objective"],
+        objective=selection.objective,
         device=device_line(workload),
         warnings=(workload or {}).get("warnings", []),
         s=s,
-        train_time=fmt_span(s["train_time_s"]),
-        reason=selection["reason"],
-        robustness=robustness_line(selection.get("robustness")),
+        train_time=fmt_span(s.train_time_s),
+        reason=selection.reason,
+        robustness=robustness_line(selection.robustness),
         partitions=partitions_section(selection),
         plan=plan,
         **(_training(final, measurements, workload, attempts, plots) if final else {"final": None}),
@@ -91,7 +92,7 @@ def render(
         model=model_section(perf),
         precision=precision_section(measurements),
         estimate=estimate_section(memory_probe),
-        noise=noise_section(predictions, s["global_batch"]),
+        noise=noise_section(predictions, s.global_batch),
         failed=_table(failed[meas_cols]) if len(failed) else "",
         failed_count=len(failed),
         predictions=_table(predictions[pred_cols], chosen),
@@ -140,7 +141,7 @@ def run(
     results/workload.json, whose warnings head the page; memory_probe: its check of the
     estimate from the model alone)."""
     render(
-        read_json(selection),
+        Selection.read(selection),
         pd.read_csv(predictions),
         pd.read_csv(measurements),
         read_json(final) if final else None,

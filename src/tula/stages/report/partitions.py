@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import time
 
+from tula.model.selection import Selection
 from tula.progress import fmt_span
 
 
@@ -21,42 +22,42 @@ def _wait_line(name: str, q: dict, now: float) -> str:
     )
 
 
-def partitions_section(selection: dict, now: float | None = None) -> str:
+def partitions_section(selection: Selection, now: float | None = None) -> str:
     """The card; empty for a one-partition run."""
-    block = selection.get("across_partitions")
+    block = selection.across_partitions
     if not block:
         return ""
     now = time.time() if now is None else now
-    unit, best = block["unit"], block["partitions"][0]["value"]
+    unit, best = block.unit, block.partitions[0].value
     rows = []
-    for p in block["partitions"]:
-        chosen = p["partition"] == block["chosen"]
-        wait = p.get("queue_wait_s")
+    for st in block.partitions:
+        p, wait = st.point, st.point.queue_wait_s
         rows.append(
-            f"<tr{' class=sel' if chosen else ''}><td>{html.escape(p['partition'])}</td>"
-            f"<td>{p['workers']}</td><td>{p['global_batch']}</td>"
-            f"<td>{fmt_span(p['train_time_s'])}</td><td>{p['cost']:.4g}</td>"
+            f"<tr{' class=sel' if st.partition == block.chosen else ''}>"
+            f"<td>{html.escape(st.partition)}</td>"
+            f"<td>{p.workers}</td><td>{p.global_batch}</td>"
+            f"<td>{fmt_span(p.train_time_s)}</td><td>{p.cost:.4g}</td>"
             f"<td>{'' if wait is None else fmt_span(wait)}</td>"
-            f"<td>{p['value']:.4g} {html.escape(unit)}</td>"
-            f"<td>{p['value'] / best:.2f}x</td></tr>"
+            f"<td>{st.value:.4g} {html.escape(unit)}</td>"
+            f"<td>{st.value / best:.2f}x</td></tr>"
         )
     notes = []
-    for r in block.get("compute_ratios", []):
+    for r in block.compute_ratios or ():
         if r["compute_ratio"] is not None:
             notes.append(
                 f"<li>{html.escape(r['partition'])}'s probes: compute step "
                 f"{r['compute_ratio']:.2f}x {html.escape(r['versus'])}'s (median over "
                 f"{r['points']} (N, B) probed on both)</li>"
             )
-    for group in block.get("same_gpu", []):
+    for group in block.same_gpu or ():
         notes.append(
             f"<li>{html.escape(', '.join(group))} have the same GPU: their compute fits should "
             "agree, and what differs between them is the network and the nodes</li>"
         )
-    waits = "".join(_wait_line(n, q, now) for n, q in block.get("queues", {}).items())
+    waits = "".join(_wait_line(n, q, now) for n, q in (block.queues or {}).items())
     return (
         "<div class=card><b>Partitions</b>: each partition's own choice, compared by "
-        f"{html.escape(block['what'])}.<table><tr><th>partition</th><th>N</th><th>B</th>"
+        f"{html.escape(block.what)}.<table><tr><th>partition</th><th>N</th><th>B</th>"
         "<th>T</th><th>cost</th><th>queue wait</th><th>measure</th><th>vs chosen</th></tr>"
         + "".join(rows)
         + "</table>"

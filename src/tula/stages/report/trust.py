@@ -9,6 +9,7 @@ import pandas as pd
 
 from tula.model.grid import paid_mix
 from tula.model.measurements import judged_halfwidths, judged_steps, short_of_steps
+from tula.model.selection import Robustness
 from tula.progress import fmt_duration, fmt_span
 from tula.stages.report.sections import _cell
 
@@ -127,32 +128,31 @@ def _plain_share(r: pd.Series) -> float:
     return 1.0 - sum(mix.values()) if mix else 1.0
 
 
-def robustness_line(r: dict | None) -> str:
+def robustness_line(r: Robustness | None) -> str:
     """How firmly the probes' noise holds the choice, in one paragraph."""
     if not r:
         return ""
-    c, ru = r["chosen"], r.get("runner_up")
+    ru = r.runner_up
     other = (
-        f"; the runner-up, N={ru['workers']} B={ru['global_batch']}, in {100 * ru['share']:.0f} %"
+        f"; the runner-up, N={ru.workers} B={ru.global_batch}, in {100 * ru.share:.0f} %"
         if ru
         else ""
     )
-    ratio = r.get("scatter_ratio", 1.0)
     wider = (
-        f" (each mean redrawn within its measured precision times {ratio:.1f}, how far the fit's "
-        "residuals exceed that precision)"
-        if ratio > 1.0
+        f" (each mean redrawn within its measured precision times {r.scatter_ratio:.1f}, how far "
+        "the fit's residuals exceed that precision)"
+        if r.scatter_ratio > 1.0
         else " (each mean redrawn within its measured precision)"
     )
     line = (
-        f"Chosen in <b>{100 * c['share']:.0f} %</b> of {r['resamples']} resamples of the probes' "
-        f"timings{wider}{other}."
+        f"Chosen in <b>{100 * r.chosen.share:.0f} %</b> of {r.resamples} resamples of the "
+        f"probes' timings{wider}{other}."
     )
-    if r["settled"]:
+    if r.settled:
         return f"<p>{line}</p>"
     return (
         f"<p class=bad><b>The choice is not settled at this noise</b>: {line} Rule: "
-        f"{html.escape(r['rule'])}. To settle it: {html.escape(r.get('to_settle', ''))}.</p>"
+        f"{html.escape(r.rule)}. To settle it: {html.escape(r.to_settle or '')}.</p>"
     )
 
 
