@@ -4,7 +4,7 @@ import pytest
 
 from conftest import prediction_table as table
 from tula import config, model_inputs
-from tula.model.choice import NoFeasibleConfiguration, knee_of, select
+from tula.model.choice import NoFeasibleConfiguration, knee_of, marginal_knee, select
 
 CURVE = {b: 1000 / b * (1 + b / 2048) for b in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}
 
@@ -239,3 +239,26 @@ def test_the_constraints_bounds_are_inclusive():
     sel = select(table(t), model_inputs.planning(config.from_dict({"constraints": on_n})))
     assert sel.selected.workers == 2
     assert sel.excluded["above_max_workers"] == 1 and sel.excluded["below_min_workers"] == 1
+
+
+def test_a_knee_says_how_little_the_doublings_after_it_save():
+    """T = 1/B + 0.01: a doubling from B saves 1 / (2 + 0.02 B): 14.0 % from 256, 8.2 % from
+    512, 4.4 % from 1024 and 2.3 % from 2048. The knee at 10 % is B = 512, and the doublings
+    after its own save at most 4.4 %."""
+    t = {(1, b): 1 / b + 0.01 for b in (128, 256, 512, 1024, 2048, 4096)}
+    sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "knee"})))
+    assert sel.point == (1, 512)
+    assert sel.reason.startswith(
+        "knee at B=512: doubling to B=1024 saves 8.2 % of T (< 10 %), and no further doubling "
+        "saves more than 4.4 %; the doubling from B=256 saved 14.0 %"
+    )
+
+
+def test_a_single_batch_has_no_knee_to_flatten_past():
+    """One batch size: the marginal rule's answer is that batch, and it cannot say the curve
+    flattened there (flattened: a doubling after it saved less than the gain)."""
+    assert marginal_knee(np.array([256]), np.array([3.0]), 0.1) == (256, False)
+    sel = select(
+        table({(2, 256): 3.0}), model_inputs.planning(config.from_dict({"objective": "knee"}))
+    )
+    assert not sel.knee["marginal"]["flattened"] and sel.reason.startswith("a single batch size")

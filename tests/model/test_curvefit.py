@@ -96,7 +96,9 @@ def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
     assert chosen.extra["criterion"] == "held_out" and "linear:" in chosen.extra["why"]
     straight = 0.004 + 0.0002 * X["b"]
     # parsimony: no gain, no extra parameter
-    assert formchoice.choose(forms, X, straight, "compute").form.name == "linear"
+    kept = formchoice.choose(forms, X, straight, "compute")
+    assert kept.form.name == "linear"
+    assert "; other forms did not cut it by 10 % (saturating: " in kept.extra["why"]
 
 
 def test_too_few_points_choose_by_aic_with_the_measured_noise():
@@ -184,3 +186,47 @@ def test_few_degrees_of_freedom_take_the_measured_noise_and_many_their_scatter()
     f = curvefit.fit(FORMS["linear"], many, y, noise=np.full(12, 0.05))
     assert (f.sigma, f.dof) == (plain.sigma, plain.dof) == (plain.sigma, 10)
     assert "interval_from" not in f.extra
+
+
+def test_a_scatter_larger_than_the_noise_is_said_with_both_figures():
+    """Two residual degrees of freedom, the points 10 % off a line, the probes' noise 1 %: the
+    scatter sets the interval, and the words give both in percent."""
+    few = _b(1, 2, 4, 8)
+    y = (0.004 + 0.0002 * few["b"]) * np.array([1.1, 0.9, 1.1, 0.9])
+    noise = np.full(4, 0.01)
+    f = curvefit.fit(FORMS["linear"], few, y, noise=noise)
+    assert f.sigma > noise[0] and f.dof == curvefit.NOISE_DOF
+    said = f.extra["interval_from"]
+    assert said == (
+        f"the residual scatter ({100 * f.sigma:.1f} %), larger than the probes' measured "
+        "noise (1.0 %), with normal quantiles"
+    )
+
+
+def _two_probes():
+    X = {k: np.array(v) for k, v in dict(c=[0.01, 0.012], x=[0.5, 0.75]).items()}
+    X |= {"l": np.array([1.0, 3.0]), "n": np.array([2.0, 4.0])}
+    return X, X["c"] + 0.02 * X["x"] * np.array([1.0, 1.1])
+
+
+def test_held_out_error_judges_a_form_only_on_a_point_more_than_its_parameters():
+    """Without a measured noise the forms are judged by held-out error, which needs p + 1
+    points: on two probes the two-parameter form is not judged, and says why."""
+    X, y = _two_probes()
+    chosen = formchoice.choose(forms_mod.step_forms("ring", latency=False), X, y, "step")
+    rows = {r["form"]: r for r in chosen.extra["candidates"]}
+    assert rows["overlap"]["note"] == "needs 3 points, has 2" and chosen.form.name == "additive"
+    assert rows["additive"]["held_out_rms_pct"] is not None
+
+
+def test_each_form_judged_by_aic_records_its_largest_relative_residual():
+    """The AIC choice's record: each form's largest residual relative to the measured value,
+    in percent."""
+    X, y = _two_probes()
+    forms = forms_mod.step_forms("ring", latency=False)
+    chosen = formchoice.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
+    for row, form in zip(chosen.extra["candidates"], forms, strict=True):
+        fit = curvefit.fit(form, X, y, noise=np.array([0.02, 0.02]))
+        assert row["max_abs_residual_pct"] == pytest.approx(
+            100 * np.max(np.abs((fit.predict(X) - y) / y)), rel=bounds.ROUNDING, abs=bounds.ROUNDING
+        )

@@ -116,6 +116,13 @@ def test_sweep_takes_the_grids_other_local_batches_that_fit_and_the_job_does_not
         32,
         128,
     ]  # 2 x 256 > 300
+    # a global batch of exactly one epoch still fits in it
+    assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, None, train_samples=256) == [
+        8,
+        16,
+        32,
+        128,
+    ]
     # the local batches the job probes anyway are left to their points' own compute-only arms
     assert sweep_local_batches(model_inputs.grid_spec(cfg), 2, 64, None, probed=[8, 64, 128]) == [
         16,

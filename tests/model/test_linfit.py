@@ -79,3 +79,25 @@ def test_a_fit_saved_before_it_kept_its_covariance_reads_back_without_one():
         assert fit.cov == ((0.0, 0.0), (0.0, 0.0)) and fit.sigma == fit.df_resid == 0.0
         assert [float(v) for v in fit.predict_interval(3.0)] == [7.0, 7.0]
     assert np.isnan(f.r2)
+
+
+def test_the_interval_far_from_the_data_is_statsmodels_own():
+    """A new measurement's 95 % interval of the weighted line, far beyond the points fitted
+    (where the mean's variance grows with x²): statsmodels' prediction interval of the same
+    WLS fit, with the new point's weight from its predicted size."""
+    import statsmodels.api as sm
+
+    x = np.arange(1.0, 9.0)
+    y = 3.0 + 0.5 * x + np.array([0.1, -0.2, 0.15, -0.05, 0.2, -0.1, 0.05, -0.15])
+    f = fit_linear(x, y)
+    X = sm.add_constant(x)
+    scale = np.maximum(np.abs(sm.OLS(y, X).fit().fittedvalues), f.weight_floor)
+    res = sm.WLS(y, X, weights=1.0 / scale**2).fit()
+    new = np.array([20.0, 50.0, 100.0])  # three: statsmodels refuses as many weights as columns
+    yhat = res.params[0] + res.params[1] * new
+    frame = res.get_prediction(
+        sm.add_constant(new), weights=1.0 / np.maximum(np.abs(yhat), f.weight_floor) ** 2
+    ).summary_frame(alpha=0.05)
+    lo, hi = f.predict_interval(new)
+    assert lo == pytest.approx(frame["obs_ci_lower"].to_numpy(), rel=bounds.ROUNDING)
+    assert hi == pytest.approx(frame["obs_ci_upper"].to_numpy(), rel=bounds.ROUNDING)

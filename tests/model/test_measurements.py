@@ -143,3 +143,23 @@ def test_a_missing_or_empty_measurements_file_is_named(tmp_path):
     (tmp_path / "e.csv").write_text("")
     with pytest.raises(ValueError, match="e.csv: empty file; expected columns workers"):
         measurements.load(tmp_path / "e.csv")
+
+
+def test_an_unknown_source_is_named_at_its_own_row(tmp_path):
+    """The first row whose source is not one Tula writes, by its line in the file (the header
+    is line 1)."""
+    p = tmp_path / "m.csv"
+    row = dict(workers=1, global_batch=32, local_batch=32, step_time_s=0.3, status="ok")
+    row |= dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9)
+    pd.DataFrame([row | {"source": s} for s in ("probe", "probe", "guess")]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 4, column source: 'guess' is not one of"):
+        measurements.load(p)
+
+
+def test_steps_of_one_batch_are_fitted_as_they_were_measured():
+    """No row accumulates micro-batches: the table is the one-batch steps the model fits,
+    every column and type as it was."""
+    df = pd.DataFrame(
+        dict(workers=[1, 2], local_batch=[32, 16], compute_time_s=[0.2, 0.1], step_time_s=0.3)
+    )
+    pd.testing.assert_frame_equal(measurements.as_micro_batches(df), df)

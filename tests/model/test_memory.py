@@ -101,3 +101,13 @@ def test_the_memory_probe_measures_the_smallest_local_batch_x4_and_x16_capped():
     ]
     assert memory.probe_batches(GridSpec(workers=(1,), batch_min=16, batch_max=32)) == [16, 32]
     assert memory.probe_batches(GridSpec((1,), 16, 1024), memory_batches=(8, 2, 8)) == [2, 8]
+
+
+def test_memory_that_does_not_grow_with_the_batch_fits_every_batch_or_none():
+    """A flat memory fit: under the budget every local batch fits (unbounded), over it none
+    (b_max 0, not a negative batch)."""
+    from tula.model.linfit import fit_linear
+
+    flat = fit_linear([1, 2], [10.0, 10.0])
+    assert memory.MemoryModel(flat, 20.0).max_local_batch() is None
+    assert memory.MemoryModel(flat, 5.0).max_local_batch() == 0

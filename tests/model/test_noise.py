@@ -145,3 +145,21 @@ def test_the_noise_scale_by_hand_whatever_the_gradients_scale():
         assert est.grad_sq == pytest.approx(np.mean(grad), rel=1e-12)
         assert est.b_noise == pytest.approx(np.mean(trace) / np.mean(grad), rel=1e-12)
         assert (est.steps, est.small_batch, est.big_batch) == (2, 16, 64)
+
+
+def test_pool_without_standard_errors_takes_the_plain_mean_and_its_standard_error():
+    """Probes with no standard error of their own: equal weights, the mean's standard error
+    the sample's standard deviation over the root of their number."""
+    import pandas as pd
+
+    g2, tr = np.array([0.2, 0.3, 0.4]), np.array([40.0, 44.0, 50.0])
+    df = pd.DataFrame(
+        dict(workers=2, global_batch=[64, 128, 256], source="probe", status="ok")
+        | dict(grad_sq=g2, grad_trace=tr)
+    )
+    got = noise.pool(df)
+    assert got["grad_sq"] == pytest.approx(g2.mean(), rel=bounds.ROUNDING)
+    assert got["grad_sq_se"] == pytest.approx(np.std(g2, ddof=1) / np.sqrt(3), rel=bounds.ROUNDING)
+    assert got["grad_trace_se"] == pytest.approx(
+        np.std(tr, ddof=1) / np.sqrt(3), rel=bounds.ROUNDING
+    )

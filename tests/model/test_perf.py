@@ -383,3 +383,27 @@ def test_what_a_step_pays_once_is_not_paid_again_by_each_micro_batch():
     # the one-batch probes set what a step pays once where an N has them, not the accumulated
     with_acc = perfmodel.fit(pd.concat([df, pd.DataFrame([row])], ignore_index=True), "ring")
     assert with_acc.once == perf.once
+
+
+def test_a_row_with_no_positive_compute_is_not_fitted():
+    """A compute time of zero or below is no measurement of a step (a clock's fault): the
+    compute fit leaves such rows out, as it leaves a failed probe's."""
+    df = synthetic("ring", np.random.default_rng(0))
+    df.loc[0, "compute_time_s"] = -99.0
+    assert perfmodel.fit(df, "ring").compute.params()["c1"] == pytest.approx(
+        0.0002, rel=bounds.SOLVER
+    )
+
+
+def test_a_steps_interval_adds_the_compute_and_step_fits_half_widths_in_quadrature():
+    """At N > 1 the step's 95 % half-width is the root of the sum of the two fits' squared
+    half-widths; at N = 1 (no sync to fit) the compute fit's alone."""
+    df, _, _ = gpu_like((1, 2, 4), (64, 1024), np.random.default_rng(0), noise=0.02)
+    m = perfmodel.fit(df, "ring")
+    n, b = np.array([1.0, 4.0]), np.array([128.0, 128.0])
+    lo, hi = m.step_time_interval_s(n, b)
+    hc = m.compute.half_width(m._cx(n, b), 0.05)
+    hs = m.step.half_width(m._sx(n, b), 0.05)
+    assert hs[1] > 0 and hc[1] > 0
+    expect = np.array([hc[0], np.sqrt(hc[1] ** 2 + hs[1] ** 2)])
+    assert (hi - lo) / 2 == pytest.approx(expect, rel=bounds.ROUNDING)

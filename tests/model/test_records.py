@@ -34,3 +34,18 @@ def test_each_record_is_frozen_unless_built_up(name):
 
 def test_the_records_are_all_found():
     assert len(RECORDS) >= 31 and {"noise.NoiseScale", "linfit.LinearFit"} <= set(RECORDS)
+
+
+def test_a_probes_steps_by_default_are_the_configs_defaults():
+    """ProbeSteps() (what a test or a bench builds without a config) probes as an empty
+    config does: the same warm-up, timed steps, limit and precision."""
+    from tula import config, model_inputs
+    from tula.model.inputs import ProbeSteps
+
+    made, default = ProbeSteps(), model_inputs.probe_steps(config.from_dict({}))
+    assert (made.warmup_steps, made.timed_steps, made.timeout_s, made.precision) == (
+        default.warmup_steps,
+        default.timed_steps,
+        default.timeout_s,
+        default.precision,
+    )

@@ -6,6 +6,7 @@ a node is lost."""
 import pandas as pd
 import pytest
 
+import bounds
 from conftest import REPLAN_B as B
 from conftest import drift_entry, replan_config, replan_table
 from tula import config, model_inputs
@@ -220,6 +221,7 @@ def test_a_node_lost_for_good_replans_onto_the_worker_counts_left():
     assert (d.move, d.workers, d.global_batch) == (True, 1, B)
     assert "N=2 B=64 cannot run on the nodes left (N <= 1 can)" in d.reason
     assert "constraints.min_workers=2 cannot hold on them: dropped" in d.reason
+    assert d.saving == 0.0  # a forced move saves nothing it could be weighed by
     # where both can run, the objective's own choice (N = 2 is faster) and nothing dropped
     d = refit.onto(model_inputs.planning(cfg), replan_table(), 2, B, allowed=[1, 2])
     assert d.workers == 2 and "dropped" not in d.reason
@@ -232,3 +234,13 @@ def test_a_drift_that_leaves_the_choice_where_it_is_stays_and_says_so():
     )
     assert (d.move, d.workers, d.global_batch, d.saving) == (False, 2, B, 0.0)
     assert d.reason.endswith("N=2 B=64 is still the time choice; stayed"), d.reason
+
+
+def test_a_time_objective_prices_the_relaunch_in_seconds_whatever_the_workers():
+    """What moving saves under ``time``: the remaining T here less T there, less the relaunch's
+    seconds as they are (not scaled by the workers, as a cost objective scales them)."""
+    rest = replan_table()
+    t = dict(zip(rest["workers"], rest["train_time_s"], strict=True))
+    plan = model_inputs.planning(replan_config())
+    got = refit._saving(rest, plan, (1, B), (2, B), 8.0)
+    assert got == pytest.approx((t[1] - t[2] - 8.0) / t[1], rel=bounds.ROUNDING)

@@ -159,3 +159,24 @@ def test_a_resample_refitted_from_the_kept_fit_alone_fits_as_well_as_every_start
     odd = replace(form, f=refuses_the_kept_start)
     kept = replace(curvefit.fit(odd, X, truth), theta=(7.0, *curvefit.fit(odd, X, truth).theta[1:]))
     assert perf_mod._choose(kept, [], X, truth, "compute model", None, None).theta[0] != 7.0
+
+
+def test_a_resampled_probe_syncs_for_what_its_step_takes_beyond_its_compute():
+    """Each probe's step and compute are redrawn apart: its sync is their difference, never
+    below zero; a sweep row (no step) keeps no sync."""
+    measured = _measured(0.01, 1e-4, 0.05)
+    out = robust.resample(measured, np.random.default_rng(3))
+    probe = out[out["source"] == "probe"]
+    assert (probe["step_time_s"] != measured.loc[probe.index, "step_time_s"]).all()
+    expect = np.maximum(probe["step_time_s"] - probe["compute_time_s"], 0.0)
+    assert probe["sync_time_s"].tolist() == expect.tolist()
+    assert 0.0 in expect.tolist() and (expect > 0).any()  # both sides of the floor
+    assert out.loc[out["source"] == "sweep", "sync_time_s"].isna().all()
+
+
+def test_the_verdict_names_its_threshold_the_precision_to_tighten_and_no_inflation_by_default():
+    shares = [Share(1, 256, 0.5), Share(1, 512, 0.5)]
+    v = robust.verdict(point(1, 512), shares, 2, 0.05)
+    assert v.scatter_ratio == 1.0 and v.threshold == robust.SETTLED
+    assert v.rule.endswith(f"more than {100 * robust.SETTLED:.0f} % of them")
+    assert "a tighter probe.precision than 5 %" in v.to_settle
