@@ -262,3 +262,10 @@ def test_a_single_batch_has_no_knee_to_flatten_past():
         table({(2, 256): 3.0}), model_inputs.planning(config.from_dict({"objective": "knee"}))
     )
     assert not sel.knee["marginal"]["flattened"] and sel.reason.startswith("a single batch size")
+
+
+def test_kneedle_needs_three_batches_and_finds_the_corner_of_three():
+    """Three batches are the fewest a curve has a corner on: T = 100, 10, 9 s at B = 64, 128,
+    256 bends at 128; two batches have none."""
+    assert knee_of(np.array([64, 128, 256]), np.array([100.0, 10.0, 9.0])) == 128
+    assert knee_of(np.array([64, 128]), np.array([100.0, 10.0])) is None

@@ -344,3 +344,22 @@ def test_a_batch_past_b_max_is_feasible_as_micro_batches_with_its_memory_and_pri
         assert pred["micro_batch"].tolist() == micro
         assert pred["step_time_s"].tolist() == pytest.approx([0.1 * kk for kk in k], rel=1e-6)
         assert pred["mem_bytes"].tolist() == pytest.approx([1e6 * m for m in micro], rel=1e-6)
+
+
+def test_a_point_probed_ok_carries_its_measured_step_and_t_and_a_failed_one_none():
+    """predictions.csv beside each prediction: the probe's own step there and the T it makes
+    (epochs x steps per epoch x that step), where the probe ran; none where it failed."""
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 64}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    probe = dict(workers=1, local_batch=32, source="probe", compute_time_s=0.1)
+    measured = pd.DataFrame(
+        [
+            probe | dict(global_batch=32, status="ok", step_time_s=0.125),
+            probe | dict(global_batch=64, local_batch=64, status="error", step_time_s=np.nan),
+        ]
+    )
+    pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured)
+    ok, failed = pred.iloc[0], pred.iloc[1]
+    assert ok["measured_step_time_s"] == 0.125 and failed["probe_status"] == "error"
+    assert ok["measured_train_time_s"] == ok["epochs"] * ok["steps_per_epoch"] * 0.125
+    assert np.isnan(failed["measured_step_time_s"]) and np.isnan(failed["measured_train_time_s"])
