@@ -116,3 +116,9 @@ def test_a_partitions_point_is_read_at_its_own_n_and_b_whatever_the_rows_order()
     assert across._row(pred, point(1, 64))["train_time_s"] == 400.0
     with pytest.raises(ValueError, match="N=4 B=64 is not in its partition's predictions"):
         across._row(pred, point(4, 64))
+
+
+def test_the_measure_reads_the_objective_by_its_value_not_its_identity():
+    """An objective read from a file is an equal string, not the literal itself."""
+    knee = "".join(["kn", "ee"])  # equal to "knee", another object
+    assert across.measure(knee, "cost") == ("cost", "cost C")

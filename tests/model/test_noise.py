@@ -163,3 +163,16 @@ def test_pool_without_standard_errors_takes_the_plain_mean_and_its_standard_erro
     assert got["grad_trace_se"] == pytest.approx(
         np.std(tr, ddof=1) / np.sqrt(3), rel=bounds.ROUNDING
     )
+
+
+def test_pool_with_a_zero_standard_error_weighs_the_probes_alike():
+    """A standard error of zero cannot weigh a probe (it would take all the weight): the
+    probes are then averaged alike."""
+    import pandas as pd
+
+    df = pd.DataFrame(
+        dict(workers=2, global_batch=[64, 128], source="probe", status="ok")
+        | dict(grad_sq=[0.2, 0.4], grad_sq_se=[0.0, 0.1], grad_trace=[40.0, 44.0])
+        | dict(grad_trace_se=[1.0, 1.0])
+    )
+    assert noise.pool(df)["grad_sq"] == pytest.approx(0.3, rel=bounds.ROUNDING)

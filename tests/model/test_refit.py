@@ -244,3 +244,14 @@ def test_a_time_objective_prices_the_relaunch_in_seconds_whatever_the_workers():
     plan = model_inputs.planning(replan_config())
     got = refit._saving(rest, plan, (1, B), (2, B), 8.0)
     assert got == pytest.approx((t[1] - t[2] - 8.0) / t[1], rel=bounds.ROUNDING)
+
+
+def test_a_cost_objective_prices_the_relaunch_at_the_new_points_rate():
+    """Under ``cost`` the relaunch's seconds are paid at the point moved to: its C over its T
+    per second; each point read at its own B though another B of the same N comes first."""
+    one = replan_table()
+    rest = pd.concat([one.assign(global_batch=B // 2, train_time_s=1.0, cost=1.0), one])
+    c = dict(zip(one["workers"], one["cost"], strict=True))
+    rate = c[2] / float(one.loc[one["workers"] == 2, "train_time_s"].iloc[0])
+    got = refit._saving(rest, model_inputs.planning(replan_config("cost")), (1, B), (2, B), 8.0)
+    assert got == pytest.approx((c[1] - c[2] - 8.0 * rate) / c[1], rel=bounds.ROUNDING)
