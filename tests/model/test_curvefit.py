@@ -230,3 +230,30 @@ def test_each_form_judged_by_aic_records_its_largest_relative_residual():
         assert row["max_abs_residual_pct"] == pytest.approx(
             100 * np.max(np.abs((fit.predict(X) - y) / y)), rel=bounds.ROUNDING, abs=bounds.ROUNDING
         )
+
+
+def test_five_residual_degrees_of_freedom_estimate_their_own_scatter():
+    """FEW_DOF is where the scatter's own estimate takes over from the measured noise: a line
+    on 7 points (5 degrees of freedom) keeps its own, with its t quantiles."""
+    b = _b(*range(1, 8))
+    y = (0.004 + 0.0002 * b["b"]) * np.array([1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99])
+    f = curvefit.fit(FORMS["linear"], b, y, noise=np.full(7, 0.05))
+    assert f.dof == 5 == curvefit.FEW_DOF and "interval_from" not in f.extra
+
+
+def test_no_point_to_fit_is_named_and_one_point_is_no_error():
+    empty = {"b": np.array([]), "n": np.array([])}
+    with pytest.raises(ValueError, match="compute: no successful measurement to fit"):
+        formchoice.choose([FORMS["linear"]], empty, np.array([]), "compute")
+    one = formchoice.choose([FORMS["linear"]], _b(64), np.array([0.01]), "compute")
+    assert one.form.name == "linear" and one.n_points == 1
+
+
+def test_the_why_lists_a_simpler_form_once_and_the_others_apart():
+    """The held-out choice's words: the forms simpler than the winner, then those that did not
+    beat it by PARSIMONY; a form is named in one of the two lists only."""
+    X = _b(1, 2, 4, 8, 16, 32, 64, 128)
+    kept = formchoice.choose(
+        [FORMS["linear"], FORMS["saturating"]], X, 0.004 + 0.0002 * X["b"], "c"
+    )
+    assert kept.form.name == "linear" and kept.extra["why"].count("saturating:") == 1

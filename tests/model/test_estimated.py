@@ -97,3 +97,11 @@ def test_the_probe_wins_where_the_estimate_is_off_at_the_largest_batch():
     off = estimated.against_probe(EST, measured, {"intercept": 512 * MIB, "slope": 125 * MIB})
     assert off["per_sample_error"] == pytest.approx(-0.2) and off["fixed_error"] == pytest.approx(1)
     assert estimated.against_probe(EST, measured, {"intercept": 0.0})["fixed_error"] is None
+
+
+def test_memory_that_does_not_grow_with_the_batch_bounds_it_at_zero_or_not_at_all():
+    """No memory a sample: every local batch fits the budget, or none does (b_max 0)."""
+    from tula.model.estimated import max_local_batch
+
+    est = {"per_sample_bytes": 0.0, "fixed_bytes": 10.0}
+    assert max_local_batch(est, 20.0) is None and max_local_batch(est, 5.0) == 0

@@ -101,3 +101,8 @@ def test_the_interval_far_from_the_data_is_statsmodels_own():
     lo, hi = f.predict_interval(new)
     assert lo == pytest.approx(frame["obs_ci_lower"].to_numpy(), rel=bounds.ROUNDING)
     assert hi == pytest.approx(frame["obs_ci_upper"].to_numpy(), rel=bounds.ROUNDING)
+
+
+def test_a_flat_fit_is_sure_of_its_zero_slope():
+    f = fit_linear([3.0, 3.0], [1.0, 2.0])
+    assert (f.slope, f.slope_ci, f.intercept_ci) == (0.0, (0.0, 0.0), (1.5, 1.5))

@@ -163,3 +163,29 @@ def test_steps_of_one_batch_are_fitted_as_they_were_measured():
         dict(workers=[1, 2], local_batch=[32, 16], compute_time_s=[0.2, 0.1], step_time_s=0.3)
     )
     pd.testing.assert_frame_equal(measurements.as_micro_batches(df), df)
+
+
+def test_a_negative_time_is_named_and_a_zero_one_is_a_number(tmp_path):
+    p = tmp_path / "m.csv"
+    row = dict(workers=1, global_batch=32, local_batch=32, step_time_s=0.3, status="ok")
+    row |= dict(compute_time_s=0.2, sync_time_s=0.0, peak_mem_bytes=5e9)
+    pd.DataFrame([row]).to_csv(p, index=False)
+    assert measurements.load(p)["sync_time_s"].tolist() == [0.0]
+    pd.DataFrame([row | {"sync_time_s": -0.1}]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2, column sync_time_s: -0.1 is not a non-negative"):
+        measurements.load(p)
+
+
+def test_a_probe_whose_batches_do_not_multiply_is_named_at_its_row(tmp_path):
+    p = tmp_path / "m.csv"
+    row = dict(workers=4, global_batch=256, local_batch=32, step_time_s=0.3, status="ok")
+    row |= dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9)
+    pd.DataFrame([row]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2: local_batch x workers != global_batch"):
+        measurements.load(p)
+
+
+def test_an_accumulated_rows_memory_was_measured_at_its_largest_micro_batch():
+    """k micro-batches of b samples: the largest is ceil(b / k) (10 in 4: 3, 3, 2, 2)."""
+    df = pd.DataFrame(dict(local_batch=[10, 8, 7], accumulate=[4, 4, 1]))
+    assert measurements.memory_batch(df).tolist() == [3, 2, 7]

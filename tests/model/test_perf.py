@@ -422,3 +422,10 @@ def test_a_node_shares_its_loaders_at_most_tenfold_per_other_worker():
     model = perfmodel.fit(df, "ring", workers_per_node=8)
     assert model.input.form.name == "linear_shared"
     assert model.input.theta[2] == pytest.approx(10, rel=bounds.SOLVER)
+
+
+def test_each_probes_residual_is_the_prediction_over_the_measurement_in_percent():
+    df = synthetic("ring", np.random.default_rng(0), noise=0.05)
+    for r in perfmodel.fit(df, "ring").residuals:
+        pred, meas = r["predicted_step_time_s"], r["measured_step_time_s"]
+        assert r["error_pct"] == pytest.approx(100 * (pred - meas) / meas, rel=bounds.ROUNDING)

@@ -363,3 +363,14 @@ def test_a_point_probed_ok_carries_its_measured_step_and_t_and_a_failed_one_none
     assert ok["measured_step_time_s"] == 0.125 and failed["probe_status"] == "error"
     assert ok["measured_train_time_s"] == ok["epochs"] * ok["steps_per_epoch"] * 0.125
     assert np.isnan(failed["measured_step_time_s"]) and np.isnan(failed["measured_train_time_s"])
+
+
+def test_a_model_without_an_input_floor_predicts_no_input_time():
+    """No input time measured (the perf model has no floor): predictions.csv leaves the
+    column empty, not 0 s, which would read as an input that costs nothing."""
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 64}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    perf = _flat_perf(0.1)
+    assert perf.input is None
+    pred = predict(model_inputs.planning(cfg), perf, mem, 100)
+    assert pred["input_time_s"].isna().all()

@@ -268,9 +268,9 @@ def load(path: str | Path) -> pd.DataFrame:
         bad = ok & ((vals.isna() & needed) | (vals < 0))
         if bad.any():
             i = int(bad.idxmax())
-            raise ValueError(
-                f"{p}: row {i + 2}, column {c}: {df.at[i, c]!r} is not a non-negative number"
-            )
+            v = df.at[i, c]
+            shown = repr(v) if isinstance(v, str) else str(v)  # a word quoted, a number as written
+            raise ValueError(f"{p}: row {i + 2}, column {c}: {shown} is not a non-negative number")
         df[c] = vals
     bad_div = (
         ok & (df["source"] == "probe") & (df["local_batch"] * df["workers"] != df["global_batch"])
