@@ -144,7 +144,9 @@ def compute_forms(max_b: float) -> list[Form]:
     ]
 
 
-COMPUTE_FORMS = {f.name: f for f in compute_forms(1.0)}
+# the forms perf.json names, to predict with: a fit bounds b0 by its own rows' largest local
+# batch (perf.fit gives a kept form those bounds again)
+COMPUTE_FORMS = {f.name: f for f in compute_forms(INF)}
 
 
 # -- step forms (inputs c: predicted compute, x: bandwidth term, l: latency term) ---------

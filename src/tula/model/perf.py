@@ -228,6 +228,34 @@ def _choose(
     return formchoice.choose(forms, X, y, what, noise, weights)
 
 
+def _fit_compute(ok: pd.DataFrame, kept: Fitted | None) -> Fitted:
+    """The compute model on every row that timed compute (probes and sweeps), its forms
+    bounded by these rows' largest local batch; ``kept``'s form (perf.json's carries no bounds
+    of its own) fitted again with those bounds."""
+    comp = ok[
+        np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce"))
+        & (ok["compute_time_s"] > 0)
+    ]
+    if comp.empty:
+        raise ValueError("step-time model: no successful compute-time measurement to fit")
+    Xc = {"b": comp["local_batch"].to_numpy(float), "n": comp["workers"].to_numpy(float)}
+    forms = compute_forms(float(Xc["b"].max()))
+    if kept is not None:
+        kept = replace(kept, form=next(f for f in forms if f.name == kept.form.name))
+    if len(np.unique(Xc["n"])) < 2:
+        # one N: sharing cannot be seen
+        forms = [f for f in forms if not f.name.endswith("_shared")]
+    return _choose(
+        kept,
+        forms,
+        Xc,
+        comp["compute_time_s"].to_numpy(float),
+        "compute model",
+        None,
+        curvefit.weights_from(_column(comp, "compute_time_halfwidth_rel")),
+    )
+
+
 def fit(
     measurements: pd.DataFrame,
     collective: str,
@@ -244,26 +272,7 @@ def fit(
     # a step measured as micro-batches (train.accumulate), as the one-batch steps it is made of
     once = once_per_step(measurements[measurements["status"] == "ok"])
     ok = as_micro_batches(measurements[measurements["status"] == "ok"], once)
-    comp = ok[
-        np.isfinite(pd.to_numeric(ok["compute_time_s"], errors="coerce"))
-        & (ok["compute_time_s"] > 0)
-    ]
-    if comp.empty:
-        raise ValueError("step-time model: no successful compute-time measurement to fit")
-    Xc = {"b": comp["local_batch"].to_numpy(float), "n": comp["workers"].to_numpy(float)}
-    forms = compute_forms(float(Xc["b"].max()))
-    if len(np.unique(Xc["n"])) < 2:
-        # one N: sharing cannot be seen
-        forms = [f for f in forms if not f.name.endswith("_shared")]
-    compute = _choose(
-        keep.compute if keep else None,
-        forms,
-        Xc,
-        comp["compute_time_s"].to_numpy(float),
-        "compute model",
-        None,
-        curvefit.weights_from(_column(comp, "compute_time_halfwidth_rel")),
-    )
+    compute = _fit_compute(ok, keep.compute if keep else None)
     probes = ok[(ok["source"] == "probe") if "source" in ok.columns else slice(None)]
     probes = probes[
         np.isfinite(pd.to_numeric(probes["step_time_s"], errors="coerce"))
@@ -274,19 +283,10 @@ def fit(
     model = PerfModel(collective, compute, None, workers_per_node=workers_per_node, input=floor)
     multi = probes[probes["workers"] > 1]
     if len(multi):
-        step = _fit_step(model, probes, multi, collective, keep)
-        model = PerfModel(collective, compute, step, workers_per_node=workers_per_node, input=floor)
-    if keep is not None:
-        return replace(model, once=once)
-    return PerfModel(
-        collective,
-        compute,
-        model.step,
-        tuple(residuals(model, probes)),
-        workers_per_node,
-        floor,
-        once,
-    )
+        model = replace(model, step=_fit_step(model, probes, multi, collective, keep))
+    if keep is None:  # a resample's residuals are not read
+        model = replace(model, residuals=tuple(residuals(model, probes)))
+    return replace(model, once=once)
 
 
 def _fit_step(
