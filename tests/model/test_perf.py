@@ -429,3 +429,46 @@ def test_each_probes_residual_is_the_prediction_over_the_measurement_in_percent(
     for r in perfmodel.fit(df, "ring").residuals:
         pred, meas = r["predicted_step_time_s"], r["measured_step_time_s"]
         assert r["error_pct"] == pytest.approx(100 * (pred - meas) / meas, rel=bounds.ROUNDING)
+
+
+def test_a_perf_json_without_a_part_is_named_and_one_without_a_layout_is_one_per_node():
+    m = perfmodel.fit(synthetic("ring", np.random.default_rng(0)), "ring")
+    d = m.to_dict()
+    with pytest.raises(ValueError, match=r"perf.json: missing 'compute'; re-run `tula fit`"):
+        perfmodel.PerfModel.from_dict({k: v for k, v in d.items() if k != "compute"})
+    older = {k: v for k, v in d.items() if k != "workers_per_node"}
+    assert perfmodel.PerfModel.from_dict(older).workers_per_node == 1
+
+
+def test_the_two_level_terms_are_over_a_nodes_workers_and_the_nodes():
+    """N = 32 on nodes of 8: the in-node term over g = N / k = 8 workers, the links' over k = 4
+    nodes."""
+    rng = np.random.default_rng(0)
+    perf = perfmodel.fit(two_level_rows(8, [1, 8, 16], [256, 2048], 0.002, 0.04, rng), "ring", 8)
+    X = perf._sx([32.0], [16.0])
+    assert X["k"].tolist() == [4.0] and X["multi"].tolist() == [1.0]
+    assert X["xg"].tolist() == perfmodel.sync_feature("ring", np.array([8.0])).tolist()
+    assert X["xk"].tolist() == perfmodel.sync_feature("ring", np.array([4.0])).tolist()
+
+
+def test_two_multi_worker_ns_beside_one_worker_are_enough_to_judge_a_latency_term():
+    """Probes at N = 1, 2 and 4: three N in all, two of them with a sync: the latency forms are
+    among those judged."""
+    probes = synthetic("ring", np.random.default_rng(0))
+    m = perfmodel.fit(probes[probes["workers"] <= 4], "ring")
+    judged = {row["form"] for row in m.step.extra["candidates"]}
+    assert "additive_latency" in judged
+    only_two = perfmodel.fit(probes[probes["workers"] <= 2], "ring")
+    assert "additive_latency" not in {row["form"] for row in only_two.step.extra["candidates"]}
+
+
+def test_a_model_read_back_from_perf_json_refits_a_resample_as_the_fitted_one_does():
+    """The robustness resamples refit perf.json's forms (tula select): the saturating compute's
+    knee b0 is bounded by the rows' largest local batch, as in the fit, not by a bound of its
+    own, so the refit is the same one."""
+    df, _, _ = gpu_like([1, 2, 4], [64, 256, 1024], np.random.default_rng(0), noise=0.02)
+    fitted = perfmodel.fit(df, "ring")
+    assert fitted.compute.form.name == "saturating" and fitted.compute.params()["b0"] > 1
+    back = perfmodel.PerfModel.from_dict(fitted.to_dict())
+    again = perfmodel.fit(df, "ring", keep=back)
+    assert again.compute.params() == perfmodel.fit(df, "ring", keep=fitted).compute.params()
