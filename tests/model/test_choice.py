@@ -269,3 +269,19 @@ def test_kneedle_needs_three_batches_and_finds_the_corner_of_three():
     256 bends at 128; two batches have none."""
     assert knee_of(np.array([64, 128, 256]), np.array([100.0, 10.0, 9.0])) == 128
     assert knee_of(np.array([64, 128]), np.array([100.0, 10.0])) is None
+
+
+def test_a_max_workers_bound_keeps_every_smaller_n():
+    """constraints.max_workers alone: the N below it stay candidates (the fastest is one)."""
+    t = {(1, 64): 1.0, (2, 64): 6.0, (4, 64): 0.5, (8, 64): 0.4}
+    cfg = config.from_dict({"objective": "time", "constraints": {"max_workers": 2}})
+    sel = select(table(t), model_inputs.planning(cfg))
+    assert sel.selected.key == (1, 64) and sel.excluded["above_max_workers"] == 2
+
+
+def test_time_to_accuracy_names_the_second_least_time_as_runner_up():
+    pred = _with_noise(table({(2, b): t for b, t in CURVE.items()}), b_noise=256)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    ranked = pred.sort_values(["time_to_accuracy_s", "workers", "global_batch"])
+    second = ranked.iloc[1]
+    assert sel.runner_up.key == (int(second["workers"]), int(second["global_batch"]))

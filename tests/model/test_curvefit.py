@@ -257,3 +257,15 @@ def test_the_why_lists_a_simpler_form_once_and_the_others_apart():
         [FORMS["linear"], FORMS["saturating"]], X, 0.004 + 0.0002 * X["b"], "c"
     )
     assert kept.form.name == "linear" and kept.extra["why"].count("saturating:") == 1
+
+
+def test_p_plus_one_points_are_judged_by_held_out_error_even_with_a_measured_noise():
+    """Three probes and forms of at most two parameters: each form can be judged on a point it
+    did not see, so held-out error decides, not AIC."""
+    X = {k: np.array(v) for k, v in dict(c=[0.01, 0.012, 0.014], x=[0.5, 0.75, 0.875]).items()}
+    X |= {"l": np.array([1.0, 3.0, 7.0]), "n": np.array([2.0, 4.0, 8.0])}
+    y = X["c"] + 0.02 * X["x"] * np.array([1.0, 1.1, 0.95])
+    forms = forms_mod.step_forms("ring", latency=False)
+    assert max(len(f.params) for f in forms) + 1 == len(y)
+    chosen = formchoice.choose(forms, X, y, "step", noise=np.full(3, 0.02))
+    assert chosen.extra["criterion"] == "held_out"

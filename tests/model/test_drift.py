@@ -2,7 +2,7 @@
 
 import pytest
 
-from tula.model.drift import WINDOW, Band, Detector
+from tula.model.drift import WINDOW, Band, Detector, Drift
 
 BAND = Band(predicted_s=0.010, lo_s=0.008, hi_s=0.012, step_s=0.100)  # accepts 0-32 ms
 
@@ -107,3 +107,12 @@ def test_an_interval_too_wide_to_see_a_slowdown_is_cut_to_a_step_either_side():
     # an interval narrower than that is kept as it is
     tight = Band.from_prediction({**row, "step_time_lo_s": 0.085, "step_time_hi_s": 0.1})
     assert (tight.lo_s, tight.hi_s) == pytest.approx((0.0357, 0.0507))
+
+
+def test_a_drift_from_the_predicted_level_does_not_say_it_left_another():
+    """The level left is told apart by value, not by which float object holds it."""
+    kw = dict(step=20, since_step=10, observed_s=0.05, lo_s=0.0, hi_s=0.02, direction="slower")
+    first = Drift(**kw, predicted_s=0.01, observations=5, from_s=float("0.01"))
+    assert "level an earlier drift set" not in first.describe()
+    later = Drift(**kw, predicted_s=0.01, observations=5, from_s=0.03)
+    assert ", left the 30.0 ms level an earlier drift set for 10 steps" in later.describe()

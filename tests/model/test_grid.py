@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 from tula import config, model_inputs
-from tula.model.grid import Point, batch_sizes, grid, micro_steps, search_set, sweep_local_batches
+from tula.model.grid import (
+    Point,
+    batch_sizes,
+    batches_at,
+    grid,
+    micro_steps,
+    search_set,
+    sweep_local_batches,
+)
 
 
 def test_batches_are_powers_of_two_between_bounds():
@@ -198,3 +206,12 @@ def test_the_mean_step_training_pays_weighs_its_kinds():
     assert with_refresh == pytest.approx({"start": 1 / 3, "partial": 1 / 3, "refresh": 0.05})
     assert paid_mix(1024, 256, 1, 0.0) == pytest.approx({"start": 1 / 4})  # no short batch
     assert paid_mix(512, 512, 1, 0.0) is None
+
+
+def test_the_batches_at_an_n_are_that_ns_points_only():
+    cfg = config.from_dict(
+        {"grid": {"workers": [1, 2, 4], "batch_min": 32, "batch_max": 512}, "search": "partial"}
+    )
+    g = model_inputs.grid_spec(cfg)
+    assert batches_at(g, 4) == [32, 512] and batches_at(g, 2) == []
+    assert batches_at(g, 1) == sorted(p.global_batch for p in search_set(g) if p.workers == 1)

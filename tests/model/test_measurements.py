@@ -189,3 +189,14 @@ def test_an_accumulated_rows_memory_was_measured_at_its_largest_micro_batch():
     """k micro-batches of b samples: the largest is ceil(b / k) (10 in 4: 3, 3, 2, 2)."""
     df = pd.DataFrame(dict(local_batch=[10, 8, 7], accumulate=[4, 4, 1]))
     assert measurements.memory_batch(df).tolist() == [3, 2, 7]
+
+
+def test_a_sweep_row_keeps_its_probes_n_and_b_at_another_local_batch(tmp_path):
+    """A sweep row times compute at another local batch inside a probe job: it carries that
+    probe's N and B (tula.stages.aggregate), so its batches do not multiply, and it loads."""
+    p = tmp_path / "m.csv"
+    probe = dict(workers=4, global_batch=256, local_batch=64, step_time_s=0.3, status="ok")
+    probe |= dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9, source="probe")
+    sweep = dict(workers=4, global_batch=256, local_batch=16, compute_time_s=0.06, status="ok")
+    pd.DataFrame([probe, sweep | {"source": "sweep"}]).to_csv(p, index=False)
+    assert measurements.load(p)["local_batch"].tolist() == [64, 16]

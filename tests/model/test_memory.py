@@ -111,3 +111,20 @@ def test_memory_that_does_not_grow_with_the_batch_fits_every_batch_or_none():
     flat = fit_linear([1, 2], [10.0, 10.0])
     assert memory.MemoryModel(flat, 20.0).max_local_batch() is None
     assert memory.MemoryModel(flat, 5.0).max_local_batch() == 0
+
+
+def test_a_job_that_failed_otherwise_ran_no_local_batch():
+    """An error (not out of memory) at b = 256 says nothing of memory: the OOM at 128 above
+    the 32 that ran still bounds b_max."""
+    import pandas as pd
+
+    from tula.model.memory import oom_bound
+
+    rows = pd.DataFrame(
+        [
+            dict(workers=1, local_batch=32, status="ok", peak_mem_bytes=1000 + 100 * 32),
+            dict(workers=1, local_batch=128, status="oom", peak_mem_bytes=None),
+            dict(workers=1, local_batch=256, status="error", peak_mem_bytes=None),
+        ]
+    )
+    assert oom_bound(rows) == 128

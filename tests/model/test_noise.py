@@ -101,6 +101,7 @@ def test_pool_weights_the_probes_by_their_standard_errors():
         (100 + 400) ** -0.5
     )
     assert [(p["workers"], p["global_batch"]) for p in got["probes"]] == [(2, 64), (2, 256)]
+    assert [p["b_noise"] for p in got["probes"]] == pytest.approx([40 / 0.3, 44 / 0.2])
     assert noise.pool(df.iloc[2:4]) is None  # no multi-worker estimate
     assert noise.pool(df.assign(grad_sq=-1.0)) is None  # noise-dominated: no scale
 
@@ -176,3 +177,9 @@ def test_pool_with_a_zero_standard_error_weighs_the_probes_alike():
         | dict(grad_trace_se=[1.0, 1.0])
     )
     assert noise.pool(df)["grad_sq"] == pytest.approx(0.3, rel=bounds.ROUNDING)
+
+
+def test_no_spread_between_the_batches_is_no_noise_scale():
+    """|G_b|^2 = |G_B|^2 at every step: the trace estimate is 0, B_noise is not 0 but none."""
+    est = noise.estimate([2.0, 3.0], [2.0, 3.0], 8, 32)
+    assert est.trace == 0 and est.grad_sq > 0 and est.b_noise is None and est.b_noise_se is None

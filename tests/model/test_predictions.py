@@ -336,10 +336,12 @@ def test_a_batch_past_b_max_is_feasible_as_micro_batches_with_its_memory_and_pri
     raw = {"grid": {"workers": [1], "batch_min": 64, "batch_max": 256}}
     mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), 64.5e6)  # 1 MB a sample
     cases = (("auto", [1, 2, 4], [True] * 3), (1, [1, 1, 1], [True, False, False]))
+    # a fixed k that does not divide b: its largest micro-batch, ceil(b / k) (64 in 3: 22)
+    cases += ((3, [3, 3, 3], [True, True, False]),)  # 86 > b_max
     for accumulate, k, feasible in cases:
         cfg = config.from_dict({**raw, "train": {"accumulate": accumulate}})
         pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 1024)
-        micro = [b // kk for b, kk in zip((64, 128, 256), k)]
+        micro = [-(-b // kk) for b, kk in zip((64, 128, 256), k)]
         assert pred["accumulate"].tolist() == k and pred["feasible"].tolist() == feasible
         assert pred["micro_batch"].tolist() == micro
         assert pred["step_time_s"].tolist() == pytest.approx([0.1 * kk for kk in k], rel=1e-6)

@@ -2,7 +2,7 @@
 read back whole; a record with no timing reads back none; an older record's arm without
 some keys reads them as None."""
 
-from tula.model.probe_measured import Arm, TimingFigures
+from tula.model.probe_measured import Arm, Measurement, TimingFigures
 
 STEP = Arm(
     timed_steps=12,
@@ -49,3 +49,15 @@ def test_a_rank_result_without_its_rank_reads_as_rank_minus_one():
     failed = RankResult.from_json({"status": "timeout", "error": "no word in 60 s"})
     assert failed.rank == -1 and failed.failure.status == "timeout" and failed.failed
     assert RankResult.from_json({"rank": 0, "status": "ok"}).rank == 0
+
+
+def test_a_measurement_reads_back_every_key_it_wrote():
+    """Whatever a key's place in the alphabet beside "timing" (step_time_s before it,
+    train_samples after it), a measurement written is read back whole."""
+    m = Measurement(
+        step_time_s=0.1,
+        train_samples=1024,
+        steps_run=50,
+        timing=TimingFigures(step=STEP, timing_s=1.5),
+    )
+    assert Measurement.from_json(m.to_json()) == m

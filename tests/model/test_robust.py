@@ -103,6 +103,16 @@ def test_a_resample_redraws_each_mean_within_its_own_precision():
     assert np.median(rel[1:]) == pytest.approx(0.02 / 1.96, rel=bounds.sd_of_sd(400))
 
 
+def test_a_mean_without_a_measured_precision_is_redrawn_at_five_percent():
+    """Older records and measurements from elsewhere carry no half-width: each such mean is
+    drawn as mean x (1 + 0.05 z), z the generator's next normals (the step's first, then the
+    compute's)."""
+    m = _measured(0.01, 1e-4, 0.02).assign(compute_time_halfwidth_rel=np.nan)
+    drawn = robust.resample(m, np.random.default_rng(3))["compute_time_s"].to_numpy()
+    z = np.random.default_rng(3).standard_normal((2, len(m)))[1]
+    assert drawn == pytest.approx(m["compute_time_s"].to_numpy() * (1 + 0.05 * z))
+
+
 def test_a_fit_that_scatters_beyond_the_measured_precision_widens_the_resamples():
     """Points each timed to +-0.4 % but 5 % off the model (the machine drifted between probes):
     the scatter ratio is about 5 / (0.4 / 1.96) = 25 (less what the fit absorbs), so each
@@ -180,3 +190,19 @@ def test_the_verdict_names_its_threshold_the_precision_to_tighten_and_no_inflati
     assert v.scatter_ratio == 1.0 and v.threshold == robust.SETTLED
     assert v.rule.endswith(f"more than {100 * robust.SETTLED:.0f} % of them")
     assert "a tighter probe.precision than 5 %" in v.to_settle
+
+
+def test_a_resample_with_no_feasible_point_is_no_points_share(monkeypatch):
+    """Where every other resample has no feasible point, the shares sum to one half: the
+    infeasible half is said by what is missing, not given to a point."""
+    select, calls = robust.choice.select, []
+
+    def every_other(pred, plan):
+        calls.append(1)
+        if len(calls) % 2:
+            raise robust.choice.NoFeasibleConfiguration("the test's")
+        return select(pred, plan)
+
+    monkeypatch.setattr(robust.choice, "select", every_other)
+    _, shares = _shares(0.01, 1e-4, 0.02)
+    assert len(calls) == RESAMPLES and sum(s.share for s in shares) == pytest.approx(0.5)

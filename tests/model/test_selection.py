@@ -14,7 +14,7 @@ from tula import config, model_inputs
 from tula.io import write_json
 from tula.model import across
 from tula.model.choice import select
-from tula.model.selection import Robustness, Selection, Share
+from tula.model.selection import Point, Robustness, Selection, Share
 
 H200 = Path(__file__).resolve().parents[2] / "bench" / "gpu-runs" / "h200-2026-11-28" / "results"
 
@@ -79,3 +79,13 @@ def test_a_point_writes_its_optional_figures_only_where_it_has_them():
     assert "accumulate" not in plain and "queue_wait_s" not in plain and "partition" not in plain
     assert stepped.micro_batches == 4 and stepped.to_json()["queue_wait_s"] == 5.0
     assert selection(2, 64).runner_up is None and "runner_up" in selection(2, 64).to_json()
+
+
+def test_a_predictions_row_is_probed_where_its_probe_ran_and_accumulates_past_one_batch():
+    row = dict(workers=2, nodes=1, global_batch=64, local_batch=32, step_time_s=0.1)
+    row |= dict(train_time_s=10.0, cost=1.0, mem_bytes=1e6, accumulate=1, probe_status="ok")
+    plain = Point.of_row(pd.Series(row), "USD")
+    assert plain.probed and plain.accumulate is None and plain.micro_batches == 1
+    stepped = Point.of_row(pd.Series(row | {"accumulate": 4, "probe_status": "failed"}), "USD")
+    assert not stepped.probed and stepped.accumulate == 4 and stepped.micro_batches == 4
+    assert not Point.of_row(pd.Series(row | {"probe_status": ""}), "USD").probed

@@ -117,9 +117,9 @@ def choice_shares(
             pred = predict(plan, p, mem, train_samples, m, wall=False)
             pred = across.with_waits(pred, waits) if waits else pred
             counts[choice.select(pred, plan).point] += 1
-        except ValueError:  # no feasible point in this resample
-            counts[None] += 1
-    rows = [Share(k[0], k[1], v / resamples) for k, v in counts.items() if k is not None]
+        except ValueError:  # no feasible point in this resample: it is no point's share
+            continue
+    rows = [Share(k[0], k[1], v / resamples) for k, v in counts.items()]
     return sorted(rows, key=lambda r: (-r.share, r.global_batch, r.workers))
 
 
