@@ -187,14 +187,14 @@ def judged_halfwidths(row: pd.Series) -> tuple[list[float | None], bool]:
         row.get(f"step_time_halfwidth{judged}_rel") if probe else None,
         row.get(f"compute_time_halfwidth{judged}_rel"),
     ]
-    return [float(h) if h is not None and h == h else None for h in hws], bool(robust)
+    return [float(h) if pd.notna(h) else None for h in hws], bool(robust)
 
 
 def judged_steps(row: pd.Series) -> float:
     """The steps a probe row's synced half-width is over (step_judged_steps: every kind its
     mean weighs); its plain steps where the row predates the column."""
     steps = pd.to_numeric(row.get("step_judged_steps"), errors="coerce")
-    return steps if steps == steps else pd.to_numeric(row.get("step_timed_steps"), errors="coerce")
+    return steps if pd.notna(steps) else pd.to_numeric(row.get("step_timed_steps"), errors="coerce")
 
 
 def short_of_steps(row: pd.Series) -> int | None:
