@@ -19,10 +19,10 @@ import time
 import torch
 
 from tula import config
-from tula.runtime import data
-from tula.runtime.nets import build_model
-from tula.runtime.optim import TulaOptimizer
-from tula.runtime.refresh import refresh_scales
+from tula.runtime.input import data
+from tula.runtime.step.nets import build_model
+from tula.runtime.train.optim import TulaOptimizer
+from tula.runtime.train.refresh import refresh_scales
 
 
 def main() -> None:

@@ -3,8 +3,8 @@ compute-only steps alternating, it falls on the same arm every epoch of an even 
 
 One process (gloo, N = 1: sync is nothing but DDP's local bookkeeping), digits, B = 128 (an
 epoch of 11 full batches and a short one of 29 samples: 12 steps), the probe's own timer
-(`tula.runtime.timing.StepTimer`) to +-0.5 % after 200 steps of each arm. Prints each arm's mean
-over full batches only (what the probe now takes) and with the short batches it met counted in
+(`tula.runtime.timer.timing.StepTimer`) to +-0.5 % after 200 steps of each arm. Prints each arm's
+mean over full batches only (what the probe now takes) and with the short batches it met counted in
 (what it took before): the arm that meets them looks faster, and `sync = step - compute` with it.
 
     .venv/bin/python bench/arm_bias.py [--batch 128] [--method ags]     # ~30 s
@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from tula import config
-from tula.runtime.clocks import HostClock
-from tula.runtime.replica import Replica
-from tula.runtime.timing import StepTimer, Target
+from tula.runtime.step.replica import Replica
+from tula.runtime.timer.clocks import HostClock
+from tula.runtime.timer.timing import StepTimer, Target
 
 
 def main() -> None:

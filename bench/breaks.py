@@ -60,7 +60,7 @@ BREAKS = [
     scaled(0.77),
     Break(
         "labels shuffled",
-        "src/tula/runtime/data.py",
+        "src/tula/runtime/input/data.py",
         '    integer one per batch (its stored bytes kept: :class:`TensorSet`)."""\n',
         '    integer one per batch (its stored bytes kept: :class:`TensorSet`)."""\n'
         "    y_tr = np.random.default_rng(0).permutation(y_tr)\n",
@@ -75,7 +75,7 @@ BREAKS = [
     ),
     Break(
         "a uint8 set standardised twice",
-        "src/tula/runtime/data.py",
+        "src/tula/runtime/input/data.py",
         "        if norm is None or x.is_floating_point():\n",
         "        if norm is None:\n",
         (
@@ -86,7 +86,7 @@ BREAKS = [
     ),
     Break(
         "a probe's sync time dropped",
-        "src/tula/runtime/probe_measurement.py",
+        "src/tula/runtime/probe/probe_measurement.py",
         '        step_time_s=s["mean"] + extra,\n',
         '        step_time_s=c["mean"] + extra,\n',
         ("tests/stages/test_probe.py::test_two_process_gloo_probe", *BOUNDED[:3]),

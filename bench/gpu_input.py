@@ -6,7 +6,7 @@ Variants, each through a DataLoader with the same batch sampler and loader worke
            ToTensor, Normalize), each sample inside torch.random.fork_rng seeded by
            (seed, epoch, index): Tula's CPU path until this benchmark's change
   tula     Tula's imagefolder dataset as the probe and production read it
-           (tula.runtime.images: torchvision.io decoding into uint8 tensors, a per-sample
+           (tula.runtime.input.images: torchvision.io decoding into uint8 tensors, a per-sample
            torch.Generator for the crop box and flip, tensor crop/resize/normalise)
   tula_decode_on_device   (JPEG only) data.decode: gpu through Tula's feed on --device:
            loader workers read bytes and boxes, the batch is decoded and transformed on the
@@ -43,10 +43,10 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tula import config as config_mod
-from tula.runtime import data as data_mod
-from tula.runtime import loader as loader_mod
-from tula.runtime.feed import DeviceFeed
-from tula.runtime.images import IMAGENET_MEAN, IMAGENET_STD, decode, sample_seed
+from tula.runtime.input import data as data_mod
+from tula.runtime.input import loader as loader_mod
+from tula.runtime.input.feed import DeviceFeed
+from tula.runtime.input.images import IMAGENET_MEAN, IMAGENET_STD, decode, sample_seed
 
 
 def _one_image(args) -> None:

@@ -11,8 +11,8 @@ For each global batch B (one worker), at the same model, precision and memory fo
   tula production  Replica.walk.run_step over a stretch with one synchronisation at its end, as
                    the production job's Trainer runs it, eager and compiled
 
-Each variant: warm-up steps, then the probe's own timer (tula.runtime.timing.StepTimer): on CUDA
-blocks between CUDA events sized so that their one synchronisation costs under 1 %, on CPU each
+Each variant: warm-up steps, then the probe's own timer (tula.runtime.timer.timing.StepTimer): on
+CUDA blocks between CUDA events sized so that their one synchronisation costs under 1 %, on CPU each
 step alone, until the mean is within --target (95 % half-width, 2 %) or --budget seconds are
 spent; the step is the mean, beside its median, the samples' CV and the precision reached.
 Then host reads: every method's 10 steady-state steps under
@@ -44,11 +44,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tula import config as config_mod
-from tula.runtime import dist
-from tula.runtime.clocks import clock_for
-from tula.runtime.nets import build_model
-from tula.runtime.replica import Replica
-from tula.runtime.timing import StepTimer, Target
+from tula.runtime.group import dist
+from tula.runtime.step.nets import build_model
+from tula.runtime.step.replica import Replica
+from tula.runtime.timer.clocks import clock_for
+from tula.runtime.timer.timing import StepTimer, Target
 
 METHODS = ("ags", "lbt", "lrs", "static", "lars", "polo")
 
@@ -89,8 +89,8 @@ def sync(device: torch.device) -> None:
 
 def blocks(run, device, a) -> dict:
     """``run(k)`` runs up to k steps untimed and returns (steps, kind). Timed by the probe's own
-    timer (:class:`tula.runtime.timing.StepTimer`): on CUDA blocks between CUDA events, sized so
-    that their one synchronisation costs under 1 % (``--block`` forces a size), on CPU every step
+    timer (:class:`tula.runtime.timer.timing.StepTimer`): on CUDA blocks between CUDA events, sized
+    so that their one synchronisation costs under 1 % (``--block`` forces a size), on CPU every step
     alone; until the mean is within ``--target`` (95 % half-width) after ``--min-steps``, or
     ``--budget`` seconds. Steps other than plain ones (an epoch's first) are set apart."""
     run(a.warm)

@@ -30,10 +30,10 @@ import torch.multiprocessing as mp
 import yaml
 
 from tula import checkpoint, config
-from tula.runtime import data
-from tula.runtime.methods import build_method
-from tula.runtime.nets import build_model
-from tula.runtime.refresh import refresh_scales
+from tula.runtime.input import data
+from tula.runtime.step.nets import build_model
+from tula.runtime.train.methods import build_method
+from tula.runtime.train.refresh import refresh_scales
 
 MODELS = ("small_cnn", "resnet_tiny", "vgg_tiny", "alexnet_tiny", "mobilenet_tiny")
 

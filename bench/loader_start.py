@@ -1,7 +1,7 @@
 """What starting loader workers from a forkserver costs, against forking them.
 
 On an interpreter whose fork can deadlock the child (CPython before 3.11.8:
-:func:`tula.runtime.loader.fork_deadlocks`) the loaders' workers start from a forkserver. This
+:func:`tula.runtime.input.loader.fork_deadlocks`) the loaders' workers start from a forkserver. This
 measures, in fresh interpreters (each run one process, as a probe or training worker is), the
 training loader of an image folder (PNGs written with Pillow, 64 px, 2 loader workers, batch
 32) with each start method:
@@ -34,7 +34,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch
 from tula import config
-from tula.runtime import data, loader
+from tula.runtime.input import data, loader
 root, method = sys.argv[1], sys.argv[2]
 cfg = config.from_dict({"workload": {"dataset": "imagefolder:" + root, "seed": 0},
                         "data": {"image_size": 64, "num_workers": 2}})

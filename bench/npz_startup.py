@@ -3,7 +3,7 @@
 Writes (once, kept in --dir) an `npz` of uint8 images, 1 x 28 x 28, at least 500 MB, then in
 fresh interpreters, each checkout's ``src`` first on PYTHONPATH, measures:
 
-- ``load``: seconds to load the set (:func:`tula.runtime.data.load`) and hand its first batch
+- ``load``: seconds to load the set (:func:`tula.runtime.input.data.load`) and hand its first batch
   of 256 through the device feed (here the CPU), and the process's peak RSS (ru_maxrss);
 - ``probe``: a real one-worker `tula probe` at B = 64 (sweep, noise and input reads off): its
   record's start-up (process start to its first step) and peak RSS.
@@ -43,8 +43,8 @@ import json, resource, sys, time
 import torch
 t0 = time.perf_counter()
 from tula import config
-from tula.runtime import data, loader
-from tula.runtime.feed import DeviceFeed
+from tula.runtime.input import data, loader
+from tula.runtime.input.feed import DeviceFeed
 cfg = config.from_dict({"workload": {"dataset": "npz:%s"}})
 d = data.load_config(cfg)
 loaders = loader.Loaders(cfg, d, 0, 1, torch.device("cpu"))

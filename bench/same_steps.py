@@ -21,7 +21,10 @@ from _harness import python_on
 ONE_SIDE = """
 import hashlib, json, tempfile, torch, torch.distributed as dist
 from tula import config
-from tula.runtime.replica import Replica
+try:
+    from tula.runtime.step.replica import Replica
+except ImportError:  # a checkout from before the runtime's rooms
+    from tula.runtime.replica import Replica
 torch.set_num_threads(1)
 f = tempfile.NamedTemporaryFile()
 dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)

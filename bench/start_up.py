@@ -26,8 +26,11 @@ from pathlib import Path
 # what each process imports in this checkout, and (for --against) in another checkout
 PROCESSES = {
     "tula probe (launcher)": ("tula.stages.probe", "tula.stages.probe"),
-    "probe worker": ("tula.runtime.probe_worker", "tula.runtime.probe_worker"),
-    "memory-probe worker": ("tula.runtime.memprobe_worker", "tula.runtime.memprobe_worker"),
+    "probe worker": ("tula.runtime.probe.probe_worker", "tula.runtime.probe.probe_worker"),
+    "memory-probe worker": (
+        "tula.runtime.probe.memprobe_worker",
+        "tula.runtime.probe.memprobe_worker",
+    ),
     "tula launch (launcher)": ("tula.stages.launch", "tula.stages.launch"),
     "production job's task (unpickles the job)": ("tula.production.job", "tula.runtime.job"),
     "training worker": ("tula.production.trainer", "tula.runtime.trainer"),

@@ -18,7 +18,7 @@ import sys
 ONE_SIDE = """
 import tempfile, time, torch, torch.distributed as dist
 from tula import config
-from tula.runtime.replica import Replica
+from tula.runtime.step.replica import Replica
 torch.set_num_threads(1)
 f = tempfile.NamedTemporaryFile()
 dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)

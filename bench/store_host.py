@@ -34,7 +34,7 @@ if mode == "agent":
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tula.runtime.nets import build_model
+from tula.runtime.step.nets import build_model
 torch.set_num_threads(2)
 dist.init_process_group("gloo", rank=0, world_size=1)
 m = DDP(build_model("small_cnn", (1, 8, 8), 10))

@@ -12,7 +12,7 @@
 #   scripts/netlab.sh down            # remove every namespace, link and the bridge
 #
 # Needs root (ip netns, tc). Tula places its workers in these nodes with
-# `cluster.netlab: tula` (tula.runtime.dist.join_lab_node): rank r runs on node
+# `cluster.netlab: tula` (tula.runtime.group.dist.join_lab_node): rank r runs on node
 # r // cluster.workers_per_node.
 set -euo pipefail
 PREFIX=${NETLAB_PREFIX:-tula}

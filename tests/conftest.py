@@ -59,7 +59,7 @@ def digits_uint8(path: Path) -> Path:
     """digits as the tiny config's 80/20 split holds it, stored as uint8 images (its pixels are
     the integers 0-16) in an npz: a set Tula standardises per batch on the device, as a uint8
     image set is (the path a twice-standardised batch broke, and an accuracy bound catches)."""
-    from tula.runtime.builtin_sets import digits
+    from tula.runtime.input.builtin_sets import digits
 
     x_train, x_test, y_train, y_test = digits(TINY["workload"]["seed"])
     assert (x_train == x_train.round()).all() and x_train.max() <= 16

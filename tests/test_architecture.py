@@ -54,7 +54,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_are_kept():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert r.stdout.count(" KEPT") == 9 and "BROKEN" not in r.stdout
+    assert r.stdout.count(" KEPT") == len(contracts()) and "BROKEN" not in r.stdout
 
 
 def contracts() -> list[dict]:
@@ -109,14 +109,18 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "  # an im
             "Stages import no other stage",
         ),
         ("production/confirm.py", "import torch", "launcher side imports no torch"),
-        ("runtime/replica.py", "from tula.production import monitor", "One arrow down"),
+        ("runtime/step/replica.py", "from tula.production import monitor", "One arrow down"),
         ("model/noise.py", "import torch", "The equations import no torch"),
-        ("stages/fit.py", "from tula.runtime import replica", "Stages reach torch only through"),
-        ("runtime/data.py", "from tula.stages import fit", "One arrow down"),
+        (
+            "stages/fit.py",
+            "from tula.runtime.step import replica",
+            "Stages reach torch only through",
+        ),
+        ("runtime/input/data.py", "from tula.stages import fit", "One arrow down"),
         ("model/grid.py", "from tula.model import memory", "No import cycles"),
         (
-            "runtime/evaluation.py",
-            TYPE_ONLY + "from tula.runtime import replica",
+            "runtime/step/evaluation.py",
+            TYPE_ONLY + "from tula.runtime.step import replica",
             "No import cycles",
         ),
         (
@@ -124,6 +128,8 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "  # an im
             TYPE_ONLY + "from tula.production import trainer",
             "No import cycles",
         ),
+        ("runtime/timer/timing.py", "from tula.runtime.step import replica", "runtime's rooms"),
+        ("runtime/input/loader.py", "from tula.runtime.train import recipe", "runtime's rooms"),
         ("io.py", "from tula.model import grid", "Shared modules"),
         ("figures.py", "from tula.production import jobdir", "Shared modules"),
     ],
@@ -278,20 +284,29 @@ def test_the_formatter_decides_the_layout():
 # Objects that are not Tula's own, whose fields their library's interface is to set, and the
 # one class whose module sets its field beside it: (module, the assignment's target) -> why.
 FOREIGN_FIELDS = {
-    ("runtime/builtin_sets.py", "args.num_samples"): "mnist1d's settings object",
-    ("runtime/builtin_sets.py", "args.seed"): "mnist1d's settings object",
-    ("runtime/dist.py", "torch.backends.cudnn.benchmark"): "torch's global switch",
-    ("runtime/methods.py", "ddp.tula_polo_state"): "torch's DDP keeps no comm hook state itself",
-    ("runtime/methods.py", "state.iter"): "torch's PostLocalSGDState counts in its own field",
-    ("runtime/nets.py", "setattr(cfg, ...)"): "torch._dynamo's config module",
-    ("runtime/optim.py", "p.grad"): "a torch Parameter's gradient",
-    ("runtime/optim_state.py", "opt.param_groups"): "torch's Optimizer, relinked after loading",
-    ("runtime/refresh.py", "p.grad"): "a torch Parameter's gradient",
-    ("runtime/optim.py", "self.optim.found_inf"): "torch's optimizer, as its GradScaler sets it",
-    ("runtime/replica.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
-    ("runtime/epoch_walk.py", "self.pos.step"): "the walk's own Position record",
-    ("runtime/epoch_walk.py", "self.pos.offset"): "the walk's own Position record",
-    ("runtime/epoch_walk.py", "self.pos.epoch"): "the walk's own Position record",
+    ("runtime/input/builtin_sets.py", "args.num_samples"): "mnist1d's settings object",
+    ("runtime/input/builtin_sets.py", "args.seed"): "mnist1d's settings object",
+    ("runtime/group/dist.py", "torch.backends.cudnn.benchmark"): "torch's global switch",
+    (
+        "runtime/train/methods.py",
+        "ddp.tula_polo_state",
+    ): "torch's DDP keeps no comm hook state itself",
+    ("runtime/train/methods.py", "state.iter"): "torch's PostLocalSGDState counts in its own field",
+    ("runtime/step/nets.py", "setattr(cfg, ...)"): "torch._dynamo's config module",
+    ("runtime/train/optim.py", "p.grad"): "a torch Parameter's gradient",
+    (
+        "runtime/train/optim_state.py",
+        "opt.param_groups",
+    ): "torch's Optimizer, relinked after loading",
+    ("runtime/train/refresh.py", "p.grad"): "a torch Parameter's gradient",
+    (
+        "runtime/train/optim.py",
+        "self.optim.found_inf",
+    ): "torch's optimizer, as its GradScaler sets it",
+    ("runtime/step/replica.py", "self.ddp.require_forward_param_sync"): "torch's DDP's own switch",
+    ("runtime/step/epoch_walk.py", "self.pos.step"): "the walk's own Position record",
+    ("runtime/step/epoch_walk.py", "self.pos.offset"): "the walk's own Position record",
+    ("runtime/step/epoch_walk.py", "self.pos.epoch"): "the walk's own Position record",
     ("slurm/plugin_patch.py", "plugin.get_submit_command"): "the SLURM plugin's submit "
     "builder, narrowed until its failed-node exclusion is fixed upstream",
     ("workers/script_run.py", "sys.argv"): "the user's script's own arguments, as `python "
@@ -440,9 +455,9 @@ FOREIGN_CALLS = {
     ("config_rules.py", "jsonschema.validators.extend"): "jsonschema's factory: makes a new class",
     ("production/job.py", "os.environ.update"): "the process's own environment",
     ("production/job.py", "os.environ.setdefault"): "the process's own environment",
-    ("runtime/dist.py", "os.environ.update"): "the process's own environment",
-    ("runtime/dist.py", "os.environ.setdefault"): "the process's own environment",
-    ("runtime/replica.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
+    ("runtime/group/dist.py", "os.environ.update"): "the process's own environment",
+    ("runtime/group/dist.py", "os.environ.setdefault"): "the process's own environment",
+    ("runtime/step/replica.py", "self.ddp.module.load_state_dict"): "torch's DDP's module: "
     "the replica's own model",
     ("workers/script_run.py", "os.environ.update"): "the process's own environment",
     ("workers/script_run.py", "sys.path.insert"): "the interpreter's own path: the script's "

@@ -495,7 +495,7 @@ def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_
     `tula check --resolved` writes the same snapshot, key for key."""
     import torch
 
-    from tula.runtime.loader import RESIDENT_SHARE, keep_on_device
+    from tula.runtime.input.loader import RESIDENT_SHARE, keep_on_device
 
     copy_workflow(tmp_path)
     full = yaml.safe_load((ROOT / "workflow" / "config.yaml").read_text())

@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY
 from tula import config, devices
-from tula.runtime import dist
+from tula.runtime.group import dist
 from tula.stages import check
 
 

@@ -47,7 +47,7 @@ class Workload:
 class Data:
     """Input pipeline (DataLoader) and image-folder transforms."""
 
-    num_workers: int | str  # a count, or "auto" (runtime.loader.loader_workers)
+    num_workers: int | str  # a count, or "auto" (runtime.input.loader.loader_workers)
     on_device: str | bool
     pin_memory: str | bool
     persistent_workers: bool
@@ -57,7 +57,7 @@ class Data:
     resize: int | None
     train_augment: str
     normalize: str
-    decode: str = "auto"  # auto | cpu | gpu (runtime.images.decode_on_device)
+    decode: str = "auto"  # auto | cpu | gpu (runtime.input.images.decode_on_device)
 
 
 @dataclass(frozen=True)

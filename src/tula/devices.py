@@ -14,7 +14,7 @@ The workflow writes the decision into the config snapshot every job reads (``har
 and the sentence that says why, ``hardware.device_why``), `tula check` prints it and writes it
 to results/workload.json, and the report shows it. ``hardware.device: cuda`` with fewer GPUs
 than the grid needs is refused before anything runs, naming ``grid.workers``. The workers
-(:func:`tula.runtime.dist.init`) only check what they are given against the GPUs they see.
+(:func:`tula.runtime.group.dist.init`) only check what they are given against the GPUs they see.
 """
 
 from __future__ import annotations

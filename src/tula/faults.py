@@ -70,7 +70,7 @@ from dataclasses import dataclass
 # loaded already): `tula launch` checks a fault spec without paying its start-up.
 
 ENV = "TULA_INJECT_FAULT"
-# a probe worker's phases, in order (:class:`tula.runtime.probe_worker.Phases` enters them;
+# a probe worker's phases, in order (:class:`tula.runtime.probe.probe_worker.Phases` enters them;
 # :func:`tula.workers.phases.mark` says them beside the rank's result): where a hang can wait
 PROBE_PHASES = (
     "started",  # the worker's Python has imported torch and Tula

@@ -270,7 +270,7 @@ def test_training_failure_raises_and_writes_no_final(tiny_raw, tmp_path, venv_pa
 
 @pytest.fixture
 def single_worker():
-    """This process as a job's only worker: the environment `tula.runtime.dist.init` changes,
+    """This process as a job's only worker: the environment `tula.runtime.group.dist.init` changes,
     restored, and its process group (gloo, world 1) destroyed, after the test."""
     import os
 

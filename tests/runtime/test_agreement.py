@@ -1,4 +1,4 @@
-"""Rank agreement (tula.runtime.agreement): in two real gloo processes, one all-reduce tells
+"""Rank agreement (tula.runtime.group.agreement): in two real gloo processes, one all-reduce tells
 every rank which ranks failed and carries a payload along, summed or maxed; alone, a process
 agrees with itself without a collective."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 
-from tula.runtime.agreement import StepOOM, agree, oom_place
+from tula.runtime.group.agreement import StepOOM, agree, oom_place
 
 
 def _ranks(rank: int, world: int, store: str, out: str) -> None:

@@ -1,4 +1,4 @@
-"""Datasets (tula.runtime.data): digits, mnist1d, npz, image folders, and their errors."""
+"""Datasets (tula.runtime.input.data): digits, mnist1d, npz, image folders, and their errors."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 import bounds
 from tula import config
 from tula.config import ConfigError
-from tula.runtime import data, loader
+from tula.runtime.input import data, loader
 
 
 def load(dataset, **workload):
@@ -38,7 +38,7 @@ def test_a_built_in_set_is_made_once_then_read_from_the_cache_as_the_library_mad
     import sys
 
     from tula.io import current_umask
-    from tula.runtime import builtin_sets
+    from tula.runtime.input import builtin_sets
 
     monkeypatch.setenv("TULA_CACHE_DIR", str(tmp_path / "cache"))
     made = builtin_sets._make_digits(3)
@@ -49,7 +49,7 @@ def test_a_built_in_set_is_made_once_then_read_from_the_cache_as_the_library_mad
     for a, b, c in zip(made, first, read):
         assert a.dtype == c.dtype and np.array_equal(a, b) and np.array_equal(a, c)
     fresh = (
-        "import sys; from tula.runtime import builtin_sets as s; a = s.digits(3); "
+        "import sys; from tula.runtime.input import builtin_sets as s; a = s.digits(3); "
         "print(len(a[0]), 'sklearn' in sys.modules)"
     )
     out = subprocess.run(
@@ -156,9 +156,9 @@ def test_a_uint8_set_stays_uint8_and_its_batches_are_standardised_where_they_are
     import torch
 
     from tula import config
-    from tula.runtime import loader
-    from tula.runtime.data import TensorSet, WorkloadData
-    from tula.runtime.feed import DeviceFeed
+    from tula.runtime.input import loader
+    from tula.runtime.input.data import TensorSet, WorkloadData
+    from tula.runtime.input.feed import DeviceFeed
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(300, 3, 8, 8), dtype=np.uint8)

@@ -1,5 +1,5 @@
-"""data.decode: auto decided by measuring both decoders (tula.runtime.decoding): the choice from
-injected timings, and the measurement itself on this CPU (nvJPEG's path, decode_batch, runs on
+"""data.decode: auto decided by measuring both decoders (tula.runtime.input.decoding): the choice
+from injected timings, and the measurement itself on this CPU (nvJPEG's path, decode_batch, runs on
 CPU tensors too; only the condition that both can serve, CUDA, is stood in for)."""
 
 import pytest
@@ -7,10 +7,10 @@ import torch
 
 from conftest import make_image_folder, make_jpeg_folder
 from tula import config
-from tula.runtime import data, decoding
-from tula.runtime.loader import Loaders
-from tula.runtime.stepstate import Position
-from tula.runtime.stream import Stream
+from tula.runtime.input import data, decoding
+from tula.runtime.input.loader import Loaders
+from tula.runtime.step.stepstate import Position
+from tula.runtime.step.stream import Stream
 
 
 def _cfg(root, **data_section):

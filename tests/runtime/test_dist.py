@@ -1,4 +1,4 @@
-"""Process groups (tula.runtime.dist): the rank and rendezvous of a worker under torchrun
+"""Process groups (tula.runtime.group.dist): the rank and rendezvous of a worker under torchrun
 and under SLURM's srun, and the backend that follows the device."""
 
 import os
@@ -9,7 +9,7 @@ import pytest
 from conftest import train_from_files
 from selections import selection_json
 from tula import config
-from tula.runtime import dist
+from tula.runtime.group import dist
 from tula.slurm import rendezvous
 
 

@@ -1,7 +1,8 @@
-"""train.metric as a torchmetrics metric (tula.runtime.loss_metric.EpochMetric): computed over the
-whole test set and synced across two real gloo ranks, a macro-F1 is scikit-learn's macro-F1 of
-the same predictions, where the per-batch mean Tula used to take is not; a checkpoint keeps its
-states and a run at another N merges them; the step a monitor undoes leaves them as they were."""
+"""train.metric as a torchmetrics metric (tula.runtime.train.loss_metric.EpochMetric): computed
+over the whole test set and synced across two real gloo ranks, a macro-F1 is scikit-learn's
+macro-F1 of the same predictions, where the per-batch mean Tula used to take is not; a checkpoint
+keeps its states and a run at another N merges them; the step a monitor undoes leaves them as they
+were."""
 
 import json
 
@@ -14,8 +15,8 @@ from sklearn.metrics import f1_score
 
 import bounds
 from tula import config
-from tula.runtime import loss_metric
-from tula.runtime.replica import Replica
+from tula.runtime.step.replica import Replica
+from tula.runtime.train import loss_metric
 
 F1 = "torchmetrics.classification:MulticlassF1Score"
 
@@ -114,4 +115,6 @@ def test_the_states_are_checkpointed_merged_at_another_n_and_put_back(tmp_path):
     with pytest.raises(config.ConfigError, match="train.metric_args"):
         loss_metric.build_metric(_cfg("x.npz", args={"num_klasses": 3}).train)
     with pytest.raises(config.ConfigError, match="train.metric_args"):
-        loss_metric.build_metric(_cfg("x.npz", metric="tula.runtime.loss_metric:build_loss").train)
+        loss_metric.build_metric(
+            _cfg("x.npz", metric="tula.runtime.train.loss_metric:build_loss").train
+        )

@@ -1,11 +1,11 @@
-"""The step's memory and FLOPs from the model alone (tula.runtime.estimate): Tula's own step
+"""The step's memory and FLOPs from the model alone (tula.runtime.probe.estimate): Tula's own step
 under FakeTensorMode, MemTracker and FlopCounterMode, no data and no device."""
 
 import pytest
 
 import bounds
 from tula import config
-from tula.runtime.estimate import estimate_step
+from tula.runtime.probe.estimate import estimate_step
 from user_workload import HIDDEN
 
 D, K = 64, 10  # digits' 1 x 8 x 8 samples, 10 classes

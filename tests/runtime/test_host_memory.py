@@ -1,4 +1,4 @@
-"""The host allocator every worker sets (tula.runtime.dist.steady_host_memory): a training
+"""The host allocator every worker sets (tula.runtime.group.dist.steady_host_memory): a training
 step's host memory comes back from the process's heap instead of fresh pages from the kernel,
 whatever the process ran before, so the compute sweep (a process that ran another batch first)
 and production (a fresh process) pay a step alike. Counted in page faults, not in seconds."""
@@ -12,14 +12,14 @@ import textwrap
 import pytest
 
 from conftest import ROOT
-from tula.runtime import dist
+from tula.runtime.group import dist
 
 STEP_FAULTS = textwrap.dedent(
     """
     import json, os, resource, sys
     from tula import config as config_mod
-    from tula.runtime import dist
-    from tula.runtime.replica import Replica
+    from tula.runtime.group import dist
+    from tula.runtime.step.replica import Replica
     if sys.argv[1] == "glibc-default":
         # glibc's start held there: its moving threshold may rise during the warm-up (when a
         # larger block happens to be freed), which made the comparison depend on luck

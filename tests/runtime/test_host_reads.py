@@ -6,7 +6,7 @@ tensor's value reaches the host (``Tensor.item``, ``float(t)``, ``int(t)``, ``bo
 steps ran under ``torch.cuda.set_sync_debug_mode("error")`` with no synchronising call
 (bench/gpu_step.py, BENCHMARKS.md "On a GPU").
 
-One read per step is justified: with N > 1 the step's agreement (tula.runtime.agreement.
+One read per step is justified: with N > 1 the step's agreement (tula.runtime.group.agreement.
 agree_host: an out-of-memory error, a stop signal) all-reduces a small CPU tensor over gloo and
 reads it with ``.tolist()``. The flags are what the host already knows, so it never waits for
 the device; alone (N = 1) nothing is sent."""
@@ -23,7 +23,7 @@ from test_replica import one_process_group  # noqa: F401 - the fixture: a one-pr
 
 from conftest import TINY
 from tula import config
-from tula.runtime.replica import Replica
+from tula.runtime.step.replica import Replica
 
 METHODS = ("ags", "lbt", "lrs", "static", "lars", "polo")
 READS = ("item", "__float__", "__int__", "__bool__", "__index__", "cpu", "tolist", "numpy")
@@ -114,7 +114,9 @@ def test_with_two_workers_only_the_agreement_reads_its_cpu_flags(tmp_path):
         got = json.loads(open(f"{out}.{rank}").read())
         for method, reads in got.items():
             assert len(reads) == 10, (method, reads)  # one per step
-            assert {tuple(r) for r in reads} == {("tolist", "runtime/agreement.py:agree_host")}, (
+            assert {tuple(r) for r in reads} == {
+                ("tolist", "runtime/group/agreement.py:agree_host")
+            }, (
                 method,
                 reads,
             )

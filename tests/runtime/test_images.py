@@ -1,4 +1,4 @@
-"""Image folders (tula.runtime.images): per-sample augmentation draws, the tensor path against
+"""Image folders (tula.runtime.input.images): per-sample augmentation draws, the tensor path against
 torchvision's PIL transforms, a resumed loader's images, and data.num_workers: auto."""
 
 import math
@@ -14,8 +14,8 @@ import bounds
 from conftest import make_jpeg_folder
 from tula import config
 from tula.config import ConfigError
-from tula.runtime import data, images, loader
-from tula.runtime.feed import DeviceFeed
+from tula.runtime.input import data, images, loader
+from tula.runtime.input.feed import DeviceFeed
 
 
 def folder_config(root, **data_section):

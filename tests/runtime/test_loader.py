@@ -1,4 +1,4 @@
-"""The input pipeline (tula.runtime.loader): every epoch is one permutation split over the
+"""The input pipeline (tula.runtime.input.loader): every epoch is one permutation split over the
 ranks, and where training stands is in samples, so a relaunch at another batch consumes every
 sample of the epoch exactly once."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tula.model.grid import steps_per_epoch
-from tula.runtime import loader
-from tula.runtime.feed import DeviceFeed
+from tula.runtime.input import loader
+from tula.runtime.input.feed import DeviceFeed
 
 
 def consumed(n, batch, world, seed, epoch, start, stop_after=None):
@@ -70,7 +70,7 @@ def test_the_resident_gather_yields_the_loaders_batches_in_its_order_from_any_po
     import torch
 
     from tula import config
-    from tula.runtime import data as data_mod
+    from tula.runtime.input import data as data_mod
 
     cfg = {
         o: config.from_dict({"workload": {"dataset": "digits"}, "data": {"on_device": o}})
@@ -124,9 +124,9 @@ def test_a_ranks_loaders_are_decided_once_and_what_reads_them_keeps_no_config():
     import torch
 
     from tula import config
-    from tula.runtime import data as data_mod
-    from tula.runtime.evaluation import Evaluator
-    from tula.runtime.stream import Stream
+    from tula.runtime.input import data as data_mod
+    from tula.runtime.step.evaluation import Evaluator
+    from tula.runtime.step.stream import Stream
 
     cfg = config.from_dict(
         {"workload": {"dataset": "digits", "seed": 5}, "data": {"eval_batch_size": 50}}
@@ -151,12 +151,12 @@ def test_the_loaders_workers_are_stopped_while_the_process_still_runs():
     """Persistent loader workers (started as training starts them: a forkserver on this
     CPython) live until their loader is collected; left to the interpreter's exit, each join
     waited out its 5 s timeout (a tula launch on an image folder idled 22 s after training).
-    close_loaders, which every worker's exit hook calls first (tula.runtime.dist), stops them:
+    close_loaders, which every worker's exit hook calls first (tula.runtime.group.dist), stops them:
     none is alive after it, mid-epoch or not."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from tula.runtime import dist
+    from tula.runtime.group import dist
 
     ds = TensorDataset(torch.arange(64.0))
     opts = dict(

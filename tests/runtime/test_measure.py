@@ -1,12 +1,12 @@
-"""What a worker measures (tula.runtime.measure): the peak of one training step on CPU covers
+"""What a worker measures (tula.runtime.probe.measure): the peak of one training step on CPU covers
 Eq. 3's terms and is linear in the local batch; the timing statistics."""
 
 import pytest
 import torch
 
 import bounds
-from tula.runtime.measure import cpu_step_peak_bytes, measure_step, timing_stats
-from tula.runtime.nets import build_model
+from tula.runtime.probe.measure import cpu_step_peak_bytes, measure_step, timing_stats
+from tula.runtime.step.nets import build_model
 
 
 def peaks(batches):

@@ -1,11 +1,11 @@
-"""The network registry (tula.runtime.nets): the shipped models, torchvision's by name and the
+"""The network registry (tula.runtime.step.nets): the shipped models, torchvision's by name and the
 user's own by import path, each error naming workload.model."""
 
 import pytest
 import torch
 
 from tula import config
-from tula.runtime.nets import MODELS, build_model, check_workload
+from tula.runtime.step.nets import MODELS, build_model, check_workload
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

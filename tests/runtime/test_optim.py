@@ -4,13 +4,13 @@ import math
 import pytest
 import torch
 
-from tula.runtime.optim import (
+from tula.runtime.train.optim import (
     TulaOptimizer,
     ags_scales,
     grad_variability,
     squared_global_norm,
 )
-from tula.runtime.refresh import refresh_scales
+from tula.runtime.train.refresh import refresh_scales
 
 
 def test_squared_global_norm_and_eq5_by_hand():
@@ -172,7 +172,7 @@ def _ddp_worker(rank: int, world: int, store_path: str, out_path: str) -> None:
     dist.all_gather(all_scales, scales)
     if rank == 0:
         torch.save({"params": gathered, "scales": all_scales, "counters": opt.counters}, out_path)
-    # both ranks leave together, as tula.runtime.dist.finish does: a rank that tore its gloo
+    # both ranks leave together, as tula.runtime.group.dist.finish does: a rank that tore its gloo
     # group down while the other still saved was once aborted (SIGABRT, "terminate called
     # without an active exception", CI 2026-11-27)
     dist.barrier()
@@ -191,7 +191,7 @@ def test_ddp_replicas_stay_bit_identical_with_ags(tmp_path):
 
 
 def test_lars_trust_ratio_by_hand():
-    from tula.runtime.methods import LARS
+    from tula.runtime.train.methods import LARS
 
     w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))  # ||w|| = 5
     b = torch.nn.Parameter(torch.tensor([1.0]))  # 1-D: excluded from the trust ratio
@@ -219,7 +219,7 @@ def test_build_method_uses_torch_post_local_sgd_and_ags_smax(one_process_group):
     from torch.distributed.optim import PostLocalSGDOptimizer
 
     from tula import config
-    from tula.runtime.methods import build_method
+    from tula.runtime.train.methods import build_method
 
     t = config.from_dict({"train": {"method": "polo"}}).train
     opt, _ = build_method("polo", t, [torch.nn.Parameter(torch.zeros(2))], 512, steps_per_epoch=20)
@@ -279,7 +279,7 @@ def test_lars_evaluates_the_closure_once_before_scaling():
     """torch.optim's convention: step(closure) evaluates the closure (which recomputes the
     gradients) first; LARS then scales those gradients. Evaluated after the scaling, as
     before, the closure would put the unscaled gradients back."""
-    from tula.runtime.methods import LARS
+    from tula.runtime.train.methods import LARS
 
     def setup():
         torch.manual_seed(2)
@@ -315,8 +315,8 @@ def test_an_lr_schedule_reaches_the_wrapped_optimizer_after_a_resume(one_process
     (TulaOptimizer, LARS, torch's PostLocalSGDOptimizer) would leave a resumed warm-up or decay
     stuck at the checkpoint's LR. load_optimizer_state links them again."""
     from tula import config
-    from tula.runtime.methods import build_method
-    from tula.runtime.optim_state import load_optimizer_state
+    from tula.runtime.train.methods import build_method
+    from tula.runtime.train.optim_state import load_optimizer_state
 
     t = config.from_dict({"train": {"method": method, "lr": 1.0}}).train
     p = [torch.nn.Parameter(torch.ones(3))]

@@ -1,4 +1,4 @@
-"""The probe's worker (tula.runtime.probe_worker): how rank 0 turns every rank's timed steps
+"""The probe's worker (tula.runtime.probe.probe_worker): how rank 0 turns every rank's timed steps
 into the probe's step, compute and sync times, and what a failure leaves in the record. (The
 worker runs end to end under torchrun in tests/stages/test_probe.py.)"""
 
@@ -9,12 +9,12 @@ from test_replica import _replica, one_process_group  # noqa: F401 - the fixture
 from tula import config, faults
 from tula.model.probe_measured import Measurement, Noise, Overheads
 from tula.model.probe_record import Probed, ProbeRecord, RankResult
-from tula.runtime import probe_measurement, probe_timing, probe_worker
-from tula.runtime.measure import PROFILER_TRIES
-from tula.runtime.precision import Series
-from tula.runtime.probe_state import JobState
-from tula.runtime.replica import Replica
-from tula.runtime.timing import Target, Timing
+from tula.runtime.probe import probe_measurement, probe_timing, probe_worker
+from tula.runtime.probe.measure import PROFILER_TRIES
+from tula.runtime.probe.probe_state import JobState
+from tula.runtime.step.replica import Replica
+from tula.runtime.timer.precision import Series
+from tula.runtime.timer.timing import Target, Timing
 
 
 def test_an_epoch_starts_extra_and_the_short_batchs_saving_at_trainings_rate(one_process_group):  # noqa: F811
@@ -158,8 +158,8 @@ def test_a_probe_jobs_points_load_the_sets_once_and_share_the_resident_copy(
     loaded once for the job (a large npz set took 1.6-2.8 s a load here) and a set kept on the
     device is copied there once: the job's later points read the same tensors."""
     from tula.model.grid import Point
-    from tula.runtime import data as data_mod
-    from tula.runtime import dist
+    from tula.runtime.group import dist
+    from tula.runtime.input import data as data_mod
 
     loads = []
     real = data_mod.load_config

@@ -1,5 +1,5 @@
-"""The user's way of training (tula.runtime.recipe): train.optimizer by name or import path with
-its arguments, the LR schedule as torch's schedulers stepped per step (the paper's baselines'
+"""The user's way of training (tula.runtime.train.recipe): train.optimizer by name or import path
+with its arguments, the LR schedule as torch's schedulers stepped per step (the paper's baselines'
 warm-ups among them, as they were), the loss and metric; and AGS on an adaptive optimizer,
 which scales the update the optimizer computes."""
 
@@ -11,8 +11,8 @@ import torch
 import bounds
 from tula import config, model_inputs
 from tula.config import ConfigError
-from tula.runtime import loss_metric, recipe
-from tula.runtime.optim import TulaOptimizer
+from tula.runtime.train import loss_metric, recipe
+from tula.runtime.train.optim import TulaOptimizer
 
 # the schedules are stepped here with no training step between
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of")

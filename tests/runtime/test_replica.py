@@ -1,4 +1,4 @@
-"""The one training step (tula.runtime.replica): in one process group here (the multi-process
+"""The one training step (tula.runtime.step.replica): in one process group here (the multi-process
 runs are the trainer's, the launcher's and the probe's tests); mixed precision gives AGS
 unscaled gradients, a skipped fp16 step is not a Delta sample, and the position in the epoch
 moves by samples whatever the batch."""
@@ -12,9 +12,9 @@ import torch.distributed as torch_dist
 import bounds
 from conftest import bitwise_equal
 from tula import config
-from tula.runtime.methods import Cadence
-from tula.runtime.optim import TulaOptimizer
-from tula.runtime.replica import Replica
+from tula.runtime.step.replica import Replica
+from tula.runtime.train.methods import Cadence
+from tula.runtime.train.optim import TulaOptimizer
 
 
 def _replica(precision, method="ags"):
@@ -139,11 +139,11 @@ def test_a_run_of_steps_holds_plain_steps_only(one_process_group, every):
 
 
 def test_the_sweep_times_each_compute_only_step_after_a_synced_one(one_process_group, monkeypatch):
-    """The compute sweep's rounds (tula.runtime.sweep): every timed compute-only step follows
+    """The compute sweep's rounds (tula.runtime.probe.sweep): every timed compute-only step follows
     an untimed synced step at the same batch, as the probe's alternation and training meet
     it; back to back, two workers' compute-only steps read 10-30 % faster than that."""
-    from tula.runtime import probe_timing, sweep
-    from tula.runtime.timing import Target
+    from tula.runtime.probe import probe_timing, sweep
+    from tula.runtime.timer.timing import Target
 
     r = _replica("fp32")
     events = []

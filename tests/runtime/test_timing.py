@@ -1,6 +1,6 @@
-"""The one step timer (tula.runtime.timing) on steps of known noise: sleeps with a seeded jitter.
-Where a test bounds the means it times, the steps sleep on a virtual clock (Virtual), which moves
-by exactly what each step asks: a neighbour's load delays no wake-up there, and the suite runs
+"""The one step timer (tula.runtime.timer.timing) on steps of known noise: sleeps with a seeded
+jitter. Where a test bounds the means it times, the steps sleep on a virtual clock (Virtual), which
+moves by exactly what each step asks: a neighbour's load delays no wake-up there, and the suite runs
 these tests beside others. The others sleep for real on the host's clock."""
 
 import math
@@ -13,9 +13,9 @@ from scipy import stats
 
 import bounds
 from tula.model.grid import paid_mix
-from tula.runtime.clocks import HostClock, block_for
-from tula.runtime.precision import Series, half_width_rel, mix_half_width_rel, spikes, spread
-from tula.runtime.timing import StepTimer, Target
+from tula.runtime.timer.clocks import HostClock, block_for
+from tula.runtime.timer.precision import Series, half_width_rel, mix_half_width_rel, spikes, spread
+from tula.runtime.timer.timing import StepTimer, Target
 
 
 class Virtual(HostClock):
@@ -185,7 +185,7 @@ def test_rounds_as_long_as_the_epoch_are_rotated_so_that_each_arm_meets_every_ki
     """A lead-in and two arms on an epoch of 3 steps: without rotation each arm meets one kind
     for ever (the compute arm never a plain step); the probe's lead-in adds one untimed synced
     step where a round would start where the last one did, so both arms meet all three."""
-    from tula.runtime.probe_timing import synced_lead_in
+    from tula.runtime.probe.probe_timing import synced_lead_in
 
     met = {}
     for rotate in (False, True):

@@ -1,4 +1,4 @@
-"""The step's update (tula.runtime.update.Update), the replica's part that owns the optimizer,
+"""The step's update (tula.runtime.step.update.Update), the replica's part that owns the optimizer,
 its LR schedule, the GradScaler and AGS's noise pairs: what a checkpoint holds of it comes
 back whole, a checkpoint of another global batch is followed (the schedule rebuilt where the
 epochs stand, the noise pairs dropped), and steps undone leave no trace."""
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tula import config, model_inputs
-from tula.runtime import methods, recipe
-from tula.runtime.update import Update
+from tula.runtime.step.update import Update
+from tula.runtime.train import methods, recipe
 
 # the schedules are stepped here with no training step between
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of")

@@ -248,8 +248,8 @@ def test_the_estimate_counts_the_training_set_the_jobs_keep_on_the_gpu(tiny_raw,
 
     from tula import config
     from tula.io import read_json
-    from tula.runtime import data as data_mod
-    from tula.runtime.loader import resident_bytes
+    from tula.runtime.input import data as data_mod
+    from tula.runtime.input.loader import resident_bytes
 
     tiny_raw["hardware"] = {"gpu": "h100"}
     fixed = {}

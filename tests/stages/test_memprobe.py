@@ -1,5 +1,5 @@
-"""The memory probe (tula.stages.memprobe, and its worker tula.runtime.memprobe_worker): one real
-worker's peaks at a few local batches, b_max, and the measurement at the b_max it predicts."""
+"""The memory probe (tula.stages.memprobe, and its worker tula.runtime.probe.memprobe_worker): one
+real worker's peaks at a few local batches, b_max, and the measurement at the b_max it predicts."""
 
 import pytest
 

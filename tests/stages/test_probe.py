@@ -1,5 +1,5 @@
-"""The probe (tula.stages.probe, tula.runtime.probe_worker), for real: torchrun, 2 gloo workers, a
-real DDP model; failures (out of memory, errors, timeouts) are recorded, never raised."""
+"""The probe (tula.stages.probe, tula.runtime.probe.probe_worker), for real: torchrun, 2 gloo
+workers, a real DDP model; failures (out of memory, errors, timeouts) are recorded, never raised."""
 
 import json
 
@@ -8,7 +8,7 @@ import pytest
 
 import bounds
 from tula.faults import ENV as FAULT_ENV
-from tula.runtime.measure import PROFILER_TRIES
+from tula.runtime.probe.measure import PROFILER_TRIES
 from tula.stages import probe
 from user_workload import SLOW_SAMPLE_S
 

@@ -249,7 +249,7 @@ def add_compare(sub) -> None:
 
 
 def cmd_models(a) -> None:
-    from tula.runtime.nets import available  # torch: only for this listing
+    from tula.runtime.step.nets import available  # torch: only for this listing
 
     for name in available():
         print(name)

@@ -1,6 +1,6 @@
-"""The grid as the model alone sees it: what the estimate of the step (:mod:`tula.runtime.estimate`,
-a dict here) and the named GPU (:mod:`tula.gpus`) say about the grid before any job runs, and
-how far the memory probe found the estimate off.
+"""The grid as the model alone sees it: what the estimate of the step
+(:mod:`tula.runtime.probe.estimate`, a dict here) and the named GPU (:mod:`tula.gpus`) say about
+the grid before any job runs, and how far the memory probe found the estimate off.
 
 - The memory model's two terms (Eq. 3) from the estimate give each local batch's memory; a
   local batch whose estimate exceeds the budget by more than :data:`CLEAR_MARGIN` is ruled out

@@ -150,7 +150,7 @@ def sweep_local_batches(
 def short_last_batch(train_samples: int, global_batch, workers=1):
     """Whether an epoch of D samples at global batch B ends in a short batch that is trained:
     D mod B samples, kept where every one of the N workers gets one (a tail smaller than N is
-    left out, :func:`tula.runtime.loader.next_chunk`). A bool, or a bool array for arrays."""
+    left out, :func:`tula.runtime.input.loader.next_chunk`). A bool, or a bool array for arrays."""
     tail = np.asarray(train_samples) % np.asarray(global_batch)
     kept = (tail > 0) & (tail >= np.asarray(workers))
     return bool(kept) if kept.ndim == 0 else kept
@@ -171,9 +171,9 @@ def paid_mix(
 ) -> dict | None:
     """The share of training's steps at this batch on N workers that are an epoch's first, its
     short last batch (where one is trained) and a mid-epoch AGS refresh: the weights of the mean
-    step it pays (as :func:`tula.runtime.probe_worker._measurement` adds them up), so that the
+    step it pays (as :func:`tula.runtime.probe.probe_worker._measurement` adds them up), so that the
     probe's precision is that mean's. None where no plain step is left (an epoch of one or two
-    steps: the starts stand in, :func:`tula.runtime.probe_timing.starts_alike`)."""
+    steps: the starts stand in, :func:`tula.runtime.probe.probe_timing.starts_alike`)."""
     spe = steps_per_epoch(train_size, global_batch, workers)
     mix = {"start": 1.0 / spe}
     if short_last_batch(train_size, global_batch, workers):

@@ -1,6 +1,6 @@
 """The learning rate a method trains with at a global batch, as data: the base LR, the linear
 scaling rule of lrs and lars (k = B / base_batch, Goyal et al.), the warm-up and the schedule.
-The replica's schedule (:class:`tula.runtime.recipe.Schedule`) is built from it, and the plan
+The replica's schedule (:class:`tula.runtime.train.recipe.Schedule`) is built from it, and the plan
 (``tula plan``) states it for a user's own script."""
 
 from __future__ import annotations

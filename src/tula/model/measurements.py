@@ -42,7 +42,7 @@ per-sample gradient covariance's trace, with grad_sq_se and grad_trace_se their 
 the noise steps (empty for N = 1); and on probe rows input_time_s, the input pipeline's time per
 batch read alone (no model; the slowest rank's), the floor of :mod:`tula.model.floor`, with
 input_bound (it took at least INPUT_BOUND, 80 %, of the step) and data_workers (the loader processes
-each worker read with). How precise each time is (:mod:`tula.runtime.timing`):
+each worker read with). How precise each time is (:mod:`tula.runtime.timer.timing`):
 step_time_halfwidth_rel and compute_time_halfwidth_rel, the 95 % confidence half-width of the mean
 relative to it (sweep rows: compute only); step_timed_steps and compute_timed_steps, the plain steps
 that mean is over, and step_judged_steps and compute_judged_steps, the steps the half-width is over
@@ -50,15 +50,15 @@ that mean is over, and step_judged_steps and compute_judged_steps, the steps the
 (probe.precision), precision_min_steps (probe.timed_steps: the judged steps each arm needs at
 least), precision_reached (both within the target on at least that many steps) and timing_stopped_by
 (precision | budget). ``tula fit`` weights each point by its half-width. The precision rule judges a
-step that spikes by its robust spread (:mod:`tula.runtime.precision`): step_spread (sd | mad) and
-step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel are the half-widths it judged
-(the fits weigh by the standard deviation's). On a device with a queue (CUDA): step_host_share, the
-host's time to queue a step over its time between the step's events, both taken on steps queued onto
-a drained device (a full launch queue holds a host to its device's pace:
-:mod:`tula.runtime.timing`), and host_bound (at least HOST_BOUND, 90 %: the device waited for
+step that spikes by its robust spread (:mod:`tula.runtime.timer.precision`): step_spread (sd | mad)
+and step_spikes (the steps that spiked) say so, and *_halfwidth_judged_rel are the half-widths it
+judged (the fits weigh by the standard deviation's). On a device with a queue (CUDA):
+step_host_share, the host's time to queue a step over its time between the step's events, both
+taken on steps queued onto a drained device (a full launch queue holds a host to its device's pace:
+:mod:`tula.runtime.timer.timing`), and host_bound (at least HOST_BOUND, 90 %: the device waited for
 Python). Where data.decode auto had two decoders to choose from (JPEGs on CUDA,
-:mod:`tula.runtime.decoding`): decode, the one the probe measured faster and read with (cpu | gpu),
-and decode_faster_by. On memory rows, where tula check estimated the step from the model alone
+:mod:`tula.runtime.input.decoding`): decode, the one the probe measured faster and read with (cpu |
+gpu), and decode_faster_by. On memory rows, where tula check estimated the step from the model alone
 (:mod:`tula.model.estimated`): estimate_mem_bytes, the estimate's peak at that local batch, and
 estimate_mem_error, its relative error against the measured peak ((estimate - measured) / measured).
 On probe rows, what the probe job spent timing: timed_s, the seconds of its timed steps (synced,

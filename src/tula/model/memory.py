@@ -1,6 +1,6 @@
 """Memory model, Eq. 3: M_total = M_param + M_grad + M_opt + M_act(b) + M_batch(b).
 
-The terms are measured by :mod:`tula.runtime.measure` (torch); this module is the model alone
+The terms are measured by :mod:`tula.runtime.probe.measure` (torch); this module is the model alone
 (numpy, statsmodels): peak memory fitted linear in the local batch b (:func:`fit`), which
 gives the predicted memory of every grid point and the largest local batch b_max that fits
 the configured device budget. fit, predict and select import no torch.

@@ -19,7 +19,7 @@ def keys(cls) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Arm:
     """How one timed arm (``step``: synced; ``compute``: under ``no_sync()``) was timed;
-    owner: :meth:`tula.runtime.timing.Timing.figures`. Keys ``<arm>_<field>``."""
+    owner: :meth:`tula.runtime.timer.timing.Timing.figures`. Keys ``<arm>_<field>``."""
 
     timed_steps: int  # plain full-batch steps its mean is over
     judged_steps: int  # the steps its half-width is over
@@ -37,7 +37,7 @@ ARMS = ("step", "compute")
 
 @dataclass(frozen=True)
 class TimingFigures:
-    """How the steps were timed; owner: :meth:`tula.runtime.timing.Timing.figures` (a probe
+    """How the steps were timed; owner: :meth:`tula.runtime.timer.timing.Timing.figures` (a probe
     times both arms; a timer of one arm has the other None)."""
 
     step: Arm | None = None
@@ -72,8 +72,8 @@ def _arm(figures: dict[str, Any]) -> Arm | None:
 @dataclass(frozen=True)
 class Measurement:
     """The probe's own measurement at (N, B), rank 0's of every rank's timed steps; owner:
-    :func:`tula.runtime.probe_measurement.measurement` and
-    :func:`tula.runtime.probe_worker._measure_point` (memory, environment). Every list is
+    :func:`tula.runtime.probe.probe_measurement.measurement` and
+    :func:`tula.runtime.probe.probe_worker._measure_point` (memory, environment). Every list is
     seconds per timed sample; counts are steps."""
 
     step_time_s: float | None = None  # mean synced step, at training's rate of extras
@@ -143,7 +143,7 @@ class Measurement:
 @dataclass(frozen=True)
 class Overheads:
     """What the production job pays besides its steps, each the slowest rank's; owner:
-    :func:`tula.runtime.probe_worker._overheads`."""
+    :func:`tula.runtime.probe.probe_worker._overheads`."""
 
     startup_time_s: float | None = None  # process start to the first step
     eval_first_time_s: float | None = None  # the job's first evaluation pass
@@ -154,7 +154,7 @@ class Overheads:
 @dataclass(frozen=True)
 class Noise:
     """The gradient noise scale (B_noise = tr(Sigma) / |G|^2); owner:
-    :func:`tula.runtime.gradnoise.measure`. ``gradient_noise`` holds the estimate in full,
+    :func:`tula.runtime.probe.gradnoise.measure`. ``gradient_noise`` holds the estimate in full,
     or why there is none (one worker)."""
 
     gradient_noise: dict[str, Any] | None = None

@@ -1,6 +1,6 @@
 """The probe record (``results/probes/N{n}/B{b}.json``, schema ``tula.probe/1``), typed: the
 one place that says what it holds. :class:`RankResult` is what one rank wrote at a point
-(``rank<r>.json``; :mod:`tula.runtime.probe_worker`), rank 0's holding the measured parts;
+(``rank<r>.json``; :mod:`tula.runtime.probe.probe_worker`), rank 0's holding the measured parts;
 :class:`ProbeRecord` is the point's record (:mod:`tula.stages.probe`): what was probed, how it
 ended, rank 0's result (its parts: :mod:`tula.model.probe_measured`) and the launcher's
 notes. Each part is frozen, owned by the module its docstring names, built from what the
@@ -55,7 +55,8 @@ class Probed:
 @dataclass(frozen=True)
 class Failure:
     """What ended a point before its measurement stood; owner: the rank that failed
-    (:func:`tula.runtime.probe_worker._failure`) or the launcher (a timeout, a silent exit)."""
+    (:func:`tula.runtime.probe.probe_worker._failure`) or the launcher (a timeout, a silent
+    exit)."""
 
     status: str  # oom | error | timeout
     error: str = ""
@@ -72,13 +73,13 @@ class RankResult:
     """What one rank wrote at a point (rank 0's parts are the record's; the others' empty): the
     measured parts, the sweep's rows (the job's first point sweeps for all: ``sweep_in``), a
     failure (then the result is it alone), errors after the measurement (which then stands)
-    and the point's own seconds. Owner: :mod:`tula.runtime.probe_worker`."""
+    and the point's own seconds. Owner: :mod:`tula.runtime.probe.probe_worker`."""
 
     rank: int
     measured: Measurement | None = None
     overheads: Overheads | None = None
     noise: Noise | None = None
-    sweep: list[dict[str, Any]] | None = None  # rows: tula.runtime.sweep
+    sweep: list[dict[str, Any]] | None = None  # rows: tula.runtime.probe.sweep
     sweep_in: str | None = None
     failure: Failure | None = None
     phase_errors: dict[str, str] = field(default_factory=dict)  # AFTER_MEASUREMENT's

@@ -3,7 +3,7 @@
 :class:`Ledger` owns the run's time accounts (steps, evaluation, checkpoints, start-ups, the
 first steps of each batch shape, monitoring), its epoch rows, the epoch in progress's time, the
 segment this attempt trains in (``attempts.json``), and the timer its timed steps use (the
-probe's, :class:`tula.runtime.timing.StepTimer`). It is carried across requeues in the run's
+probe's, :class:`tula.runtime.timer.timing.StepTimer`). It is carried across requeues in the run's
 checkpoints. The trainer writes to it; records, the monitor and the stops read from it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tula.runtime.timing import StepTimer
+from tula.runtime.timer.timing import StepTimer
 
 # time spent, carried across requeues: steps only / evaluation / checkpoints / process start-ups
 # / each shape's first steps (and how many) / the monitor's pairs

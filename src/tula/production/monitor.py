@@ -33,8 +33,8 @@ import torch.distributed as torch_dist
 from tula.io import read_json, write_csv, write_json
 from tula.model import drift as drift_mod
 from tula.production.ledger import Ledger
-from tula.runtime import agreement
-from tula.runtime.replica import Replica
+from tula.runtime.group import agreement
+from tula.runtime.step.replica import Replica
 
 COST_SHARE = 0.01  # auto: monitoring costs at most this share of the training steps
 # auto: the first pair (about one step's cost) after this many steps: 1 % from the start

@@ -15,9 +15,9 @@ from tula.model.grid import micro_steps
 from tula.production import jobdir
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
-from tula.runtime import dist
-from tula.runtime.agreement import StepOOM, oom_place
-from tula.runtime.replica import Replica
+from tula.runtime.group import dist
+from tula.runtime.group.agreement import StepOOM, oom_place
+from tula.runtime.step.replica import Replica
 
 
 def run_settings(cfg: Config) -> dict[str, Any]:

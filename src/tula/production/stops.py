@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from tula.production import jobdir
 from tula.production.ledger import Ledger
-from tula.runtime import dist
+from tula.runtime.group import dist
 
 
 class StopSignals:

@@ -1,5 +1,5 @@
 """The production run of one worker (``tula launch`` submits it): :class:`Trainer`, the loop
-around the one training step (:class:`tula.runtime.replica.Replica`), in named phases:
+around the one training step (:class:`tula.runtime.step.replica.Replica`), in named phases:
 restore, step, end of epoch, checkpoint, finish.
 
 It survives what a cluster does to a job: SLURM's USR2 before the time limit or on preemption and
@@ -28,12 +28,13 @@ from tula.production.curves import Curves
 from tula.production.ledger import Ledger
 from tula.production.monitor import Monitor
 from tula.progress import Progress, fmt_duration
-from tula.runtime import dist, gradnoise
-from tula.runtime.agreement import StepOOM
-from tula.runtime.measure import process_started
-from tula.runtime.replica import Replica
-from tula.runtime.snapshot import load_newest, write_checkpoint
-from tula.runtime.stepstate import StepHooks
+from tula.runtime.group import dist
+from tula.runtime.group.agreement import StepOOM
+from tula.runtime.probe import gradnoise
+from tula.runtime.probe.measure import process_started
+from tula.runtime.step.replica import Replica
+from tula.runtime.step.snapshot import load_newest, write_checkpoint
+from tula.runtime.step.stepstate import StepHooks
 
 METRIC_COLUMNS = [
     "epoch",

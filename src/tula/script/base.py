@@ -12,7 +12,7 @@ from typing import Any, Iterator, Protocol
 import torch
 
 from tula.io import write_json
-from tula.runtime.optim_state import state_tensors
+from tula.runtime.train.optim_state import state_tensors
 from tula.script.parts import Parts
 from tula.script.walk import Walk
 from tula.workers.processes import result_path

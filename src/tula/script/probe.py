@@ -1,8 +1,8 @@
 """A timing probe of the user's own script: the probe Tula's own loop gets
-(:mod:`tula.runtime.probe_worker`), with the script's loop running the steps.
+(:mod:`tula.runtime.probe.probe_worker`), with the script's loop running the steps.
 
 The schedule is the same: the first step timed alone and its compute-only twin (what a job
-pays once), the warm-up pairs, then :class:`tula.runtime.timing.Rounds`, the timer's own
+pays once), the warm-up pairs, then :class:`tula.runtime.timer.timing.Rounds`, the timer's own
 rounds of a synced and a compute-only step (under DDP's ``no_sync()``) led by an untimed
 synced step, until ``probe.precision`` or the budget; one step's memory peak; epoch starts
 timed alone until there are three (``run.batches`` ends an epoch early to reach one); one
@@ -27,11 +27,11 @@ from tula.io import write_json
 from tula.model.grid import paid_mix
 from tula.model.probe_record import Failure, RankResult
 from tula.progress import Progress
-from tula.runtime.agreement import agree, agree_host, ensure_host_group, max_over_ranks
-from tula.runtime.clocks import clock_for
-from tula.runtime.measure import PROFILER_TRIES, cpu_peak_counter
-from tula.runtime.probe_timing import EXTRA_STEPS
-from tula.runtime.timing import LEAD_IN, Rounds, StepTimer, Target, Timing, progress_shown
+from tula.runtime.group.agreement import agree, agree_host, ensure_host_group, max_over_ranks
+from tula.runtime.probe.measure import PROFILER_TRIES, cpu_peak_counter
+from tula.runtime.probe.probe_timing import EXTRA_STEPS
+from tula.runtime.timer.clocks import clock_for
+from tula.runtime.timer.timing import LEAD_IN, Rounds, StepTimer, Target, Timing, progress_shown
 from tula.script import probe_result
 from tula.script.base import Loop, Plain, Stepping
 from tula.workers.phases import mark, point_dir

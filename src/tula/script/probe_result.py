@@ -21,10 +21,10 @@ import torch.distributed as torch_dist
 from tula.model.grid import steps_per_epoch
 from tula.model.probe_measured import Overheads
 from tula.model.probe_record import RankResult
-from tula.runtime import dist
-from tula.runtime.agreement import max_over_ranks
-from tula.runtime.measure import process_started
-from tula.runtime.probe_measurement import Stepped, measurement
+from tula.runtime.group import dist
+from tula.runtime.group.agreement import max_over_ranks
+from tula.runtime.probe.measure import process_started
+from tula.runtime.probe.probe_measurement import Stepped, measurement
 from tula.script import snapshot
 from tula.script.base import Loop, param_bytes
 from tula.script.parts import Parts

@@ -37,11 +37,11 @@ from tula.production.curves import Curves
 from tula.production.ledger import Ledger
 from tula.production.trainer import METRIC_COLUMNS
 from tula.progress import Progress, fmt_duration
-from tula.runtime import dist
-from tula.runtime.agreement import HOST_GROUP, agree_host, ensure_host_group
-from tula.runtime.clocks import clock_for
-from tula.runtime.measure import process_started
-from tula.runtime.timing import StepTimer
+from tula.runtime.group import dist
+from tula.runtime.group.agreement import HOST_GROUP, agree_host, ensure_host_group
+from tula.runtime.probe.measure import process_started
+from tula.runtime.timer.clocks import clock_for
+from tula.runtime.timer.timing import StepTimer
 from tula.script import snapshot
 from tula.script.base import Loop, Plain, Stepping
 from tula.script.parts import inner
@@ -332,7 +332,7 @@ class Production(Plain):
             self.curves.close()
         if grouped:  # no rank leaves (the script then tears gloo down) while rank 0 still
             # writes: a peer's teardown mid-write aborts it ("terminate called without an
-            # active exception", as tula.runtime.dist.shutdown says)
+            # active exception", as tula.runtime.group.dist.shutdown says)
             torch_dist.barrier(group=HOST_GROUP[0])
         self.outcome = {"outcome": "completed", "step": walk.steps_done}
         return self.outcome

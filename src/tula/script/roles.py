@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from tula.io import write_json
-from tula.runtime.measure import PROFILER_TRIES, cpu_peak_counter
+from tula.runtime.probe.measure import PROFILER_TRIES, cpu_peak_counter
 from tula.script.base import Loop, Plain, Stepping, param_bytes
 from tula.workers.processes import result_path
 
@@ -51,7 +51,7 @@ class Check(Plain):
         self.error: str | None = None
         self.t0 = 0.0
         # the script ended before its steps: say what it did (held weakly: the run's parts
-        # must not outlive the exit's collection, tula.runtime.dist.release_at_exit)
+        # must not outlive the exit's collection, tula.runtime.group.dist.release_at_exit)
         atexit.register(_at_exit, weakref.ref(self))
 
     def epoch_starts(self) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterable, Iterator
 
-from tula.runtime.dist import release_at_exit, steady_host_memory, worker_env
+from tula.runtime.group.dist import release_at_exit, steady_host_memory, worker_env
 from tula.script.base import Stepping
 from tula.script.parts import Parts
 from tula.script.roles import driver_for
@@ -55,7 +55,7 @@ class Run:
         if spec is not None:  # a worker of Tula's: glibc's malloc as every worker sets it
             steady_host_memory()
             # at exit, the run's parts (the DDP model) let go, then collected with the groups
-            # they hold while the interpreter still runs (tula.runtime.dist.release_at_exit)
+            # they hold while the interpreter still runs (tula.runtime.group.dist.release_at_exit)
             release_at_exit()
             atexit.register(_CURRENT.clear)
         self.rank, self.world = wenv.rank, wenv.world_size

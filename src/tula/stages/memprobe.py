@@ -1,6 +1,6 @@
 """``tula memprobe``: the memory probe, the stage before any timing probe.
 
-It runs one worker (:mod:`tula.runtime.memprobe_worker`) for a few seconds at a few local
+It runs one worker (:mod:`tula.runtime.probe.memprobe_worker`) for a few seconds at a few local
 batches (config key ``probe.memory_batches``; by default the grid's smallest local batch, x4
 and x16) and measures each one's peak memory on a real training step -- a plain step and,
 with AGS, a step that refreshes its factors, the larger counted. The memory model
@@ -38,7 +38,7 @@ def _measure(
     work.mkdir(parents=True)
     launch = processes.start(
         1,
-        ["tula.runtime.memprobe_worker", "--config", str(cfg_path), "--workers", "1"]
+        ["tula.runtime.probe.memprobe_worker", "--config", str(cfg_path), "--workers", "1"]
         + ["--local-batches", ",".join(map(str, batches)), "--result-dir", str(work)],
         threads_per_worker=cfg.hardware.threads_per_worker,
         timeout_s=cfg.probe.timeout_s,

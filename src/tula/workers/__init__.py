@@ -1,13 +1,13 @@
 """Starting the N worker processes of a probe or a memory probe, and reading what they wrote.
 
-One worker command (``python -m tula.runtime.probe_worker ...``) runs unchanged in both
+One worker command (``python -m tula.runtime.probe.probe_worker ...``) runs unchanged in both
 places it is started from. The package, a module for each job:
 
 - :mod:`~tula.workers.processes`: ``start`` runs the command as ``srun --ntasks=N`` inside a
   SLURM allocation with enough tasks (the probe rule's job), else under ``torchrun
   --standalone --nproc-per-node N`` (this machine), or the memory probe's one worker by itself
   (no agent: a group of one needs no rendezvous); each worker finds its rank in the variables
-  srun or torchrun sets, or none (:func:`tula.runtime.dist.worker_env`).
+  srun or torchrun sets, or none (:func:`tula.runtime.group.dist.worker_env`).
   ``worker_environment`` is the environment of every worker, probe and production alike (the
   production job's tasks are started by submitit: ``tula.production.launcher``); each rank
   writes its result to ``<dir>/rank<r>.json`` (``result_path``), which the launcher collects

@@ -1,4 +1,4 @@
-"""The command line of a worker entry point (``python -m tula.runtime.probe_worker`` /
+"""The command line of a worker entry point (``python -m tula.runtime.probe.probe_worker`` /
 ``memprobe_worker``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def parse_worker_args(
     batch_flag: str = "--global-batch",
     batch_list: bool = False,
 ) -> argparse.Namespace:
-    """Arguments of a worker entry point (``python -m tula.runtime.probe_worker`` /
+    """Arguments of a worker entry point (``python -m tula.runtime.probe.probe_worker`` /
     ``memprobe_worker``); with ``batch_list`` the batch flag takes a comma-separated list."""
     p = argparse.ArgumentParser(
         prog=f"python -m {prog}", description="One worker, started by torchrun or srun."

@@ -130,7 +130,7 @@ def run_one(
 ) -> LaunchResult:
     """Run ``python -m <module_args>`` as the one worker of a world of one, with no agent: the
     worker finds no launcher's variables and joins a group of itself on a free port
-    (:func:`tula.runtime.dist.worker_env`, "single"). torchrun's agent has no rendezvous to
+    (:func:`tula.runtime.group.dist.worker_env`, "single"). torchrun's agent has no rendezvous to
     run for one worker, and its start (its own torch import, 2-3 s of CPU on 2 cores) came
     before the worker's: the memory probe waited for it.
 

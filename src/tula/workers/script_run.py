@@ -154,7 +154,7 @@ def run_script(argv: list[str]) -> Any:
     finally:
         # let go of the run (its DDP model holds the process group): collected at the exit
         # while the interpreter still runs, not torn down in its finalization, where a gloo
-        # thread dropping its last work aborted the rank (tula.runtime.dist.release_at_exit)
+        # thread dropping its last work aborted the rank (tula.runtime.group.dist.release_at_exit)
         AFTER_SCRIPT.clear()
     return value
 

@@ -10,7 +10,7 @@
   this machine's GPUs, or with ``--cluster`` the partition's), said in one line; ``cuda`` with
   fewer GPUs than the grid needs is refused here, naming ``grid.workers``;
 - unless ``--config-only``, the dataset loads and the model maps a batch of real samples to
-  (batch, num_classes) (:func:`tula.runtime.nets.check_workload`), and the workload's
+  (batch, num_classes) (:func:`tula.runtime.step.nets.check_workload`), and the workload's
   description is written (``results/workload.json``).
 """
 
@@ -113,7 +113,7 @@ def run(
     _cluster_side(cfg, prof, profile, cluster)
     if config_only or cfg.workload.script:  # a script is run here, not built: its own check
         return _script_workload(cfg, decision, out) if not config_only else None
-    from tula.runtime.nets import check_workload  # torch: only when the workload itself is checked
+    from tula.runtime.step.nets import check_workload  # torch: only when the workload is checked
 
     w = check_workload(cfg)
     print(
@@ -177,12 +177,12 @@ def describe_training(t: dict[str, Any]) -> str:
 
 
 def estimate(cfg: config_mod.Config, w: dict, device: str) -> dict | None:
-    """The step's memory and FLOPs from the model alone (:mod:`tula.runtime.estimate`) at the
+    """The step's memory and FLOPs from the model alone (:mod:`tula.runtime.probe.estimate`) at the
     memory probe's smallest and largest local batch, and what they say of the grid
     (:func:`print_plan`). None, said, when the model cannot run without data: the memory probe
     measures it all the same."""
     # torch: only when the workload itself is checked
-    from tula.runtime.estimate import estimate_step
+    from tula.runtime.probe.estimate import estimate_step
 
     bs = probe_batches(model_inputs.grid_spec(cfg), model_inputs.probe_steps(cfg).memory_batches)
     lo, hi = bs[0], bs[-1] if bs[-1] > bs[0] else 2 * bs[0]
@@ -199,11 +199,12 @@ def estimate(cfg: config_mod.Config, w: dict, device: str) -> dict | None:
 
 def resident_set(cfg: config_mod.Config, w: dict, device: str) -> int:
     """The training set's bytes the jobs keep on the device beside the step (data.on_device,
-    :func:`tula.runtime.loader.resident_by_rule` on the memory budget): the memory probe
+    :func:`tula.runtime.input.loader.resident_by_rule` on the memory budget): the memory probe
     measures with it there, so the estimate's fixed part holds it too (0 where it stays on the
     host). Without the set, the H200's ResNet-50 estimate was under the memory probe at
     b = 32 (BENCHMARKS.md "Memory")."""
-    from tula.runtime.loader import resident_by_rule  # torch: only when the workload is checked
+    # torch: only when the workload is checked
+    from tula.runtime.input.loader import resident_by_rule
 
     nbytes = w.get("train_bytes")
     budget = cfg.hardware.memory_budget_bytes

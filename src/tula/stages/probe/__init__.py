@@ -1,13 +1,13 @@
 """``tula probe``: short DDP runs at (N, B) that measure step time and memory, one job per N.
 
-``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe_worker`) -- under torchrun
-on one machine, or as the N tasks of a SLURM job step -- that probe every batch the search set
-has at that N in turn, in one process each (start-up, imports and the process group paid once
+``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe.probe_worker`) -- under
+torchrun on one machine, or as the N tasks of a SLURM job step -- that probe every batch the search
+set has at that N in turn, in one process each (start-up, imports and the process group paid once
 per job; :mod:`tula.stages.probe.job`), and always writes ``results/probes/N{n}/B{b}.json``
 for each, also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
 point is recorded and the DAG goes on; then ``results/probes/N{n}/job.json``, the job's list.
 
-What is timed is the production step itself: :meth:`tula.runtime.replica.Replica.step`, with
+What is timed is the production step itself: :meth:`tula.runtime.step.replica.Replica.step`, with
 the configured method (AGS by default, refreshing when due), precision and input pipeline
 (the DataLoader and sampler of training), from fetching the batch to the end of the step.
 Timed steps come in pairs. A synced step is that step as training runs it; a compute-only

@@ -166,7 +166,7 @@ def _launch(
     n = points[0].workers
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # train.accumulate at the memory probe's b_max: each point's micro-batches, as its workers
-    # (tula.runtime.probe_worker) split its steps
+    # (tula.runtime.probe.probe_worker) split its steps
     bmax = max_local_batch(memory_probe) if memory_probe else None
     acc = model_inputs.grid_spec(cfg).accumulate
     k = {p: micro_steps(p.local_batch, acc, bmax) for p in points}
@@ -230,7 +230,13 @@ def _start(
         b = point.global_batch
         spec = ScriptRun("probe", n, b, model_inputs.lr_at(cfg, b), cfg.workload.epochs, probe=ask)
         return script_launch.start(cfg, spec, limit, deadline)
-    worker_args = ["tula.runtime.probe_worker", "--config", str(cfg_path), "--workers", str(n)]
+    worker_args = [
+        "tula.runtime.probe.probe_worker",
+        "--config",
+        str(cfg_path),
+        "--workers",
+        str(n),
+    ]
     worker_args += ["--global-batch", ",".join(str(p.global_batch) for p in points)]
     worker_args += ["--result-dir", str(work)]
     if memory_probe:
