@@ -25,12 +25,14 @@ import time
 from pathlib import Path
 
 CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
-GROUP = CPU / "tula-suite-idle"  # shared by concurrent runs; removed when the last one leaves
+PREFIX = "tula-suite-idle-"  # and the run's pid: each run its own group, removed as it ends
 NO_TESTS = 5  # pytest's exit status where nothing was selected
 
 
-def idle_group(group: Path = GROUP) -> Path | None:
-    """The idle cgroup, made if need be; None (and why, on stderr) where none can be."""
+def idle_group(group: Path | None = None) -> Path | None:
+    """This run's idle cgroup (``group``, else PREFIX and this pid), made, the groups of runs
+    no longer alive removed first; None (and why, on stderr) where none can be."""
+    group = group or CPU / f"{PREFIX}{os.getpid()}"
     why = None
     if os.geteuid() != 0:
         why = "not root"
@@ -38,6 +40,9 @@ def idle_group(group: Path = GROUP) -> Path | None:
         why = f"no cgroup v1 cpu controller with cpu.idle at {group.parent}"
     else:
         try:
+            for stale in CPU.glob(f"{PREFIX}*"):
+                if not _alive(stale.name.removeprefix(PREFIX)):
+                    remove(stale)
             group.mkdir(exist_ok=True)
             (group / "cpu.idle").write_text("1")
             return group
@@ -47,15 +52,25 @@ def idle_group(group: Path = GROUP) -> Path | None:
     return None
 
 
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def remove(group: Path) -> None:
-    """The group, once its processes have left (a concurrent run's still in it: kept)."""
+    """The group, once its processes have left (one still in it after 2 s: kept)."""
     for _ in range(20):
         try:
             group.rmdir()
             return
         except FileNotFoundError:
             return
-        except OSError:  # EBUSY: a process of this run still exiting, or another run's
+        except OSError:  # EBUSY: a process of this run still exiting
             time.sleep(0.1)
 
 
