@@ -98,6 +98,9 @@ def test_knee_gain_is_the_threshold():
     )
     # 500/(1000+2048) = 16.4 % < 20 %; 1024 -> 2048 saved 24.7 %
     assert sel.selected.global_batch == 2048
+    assert (
+        sel.knee["marginal"]["rule"] == "smallest B beyond which every doubling saves < 20 % of T"
+    )
 
 
 def test_kneedle_rule_is_the_papers_knee():

@@ -215,3 +215,11 @@ def test_the_batches_at_an_n_are_that_ns_points_only():
     g = model_inputs.grid_spec(cfg)
     assert batches_at(g, 4) == [32, 512] and batches_at(g, 2) == []
     assert batches_at(g, 1) == sorted(p.global_batch for p in search_set(g) if p.workers == 1)
+
+
+def test_an_epochs_steps_are_an_int_for_one_batch_and_an_array_for_many():
+    from tula.model.grid import steps_per_epoch
+
+    one = steps_per_epoch(100, 32, 2)  # 3 full batches and a tail of 4, kept
+    assert one == 4 and type(one) is int
+    assert steps_per_epoch(100, np.array([32, 50]), 2).tolist() == [4, 2]

@@ -121,6 +121,8 @@ def test_a_rows_judged_half_widths_and_steps():
     enough = probe.copy()
     enough["step_judged_steps"] = 20
     assert measurements.short_of_steps(enough) is None
+    enough["step_judged_steps"] = 25  # more than the least: not short either
+    assert measurements.short_of_steps(enough) is None
 
 
 def test_a_run_at_chance_is_said_so_and_only_for_accuracy():

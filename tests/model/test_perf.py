@@ -472,3 +472,12 @@ def test_a_model_read_back_from_perf_json_refits_a_resample_as_the_fitted_one_do
     back = perfmodel.PerfModel.from_dict(fitted.to_dict())
     again = perfmodel.fit(df, "ring", keep=back)
     assert again.compute.params() == perfmodel.fit(df, "ring", keep=fitted).compute.params()
+
+
+def test_probes_all_inside_one_node_are_not_offered_the_two_level_forms():
+    """Nodes of 8 and probes at N = 1, 2 and 4: no job spanned nodes, so nothing tells the
+    links between nodes apart; only the one-level forms are judged."""
+    probes = two_level_rows(8, [1, 2, 4], [64, 512], 0.002, 0.04, np.random.default_rng(3))
+    perf = perfmodel.fit(probes, "ring", workers_per_node=8)
+    judged = {row["form"] for row in perf.step.extra["candidates"]}
+    assert judged and not any("two_level" in f or "bottleneck" in f for f in judged)

@@ -87,6 +87,7 @@ def test_a_rank_result_keeps_its_failure_and_its_notes():
     assert RankResult.from_json(failed.to_json()) == failed
     noted = RankResult(0).with_overheads(None, "eval crashed").timed(3.0)
     assert noted.failed_after_measurement and noted.phase_errors == {"overheads": "eval crashed"}
+    assert RankResult(0).timed(3.0).failed_after_measurement is False  # a flag, not a method
     assert RankResult.from_json(noted.to_json()).point_wall_s == 3.0
     with pytest.raises(ValueError, match="'warmup' is not one of"):
         RankResult(0).noted("warmup", "x")
