@@ -288,3 +288,12 @@ def test_time_to_accuracy_names_the_second_least_time_as_runner_up():
     ranked = pred.sort_values(["time_to_accuracy_s", "workers", "global_batch"])
     second = ranked.iloc[1]
     assert sel.runner_up.key == (int(second["workers"]), int(second["global_batch"]))
+
+
+def test_a_knee_past_which_more_batch_only_slows_says_no_doubling_saves_anything():
+    """T falls to B = 512 and rises after: past the knee no doubling saves time, and the reason
+    says 0.0 %, not a negative saving."""
+    t = {(1, 128): 4.0, (1, 256): 2.0, (1, 512): 1.9, (1, 1024): 2.0, (1, 2048): 2.2}
+    sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "knee"})))
+    assert sel.point == (1, 256)
+    assert ", and no further doubling saves more than 0.0 %;" in sel.reason

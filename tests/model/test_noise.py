@@ -183,3 +183,18 @@ def test_no_spread_between_the_batches_is_no_noise_scale():
     """|G_b|^2 = |G_B|^2 at every step: the trace estimate is 0, B_noise is not 0 but none."""
     est = noise.estimate([2.0, 3.0], [2.0, 3.0], 8, 32)
     assert est.trace == 0 and est.grad_sq > 0 and est.b_noise is None and est.b_noise_se is None
+
+
+def test_a_probe_whose_own_gradient_estimate_is_not_positive_has_no_noise_scale_of_its_own():
+    """Pooled over two probes |G|^2 is positive; the one probe whose own estimate is negative
+    (noise-dominated) lists no B_noise rather than a negative one."""
+    import pandas as pd
+
+    rows = [
+        dict(workers=2, global_batch=64, grad_sq=0.3, grad_sq_se=0.05, grad_trace=40.0),
+        dict(workers=2, global_batch=256, grad_sq=-0.1, grad_sq_se=0.5, grad_trace=44.0),
+    ]
+    df = pd.DataFrame([r | dict(source="probe", status="ok", grad_trace_se=4.0) for r in rows])
+    got = noise.pool(df)
+    assert got["grad_sq"] > 0
+    assert [p["b_noise"] for p in got["probes"]] == [pytest.approx(40 / 0.3), None]

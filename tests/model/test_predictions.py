@@ -77,6 +77,9 @@ def test_predict_eq4_arithmetic():
     row = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, train_samples=1000).iloc[0]
     assert row["steps_per_epoch"] == 16  # ceil(1000 / 64)
     assert row["train_time_s"] == pytest.approx(3 * 16 * 0.1, rel=1e-6)
+    # the interval's ends are T's too: each end of the step's interval over the same steps
+    for end in ("lo", "hi"):
+        assert row[f"train_time_{end}_s"] == pytest.approx(3 * 16 * row[f"step_time_{end}_s"])
     assert row["cost_worker_hour"] == pytest.approx(4.8 / 3600 * 2 * 3.6, rel=1e-6)
     assert row["cost_memory"] == pytest.approx(4.8 / 3600 * 2 * 1.0 * 0.15, rel=1e-6)
 
