@@ -145,6 +145,9 @@ def test_the_noise_scale_by_hand_whatever_the_gradients_scale():
         assert est.trace == pytest.approx(np.mean(trace), rel=1e-12)
         assert est.grad_sq == pytest.approx(np.mean(grad), rel=1e-12)
         assert est.b_noise == pytest.approx(np.mean(trace) / np.mean(grad), rel=1e-12)
+        # its standard error: the ratio's, the two means' relative errors in quadrature
+        rel = np.hypot(est.trace_se / est.trace, est.grad_sq_se / est.grad_sq)
+        assert est.b_noise_se == pytest.approx(est.b_noise * rel)
         assert (est.steps, est.small_batch, est.big_batch) == (2, 16, 64)
 
 
