@@ -106,3 +106,10 @@ def test_the_interval_far_from_the_data_is_statsmodels_own():
 def test_a_flat_fit_is_sure_of_its_zero_slope():
     f = fit_linear([3.0, 3.0], [1.0, 2.0])
     assert (f.slope, f.slope_ci, f.intercept_ci) == (0.0, (0.0, 0.0), (1.5, 1.5))
+
+
+def test_three_points_leave_one_degree_of_freedom_for_an_interval():
+    f = fit_linear([1, 2, 3], [1.0, 2.2, 2.9])
+    assert f.df_resid == 1 and f.sigma > 0
+    lo, hi = f.predict_interval(2.0)
+    assert lo < f.predict(2.0) < hi

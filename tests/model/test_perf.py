@@ -481,3 +481,15 @@ def test_probes_all_inside_one_node_are_not_offered_the_two_level_forms():
     perf = perfmodel.fit(probes, "ring", workers_per_node=8)
     judged = {row["form"] for row in perf.step.extra["candidates"]}
     assert judged and not any("two_level" in f or "bottleneck" in f for f in judged)
+
+
+def test_an_input_floor_with_a_fixed_cost_a_batch_gives_it_back():
+    """One worker a node: the input takes 2 ms a batch and 0.1 ms a sample; the floor's
+    linear form gives both back (its intercept a few ms, nowhere near a bound)."""
+    from tula.model.floor import fit_input
+
+    df = synthetic("ring", np.random.default_rng(0))
+    df["input_time_s"] = 0.002 + 0.0001 * df["local_batch"]
+    got = fit_input(df, workers_per_node=1)
+    assert got.form.name == "linear"
+    assert got.params() == pytest.approx({"i0": 0.002, "i1": 0.0001}, rel=bounds.SOLVER)
