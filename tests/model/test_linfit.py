@@ -111,5 +111,6 @@ def test_a_flat_fit_is_sure_of_its_zero_slope():
 def test_three_points_leave_one_degree_of_freedom_for_an_interval():
     f = fit_linear([1, 2, 3], [1.0, 2.2, 2.9])
     assert f.df_resid == 1 and f.sigma > 0
-    lo, hi = f.predict_interval(2.0)
-    assert lo < f.predict(2.0) < hi
+    x = 2.0
+    lo, hi = f.predict_interval(x)
+    assert lo < f.predict(x) < hi
