@@ -269,3 +269,19 @@ def test_p_plus_one_points_are_judged_by_held_out_error_even_with_a_measured_noi
     assert max(len(f.params) for f in forms) + 1 == len(y)
     chosen = formchoice.choose(forms, X, y, "step", noise=np.full(3, 0.02))
     assert chosen.extra["criterion"] == "held_out"
+
+
+def test_intervals_are_students_t_quantiles_of_the_fits_own_spread():
+    """A parameter's interval: theta ± t(1 - alpha/2, dof) x its standard deviation; a new
+    measurement's half-width scales with the same quantile, so two alphas' half-widths are in
+    the ratio of their quantiles."""
+    from scipy import stats
+
+    X = _b(1, 2, 4, 8, 16, 32)
+    y = (0.004 + 0.0002 * X["b"]) * np.array([1.02, 0.97, 1.01, 0.99, 1.03, 0.98])
+    f = curvefit.fit(FORMS["linear"], X, y)
+    t = stats.t.ppf(0.975, f.dof)
+    for (name, (lo, hi)), v, var in zip(f.intervals().items(), f.theta, np.diag(f.cov)):
+        assert (lo, hi) == pytest.approx((v - t * np.sqrt(var), v + t * np.sqrt(var)))
+    wide, narrow = f.half_width(_b(64), 0.05), f.half_width(_b(64), 0.5)
+    assert wide / narrow == pytest.approx(t / stats.t.ppf(0.75, f.dof))

@@ -493,3 +493,27 @@ def test_an_input_floor_with_a_fixed_cost_a_batch_gives_it_back():
     got = fit_input(df, workers_per_node=1)
     assert got.form.name == "linear"
     assert got.params() == pytest.approx({"i0": 0.002, "i1": 0.0001}, rel=bounds.SOLVER)
+
+
+def test_an_accumulated_steps_interval_widens_by_its_other_micro_batches_compute():
+    """k = 3 micro-batches: the step's interval is the micro-step's, moved by the two compute
+    steps before it and widened by two compute half-widths each side (one fit: errors add)."""
+    df, _, _ = gpu_like((1, 2, 4), (64, 1024), np.random.default_rng(0), noise=0.02)
+    m = perfmodel.fit(df, "ring")
+    n, b, k = np.array([2.0]), np.array([384.0]), np.array([3.0])
+    got = m.accumulated(n, b, k)
+    lo, hi = m.step_time_interval_s(n, b / k)
+    more = 2 * m.compute_time_s(n, b / k)
+    half = 2 * m.compute.half_width(m._cx(n, b / k))
+    assert got["step_time_hi_s"] == pytest.approx(hi + more + half)
+    assert got["step_time_lo_s"] == pytest.approx(lo + more - half)
+
+
+def test_a_nodes_input_is_shared_by_its_own_workers_whatever_the_nodes():
+    """Nodes of 8: N = 16 is two nodes of 8 workers, whose loaders share each node as N = 8's
+    do: the same input time a batch."""
+    df = synthetic("ring", np.random.default_rng(0))
+    df["input_time_s"] = 0.001 * df["local_batch"] * (1 + 0.2 * (df["workers"] - 1))
+    model = perfmodel.fit(df, "ring", workers_per_node=8)
+    assert model.input_time_s(16, 32) == pytest.approx(model.input_time_s(8, 32))
+    assert model.input_time_s(16, 32) > model.input_time_s(4, 32)

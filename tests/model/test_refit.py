@@ -255,3 +255,11 @@ def test_a_cost_objective_prices_the_relaunch_at_the_new_points_rate():
     rate = c[2] / float(one.loc[one["workers"] == 2, "train_time_s"].iloc[0])
     got = refit._saving(rest, model_inputs.planning(replan_config("cost")), (1, B), (2, B), 8.0)
     assert got == pytest.approx((c[1] - c[2] - 8.0 * rate) / c[1], rel=bounds.ROUNDING)
+
+
+def test_nothing_left_to_train_here_saves_nothing_by_moving():
+    """With no time left at the current point, a move saves no share of it: 0, not less."""
+    rest = replan_table()
+    rest.loc[rest["workers"] == 1, "train_time_s"] = 0.0
+    plan = model_inputs.planning(replan_config())
+    assert refit._saving(rest, plan, (1, B), (2, B), 8.0) == 0.0
