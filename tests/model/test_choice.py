@@ -219,6 +219,7 @@ def test_time_to_accuracy_stops_where_more_batch_costs_more_epochs():
         in sel.reason
     )
     assert "B_noise = 256" in sel.reason and "near the start of training" in nz["assumption"]
+    assert f"statistical efficiency {100 / (1 + best / 256):.0f} %" in sel.reason
 
 
 def test_time_to_accuracy_without_a_noise_scale_names_what_is_missing():
@@ -297,3 +298,12 @@ def test_a_knee_past_which_more_batch_only_slows_says_no_doubling_saves_anything
     sel = select(table(t), model_inputs.planning(config.from_dict({"objective": "knee"})))
     assert sel.point == (1, 256)
     assert ", and no further doubling saves more than 0.0 %;" in sel.reason
+
+
+def test_time_to_accuracy_states_the_statistical_efficiency_of_its_batch():
+    """B_noise = 700 and the least time to accuracy at B = 1024: a sample there is worth
+    1 / (1 + 1024 / 700) = 41 % of one at a small batch, and the reason says so."""
+    pred = _with_noise(table({(2, b): t for b, t in CURVE.items()}), b_noise=700)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    assert sel.selected.global_batch == 1024
+    assert "B = 1.46x B_noise, statistical efficiency 41 %" in sel.reason

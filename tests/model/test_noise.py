@@ -104,6 +104,7 @@ def test_pool_weights_the_probes_by_their_standard_errors():
     assert [p["b_noise"] for p in got["probes"]] == pytest.approx([40 / 0.3, 44 / 0.2])
     assert noise.pool(df.iloc[2:4]) is None  # no multi-worker estimate
     assert noise.pool(df.assign(grad_sq=-1.0)) is None  # noise-dominated: no scale
+    assert noise.pool(df.assign(grad_sq=0.0)) is None  # |G|^2 of exactly 0: none either
 
 
 def test_finite_population_correction_for_samples_drawn_without_replacement():

@@ -61,3 +61,13 @@ def test_a_measurement_reads_back_every_key_it_wrote():
         timing=TimingFigures(step=STEP, timing_s=1.5),
     )
     assert Measurement.from_json(m.to_json()) == m
+
+
+def test_a_noise_scale_not_estimated_is_written_as_its_reason_alone():
+    """One worker: no estimate, only why; its other keys are not written as nulls."""
+    from tula.model.probe_measured import Noise
+
+    why = {"why": "one worker: the noise scale needs two batch sizes"}
+    assert Noise(gradient_noise=why).to_json() == {"gradient_noise": why}
+    full = Noise(gradient_noise={"b_noise": 300.0}, grad_noise_scale=300.0).to_json()
+    assert full["grad_noise_scale"] == 300.0 and full["grad_sq"] is None
