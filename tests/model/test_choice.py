@@ -112,6 +112,10 @@ def test_kneedle_rule_is_the_papers_knee():
     )
     assert sel.selected.global_batch == knee and sel.runner_up.global_batch == 2 * knee
     assert f"Kneedle knee of T vs B at B={knee}" in sel.reason and "would save" in sel.reason
+    marginal = sel.knee["marginal"]["global_batch"]
+    assert marginal != knee and f"(the marginal rule would pick B={marginal})" in sel.reason
+    # one N: its own knees are the envelope's
+    assert sel.knee["per_nodes"] == {"2": {"marginal": marginal, "kneedle": knee}}
 
 
 def test_knee_on_cost_uses_the_cost_curve():
@@ -307,3 +311,9 @@ def test_time_to_accuracy_states_the_statistical_efficiency_of_its_batch():
     sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
     assert sel.selected.global_batch == 1024
     assert "B = 1.46x B_noise, statistical efficiency 41 %" in sel.reason
+
+
+def test_time_to_accuracy_with_one_candidate_has_no_runner_up():
+    pred = _with_noise(table({(2, 512): 3.0}), b_noise=256)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    assert sel.point == (2, 512) and sel.runner_up is None

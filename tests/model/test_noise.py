@@ -41,6 +41,11 @@ def test_noise_scale_of_linear_regression_with_known_noise_covariance():
     assert (est.steps, est.small_batch, est.big_batch) == (4000, 16, 64)
 
 
+def test_a_small_batch_larger_than_the_big_one_is_refused():
+    with pytest.raises(ValueError, match=r"two batch sizes 0 < b < B \(got b=64, B=32\)"):
+        noise.estimate([1.0, 2.0], [0.5, 1.0], 64, 32)
+
+
 def test_one_worker_or_mismatched_inputs_name_the_problem():
     with pytest.raises(ValueError, match="cannot be estimated from one worker"):
         noise.estimate([1.0], [1.0], 32, 32)

@@ -517,3 +517,15 @@ def test_a_nodes_input_is_shared_by_its_own_workers_whatever_the_nodes():
     model = perfmodel.fit(df, "ring", workers_per_node=8)
     assert model.input_time_s(16, 32) == pytest.approx(model.input_time_s(8, 32))
     assert model.input_time_s(16, 32) > model.input_time_s(4, 32)
+
+
+def test_an_input_floor_proportional_to_the_batch_gives_its_rate_back():
+    """Input of 0.1 ms a sample and nothing a batch: the floor's rate comes back, far below
+    any bound."""
+    from tula.model.floor import fit_input
+
+    df = synthetic("ring", np.random.default_rng(0))
+    df["input_time_s"] = 0.0001 * df["local_batch"]
+    got = fit_input(df, workers_per_node=1)
+    assert got.form.name == "per_sample"
+    assert got.params() == pytest.approx({"i1": 0.0001}, rel=bounds.SOLVER)

@@ -190,6 +190,8 @@ def test_the_verdict_names_its_threshold_the_precision_to_tighten_and_no_inflati
     assert v.scatter_ratio == 1.0 and v.threshold == robust.SETTLED
     assert v.rule.endswith(f"more than {100 * robust.SETTLED:.0f} % of them")
     assert "a tighter probe.precision than 5 %" in v.to_settle
+    two = robust.verdict(point(2, 512), [Share(2, 512, 0.5), Share(4, 256, 0.5)], 2, 0.05)
+    assert two.to_settle.startswith("time N=2 B=512 and N=4 B=256 more precisely")
 
 
 def test_a_resample_with_no_feasible_point_is_no_points_share(monkeypatch):
