@@ -223,3 +223,10 @@ def test_an_epochs_steps_are_an_int_for_one_batch_and_an_array_for_many():
     one = steps_per_epoch(100, 32, 2)  # 3 full batches and a tail of 4, kept
     assert one == 4 and type(one) is int
     assert steps_per_epoch(100, np.array([32, 50]), 2).tolist() == [4, 2]
+
+
+def test_a_tail_of_one_sample_is_a_step_on_one_worker_and_none_on_two():
+    from tula.model.grid import short_last_batch, steps_per_epoch
+
+    assert short_last_batch(33, 32, 1) and steps_per_epoch(33, 32, 1) == 2
+    assert not short_last_batch(33, 32, 2) and steps_per_epoch(33, 32, 2) == 1

@@ -113,6 +113,9 @@ def test_a_rows_judged_half_widths_and_steps():
     assert measurements.judged_halfwidths(plain) == ([0.3, 0.05], False)
     sweep = pd.Series({"source": "sweep", "compute_time_halfwidth_rel": float("nan")})
     assert measurements.judged_halfwidths(sweep) == ([None, None], False)
+    # a sweep row's step half-width is never read, whatever the row carries
+    stray = pd.Series({"source": "sweep", "step_time_halfwidth_rel": 0.1})
+    assert measurements.judged_halfwidths(stray) == ([None, None], False)
     assert measurements.judged_steps(probe) == 12
     older = probe.drop("step_judged_steps")
     assert measurements.judged_steps(older) == 10

@@ -155,6 +155,8 @@ def test_the_noise_scale_by_hand_whatever_the_gradients_scale():
         rel = np.hypot(est.trace_se / est.trace, est.grad_sq_se / est.grad_sq)
         assert est.b_noise_se == pytest.approx(est.b_noise * rel)
         assert (est.steps, est.small_batch, est.big_batch) == (2, 16, 64)
+        # each mean's standard error over the steps: the sample deviation over sqrt(steps)
+        assert est.trace_se == pytest.approx(np.std(trace, ddof=1) / np.sqrt(2))
 
 
 def test_pool_without_standard_errors_takes_the_plain_mean_and_its_standard_error():

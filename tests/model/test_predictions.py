@@ -379,3 +379,13 @@ def test_a_model_without_an_input_floor_predicts_no_input_time():
     assert perf.input is None
     pred = predict(model_inputs.planning(cfg), perf, mem, 100)
     assert pred["input_time_s"].isna().all()
+
+
+def test_a_point_of_several_workers_without_a_measured_sync_is_not_a_candidate():
+    """No multi-worker probe (no step model): N = 2's sync is unknown, never free; N = 1 is."""
+    cfg = config.from_dict({"grid": {"workers": [1, 2], "batch_min": 64, "batch_max": 64}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 1e6]), None)
+    perf = _flat_perf(0.1)
+    assert perf.step is None
+    pred = predict(model_inputs.planning(cfg), perf, mem, 1024)
+    assert dict(zip(pred["workers"], pred["feasible"])) == {1: True, 2: False}

@@ -34,6 +34,9 @@ def test_a_record_with_every_note_reads_back_whole():
     assert flat["fallbacks"][0]["global_batch"] == 32 and flat["wall_s"] == 12.5
     back = ProbeRecord.from_json(flat)
     assert back.to_json() == flat
+    import json  # as the file gives it back: its strings new objects, not the code's literals
+
+    assert ProbeRecord.from_json(json.loads(json.dumps(flat))).to_json() == flat
     assert back.measured.step_time_s == 0.1 and len(back.sweep) == 2 and back.ok
     k = ProbeRecord(Probed(2, 64, 32, accumulate=4), "ok", result=RankResult(0)).to_json()
     assert k["accumulate"] == 4

@@ -208,3 +208,9 @@ def test_a_resample_with_no_feasible_point_is_no_points_share(monkeypatch):
     monkeypatch.setattr(robust.choice, "select", every_other)
     _, shares = _shares(0.01, 1e-4, 0.02)
     assert len(calls) == RESAMPLES and sum(s.share for s in shares) == pytest.approx(0.5)
+
+
+def test_no_measured_precision_leaves_the_resamples_unwidened():
+    m = _measured(0.01, 1e-4, 0.02)
+    m[["compute_time_halfwidth_rel", "step_time_halfwidth_rel"]] = np.nan
+    assert robust.scatter_ratio(m, perf_mod.fit(m, "ring")) == 1.0
