@@ -32,6 +32,9 @@ def test_the_first_steps_extras_by_hand():
     # the short batch's first step over its own step (the step and its partial extra)
     assert short.iloc[0] == pytest.approx(0.25 - 0.15, rel=1e-12)
     assert short.iloc[1:].isna().all()
+    # a record from before the partial extra was measured: none taken off
+    older = one_off_extras(ok.drop(columns="partial_extra_s"), train_samples=1000)[1]
+    assert older.iloc[0] == pytest.approx(0.25 - 0.1)
 
 
 def test_an_extra_is_never_below_zero():
