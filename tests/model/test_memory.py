@@ -128,3 +128,12 @@ def test_a_job_that_failed_otherwise_ran_no_local_batch():
         ]
     )
     assert oom_bound(rows) == 128
+
+
+def test_a_budget_below_what_the_model_alone_takes_fits_no_batch():
+    """1 MB a sample on top of 1 GB, and a budget of 0.5 GB: not even one sample fits, b_max
+    is 0 (never a negative batch)."""
+    from tula.model.linfit import fit_linear
+
+    mm = memory.MemoryModel(fit_linear([1, 2], [1e9 + 1e6, 1e9 + 2e6]), 0.5e9)
+    assert mm.max_local_batch() == 0 and not mm.feasible(1)
