@@ -12,11 +12,16 @@ killed, one they pass on survived. The score is killed / (killed + survived).
 Operators kept: the arithmetic four among themselves, comparisons, and/or, not, True/False,
 numbers, loops and decorators. Left out: replacing + - * / by a bitwise operator, //, % or **
 (on this float code they raise or are killed on import; they would only raise the score).
-Each mutant runs its own module's test file first (-x: the first failure kills it) and, if that
-passes, the rest of tests/model/ with two workers; survivors are listed with their diff.
-A killed mutant costs seconds; a survivor the whole of tests/model (~40 s on 2 cores), so a run's
-time is mostly its survivors'. The mutants run in random order: a run stopped part-way
-(--tally) is a smaller random sample of the same kind.
+Each mutant runs only the tests that can see it (bench/mutation_lines.py): a first pass of
+tests/model under coverage (~90 s) records which tests run each line, and a mutant runs the
+tests that ran its changed lines (-x: the first failure kills it). A line run at import (a
+constant, a default argument) can reach any test: such a mutant runs its own module's test
+file first and, if that passes, the rest of tests/model with two workers, as every mutant did
+before. Skipping a test that never runs the changed line cannot change a verdict; --recheck
+runs all of tests/model (no line map) and so checks a run's survivors the slow way.
+A killed mutant costs seconds, a targeted survivor a few seconds, an import-time survivor the
+whole of tests/model (~40 s on 2 cores). The mutants run in random order: a run stopped
+part-way (--tally) is a smaller random sample of the same kind.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import ast
 import json
 import math
+import os
 import random
 import shutil
 import subprocess
@@ -45,6 +51,15 @@ for f in src/tula/model/*.py; do
   cmp -s "$f" "../pristine/$f" || own="tests/model/test_$(basename "$f")"
 done
 py=(env PYTHONPATH="$PWD/src" .venv/bin/python -m pytest -q -p no:cacheprovider -o addopts=)
+if [ -f ../lines.json ] && [ -z "$TULA_MUTATION_ALL" ]; then
+  sel=$(.venv/bin/python bench/mutation_lines.py select . ../pristine ../lines.json) || sel=ALL
+  [ -z "$sel" ] && exit 0  # no line changed: the mutant is the module itself
+  if [ "$sel" != ALL ]; then
+    mapfile -t ids <<< "$sel"
+    workers=0; [ "${#ids[@]}" -gt 30 ] && workers=2
+    exec "${py[@]}" -x -n "$workers" "${ids[@]}"
+  fi
+fi
 if [ -n "$own" ] && [ -f "$own" ]; then "${py[@]}" -x -n 0 "$own" || exit 1; fi
 exec "${py[@]}" -x -n 2 tests/model
 """
@@ -165,6 +180,18 @@ def workspace(prefix: str) -> tuple[Path, Path]:
     return base, tree
 
 
+def lines_map(tree: Path, out: Path) -> None:
+    """Which tests run each line of tula.model, for RUNNER's choice of tests per mutant
+    (bench/mutation_lines.py); the unmutated tree's tests must pass."""
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    args = [sys.executable, "bench/mutation_lines.py", "build", str(out)]
+    r = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"[mutation] tests/model fails on the unmutated tree:\n{r.stdout[-3000:]}")
+    print(f"[mutation] each line's tests recorded in {time.time() - t0:.0f} s", flush=True)
+
+
 def recheck(survivors_json: Path) -> None:
     """Each survivor of an earlier run applied again (cosmic-ray apply) in a copy of this tree
     as it is now, its tests run: killed now, or still surviving."""
@@ -203,6 +230,7 @@ def main() -> None:
         a.out.write_text(json.dumps(got, indent=1))
         return report(got)
     base, tree = workspace("mutation_")
+    lines_map(tree, base / "lines.json")
     cfg, session = config(tree, a.module), base / "session.sqlite"
     cr = Path(sys.executable).parent
     t0 = time.time()
