@@ -120,3 +120,27 @@ def test_memory_pricing_flows_through_predict_and_select(model, expect_batch):
     assert sel.selected.global_batch == expect_batch
     chosen = pred[pred["global_batch"] == expect_batch].iloc[0]
     assert sel.selected.cost == pytest.approx(chosen[f"cost_{model}"])
+
+
+def test_cost_bills_the_model_the_config_names_exactly():
+    """cost() dispatches on the pricing model's name as a parsed config gives it (a string
+    read from YAML, not the literal in this file), and each model's arithmetic is exact: one
+    hour on 2 workers of 1 GB at 1.5 per GB-hour is 3.0, not 3.000000003."""
+    import json
+
+    from tula.model.inputs import Price
+    from tula.model.pricing import cost
+
+    named = json.loads('["memory", "node_hour", "worker_hour"]')
+    mem, node, worker = (
+        Price(model=m, per_worker_hour=2.0, per_node_hour=5.0, per_gb_hour=1.5, workers_per_node=4)
+        for m in named
+    )
+    assert float(cost(3600.0, 2, 1e9, mem)) == 3.0
+    assert float(cost(3600.0, 2, 1e9, node)) == 5.0  # two workers share one 4-worker node
+    assert float(cost(3600.0, 2, 1e9, worker)) == 4.0
+    assert float(memory_cost(3600.0, 1, 1e9, 1.0)) == 1.0
+    # a name that is none of them (sorting before or between them) is an error, not a guess
+    for wrong in ("gpu_hour", "mem", "node", "zone_hour"):
+        with pytest.raises(ValueError, match=f"pricing.model: '{wrong}'"):
+            cost(3600.0, 2, 1e9, Price(model=wrong))

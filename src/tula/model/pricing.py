@@ -39,4 +39,6 @@ def cost(train_time_s, workers, mem_bytes, p: Price):
         return memory_cost(train_time_s, workers, mem_bytes, p.per_gb_hour)
     if p.model == "node_hour":
         return node_cost(train_time_s, workers, p.workers_per_node, p.per_node_hour)
-    return worker_cost(train_time_s, workers, p.per_worker_hour)
+    if p.model == "worker_hour":
+        return worker_cost(train_time_s, workers, p.per_worker_hour)
+    raise ValueError(f"pricing.model: {p.model!r} is not one of {', '.join(sorted(UNITS))}")
