@@ -116,3 +116,18 @@ def test_a_drift_from_the_predicted_level_does_not_say_it_left_another():
     assert "level an earlier drift set" not in first.describe()
     later = Drift(**kw, predicted_s=0.01, observations=5, from_s=0.03)
     assert ", left the 30.0 ms level an earlier drift set for 10 steps" in later.describe()
+
+
+def test_a_drift_holds_on_the_median_of_the_three_observations_after_it():
+    """`tula launch` moves a job only when the median of the three observations after a
+    drift is still beyond the band: two slow and one back inside hold; a fourth observation,
+    later, does not enter the judgement (the caller may hand more than three)."""
+    from tula.model.drift import held
+
+    lo, hi = 0.08, 0.12  # the band
+    ok, med = held("slower", [0.2, 0.2, 0.1, 0.1], lo, hi)
+    assert ok and med == 0.2
+    ok, med = held("faster", [0.05, 0.1, 0.05, 0.1, 0.1], lo, hi)
+    assert ok and med == 0.05
+    ok, med = held("slower", [0.2, 0.1, 0.1, 0.2], lo, hi)  # a transient: back inside
+    assert not ok and med == 0.1
