@@ -2,6 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import bounds
 from conftest import prediction_table as table
 from tula import config, model_inputs
 from tula.model.choice import NoFeasibleConfiguration, knee_of, marginal_knee, select
@@ -270,6 +271,7 @@ def test_a_single_batch_has_no_knee_to_flatten_past():
         table({(2, 256): 3.0}), model_inputs.planning(config.from_dict({"objective": "knee"}))
     )
     assert not sel.knee["marginal"]["flattened"] and sel.reason.startswith("a single batch size")
+    assert sel.runner_up is None  # the one point is not its own runner-up
 
 
 def test_kneedle_needs_three_batches_and_finds_the_corner_of_three():
@@ -317,3 +319,90 @@ def test_time_to_accuracy_with_one_candidate_has_no_runner_up():
     pred = _with_noise(table({(2, 512): 3.0}), b_noise=256)
     sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
     assert sel.point == (2, 512) and sel.runner_up is None
+
+
+def test_a_goal_names_a_word_it_does_not_know_and_the_choice_knows_every_objective():
+    """Goal takes only the names the choice acts on, so a misspelt objective, curve or rule
+    (from a caller that bypassed the config's schema) is an error naming the key, never a
+    silent fall-back to the time curve or the Kneedle rule."""
+    from tula.model.choice import OBJECTIVES
+    from tula.model.inputs import GOAL_NAMES, Goal
+
+    assert set(OBJECTIVES) == set(GOAL_NAMES["objective"])
+    for key, wrong in (("objective", "fastest"), ("knee_on", "Cost"), ("knee_rule", "kneed")):
+        with pytest.raises(ValueError, match=f"^{key}: '{wrong}' is not one of"):
+            Goal(**{key: wrong})
+    for key, names in GOAL_NAMES.items():
+        assert all(getattr(Goal(**{key: n}), key) == n for n in names)
+
+
+def test_a_gap_of_two_doublings_counts_as_two_equal_steps():
+    """T falls from 100 to 25 between B = 32 and 128 (two doublings, a quarter): each doubling
+    saved half, as it would have on a grid that probed B = 64 too."""
+    from tula.model.choice import doubling_gains
+
+    got = doubling_gains(np.array([32, 128, 256]), np.array([100.0, 25.0, 20.0]))
+    assert got == pytest.approx([0.5, 0.2], rel=bounds.ROUNDING)
+
+
+def test_kneedles_reason_says_what_the_next_doubling_would_save_and_what_marginal_picks():
+    """CURVE's Kneedle knee is B = 512 (T = 2.441 s); B = 1024 takes 1.465 s, 40.0 % less. The
+    marginal rule at 10 % keeps doubling to the grid's end (every doubling saves >= 16.7 %)."""
+    cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
+    sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
+    assert sel.point == (2, 512)
+    assert "; doubling to B=1024 would save 40.0 % (the marginal rule would pick B=8192)" in (
+        sel.reason
+    )
+
+
+def test_when_both_rules_find_the_same_knee_the_reason_names_no_other():
+    """The L-shaped curve bends at B = 512 for Kneedle and for the marginal rule (the doubling
+    after it saves 4 %): the reason has no "would pick"."""
+    b = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    t = [100, 50, 25, 12.5, 6.25, 6.0, 5.9, 5.8]
+    sel = select(
+        table({(1, x): y for x, y in zip(b, t)}),
+        model_inputs.planning(config.from_dict({"objective": "knee"})),
+    )
+    assert sel.point == (1, 512) and sel.knee["kneedle"]["global_batch"] == 512
+    assert "would pick" not in sel.reason
+
+
+def test_no_kneedle_knee_falls_back_to_the_fastest_point():
+    """Two batch sizes have no Kneedle knee: the choice is the least T of the two."""
+    cfg = config.from_dict({"objective": "knee", "knee_rule": "kneedle"})
+    sel = select(table({(1, 64): 5.0, (1, 128): 3.0}), model_inputs.planning(cfg))
+    assert sel.point == (1, 128) and sel.reason.startswith("no Kneedle knee")
+
+
+def test_a_max_batch_bound_alone_keeps_every_smaller_batch():
+    t = {(2, 64): 10.0, (2, 128): 6.0, (2, 256): 4.0, (2, 512): 3.0}
+    cfg = config.from_dict({"objective": "time", "constraints": {"max_batch": 256}})
+    sel = select(table(t), model_inputs.planning(cfg))
+    assert sel.point == (2, 256) and sel.excluded["above_max_batch"] == 1
+    assert sel.candidates == 3 and sel.runner_up.key == (2, 128)
+
+
+def test_time_to_accuracy_with_two_candidates_names_the_other_as_runner_up():
+    pred = _with_noise(table({(2, 512): 3.0, (2, 1024): 2.0}), b_noise=4096)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    assert sel.point == (2, 1024) and sel.runner_up.key == (2, 512)
+
+
+def test_time_to_accuracy_compares_with_the_other_objectives_picks_whatever_the_rows_order():
+    """B_noise far above the grid: epochs do not grow with B, so time to accuracy picks what
+    time picks, B = 4096 on the L-shaped curve (the reason says so), and the knee's pick,
+    B = 512, is found as itself, not as the first row at or above its batch, in a table whose
+    rows run from the largest B down."""
+    b = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    t = [100, 50, 25, 12.5, 6.25, 6.0, 5.9, 5.8]
+    pred = _with_noise(table({(2, x): y for x, y in zip(b, t)}), b_noise=1e9)
+    pred = pred.iloc[::-1].reset_index(drop=True)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    versus = sel.noise["versus"]
+    assert sel.point == (2, 4096)
+    assert (versus["time"]["global_batch"], versus["knee"]["global_batch"]) == (4096, 512)
+    assert "; objective time picks the same point; objective knee would pick N=2 B=512" in (
+        sel.reason
+    )

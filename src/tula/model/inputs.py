@@ -64,6 +64,30 @@ class Goal:
     epochs: int = 1
     base_batch: int = 256
 
+    def __post_init__(self) -> None:
+        for key, value in (
+            ("objective", self.objective),
+            ("knee_on", self.knee_on),
+            ("knee_rule", self.knee_rule),
+        ):
+            if value not in GOAL_NAMES[key]:
+                raise ValueError(f"{key}: {value!r} is not one of {', '.join(GOAL_NAMES[key])}")
+
+
+# the names each of Goal's words may take (the config's schema checks them first)
+GOAL_NAMES = {
+    "objective": (
+        "time",
+        "cost",
+        "time_to_result",
+        "knee",
+        "time_to_accuracy",
+        "cost_to_accuracy",
+    ),
+    "knee_on": ("time", "cost"),
+    "knee_rule": ("marginal", "kneedle"),
+}
+
 
 @dataclass(frozen=True)
 class JobExtras:
