@@ -119,13 +119,41 @@ def in_annotation(source: str, line: int, col: int) -> bool:
     return False
 
 
+EQUIVALENT = Path(__file__).with_name("mutation_equivalent.toml")
+
+
+def mutated_line(diff: str) -> str:
+    """The line a mutant's diff adds, its runs of blanks made one (how the equivalent list
+    names it)."""
+    added = [x[1:] for x in diff.splitlines() if x.startswith("+") and not x.startswith("+++")]
+    return " ".join(" ".join(added).split())
+
+
+def equivalent(m, diff: str, tree: Path, listed: set[tuple[str, str, str]]) -> bool:
+    """A mutant no test can kill: in a type annotation, or listed (with its reason)."""
+    if in_annotation((tree / m.module_path).read_text(), *m.start_pos):
+        return True
+    key = (Path(m.module_path).name, m.operator_name.split("/")[-1], mutated_line(diff))
+    return key in listed
+
+
+def listed_equivalent() -> set[tuple[str, str, str]]:
+    """(module, operator, mutated line) of each mutant bench/mutation_equivalent.toml shows to
+    be equivalent, each with its reason there."""
+    import tomllib
+
+    got = tomllib.loads(EQUIVALENT.read_text())["equivalent"]
+    return {(e["module"], e["operator"], " ".join(e["mutated"].split())) for e in got}
+
+
 def tally(session: Path, tree: Path) -> dict:
-    """Killed, survived and equivalent (in an annotation) mutants of a session, per module."""
+    """Killed, survived and equivalent mutants of a session, per module: equivalent are those in a
+    type annotation and those bench/mutation_equivalent.toml lists with the reason."""
     from cosmic_ray.work_db import use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     per: dict[str, dict[str, int]] = {}
-    survivors = []
+    survivors, listed = [], listed_equivalent()
     with use_db(str(session)) as db:
         for item, result in db.completed_work_items:
             if result.worker_outcome == WorkerOutcome.SKIPPED:
@@ -137,7 +165,7 @@ def tally(session: Path, tree: Path) -> dict:
                 row["other"] += 1  # the mutant did not run (abnormal): neither side
             elif result.test_outcome != TestOutcome.SURVIVED:
                 row["killed"] += 1  # failed tests, an error or a timeout
-            elif in_annotation((tree / m.module_path).read_text(), *m.start_pos):
+            elif equivalent(m, "".join(result.diff or ""), tree, listed):
                 row["equivalent"] += 1
             else:
                 row["survived"] += 1
