@@ -406,3 +406,35 @@ def test_time_to_accuracy_compares_with_the_other_objectives_picks_whatever_the_
     assert "; objective time picks the same point; objective knee would pick N=2 B=512" in (
         sel.reason
     )
+
+
+def test_a_curve_flat_to_within_numpys_closeness_has_no_knee_whatever_its_noise():
+    """T = 5 s at every B, but for an L-shaped wobble of under 40 us: Kneedle, normalising it,
+    would find the L's corner (kneed says B = 128); Tula reads the curve as flat: no knee."""
+    b = np.array([64, 128, 256, 512])
+    assert knee_of(b, 5.0 + 4e-7 * np.array([100.0, 10.0, 9.0, 8.0])) is None
+
+
+def test_a_doubling_that_saves_exactly_the_gain_still_pays():
+    """knee_gain is the least saving that pays: from B = 64 to 128 T halves (a saving of
+    exactly 0.5), so at a gain of 0.5 the knee is 128, where the next doubling saves 25 %."""
+    assert marginal_knee(np.array([64, 128, 256]), np.array([1.0, 0.5, 0.375]), 0.5) == (128, True)
+
+
+def test_the_accuracy_objectives_state_their_own_unit():
+    """Time to accuracy in seconds, cost to accuracy in the price's currency."""
+    pred = _with_noise(table({(2, b): t for b, t in CURVE.items()}), b_noise=700)
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"})))
+    assert sel.reason.startswith("minimum predicted time to accuracy: 3.05 s (")
+    cfg = config.from_dict({"objective": "cost_to_accuracy", "pricing": {"currency": "EUR"}})
+    sel = select(pred, model_inputs.planning(cfg))
+    assert sel.reason.startswith("minimum predicted cost to accuracy: 6.1 EUR (")
+
+
+def test_an_unknown_queue_wait_counts_as_none_not_as_a_gain():
+    """time_to_result where one N's wait is unknown (NaN): it adds nothing to T, so the faster
+    point with a known wait of 0 still wins by its 0.5 s."""
+    pred = table({(1, 64): 10.0, (2, 64): 10.5})
+    pred["queue_wait_s"] = [0.0, float("nan")]
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_result"})))
+    assert sel.point == (1, 64) and sel.runner_up.key == (2, 64)
