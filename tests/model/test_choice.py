@@ -438,3 +438,58 @@ def test_an_unknown_queue_wait_counts_as_none_not_as_a_gain():
     pred["queue_wait_s"] = [0.0, float("nan")]
     sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_result"})))
     assert sel.point == (1, 64) and sel.runner_up.key == (2, 64)
+
+
+def test_a_knee_at_the_first_batch_names_kneedles_later_corner_and_no_doubling_before_it():
+    """T = 100 - 0.005 B up to B = 2048, flat after: no doubling saves 10 %, so the marginal
+    knee is the first batch (nothing before it to name), while Kneedle's corner is B = 2048."""
+    b = 2 ** np.arange(5, 13)
+    t = 100 - 0.005 * np.minimum(b, 2048)
+    assert marginal_knee(b, t, 0.1) == (32, True) and knee_of(b, t) == 2048
+    sel = select(
+        table({(1, int(x)): float(y) for x, y in zip(b, t)}),
+        model_inputs.planning(config.from_dict({"objective": "knee"})),
+    )
+    assert sel.point == (1, 32) and sel.reason.startswith("knee at B=32: doubling to B=64 saves")
+    assert sel.reason.endswith("(Kneedle would pick B=2048)")
+    assert "the doubling from" not in sel.reason
+
+
+def test_two_batches_have_a_marginal_knee():
+    """Two batch sizes make one doubling: saving 5 % (< 10 %), the knee is the first and the
+    curve flattened there."""
+    assert marginal_knee(np.array([64, 128]), np.array([1.0, 0.95]), 0.1) == (64, True)
+
+
+def test_the_words_of_a_parsed_config_choose_as_the_literals_do():
+    """A config file's objective and knee rule are strings parsed from text, not the literals
+    of the code: the choice compares them by value. With no queue wait in play, time ignores
+    a waits column that time_to_result adds."""
+    import json
+
+    words = json.loads('{"time": "time", "ttr": "time_to_result", "kneedle": "kneedle"}')
+    pred = table({(1, 64): 10.0, (2, 64): 9.0})
+    pred["queue_wait_s"] = [0.0, 5.0]
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": words["time"]})))
+    assert sel.point == (2, 64) and sel.reason.startswith("minimum training time T: 9 s")
+    sel = select(pred, model_inputs.planning(config.from_dict({"objective": words["ttr"]})))
+    assert sel.point == (1, 64) and sel.reason.startswith("minimum queue wait + training time")
+    cfg = config.from_dict({"objective": "knee", "knee_rule": words["kneedle"]})
+    sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
+    assert sel.reason.startswith("Kneedle knee of T vs B at B=512")
+
+
+def test_the_other_objectives_picks_are_found_at_their_own_n_in_a_table_of_several_n():
+    """N = 1, 2 and 4 at every B, N = 2 the fastest: time to accuracy's comparison with time's
+    and the knee's picks finds each at its own N and B, whichever way the rows run."""
+    b = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    t = [100, 50, 25, 12.5, 6.25, 6.0, 5.9, 5.8]
+    times = {(n, x): y * f for n, f in ((1, 1.5), (2, 1.0), (4, 1.2)) for x, y in zip(b, t)}
+    pred = _with_noise(table(times), b_noise=1e9)
+    for rows in (pred, pred.iloc[::-1].reset_index(drop=True)):
+        sel = select(
+            rows, model_inputs.planning(config.from_dict({"objective": "time_to_accuracy"}))
+        )
+        v = sel.noise["versus"]
+        assert (v["time"]["workers"], v["time"]["global_batch"]) == (2, 4096)
+        assert (v["knee"]["workers"], v["knee"]["global_batch"]) == (2, 512)
