@@ -17,8 +17,8 @@ tests/model under coverage (~90 s) records which tests run each line, and a muta
 tests that ran its changed lines (-x: the first failure kills it). A line run at import (a
 constant, a default argument) can reach any test: such a mutant runs its own module's test
 file first and, if that passes, the rest of tests/model with two workers, as every mutant did
-before. Skipping a test that never runs the changed line cannot change a verdict; --recheck
-runs all of tests/model (no line map) and so checks a run's survivors the slow way.
+before. Skipping a test that never runs the changed line cannot change a verdict;
+--recheck --all-tests runs all of tests/model and so checks a run's survivors the slow way.
 A killed mutant costs seconds, a targeted survivor a few seconds, an import-time survivor the
 whole of tests/model (~40 s on 2 cores). The mutants run in random order: a run stopped
 part-way (--tally) is a smaller random sample of the same kind.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import json
 import math
 import os
@@ -220,23 +221,33 @@ def lines_map(tree: Path, out: Path) -> None:
     print(f"[mutation] each line's tests recorded in {time.time() - t0:.0f} s", flush=True)
 
 
-def recheck(survivors_json: Path) -> None:
+def recheck(survivors_json: Path, all_tests: bool) -> None:
     """Each survivor of an earlier run applied again (cosmic-ray apply) in a copy of this tree
-    as it is now, its tests run: killed now, or still surviving."""
+    as it is now, its tests run (those that run its lines, or with ``all_tests`` every test of
+    tests/model): killed now, or still surviving."""
     base, tree = workspace("mutation_recheck_")
+    if not all_tests:
+        lines_map(tree, base / "lines.json")
     cr = Path(sys.executable).parent / "cosmic-ray"
-    still = []
-    survivors = json.loads(survivors_json.read_text())["survivors"]
-    for s in survivors:
+    verdicts: dict[str, int] = {}
+    listed = listed_equivalent()
+    for s in json.loads(survivors_json.read_text())["survivors"]:
         args = [cr, "apply", s["path"], s["operator_name"], str(s["occurrence"])]
         subprocess.run(args, cwd=tree, check=True)
-        r = subprocess.run(["bash", tree / "run-tests.sh"], capture_output=True)
+        was = (base / "pristine" / s["path"]).read_text().splitlines(keepends=True)
+        now = tree.joinpath(s["path"]).read_text().splitlines(keepends=True)
+        line = mutated_line("".join(difflib.unified_diff(was, now, "a", "b")))
+        if line != mutated_line(s["diff"]):
+            verdict = "moved (the code changed: not the same mutant)"
+        elif (s["module"], s["operator"], line) in listed:
+            verdict = "equivalent (listed)"
+        else:
+            r = subprocess.run(["bash", tree / "run-tests.sh"], capture_output=True)
+            verdict = "killed" if r.returncode else "SURVIVES"
         shutil.copy2(base / "pristine" / s["path"], tree / s["path"])
-        verdict = "killed" if r.returncode else "SURVIVES"
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
         print(f"[mutation] {s['module']}:{s['line']} {s['operator']}: {verdict}", flush=True)
-        if not r.returncode:
-            still.append(s)
-    print(f"[mutation] {len(survivors) - len(still)} of {len(survivors)} survivors killed now")
+    print("[mutation] survivors now: " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
     shutil.rmtree(base)
 
 
@@ -250,9 +261,12 @@ def main() -> None:
     ap.add_argument(
         "--recheck", type=Path, help="a run's --out: its survivors against the tests now"
     )
+    ap.add_argument(
+        "--all-tests", action="store_true", help="--recheck with every test, not the lines' own"
+    )
     a = ap.parse_args()
     if a.recheck:
-        return recheck(a.recheck)
+        return recheck(a.recheck, a.all_tests)
     if a.tally:  # a run stopped part-way: the mutants it ran are a random sample of its own
         got = tally(a.tally / "session.sqlite", a.tally / "pristine")
         a.out.write_text(json.dumps(got, indent=1))

@@ -343,6 +343,9 @@ def test_a_gap_of_two_doublings_counts_as_two_equal_steps():
 
     got = doubling_gains(np.array([32, 128, 256]), np.array([100.0, 25.0, 20.0]))
     assert got == pytest.approx([0.5, 0.2], rel=bounds.ROUNDING)
+    # three doublings to an eighth: half each time too
+    got = doubling_gains(np.array([128, 1024]), np.array([100.0, 12.5]))
+    assert got == pytest.approx([0.5], rel=bounds.ROUNDING)
 
 
 def test_kneedles_reason_says_what_the_next_doubling_would_save_and_what_marginal_picks():
@@ -434,10 +437,13 @@ def test_the_accuracy_objectives_state_their_own_unit():
 def test_an_unknown_queue_wait_counts_as_none_not_as_a_gain():
     """time_to_result where one N's wait is unknown (NaN): it adds nothing to T, so the faster
     point with a known wait of 0 still wins by its 0.5 s."""
+    plan = model_inputs.planning(config.from_dict({"objective": "time_to_result"}))
     pred = table({(1, 64): 10.0, (2, 64): 10.5})
     pred["queue_wait_s"] = [0.0, float("nan")]
-    sel = select(pred, model_inputs.planning(config.from_dict({"objective": "time_to_result"})))
+    sel = select(pred, plan)
     assert sel.point == (1, 64) and sel.runner_up.key == (2, 64)
+    pred["queue_wait_s"] = [float("nan"), 0.0]  # nor as a cost: the unknown one is still faster
+    assert select(pred, plan).point == (1, 64)
 
 
 def test_a_knee_at_the_first_batch_names_kneedles_later_corner_and_no_doubling_before_it():
@@ -467,7 +473,9 @@ def test_the_words_of_a_parsed_config_choose_as_the_literals_do():
     a waits column that time_to_result adds."""
     import json
 
-    words = json.loads('{"time": "time", "ttr": "time_to_result", "kneedle": "kneedle"}')
+    words = json.loads(
+        '{"time": "time", "ttr": "time_to_result", "kneedle": "kneedle", "cost": "cost"}'
+    )
     pred = table({(1, 64): 10.0, (2, 64): 9.0})
     pred["queue_wait_s"] = [0.0, 5.0]
     sel = select(pred, model_inputs.planning(config.from_dict({"objective": words["time"]})))
@@ -477,6 +485,9 @@ def test_the_words_of_a_parsed_config_choose_as_the_literals_do():
     cfg = config.from_dict({"objective": "knee", "knee_rule": words["kneedle"]})
     sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
     assert sel.reason.startswith("Kneedle knee of T vs B at B=512")
+    cfg = config.from_dict({"objective": "knee", "knee_on": words["cost"]})
+    sel = select(table({(2, b): t for b, t in CURVE.items()}), model_inputs.planning(cfg))
+    assert sel.knee["on"] == "cost (best N per B)"
 
 
 def test_the_other_objectives_picks_are_found_at_their_own_n_in_a_table_of_several_n():
@@ -493,3 +504,28 @@ def test_the_other_objectives_picks_are_found_at_their_own_n_in_a_table_of_sever
         v = sel.noise["versus"]
         assert (v["time"]["workers"], v["time"]["global_batch"]) == (2, 4096)
         assert (v["knee"]["workers"], v["knee"]["global_batch"]) == (2, 512)
+
+
+def test_two_batches_through_the_choice_keep_doubling_or_stop_and_name_the_other():
+    """Two batch sizes: T falling 40 % keeps the larger (the knee lies beyond the grid) with the
+    smaller as runner-up; T falling 5 % stops at the smaller, with the larger as runner-up."""
+    plan = model_inputs.planning(config.from_dict({"objective": "knee"}))
+    sel = select(table({(1, 64): 1.0, (1, 128): 0.6}), plan)
+    assert sel.point == (1, 128) and sel.runner_up.key == (1, 64)
+    assert sel.reason.startswith("T still falls by 40.0 % (>= 10 %) on the last doubling")
+    sel = select(table({(1, 64): 1.0, (1, 128): 0.95}), plan)
+    assert sel.point == (1, 64) and sel.runner_up.key == (1, 128)
+    assert sel.reason.startswith("knee at B=64: doubling to B=128 saves 5.0 % of T (< 10 %). T")
+
+
+def test_a_knee_two_doublings_from_the_end_bounds_the_one_after_its_own():
+    """At a 30 % gain: T halves from 64 to 128, then falls 20 % per doubling: the knee is 128,
+    and the reason bounds the one doubling after its own (256 to 512) by 20.0 %."""
+    cfg = config.from_dict({"objective": "knee", "knee_gain": 0.3})
+    t = {(1, 64): 1.0, (1, 128): 0.5, (1, 256): 0.4, (1, 512): 0.32}
+    sel = select(table(t), model_inputs.planning(cfg))
+    assert sel.point == (1, 128)
+    assert sel.reason.startswith(
+        "knee at B=128: doubling to B=256 saves 20.0 % of T (< 30 %), and no further doubling "
+        "saves more than 20.0 %; the doubling from B=64 saved 50.0 %"
+    )
