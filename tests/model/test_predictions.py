@@ -392,3 +392,107 @@ def test_a_point_of_several_workers_without_a_measured_sync_is_not_a_candidate()
     assert perf.step is None
     pred = predict(model_inputs.planning(cfg), perf, mem, 1024)
     assert dict(zip(pred["workers"], pred["feasible"])) == {1: True, 2: False}
+
+
+def _as_read(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as measurements.csv gives it back: written and parsed, its words new strings."""
+    import io
+
+    return pd.read_csv(io.StringIO(df.to_csv(index=False)))
+
+
+def test_only_a_probe_that_ran_ok_gives_its_step_and_an_oom_one_rules_its_point_out():
+    """A failed probe (error) and one out of memory (oom) may have timed a step before they
+    stopped: neither is the point's measured step. The oom one's point is no candidate; the
+    failed one's is. Read as measurements.csv gives them back (parsed words, not literals)."""
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 128}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    probe = dict(workers=1, source="probe", compute_time_s=0.1)
+    measured = _as_read(
+        pd.DataFrame(
+            [
+                probe | dict(global_batch=32, local_batch=32, status="ok", step_time_s=0.125),
+                probe | dict(global_batch=64, local_batch=64, status="error", step_time_s=0.2),
+                probe | dict(global_batch=128, local_batch=128, status="oom", step_time_s=0.3),
+            ]
+        )
+    )
+    pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured)
+    assert pred["measured_step_time_s"].iloc[0] == 0.125
+    assert pred["measured_step_time_s"].iloc[1:].isna().all()
+    assert pred["feasible"].tolist() == [True, True, False]
+    assert pred["probe_status"].tolist() == ["ok", "error", "oom"]
+    assert pred["local_batch"].dtype.kind == "i"  # predictions.csv writes 32, not 32.0
+
+
+def test_checkpoints_written_without_a_per_epoch_or_per_step_cadence():
+    # steps every 10 of 5 x 7 = 35 (10, 20, 30) and the final one; none at epochs' ends
+    assert checkpoints_written(5, 7, 10, None) == 4
+    # every 3rd epoch but the last of 5 (3) and the final one: a whole count, not 1 + 4 / 3
+    assert checkpoints_written(5, 7, None, 3) == 2
+
+
+def test_a_wall_time_counts_only_the_ok_probes_overheads_and_the_first_steps_beyond_t():
+    """One ok probe at N = 1 (D = 100 samples, B = 25: four full steps a epoch, no short one)
+    measured its overheads and a first step 1.0 s long against a 0.1 s step; a failed and an
+    oom probe beside it measured overheads of their own, which do not count. Two epochs, a
+    checkpoint at each end: wall = start-up + T + (1.0 - 0.1) + first pass + later pass + 2
+    writes, and the same besides on the interval's ends."""
+    cfg = config.from_dict(
+        {
+            "grid": {"workers": [1], "batch_min": 25, "batch_max": 25},
+            "workload": {"epochs": 2},
+            "launch": {"checkpoint_every_epochs": 1},
+        }
+    )
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    over = dict(startup_time_s=4.0, eval_first_time_s=1.2, eval_time_s=0.8, checkpoint_time_s=0.2)
+    bad = dict(startup_time_s=90.0, eval_first_time_s=9.0, eval_time_s=9.0, checkpoint_time_s=9.0)
+    probe = dict(workers=1, global_batch=25, local_batch=25, source="probe", train_samples=100)
+    measured = _as_read(
+        pd.DataFrame(
+            [
+                probe | over | dict(status="ok", step_time_s=0.1, first_steps_time_s=1.0),
+                probe | bad | dict(status="error", step_time_s=0.1, first_steps_time_s=9.0),
+                probe | bad | dict(status="oom", step_time_s=0.1, first_steps_time_s=9.0),
+            ]
+        )
+    )
+    p = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured).iloc[0]
+    besides = 4.0 + (1.0 - 0.1) + 1.2 + 0.8 + 2 * 0.2
+    assert p["first_steps"] == 1 and p["first_steps_time_s"] == pytest.approx(1.0)
+    assert p["wall_time_s"] == pytest.approx(p["train_time_s"] + besides)
+    assert p["wall_time_lo_s"] == pytest.approx(p["train_time_lo_s"] + besides)
+    assert p["wall_time_hi_s"] == pytest.approx(p["train_time_hi_s"] + besides)
+
+
+def test_a_first_step_no_slower_than_the_rest_costs_a_new_shape_nothing():
+    """A probe whose first step took no longer than its later ones (an extra of exactly 0)
+    on a device where each shape builds its own kernels: the point's short batch pays its
+    own step and no extra either; where an N's probes predate the first-steps split (NaN),
+    nothing is added for it."""
+    from tula.model.predictions import first_steps
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2],
+            global_batch=[32],
+            status="ok",
+            train_samples=480,
+            step_time_s=[0.1],
+            first_steps_time_s=[0.1],
+            first_short_step_s=[0.0],
+        )
+    )
+    at_64 = pd.DataFrame(dict(workers=[2], global_batch=[64], step_time_s=[0.2]))
+    got, k = first_steps(
+        pd.DataFrame(dict(workers=[2], global_batch=[100], step_time_s=[0.3])),
+        probes,
+        n0=[2],
+        builds_per_shape=True,
+    )
+    assert k == [2] and got == pytest.approx([2 * 0.3])
+    # 480 % 64 = 32: a short batch, two shapes, each at its own step and nothing more
+    assert first_steps(at_64, probes, n0=[2], builds_per_shape=True)[0] == pytest.approx([0.4])
+    older = probes.drop(columns="first_short_step_s").assign(first_steps_time_s=[float("nan")])
+    assert first_steps(at_64, older, n0=[2])[0] == [0.0]
