@@ -496,3 +496,25 @@ def test_a_first_step_no_slower_than_the_rest_costs_a_new_shape_nothing():
     assert first_steps(at_64, probes, n0=[2], builds_per_shape=True)[0] == pytest.approx([0.4])
     older = probes.drop(columns="first_short_step_s").assign(first_steps_time_s=[float("nan")])
     assert first_steps(at_64, older, n0=[2])[0] == [0.0]
+
+
+def test_a_gpu_probe_pays_a_new_shapes_kernels_and_a_cpu_probe_does_not():
+    """D = 110 at B = 25: four full batches and a short one of 10, two shapes. The probe's
+    first step paid 0.9 s beyond its step and measured no short batch of its own: on a CPU in
+    eager mode the short shape builds nothing (0.9 s once); on a GPU (cuDNN's autotuning) it
+    pays its own (0.9 s twice). predictions.csv's micro-batch is a whole number of samples."""
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 25, "batch_max": 25}})
+    mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
+    over = dict(startup_time_s=4.0, eval_first_time_s=1.2, eval_time_s=0.8, checkpoint_time_s=0.2)
+    probe = dict(workers=1, global_batch=25, local_batch=25, source="probe", train_samples=110)
+    row = probe | over | dict(status="ok", step_time_s=0.1, first_steps_time_s=1.0)
+    row["first_short_step_s"] = 0.0  # its short batch's first step not timed apart
+    plan = model_inputs.planning(cfg)
+    paid = {}
+    for device in ("cpu", "cuda:0"):
+        measured = _as_read(pd.DataFrame([row | dict(device=device)]))
+        p = predict(plan, _flat_perf(0.1), mem, 110, measured).iloc[0]
+        assert p["first_steps"] == 2 and p["micro_batch"] == 25
+        paid[device] = p["first_steps_time_s"] - 2 * p["step_time_s"]
+        assert predict(plan, _flat_perf(0.1), mem, 110, measured)["micro_batch"].dtype.kind == "i"
+    assert paid["cpu"] == pytest.approx(0.9) and paid["cuda:0"] == pytest.approx(1.8)
