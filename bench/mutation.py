@@ -130,12 +130,13 @@ def mutated_line(diff: str) -> str:
     return " ".join(" ".join(added).split())
 
 
-def equivalent(m, diff: str, tree: Path, listed: set[tuple[str, str, str]]) -> bool:
-    """A mutant no test can kill: in a type annotation, or listed (with its reason)."""
+def equivalent(m, diff: str, tree: Path, listed: set[tuple[str, str, str]]) -> str:
+    """Why no test can kill a mutant: "equivalent" (in a type annotation), "listed" (in
+    bench/mutation_equivalent.toml, with its reason), or "" (a test could)."""
     if in_annotation((tree / m.module_path).read_text(), *m.start_pos):
-        return True
+        return "equivalent"
     key = (Path(m.module_path).name, m.operator_name.split("/")[-1], mutated_line(diff))
-    return key in listed
+    return "listed" if key in listed else ""
 
 
 def listed_equivalent() -> set[tuple[str, str, str]]:
@@ -161,13 +162,13 @@ def tally(session: Path, tree: Path) -> dict:
                 continue
             m = item.mutations[0]
             name = Path(m.module_path).name
-            row = per.setdefault(name, dict(killed=0, survived=0, equivalent=0, other=0))
+            row = per.setdefault(name, dict(killed=0, survived=0, equivalent=0, listed=0, other=0))
             if result.worker_outcome != WorkerOutcome.NORMAL:
                 row["other"] += 1  # the mutant did not run (abnormal): neither side
             elif result.test_outcome != TestOutcome.SURVIVED:
                 row["killed"] += 1  # failed tests, an error or a timeout
-            elif equivalent(m, "".join(result.diff or ""), tree, listed):
-                row["equivalent"] += 1
+            elif why := equivalent(m, "".join(result.diff or ""), tree, listed):
+                row[why] += 1
             else:
                 row["survived"] += 1
                 survivors.append(
@@ -185,13 +186,27 @@ def tally(session: Path, tree: Path) -> dict:
     s = sum(r["survived"] for r in per.values())
     p = k / max(k + s, 1)
     half = 1.96 * math.sqrt(p * (1 - p) / max(k + s, 1))  # the sample's own binomial 95 %
-    return dict(killed=k, survived=s, score=p, ci95=half, per_module=per, survivors=survivors)
+    listed_n = sum(r["listed"] for r in per.values())
+    before = k / max(k + s + listed_n, 1)  # the listed ones counted as survivors, as before
+    return dict(
+        killed=k,
+        survived=s,
+        listed=listed_n,
+        score=p,
+        ci95=half,
+        score_listed_as_survivors=before,
+        per_module=per,
+        survivors=survivors,
+    )
 
 
 def report(got: dict) -> None:
     print(
         f"[mutation] score {got['score']:.1%} ± {got['ci95']:.1%} "
-        f"({got['killed']} killed, {got['survived']} survived; equivalent ones left out)"
+        f"({got['killed']} killed, {got['survived']} survived; equivalent ones left out: "
+        f"{got.get('listed', 0)} listed, the rest in annotations); "
+        f"{got.get('score_listed_as_survivors', got['score']):.1%} with the listed ones "
+        "counted as survivors"
     )
     for mod, r in sorted(got["per_module"].items()):
         print(f"  {mod:22s} " + " ".join(f"{k} {v:3d}" for k, v in r.items()))
