@@ -518,3 +518,23 @@ def test_a_gpu_probe_pays_a_new_shapes_kernels_and_a_cpu_probe_does_not():
         paid[device] = p["first_steps_time_s"] - 2 * p["step_time_s"]
         assert predict(plan, _flat_perf(0.1), mem, 110, measured)["micro_batch"].dtype.kind == "i"
     assert paid["cpu"] == pytest.approx(0.9) and paid["cuda:0"] == pytest.approx(1.8)
+
+
+def test_without_the_probes_data_size_each_point_pays_one_first_step():
+    """Probes that did not record D (train_samples): no short batch can be placed, so each
+    point pays one first step, its own step plus the probes' extra (0.30 - 0.10 = 0.20)."""
+    from tula.model.predictions import first_steps
+
+    probes = pd.DataFrame(
+        dict(
+            workers=[2],
+            global_batch=[32],
+            status="ok",
+            step_time_s=[0.1],
+            first_steps_time_s=[0.3],
+            first_short_step_s=[0.0],
+        )
+    )
+    points = pd.DataFrame(dict(workers=[2, 2], global_batch=[32, 100], step_time_s=[0.1, 0.3]))
+    got, k = first_steps(points, probes, n0=[2, 2])
+    assert k == [1, 1] and got == pytest.approx([0.1 + 0.2, 0.3 + 0.2])
