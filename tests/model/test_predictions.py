@@ -402,10 +402,11 @@ def _as_read(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_only_a_probe_that_ran_ok_gives_its_step_and_an_oom_one_rules_its_point_out():
-    """A failed probe (error) and one out of memory (oom) may have timed a step before they
-    stopped: neither is the point's measured step. The oom one's point is no candidate; the
-    failed one's is. Read as measurements.csv gives them back (parsed words, not literals)."""
-    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 128}})
+    """A failed probe (error), one out of memory (oom) and one past its time limit may have
+    timed a step before they stopped: none is the point's measured step. The oom one's point
+    is no candidate; the others' are. Read as measurements.csv gives them back (parsed words,
+    not literals)."""
+    cfg = config.from_dict({"grid": {"workers": [1], "batch_min": 32, "batch_max": 256}})
     mem = memory.MemoryModel(fit_linear([1, 2], [1.0, 1.0]), None)
     probe = dict(workers=1, source="probe", compute_time_s=0.1)
     measured = _as_read(
@@ -414,14 +415,16 @@ def test_only_a_probe_that_ran_ok_gives_its_step_and_an_oom_one_rules_its_point_
                 probe | dict(global_batch=32, local_batch=32, status="ok", step_time_s=0.125),
                 probe | dict(global_batch=64, local_batch=64, status="error", step_time_s=0.2),
                 probe | dict(global_batch=128, local_batch=128, status="oom", step_time_s=0.3),
+                probe | dict(global_batch=256, local_batch=256, status="timeout", step_time_s=4),
             ]
         )
     )
     pred = predict(model_inputs.planning(cfg), _flat_perf(0.1), mem, 100, measured)
     assert pred["measured_step_time_s"].iloc[0] == 0.125
     assert pred["measured_step_time_s"].iloc[1:].isna().all()
-    assert pred["feasible"].tolist() == [True, True, False]
-    assert pred["probe_status"].tolist() == ["ok", "error", "oom"]
+    # a probe past its time limit says nothing of memory: its point stays a candidate
+    assert pred["feasible"].tolist() == [True, True, False, True]
+    assert pred["probe_status"].tolist() == ["ok", "error", "oom", "timeout"]
     assert pred["local_batch"].dtype.kind == "i"  # predictions.csv writes 32, not 32.0
 
 
@@ -538,3 +541,36 @@ def test_without_the_probes_data_size_each_point_pays_one_first_step():
     points = pd.DataFrame(dict(workers=[2, 2], global_batch=[32, 100], step_time_s=[0.1, 0.3]))
     got, k = first_steps(points, probes, n0=[2, 2])
     assert k == [1, 1] and got == pytest.approx([0.1 + 0.2, 0.3 + 0.2])
+
+
+def test_each_n_splits_its_batch_and_accumulates_past_b_max_with_a_measured_sync():
+    """B = 256 on N = 1, 2, 4 with b_max = 64 (accumulate auto): local batches 256, 128, 64 run
+    as 4, 2 and 1 micro-batches of 64. With a sync model fitted (multi-worker probes), every N
+    is a candidate, N = 1 included, and sync_measured is a yes or no."""
+    rows = [
+        dict(
+            workers=n,
+            global_batch=n * lb,
+            local_batch=lb,
+            status="ok",
+            source="probe",
+            peak_mem_bytes=1.0,
+            compute_time_s=0.01 + 0.001 * lb,
+            step_time_s=0.01 + 0.001 * lb + (0.004 if n > 1 else 0.0),
+        )
+        for n in (1, 2, 4)
+        for lb in (16, 32, 64)
+    ]
+    perf = perfmodel.fit(pd.DataFrame(rows), "ring")
+    assert perf.step is not None
+    mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), 64.5e6)  # b_max = 64
+    raw = {"grid": {"workers": [1, 2, 4], "batch_min": 256, "batch_max": 256}}
+    cfg = config.from_dict({**raw, "train": {"accumulate": "auto"}})
+    pred = predict(model_inputs.planning(cfg), perf, mem, 4096)
+    assert pred["local_batch"].tolist() == [256, 128, 64]
+    assert pred["accumulate"].tolist() == [4, 2, 1] and pred["micro_batch"].tolist() == [64] * 3
+    assert pred["feasible"].tolist() == [True] * 3
+    assert pred["sync_measured"].dtype == bool and pred["sync_measured"].all()
+    # each N's step is the model's at its own local batch and micro-batches
+    own = perf.accumulated(np.array([1.0, 2, 4]), np.array([256.0, 128, 64]), np.array([4, 2, 1]))
+    assert pred["step_time_s"].tolist() == list(own["step_time_s"])
