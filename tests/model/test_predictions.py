@@ -574,3 +574,18 @@ def test_each_n_splits_its_batch_and_accumulates_past_b_max_with_a_measured_sync
     # each N's step is the model's at its own local batch and micro-batches
     own = perf.accumulated(np.array([1.0, 2, 4]), np.array([256.0, 128, 64]), np.array([4, 2, 1]))
     assert pred["step_time_s"].tolist() == list(own["step_time_s"])
+
+
+def test_a_batch_of_exactly_the_data_is_one_shape_whose_two_steps_are_taken_off():
+    """B = D: the epoch is one full batch, no short one; the two first steps the probe timed
+    are both of that shape, so its first step's extra is first_steps - 2 steps."""
+    ok = pd.DataFrame(
+        {
+            "global_batch": [1000],
+            "step_time_s": [0.3],
+            "first_steps_time_s": [1.5],
+            "first_short_step_s": [0.0],
+        }
+    )
+    first, short = one_off_extras(ok, train_samples=1000)
+    assert first.tolist() == pytest.approx([1.5 - 2 * 0.3]) and short.isna().all()
