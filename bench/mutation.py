@@ -3,7 +3,7 @@ src/tula/model/ in a copy of this tree (one change at a time: + for -, < for <=,
 `not` added, ...) and runs tests/model/ against each mutant: a mutant the tests fail on is
 killed, one they pass on survived. The score is killed / (killed + survived).
 
-    .venv/bin/pip install -e '.[bench]'                   # cosmic-ray
+    .venv/bin/pip install -e '.[bench]'                   # cosmic-ray, coverage
     .venv/bin/python bench/mutation.py --sample 0.05     # 278 of 5,533 mutants: ~3 h here
     .venv/bin/python bench/mutation.py --module pricing  # every mutant of one module
     .venv/bin/python bench/mutation.py --tally /tmp/mutation_XXXX   # count a stopped run
