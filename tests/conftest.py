@@ -508,6 +508,27 @@ def when_step_reached(steps_csv: Path, step: float, action):
         thread.join()
 
 
+def synced_probes(local_batches, workers=(1, 2, 4)) -> pd.DataFrame:
+    """Probe rows whose compute is linear in the local batch (10 ms + 1 ms a sample) and whose
+    multi-worker steps pay 4 ms of sync: enough for a perf model with a sync (step) part."""
+    return pd.DataFrame(
+        [
+            dict(
+                workers=n,
+                global_batch=n * lb,
+                local_batch=lb,
+                status="ok",
+                source="probe",
+                peak_mem_bytes=1.0,
+                compute_time_s=0.01 + 0.001 * lb,
+                step_time_s=0.01 + 0.001 * lb + (0.004 if n > 1 else 0.0),
+            )
+            for n in workers
+            for lb in local_batches
+        ]
+    )
+
+
 def prediction_table(times: dict[tuple[int, int], float], feasible=None) -> pd.DataFrame:
     """predictions.csv's columns that the choice reads, one row per (N, B) of ``times`` (its
     T); ``feasible``: the points that are not."""

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import synced_probes
 from tula import config, model_inputs
 from tula.model import memory
 from tula.model import perf as perfmodel
@@ -547,21 +548,7 @@ def test_each_n_splits_its_batch_and_accumulates_past_b_max_with_a_measured_sync
     """B = 256 on N = 1, 2, 4 with b_max = 64 (accumulate auto): local batches 256, 128, 64 run
     as 4, 2 and 1 micro-batches of 64. With a sync model fitted (multi-worker probes), every N
     is a candidate, N = 1 included, and sync_measured is a yes or no."""
-    rows = [
-        dict(
-            workers=n,
-            global_batch=n * lb,
-            local_batch=lb,
-            status="ok",
-            source="probe",
-            peak_mem_bytes=1.0,
-            compute_time_s=0.01 + 0.001 * lb,
-            step_time_s=0.01 + 0.001 * lb + (0.004 if n > 1 else 0.0),
-        )
-        for n in (1, 2, 4)
-        for lb in (16, 32, 64)
-    ]
-    perf = perfmodel.fit(pd.DataFrame(rows), "ring")
+    perf = perfmodel.fit(synced_probes((16, 32, 64)), "ring")
     assert perf.step is not None
     mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), 64.5e6)  # b_max = 64
     raw = {"grid": {"workers": [1, 2, 4], "batch_min": 256, "batch_max": 256}}

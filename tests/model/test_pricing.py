@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 import bounds
+from conftest import synced_probes
 from tula import config, model_inputs
 from tula.model import memory
 from tula.model import perf as perfmodel
@@ -28,21 +29,7 @@ def test_node_hour_pricing_bills_whole_nodes_through_predict_and_select():
     so the cheapest under node_hour is the fastest of them (N = 4), while worker_hour pays
     each worker and prefers N = 1 (sync makes more workers cost more in total)."""
     b = [32, 64, 128, 256]
-    rows = [
-        dict(
-            workers=n,
-            global_batch=n * lb,
-            local_batch=lb,
-            status="ok",
-            source="probe",
-            peak_mem_bytes=1.0,
-            compute_time_s=0.01 + 0.001 * lb,
-            step_time_s=0.01 + 0.001 * lb + (0.004 if n > 1 else 0.0),
-        )
-        for n in (1, 2, 4)
-        for lb in b
-    ]
-    perf = perfmodel.fit(pd.DataFrame(rows), "ring")
+    perf = perfmodel.fit(synced_probes(b), "ring")
     mem = memory.MemoryModel(fit_linear([1, 2], [1e6, 2e6]), None)
     picks = {}
     for model in ("worker_hour", "node_hour"):
