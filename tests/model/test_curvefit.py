@@ -167,6 +167,9 @@ def test_weights_floor_the_error_and_fill_the_unknown():
     expect = (1 / se) / np.sqrt(np.mean((1 / se) ** 2))
     assert w == pytest.approx(expect)
     assert curvefit.weights_from(np.array([np.nan, np.nan])) is None
+    # a half-width of 0 or below is no precision measured: the median fills it, as for NaN
+    for unknown in (0.0, -0.02):
+        assert curvefit.weights_from(np.array([0.0001, 0.02, unknown, 0.2])) == pytest.approx(w)
 
 
 def test_few_degrees_of_freedom_take_the_measured_noise_and_many_their_scatter():
@@ -285,3 +288,21 @@ def test_intervals_are_students_t_quantiles_of_the_fits_own_spread():
         assert (lo, hi) == pytest.approx((v - t * np.sqrt(var), v + t * np.sqrt(var)))
     wide, narrow = f.half_width(_b(64), 0.05), f.half_width(_b(64), 0.5)
     assert wide / narrow == pytest.approx(t / stats.t.ppf(0.75, f.dof))
+
+
+def test_one_residual_degree_of_freedom_still_gives_an_interval():
+    """Three points on a line that is not quite straight: one degree of freedom, a wide but
+    finite 95 % interval (Student's t at 1 degree is 12.7), not the zero width of an exact
+    fit."""
+    pts = _b(1, 2, 4)
+    f = curvefit.fit(FORMS["linear"], pts, np.array([1.0, 2.1, 3.9]))
+    assert f.dof == 1 and f.sigma > 0
+    assert (f.half_width(pts) > 0).all() and np.isfinite(f.half_width(pts)).all()
+
+
+def test_a_measured_noise_equal_to_the_scatter_is_said_as_the_noise():
+    """A tie between the probes' measured noise and the residual scatter: the measured noise
+    is the better known of the two, and the record says it set the interval."""
+    sigma, dof, extra = curvefit._scatter(0.25, 2, np.array([0.25, 0.25]))
+    assert (sigma, dof) == (0.25, curvefit.NOISE_DOF)
+    assert extra["interval_from"].startswith("the probes' measured noise (25.0 %)")

@@ -6,7 +6,7 @@ and bottleneck syncs; their bounds, texts and starting points."""
 import numpy as np
 import pytest
 
-from tula.model import forms
+from tula.model import floor, forms
 
 B = np.array([8.0, 32.0, 100.0, 512.0])
 N = np.array([1.0, 2.0, 4.0, 16.0])
@@ -127,3 +127,75 @@ def test_the_starts_begin_where_the_data_put_them():
             for s in _form(name).starts({"b": B, "n": N}, linear(np.array([0.01, 1e-4]), {"b": B}))
         ]
         assert ks == [0.0, 0.5] * (len(ks) // 2)
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        floor.input_forms(),
+        forms.step_forms("ring", False) + forms.step_forms("ring", True),
+        forms.two_level_forms("ring"),
+    ],
+    ids=["input", "step", "two_level"],
+)
+def test_no_fitted_time_may_be_negative_or_fall_as_the_batch_or_n_grows(group):
+    """Every coefficient of the input and sync forms is bounded below by 0 (an overlap's gamma
+    by 1, plain addition): no negative cost, no time that falls as b or N grows, no sharing
+    that speeds the others up (the compute forms: test_each_compute_form_is_its_formula)."""
+    for form in group:
+        lower = dict(zip(form.params, form.lower))
+        gamma = lower.pop("gamma", 1.0)
+        assert gamma == 1.0 and all(v == 0 for v in lower.values()), form.name
+
+
+def test_the_linear_starts_are_the_least_squares_line_and_the_range_of_the_times():
+    """The linear form's starts: the least-squares line, and the line from the fastest time
+    rising by the times' range over the batches' range; at one local batch the range is over
+    one sample (not a division by zero); the parts form tries each with k0 = k1 = 0 and 0.5."""
+    X = {"b": B, "n": N}
+    y = 0.01 + 1e-4 * B
+    line, span = _form("linear").starts(X, y)
+    assert line == pytest.approx([0.01, 1e-4], rel=1e-9)
+    assert span.tolist() == [y.min(), (y.max() - y.min()) / (B.max() - B.min())]
+    one = {"b": np.full(3, 32.0), "n": np.ones(3)}
+    assert _form("linear").starts(one, np.array([0.01, 0.02, 0.04]))[1].tolist() == [0.01, 0.03]
+    parts = _form("linear_shared_parts").starts(X, y)
+    assert [p[2:].tolist() for p in parts] == [[0.0, 0.0], [0.5, 0.5]] * 2
+    assert [p[:2].tolist() for p in parts] == [line.tolist()] * 2 + [span.tolist()] * 2
+
+
+def test_the_saturating_starts_bend_at_each_measured_batch_but_the_last():
+    """Flat at 10 ms up to b = 32, then 0.1 ms a sample: a start bends at each measured local
+    batch but the largest, level at the mean time up to the bend and rising as the line
+    through the points beyond it; with fewer than two distinct batches beyond, not rising."""
+    b = np.array([8.0, 32.0, 128.0, 512.0])
+    y = 0.01 + 1e-4 * np.maximum(b - 32.0, 0.0)
+    starts = _form("saturating").starts({"b": b, "n": np.ones(4)}, y)
+    assert [s[2] for s in starts] == [8.0, 32.0, 128.0]
+    assert [s[0] for s in starts] == pytest.approx([0.01, 0.01, np.mean(y[:3])], rel=1e-12)
+    assert [s[1] for s in starts] == pytest.approx([1e-4, 1e-4, 1e-12], rel=1e-9)
+    twice = np.array([8.0, 32.0, 128.0, 128.0])  # beyond 32: two points, one batch
+    again = _form("saturating").starts({"b": twice, "n": np.ones(4)}, 0.01 + 1e-4 * twice)
+    assert [s[1] for s in again] == pytest.approx([1e-4, 1e-12], rel=1e-9)
+
+
+def test_the_two_level_starts_split_the_exposed_sync_inside_and_across_nodes():
+    """Exposed sync per unit of x: 2 ms where the job stayed on one node, 8 ms where it spanned
+    nodes; the starts are those two and (1 ms, 16 ms); overlapped, each with gamma 1, 2, 4.
+    With jobs on one node only, the nodes' start is the same; with none on one node, the
+    node's start is the mean exposed sync; a step at or below its compute counts as (almost)
+    no sync."""
+    c = np.full(4, 0.01)
+    X = {"c": c, "x": np.array([0.5, 0.75, 0.5, 0.75]), "multi": np.array([0.0, 0.0, 1.0, 1.0])}
+    y = c + np.array([0.5, 0.75, 0.5, 0.75]) * np.array([0.002, 0.002, 0.008, 0.008])
+    by = {f.name: f for f in forms.two_level_forms("ring")}
+    got = by["additive_two_level"].starts(X, y)
+    assert np.concatenate(got) == pytest.approx([0.002, 0.008, 0.001, 0.016])
+    assert [s[-1] for s in by["overlap_two_level"].starts(X, y)] == [1.0, 2.0, 4.0] * 2
+    one_side = {k: v[:2] for k, v in X.items()}
+    assert by["additive_bottleneck"].starts(one_side, y[:2])[0] == pytest.approx([0.002, 0.002])
+    across = {k: v[2:] for k, v in X.items()}
+    inside = float(np.mean(y[2:] - c[2:]))  # no job on one node: the exposed sync itself
+    assert by["additive_bottleneck"].starts(across, y[2:])[0] == pytest.approx([inside, 0.008])
+    ps = {"c": c[2:], "x": np.array([2.0, 4.0]), "multi": np.array([1.0, 1.0])}
+    assert by["additive_two_level"].starts(ps, c[2:])[0].tolist() == [1e-9, 1e-9]

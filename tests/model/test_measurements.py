@@ -111,6 +111,8 @@ def test_a_rows_judged_half_widths_and_steps():
     plain = probe.copy()
     plain["step_spread"] = "sd"
     assert measurements.judged_halfwidths(plain) == ([0.3, 0.05], False)
+    for older in (probe.drop("step_spread"), probe.replace({"mad": float("nan")})):
+        assert measurements.judged_halfwidths(older) == ([0.3, 0.05], False)  # before the spread
     sweep = pd.Series({"source": "sweep", "compute_time_halfwidth_rel": float("nan")})
     assert measurements.judged_halfwidths(sweep) == ([None, None], False)
     # a sweep row's step half-width is never read, whatever the row carries
@@ -205,3 +207,18 @@ def test_a_sweep_row_keeps_its_probes_n_and_b_at_another_local_batch(tmp_path):
     sweep = dict(workers=4, global_batch=256, local_batch=16, compute_time_s=0.06, status="ok")
     pd.DataFrame([probe, sweep | {"source": "sweep"}]).to_csv(p, index=False)
     assert measurements.load(p)["local_batch"].tolist() == [64, 16]
+
+
+def test_a_step_that_pays_nothing_once_is_not_paid_back_a_negative_time():
+    """Probes whose one-batch compute came out below their micro-batches' part (noise, a fast
+    step): what a step pays once is 0 at that N, not a negative time."""
+    rows = pd.DataFrame(
+        dict(
+            source="probe",
+            workers=[1, 1, 2],
+            accumulate=1,
+            compute_time_s=[0.010, 0.010, 0.012],
+            micro_time_s=[0.011, 0.011, 0.010],
+        )
+    )
+    assert measurements.once_per_step(rows) == ((1.0, 0.0), (2.0, pytest.approx(0.002)))

@@ -137,3 +137,78 @@ def test_a_budget_below_what_the_model_alone_takes_fits_no_batch():
 
     mm = memory.MemoryModel(fit_linear([1, 2], [1e9 + 1e6, 1e9 + 2e6]), 0.5e9)
     assert mm.max_local_batch() == 0 and not mm.feasible(1)
+
+
+def test_the_memory_probes_batches_are_whole_samples_a_worker():
+    """Three workers and B up to 100: the largest local batch is 100 // 3 = 33 samples, not a
+    third of a sample more."""
+    from tula.model.inputs import GridSpec
+
+    got = memory.probe_batches(GridSpec(workers=(3,), batch_min=48, batch_max=100))
+    assert got == [16, 33] and all(isinstance(b, int) for b in got)
+
+
+def test_a_point_that_failed_otherwise_is_not_a_memory_measurement():
+    """Next to the two points measured (16 and 64), one that failed for another reason at 256
+    (no peak memory) changes nothing: the next point is still the grid's 128, which no point
+    has measured."""
+    from tula.model.inputs import GridSpec
+
+    g = GridSpec(workers=(1,), batch_min=16, batch_max=1024)
+    pts = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1e6 + 1e4 * b} for b in (16, 64)]
+    failed = {"local_batch": 256, "status": "error", "peak_mem_bytes": None}
+    assert memory.next_probe_batch(g, None, 1e6 + 1e4 * 128, [*pts, failed]) == 128
+
+
+def test_the_memory_probe_stops_after_its_extra_points_however_many_it_took():
+    """The grid's three first batches and two extra points: with five points measured (or six,
+    after a retry) the probe is done, though the fit still says a larger batch would fit."""
+    from tula.model.inputs import GridSpec
+
+    g = GridSpec(workers=(1,), batch_min=16, batch_max=1024)
+    line = [
+        {"local_batch": b, "status": "ok", "peak_mem_bytes": 1e6 + 1e4 * b} for b in range(1, 7)
+    ]
+    budget = 1e6 + 1e4 * 128
+    assert memory.next_probe_batch(g, None, budget, line[:4]) == 128
+    assert memory.next_probe_batch(g, None, budget, line[:5]) is None
+    assert memory.next_probe_batch(g, None, budget, line) is None
+
+
+def test_b_max_is_the_smaller_of_what_the_budget_and_a_measured_oom_allow():
+    """The budget allows 100 samples and an OOM was measured at 128: b_max is 100. Memory that
+    does not grow with the batch, under the budget, is bounded by the OOM alone."""
+    from tula.model.linfit import fit_linear
+    from tula.model.memory import from_points
+
+    ok = [{"local_batch": b, "status": "ok", "peak_mem_bytes": 1000 + 100 * b} for b in (8, 32)]
+    assert from_points(ok, [{"local_batch": 128}], 1000 + 100 * 100).max_local_batch() == 100
+    flat = memory.MemoryModel(fit_linear([1, 2], [10.0, 10.0]), 20.0, oom_local_batch=64)
+    assert flat.max_local_batch() == 63
+
+
+def test_the_next_memory_point_is_a_grid_batch_below_b_max_and_beyond_every_measured_one():
+    """A budget of 200 samples puts b_max between the grid's 128 and 256: the next point is 128.
+    Measured already beyond the grid's largest local batch (a probe.memory_batches of 2,000),
+    nothing is left to measure."""
+    from tula.model.inputs import GridSpec
+
+    g = GridSpec(workers=(1,), batch_min=16, batch_max=1024)
+    on_line = [
+        {"local_batch": b, "status": "ok", "peak_mem_bytes": 1e6 + 1e4 * b} for b in (16, 64, 2000)
+    ]
+    assert memory.next_probe_batch(g, None, 1e6 + 1e4 * 200, on_line[:2]) == 128
+    assert memory.next_probe_batch(g, (16, 64, 2000), 1e6 + 1e4 * 3000, on_line) is None
+
+
+def test_b_max_is_read_from_the_memory_probes_record_and_a_wrong_file_is_named(tmp_path):
+    from tula.io import write_json
+
+    for b in (96, None):
+        write_json(tmp_path / "memory_probe.json", {"max_local_batch": b, "points": []})
+        assert memory.max_local_batch(tmp_path / "memory_probe.json") == b
+    write_json(tmp_path / "selection.json", {"workers": 2})
+    with pytest.raises(
+        ValueError, match=r"selection.json: not a memory probe record.*tula memprobe"
+    ):
+        memory.max_local_batch(tmp_path / "selection.json")

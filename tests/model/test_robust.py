@@ -214,3 +214,22 @@ def test_no_measured_precision_leaves_the_resamples_unwidened():
     m = _measured(0.01, 1e-4, 0.02)
     m[["compute_time_halfwidth_rel", "step_time_halfwidth_rel"]] = np.nan
     assert robust.scatter_ratio(m, perf_mod.fit(m, "ring")) == 1.0
+
+
+def test_a_failed_probe_is_no_part_of_the_scatter():
+    """A probe that failed (status error) keeps whatever its timer wrote before failing: far
+    off the model, it still leaves the scatter ratio of the points on the model at 1."""
+    m = _measured(0.01, 1e-4, 0.004)
+    failed = m.iloc[[0]].assign(status="error", compute_time_s=1.0, step_time_s=1.0)
+    both = pd.concat([m, failed], ignore_index=True)
+    assert robust.scatter_ratio(both, perf_mod.fit(m, "ring")) == 1.0
+
+
+def test_a_mean_timed_with_no_spread_is_redrawn_as_one_of_unknown_precision():
+    """A half-width of 0 (every step the timer read came out the same) is no precision the
+    machine has: the mean is redrawn at the 5 % of an unknown one, as a missing one is."""
+    m = _measured(0.01, 1e-4, 0.02)
+    zero = robust.resample(m.assign(compute_time_halfwidth_rel=0.0), np.random.default_rng(3))
+    unknown = robust.resample(m.assign(compute_time_halfwidth_rel=np.nan), np.random.default_rng(3))
+    assert zero["compute_time_s"].tolist() == unknown["compute_time_s"].tolist()
+    assert (zero["compute_time_s"] != m["compute_time_s"]).all()

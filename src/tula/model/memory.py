@@ -145,7 +145,7 @@ def probe_batches(g: GridSpec, memory_batches: tuple[int, ...] | None = None) ->
         return sorted(set(memory_batches))
     lo = max(g.batch_min // max(g.workers), 1)
     hi = g.batch_max // min(g.workers)
-    return sorted({min(lo * f, hi) for f in (1, 4, 16)} | ({hi} if hi < lo * 4 else set()))
+    return sorted({min(lo * f, hi) for f in (1, 4, 16)})  # hi < 4 lo: lo and hi
 
 
 def next_probe_batch(
