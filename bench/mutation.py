@@ -20,8 +20,10 @@ file first and, if that passes, the rest of tests/model with two workers, as eve
 before. Skipping a test that never runs the changed line cannot change a verdict;
 --recheck --all-tests runs all of tests/model and so checks a run's survivors the slow way.
 A killed mutant costs seconds, a targeted survivor a few seconds, an import-time survivor the
-whole of tests/model (~40 s on 2 cores). The mutants run in random order: a run stopped
-part-way (--tally) is a smaller random sample of the same kind.
+whole of tests/model (~40 s on 2 cores). A mutant in a type annotation (never evaluated:
+equivalent) is set aside before it runs; each cost a whole run of tests/model before. The
+mutants run in random order: a run stopped part-way (--tally) is a smaller random sample of
+the same kind.
 """
 
 from __future__ import annotations
@@ -80,16 +82,24 @@ def config(tree: Path, module: str) -> Path:
     return path
 
 
-def sample(session: Path, fraction: float, seed: int) -> int:
-    """Mark all but a random ``fraction`` of each module's pending mutants as skipped; the
-    number left to run."""
+def sample(session: Path, fraction: float, seed: int, tree: Path) -> int:
+    """Mark all but a random ``fraction`` of each module's pending mutants as skipped, and
+    every mutant in a type annotation (equivalent: :func:`in_annotation`) before it costs a
+    run of the tests; the number left to run."""
     from cosmic_ray.work_db import use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     with use_db(str(session)) as db:
         by_module: dict[str, list[str]] = {}
         for item in db.pending_work_items:
-            by_module.setdefault(str(item.mutations[0].module_path), []).append(item.job_id)
+            m = item.mutations[0]
+            if in_annotation((tree / m.module_path).read_text(), *m.start_pos):
+                out = "in a type annotation: equivalent, not run"
+                db.set_result(
+                    item.job_id, WorkResult(output=out, worker_outcome=WorkerOutcome.SKIPPED)
+                )
+                continue
+            by_module.setdefault(str(m.module_path), []).append(item.job_id)
         rng, keep = random.Random(seed), 0
         for module, jobs in sorted(by_module.items()):
             n = max(1, round(fraction * len(jobs))) if fraction < 1 else len(jobs)
@@ -293,7 +303,7 @@ def main() -> None:
     t0 = time.time()
     subprocess.run([cr / "cosmic-ray", "init", cfg, session], cwd=tree, check=True)
     subprocess.run([cr / "cr-filter-operators", session, cfg], cwd=tree, check=True)
-    n = sample(session, a.sample, a.seed)
+    n = sample(session, a.sample, a.seed, tree)
     print(f"[mutation] {time.strftime('%Y-%m-%d %H:%M')}: {n} mutants to run in {base}", flush=True)
     subprocess.run([cr / "cosmic-ray", "exec", cfg, session], cwd=tree, check=True)
     got = tally(session, base / "pristine")

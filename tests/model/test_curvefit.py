@@ -306,3 +306,14 @@ def test_a_measured_noise_equal_to_the_scatter_is_said_as_the_noise():
     sigma, dof, extra = curvefit._scatter(0.25, 2, np.array([0.25, 0.25]))
     assert (sigma, dof) == (0.25, curvefit.NOISE_DOF)
     assert extra["interval_from"].startswith("the probes' measured noise (25.0 %)")
+
+
+def test_held_out_errors_are_in_percent_of_the_point_left_out():
+    """Points on a line but one 10 % high: left out, that point is predicted by the line the
+    others lie on, an error of 1 / 1.1 - 1 (the line's value over the point's, less one),
+    given in percent: -9.1."""
+    X = _b(1, 2, 3, 4, 5)
+    y = 0.5 + 0.1 * X["b"]
+    y[2] *= 1.1
+    err, _ = formchoice.held_out_errors(FORMS["linear"], X, y)
+    assert err[2] == pytest.approx(100 * (1 / 1.1 - 1), rel=bounds.SOLVER)

@@ -131,3 +131,12 @@ def test_a_drift_holds_on_the_median_of_the_three_observations_after_it():
     assert ok and med == 0.05
     ok, med = held("slower", [0.2, 0.1, 0.1, 0.2], lo, hi)  # a transient: back inside
     assert not ok and med == 0.1
+
+
+def test_a_drift_to_a_level_below_its_intervals_half_width_re_arms_from_zero():
+    """Predicted 300 ms +-50 ms, the step fell to 10 ms (the input was the bottleneck and was
+    fixed): the band re-armed around 10 ms as wide as before starts at 0, not at -40 ms."""
+    det = Detector(Band(predicted_s=0.3, lo_s=0.25, hi_s=0.35, step_s=0.3))
+    fired = _feed(det, [0.3] * 10 + [0.01] * 10)
+    assert [d.direction for _, d in fired] == ["faster"]
+    assert (det.level.lo_s, det.level.hi_s) == pytest.approx((0.0, 0.06))

@@ -70,6 +70,9 @@ def test_the_campaign_price_lies_between_the_roofline_and_the_time_limits():
     )
     high = 2.0 * (1 + 2) * (cfg.probe.timeout_s + 300) / 3600
     assert price["low"] == pytest.approx(low) and price["high"] == pytest.approx(high)
+    # a second job at the same N starts on an allocation already up: no start-up time again
+    again = estimated.campaign_price(*_campaign(cfg), EST, [*jobs, jobs[1]])
+    assert again["high"] == pytest.approx(high + 2.0 * 2 * cfg.probe.timeout_s / 3600)
     assert (
         estimated.campaign_price(*_campaign(config.from_dict({})), EST, jobs) is None
     )  # no GPU named
@@ -105,3 +108,12 @@ def test_memory_that_does_not_grow_with_the_batch_bounds_it_at_zero_or_not_at_al
 
     est = {"per_sample_bytes": 0.0, "fixed_bytes": 10.0}
     assert max_local_batch(est, 20.0) is None and max_local_batch(est, 5.0) == 0
+
+
+def test_a_batch_estimated_at_the_margin_exactly_is_not_clearly_out():
+    """Clearly out is beyond the budget by more than CLEAR_MARGIN: 125 bytes against a budget
+    of 100 is at the margin, not beyond it; a byte more is beyond."""
+    at = {"fixed_bytes": 125.0, "per_sample_bytes": 0.0}
+    assert 100 * (1 + estimated.CLEAR_MARGIN) == 125.0
+    assert not estimated.clearly_out(at, 100.0, 1)
+    assert estimated.clearly_out({**at, "fixed_bytes": 126.0}, 100.0, 1)

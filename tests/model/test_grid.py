@@ -230,3 +230,11 @@ def test_a_tail_of_one_sample_is_a_step_on_one_worker_and_none_on_two():
 
     assert short_last_batch(33, 32, 1) and steps_per_epoch(33, 32, 1) == 2
     assert not short_last_batch(33, 32, 2) and steps_per_epoch(33, 32, 2) == 1
+
+
+def test_where_no_batch_fits_each_sample_is_its_own_micro_batch():
+    """b_max 0 (not one sample fits the budget, as far as the memory model knows): accumulate
+    auto splits each local batch into single samples, the smallest step there is."""
+    from tula.model.grid import micro_steps
+
+    assert micro_steps(np.array([8, 32]), "auto", max_local_batch=0).tolist() == [8, 32]

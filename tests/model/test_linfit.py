@@ -1,5 +1,7 @@
 """Weighted linear fits (tula.model.linfit): known answers, edge cases, 95 % intervals."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,7 @@ def test_a_fit_saved_before_it_kept_its_covariance_reads_back_without_one():
         assert fit.cov == ((0.0, 0.0), (0.0, 0.0)) and fit.sigma == fit.df_resid == 0.0
         assert [float(v) for v in fit.predict_interval(3.0)] == [7.0, 7.0]
     assert np.isnan(f.r2)
+    assert replace(f, r2=0.0) == replace(built, r2=0.0)  # every field as built, weights too
 
 
 def test_the_interval_far_from_the_data_is_statsmodels_own():
@@ -110,7 +113,7 @@ def test_a_flat_fit_is_sure_of_its_zero_slope():
 
 def test_three_points_leave_one_degree_of_freedom_for_an_interval():
     f = fit_linear([1, 2, 3], [1.0, 2.2, 2.9])
-    assert f.df_resid == 1 and f.sigma > 0
+    assert f.df_resid == 1 and f.sigma > 0 and 0 < f.r2 < 1  # not the exact line of two
     x = 2.0
     lo, hi = f.predict_interval(x)
     assert lo < f.predict(x) < hi

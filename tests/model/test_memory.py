@@ -61,6 +61,7 @@ def test_one_fallback_policy_for_the_probe_and_the_production_job():
     assert smaller_batches([32, 256, 64, 128, 64, 96], 256, 2, floor=32) == [128, 96, 64, 32]
     assert smaller_batches([8, 4, 2, 1], 16, 4, floor=1) == [8, 4]
     assert smaller_batches([128, 64], 64, 2, floor=1) == []
+    assert smaller_batches([48, 64, 96], 128, 3, floor=1) == [96, 48]  # split over 3
 
 
 def test_the_next_memory_point_is_the_largest_grid_batch_the_fit_says_fits():
@@ -128,6 +129,61 @@ def test_a_job_that_failed_otherwise_ran_no_local_batch():
         ]
     )
     assert oom_bound(rows) == 128
+    assert oom_bound(rows[rows["status"] != "oom"]) is None  # the error alone bounds nothing
+
+
+def test_an_oom_at_a_local_batch_that_ran_elsewhere_bounds_nothing():
+    """N = 1 ran b = 64; N = 2 ran out of memory at b = 64 (DDP's buckets on top): that point
+    is out, b = 64 is not."""
+    import pandas as pd
+
+    from tula.model.memory import oom_bound
+
+    rows = pd.DataFrame(
+        [
+            dict(workers=1, local_batch=64, status="ok", peak_mem_bytes=1000 + 100 * 64),
+            dict(workers=2, local_batch=64, status="oom", peak_mem_bytes=None),
+        ]
+    )
+    assert oom_bound(rows) is None
+
+
+def test_only_the_rows_that_ran_are_fitted():
+    """A probe that timed out (or failed) after its memory peak was read: the peak is of a run
+    that did not finish, and the fit leaves it out."""
+    import pandas as pd
+
+    rows = pd.DataFrame(
+        [
+            dict(workers=1, local_batch=b, status="ok", peak_mem_bytes=1000 + 100 * b)
+            for b in (8, 32)
+        ]
+        + [
+            dict(workers=1, local_batch=16, status=s, peak_mem_bytes=1e12)
+            for s in ("timeout", "error")
+        ]
+    )
+    got = memory.fit(rows, budget_bytes=None).fit
+    assert (got.intercept, got.slope) == pytest.approx((1000, 100))
+
+
+def test_no_batch_is_predicted_to_take_negative_memory():
+    """A fit whose line crosses zero above b = 0 predicts 0 bytes below the crossing."""
+    from tula.model.linfit import fit_linear
+
+    mm = memory.MemoryModel(fit_linear([10, 20], [100.0, 300.0]), None)
+    assert mm.predict_bytes(np.array([1.0, 20.0])).tolist() == [0.0, 300.0]
+
+
+def test_a_budget_short_of_a_whole_batch_by_rounding_fits_it_and_by_more_does_not():
+    """b_max rounds down the budget's batch, forgiving the float rounding of the division
+    (a billionth of the batch, at least of one sample): a budget 1e-4 samples short of
+    1,000,000 fits them; one 1.5e-9 samples short of one sample does not fit it."""
+    from tula.model.linfit import fit_linear
+
+    line = fit_linear([1, 2], [1.0, 2.0])  # one byte a sample
+    assert memory.MemoryModel(line, 1e6 - 1e-4).max_local_batch() == 1_000_000
+    assert memory.MemoryModel(line, 1 - 1.5e-9).max_local_batch() == 0
 
 
 def test_a_budget_below_what_the_model_alone_takes_fits_no_batch():
@@ -140,12 +196,13 @@ def test_a_budget_below_what_the_model_alone_takes_fits_no_batch():
 
 
 def test_the_memory_probes_batches_are_whole_samples_a_worker():
-    """Three workers and B up to 100: the largest local batch is 100 // 3 = 33 samples, not a
-    third of a sample more."""
+    """Three workers and B from 50 to 100: the local batches run from 50 // 3 = 16 to
+    100 // 3 = 33 samples, never a fraction of one; at B = 4 over 4 workers, from 1."""
     from tula.model.inputs import GridSpec
 
-    got = memory.probe_batches(GridSpec(workers=(3,), batch_min=48, batch_max=100))
+    got = memory.probe_batches(GridSpec(workers=(3,), batch_min=50, batch_max=100))
     assert got == [16, 33] and all(isinstance(b, int) for b in got)
+    assert memory.probe_batches(GridSpec(workers=(4,), batch_min=4, batch_max=256)) == [1, 4, 16]
 
 
 def test_a_point_that_failed_otherwise_is_not_a_memory_measurement():

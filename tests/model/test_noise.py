@@ -209,3 +209,15 @@ def test_a_probe_whose_own_gradient_estimate_is_not_positive_has_no_noise_scale_
     got = noise.pool(df)
     assert got["grad_sq"] > 0
     assert [p["b_noise"] for p in got["probes"]] == [pytest.approx(40 / 0.3), None]
+
+
+def test_pooled_probes_without_spread_between_their_batches_have_no_noise_scale():
+    """Every probe's trace estimate is 0 (|G_b|^2 = |G_B|^2): the pool has no B_noise, as one
+    probe alone has none, rather than a noise scale of 0."""
+    import pandas as pd
+
+    df = pd.DataFrame(
+        dict(workers=2, global_batch=[64, 128], source="probe", status="ok")
+        | dict(grad_sq=[0.2, 0.4], grad_trace=[0.0, 0.0])
+    )
+    assert noise.pool(df) is None

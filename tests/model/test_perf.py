@@ -529,3 +529,14 @@ def test_an_input_floor_proportional_to_the_batch_gives_its_rate_back():
     got = fit_input(df, workers_per_node=1)
     assert got.form.name == "per_sample"
     assert got.params() == pytest.approx({"i1": 0.0001}, rel=bounds.SOLVER)
+
+
+def test_a_failed_probe_says_nothing_of_what_a_step_pays_once():
+    """Probes that failed (status error) after writing a compute time and a micro-batch time,
+    here outnumbering the three good ones at N = 1: what a step pays once there stays the good
+    probes' 4 ms."""
+    df, _, _ = gpu_like([1, 2, 4], [64, 256, 1024], np.random.default_rng(0))
+    df["micro_time_s"] = df["compute_time_s"] - 0.004
+    bad = df[df["workers"] == 1].iloc[[0] * 4].assign(status="error", micro_time_s=0.0)
+    perf = perfmodel.fit(pd.concat([df, bad], ignore_index=True), "ring")
+    assert perf.once[0] == (1.0, pytest.approx(0.004, rel=1e-9))

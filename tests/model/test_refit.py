@@ -248,9 +248,11 @@ def test_a_time_objective_prices_the_relaunch_in_seconds_whatever_the_workers():
 
 def test_a_cost_objective_prices_the_relaunch_at_the_new_points_rate():
     """Under ``cost`` the relaunch's seconds are paid at the point moved to: its C over its T
-    per second; each point read at its own B though another B of the same N comes first."""
+    per second; each point read at its own B though a smaller and a larger B of the same N
+    come first."""
     one = replan_table()
-    rest = pd.concat([one.assign(global_batch=B // 2, train_time_s=1.0, cost=1.0), one])
+    other = [one.assign(global_batch=b, train_time_s=1.0, cost=1.0) for b in (B // 2, 2 * B)]
+    rest = pd.concat([*other, one])
     c = dict(zip(one["workers"], one["cost"], strict=True))
     rate = c[2] / float(one.loc[one["workers"] == 2, "train_time_s"].iloc[0])
     got = refit._saving(rest, model_inputs.planning(replan_config("cost")), (1, B), (2, B), 8.0)
@@ -263,3 +265,13 @@ def test_nothing_left_to_train_here_saves_nothing_by_moving():
     rest.loc[rest["workers"] == 1, "train_time_s"] = 0.0
     plan = model_inputs.planning(replan_config())
     assert refit._saving(rest, plan, (1, B), (2, B), 8.0) == 0.0
+
+
+def test_a_move_to_a_point_with_nothing_left_prices_the_relaunch_as_it_is():
+    """Under ``cost``, the point moved to has no time left to train (its T is 0): its rate
+    per second is undefined, and the relaunch's seconds count as they are."""
+    rest = replan_table()
+    rest.loc[rest["workers"] == 2, ["train_time_s", "cost"]] = 0.0
+    c1 = float(rest.loc[rest["workers"] == 1, "cost"].iloc[0])
+    got = refit._saving(rest, model_inputs.planning(replan_config("cost")), (1, B), (2, B), 8.0)
+    assert got == pytest.approx((c1 - 8.0) / c1, rel=bounds.ROUNDING)

@@ -89,3 +89,6 @@ def test_a_predictions_row_is_probed_where_its_probe_ran_and_accumulates_past_on
     stepped = Point.of_row(pd.Series(row | {"accumulate": 4, "probe_status": "failed"}), "USD")
     assert not stepped.probed and stepped.accumulate == 4 and stepped.micro_batches == 4
     assert not Point.of_row(pd.Series(row | {"probe_status": ""}), "USD").probed
+    # a predictions.csv with the column but an empty cell (a row written before it): one batch
+    empty = Point.of_row(pd.Series(row | {"accumulate": float("nan")}), "USD")
+    assert empty.accumulate is None and empty.micro_batches == 1
