@@ -222,3 +222,57 @@ def test_a_step_that_pays_nothing_once_is_not_paid_back_a_negative_time():
         )
     )
     assert measurements.once_per_step(rows) == ((1.0, 0.0), (2.0, pytest.approx(0.002)))
+
+
+def _probe_row(**change):
+    row = dict(workers=1, global_batch=32, local_batch=32, step_time_s=0.3, status="ok")
+    return row | dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9) | change
+
+
+def test_a_row_that_did_not_run_is_not_checked_for_numbers_it_never_measured(tmp_path):
+    """A probe that failed or timed out wrote what it had: a time it never measured (empty) or
+    one it could not finish (negative) is no error in the table, as it would be on an ok row."""
+    p = tmp_path / "m.csv"
+    rows = [_probe_row(), _probe_row(status="error", step_time_s=None, compute_time_s=-1.0)]
+    pd.DataFrame(rows).to_csv(p, index=False)
+    assert measurements.load(p)["status"].tolist() == ["ok", "error"]
+
+
+def test_a_probe_without_its_memory_peak_must_still_carry_its_times(tmp_path):
+    """peak_error says why an ok probe has no memory peak (the profiler failed): it excuses
+    that column only; the probe's step time is still required."""
+    p = tmp_path / "m.csv"
+    pd.DataFrame([_probe_row(peak_mem_bytes=None, peak_error="profiler")]).to_csv(p, index=False)
+    assert len(measurements.load(p)) == 1
+    gone = _probe_row(peak_mem_bytes=None, peak_error="profiler", step_time_s=None)
+    pd.DataFrame([gone]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2, column step_time_s: nan is not a non-negative"):
+        measurements.load(p)
+
+
+def test_the_probes_are_the_timed_rows_not_the_sweeps_or_the_memory_probes():
+    df = pd.DataFrame(dict(source=["probe", "sweep", "memory"], workers=[1, 1, 1]))
+    assert measurements.probes(df)["source"].tolist() == ["probe"]
+    memory_row = pd.Series({"source": "memory", "step_time_halfwidth_rel": 0.1})
+    assert measurements.judged_halfwidths(memory_row) == ([None, None], False)
+
+
+def test_a_final_record_read_from_json_is_judged_for_chance_as_one_built_here():
+    """summary.json's final figures, parsed from text: its metric word is the same word."""
+    import json
+
+    final = json.loads('{"final_test_acc": 0.11, "metric": "accuracy"}')
+    assert measurements.at_chance(final, 10) is not None
+
+
+def test_a_step_is_host_bound_where_queuing_it_took_at_least_nine_tenths_of_it():
+    shares = pd.Series([0.95, 0.9, 0.5])
+    assert measurements.host_bound(shares).tolist() == [True, True, False]
+
+
+def test_a_step_of_micro_batches_reads_its_input_one_micro_batch_at_a_time():
+    """k = 4 micro-batches of 8 samples, 20 ms of input for the 32: the one-batch step at 8
+    samples that the model fits reads 5 ms of it."""
+    row = dict(workers=1, local_batch=32, accumulate=4, compute_time_s=0.2, step_time_s=0.2)
+    out = measurements.as_micro_batches(pd.DataFrame([row | {"input_time_s": 0.02}]))
+    assert out["local_batch"].tolist() == [8.0] and out["input_time_s"].tolist() == [0.005]

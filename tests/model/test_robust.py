@@ -233,3 +233,60 @@ def test_a_mean_timed_with_no_spread_is_redrawn_as_one_of_unknown_precision():
     unknown = robust.resample(m.assign(compute_time_halfwidth_rel=np.nan), np.random.default_rng(3))
     assert zero["compute_time_s"].tolist() == unknown["compute_time_s"].tolist()
     assert (zero["compute_time_s"] != m["compute_time_s"]).all()
+
+
+def _timed(noise_at: int | None = None, col: str = "") -> pd.DataFrame:
+    """Probes at N = 1, 2, 4, 8 on the known curves (conftest.synthetic), each mean timed to
+    +-0.4 %; ``col`` at N = ``noise_at`` 5 % off the curve, alternately high and low."""
+    from conftest import synthetic
+
+    m = synthetic("ring", np.random.default_rng(0))
+    m = m.assign(compute_time_halfwidth_rel=0.004, step_time_halfwidth_rel=0.004)
+    if noise_at is not None:
+        at = m["workers"] == noise_at
+        m.loc[at, col] = m.loc[at, col] * (1 + 0.05 * np.resize([1.0, -1.0], at.sum()))
+    return m
+
+
+def test_the_scatter_counts_every_computes_residual_and_the_multi_worker_steps():
+    """Against the curves' own fit: compute scatter measured at N = 1 alone widens the
+    resamples (every compute row counts), and so does step scatter at N = 2 (a step at N > 1
+    is where the sync model speaks); the same scatter in N = 1's step, which is its compute
+    again, is not counted twice."""
+    perf = perf_mod.fit(_timed(), "ring")
+    # four rows off by 1 / (1 +- 5 %) - 1 in standard errors of 0.4 % / 1.96, among the 16
+    # compute rows and the 12 steps at N > 1
+    z = (1 / (1 + 0.05 * np.array([1.0, -1.0, 1.0, -1.0])) - 1) / (0.004 / 1.96)
+    four_of_28 = np.sqrt(np.sum(z**2) / 28)
+    got = robust.scatter_ratio(_timed(1, "compute_time_s"), perf)
+    assert got == pytest.approx(four_of_28, rel=bounds.SOLVER)
+    got = robust.scatter_ratio(_timed(2, "step_time_s"), perf)
+    assert got == pytest.approx(four_of_28, rel=bounds.SOLVER)
+    assert robust.scatter_ratio(_timed(1, "step_time_s"), perf) == 1.0
+
+
+def test_a_resample_leaves_the_rows_that_did_not_run_as_they_were():
+    """A failed probe is no measurement to redraw: its times and its sync stay as written."""
+    m = _measured(0.01, 1e-4, 0.05)
+    m.loc[0, ["status", "sync_time_s"]] = ["error", np.nan]
+    out = robust.resample(m, np.random.default_rng(3))
+    pd.testing.assert_series_equal(out.loc[0], m.loc[0])
+
+
+def test_a_mean_timed_very_imprecisely_is_never_redrawn_at_or_below_zero():
+    """Half-widths of 400 % (a probe that timed two steps on a busy machine): many normal draws
+    fall below zero, and each is held at a small share of its mean instead, a time still."""
+    halfwidth = 4.0
+    m = _measured(0.01, 1e-4, halfwidth)
+    z = np.random.default_rng(3).standard_normal((2, len(m)))[1]  # the compute's draws
+    drawn = 1 + halfwidth / robust.Z95 * z  # each over its mean
+    assert (drawn < 0).sum() >= 3  # below zero, as drawn
+    out = robust.resample(m, np.random.default_rng(3))
+    assert (out["compute_time_s"] > 0).all()
+
+
+def test_a_choice_won_by_four_resamples_in_five_is_settled():
+    """The chosen point won 80 % of the resamples, more than SETTLED (75 %): settled, whatever
+    the runner-up's 20 %."""
+    v = robust.verdict(point(1, 512), [Share(1, 512, 0.8), Share(1, 256, 0.2)], 5, 0.05)
+    assert v.settled and v.to_settle is None and v.runner_up == Share(1, 256, 0.2)

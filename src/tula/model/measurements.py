@@ -86,6 +86,13 @@ INPUT_BOUND = 0.8
 # the device between its CUDA events (the probe's step_host_share; the device waited for Python)
 HOST_BOUND = 0.9
 
+
+def host_bound(share):
+    """Whether the host set the pace: its share of the step's device time spent queuing it is
+    at least HOST_BOUND (a scalar or a Series of step_host_share)."""
+    return share >= HOST_BOUND
+
+
 # results/probes/N{n}/job.json: what the probe job at N measured (its records beside it)
 PROBE_JOB_SCHEMA = "tula.probe-job/1"
 

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tula.model.measurements import HOST_BOUND, INPUT_BOUND
+from tula.model.measurements import INPUT_BOUND, host_bound
 from tula.model.probe_measured import Measurement
 from tula.runtime.probe.measure import timing_stats
 from tula.runtime.timer.timing import Timing
@@ -129,7 +129,7 @@ def _host_bound(timing: Timing) -> bool | None:
     """On a queued device: did the host's time to queue the synced step set its pace (None
     where the clock has no queue to tell it by)."""
     share = timing.arms["step"].host_share()
-    return None if share is None else bool(share >= HOST_BOUND)
+    return None if share is None else bool(host_bound(share))
 
 
 def _peaks(gathered: list[dict]) -> dict[str, Any]:

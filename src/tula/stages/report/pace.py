@@ -8,7 +8,7 @@ import html
 
 import pandas as pd
 
-from tula.model.measurements import HOST_BOUND, INPUT_BOUND
+from tula.model.measurements import HOST_BOUND, INPUT_BOUND, host_bound
 
 
 def input_section(
@@ -87,7 +87,7 @@ def host_section(measurements: pd.DataFrame) -> str:
     ok, share = ok[share.notna()], share[share.notna()]
     if ok.empty:
         return ""
-    bound = share >= HOST_BOUND
+    bound = host_bound(share)
     if not bound.any():
         return (
             f"<p><b>Host</b>: queuing a step took at most {100 * share.max():.0f} % of its time "
