@@ -142,6 +142,10 @@ def test_a_run_at_chance_is_said_so_and_only_for_accuracy():
     assert measurements.at_chance({**final, "metric": "user:f1"}, 10) is None
     assert measurements.at_chance(final, 1) is None and measurements.at_chance(final, None) is None
     assert measurements.at_chance({}, 10) is None
+    assert measurements.at_chance({**final, "metric": "abc.metrics:F1"}, 10) is None
+    # two classes: at chance up to 75 %; three: the chance level said to the percent
+    assert "at chance for 2 classes (50 %" in measurements.at_chance({"final_test_acc": 0.6}, 2)
+    assert "at chance for 3 classes (33 %" in measurements.at_chance({"final_test_acc": 0.4}, 3)
 
 
 def test_a_missing_or_empty_measurements_file_is_named(tmp_path):
@@ -160,6 +164,10 @@ def test_an_unknown_source_is_named_at_its_own_row(tmp_path):
     row |= dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9)
     pd.DataFrame([row | {"source": s} for s in ("probe", "probe", "guess")]).to_csv(p, index=False)
     with pytest.raises(ValueError, match="row 4, column source: 'guess' is not one of"):
+        measurements.load(p)
+    # two unknown words: the first row's own, not the first in the alphabet
+    pd.DataFrame([row | {"source": s} for s in ("probe", "wild", "guess")]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 3, column source: 'wild' is not one of"):
         measurements.load(p)
 
 
@@ -188,6 +196,9 @@ def test_a_probe_whose_batches_do_not_multiply_is_named_at_its_row(tmp_path):
     row = dict(workers=4, global_batch=256, local_batch=32, step_time_s=0.3, status="ok")
     row |= dict(compute_time_s=0.2, sync_time_s=0.1, peak_mem_bytes=5e9)
     pd.DataFrame([row]).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="row 2: local_batch x workers != global_batch"):
+        measurements.load(p)
+    pd.DataFrame([row | {"local_batch": 128}]).to_csv(p, index=False)  # 512 > 256: too many
     with pytest.raises(ValueError, match="row 2: local_batch x workers != global_batch"):
         measurements.load(p)
 
@@ -244,10 +255,11 @@ def test_a_probe_without_its_memory_peak_must_still_carry_its_times(tmp_path):
     p = tmp_path / "m.csv"
     pd.DataFrame([_probe_row(peak_mem_bytes=None, peak_error="profiler")]).to_csv(p, index=False)
     assert len(measurements.load(p)) == 1
-    gone = _probe_row(peak_mem_bytes=None, peak_error="profiler", step_time_s=None)
-    pd.DataFrame([gone]).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="row 2, column step_time_s: nan is not a non-negative"):
-        measurements.load(p)
+    for col in ("step_time_s", "compute_time_s"):  # after the peak's name and before it
+        gone = _probe_row(peak_mem_bytes=None, peak_error="profiler", **{col: None})
+        pd.DataFrame([gone]).to_csv(p, index=False)
+        with pytest.raises(ValueError, match=f"row 2, column {col}: nan is not a non-negative"):
+            measurements.load(p)
 
 
 def test_the_probes_are_the_timed_rows_not_the_sweeps_or_the_memory_probes():
@@ -276,3 +288,19 @@ def test_a_step_of_micro_batches_reads_its_input_one_micro_batch_at_a_time():
     row = dict(workers=1, local_batch=32, accumulate=4, compute_time_s=0.2, step_time_s=0.2)
     out = measurements.as_micro_batches(pd.DataFrame([row | {"input_time_s": 0.02}]))
     assert out["local_batch"].tolist() == [8.0] and out["input_time_s"].tolist() == [0.005]
+
+
+def test_a_row_parsed_from_text_is_judged_as_one_built_here():
+    """The words of a row read from a CSV are other string objects than the code's literals:
+    a probe row whose steps spiked still reads its robust half-widths."""
+    import io
+
+    text = "source,step_spread,step_time_halfwidth_rel,step_time_halfwidth_judged_rel\n"
+    row = pd.read_csv(io.StringIO(text + "probe,mad,0.3,0.02\n")).iloc[0]
+    assert measurements.judged_halfwidths(row) == ([0.02, None], True)
+
+
+def test_a_workers_communication_variables_are_one_cell():
+    env = {"comm_env": {"NCCL_IB_DISABLE": "1", "GLOO_SOCKET_IFNAME": "eth0"}}
+    assert measurements.comm_env_text(env) == "GLOO_SOCKET_IFNAME=eth0;NCCL_IB_DISABLE=1"
+    assert measurements.comm_env_text({}) == "" == measurements.comm_env_text({"comm_env": None})

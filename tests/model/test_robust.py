@@ -217,10 +217,10 @@ def test_no_measured_precision_leaves_the_resamples_unwidened():
 
 
 def test_a_failed_probe_is_no_part_of_the_scatter():
-    """A probe that failed (status error) keeps whatever its timer wrote before failing: far
-    off the model, it still leaves the scatter ratio of the points on the model at 1."""
+    """Probes that failed or timed out keep whatever their timers wrote before they stopped:
+    far off the model, they still leave the scatter ratio of the points on the model at 1."""
     m = _measured(0.01, 1e-4, 0.004)
-    failed = m.iloc[[0]].assign(status="error", compute_time_s=1.0, step_time_s=1.0)
+    failed = m.iloc[[0, 0]].assign(status=["error", "timeout"], compute_time_s=1.0, step_time_s=1.0)
     both = pd.concat([m, failed], ignore_index=True)
     assert robust.scatter_ratio(both, perf_mod.fit(m, "ring")) == 1.0
 
@@ -229,9 +229,10 @@ def test_a_mean_timed_with_no_spread_is_redrawn_as_one_of_unknown_precision():
     """A half-width of 0 (every step the timer read came out the same) is no precision the
     machine has: the mean is redrawn at the 5 % of an unknown one, as a missing one is."""
     m = _measured(0.01, 1e-4, 0.02)
-    zero = robust.resample(m.assign(compute_time_halfwidth_rel=0.0), np.random.default_rng(3))
     unknown = robust.resample(m.assign(compute_time_halfwidth_rel=np.nan), np.random.default_rng(3))
-    assert zero["compute_time_s"].tolist() == unknown["compute_time_s"].tolist()
+    for none in (0.0, -0.02):  # nor is a negative one
+        zero = robust.resample(m.assign(compute_time_halfwidth_rel=none), np.random.default_rng(3))
+        assert zero["compute_time_s"].tolist() == unknown["compute_time_s"].tolist()
     assert (zero["compute_time_s"] != m["compute_time_s"]).all()
 
 
@@ -263,14 +264,23 @@ def test_the_scatter_counts_every_computes_residual_and_the_multi_worker_steps()
     got = robust.scatter_ratio(_timed(2, "step_time_s"), perf)
     assert got == pytest.approx(four_of_28, rel=bounds.SOLVER)
     assert robust.scatter_ratio(_timed(1, "step_time_s"), perf) == 1.0
+    # a row without a half-width, or with a time of 0, is no residual in standard errors
+    odd = _timed(1, "compute_time_s")
+    odd = pd.concat([odd, odd.iloc[[0, 1]]], ignore_index=True)
+    odd.loc[len(odd) - 2, ["compute_time_halfwidth_rel", "step_time_halfwidth_rel"]] = np.nan
+    odd.loc[len(odd) - 1, ["compute_time_s", "step_time_s"]] = 0.0
+    got = robust.scatter_ratio(odd, perf)
+    assert got == pytest.approx(four_of_28, rel=bounds.SOLVER)
 
 
 def test_a_resample_leaves_the_rows_that_did_not_run_as_they_were():
-    """A failed probe is no measurement to redraw: its times and its sync stay as written."""
+    """A failed or timed-out probe is no measurement to redraw: its times and its sync stay
+    as written."""
     m = _measured(0.01, 1e-4, 0.05)
-    m.loc[0, ["status", "sync_time_s"]] = ["error", np.nan]
+    m.loc[[0, 1], "status"] = ["error", "timeout"]
+    m.loc[[0, 1], "sync_time_s"] = np.nan
     out = robust.resample(m, np.random.default_rng(3))
-    pd.testing.assert_series_equal(out.loc[0], m.loc[0])
+    pd.testing.assert_frame_equal(out.loc[[0, 1]], m.loc[[0, 1]])
 
 
 def test_a_mean_timed_very_imprecisely_is_never_redrawn_at_or_below_zero():
@@ -290,3 +300,27 @@ def test_a_choice_won_by_four_resamples_in_five_is_settled():
     the runner-up's 20 %."""
     v = robust.verdict(point(1, 512), [Share(1, 512, 0.8), Share(1, 256, 0.2)], 5, 0.05)
     assert v.settled and v.to_settle is None and v.runner_up == Share(1, 256, 0.2)
+
+
+def test_the_runner_up_is_the_second_most_chosen_and_an_unchosen_estimate_has_no_share():
+    """Three points share the resamples 50 / 30 / 20: the runner-up is the 30 % one. The
+    point estimate (N = 4, B = 64) won no resample: its share is 0."""
+    shares = [Share(1, 512, 0.5), Share(1, 256, 0.3), Share(2, 512, 0.2)]
+    v = robust.verdict(point(4, 64), shares, 10, 0.05)
+    assert v.runner_up == Share(1, 256, 0.3) and "N=1 B=256 more precisely" in v.to_settle
+    assert v.point_estimate == Share(4, 64, 0.0) and v.chosen == Share(1, 512, 0.5)
+
+
+def test_a_choice_won_by_exactly_three_resamples_in_four_is_not_settled():
+    """Settled is more than SETTLED: 75 % of the resamples exactly is not."""
+    assert robust.SETTLED == 0.75
+    v = robust.verdict(point(1, 512), [Share(1, 512, 0.75), Share(1, 256, 0.25)], 4, 0.05)
+    assert not v.settled and v.to_settle is not None
+
+
+def test_no_feasible_point_in_any_resample_settles_nothing():
+    """Every resample infeasible (no shares): the point estimate is the chosen point, with a
+    share of 0, and nothing is settled."""
+    v = robust.verdict(point(2, 256), [], 10, 0.05)
+    assert v.chosen == Share(2, 256, 0.0) == v.point_estimate
+    assert not v.settled and v.runner_up is None and v.to_settle is None

@@ -257,11 +257,11 @@ def load(path: str | Path) -> pd.DataFrame:
     if "source" not in df.columns:
         df["source"] = "probe"
     df["source"] = df["source"].fillna("probe").astype(str)
-    unknown = sorted(set(df["source"]) - set(SOURCES))
-    if unknown:
+    if not df["source"].isin(SOURCES).all():
         i = int((~df["source"].isin(SOURCES)).idxmax())
         raise ValueError(
-            f"{p}: row {i + 2}, column source: {unknown[0]!r} is not one of {', '.join(SOURCES)}"
+            f"{p}: row {i + 2}, column source: {df['source'][i]!r} is not one of "
+            f"{', '.join(SOURCES)}"
         )
     ok = df["status"] == "ok"
     for c in NUMERIC:
