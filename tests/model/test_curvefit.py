@@ -116,6 +116,14 @@ def test_too_few_points_choose_by_aic_with_the_measured_noise():
     assert chosen.form.name == "additive" and chosen.extra["criterion"] == "aic_known_noise"
     assert chosen.params()["s1"] == pytest.approx(0.02, rel=1e-6)
     assert "AIC with the probes' measured noise (2.0 % median)" in chosen.extra["why"]
+    # each form's chi^2 and AIC by hand: 1 % off at each probe, the additive fit in between
+    off = y * np.array([1.01, 0.99])
+    chosen = formchoice.choose(forms, X, off, "step", noise=np.array([0.02, 0.02]))
+    row = next(r for r in chosen.extra["candidates"] if r["form"] == "additive")
+    s1 = formchoice.fit(forms[0], X, off).params()["s1"]
+    chi2 = float(np.sum(((X["c"] + s1 * X["x"] - off) / off / 0.02) ** 2))
+    assert chi2 > 0 and row["chi2"] == pytest.approx(chi2, rel=bounds.SOLVER)
+    assert row["aic_known_noise"] == pytest.approx(row["chi2"] + 2, rel=bounds.ROUNDING)
 
 
 def test_aicc_by_hand():

@@ -269,3 +269,12 @@ def test_b_max_is_read_from_the_memory_probes_record_and_a_wrong_file_is_named(t
         ValueError, match=r"selection.json: not a memory probe record.*tula memprobe"
     ):
         memory.max_local_batch(tmp_path / "selection.json")
+
+
+def test_a_memory_model_reads_back_from_its_record():
+    from tula.model.linfit import fit_linear
+
+    mm = memory.MemoryModel(fit_linear([8, 32], [1800.0, 4200.0]), 1e4, oom_local_batch=64)
+    back = memory.MemoryModel.from_dict(mm.to_dict())
+    assert back.max_local_batch() == mm.max_local_batch() == 63
+    assert back.fit == mm.fit and (back.budget_bytes, back.oom_local_batch) == (1e4, 64)

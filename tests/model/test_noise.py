@@ -221,3 +221,10 @@ def test_pooled_probes_without_spread_between_their_batches_have_no_noise_scale(
         | dict(grad_sq=[0.2, 0.4], grad_trace=[0.0, 0.0])
     )
     assert noise.pool(df) is None
+
+
+def test_a_small_batch_gradient_smaller_than_the_big_ones_has_no_noise_scale():
+    """|G_b|^2 below |G_B|^2 at every step: the trace estimate is negative, and B_noise is none,
+    not a negative batch."""
+    est = noise.estimate([1.0, 1.0], [2.0, 2.0], 8, 32)
+    assert est.trace < 0 < est.grad_sq and est.b_noise is None

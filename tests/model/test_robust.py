@@ -324,3 +324,18 @@ def test_no_feasible_point_in_any_resample_settles_nothing():
     v = robust.verdict(point(2, 256), [], 10, 0.05)
     assert v.chosen == Share(2, 256, 0.0) == v.point_estimate
     assert not v.settled and v.runner_up is None and v.to_settle is None
+
+
+def test_steps_timed_precisely_widen_the_resamples_though_no_compute_was():
+    """Older records: no compute half-width (the column missing, or every cell empty), the
+    steps' measured: the step scatter at N = 2 still counts, on its own 12 rows."""
+    perf = perf_mod.fit(_timed(), "ring")
+    step = _timed(2, "step_time_s")
+    z = (1 / (1 + 0.05 * np.array([1.0, -1.0, 1.0, -1.0])) - 1) / (0.004 / 1.96)
+    four_of_12 = np.sqrt(np.sum(z**2) / 12)
+    for older in (
+        step.drop(columns="compute_time_halfwidth_rel"),
+        step.assign(compute_time_halfwidth_rel=np.nan),
+    ):
+        got = robust.scatter_ratio(older, perf)
+        assert got == pytest.approx(four_of_12, rel=bounds.SOLVER)

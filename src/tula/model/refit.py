@@ -119,8 +119,7 @@ def _saving(
 ) -> float:
     """What training the rest at ``there`` instead of ``here`` saves, the relaunch paid, as a
     share of what is left at ``here`` (time, or cost for a cost objective)."""
-    at = lambda n, b: rest[(rest["workers"] == n) & (rest["global_batch"] == b)].iloc[0]  # noqa: E731
-    cur, to = at(*here), at(*there)
+    cur, to = _row(rest, *here), _row(rest, *there)
     col = "cost" if plan.goal.objective in COST_OBJECTIVES else "train_time_s"
     rate = (
         float(to["cost"] / to["train_time_s"]) if col == "cost" and to["train_time_s"] > 0 else 1.0
