@@ -50,5 +50,5 @@ lint: $(STAMP)
 	lint-imports
 
 clean-results:
-	rm -rf results/probes results/model results/plots results/train results/logs results/benchmarks \
-	  results/*.csv results/*.json results/report.html
+	rm -rf results/partitions results/probes results/model results/plots results/train results/logs \
+	  results/benchmarks results/plan results/*.csv results/*.json results/report.html

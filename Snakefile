@@ -17,25 +17,18 @@ validate(config, schema="workflow/config.schema.yaml")
 
 
 include: "rules/hooks.smk"
-
-
-# One partition (the profile's) is planned here; several (cluster.partitions) each in a module
-# of their own, and chosen across (rules/combine.smk).
-if PARTITIONS:
-
-    include: "rules/combine.smk"
-
-else:
-
-    include: "rules/check.smk"
-    include: "rules/memprobe.smk"
-    include: "rules/probe.smk"
-    include: "rules/aggregate.smk"
-    include: "rules/fit.smk"
-    include: "rules/predict.smk"
-    include: "rules/select.smk"
-
-
+# Up to the choice, once per partition ({partition}: the profile's, or each of
+# cluster.partitions), under results/partitions/{partition}/; then the choice across them
+# (rules/combine.smk), which puts the chosen partition's files in results/.
+include: "rules/check.smk"
+include: "rules/memprobe.smk"
+include: "rules/probe.smk"
+include: "rules/aggregate.smk"
+include: "rules/fit.smk"
+include: "rules/predict.smk"
+include: "rules/queue.smk"
+include: "rules/select.smk"
+include: "rules/combine.smk"
 include: "rules/launch.smk"
 include: "rules/plot.smk"
 include: "rules/report.smk"

@@ -3,10 +3,9 @@ rule aggregate:
         probes=probe_files,
         memory=rules.memprobe.output,
     output:
-        "results/measurements.csv",
+        "results/partitions/{partition}/measurements.csv",
     log:
-        "results/logs/aggregate.log",
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+        "results/partitions/{partition}/logs/aggregate.log",
     localrule: True
     conda:
         CONDA_ENV

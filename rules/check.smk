@@ -1,17 +1,16 @@
 # The workload check: the dataset loads and the model maps real samples to
-# (batch, num_classes). A local rule every probe depends on, so a wrong model or dataset
-# stops the DAG here, before any job is queued.
+# (batch, num_classes). A local rule every probe of its partition depends on, so a wrong model
+# or dataset stops the DAG here, before any job is queued.
 rule check:
     output:
-        "results/workload.json",
+        "results/partitions/{partition}/workload.json",
     log:
-        "results/logs/check.log",
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+        "results/partitions/{partition}/logs/check.log",
     localrule: True
     conda:
         CONDA_ENV
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("check"),
     shell:
         "tula check --config {params.config} --out {output} > {log} 2>&1"

@@ -1,27 +1,8 @@
-# Several partitions (cluster.partitions): each is planned by rules/partition.smk as a module
-# of its own -- its rules named <partition>_<rule>, its files under
-# results/partitions/<name>/, its jobs reading .snakemake/tula/partitions/<name>.json and
-# submitted to that partition -- and `tula combine` chooses across them. The stages after the
-# choice (plot, report, plan, launch) read the chosen partition's files where a one-partition
-# run writes them (tula.stages.combine).
-import re
-
-for _name, _raw in PARTITIONS.items():
-    PART_MODULE = f"partition_{_name}"
-    PART_RULES = re.sub(r"\W", "_", _name) + "_"
-
-    module:
-        name: PART_MODULE
-        snakefile:
-            "partition.smk"
-        config:
-            _raw
-        replace_prefix:
-            {"results/": f"{tula_partitions.results_dir(_name)}/"}
-
-    use rule * from PART_MODULE as PART_RULES*
-
-
+# The choice across the partitions of the table (rules/common.smk; one partition: its own
+# choice), and the chosen partition's files put where the stages after the choice (plot,
+# report, plan, launch) and the user read them: results/selection.json, predictions.csv,
+# measurements.csv, model/, workload.json, memory_probe.json, and its config at
+# results/partitions/chosen.json (tula.stages.combine). One rule, one partition or many.
 localrules:
     combine,
 
@@ -30,7 +11,7 @@ rule combine:
     input:
         expand(
             "{dir}/{file}",
-            dir=[tula_partitions.results_dir(n) for n in PARTITIONS],
+            dir=[tula_partitions.results_dir(n) for n in TABLE],
             file=("selection.json", *tula_combine.CHOSEN_FILES),
         ),
     output:
@@ -45,15 +26,14 @@ rule combine:
     params:
         config=CONFIG,
         settings=settings("select"),
-        parts=" ".join(
-            f"--part {n}={tula_partitions.results_dir(n)}" for n in PARTITIONS
-        ),
+        parts=" ".join(f"--part {n}={tula_partitions.results_dir(n)}" for n in TABLE),
         snapshots=tula_partitions.SNAPSHOT_DIR,
     shell:
         "tula combine --config {params.config} {params.parts} --snapshots {params.snapshots}"
         " --out-dir results > {log} 2>&1"
 
 
+# every partition's Pareto front, when there are two or more (PARTITION_PLOTS)
 localrules:
     plot_partitions,
 

@@ -6,6 +6,7 @@
 # this machine, and says so; the SLURM executor plugin itself asks `scontrol show config`.)
 import functools
 import os
+import re
 
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
@@ -36,7 +37,6 @@ try:
         )
     )
     TULA = tula_config.from_dict(config)
-    TULA_GRID = tula_model_inputs.grid_spec(TULA)  # the grid, as the equations take it
     # a dataset path that does not exist stops here, before any job is queued
     tula_dataset_paths.check_dataset_paths(TULA)
 except tula_config.ConfigError as err:
@@ -53,28 +53,79 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     )
 
 
+def profile_resource(name, rule):
+    """A resource as the profile (or the command line) gives it to `rule`'s jobs:
+    set-resources for the rule, else default-resources; None when unset or unreadable.
+    """
+    rs = workflow.resource_settings
+    for source in (rs.overwrite_resources.get(rule) or {}, rs.default_resources or {}):
+        res = source.get(name) if hasattr(source, "get") else None
+        if res is None:
+            continue
+        try:
+            value = res.evaluate(
+                {}, input=[], attempt=1, threads=1, rulename=rule, async_run=None
+            ).value
+        except Exception:  # an expression that needs the job itself
+            return None
+        return value if value not in ("", "None") else None
+    return None
+
+
+def profile_settings():
+    """The probes' and the training job's partition, account and runtime, as Snakemake gives
+    them (profile and command line; tula.preflight.cluster_settings, as `tula check --profile`).
+    """
+    return tula_preflight.cluster_settings(profile_resource)
+
+
+# The partitions planned, a table (tula.partitions): each entry of cluster.partitions, or one,
+# the profile's (named after its slurm_partition, else "default"). Every stage up to the choice
+# runs once per partition, the {partition} wildcard, under results/partitions/{partition}/ and
+# on that partition's config snapshot; `tula combine` (rules/combine.smk) chooses across them
+# and puts the chosen one's files in results/.
+PROFILE = profile_settings()
+TABLE = tula_partitions.table(config, PROFILE)
+
+
 wildcard_constraints:
     n=r"\d+",
     b=r"\d+",
+    partition="|".join(map(re.escape, TABLE)),
+
+
+@functools.cache
+def own(name):
+    """Partition ``name``'s config (its entry laid over the user's), the device undecided."""
+    return tula_config.from_dict(TABLE[name].config)
+
+
+def part_config(wildcards):
+    """Param function: the config snapshot a partition's jobs read (written by onstart)."""
+    return tula_partitions.snapshot_path(wildcards.partition)
 
 
 def probe_files(wildcards):
     """The probe jobs' folders of the search set (full grid or its corners), one per worker
     count, decided once the memory probe (a checkpoint) has given b_max: no point beyond it
     is probed."""
-    bmax = max_local_batch(checkpoints.memprobe.get().output[0])
+    name = wildcards.partition
+    bmax = max_local_batch(checkpoints.memprobe.get(partition=name).output[0])
+    grid = tula_model_inputs.grid_spec(own(name))
     return expand(
         rules.probe.output[0],
-        n=sorted({p.workers for p in search_set(TULA_GRID, bmax)}),
+        partition=name,
+        n=sorted({p.workers for p in search_set(grid, bmax)}),
     )
 
 
 def probe_job_batches(wildcards):
     """Param function: the batches probe job N{n} measures (its rerun trigger: a grid change
     that changes them runs the job again)."""
-    memory = rules.memprobe.output[0]
+    memory = f"{tula_partitions.results_dir(wildcards.partition)}/memory_probe.json"
     bmax = max_local_batch(memory) if os.path.exists(memory) else None
-    return ",".join(map(str, batches_at(TULA_GRID, int(wildcards.n), bmax)))
+    grid = tula_model_inputs.grid_spec(own(wildcards.partition))
+    return ",".join(map(str, batches_at(grid, int(wildcards.n), bmax)))
 
 
 def parent_dir(name):
@@ -87,10 +138,14 @@ def parent_dir(name):
 
 
 def settings(stage):
-    """Param function: the config values a stage depends on (its rerun trigger)."""
+    """Param function: the config values a stage depends on (its rerun trigger): its
+    partition's, for a stage that runs per partition."""
 
     def _settings(wildcards):
-        return tula_pipeline.stage_settings(decided(), stage)
+        name = getattr(wildcards, "partition", None)
+        return tula_pipeline.stage_settings(
+            decided_in(name) if name else decided(), stage
+        )
 
     return _settings
 
@@ -118,31 +173,60 @@ def compare_threads(wildcards):
 COMPARE_RUNS = tula_compare_runs.run_ids(TULA)
 
 
-# A (memory) probe may run for probe.timeout_s; give SLURM five minutes more for start-up.
-PROBE_RUNTIME_MIN = tula_preflight.probe_runtime_min(TULA)
-
-
 def probe_resource(name):
-    """Resource function: what the SLURM job of probe N{n} asks for
-    (tula.slurm.shapes.job_resources), on the decided device: probe.timeout_s for each of its
+    """Resource function: what the SLURM job of partition {partition}'s probe N{n} asks for
+    (tula.slurm.shapes.job_resources), on its decided device: probe.timeout_s for each of its
     batches, and five minutes."""
 
     def _resource(wildcards):
         points = len(probe_job_batches(wildcards).split(","))
+        cfg = own(wildcards.partition)
         res = tula_shapes.job_resources(
-            decided(),
+            decided_in(wildcards.partition),
             int(wildcards.n),
-            tula_preflight.probe_runtime_min(TULA, points),
-            exclusive=TULA.probe.exclusive,
+            tula_preflight.probe_runtime_min(cfg, points),
+            exclusive=cfg.probe.exclusive,
         )
         return res[name]
 
     return _resource
 
 
-def memprobe_gres(wildcards):
-    """Resource function: the memory probe's GPU (one worker), on the decided device."""
-    return tula_shapes.job_resources(decided(), 1)["gres"]
+def memprobe_resource(name):
+    """Resource function: the memory probe's job (one worker: its GPU, its threads, and
+    probe.timeout_s with five minutes for start-up), on its partition's decided device.
+    """
+
+    def _resource(wildcards):
+        cfg = decided_in(wildcards.partition)
+        return {
+            "gres": tula_shapes.job_resources(cfg, 1)["gres"],
+            "cpus_per_task": cfg.hardware.threads_per_worker,
+            "runtime": tula_preflight.probe_runtime_min(cfg),
+        }[name]
+
+    return _resource
+
+
+def site_resource(name, rule):
+    """Resource function: the SLURM partition (``slurm_partition``) or account
+    (``slurm_account``) of a partition's `rule` jobs: a listed partition's own name and
+    account; the profile's partition whatever the profile gives (empty: the cluster's
+    default)."""
+
+    def _resource(wildcards):
+        part = TABLE[wildcards.partition]
+        if part.listed:
+            own_value = (
+                part.name
+                if name == "slurm_partition"
+                else part.config["launch"]["slurm_account"]
+            )
+            if own_value:
+                return own_value
+        return profile_resource(name, rule) or ""
+
+    return _resource
 
 
 def launch_args(wildcards, resources):
@@ -176,62 +260,39 @@ def plan_args(wildcards):
     return " ".join(args)
 
 
-def profile_resource(name, rule):
-    """A resource as the profile (or the command line) gives it to `rule`'s jobs:
-    set-resources for the rule, else default-resources; None when unset or unreadable.
-    """
-    rs = workflow.resource_settings
-    for source in (rs.overwrite_resources.get(rule) or {}, rs.default_resources or {}):
-        res = source.get(name) if hasattr(source, "get") else None
-        if res is None:
-            continue
-        try:
-            value = res.evaluate(
-                {}, input=[], attempt=1, threads=1, rulename=rule, async_run=None
-            ).value
-        except Exception:  # an expression that needs the job itself
-            return None
-        return value if value not in ("", "None") else None
-    return None
-
-
-def profile_settings():
-    """The probes' and the training job's partition, account and runtime, as Snakemake gives
-    them (profile and command line; tula.preflight.cluster_settings, as `tula check --profile`).
-    """
-    return tula_preflight.cluster_settings(profile_resource)
-
-
 @functools.cache
 def decided():
     """TULA with hardware.device and hardware.backend decided (tula.devices), once, when the
-    first job asks: under the SLURM executor from the partition's GRES, here from this
+    first job asks: under the SLURM executor from the probe partition's GRES, here from this
     machine's GPUs (CUDA only where every grid point has a GPU per worker, else CPU and gloo).
     Said here (the log), by `tula check` and in the report; the jobs read it from the
     snapshot onstart writes. A job's own Snakemake (remote execution) decides nothing: its
     job reads the snapshot."""
-    return decide(TULA)
+    return decide(TULA, PROFILE["probe_partition"], "")
 
 
-def decide(cfg):
-    """``cfg`` with the device decided (:func:`decided`): a partition's config (one entry of
-    cluster.partitions) on its own partition's GPUs, else on the profile's probe partition.
-    """
+@functools.cache
+def decided_in(name):
+    """Partition ``name``'s config with the device decided on its own partition's GPUs (the
+    profile's partition: :func:`decided`)."""
+    part = TABLE[name]
+    if not part.listed:
+        return decided()
+    return decide(own(name), part.probe_partition(PROFILE), f"{name}: ")
+
+
+def decide(cfg, partition, named):
+    """``cfg`` with the device decided (:func:`decided`) on ``partition``'s GPUs under the
+    SLURM executor, this machine's here; said with ``named`` before it."""
     if workflow.remote_exec:
         return cfg
+    executor = "slurm" if workflow.non_local_exec else "local"
     try:
         decision = tula_devices.for_config(
-            cfg,
-            "slurm" if workflow.non_local_exec else "local",
-            (
-                (cfg.cluster.partition or profile_settings()["probe_partition"])
-                if workflow.non_local_exec
-                else None
-            ),
+            cfg, executor, partition if executor == "slurm" else None
         )
     except tula_devices.DeviceError as err:
         raise WorkflowError(f"{err}\n(see workflow/config.yaml)")
-    named = f"{cfg.cluster.partition}: " if cfg.cluster.partition else ""
     said = f"tula: {named}{decision.why}"
     if workflow.output_settings.dryrun:
         said += (
@@ -242,20 +303,10 @@ def decide(cfg):
     return tula_devices.apply(cfg, decision)
 
 
-# Jobs read the merged, validated config with the device decided (also on SLURM nodes):
-# onstart writes it (rules/hooks.smk); one partition's jobs (rules/partition.smk) read that
-# partition's.
-CONFIG = (
-    tula_partitions.snapshot_path(TULA.cluster.partition)
-    if TULA.cluster.partition
-    else ".snakemake/tula/config.json"
-)
-# Several partitions (cluster.partitions): each is planned by rules/partition.smk under
-# results/partitions/<name>/, and `tula combine` chooses across them (rules/combine.smk).
-PARTITIONS = tula_partitions.all_configs(config)
-# What the stages after the choice read: one partition's, or the chosen partition's
-# (copied by `tula combine`), at the same places; the production job and the plan read the
-# chosen partition's config.
+# The stages after the choice (plot, report, plan, launch) read the chosen partition's files
+# where `tula combine` puts them, and the production job and the plan its config; the
+# generalization suite reads the user's config, the device decided (written by onstart).
+CONFIG = ".snakemake/tula/config.json"
 RESULT = {
     "workload": "results/workload.json",
     "memory_probe": "results/memory_probe.json",
@@ -265,46 +316,28 @@ RESULT = {
     "predictions": "results/predictions.csv",
     "selection": "results/selection.json",
 }
-TRAIN_CONFIG = "results/partitions/chosen.json" if PARTITIONS else CONFIG
-# the report's figure of every partition's Pareto front (rules/combine.smk)
-PARTITION_PLOTS = ["results/plots/partitions.png"] if PARTITIONS else []
-# One partition's SLURM jobs (memory probe, probes) go to that partition, charged to its
-# account; a one-partition config leaves both to the profile.
-PARTITION_RESOURCES = (
-    {
-        "slurm_partition": TULA.cluster.partition,
-        **(
-            {"slurm_account": TULA.launch.slurm_account}
-            if TULA.launch.slurm_account
-            else {}
-        ),
-    }
-    if TULA.cluster.partition
-    else {}
-)
+TRAIN_CONFIG = "results/partitions/chosen.json"
+# the report's figure of every partition's Pareto front (rules/combine.smk), when there are two
+PARTITION_PLOTS = ["results/plots/partitions.png"] if len(TABLE) > 1 else []
 
 
 def campaign_lines():
-    """What the probe campaign buys: one partition's, or each listed partition's."""
-    configs = (
-        {n: tula_config.from_dict(raw) for n, raw in PARTITIONS.items()}
-        if PARTITIONS
-        else {TULA.cluster.partition: TULA}
-    )
+    """What the probe campaign buys on each partition (a listed one named)."""
     return [
-        f"tula: {f'{name}: ' if name else ''}"
-        f"{tula_check.describe_campaign(tula_check.campaign(cfg))}"
-        for name, cfg in configs.items()
+        f"tula: {f'{name}: ' if part.listed else ''}"
+        f"{tula_check.describe_campaign(tula_check.campaign(own(name)))}"
+        for name, part in TABLE.items()
     ]
 
 
-# What the probe campaign buys, said before it runs: a dry run (which has no onstart) says it
-# here (once: the Snakefile's, not again in each partition's module); a run under the SLURM
-# executor says it in onstart, beside the preflight.
-if (
-    workflow.output_settings.dryrun
-    and not workflow.remote_exec
-    and not TULA.cluster.partition
-):
-    for line in campaign_lines():
+def stale_lines():
+    """What under results/ this run will not read (another table's partitions, the layout
+    before results/partitions/), said so that nothing is silently mixed."""
+    return [f"tula: {line}" for line in tula_partitions.stale("results", list(TABLE))]
+
+
+# What the probe campaign buys, said before it runs, and what in results/ is stale: a dry run
+# (which has no onstart) says it here; a run says it in onstart (rules/hooks.smk).
+if workflow.output_settings.dryrun and not workflow.remote_exec:
+    for line in campaign_lines() + stale_lines():
         print(line, flush=True)

@@ -2,16 +2,15 @@ rule fit:
     input:
         rules.aggregate.output,
     output:
-        memory="results/model/memory.json",
-        perf="results/model/perf.json",
+        memory="results/partitions/{partition}/model/memory.json",
+        perf="results/partitions/{partition}/model/perf.json",
     log:
-        "results/logs/fit.log",
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+        "results/partitions/{partition}/logs/fit.log",
     localrule: True
     conda:
         CONDA_ENV
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("fit"),
     shell:
         "tula fit --config {params.config} --measurements {input}"

@@ -6,44 +6,32 @@
 
 onstart:
     tula_pipeline.snapshot(decided(), CONFIG)
-    for name, raw in PARTITIONS.items():  # each partition's jobs read their own
+    for name in TABLE:  # each partition's jobs read their own
         tula_pipeline.snapshot(
-            decide(tula_config.from_dict(raw)), tula_partitions.snapshot_path(name)
+            decided_in(name), tula_partitions.snapshot_path(name)
         )
+    for line in stale_lines():
+        print(line, flush=True)
     if workflow.non_local_exec:
         tula_plugin_patch.keep_exclusions_to_named_nodes()  # the plugin's failed-node exclusion
         for line in campaign_lines():
             print(line, flush=True)
-        profile = profile_settings()
-        try:
-            if PARTITIONS:  # every listed partition, its probes and training on it
-                tula_preflight.each_partition(
-                    {
-                        n: tula_config.from_dict(raw)
-                        for n, raw in PARTITIONS.items()
-                    },
-                    describe_to=lambda said: print(
-                        f"tula preflight: {said}", flush=True
-                    ),
-                    train_runtime_min=TULA.launch.timeout_min
-                    or profile["train_runtime_min"],
-                    profile_mem_mb=profile["mem_mb"],
-                    probe_points=len(batches_at(TULA_GRID, max(TULA.grid.workers))),
-                )
-            else:
-                report = tula_preflight.preflight(
-                    TULA,
-                    probe_partition=profile["probe_partition"],
-                    train_partition=TULA.launch.slurm_partition
-                    or profile["train_partition"],
-                    train_runtime_min=TULA.launch.timeout_min
-                    or profile["train_runtime_min"],
-                    profile_mem_mb=profile["mem_mb"],
-                    probe_points=len(batches_at(TULA_GRID, max(TULA.grid.workers))),
-                )
-                print(
-                    f"tula preflight: {tula_preflight.describe(report)}", flush=True
-                )
+        try:  # every partition, its probes and its training where they go
+            tula_preflight.each_partition(
+                TABLE,
+                PROFILE,
+                describe_to=lambda said: print(
+                    f"tula preflight: {said}", flush=True
+                ),
+                train_runtime_min=TULA.launch.timeout_min
+                or PROFILE["train_runtime_min"],
+                profile_mem_mb=PROFILE["mem_mb"],
+                probe_points=len(
+                    batches_at(
+                        tula_model_inputs.grid_spec(TULA), max(TULA.grid.workers)
+                    )
+                ),
+            )
         except tula_preflight.ClusterUnreadable as err:
             print(f"tula preflight skipped: {err}", flush=True)
         except tula_preflight.PreflightError as err:

@@ -5,23 +5,24 @@ checkpoint memprobe:
     input:
         rules.check.output,
     output:
-        "results/memory_probe.json",
+        "results/partitions/{partition}/memory_probe.json",
     log:
-        "results/logs/memprobe.log",
+        "results/partitions/{partition}/logs/memprobe.log",
     benchmark:
-        "results/benchmarks/memprobe.tsv"
+        "results/partitions/{partition}/benchmarks/memprobe.tsv"
     conda:
         CONDA_ENV
     threads: whole_machine
     resources:
-        **PARTITION_RESOURCES,
+        slurm_partition=site_resource("slurm_partition", "memprobe"),
+        slurm_account=site_resource("slurm_account", "memprobe"),
         tasks=1,
         nodes=1,
-        cpus_per_task=TULA.hardware.threads_per_worker,
-        gres=memprobe_gres,
-        runtime=PROBE_RUNTIME_MIN,
+        cpus_per_task=memprobe_resource("cpus_per_task"),
+        gres=memprobe_resource("gres"),
+        runtime=memprobe_resource("runtime"),
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("memprobe"),
     shell:
         "tula memprobe --config {params.config} --workload {input} --out {output} > {log} 2>&1"

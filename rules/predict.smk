@@ -5,15 +5,14 @@ rule predict:
         perf=rules.fit.output.perf,
         workload=rules.check.output[0],
     output:
-        "results/predictions.csv",
+        "results/partitions/{partition}/predictions.csv",
     log:
-        "results/logs/predict.log",
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+        "results/partitions/{partition}/logs/predict.log",
     localrule: True
     conda:
         CONDA_ENV
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("predict"),
     shell:
         "tula predict --config {params.config} --measurements {input.measurements}"

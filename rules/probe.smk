@@ -5,17 +5,18 @@ rule probe:
         memory=ancient(rules.memprobe.output),
     output:
         # one job per worker count: every batch the search set probes at N, in one process;
-        # its records, results/probes/N{n}/B{b}.json, beside this list of them
-        "results/probes/N{n}/job.json",
+        # its records, B{b}.json, beside this list of them
+        "results/partitions/{partition}/probes/N{n}/job.json",
     log:
-        "results/logs/probe/N{n}.log",
+        "results/partitions/{partition}/logs/probe/N{n}.log",
     benchmark:
-        "results/benchmarks/probe/N{n}.tsv"
+        "results/partitions/{partition}/benchmarks/probe/N{n}.tsv"
     conda:
         CONDA_ENV
     threads: whole_machine
     resources:
-        **PARTITION_RESOURCES,
+        slurm_partition=site_resource("slurm_partition", "probe"),
+        slurm_account=site_resource("slurm_account", "probe"),
         tasks=probe_resource("tasks"),
         nodes=probe_resource("nodes"),
         mpi=probe_resource("mpi"),
@@ -24,7 +25,7 @@ rule probe:
         runtime=probe_resource("runtime"),
         slurm_extra=probe_resource("slurm_extra"),
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("probe"),
         batches=probe_job_batches,
     shell:

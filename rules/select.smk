@@ -1,24 +1,23 @@
+# A partition's own choice, with the queue's wait (rules/queue.smk); `tula combine`
+# (rules/combine.smk) chooses across the partitions' choices.
 rule select:
     input:
         predictions=rules.predict.output[0],
         measurements=rules.aggregate.output[0],
         perf=rules.fit.output.perf,
         memory=rules.fit.output.memory,
-        # one partition of several (rules/partition.smk): the queue's wait (rules/queue.smk)
-        queue=["results/queue.json"] if TULA.cluster.partition else [],
+        queue=rules.queue.output[0],
     output:
-        "results/selection.json",
+        "results/partitions/{partition}/selection.json",
     log:
-        "results/logs/select.log",
-    # a rule of its own, not a SLURM job (under a module's prefix too: rules/partition.smk)
+        "results/partitions/{partition}/logs/select.log",
     localrule: True
     conda:
         CONDA_ENV
     params:
-        config=CONFIG,
+        config=part_config,
         settings=settings("select"),
-        queue=lambda wildcards, input: f"--queue {input.queue}" if input.queue else "",
     shell:
         "tula select --config {params.config} --predictions {input.predictions}"
         " --measurements {input.measurements} --perf {input.perf} --memory {input.memory}"
-        " {params.queue} --out {output} > {log} 2>&1"
+        " --queue {input.queue} --out {output} > {log} 2>&1"

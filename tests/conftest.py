@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+# A run's own partition's folder when the profile names no partition (tula.partitions.table):
+# its probes, logs and the files results/ holds copies of
+OWN = Path("results") / "partitions" / "default"
 
 # Where the suite's time goes, printed at the end of every run (tests/suite_time.py), and how
 # make test's two xdist workers share the machine (tests/sharing.py).

@@ -23,7 +23,7 @@ from bounds import (
     held_out_prediction,
     log_error,
 )
-from conftest import ROOT, TINY, copy_workflow, snakemake, venv_env
+from conftest import OWN, ROOT, TINY, copy_workflow, snakemake, venv_env
 from tula import config, model_inputs
 from tula.faults import ENV as FAULT_ENV
 from tula.model import measurements as measurements_mod
@@ -60,13 +60,13 @@ def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_p
     src, env = finished_run
     wd = tmp_path / "wd"
     shutil.copytree(src, wd, symlinks=True)
-    for probe in (wd / "results" / "probes" / "N2").glob("B*.json"):
+    for probe in (wd / OWN / "probes" / "N2").glob("B*.json"):
         rec = json.loads(probe.read_text())
         kept = ("schema", "workers", "nodes", "global_batch", "local_batch", "model", "dataset")
         failed = {k: rec[k] for k in kept} | {"status": "error", "error": "RuntimeError: boom"}
         probe.write_text(json.dumps(failed))
     # the job's list says how each point ended (Snakemake sees a file change by its content)
-    job = wd / "results" / "probes" / "N2" / "job.json"
+    job = wd / OWN / "probes" / "N2" / "job.json"
     job.write_text(
         json.dumps(json.loads(job.read_text()) | {"status": {"32": "error", "128": "error"}})
     )
@@ -77,19 +77,18 @@ def test_a_failing_rule_is_named_with_its_log_and_last_error(finished_run, tmp_p
     said = r.stdout + r.stderr
     ran = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", said, re.M)
     assert "probe" not in ran and "memprobe" not in ran, ran  # nothing measured again
-    assert "tula: rule fit failed; its log: results/logs/fit.log" in said, said[-3000:]
+    assert f"tula: rule fit failed; its log: {OWN}/logs/fit.log" in said, said[-3000:]
     last = [ln for ln in said.splitlines() if ln.startswith("  last error: ")]
     assert (
         last
-        and last[0].removeprefix("  last error: ")
-        in (wd / "results" / "logs" / "fit.log").read_text()
+        and last[0].removeprefix("  last error: ") in (wd / OWN / "logs" / "fit.log").read_text()
     )
 
 
 def test_every_output_exists_and_parses(finished_run):
     wd, _ = finished_run
-    res = wd / "results"
-    probes = sorted(str(p.relative_to(res / "probes")) for p in (res / "probes").glob("*/*.json"))
+    res, own = wd / "results", wd / OWN
+    probes = sorted(str(p.relative_to(own / "probes")) for p in (own / "probes").glob("*/*.json"))
     assert probes == [
         "N1/B128.json",
         "N1/B32.json",
@@ -98,7 +97,7 @@ def test_every_output_exists_and_parses(finished_run):
         "N2/B32.json",
         "N2/job.json",
     ]  # partial: 4 corners, one probe job per N (its list of them beside its records)
-    assert json.loads((res / "probes" / "N2" / "job.json").read_text()) == {
+    assert json.loads((own / "probes" / "N2" / "job.json").read_text()) == {
         "schema": "tula.probe-job/1",
         "workers": 2,
         "batches": [32, 128],
@@ -109,13 +108,13 @@ def test_every_output_exists_and_parses(finished_run):
     }
     # each job's first point ran in a fresh process (its first steps are a production job's), the
     # next in the same one; the job's points share its wall between them
-    n1 = [json.loads((res / "probes" / "N1" / f"B{b}.json").read_text()) for b in (32, 128)]
+    n1 = [json.loads((own / "probes" / "N1" / f"B{b}.json").read_text()) for b in (32, 128)]
     assert [r["fresh_process"] for r in n1] == [True, False]
     assert len({r["startup_time_s"] for r in n1}) == 1  # paid once, given to both
     assert sum(r["wall_s"] for r in n1) == pytest.approx(n1[0]["job_wall_s"])
     # at N = 2 the second point ran out of memory, which ended that launch: its fallback to the
     # next smaller batch ran in a launch of its own, first in its process
-    n2 = [json.loads((res / "probes" / "N2" / f"B{b}.json").read_text()) for b in (32, 128)]
+    n2 = [json.loads((own / "probes" / "N2" / f"B{b}.json").read_text()) for b in (32, 128)]
     assert [r["status"] for r in n2] == ["ok", "oom"] and n2[0]["fresh_process"]
     assert n2[1]["fallbacks"][0]["fresh_process"] and n2[1]["fallbacks"][0]["global_batch"] == 64
     assert n2[0]["wall_s"] + n2[1]["wall_s"] == pytest.approx(n2[0]["job_wall_s"])
@@ -248,7 +247,7 @@ def test_every_output_exists_and_parses(finished_run):
     assert ("Network drift" in html) == (len(steps) > 0) and ("No monitored steps" in html) == (
         len(steps) == 0
     )
-    assert "OOM" in (res / "logs" / "probe" / "N2.log").read_text()
+    assert "OOM" in (wd / OWN / "logs" / "probe" / "N2.log").read_text()
     perf = json.loads((res / "model" / "perf.json").read_text())
     # the ok probes
     assert perf["compute"]["form"] and perf["compute"]["why"] and len(perf["residuals"]) == 4
@@ -321,16 +320,16 @@ def test_nothing_to_do_after_a_finished_run(finished_run):
 
 
 def test_a_pricing_change_reruns_selection_not_probes(finished_run):
-    """Really run up to select with another objective (time to accuracy, from the probes' gradient
-    noise scale): selection.json changes, and no probe, the memory probe or the measurements are
-    touched."""
+    """Really run up to the choice with another objective (time to accuracy, from the probes'
+    gradient noise scale): selection.json changes, and no probe, the memory probe or the
+    measurements are touched."""
     wd, env = finished_run
-    res = wd / "results"
-    kept = [
-        *(res / "probes").glob("*.json"),
-        res / "memory_probe.json",
-        res / "measurements.csv",
-        res / "model" / "perf.json",
+    res, own = wd / "results", wd / OWN
+    kept = [  # the partition's own files (results/ holds copies that the choice puts there)
+        *(own / "probes").glob("*/*.json"),
+        own / "memory_probe.json",
+        own / "measurements.csv",
+        own / "model" / "perf.json",
     ]
     before = {f: f.stat().st_mtime_ns for f in kept}
     sel_before = (res / "selection.json").stat().st_mtime_ns
@@ -341,7 +340,7 @@ def test_a_pricing_change_reruns_selection_not_probes(finished_run):
         "--config",
         "objective=time_to_accuracy",
         "--until",
-        "select",
+        "combine",
         env=env,
     )
     assert r.returncode == 0, r.stderr[-4000:]
@@ -403,7 +402,7 @@ def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
     src, env = finished_run
     wd = tmp_path / "wd"
     shutil.copytree(src, wd, symlinks=True)
-    probes_dir = wd / "results" / "probes"
+    probes_dir = wd / OWN / "probes"
     old = {
         str(f.relative_to(probes_dir)): f.stat().st_mtime_ns for f in probes_dir.glob("N*/B*.json")
     }
@@ -423,7 +422,7 @@ def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
         str(f.relative_to(probes_dir)): f.stat().st_mtime_ns for f in probes_dir.glob("N*/B*.json")
     }
     assert {k: probes[k] for k in old} == old  # the probes bought before: not run again
-    mp_bmax = json.loads((wd / "results" / "memory_probe.json").read_text())["max_local_batch"]
+    mp_bmax = json.loads((wd / OWN / "memory_probe.json").read_text())["max_local_batch"]
     new = sorted(set(probes) - set(old))
     assert new == sorted(f"N{n}/B256.json" for n in (1, 2) if 256 // n <= mp_bmax)
     # one job for each N with a new batch, which kept its old records
@@ -431,7 +430,7 @@ def test_a_wider_grid_runs_only_the_new_probes(finished_run, tmp_path):
     for f in new:
         job = json.loads((probes_dir / f).parent.joinpath("job.json").read_text())
         assert job["probed"] == [256] and job["kept"] == [32], job
-        log = (wd / "results" / "logs" / "probe" / f"{Path(f).parent}.log").read_text()
+        log = (wd / OWN / "logs" / "probe" / f"{Path(f).parent}.log").read_text()
         assert "kept: " in log and "was measured with the same settings" in log, log[-2000:]
 
 
@@ -466,8 +465,10 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
             "predict",
             "report",
             "select",
+            "queue",  # the partition's queue: none locally, and its file says so
+            "combine",  # the choice across one partition: its own, put in results/
         )
-    } | {"total": "11"}
+    } | {"total": "13"}
     # hardware.device auto, decided once (no GPU in CI) and said; a dry run writes nothing of
     # Tula's: no results, no config snapshot (onstart writes it before a real run's first job)
     assert (
@@ -475,13 +476,21 @@ def test_dry_run_shows_the_memory_checkpoint_and_what_waits_on_it(tmp_path, venv
         == 1
     )
     assert not (tmp_path / "results").exists() and not (tmp_path / ".snakemake" / "tula").exists()
+    # what results/ holds that this run will not read is named before anything runs
+    for old in ("probes/N2", "partitions/gone"):
+        (tmp_path / "results" / old).mkdir(parents=True)
+    out = snakemake(tmp_path, "--configfile", "tiny.yaml", "-n").stdout
+    assert (
+        "tula: results/partitions/gone is another partition's (not in this config's table: " in out
+    )
+    assert "tula: results/probes: from Tula's layout before results/partitions/<name>/" in out
 
 
 def test_the_jobs_read_the_decided_device_from_the_snapshot(finished_run):
     wd, _ = finished_run
     snap = config.load(wd / ".snakemake" / "tula" / "config.json").hardware
     assert (snap.device, snap.backend) == ("cpu", "gloo") and "no GPU" in snap.device_why
-    probe = json.loads(next((wd / "results" / "probes" / "N1").glob("B*.json")).read_text())
+    probe = json.loads(next((wd / OWN / "probes" / "N1").glob("B*.json")).read_text())
     assert (probe["env"]["device"], probe["env"]["backend"]) == ("cpu", "gloo")
 
 
@@ -508,9 +517,9 @@ def test_the_gpu_the_config_names_reaches_the_snapshot_the_memory_probe_and_the_
     snap = config.load(snap_path)
     assert snap.hardware.device_memory_gb == 80 and snap.hardware.memory_budget_bytes == 72e9
     assert snap.hardware.device_memory_why == "hardware.gpu: h100, 80 GB"
-    mp = json.loads((tmp_path / "results" / "memory_probe.json").read_text())
+    mp = json.loads((tmp_path / OWN / "memory_probe.json").read_text())
     assert mp["budget_bytes"] == 72e9
-    said = (tmp_path / "results" / "logs" / "check.log").read_text()
+    said = (tmp_path / OWN / "logs" / "check.log").read_text()
     assert (
         "memory budget: 72.0 GB per worker (hardware.gpu: h100, 80 GB, less "
         "hardware.memory_margin 10 %)" in said
@@ -633,7 +642,7 @@ def test_oom_in_training_relaunches_smaller_and_the_report_shows_the_attempts(fi
     # objective time: a larger batch than the knee's (which may be grid.batch_min on this CPU), so
     # that a smaller one is left to fall back to
     r = snakemake(
-        wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "select", env=env
+        wd, "--configfile", "tiny.yaml", "--config", "objective=time", "--until", "combine", env=env
     )
     assert r.returncode == 0, r.stderr[-4000:]
     sel = json.loads((wd / "results" / "selection.json").read_text())["selected"]

@@ -19,6 +19,7 @@ import yaml
 
 from bounds import check_accuracy
 from conftest import (
+    OWN,
     ROOT,
     SLURM_SNAKEMAKE,
     TINY,
@@ -246,7 +247,8 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
     wd, jobs = dag_on_slurm
     probes = {c for c in jobs if c.startswith("rule_probe")}
     assert len(probes) == 2, jobs  # partial search: the 4 corners, in one job per N
-    assert "rule_memprobe" in jobs, jobs  # the checkpoint the probes waited on, a job of its own
+    # the checkpoint the probes waited on, a job of its own (the partition: the profile names none)
+    assert "rule_memprobe_wildcards_default" in jobs, jobs
     # probe.exclusive (default true): every probe job asked for its node alone; the memory probe did
     # not
     submit = dict(
@@ -257,7 +259,7 @@ def test_every_probe_and_training_ran_as_a_completed_slurm_job(dag_on_slurm):
         if line
     )
     assert all("--exclusive" in submit[jobs[c][0]] for c in probes), submit
-    assert "--exclusive" not in submit[jobs["rule_memprobe"][0]]
+    assert "--exclusive" not in submit[jobs["rule_memprobe_wildcards_default"][0]]
     # training: the local train rule ran `tula launch`, which submitted one submitit job (not a rule
     # job)
     assert "tula-train" in jobs and not any(c.startswith("rule_launch") for c in jobs), jobs
@@ -304,13 +306,13 @@ def test_failed_probe_under_slurm_is_recorded_and_dag_finishes(dag_on_slurm):
 
 def test_multi_task_probe_in_the_dag_used_srun(dag_on_slurm):
     wd, jobs = dag_on_slurm
-    rec = json.loads((wd / "results" / "probes" / "N2" / "B32.json").read_text())
+    rec = json.loads((wd / OWN / "probes" / "N2" / "B32.json").read_text())
     assert (
         rec["status"] == "ok"
         and rec["env"]["launcher"] == "slurm"
         and rec["env"]["world_size"] == 2
     )
-    job_id = next(j for c, (j, _) in jobs.items() if c == "rule_probe_wildcards_2")
+    job_id = next(j for c, (j, _) in jobs.items() if c == "rule_probe_wildcards_default_2")
     # the job's 2-task srun steps: the launch over its batches (cut short by the injected OOM at
     # B = 128, which ends its step) and the fallback's launch, which completed
     steps = sacct("-j", job_id, "-o", "JobID,NTasks,State")

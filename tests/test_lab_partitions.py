@@ -82,7 +82,7 @@ def _planned_across(tmp_path) -> tuple[dict, Path]:
             "cluster": {"workers_per_node": 2, "partitions": [{"name": "lab0"}, {"name": "lab1"}]},
         }
     )
-    own = partitions.all_configs(raw)
+    own = {n: p.config for n, p in partitions.table(raw, {}).items()}
     pipeline.snapshot(config.from_dict(own["lab1"]), tmp_path / partitions.snapshot_path("lab1"))
 
     def standing(name, t, ratio=None):

@@ -72,7 +72,6 @@ class Cluster:
     workers_per_node: int
     netlab: str | None = None
     partitions: tuple[dict[str, Any], ...] = ()  # entries (tula.partitions)
-    partition: str | None = None  # in one partition's snapshot: its name
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Several SLURM partitions in one config (``cluster.partitions``): what each entry changes.
+"""The partitions a config plans on, as a table: one row per SLURM partition.
 
-Each partition is planned as a config of its own -- the user's config with the entry laid over
-it (:func:`config_for`) -- so the memory probe, the probes, the fits and the predictions of a
-partition are the one-partition pipeline's, run under results/partitions/<name>/ and its own
-config snapshot (rules/partition.smk). The choice across partitions is
-:mod:`tula.model.across`. A config without the list is planned as before.
+Every partition is planned as a config of its own -- the user's config with its entry laid over
+it (:func:`config_for`) -- so its memory probe, probes, fits, predictions, queue and choice run
+under results/partitions/<name>/ with its own config snapshot, one ``{partition}`` wildcard of
+the workflow's rules (rules/common.smk). The choice across them is :mod:`tula.model.across`
+(``tula combine``), and a table of one chooses its one partition. A config without
+``cluster.partitions`` is a table of one (:func:`table`), named from the profile: its probes
+and training go where the profile sends them, as before.
 
 What an entry can change, and where it lands in its partition's config:
 
@@ -15,18 +17,23 @@ What an entry can change, and where it lands in its partition's config:
 - ``max_nodes`` -> grid.workers keeps only the N whose nodes the partition holds;
 - ``per_worker_hour`` -> pricing.per_worker_hour (pricing.model worker_hour), or
   ``per_node_hour`` -> pricing.per_node_hour (pricing.model node_hour);
-- ``name`` and ``account`` -> launch.slurm_partition and launch.slurm_account, and
-  cluster.partition (the name its jobs read).
+- ``name`` and ``account`` -> launch.slurm_partition and launch.slurm_account.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SNAPSHOT_DIR = ".snakemake/tula/partitions"
 RESULTS_DIR = "results/partitions"
+# a table of one, where the profile names no partition: the cluster's default (or this machine)
+DEFAULT_NAME = "default"
+# what results/ held before every partition had a folder of its own (results/partitions/<name>/)
+OLD_LAYOUT = ("probes", "logs/probe", "benchmarks/probe", "benchmarks/memprobe.tsv")
 
 
 def entries(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,11 +61,11 @@ def _nodes_hold(workers: int, wpn: int, max_nodes: int | None) -> bool:
 
 def config_for(d: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """The config of partition ``entry``: ``d`` (a validated config) with the entry laid over
-    it, its list of partitions emptied and its name in cluster.partition. To be validated
-    again (:func:`problems` does, naming the entry)."""
+    it and its list of partitions emptied. To be validated again (:func:`problems` does,
+    naming the entry)."""
     out = copy.deepcopy(d)
     cl, hw, pr, la = out["cluster"], out["hardware"], out["pricing"], out["launch"]
-    cl["partitions"], cl["partition"] = [], entry["name"]
+    cl["partitions"] = []
     cl["workers_per_node"] = entry.get("workers_per_node") or cl["workers_per_node"]
     hw["gpu"] = entry.get("gpu")
     # the memory budget is decided again from this partition's GPU (config_rules.device_memory)
@@ -114,6 +121,50 @@ def problems(d: dict[str, Any], validate: Callable[[dict, str], dict]) -> list[s
     return out
 
 
-def all_configs(d: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each partition's config, by name (``d`` validated, its partitions without problems)."""
-    return {e["name"]: config_for(d, e) for e in entries(d)}
+@dataclass(frozen=True)
+class Planned:
+    """One row of the table: ``name`` (its folder under results/partitions/ and its value of
+    the ``{partition}`` wildcard), its ``config`` (validated dict) and whether it is an entry
+    of ``cluster.partitions`` (``listed``: its jobs go to it by name) or the profile's."""
+
+    name: str
+    config: dict[str, Any]
+    listed: bool
+
+    def probe_partition(self, profile: dict[str, Any]) -> str | None:
+        """The SLURM partition of its memory probe and probes (None: the cluster's default)."""
+        return self.name if self.listed else profile.get("probe_partition")
+
+    def train_partition(self, profile: dict[str, Any]) -> str | None:
+        """The SLURM partition of its production job (a listed entry's is its own name)."""
+        return self.config["launch"]["slurm_partition"] or profile.get("train_partition")
+
+
+def table(d: dict[str, Any], profile: dict[str, Any]) -> dict[str, Planned]:
+    """The partitions ``d`` (validated, without problems) plans on, by name: each entry of
+    cluster.partitions, or one named after the profile's probe partition (else
+    :data:`DEFAULT_NAME`) whose config is ``d`` itself."""
+    if entries(d):
+        return {e["name"]: Planned(e["name"], config_for(d, e), True) for e in entries(d)}
+    name = profile.get("probe_partition") or DEFAULT_NAME
+    return {name: Planned(name, d, False)}
+
+
+def stale(results: str | Path, names: list[str]) -> list[str]:
+    """What under ``results`` this table will not read, each said with what to do: a
+    partition's folder not in ``names``, and the files of the layout before every partition
+    had a folder of its own. Nothing is removed; nothing of them is mixed into this run."""
+    root = Path(results)
+    out = [
+        f"{p} is another partition's (not in this config's table: {', '.join(names)}); "
+        "not read -- remove it, or plan that partition again"
+        for p in sorted((root / "partitions").glob("*/"))
+        if p.is_dir() and p.name not in names
+    ]
+    old = [str(root / f) for f in OLD_LAYOUT if (root / f).exists()]
+    if old:
+        out.append(
+            f"{', '.join(old)}: from Tula's layout before results/partitions/<name>/; "
+            "not read -- remove them"
+        )
+    return out

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import yaml
 
-from tula.config import Config
+from tula.config import Config, from_dict
+from tula.partitions import Planned
 from tula.slurm.controller import ClusterUnreadable
 from tula.slurm.partition_info import Partition, PreflightError, read_partition
 from tula.slurm.shapes import job_shape
@@ -318,21 +319,29 @@ def cluster_settings(resource: Callable[[str, str], Any]) -> dict[str, Any]:
 
 
 def each_partition(
-    configs: dict[str, Config], describe_to: Callable[[str], None] | None = None, **kw: Any
+    table: dict[str, Planned],
+    profile: dict[str, Any],
+    describe_to: Callable[[str], None],
+    **kw: Any,
 ) -> dict[str, dict[str, Any]]:
-    """:func:`preflight` for every partition of ``cluster.partitions`` (``configs``: each
-    partition's own config, by name), its probes and its training on that partition; ``kw``
-    as :func:`preflight`'s. Raises one :class:`PreflightError` naming every entry that fails;
-    ``describe_to`` is given each partition's findings."""
+    """:func:`preflight` for every partition of the table (:func:`tula.partitions.table`): its
+    probes on its probe partition, its training on its training partition (a listed one's:
+    its own name; the profile's: as the profile and launch.slurm_partition say); ``kw`` as
+    :func:`preflight`'s. Raises one :class:`PreflightError` naming every entry of
+    cluster.partitions that fails; ``describe_to`` is given each partition's findings."""
     reports, found = {}, []
-    for i, (name, cfg) in enumerate(configs.items()):
+    for i, (name, part) in enumerate(table.items()):
         try:
-            reports[name] = preflight(cfg, probe_partition=name, train_partition=name, **kw)
+            reports[name] = preflight(
+                from_dict(part.config),
+                probe_partition=part.probe_partition(profile),
+                train_partition=part.train_partition(profile),
+                **kw,
+            )
         except PreflightError as err:
-            found.append(f"cluster.partitions[{i}] ({name}): {err}")
+            found.append(f"cluster.partitions[{i}] ({name}): {err}" if part.listed else str(err))
             continue
-        if describe_to:
-            describe_to(f"{name}: {describe(reports[name])}")
+        describe_to(f"{name + ': ' if part.listed else ''}{describe(reports[name])}")
     if found:
         raise PreflightError("\n".join(found))
     return reports

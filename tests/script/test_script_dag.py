@@ -50,7 +50,10 @@ def test_every_stage_ran_the_users_script(script_run):
     m = pd.read_csv(wd / "results" / "measurements.csv")
     probes = m[m["source"] == "probe"]
     assert len(probes) == 2 and (probes["status"] == "ok").all()  # N = 2 at B = 64 and 128
-    records = [json.loads(f.read_text()) for f in (wd / "results" / "probes").glob("N*/B*.json")]
+    records = [
+        json.loads(f.read_text())
+        for f in (wd / "results" / "partitions").glob("*/probes/N*/B*.json")
+    ]
     assert len(records) == 2 and {r["model"] for r in records} == {"train/train.py"}
     final = json.loads((wd / "results" / "train" / "final.json").read_text())
     assert final["workload"] == "script" and final["script"].endswith("train/train.py")

@@ -62,3 +62,21 @@ def test_time_to_result_counts_the_waits_and_the_chosen_files_take_the_plain_pla
     pd.testing.assert_frame_equal(
         pd.read_csv(res / "predictions.csv"), pd.read_csv(res / "partitions/b/predictions.csv")
     )
+
+
+def test_a_table_of_one_keeps_its_own_choice_byte_for_byte(tmp_path):
+    """One partition (a config without cluster.partitions): nothing across to choose, so
+    results/selection.json is that partition's own, and its files take the same places."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"objective": "time"}))
+    cfg = config.from_dict({"objective": "time"})
+    res = tmp_path / "results"
+    part = partition(res, "default", 1.0, {}, cfg)
+    sel = combine.run(tmp_path / "c.yaml", [part], str(res / "snapshots"), str(res))
+    own = res / "partitions" / "default"
+    assert (res / "selection.json").read_bytes() == (own / "selection.json").read_bytes()
+    assert sel.partition is None and sel.across_partitions is None
+    assert json.loads((res / "partitions" / "chosen.json").read_text()) == {"partition": "default"}
+    for f in combine.CHOSEN_FILES:
+        assert (res / f).read_bytes() == (own / f).read_bytes(), f
+    spanning = pd.read_csv(res / "partitions" / "predictions.csv")
+    assert set(spanning["partition"]) == {"default"} and len(spanning) == len(TIMES)

@@ -1,14 +1,15 @@
 """``tula <stage>``: one subcommand per arrow of the data flow (see README, "Results files").
 
-    check      config + model + dataset    -> results/workload.json
-    memprobe   one worker, a few batches   -> results/memory_probe.json (b_max)
-    probe      N (its batches, one job)    -> results/probes/N{n}/{job,B{b}}.json
-    aggregate  results/probes/N*/job.json  -> results/measurements.csv
-    fit        measurements.csv            -> results/model/{memory,perf}.json  (no torch)
-    predict    model + grid                -> results/predictions.csv
-    select     predictions.csv + objective -> results/selection.json
-    queue      a partition's job shapes    -> results/partitions/<name>/queue.json (SLURM's wait)
-    combine    each partition's choice     -> results/selection.json across partitions
+    Up to the choice, once per partition, under P = results/partitions/<name>/:
+    check      config + model + dataset    -> P/workload.json
+    memprobe   one worker, a few batches   -> P/memory_probe.json (b_max)
+    probe      N (its batches, one job)    -> P/probes/N{n}/{job,B{b}}.json
+    aggregate  P/probes/N*/job.json        -> P/measurements.csv
+    fit        measurements.csv            -> P/model/{memory,perf}.json  (no torch)
+    predict    model + grid                -> P/predictions.csv
+    queue      a partition's job shapes    -> P/queue.json (SLURM's wait)
+    select     predictions.csv + objective -> P/selection.json
+    combine    each partition's choice     -> results/selection.json and the chosen one's files
     plan       selection.json (no training) -> results/plan/{plan.json,train.sbatch}
     plot       selection: csv/json above   -> results/plots/{time,cost,memory,compute}_vs_batch.png
                training: the training job  -> results/plots/training.png

@@ -1,5 +1,5 @@
-"""`tula` subcommands for several partitions (``cluster.partitions``): queue, combine. Each
-imports its stage's module when it runs."""
+"""`tula` subcommands for the partitions (the profile's, or those of ``cluster.partitions``):
+queue, combine. Each imports its stage's module when it runs."""
 
 from __future__ import annotations
 
@@ -11,18 +11,29 @@ from tula.cli.args import cfg_arg
 def cmd_queue(a) -> None:
     from tula.stages import queue
 
-    queue.run(a.config, a.out, executor=a.executor_hint, timeout_min=a.timeout_min)
+    queue.run(
+        a.config,
+        a.out,
+        executor=a.executor_hint,
+        timeout_min=a.timeout_min,
+        partition=a.partition or None,
+    )
 
 
 def add_queue(sub) -> None:
     s = sub.add_parser(
         "queue",
         help="ask SLURM how long each job shape of a partition would wait (sbatch --test-only)",
-        description="For each N of the grid, the job shape's expected start on the config's "
-        "partition (cluster.partition, else launch.slurm_partition), as `sbatch --test-only` "
-        "estimates it now; submits nothing. Objective time_to_result adds the wait to T.",
+        description="For each N of the grid, the job shape's expected start on the partition "
+        "(--partition, else launch.slurm_partition), as `sbatch --test-only` estimates it now; "
+        "submits nothing. Objective time_to_result adds the wait to T.",
     )
     cfg_arg(s)
+    s.add_argument(
+        "--partition",
+        default=None,
+        help="the SLURM partition the probes ran on (empty or unset: launch.slurm_partition)",
+    )
     s.add_argument("--out", required=True, help="JSON to write (queue.json)")
     s.add_argument(
         "--executor-hint",
@@ -48,10 +59,11 @@ def cmd_combine(a) -> None:
 def add_combine(sub) -> None:
     s = sub.add_parser(
         "combine",
-        help="choose across partitions from each partition's own predictions and choice",
+        help="choose across the partitions from each one's own predictions and choice",
         description="Compare each partition's choice by the objective's measure (T, C, time or "
-        "cost to accuracy, queue wait + T); write the choice across partitions and put the "
-        "chosen partition's files where the stages after select read them.",
+        "cost to accuracy, queue wait + T); write the choice across partitions (one "
+        "partition: its own choice) and put the chosen partition's files where the stages "
+        "after select read them.",
     )
     cfg_arg(s)
     s.add_argument(

@@ -118,8 +118,8 @@ def add_probe(sub) -> None:
     s.add_argument(
         "--job",
         help="every batch the search set probes at N: the job's list to write "
-        "(results/probes/N{n}/job.json), each record beside it (B{b}.json); a record there "
-        "already, ok and measured with the same settings, is kept",
+        "(results/partitions/<name>/probes/N{n}/job.json), each record beside it (B{b}.json); "
+        "a record there already, ok and measured with the same settings, is kept",
     )
     s.add_argument(
         "--memory-probe",
@@ -145,7 +145,8 @@ def add_aggregate(sub) -> None:
     s.add_argument(
         "probes",
         nargs="+",
-        help="probe records, or probe jobs' lists (results/probes/N{n}/job.json: its records)",
+        help="probe records, or probe jobs' lists "
+        "(results/partitions/<name>/probes/N{n}/job.json: its records)",
     )
     s.add_argument(
         "--memory-probe", help="results/memory_probe.json: its points become `source = memory` rows"

@@ -23,7 +23,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        """File stem used under results/probes/."""
+        """File stem used under results/partitions/<name>/probes/."""
         return f"N{self.workers}_B{self.global_batch}"
 
 
@@ -115,7 +115,7 @@ def search_set(g: GridSpec, max_local_batch: int | None = None) -> list[Point]:
 
 def batches_at(g: GridSpec, workers: int, max_local_batch: int | None = None) -> list[int]:
     """The global batches the search set probes at N = ``workers``, smallest first: what the
-    probe job at that N measures, in one process (``results/probes/N{n}/``)."""
+    probe job at that N measures, in one process (``results/partitions/<name>/probes/N{n}/``)."""
     return sorted(p.global_batch for p in search_set(g, max_local_batch) if p.workers == workers)
 
 

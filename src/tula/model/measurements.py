@@ -93,7 +93,8 @@ def host_bound(share):
     return share >= HOST_BOUND
 
 
-# results/probes/N{n}/job.json: what the probe job at N measured (its records beside it)
+# results/partitions/<name>/probes/N{n}/job.json: what the probe job at N measured (its records
+# beside it)
 PROBE_JOB_SCHEMA = "tula.probe-job/1"
 
 REQUIRED = [

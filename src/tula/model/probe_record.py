@@ -1,6 +1,7 @@
-"""The probe record (``results/probes/N{n}/B{b}.json``, schema ``tula.probe/1``), typed: the
-one place that says what it holds. :class:`RankResult` is what one rank wrote at a point
-(``rank<r>.json``; :mod:`tula.runtime.probe.probe_worker`), rank 0's holding the measured parts;
+"""The probe record (``results/partitions/<name>/probes/N{n}/B{b}.json``, schema
+``tula.probe/1``), typed: the one place that says what it holds. :class:`RankResult` is what
+one rank wrote at a point (``rank<r>.json``; :mod:`tula.runtime.probe.probe_worker`), rank 0's
+holding the measured parts;
 :class:`ProbeRecord` is the point's record (:mod:`tula.stages.probe`): what was probed, how it
 ended, rank 0's result (its parts: :mod:`tula.model.probe_measured`) and the launcher's
 notes. Each part is frozen, owned by the module its docstring names, built from what the
@@ -158,9 +159,10 @@ def _parts(d: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ProbeRecord:
-    """One point's record (``results/probes/N{n}/B{b}.json``); owner: :mod:`tula.stages.probe`
-    (:func:`tula.stages.probe.job.combine` builds it from the ranks' results and the launch;
-    the launcher's notes are added by this record's methods). ``result`` is rank 0's, when ok."""
+    """One point's record (``results/partitions/<name>/probes/N{n}/B{b}.json``); owner:
+    :mod:`tula.stages.probe` (:func:`tula.stages.probe.job.combine` builds it from the ranks'
+    results and the launch; the launcher's notes are added by this record's methods).
+    ``result`` is rank 0's, when ok."""
 
     probed: Probed
     status: str  # ok | oom | error | timeout

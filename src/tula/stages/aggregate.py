@@ -128,7 +128,7 @@ def rows_from_memory_probe(record: dict, path: str) -> list[dict]:
 
 def records_in(paths: Iterable[str | Path]) -> list[str]:
     """The probe records named: a record itself, or a probe job's ``job.json``
-    (``results/probes/N{n}/job.json``) every record it lists, beside it."""
+    (``results/partitions/<name>/probes/N{n}/job.json``) every record it lists, beside it."""
     out: list[str] = []
     for p in map(Path, paths):
         rec = read_json(p)

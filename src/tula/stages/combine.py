@@ -1,16 +1,17 @@
-"""``tula combine``: the choice across partitions (``cluster.partitions``).
+"""``tula combine``: the choice across the partitions (:mod:`tula.partitions`' table).
 
 Reads each partition's own results (results/partitions/<name>/: predictions.csv,
 selection.json, measurements.csv, model/, workload.json, memory_probe.json) and writes
 
 - results/partitions/predictions.csv: every partition's predictions, column ``partition``;
-- results/selection.json: the chosen partition's selection with ``partition`` and the
-  ``across_partitions`` block (:func:`tula.model.across.choose`), each partition's probes'
-  compute step against the first's, and which partitions share a GPU;
-- the chosen partition's files at their one-partition places in results/ (predictions.csv,
+- results/selection.json: with several partitions, the chosen partition's selection with
+  ``partition`` and the ``across_partitions`` block (:func:`tula.model.across.choose`), each
+  partition's probes' compute step against the first's, and which partitions share a GPU;
+  with one, that partition's own selection, byte for byte (there is nothing across);
+- the chosen partition's files at their places in results/ (predictions.csv,
   measurements.csv, model/, workload.json, memory_probe.json) and its config at
   results/partitions/chosen.json, so that plotting, the report, ``snakemake plan`` and the
-  production job read the chosen partition as they read a one-partition run.
+  production job read the chosen partition, one partition or many.
 """
 
 from __future__ import annotations
@@ -56,11 +57,20 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfileobj(f, fh)
 
 
+def _put_chosen(own: Path, snapshot: Path, out: Path) -> None:
+    """The chosen partition's files (its folder ``own``) where the stages after the choice
+    read them, and its config (``snapshot``) at results/partitions/chosen.json."""
+    for name in CHOSEN_FILES:
+        _copy(own / name, out / name)
+    _copy(snapshot, out / "partitions" / "chosen.json")
+
+
 def run(config, parts: list[str], snapshots: str, out_dir: str) -> Selection:
     """``tula combine``: see the module's docstring."""
     cfg = config_mod.load(config)
     dirs = parse_parts(parts)
     sels = {n: Selection.read(d / "selection.json") for n, d in dirs.items()}
+    out = Path(out_dir)
     # each partition's predictions with the queue's waits its own choice was made with
     frames = {
         n: across.with_waits(pd.read_csv(d / "predictions.csv"), across.waits_by_workers(q))
@@ -68,6 +78,15 @@ def run(config, parts: list[str], snapshots: str, out_dir: str) -> Selection:
         else pd.read_csv(d / "predictions.csv")
         for n, d in dirs.items()
     }
+    with atomic_write(out / "partitions" / "predictions.csv") as fh:
+        across.combine(frames).to_csv(fh, index=False)
+    if len(dirs) == 1:  # a table of one: its own choice, as its select wrote it
+        (chosen,) = dirs
+        _put_chosen(dirs[chosen], Path(snapshots) / f"{chosen}.json", out)
+        _copy(dirs[chosen] / "selection.json", out / "selection.json")
+        s = sels[chosen].selected
+        print(f"[combine] one partition, {chosen}: N={s.workers} B={s.global_batch}")
+        return sels[chosen]
     sel = across.choose(frames, sels, cfg.objective, cfg.knee_on, cfg.pricing.currency)
     measured = {n: measurements_mod.load(d / "measurements.csv") for n, d in dirs.items()}
     gpus = {e["name"]: e.get("gpu") for e in cfg.cluster.partitions if e["name"] in dirs}
@@ -78,14 +97,8 @@ def run(config, parts: list[str], snapshots: str, out_dir: str) -> Selection:
         queues={n: s.queue for n, s in sels.items() if s.queue},
     )
     sel = replace(sel, across_partitions=block)
-    out = Path(out_dir)
     chosen = sel.partition
-    spanning = across.combine(frames)
-    with atomic_write(out / "partitions" / "predictions.csv") as fh:
-        spanning.to_csv(fh, index=False)
-    for name in CHOSEN_FILES:
-        _copy(dirs[chosen] / name, out / name)
-    _copy(Path(snapshots) / f"{chosen}.json", out / "partitions" / "chosen.json")
+    _put_chosen(dirs[chosen], Path(snapshots) / f"{chosen}.json", out)
     write_json(out / "selection.json", sel.to_json())
     s = sel.selected
     print(

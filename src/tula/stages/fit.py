@@ -40,8 +40,8 @@ def no_sync_measured(multi: list[dict], fallback: bool, source) -> None:
     )
     if not fallback:
         raise ValueError(
-            what + "\nFix these probes (their logs: results/logs/probe/), or set "
-            "probe.no_sync_fallback: true to predict N = 1 only."
+            what + f"\nFix these probes (their logs: {Path(source).parent / 'logs' / 'probe'}/), "
+            "or set probe.no_sync_fallback: true to predict N = 1 only."
         )
     print(
         f"[fit] WARNING: {what}\n[fit] probe.no_sync_fallback is true: only N = 1 is predicted; "
@@ -78,7 +78,7 @@ def run(config: str | Path, measurements: str | Path, memory_out: str | Path, pe
         raise ValueError(
             f"{measurements}: no probe succeeded (statuses: "
             f"{', '.join(sorted(set(df['status'])))}); nothing to fit. Look at the probe logs "
-            "under results/logs/probe/."
+            f"under {Path(measurements).parent / 'logs' / 'probe'}/."
         )
     multi = multi_worker_probes(df)
     sync_measured = any(p["status"] == "ok" for p in multi)

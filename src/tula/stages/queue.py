@@ -31,10 +31,17 @@ def ask(cfg, partition: str, time_min: int) -> dict[str, Any]:
     return {"waits": waits, "error": None}
 
 
-def run(config, out, executor: str = "slurm", timeout_min: int | None = None) -> dict:
-    """``tula queue``: ask SLURM (under the SLURM executor) and write ``out``."""
+def run(
+    config,
+    out,
+    executor: str = "slurm",
+    timeout_min: int | None = None,
+    partition: str | None = None,
+) -> dict:
+    """``tula queue``: ask SLURM (under the SLURM executor) how long ``partition``'s job shapes
+    (else launch.slurm_partition's) would wait, and write ``out``."""
     cfg = config_mod.load(config)
-    partition = cfg.cluster.partition or cfg.launch.slurm_partition
+    partition = partition or cfg.launch.slurm_partition
     time_min = cfg.launch.timeout_min or timeout_min or slurm_queue.DEFAULT_TIME_MIN
     now = time.time()
     body: dict[str, Any] = {

@@ -75,7 +75,7 @@ def run(
     pred = pd.read_csv(predictions)
     asked = read_json(queue) if queue else None
     waits = across.waits_by_workers(asked) if asked else {}
-    if asked:
+    if waits:  # none known (no queue, SLURM silent): the choice is by T alone, and says so
         pred = across.with_waits(pred, waits)
     sel = select(pred, model_inputs.planning(cfg))
     if asked:

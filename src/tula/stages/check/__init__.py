@@ -40,27 +40,15 @@ def _cluster_side(cfg: config_mod.Config, prof: dict, profile: str | None, clust
             f"{cfg.launch.slurm_partition or prof['train_partition'] or '(cluster default)'} "
             f"for {cfg.launch.timeout_min or prof['train_runtime_min'] or 1440} min"
         )
-    if cluster and cfg.cluster.partitions:  # each listed partition, on its own name
+    if cluster:  # each partition of the table, its probes and training where they go
         preflight.each_partition(
-            {
-                n: config_mod.from_dict(raw)
-                for n, raw in partitions.all_configs(cfg.to_dict()).items()
-            },
+            partitions.table(cfg.to_dict(), prof),
+            prof,
             describe_to=print,
             train_runtime_min=cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
             profile_mem_mb=prof.get("mem_mb"),
             probe_points=len(batches_at(model_inputs.grid_spec(cfg), max(cfg.grid.workers))),
         )
-    elif cluster:
-        report = preflight.preflight(
-            cfg,
-            prof.get("probe_partition"),
-            cfg.launch.slurm_partition or prof.get("train_partition"),
-            cfg.launch.timeout_min or prof.get("train_runtime_min") or 1440,
-            profile_mem_mb=prof.get("mem_mb"),
-            probe_points=len(batches_at(model_inputs.grid_spec(cfg), max(cfg.grid.workers))),
-        )
-        print(preflight.describe(report))
 
 
 def _as_the_jobs_read_it(

@@ -3,9 +3,10 @@
 ``tula probe`` (this launcher) starts N workers (:mod:`tula.runtime.probe.probe_worker`) -- under
 torchrun on one machine, or as the N tasks of a SLURM job step -- that probe every batch the search
 set has at that N in turn, in one process each (start-up, imports and the process group paid once
-per job; :mod:`tula.stages.probe.job`), and always writes ``results/probes/N{n}/B{b}.json``
-for each, also when the workers fail (status ``oom``, ``error`` or ``timeout``), so a failing
-point is recorded and the DAG goes on; then ``results/probes/N{n}/job.json``, the job's list.
+per job; :mod:`tula.stages.probe.job`), and always writes
+``results/partitions/<name>/probes/N{n}/B{b}.json`` for each, also when the workers fail (status
+``oom``, ``error`` or ``timeout``), so a failing point is recorded and the DAG goes on; then
+``results/partitions/<name>/probes/N{n}/job.json``, the job's list.
 
 What is timed is the production step itself: :meth:`tula.runtime.step.replica.Replica.step`, with
 the configured method (AGS by default, refreshing when due), precision and input pipeline
@@ -90,9 +91,9 @@ def run_at(
 ) -> dict[int, dict]:
     """The probe job at N = ``workers``: every point the search set probes there, measured in
     turn in one process, each record written beside ``job_file``
-    (``results/probes/N{n}/B{b}.json``), then ``job_file`` (``job.json``: the batches, their
-    records and how each ended, which were probed and which kept). A record already there,
-    ok and measured with the same settings (:func:`tula.pipeline.stage_settings`: the
+    (``results/partitions/<name>/probes/N{n}/B{b}.json``), then ``job_file`` (``job.json``: the
+    batches, their records and how each ended, which were probed and which kept). A record
+    already there, ok and measured with the same settings (:func:`tula.pipeline.stage_settings`: the
     workload, the step, the probe's own keys), is kept, not bought again: a grid that grows
     probes only its new batches. Returns the records by B."""
     cfg = config_mod.load(cfg_path)
