@@ -39,6 +39,7 @@ from tula.model.linfit import fit_linear
 from tula.model.measurements import accumulated
 
 B_MAX = 64
+OWN = Path("results") / "partitions" / "default"  # the one partition's own files
 OUT = ROOT / "results" / "accumulate"  # accumulate.json and each run's measurements_<i>.csv
 
 
@@ -46,8 +47,8 @@ def budget_gb(workdir: Path, cfg: dict) -> float:
     """``hardware.device_memory_gb`` whose budget (after the margin) the memory probe's line
     reaches at b = B_MAX + 0.5."""
     (workdir / "workflow" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(workdir, "results/memory_probe.json", fresh=True)
-    mp = json.loads((workdir / "results" / "memory_probe.json").read_text())
+    snakemake(workdir, "--until", "memprobe", fresh=True)  # the profile names no partition
+    mp = json.loads((workdir / OWN / "memory_probe.json").read_text())
     ok = [p for p in mp["points"] if p["status"] == "ok"]
     line = fit_linear([p["local_batch"] for p in ok], [p["peak_mem_bytes"] for p in ok])
     budget = line.intercept + line.slope * (B_MAX + 0.5)

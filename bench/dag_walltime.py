@@ -46,8 +46,13 @@ def run_dag(workdir: Path, python: Path, src: Path | None = None) -> float:
 
 def campaign(wd: Path, probe_s: list[float]) -> dict[str, float]:
     """The probe records' timed seconds and wall, and the probe jobs' seconds."""
-    probes = wd / "results/probes"  # one record per point; one folder per N since one job each
-    files = [*probes.glob("*.json"), *probes.glob("N*/B*.json")]
+    # one record per point, one folder per N (one job each), under the partition's folder
+    # (results/probes/ before it had one)
+    files = [
+        *(wd / "results").glob("probes/*.json"),
+        *(wd / "results").glob("probes/N*/B*.json"),
+        *(wd / "results").glob("partitions/*/probes/N*/B*.json"),
+    ]
     recs = [json.loads(p.read_text()) for p in files]
     timed = sum(timed_seconds(r) or 0.0 for r in recs)
     return {
@@ -67,7 +72,10 @@ def chosen(wd: Path) -> str:
 def rule_times(wd: Path) -> tuple[list[float], float]:
     probe_s = [
         float(p.read_text().splitlines()[1].split()[0])
-        for p in (wd / "results/benchmarks/probe").glob("*.tsv")
+        for p in [
+            *(wd / "results").glob("benchmarks/probe/*.tsv"),
+            *(wd / "results").glob("partitions/*/benchmarks/probe/*.tsv"),
+        ]
     ]
     bench = next(
         p

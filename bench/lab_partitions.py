@@ -1,6 +1,6 @@
 """Two partitions on the lab, chosen between as a user's site would be. Needs root.
 
-    .venv/bin/python bench/lab_partitions.py [--slow 2]        # ~25 min
+    .venv/bin/python bench/lab_partitions.py [--slow 2] [--plans-only]   # ~25 min
 
 `scripts/slurm-cluster.sh up --nodes 2 --partitions 2 --slow lab1:F`: lab0 and lab1, one lab
 node each (2 slots), every task on lab1 under a CPU quota of 1/F of a core. The workflow runs
@@ -13,7 +13,7 @@ two cores), with `cluster.partitions` listing both (the lab's account), in turn:
    (N, B) (target: F +- 0.3), and the choice (target: lab0);
 2. `plan`, objective knee (the same probes): target lab0;
 3. `plan`, objective cost with lab1 at a quarter of lab0's price: target lab1;
-4. `plan`, objective time_to_result with lab0 held by a 30-minute job (`--forcerun` of both
+4. `plan`, objective time_to_result with lab0 held by a 30-minute job (`--forcerun queue`: both
    partitions' queue rules, so that the wait is asked now): target lab1, and why;
 5. the same with lab0 free again: target lab0;
 6. the whole workflow (production) at 3.'s choice (cost: lab1) and at 1.'s (time: lab0): the
@@ -123,6 +123,11 @@ def production(where: Path, objective: str, lab1_price: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--slow", type=float, default=2.0, help="lab1's slowdown F")
+    ap.add_argument(
+        "--plans-only",
+        action="store_true",
+        help="1.-5. only, no production (a change that moves nothing after the choice)",
+    )
     a = ap.parse_args()
     holding = tests_helper("holding")
     subprocess.run(
@@ -143,7 +148,7 @@ def main() -> None:
     )
     where = Path(tempfile.mkdtemp(prefix="lab-partitions-"))
     workdir(where)
-    queues = ["--forcerun", "lab0_queue", "lab1_queue"]
+    queues = ["--forcerun", "queue"]  # every partition's queue asked again
     out: dict = {"slow": a.slow, "plans": [], "production": []}
     try:
         out["plans"].append(plan(where, "time", 1.0))
@@ -152,8 +157,9 @@ def main() -> None:
         with holding("lab0", minutes=30):
             out["plans"].append(plan(where, "time_to_result", 1.0, *queues))
         out["plans"].append(plan(where, "time_to_result", 1.0, *queues))
-        out["production"].append(production(where, "cost", 0.25))
-        out["production"].append(production(where, "time", 1.0))
+        if not a.plans_only:
+            out["production"].append(production(where, "cost", 0.25))
+            out["production"].append(production(where, "time", 1.0))
     finally:
         subprocess.run([*CLUSTER, "slow", "none"], capture_output=True)
     write_json(ROOT / "results" / "fidelity" / "lab_partitions.json", out)

@@ -2,6 +2,7 @@
 same results. Needs git.
 
     .venv/bin/python bench/one_partition_choices.py RESULTS CONFIG [--before 5794e75] [--predict]
+        [--queue QUEUE_JSON]
 
 RESULTS is a one-partition run's results/ (predictions.csv, measurements.csv, model/); CONFIG
 its YAML. For each objective, `tula select` (with the measurements and fits: the resamples'
@@ -10,7 +11,9 @@ one after the other; the choices, runners-up and reasons are compared. predict a
 unchanged by the partitions (git diff names the files), so predictions.csv is what both would
 have written. With --predict, `tula predict` runs too with each code on the same measurements
 and fits: the two predictions.csv are compared cell by cell, each code then selects on its own,
-and the whole selection.json (the resamples' shares too) is compared.
+and the whole selection.json (the resamples' shares too) is compared. With --queue, this
+checkout's select is given the partition's queue.json as its workflow gives it (every partition
+asks its queue); the whole selection.json is then compared without its `queue` block.
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ def predict(src: Path, res: Path, cfg: Path, out: Path) -> None:
     subprocess.run(cmd + ["--out", str(out)], env=env(PYTHONPATH=str(src)), check=True)
 
 
-def select(src: Path, res: Path, cfg: Path, out: Path, pred: Path | None = None) -> dict:
+def select(
+    src: Path, res: Path, cfg: Path, out: Path, pred: Path | None = None, queue: Path | None = None
+) -> dict:
     cmd = [sys.executable, "-m", "tula.cli", "select", "--config", str(cfg)]
+    cmd += ["--queue", str(queue)] if queue else []
     cmd += ["--predictions", str(pred or res / "predictions.csv"), "--out", str(out)]
     cmd += ["--measurements", str(res / "measurements.csv")]
     cmd += ["--perf", str(res / "model/perf.json"), "--memory", str(res / "model/memory.json")]
@@ -68,6 +74,7 @@ def main() -> None:
     ap.add_argument("config", type=Path)
     ap.add_argument("--before", default="5794e75")
     ap.add_argument("--predict", action="store_true", help="predict with each code too")
+    ap.add_argument("--queue", type=Path, help="queue.json given to this checkout's select")
     a = ap.parse_args()
     changed = subprocess.run(
         ["git", "diff", "--stat", a.before, "--", *PREDICTION_CODE],
@@ -93,7 +100,10 @@ def main() -> None:
             cfg = tmp / f"{objective}.yaml"
             cfg.write_text(yaml.safe_dump({**base, "objective": objective}))
             was = select(old / "src", a.results, cfg, tmp / f"{objective}-b.json", preds["before"])
-            now = select(ROOT / "src", a.results, cfg, tmp / f"{objective}-n.json", preds["now"])
+            now = select(
+                ROOT / "src", a.results, cfg, tmp / f"{objective}-n.json", preds["now"], a.queue
+            )
+            asked = now.pop("queue", None) if a.queue else None
             if "error" in was or "error" in now:
                 print(f"| {objective} | {was.get('error', 'ok')} | {now.get('error', 'ok')} | | |")
                 same += was.get("error") == now.get("error")
@@ -106,6 +116,7 @@ def main() -> None:
             reason = was["reason"] == now["reason"]
             same += pt(was) == pt(now) and runner and reason
             whole = f" (whole selection.json: {was == now})" if a.predict else ""
+            whole += f" (queue: {asked['error'] or 'waits'})" if asked else ""
             print(f"| {objective} | {pt(was)} | {pt(now)} | {runner} | {reason}{whole} |")
         print(f"\n{same} of {len(OBJECTIVES)} objectives: the same choice, runner-up and reason")
 

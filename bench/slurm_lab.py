@@ -78,17 +78,18 @@ def campaign(where: Path, rate: str) -> dict:
     rows, cost = [], []
     jobs = sh("sacct", "-n", "-X", "-P", "-a", "-S", "now-1hours", "-o", "Comment,Submit,Start")
     when = {c: (s, st) for c, s, st in (j.split("|") for j in jobs.split()) if "rule_probe_" in c}
-    for f in sorted(res.glob("probes/N*_B*.json")):
+    # the profile's partition's records: partitions/<name>/probes/N{n}/B{b}.json, one job per N
+    for f in sorted(res.glob("partitions/*/probes/N*/B*.json")):
         rec = json.loads(f.read_text())
-        rows += rows_from_probe(rec, f.stem)
-        n, b = f.stem[1:].split("_B")
-        submit, start = when.get(f"rule_probe_wildcards_{n}_{b}", (None, None))
+        point, part = f"{f.parent.name}_{f.stem}", f.parents[2].name
+        rows += rows_from_probe(rec, point)
+        submit, start = when.get(f"rule_probe_wildcards_{part}_{f.parent.name[1:]}", (None, None))
         if submit and rec.get("started_at"):
             t_sub = datetime.fromisoformat(submit).timestamp()
             t_start = datetime.fromisoformat(start).timestamp()
             t_run = datetime.fromisoformat(rec["started_at"]).timestamp()
             first = t_run - t_sub + rec.get("startup_time_s", 0.0)
-            cost.append({"point": f.stem, "to_start_s": t_start - t_sub, "to_first_step_s": first})
+            cost.append({"point": point, "to_start_s": t_start - t_sub, "to_first_step_s": first})
     df = pd.DataFrame(rows)
     df = df[df["source"] == "probe"].reset_index(drop=True)
     df["point"] = [f"N{w}_B{b}" for w, b in zip(df["workers"], df["global_batch"])]

@@ -78,8 +78,8 @@ def run_dataset(ds: str, args, work: Path) -> dict:
         },
     }
     (wd / "workflow" / "config.yaml").write_text(yaml.safe_dump(raw))
-    print(f"[tta] {ds}: probes, fit, predictions (snakemake --until select) ...", flush=True)
-    t_pred = snakemake(wd, "--until", "select")
+    print(f"[tta] {ds}: probes, fit, predictions (snakemake --until combine) ...", flush=True)
+    t_pred = snakemake(wd, "--until", "combine")
     print(
         f"[tta] {ds}: {len(BATCHES) * args.seeds} training runs (snakemake compare) ...", flush=True
     )
