@@ -122,3 +122,19 @@ def test_the_measure_reads_the_objective_by_its_value_not_its_identity():
     """An objective read from a file is an equal string, not the literal itself."""
     knee = "".join(["kn", "ee"])  # equal to "knee", another object
     assert across.measure(knee, "cost") == ("cost", "cost C")
+
+
+def test_a_wait_never_moves_a_choice_made_in_money_whatever_the_currency_is_called():
+    """A cost in any currency (its name is the user's: "USD", "usd", "€") gains nothing from a
+    wait: at submission, however long the chosen partition's queue, the runner-up is not put
+    first, and the reason says there is nothing to compare in time."""
+    parts = {
+        "fast": planned(1.0, 4.0, objective="cost"),
+        "slow": planned(2.0, 1.0, objective="cost"),
+    }
+    frames, sels = {n: p[0] for n, p in parts.items()}, {n: p[1] for n, p in parts.items()}
+    for currency in ("USD", "usd", "€"):
+        block = across.choose(frames, sels, "cost", "time", currency).across_partitions
+        assert block.unit == currency
+        after = across.after_wait(block, {block.chosen: 1e6})
+        assert not after["runner_first"] and "in time" in after["reason"], currency

@@ -94,6 +94,8 @@ def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
         16, rel=bounds.SOLVER
     )
     assert chosen.extra["criterion"] == "held_out" and "linear:" in chosen.extra["why"]
+    # the simpler form is named once, as simpler, not again among those that did not beat it
+    assert chosen.extra["why"].count("linear:") == 1 and "did not cut it" not in chosen.extra["why"]
     straight = 0.004 + 0.0002 * X["b"]
     # parsimony: no gain, no extra parameter
     kept = formchoice.choose(forms, X, straight, "compute")
@@ -104,13 +106,7 @@ def test_a_complex_form_is_chosen_only_when_it_predicts_clearly_better():
 def test_too_few_points_choose_by_aic_with_the_measured_noise():
     """Two probes cannot hold a point out for a 2-parameter step form; with each probe's own
     noise measured, AIC (chi^2 + 2p) picks the form whose residuals fit that noise."""
-    X = {
-        "c": np.array([0.010, 0.012]),
-        "x": np.array([0.5, 0.75]),
-        "l": np.array([1.0, 3.0]),
-        "n": np.array([2.0, 4.0]),
-    }
-    y = X["c"] + 0.02 * X["x"]
+    X, y = _two_probes(1.0)
     forms = forms_mod.step_forms("ring", latency=False)
     chosen = formchoice.choose(forms, X, y, "step", noise=np.array([0.02, 0.02]))
     assert chosen.form.name == "additive" and chosen.extra["criterion"] == "aic_known_noise"
@@ -214,10 +210,12 @@ def test_a_scatter_larger_than_the_noise_is_said_with_both_figures():
     )
 
 
-def _two_probes():
+def _two_probes(second: float = 1.1):
+    """Two probes' step inputs (compute c, sync feature x, latency l, N) and an additive step,
+    its sync at the second probe ``second`` times the first's line."""
     X = {k: np.array(v) for k, v in dict(c=[0.01, 0.012], x=[0.5, 0.75]).items()}
     X |= {"l": np.array([1.0, 3.0]), "n": np.array([2.0, 4.0])}
-    return X, X["c"] + 0.02 * X["x"] * np.array([1.0, 1.1])
+    return X, X["c"] + 0.02 * X["x"] * np.array([1.0, second])
 
 
 def test_held_out_error_judges_a_form_only_on_a_point_more_than_its_parameters():
@@ -258,6 +256,11 @@ def test_no_point_to_fit_is_named_and_one_point_is_no_error():
         formchoice.choose([FORMS["linear"]], empty, np.array([]), "compute")
     one = formchoice.choose([FORMS["linear"]], _b(64), np.array([0.01]), "compute")
     assert one.form.name == "linear" and one.n_points == 1
+    # fewer points than parameters (dof < 0): no spread to speak of, each interval its value
+    assert one.dof < 0 and all(
+        lo == hi == v for (lo, hi), v in zip(one.intervals().values(), one.theta)
+    )
+    assert not one.half_width(_b(128)).any()
 
 
 def test_the_why_lists_a_simpler_form_once_and_the_others_apart():
@@ -325,3 +328,56 @@ def test_held_out_errors_are_in_percent_of_the_point_left_out():
     y[2] *= 1.1
     err, _ = formchoice.held_out_errors(FORMS["linear"], X, y)
     assert err[2] == pytest.approx(100 * (1 / 1.1 - 1), rel=bounds.SOLVER)
+
+
+def test_a_noise_that_is_not_positive_is_not_taken_for_a_measured_one():
+    """A negative (or zero) relative noise is no measurement: with two probes, the choice falls
+    back to the simplest form and says so, as with no noise at all, instead of weighing
+    residuals by it in AIC."""
+    X, y = _two_probes(1.0)
+    forms = forms_mod.step_forms("ring", latency=False)
+    for bad in ([0.02, -0.02], [0.0, 0.02]):
+        chosen = formchoice.choose(forms, X, y, "step", noise=np.array(bad))
+        assert chosen.extra["criterion"] != "aic_known_noise", bad
+        none = formchoice.choose(forms, X, y, "step")
+        assert (chosen.form.name, chosen.extra["criterion"]) == (
+            none.form.name,
+            none.extra["criterion"],
+        )
+
+
+def test_held_out_errors_weigh_each_fit_as_the_full_fit_is():
+    """Each held-out point is predicted by a fit on the others with the others' own weights: a
+    wild point given almost no weight barely moves the fits that include it."""
+    X = _b(8, 16, 32, 64, 128, 256)
+    y = 0.004 + 0.0002 * X["b"]
+    y[2] *= 3.0  # the wild one
+    w = np.array([1.0, 1.0, 1e-6, 1.0, 1.0, 1.0])
+    err, how = formchoice.held_out_errors(FORMS["linear"], X, y, weights=w)
+    assert how == "leave-one-out"
+    for k in range(len(y)):
+        rest = np.arange(len(y)) != k
+        f = curvefit.fit(FORMS["linear"], curvefit.subset(X, rest), y[rest], weights=w[rest])
+        expected = 100.0 * (f.predict(curvefit.subset(X, ~rest)) - y[~rest]) / y[~rest]
+        assert err[k] == pytest.approx(expected[0], rel=bounds.SOLVER), k
+    # the points beside the wild one are predicted as if it were not there
+    clean = [k for k in range(len(y)) if k != 2]
+    assert np.all(np.abs(err[clean]) < np.abs(err[2]))
+
+
+def test_a_curved_forms_half_width_takes_its_exact_gradient():
+    """The prediction interval of a form curved in its parameters (a power law a b^p) carries
+    the parameters' covariance through the form's gradient in theta, [b^p, a b^p ln b],
+    computed by small central differences: equal to the gradient by hand."""
+    from scipy import stats
+
+    power = curvefit.Form(
+        "power", ("a", "p"), lambda t, X: t[0] * X["b"] ** t[1], (0.0, 0.0), (1.0, 2.0), None
+    )
+    # a small exponent: a step relative to it must stay small to read the curvature right
+    a, p, cov = 0.002, 1e-5, np.array([[1e-8, 2e-7], [2e-7, 4e-4]])
+    f = curvefit.Fitted(power, (a, p), tuple(map(tuple, cov)), 0.0, 4, 6)
+    X = _b(4, 64)
+    g = np.stack([X["b"] ** p, a * X["b"] ** p * np.log(X["b"])], axis=1)
+    by_hand = stats.t.ppf(0.975, 4) * np.sqrt(np.einsum("ij,jk,ik->i", g, cov, g))
+    assert f.half_width(X) == pytest.approx(by_hand, rel=bounds.SOLVER)

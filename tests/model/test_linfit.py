@@ -114,6 +114,9 @@ def test_a_flat_fit_is_sure_of_its_zero_slope():
 def test_three_points_leave_one_degree_of_freedom_for_an_interval():
     f = fit_linear([1, 2, 3], [1.0, 2.2, 2.9])
     assert f.df_resid == 1 and f.sigma > 0 and 0 < f.r2 < 1  # not the exact line of two
+    # and weighted by relative error, as every fit with a residual degree of freedom is, with
+    # the covariance of its two parameters kept (the predicted interval's own)
+    assert f.weight_floor > 0 and np.linalg.det(np.array(f.cov)) > 0
     x = 2.0
     lo, hi = f.predict_interval(x)
     assert lo < f.predict(x) < hi

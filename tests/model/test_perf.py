@@ -540,3 +540,18 @@ def test_a_failed_probe_says_nothing_of_what_a_step_pays_once():
     bad = df[df["workers"] == 1].iloc[[0] * 4].assign(status="error", micro_time_s=0.0)
     perf = perfmodel.fit(pd.concat([df, bad], ignore_index=True), "ring")
     assert perf.once[0] == (1.0, pytest.approx(0.004, rel=1e-9))
+
+
+def test_a_probe_that_timed_no_step_is_left_out_of_the_step_fit():
+    """An ok row whose step time reads 0 (nothing timed) is no measurement of the step: no
+    residual is judged at its point, and the step fit is within the solver of the one
+    without it (its compute time still counts for the compute fit)."""
+    df = synthetic("ring", np.random.default_rng(0))
+    multi = df.index[(df["source"] == "probe") & (df["workers"] > 1)][0]
+    at = (int(df.loc[multi, "workers"]), int(df.loc[multi, "global_batch"]))
+    zero = df.copy()
+    zero.loc[multi, "step_time_s"] = 0.0
+    got, full = perfmodel.fit(zero, "ring"), perfmodel.fit(df, "ring")
+    assert at not in {(r["workers"], r["global_batch"]) for r in got.residuals}
+    assert len(got.residuals) == len(full.residuals) - 1
+    assert got.step.theta == pytest.approx(full.step.theta, rel=bounds.SOLVER_FLAT)

@@ -66,6 +66,9 @@ def test_ranks_lost_are_said_where_they_matter():
     ok = _ok(sweep_rows=3).with_lost([1])
     assert ok.error is None and ok.after_error.startswith(died)
     assert "after the measurement stood" in ok.after_error and "(3 sweep rows)" in ok.after_error
+    # the note goes to the JSON as it was said, and reads back the same
+    assert ok.to_json()["after_error"] == ok.after_error
+    assert ProbeRecord.from_json(ok.to_json()).after_error == ok.after_error
     timeout = ProbeRecord(POINT, "timeout")
     assert timeout.with_lost([1]) is timeout  # a timeout's record says it already
 
